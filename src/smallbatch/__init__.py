@@ -1,0 +1,3 @@
+"""smallbatch: do contrastive learners really need large batches?"""
+
+__version__ = "0.1.0"

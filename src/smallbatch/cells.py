@@ -1,0 +1,200 @@
+"""The study grid: expand a validated config into cells with stable ids.
+
+A *cell* is one pretraining run and its evaluations: dataset x loss (with its
+parameters) x batch size x temperature x seed (x any extra axis such as
+precision).  Its id is readable and stable, e.g. ``fashion_mnist/flatnce/bs32-t0.1-s0``;
+its *hash* covers every resolved setting that changes the science (not the
+device or thread count), so a changed config is a new MLflow run.
+
+Side experiments (``experiments:`` in config.yaml) add cells under their own
+prefix, e.g. ``precision/fashion_mnist/infonce/bs16-t0.1-s0-fp64``.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import itertools
+import json
+from typing import Any, Callable, Iterable
+
+LOSS_ALIASES = {"ntxent": "infonce", "simclr": "infonce"}
+LOSS_PARAMS = {"infonce": (), "flatnce": ("gamma",), "dcl": (), "dclw": ("sigma",), "eqco": ("alpha",)}
+AXIS_ABBREV = {"precision": "", "lr_scaling": "lr", "epochs": "ep", "optimizer": "", "queue_size": "q"}
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        s = f"{v:g}"
+        return s
+    return str(v)
+
+
+def cell_hash(cell: dict) -> str:
+    """Short hash of the settings that define the experiment (not where it runs)."""
+    science = {k: v for k, v in cell.items() if k not in ("id", "hash", "device", "threads")}
+    blob = json.dumps(science, sort_keys=True, default=str).encode()
+    return hashlib.sha1(blob).hexdigest()[:10]
+
+
+def negatives_per_anchor(batch_size: int, queue_size: int) -> int:
+    """K in the papers' sense: 2N-2 in-batch negatives, or the queue length."""
+    return int(queue_size) if queue_size else 2 * int(batch_size) - 2
+
+
+def _loss_variants(entry: Any, cfg: dict) -> list[tuple[str, dict, dict]]:
+    """A grid `losses` entry -> [(canonical name, params, axis overrides)]."""
+    if isinstance(entry, str):
+        entry = {"name": entry}
+    name = LOSS_ALIASES.get(entry["name"], entry["name"])
+    defaults = dict(cfg.get("loss_params", {}).get(name, {}))
+    lists: dict[str, list] = {}
+    for p in LOSS_PARAMS[name]:
+        if p in entry:
+            v = entry[p]
+            lists[p] = list(v) if isinstance(v, list) else [v]
+        elif p in defaults:
+            lists[p] = [defaults[p]]
+    overrides = {k: entry[k] for k in ("batch_sizes", "temperatures", "seeds") if k in entry}
+    keys = sorted(lists)
+    out = []
+    for combo in itertools.product(*(lists[k] for k in keys)):
+        out.append((name, dict(zip(keys, combo)), overrides))
+    return out
+
+
+def loss_label(name: str, params: dict) -> str:
+    return name + "".join(f"-{k}{_fmt(v)}" for k, v in sorted(params.items()) if v is not None)
+
+
+def make_cell(
+    cfg: dict,
+    *,
+    dataset: str,
+    loss: str,
+    loss_params: dict,
+    batch_size: int,
+    temperature: float,
+    seed: int,
+    experiment: str = "grid",
+    train_overrides: dict | None = None,
+    suffix: str = "",
+) -> dict:
+    """Resolve one cell: every setting it needs, JSON-serialisable."""
+    train = copy.deepcopy(cfg["train"])
+    train.update(train_overrides or {})
+    dopts = copy.deepcopy(cfg["datasets"][dataset])
+    prefix = "" if experiment == "grid" else f"{experiment}/"
+    cid = f"{prefix}{dataset}/{loss_label(loss, loss_params)}/bs{batch_size}-t{_fmt(float(temperature))}-s{seed}{suffix}"
+    cell = {
+        "id": cid,
+        "experiment": experiment,
+        "dataset": dataset,
+        "dataset_options": dopts,
+        "data_root": dopts.get("root") or cfg["data"]["root"],
+        "download": bool(cfg["data"]["download"]),
+        "loss": loss,
+        "loss_params": dict(loss_params),
+        "batch_size": int(batch_size),
+        "temperature": float(temperature),
+        "seed": int(seed),
+        "negatives": negatives_per_anchor(batch_size, train.get("queue_size", 0)),
+        "train": train,
+        "augment": copy.deepcopy(cfg.get("augment", {})),
+        "eval": copy.deepcopy(cfg["eval"]),
+        "device": cfg["device"],
+        "threads": cfg["threads"],
+    }
+    cell["hash"] = cell_hash(cell)
+    return cell
+
+
+def _grid_cells(cfg: dict) -> Iterable[dict]:
+    grid = cfg["grid"]
+    if not grid.get("enabled", True):
+        return
+    axes = grid.get("axes", {}) or {}
+    axis_names = sorted(axes)
+    for dataset in cfg["datasets"]:
+        for entry in grid["losses"]:
+            for loss, params, ov in _loss_variants(entry, cfg):
+                bss = ov.get("batch_sizes", grid["batch_sizes"])
+                tss = ov.get("temperatures", grid["temperatures"])
+                sss = ov.get("seeds", grid["seeds"])
+                for combo in itertools.product(*(axes[a] for a in axis_names)):
+                    tov = dict(zip(axis_names, combo))
+                    suffix = "".join(f"-{AXIS_ABBREV.get(a, a)}{_fmt(v)}" for a, v in tov.items())
+                    for bs, t, s in itertools.product(bss, tss, sss):
+                        yield make_cell(
+                            cfg, dataset=dataset, loss=loss, loss_params=params, batch_size=bs,
+                            temperature=t, seed=s, train_overrides=tov, suffix=suffix,
+                        )
+
+
+# Side experiments register a function cfg -> iterable of cells here.
+SECTION_CELLS: dict[str, Callable[[dict], Iterable[dict]]] = {"grid": _grid_cells}
+
+
+def expand_cells(cfg: dict) -> dict[str, dict]:
+    """All cells of the study, keyed by cell id (insertion-ordered)."""
+    cells: dict[str, dict] = {}
+    for section, fn in SECTION_CELLS.items():
+        for cell in fn(cfg):
+            if cell["id"] in cells and cells[cell["id"]]["hash"] != cell["hash"]:
+                raise ValueError(f"two different cells share the id {cell['id']!r}")
+            cells[cell["id"]] = cell
+    return cells
+
+
+def baseline_cells(cfg: dict) -> dict[str, dict]:
+    """Raw-pixel and random-init encoder baselines, one per dataset (random-init per seed)."""
+    out: dict[str, dict] = {}
+    if not cfg.get("baselines", True):
+        return out
+    seeds = cfg["grid"]["seeds"]
+    for dataset in cfg["datasets"]:
+        dopts = copy.deepcopy(cfg["datasets"][dataset])
+        kinds = [("raw_pixels", None)] + [("random_init", s) for s in seeds]
+        for kind, seed in kinds:
+            cid = f"baselines/{dataset}/{kind}" + ("" if seed is None else f"-s{seed}")
+            cell = {
+                "id": cid,
+                "experiment": "baseline",
+                "baseline": kind,
+                "dataset": dataset,
+                "dataset_options": dopts,
+                "data_root": dopts.get("root") or cfg["data"]["root"],
+                "download": bool(cfg["data"]["download"]),
+                "seed": 0 if seed is None else int(seed),
+                "train": copy.deepcopy(cfg["train"]),
+                "eval": copy.deepcopy(cfg["eval"]),
+                "device": cfg["device"],
+                "threads": cfg["threads"],
+            }
+            cell["hash"] = cell_hash(cell)
+            out[cid] = cell
+    return out
+
+
+def flat_params(cell: dict) -> dict[str, str]:
+    """Flatten a cell into dotted MLflow params (values as strings, <= 500 chars)."""
+    out: dict[str, str] = {}
+
+    def rec(prefix: str, obj: Any) -> None:
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                rec(f"{prefix}.{k}" if prefix else str(k), v)
+        else:
+            out[prefix] = str(obj)[:500]
+
+    for k, v in cell.items():
+        if k in ("id", "hash"):
+            continue
+        if k == "loss_params":
+            for pk, pv in v.items():
+                out[f"loss.{pk}"] = str(pv)
+        elif k == "train":
+            rec("", v)  # train keys are top-level params: epochs, precision, lr_scaling ...
+        else:
+            rec(k, v)
+    return out

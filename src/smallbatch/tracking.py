@@ -1,0 +1,250 @@
+"""The one module that talks to MLflow.
+
+One experiment per study, one run per cell.  A run is found again by its cell
+id and config hash (tags ``smallbatch.cell_id`` / ``smallbatch.cell_hash``), so
+a re-run of an unfinished cell resumes the same run and never duplicates it;
+a changed config (new hash) is a new run.
+
+Metrics are buffered and written with ``log_batch`` (one call costs about the
+same as one ``log_metric``: ~7 ms on SQLite, ~55 ms over HTTP).  After a resume
+the steps that were already logged are skipped, so a metric history has exactly
+one value per step even when a job was killed between logging and checkpointing.
+
+Concurrency: several processes creating a *fresh* SQLite store at once race on
+its schema; ``init_store`` is therefore run once (the workflow's ``init_store``
+rule) before any job logs.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+TAG_CELL = "smallbatch.cell_id"
+TAG_HASH = "smallbatch.cell_hash"
+TAG_KIND = "smallbatch.kind"
+TAG_STATUS = "smallbatch.status"
+TAG_EXPERIMENT = "smallbatch.experiment"
+TAG_BASELINE = "smallbatch.baseline"
+TAG_COMMIT = "smallbatch.git_commit"
+
+
+class TrackingError(RuntimeError):
+    """The tracking store could not be reached or used; one line, names the URI."""
+
+
+def _mlflow():
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+    import mlflow  # noqa: F401  (heavy: ~1.5 s)
+    from mlflow.tracking import MlflowClient
+
+    return mlflow, MlflowClient
+
+
+def _client(uri: str):
+    _, MlflowClient = _mlflow()
+    if uri.startswith("sqlite:///"):
+        Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    return MlflowClient(tracking_uri=uri)
+
+
+def _wrap(uri: str, what: str, exc: Exception) -> TrackingError:
+    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return TrackingError(f"MLflow tracking store {uri} failed while {what}: {msg[:300]}")
+
+
+def _artifact_location(uri: str) -> str | None:
+    if uri.startswith("sqlite:///"):
+        db = Path(uri[len("sqlite:///"):]).resolve()
+        return (db.parent / "mlartifacts").as_uri()
+    return None
+
+
+def get_or_create_experiment(uri: str, experiment: str) -> str:
+    client = _client(uri)
+    try:
+        exp = client.get_experiment_by_name(experiment)
+        if exp is not None:
+            return exp.experiment_id
+        try:
+            return client.create_experiment(experiment, artifact_location=_artifact_location(uri))
+        except Exception:
+            exp = client.get_experiment_by_name(experiment)  # created by a parallel job
+            if exp is None:
+                raise
+            return exp.experiment_id
+    except TrackingError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any store failure becomes one clear line
+        raise _wrap(uri, f"opening experiment '{experiment}'", exc) from None
+
+
+def init_store(uri: str, experiment: str) -> str:
+    """Create the store's schema and the study's experiment once; return its id."""
+    return get_or_create_experiment(uri, experiment)
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=5,
+            cwd=Path(__file__).resolve().parent,
+        )
+        return out.stdout.strip() or "unknown"
+    except Exception:  # noqa: BLE001
+        return "unknown"
+
+
+def _versions() -> dict[str, str]:
+    from importlib import metadata
+
+    out = {}
+    for pkg in ("smallbatch", "torch", "torchvision", "faiss-cpu", "mlflow", "numpy"):
+        try:
+            out[f"smallbatch.version.{pkg}"] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+class CellRun:
+    """An MLflow run bound to one cell; buffered metric logging."""
+
+    def __init__(self, uri: str, run_id: str, client, resumed: bool):
+        self.uri = uri
+        self.run_id = run_id
+        self.client = client
+        self.resumed = resumed
+        self._buf: list = []
+        self._last_flush = time.monotonic()
+        self._skip_through: dict[str, int] = {}
+
+    # -- metrics -----------------------------------------------------------------
+    def skip_logged_steps(self, keys: list[str]) -> None:
+        """After a resume, do not log again the steps already in the store."""
+        for key in keys:
+            try:
+                hist = self.client.get_metric_history(self.run_id, key)
+            except Exception as exc:  # noqa: BLE001
+                raise _wrap(self.uri, f"reading metric history of {key}", exc) from None
+            if hist:
+                self._skip_through[key] = max(m.step for m in hist)
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        ts = int(time.time() * 1000)
+        for k, v in metrics.items():
+            if v is None:
+                continue
+            if k in self._skip_through and step <= self._skip_through[k]:
+                continue
+            self._buf.append(Metric(k, float(v), ts, int(step)))
+        if len(self._buf) >= 900 or time.monotonic() - self._last_flush > 10:
+            self.flush()
+
+    def flush(self) -> None:
+        while self._buf:
+            chunk, self._buf = self._buf[:1000], self._buf[1000:]
+            try:
+                self.client.log_batch(self.run_id, metrics=chunk)
+            except Exception as exc:  # noqa: BLE001
+                self._buf = chunk + self._buf
+                raise _wrap(self.uri, "logging metrics", exc) from None
+        self._last_flush = time.monotonic()
+
+    # -- tags / status -----------------------------------------------------------
+    def set_tags(self, tags: dict[str, Any]) -> None:
+        from mlflow.entities import RunTag
+
+        try:
+            self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+        except Exception as exc:  # noqa: BLE001
+            raise _wrap(self.uri, "setting tags", exc) from None
+
+    def set_status(self, status: str) -> None:
+        """status: running | finished | diverged | failed (our tag) + MLflow's run status."""
+        self.flush()
+        self.set_tags({TAG_STATUS: status})
+        mlflow_status = {"running": "RUNNING", "finished": "FINISHED", "diverged": "FINISHED",
+                         "failed": "FAILED", "killed": "KILLED"}[status]
+        try:
+            if mlflow_status == "RUNNING":
+                self.client.update_run(self.run_id, status="RUNNING")
+            else:
+                self.client.set_terminated(self.run_id, status=mlflow_status)
+        except Exception as exc:  # noqa: BLE001
+            raise _wrap(self.uri, "setting run status", exc) from None
+
+    def tags(self) -> dict[str, str]:
+        return dict(self.client.get_run(self.run_id).data.tags)
+
+    def metrics(self) -> dict[str, float]:
+        return dict(self.client.get_run(self.run_id).data.metrics)
+
+
+def _find_runs(client, exp_id: str, cell_id: str, cell_hash: str | None) -> list:
+    filt = f"tags.`{TAG_CELL}` = '{cell_id}'"
+    if cell_hash:
+        filt += f" and tags.`{TAG_HASH}` = '{cell_hash}'"
+    return client.search_runs([exp_id], filter_string=filt, max_results=50,
+                              order_by=["attributes.start_time DESC"])
+
+
+def open_cell_run(uri: str, experiment: str, cell: dict, kind: str = "cell",
+                  params: dict[str, str] | None = None) -> CellRun:
+    """Find the cell's run (same id and hash) and resume it, or create it."""
+    exp_id = get_or_create_experiment(uri, experiment)
+    client = _client(uri)
+    try:
+        runs = _find_runs(client, exp_id, cell["id"], cell["hash"])
+        if runs:
+            run = CellRun(uri, runs[0].info.run_id, client, resumed=True)
+            return run
+        tags = {
+            TAG_CELL: cell["id"], TAG_HASH: cell["hash"], TAG_KIND: kind,
+            TAG_EXPERIMENT: cell.get("experiment", "grid"), TAG_STATUS: "running",
+            TAG_COMMIT: git_commit(), **_versions(),
+        }
+        if kind == "baseline":
+            tags[TAG_BASELINE] = cell.get("baseline", "")
+        created = client.create_run(exp_id, run_name=cell["id"], tags=tags)
+        run = CellRun(uri, created.info.run_id, client, resumed=False)
+        if params:
+            from mlflow.entities import Param
+
+            items = [Param(k, v) for k, v in params.items()]
+            for i in range(0, len(items), 100):
+                client.log_batch(run.run_id, params=items[i:i + 100])
+        return run
+    except TrackingError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise _wrap(uri, f"opening the run of cell {cell['id']}", exc) from None
+
+
+def find_cell_run(uri: str, experiment: str, cell: dict) -> CellRun:
+    """The existing run of a cell (for evaluation steps); error if pretraining never logged."""
+    exp_id = get_or_create_experiment(uri, experiment)
+    client = _client(uri)
+    try:
+        runs = _find_runs(client, exp_id, cell["id"], cell["hash"])
+    except Exception as exc:  # noqa: BLE001
+        raise _wrap(uri, f"searching the run of cell {cell['id']}", exc) from None
+    if not runs:
+        raise TrackingError(
+            f"no MLflow run for cell {cell['id']} (hash {cell['hash']}) in experiment "
+            f"'{experiment}' at {uri}: run `smallbatch pretrain` for it first"
+        )
+    return CellRun(uri, runs[0].info.run_id, client, resumed=True)
+
+
+def count_cell_runs(uri: str, experiment: str, cell_id: str) -> int:
+    exp_id = get_or_create_experiment(uri, experiment)
+    client = _client(uri)
+    return len(_find_runs(client, exp_id, cell_id, None))

@@ -1,0 +1,54 @@
+# Validation, the cell table and helpers shared by all rules.
+import json
+import sys
+from pathlib import Path
+
+from snakemake.utils import validate
+
+# One-line errors naming the key (ours), then Snakemake's own validation, which
+# also fills the schema's defaults into `config`.
+try:
+    from smallbatch.config import ConfigError, resolve_tracking_uri, validate_config
+    from smallbatch.cells import baseline_cells, expand_cells
+except ImportError as exc:  # pragma: no cover - a user without the package installed
+    raise WorkflowError(f"the smallbatch package is not importable ({exc}); run `make install` or `pip install -e .`")
+
+try:
+    validate_config(config)
+except ConfigError as exc:
+    raise WorkflowError(f"config error: {exc}") from None
+validate(config, "../schemas/config.schema.yaml")
+
+R = config["results_dir"]
+TRACKING_URI = resolve_tracking_uri(config)
+EXPERIMENT = config["study"]
+CELLS = expand_cells(config)
+BASELINES = baseline_cells(config)
+THREADS = int(config["threads"])
+GPU = 1 if config["device"] == "cuda" else 0
+CONDA_ENV = "../../envs/cuda.yaml" if GPU else "../../envs/cpu.yaml"
+
+
+wildcard_constraints:
+    cell=r"[A-Za-z0-9_.=+/-]+?",
+    dataset=r"[a-z0-9_]+",
+
+
+def cell_of(wildcards):
+    try:
+        return CELLS[wildcards.cell]
+    except KeyError:
+        raise WorkflowError(f"unknown cell {wildcards.cell!r}: not in the config's grid")
+
+
+def data_cache(wildcards):
+    return f"{R}/data/cache/{cell_of(wildcards)['dataset']}.pt"
+
+
+def cell_dir(cell_id):
+    return f"{R}/runs/{cell_id}"
+
+
+CELL_OUTPUTS = [f"{cell_dir(c)}/{f}.json" for c in CELLS for f in ("knn", "linear")]
+BASELINE_OUTPUTS = [f"{R}/{b}/result.json" for b in BASELINES]
+REPORT_INDEX = f"{R}/report/index.md"

@@ -1,0 +1,83 @@
+# Data preparation, tracking-store initialisation and pretraining.
+
+
+localrules:
+    init_store,
+    cell_config,
+
+
+rule init_store:
+    # Create the MLflow store's schema and experiment once, before parallel jobs
+    # (parallel processes racing to create a fresh SQLite schema crash).
+    output:
+        f"{R}/mlflow.ready",
+    params:
+        uri=TRACKING_URI,
+        exp=EXPERIMENT,
+    log:
+        f"{R}/logs/init_store.log",
+    conda:
+        CONDA_ENV
+    shell:
+        "smallbatch init-store --tracking-uri '{params.uri}' --experiment '{params.exp}' --touch {output} > {log} 2>&1"
+
+
+rule prepare_data:
+    # Load the data set through its real (torchvision / scikit-learn) loader once
+    # and cache it as one uint8 tensor file, so training jobs skip torchvision.
+    output:
+        f"{R}/data/cache/{{dataset}}.pt",
+    params:
+        opts=lambda w: config["datasets"][w.dataset],
+        root=lambda w: config["datasets"][w.dataset].get("root") or config["data"]["root"],
+        download="--download" if config["data"]["download"] else "",
+        size=lambda w: f"--image-size {config['datasets'][w.dataset]['image_size']}" if config["datasets"][w.dataset].get("image_size") else "",
+        train=lambda w: f"--train-subset {config['datasets'][w.dataset]['train_subset']}" if config["datasets"][w.dataset].get("train_subset") else "",
+        test=lambda w: f"--test-subset {config['datasets'][w.dataset]['test_subset']}" if config["datasets"][w.dataset].get("test_subset") else "",
+    log:
+        f"{R}/logs/prepare_data/{{dataset}}.log",
+    resources:
+        mem_mb=4000,
+        runtime=30,
+    conda:
+        CONDA_ENV
+    shell:
+        "smallbatch prepare-data --dataset {wildcards.dataset} --data-root '{params.root}' {params.download} "
+        "{params.size} {params.train} {params.test} --out {output} > {log} 2>&1"
+
+
+rule cell_config:
+    # The resolved settings of one cell; its hash is a param, so changing a
+    # cell's config re-runs exactly the cells it touches.
+    output:
+        f"{R}/runs/{{cell}}/cell.json",
+    params:
+        cell_hash=lambda w: cell_of(w)["hash"],
+    run:
+        Path(output[0]).parent.mkdir(parents=True, exist_ok=True)
+        Path(output[0]).write_text(json.dumps(cell_of(wildcards), indent=2, sort_keys=True) + "\n")
+
+
+rule pretrain:
+    input:
+        cell=f"{R}/runs/{{cell}}/cell.json",
+        data=data_cache,
+        store=f"{R}/mlflow.ready",
+    output:
+        f"{R}/runs/{{cell}}/checkpoint.pt",
+    params:
+        uri=TRACKING_URI,
+        exp=EXPERIMENT,
+        out=lambda w: cell_dir(w.cell),
+    log:
+        f"{R}/logs/pretrain/{{cell}}.log",
+    threads: THREADS
+    resources:
+        gpu=GPU,
+        mem_mb=4000,
+        runtime=120,
+    conda:
+        CONDA_ENV
+    shell:
+        "smallbatch pretrain --cell {input.cell} --data-cache {input.data} --out {params.out} "
+        "--tracking-uri '{params.uri}' --experiment '{params.exp}' --threads {threads} > {log} 2>&1"

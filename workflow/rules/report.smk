@@ -1,0 +1,22 @@
+# The papers' tables and figures, rebuilt from the MLflow store alone.
+
+
+rule report:
+    input:
+        CELL_OUTPUTS,
+        BASELINE_OUTPUTS,
+    output:
+        REPORT_INDEX,
+    params:
+        uri=TRACKING_URI,
+        exp=EXPERIMENT,
+        out=f"{R}/report",
+    log:
+        f"{R}/logs/report.log",
+    resources:
+        mem_mb=4000,
+        runtime=30,
+    conda:
+        CONDA_ENV
+    shell:
+        "smallbatch report --tracking-uri '{params.uri}' --experiment '{params.exp}' --out {params.out} > {log} 2>&1"
