@@ -1,0 +1,710 @@
+"""Contrastive losses as pure functions of embeddings (no I/O).
+
+Losses: InfoNCE / NT-Xent (SimCLR), FlatNCE (+ its Hölder-mean generalisation),
+DCL, DCLW and EqCo, each usable with in-batch negatives (SimCLR style) or with
+negatives from a MoCo-style FIFO queue of momentum-encoder keys
+(:class:`MomentumQueue`).  :func:`diagnostics` computes, without gradient, the
+quantities the study tracks on the same similarities (InfoNCE MI estimate vs
+its ``log(K+1)`` ceiling, FlatNCE's ESS, DCL's coupling ``q_B``, alignment,
+uniformity, mean positive / negative cosine).
+
+Conventions used throughout
+---------------------------
+* Embeddings are L2-normalised before use; the *scores* ``s`` are cosine
+  similarities and ``x = s / tau`` are the logits (tau = temperature, beta = 1/tau
+  in FlatNCE's notation).
+* ``pos`` is a vector ``(B,)`` of anchor-positive scores, ``neg`` a matrix
+  ``(B, K)`` of anchor-negative scores.  ``neg_mask`` (optional, bool,
+  ``(B, K)``) is **True for a valid negative** and False for an entry to
+  ignore (set to ``-inf`` before any logsumexp); with a mask, K differs per
+  row and every "K" below means that row's own number of valid negatives.
+* In-batch (SimCLR): N images give 2N views; each of the 2N views is an anchor
+  with one positive (the other view of its image) and the 2N-2 other views as
+  negatives (K = 2N-2).  Losses average over all 2N anchors, so they are
+  symmetric in the two views.
+* Queue (MoCo): anchors are the N queries ``q = z1``, positives their keys
+  ``k = z2`` (detached by the caller, who runs the momentum encoder), negatives
+  the M queued keys (K = M, independent of the batch size).  Queue entries
+  whose dataset index equals the anchor's index are masked out (see
+  :class:`MomentumQueue` for the CIFAR pitfall this guards against).
+* :meth:`ContrastiveLoss.from_scores` accepts any real-valued scores (e.g. a
+  critic's outputs in the Gaussian MI benchmark), not only cosines.
+* Precision: float16/bfloat16 inputs are computed internally in float32;
+  float32 stays float32 and float64 stays float64 (never downcast — the
+  precision experiment relies on float64 being really float64).
+* Losses use ``logsumexp`` everywhere; a row without any valid negative is a
+  ``ValueError``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = [
+    "LossOutput",
+    "in_batch_scores",
+    "queue_scores",
+    "ContrastiveLoss",
+    "InfoNCE",
+    "FlatNCE",
+    "DCL",
+    "DCLW",
+    "EqCo",
+    "LOSSES",
+    "build_loss",
+    "loss_param_names",
+    "diagnostics",
+    "MomentumQueue",
+]
+
+
+# --------------------------------------------------------------------------- helpers
+def _compute_dtype(*dtypes: torch.dtype) -> torch.dtype:
+    """The dtype to compute in: the promoted input dtype, half types raised to float32."""
+    dt = dtypes[0]
+    for other in dtypes[1:]:
+        dt = torch.promote_types(dt, other)
+    if not dt.is_floating_point:
+        raise ValueError(f"embeddings/scores must be floating point tensors, got dtype {dt}")
+    if dt in (torch.float16, torch.bfloat16):
+        return torch.float32
+    return dt
+
+
+def _check_temperature(temperature: Any) -> float:
+    try:
+        t = float(temperature)
+    except (TypeError, ValueError):
+        raise ValueError(f"temperature must be a positive finite number, got {temperature!r}") from None
+    if not (math.isfinite(t) and t > 0):
+        raise ValueError(f"temperature must be a positive finite number (> 0), got {temperature!r}")
+    return t
+
+
+def _check_views(z1: Tensor, z2: Tensor) -> None:
+    if not isinstance(z1, Tensor) or not isinstance(z2, Tensor):
+        raise ValueError("z1 and z2 must be torch tensors of shape (N, D)")
+    if z1.dim() != 2:
+        raise ValueError(f"z1 must have shape (N, D), got {tuple(z1.shape)}")
+    if z2.dim() != 2:
+        raise ValueError(f"z2 must have shape (N, D), got {tuple(z2.shape)}")
+    if z1.shape != z2.shape:
+        raise ValueError(
+            f"z1 and z2 must have the same shape (N, D), got z1 {tuple(z1.shape)} and z2 {tuple(z2.shape)}"
+        )
+    if z1.shape[1] < 1:
+        raise ValueError(f"z1/z2 embedding dimension must be >= 1, got {z1.shape[1]}")
+
+
+def _row_counts(neg: Tensor, neg_mask: Tensor | None) -> Tensor:
+    """K per row (float tensor in neg's dtype)."""
+    if neg_mask is None:
+        return torch.full((neg.shape[0],), float(neg.shape[1]), dtype=neg.dtype, device=neg.device)
+    return neg_mask.sum(dim=1).to(neg.dtype)
+
+
+def _prepare_scores(
+    pos: Tensor, neg: Tensor, neg_mask: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Validate (pos, neg, neg_mask) and cast to the compute dtype."""
+    if not isinstance(pos, Tensor) or pos.dim() != 1:
+        raise ValueError(f"pos must be a 1-D tensor (B,), got {getattr(pos, 'shape', type(pos))}")
+    if not isinstance(neg, Tensor) or neg.dim() != 2:
+        raise ValueError(f"neg must be a 2-D tensor (B, K), got {getattr(neg, 'shape', type(neg))}")
+    if neg.shape[0] != pos.shape[0]:
+        raise ValueError(f"neg must have one row per anchor: pos has {pos.shape[0]}, neg {neg.shape[0]} rows")
+    if pos.shape[0] < 1:
+        raise ValueError("pos/neg must contain at least one anchor")
+    if neg.shape[1] < 1:
+        raise ValueError("neg must contain at least one negative per anchor (K >= 1)")
+    dt = _compute_dtype(pos.dtype, neg.dtype)
+    pos, neg = pos.to(dt), neg.to(dt)
+    if neg_mask is not None:
+        if not isinstance(neg_mask, Tensor) or neg_mask.shape != neg.shape:
+            raise ValueError(
+                f"neg_mask must be a bool tensor of neg's shape {tuple(neg.shape)}, "
+                f"got {getattr(neg_mask, 'shape', type(neg_mask))}"
+            )
+        neg_mask = neg_mask.to(device=neg.device, dtype=torch.bool)
+        empty = ~neg_mask.any(dim=1)
+        if bool(empty.any()):
+            rows = torch.nonzero(empty).flatten().tolist()
+            raise ValueError(
+                f"neg_mask leaves anchors without any valid negative (rows {rows[:10]}"
+                f"{'...' if len(rows) > 10 else ''}); enlarge the queue or batch"
+            )
+    return pos, neg, neg_mask
+
+
+def _masked(x: Tensor, neg_mask: Tensor | None) -> Tensor:
+    return x if neg_mask is None else x.masked_fill(~neg_mask, float("-inf"))
+
+
+def _infonce_rows(pos: Tensor, neg: Tensor, neg_mask: Tensor | None, tau: float) -> Tensor:
+    """Per-anchor InfoNCE: logsumexp([s_pos, s_neg]/tau) - s_pos/tau."""
+    xp = pos / tau
+    xn = _masked(neg / tau, neg_mask)
+    logits = torch.cat([xp[:, None], xn], dim=1)
+    return torch.logsumexp(logits, dim=1) - xp
+
+
+# --------------------------------------------------------------------------- scores
+def in_batch_scores(z1: Tensor, z2: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+    """SimCLR in-batch scores of two views ``z1, z2`` of shape ``(N, D)``.
+
+    The 2N views ``z = cat(z1, z2)`` are L2-normalised; view ``i`` has positive
+    ``(i + N) mod 2N`` and the 2N-2 remaining views as negatives (in increasing
+    view order).  Returns ``(pos (2N,), neg (2N, 2N-2), None)`` as cosine
+    similarities in the compute dtype (half types -> float32, float64 kept).
+    """
+    _check_views(z1, z2)
+    n = z1.shape[0]
+    if n < 2:
+        raise ValueError(f"z1/z2 batch size must be >= 2 for in-batch negatives, got N={n}")
+    dt = _compute_dtype(z1.dtype, z2.dtype)
+    z = F.normalize(torch.cat([z1, z2], dim=0).to(dt), dim=1)
+    sim = z @ z.T
+    m = 2 * n
+    idx = torch.arange(m, device=z.device)
+    partner = (idx + n) % m
+    pos = sim[idx, partner]
+    keep = ~torch.eye(m, dtype=torch.bool, device=z.device)
+    keep[idx, partner] = False
+    neg = sim[keep].view(m, m - 2)
+    return pos, neg, None
+
+
+def queue_scores(
+    q: Tensor,
+    k: Tensor,
+    queue: "Tensor | MomentumQueue",
+    q_index: Tensor | None = None,
+    queue_index: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """MoCo scores: queries ``q (N,D)``, their keys ``k (N,D)``, queued keys ``queue (M,D)``.
+
+    Returns ``(pos (N,), neg (N, M), neg_mask (N, M) or None)`` as cosine
+    similarities.  ``neg_mask`` is True for a valid negative; it is built when
+    ``q_index`` (dataset index of each query) is given and masks every queue
+    entry whose dataset index (``queue_index``, or the queue's own indices when
+    ``queue`` is a :class:`MomentumQueue`) equals the anchor's index, so an
+    anchor never meets an old key of its own image as a negative.  ``k`` is not
+    detached here (the caller's momentum encoder produces it without grad).
+    """
+    _check_views(q, k)
+    if isinstance(queue, MomentumQueue):
+        keys, idx = queue.negatives()
+        if queue_index is None:
+            queue_index = idx
+        queue = keys
+    if not isinstance(queue, Tensor) or queue.dim() != 2:
+        raise ValueError(f"queue must be a (M, D) tensor or a MomentumQueue, got {getattr(queue, 'shape', type(queue))}")
+    if queue.shape[0] < 1:
+        raise ValueError("queue is empty: enqueue keys before using queue negatives")
+    if queue.shape[1] != q.shape[1]:
+        raise ValueError(f"queue has dimension {queue.shape[1]} but q/k have dimension {q.shape[1]}")
+    dt = _compute_dtype(q.dtype, k.dtype, queue.dtype)
+    qn = F.normalize(q.to(dt), dim=1)
+    kn = F.normalize(k.to(dt), dim=1)
+    un = F.normalize(queue.to(device=q.device, dtype=dt), dim=1)
+    pos = (qn * kn).sum(dim=1)
+    neg = qn @ un.T
+    mask = None
+    if q_index is not None:
+        if queue_index is None:
+            raise ValueError("queue_index is required when q_index is given (dataset index of each queued key)")
+        q_index = torch.as_tensor(q_index, device=q.device).reshape(-1)
+        queue_index = torch.as_tensor(queue_index, device=q.device).reshape(-1)
+        if q_index.shape[0] != q.shape[0]:
+            raise ValueError(f"q_index must have one entry per query ({q.shape[0]}), got {q_index.shape[0]}")
+        if queue_index.shape[0] != queue.shape[0]:
+            raise ValueError(f"queue_index must have one entry per queued key ({queue.shape[0]}), got {queue_index.shape[0]}")
+        mask = q_index[:, None] != queue_index[None, :]
+    return pos, neg, mask
+
+
+# --------------------------------------------------------------------------- losses
+@dataclass
+class LossOutput:
+    """Result of a contrastive loss.
+
+    ``loss``: scalar to call ``backward()`` on.  ``value``: detached scalar to
+    log as "the loss" (for FlatNCE its logsumexp value, not the constant 1).
+    ``infonce``: detached InfoNCE of the same scores, for logging/diagnostics.
+    """
+
+    loss: Tensor
+    value: Tensor
+    infonce: Tensor
+
+
+class ContrastiveLoss(torch.nn.Module):
+    """Base class: a contrastive loss of (pos, neg, neg_mask) scores at temperature tau.
+
+    Subclasses set ``name``, ``param_defaults`` (extra parameters and their
+    defaults) and implement :meth:`_rows` returning ``(loss_rows, value_rows)``.
+    :meth:`forward` builds the scores from embeddings (in-batch or queue) and
+    calls :meth:`from_scores`, which averages over anchors.
+    """
+
+    name: ClassVar[str] = "base"
+    param_defaults: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, temperature: float = 0.1, **params: Any) -> None:
+        super().__init__()
+        self.temperature = _check_temperature(temperature)
+        unknown = sorted(set(params) - set(self.param_defaults))
+        if unknown:
+            allowed = ", ".join(sorted(self.param_defaults)) or "none"
+            raise ValueError(f"unknown parameter(s) {unknown} for loss '{self.name}'; allowed: {allowed}")
+        for key, default in self.param_defaults.items():
+            setattr(self, key, self._check_param(key, params.get(key, default)))
+
+    # subclasses validate their own parameters
+    def _check_param(self, key: str, value: Any) -> Any:  # pragma: no cover - overridden
+        return value
+
+    def extra_repr(self) -> str:
+        parts = [f"temperature={self.temperature}"]
+        parts += [f"{k}={getattr(self, k)!r}" for k in self.param_defaults]
+        return ", ".join(parts)
+
+    def params(self) -> dict[str, Any]:
+        """The loss's parameters (temperature and extras), e.g. for logging."""
+        return {"temperature": self.temperature, **{k: getattr(self, k) for k in self.param_defaults}}
+
+    def forward(
+        self,
+        z1: Tensor,
+        z2: Tensor,
+        queue: "Tensor | MomentumQueue | None" = None,
+        q_index: Tensor | None = None,
+        queue_index: Tensor | None = None,
+    ) -> LossOutput:
+        """Loss of two views ``z1, z2 (N, D)``.
+
+        Without ``queue``: in-batch negatives over the 2N views (N >= 2).  With
+        ``queue`` (a ``(M, D)`` tensor or :class:`MomentumQueue`): ``z1`` are the
+        queries, ``z2`` their (detached) keys and the queue supplies the
+        negatives; ``q_index``/``queue_index`` mask an anchor's own old keys.
+        The queue form is asymmetric (MoCo v1/v2); to symmetrise, call it twice
+        with the views' roles swapped and average.
+        """
+        if queue is None:
+            if q_index is not None or queue_index is not None:
+                raise ValueError("q_index/queue_index are only meaningful with queue negatives (queue=None given)")
+            pos, neg, mask = in_batch_scores(z1, z2)
+        else:
+            pos, neg, mask = queue_scores(z1, z2, queue, q_index, queue_index)
+        return self.from_scores(pos, neg, mask)
+
+    def from_scores(self, pos: Tensor, neg: Tensor, neg_mask: Tensor | None = None) -> LossOutput:
+        """Loss from scores ``pos (B,)``, ``neg (B, K)``, ``neg_mask (B, K)`` (True = valid)."""
+        pos, neg, neg_mask = _prepare_scores(pos, neg, neg_mask)
+        loss_rows, value_rows = self._rows(pos, neg, neg_mask)
+        with torch.no_grad():
+            info = _infonce_rows(pos.detach(), neg.detach(), neg_mask, self.temperature).mean()
+        return LossOutput(loss=loss_rows.mean(), value=value_rows.detach().mean(), infonce=info)
+
+    def _rows(self, pos: Tensor, neg: Tensor, neg_mask: Tensor | None) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError
+
+
+class InfoNCE(ContrastiveLoss):
+    r"""InfoNCE / NT-Xent (van den Oord et al. 2018 "Representation Learning with
+    Contrastive Predictive Coding"; Chen et al. 2020 "A Simple Framework for
+    Contrastive Learning of Visual Representations", SimCLR).
+
+    Per anchor ``i`` with positive score ``s_p`` and K negatives ``s_j``::
+
+        L_i = -log( exp(s_p/tau) / (exp(s_p/tau) + sum_j exp(s_j/tau)) )
+            = logsumexp([s_p, s_1..s_K]/tau) - s_p/tau
+
+    In-batch (SimCLR's NT-Xent): 2N anchors, K = 2N-2, averaged over all 2N
+    anchors (symmetric in the views).  ``log(K+1) - L`` is the InfoNCE lower
+    bound on mutual information, capped at ``log(K+1)``.
+
+    Computed the standard way (as ``cross_entropy`` does: logsumexp minus the
+    positive logit), deliberately: its gradient on the positive is
+    ``-(1 - softmax_p)``, which loses relative precision when
+    ``q_B = 1 - softmax_p`` approaches the unit roundoff (and is exactly 0 in
+    float32 once ``q_B < 2^-24``) — the effect FlatNCE addresses and the study
+    measures (``benchmarks/loss_precision.py``).
+    Parameters: ``temperature`` only.
+    """
+
+    name = "infonce"
+
+    def _rows(self, pos, neg, neg_mask):
+        rows = _infonce_rows(pos, neg, neg_mask, self.temperature)
+        return rows, rows
+
+
+class FlatNCE(ContrastiveLoss):
+    r"""FlatNCE (Chen et al. 2021, "Simpler, Faster, Stronger: Breaking the log-K
+    Curse on Contrastive Learners with FlatNCE", arXiv:2107.01152).
+
+    Per anchor, with logits relative to the positive ``x_j = (s_j - s_p)/tau``
+    over the K negatives only (positive removed)::
+
+        l_i    = logsumexp_j x_j
+        loss_i = exp(l_i - stopgrad(l_i))        # value identically 1
+        grad loss_i = grad l_i = sum_j softmax(x)_j (grad s_j - grad s_p) / tau
+
+    **The value of FlatNCE's own objective is identically the constant 1**
+    (its gradient is all that matters).  That confuses users watching a loss
+    curve, so :class:`LossOutput` reports ``value = mean_i l_i`` (the
+    logsumexp, which decreases as training progresses) and ``infonce`` = the
+    InfoNCE of the same batch; ``loss`` is the constant-valued objective to
+    back-propagate.  The gradient is InfoNCE's gradient divided by its
+    vanishing factor ``1 - softmax_p = sum_j exp(x_j)/(1 + sum_j exp(x_j))``,
+    so it does not lose precision when positives dominate (the paper's
+    argument), and it equals DCL's gradient exactly.  Adding the positive to
+    the negatives gives back InfoNCE's gradient (the paper's Prop. 3.1).
+
+    Hölder generalisation (parameter ``gamma``, default 1).  With
+    ``r_j = exp(x_j)``, replace the arithmetic mean of the r_j by their Hölder
+    (power) mean ``M_gamma(r) = ((1/K) sum_j r_j**gamma)**(1/gamma)``::
+
+        l_i(gamma) = log M_gamma(r) + log K
+                   = (logsumexp_j(gamma x_j) - log K) / gamma + log K
+
+    ``gamma = 1`` is FlatNCE exactly (``l_i(1) = l_i``); the gradient weights
+    the negatives by ``softmax(gamma x)`` (gamma > 1 sharpens the focus on hard
+    negatives, gamma -> infinity tends to the hardest negative only, gamma < 1
+    flattens, ``gamma = 0`` is the geometric-mean limit
+    ``l_i(0) = mean_j x_j + log K`` with uniform weights).  The loss stays
+    ``exp(l - stopgrad(l))``.  (This is our power-mean definition; we could not
+    retrieve the paper's exact statement of its Hölder variant, so the formula
+    above is the reference.)  K is each row's own count under a mask.
+    Parameters: ``temperature``, ``gamma >= 0`` (default 1.0).
+    """
+
+    name = "flatnce"
+    param_defaults = {"gamma": 1.0}
+
+    def _check_param(self, key, value):
+        g = float(value)
+        if not (math.isfinite(g) and g >= 0):
+            raise ValueError(f"gamma must be a finite number >= 0 (1 = FlatNCE), got {value!r}")
+        return g
+
+    def _rows(self, pos, neg, neg_mask):
+        tau, g = self.temperature, self.gamma
+        x = (neg - pos[:, None]) / tau
+        if g == 1.0:
+            l = torch.logsumexp(_masked(x, neg_mask), dim=1)
+        else:
+            k = _row_counts(neg, neg_mask)
+            logk = torch.log(k)
+            if g == 0.0:
+                xs = x if neg_mask is None else x.masked_fill(~neg_mask, 0.0)
+                l = xs.sum(dim=1) / k + logk
+            else:
+                l = (torch.logsumexp(_masked(g * x, neg_mask), dim=1) - logk) / g + logk
+        return torch.exp(l - l.detach()), l
+
+
+class DCL(ContrastiveLoss):
+    r"""Decoupled Contrastive Learning (Yeh et al. 2021/ECCV 2022, "Decoupled
+    Contrastive Learning", arXiv:2110.06848).
+
+    The positive is removed from InfoNCE's denominator; one logsumexp over the
+    K negatives (in-batch: all 2N-2 other views of both views)::
+
+        L_i = -s_p/tau + logsumexp_j (s_j/tau)
+
+    This removes InfoNCE's negative-positive coupling factor
+    ``q_B = 1 - exp(s_p/tau)/(exp(s_p/tau) + sum_j exp(s_j/tau))`` from the
+    gradient.  Its gradient equals FlatNCE's.  Parameters: ``temperature``.
+    """
+
+    name = "dcl"
+
+    def _rows(self, pos, neg, neg_mask):
+        rows = torch.logsumexp(_masked(neg / self.temperature, neg_mask), dim=1) - pos / self.temperature
+        return rows, rows
+
+
+class DCLW(ContrastiveLoss):
+    r"""Weighted DCL (Yeh et al. 2021, "Decoupled Contrastive Learning", DCLW).
+
+    The positive term is weighted by a von Mises-Fisher-style weight computed
+    on detached similarities, ``B`` anchors in the batch::
+
+        w_i = 2 - exp(s_p,i/sigma) / ((1/B) sum_k exp(s_p,k/sigma))   (no gradient)
+        L_i = -w_i s_p,i/tau + logsumexp_j (s_j/tau)
+
+    The batch mean of ``w`` is 1; harder positives (lower similarity) get more
+    weight.  ``sigma -> infinity`` gives ``w = 1``, i.e. DCL.
+    Parameters: ``temperature``, ``sigma > 0`` (default 0.5, the paper's).
+    """
+
+    name = "dclw"
+    param_defaults = {"sigma": 0.5}
+
+    def _check_param(self, key, value):
+        s = float(value)
+        if not (s > 0):  # allows +inf (the DCL limit)
+            raise ValueError(f"sigma must be > 0, got {value!r}")
+        return s
+
+    def weights(self, pos: Tensor) -> Tensor:
+        """The detached positive weights ``w_i`` (batch mean 1)."""
+        p = pos.detach()
+        if math.isinf(self.sigma):
+            return torch.ones_like(p)
+        return 2.0 - p.shape[0] * torch.softmax(p / self.sigma, dim=0)
+
+    def _rows(self, pos, neg, neg_mask):
+        tau = self.temperature
+        w = self.weights(pos)
+        rows = -w * pos / tau + torch.logsumexp(_masked(neg / tau, neg_mask), dim=1)
+        return rows, rows
+
+
+class EqCo(ContrastiveLoss):
+    r"""EqCo (Zhu et al. 2020, "EqCo: Equivalent Rules for Self-supervised
+    Contrastive Learning", arXiv:2010.01929).
+
+    The negative sum is rescaled by ``alpha/K`` so the loss (and the gradient
+    balance between positive and negatives) does not depend on the number of
+    negatives K::
+
+        L_i = log( exp(s_p/tau) + (alpha/K) sum_{j<=K} exp(s_j/tau) ) - s_p/tau
+            = logsumexp([s_p/tau, s_j/tau + log(alpha/K)]) - s_p/tau
+
+    ``alpha = K`` recovers InfoNCE; ``alpha=None`` (default) means "alpha = K"
+    i.e. plain InfoNCE-equivalent (so the loss is the registry's InfoNCE until
+    an alpha is chosen, e.g. alpha = 256 as in the paper's MoCo experiments).
+    With a mask, each row uses its own K.
+    Parameters: ``temperature``, ``alpha > 0`` or None (default None).
+    """
+
+    name = "eqco"
+    param_defaults = {"alpha": None}
+
+    def _check_param(self, key, value):
+        if value is None:
+            return None
+        a = float(value)
+        if not (math.isfinite(a) and a > 0):
+            raise ValueError(f"alpha must be a positive finite number or None (alpha = K), got {value!r}")
+        return a
+
+    def _rows(self, pos, neg, neg_mask):
+        tau = self.temperature
+        xp = pos / tau
+        xn = neg / tau
+        if self.alpha is not None:
+            k = _row_counts(neg, neg_mask)
+            xn = xn + torch.log(self.alpha / k)[:, None]
+        logits = torch.cat([xp[:, None], _masked(xn, neg_mask)], dim=1)
+        rows = torch.logsumexp(logits, dim=1) - xp
+        return rows, rows
+
+
+# --------------------------------------------------------------------------- registry
+LOSSES: dict[str, type[ContrastiveLoss]] = {
+    "infonce": InfoNCE,
+    "ntxent": InfoNCE,
+    "simclr": InfoNCE,
+    "flatnce": FlatNCE,
+    "dcl": DCL,
+    "dclw": DCLW,
+    "eqco": EqCo,
+}
+
+
+def _lookup(name: str) -> type[ContrastiveLoss]:
+    key = str(name).strip().lower()
+    if key not in LOSSES:
+        raise ValueError(f"unknown loss {name!r}; allowed: {', '.join(sorted(LOSSES))}")
+    return LOSSES[key]
+
+
+def loss_param_names(name: str) -> dict[str, Any]:
+    """The extra parameters loss ``name`` accepts, with defaults (temperature excluded)."""
+    return dict(_lookup(name).param_defaults)
+
+
+def build_loss(name: str, temperature: float, **params: Any) -> ContrastiveLoss:
+    """Build a loss by registry name (``infonce``/``ntxent``/``simclr``, ``flatnce``,
+    ``dcl``, ``dclw``, ``eqco``) with its parameters; ValueError on an unknown
+    name or parameter."""
+    return _lookup(name)(temperature, **params)
+
+
+# --------------------------------------------------------------------------- diagnostics
+@torch.no_grad()
+def diagnostics(
+    pos: Tensor,
+    neg: Tensor,
+    temperature: float,
+    neg_mask: Tensor | None = None,
+    z1: Tensor | None = None,
+    z2: Tensor | None = None,
+) -> dict[str, float]:
+    """Training diagnostics from one step's scores (no gradient), as python floats.
+
+    * ``infonce``: mean InfoNCE ``L`` of the scores; ``k``: mean K per anchor.
+    * ``mi_estimate = mean(log(K+1) - L)`` (the InfoNCE MI lower bound),
+      ``mi_ceiling = mean log(K+1)`` (its cap), ``mi_fraction`` = ratio.
+    * ``ess``: FlatNCE's normalised effective sample size of the softmax
+      weights over negatives, ``w = softmax_j(s_j/tau)``,
+      ``ESS = 1/(K sum_j w_j^2)`` in ``[1/K, 1]``, mean over anchors.
+    * ``qb_mean``, ``qb_cv``: DCL's coupling multiplier
+      ``q_B = 1 - exp(s_p/tau)/(exp(s_p/tau) + sum_j exp(s_j/tau))``, its mean
+      and coefficient of variation (std/mean, population std) over anchors.
+    * ``alignment = E||z1 - z2||^2`` (Wang & Isola 2020, alpha = 2) on
+      normalised embeddings (from ``pos`` as ``2 - 2 s_p`` if z1/z2 not given).
+    * ``uniformity = log E exp(-2 ||z_a - z_b||^2)`` (t = 2) over distinct pairs
+      within each view, averaged over the two views (Wang & Isola's training
+      form); without z1/z2 (or with N < 2) it is computed over the
+      anchor-negative pairs of the scores instead.
+    * ``pos_cos``, ``neg_cos``: mean positive and (valid) negative score.
+    """
+    tau = _check_temperature(temperature)
+    pos, neg, neg_mask = _prepare_scores(pos.detach(), neg.detach(), neg_mask)
+    k = _row_counts(neg, neg_mask)
+    xp = pos / tau
+    xn = _masked(neg / tau, neg_mask)
+    lse_all = torch.logsumexp(torch.cat([xp[:, None], xn], dim=1), dim=1)
+    lse_neg = torch.logsumexp(xn, dim=1)
+    infonce_rows = lse_all - xp
+    ceiling = torch.log1p(k)
+    mi = ceiling - infonce_rows
+    w = torch.softmax(xn, dim=1)
+    ess = 1.0 / (k * (w * w).sum(dim=1))
+    qb = torch.exp(lse_neg - lse_all)
+    qb_mean = qb.mean()
+    qb_std = qb.std(unbiased=False) if qb.numel() > 1 else torch.zeros_like(qb_mean)
+    qb_cv = float(qb_std / qb_mean) if float(qb_mean) > 0 else float("nan")
+    if neg_mask is None:
+        neg_vals = neg.flatten()
+    else:
+        neg_vals = neg[neg_mask]
+
+    if z1 is not None and z2 is not None:
+        _check_views(z1, z2)
+        dt = _compute_dtype(z1.dtype, z2.dtype)
+        a = F.normalize(z1.detach().to(dt), dim=1)
+        b = F.normalize(z2.detach().to(dt), dim=1)
+        alignment = float((a - b).pow(2).sum(dim=1).mean())
+        if a.shape[0] >= 2:
+            def _unif(x: Tensor) -> Tensor:
+                d2 = torch.pdist(x, p=2).pow(2)
+                return torch.logsumexp(-2.0 * d2, dim=0) - math.log(d2.numel())
+
+            uniformity = float((_unif(a) + _unif(b)) / 2)
+        else:
+            uniformity = float(torch.logsumexp(-2.0 * (2 - 2 * neg_vals), 0) - math.log(neg_vals.numel()))
+    else:
+        alignment = float((2 - 2 * pos).mean())
+        uniformity = float(torch.logsumexp(-2.0 * (2 - 2 * neg_vals), 0) - math.log(neg_vals.numel()))
+
+    mi_estimate = float(mi.mean())
+    mi_ceiling = float(ceiling.mean())
+    return {
+        "infonce": float(infonce_rows.mean()),
+        "mi_estimate": mi_estimate,
+        "mi_ceiling": mi_ceiling,
+        "mi_fraction": mi_estimate / mi_ceiling,
+        "ess": float(ess.mean()),
+        "qb_mean": float(qb_mean),
+        "qb_cv": qb_cv,
+        "alignment": alignment,
+        "uniformity": uniformity,
+        "pos_cos": float(pos.mean()),
+        "neg_cos": float(neg_vals.mean()),
+        "k": float(k.mean()),
+    }
+
+
+# --------------------------------------------------------------------------- queue
+class MomentumQueue:
+    """MoCo-style FIFO queue of momentum-encoder keys and their dataset indices (He et al. 2020).
+
+    Keys are stored detached and L2-normalised, in the queue's dtype/device;
+    each key keeps the dataset index of the image it came from, so that
+    :func:`queue_scores` can mask an anchor's own old keys.  ``enqueue``
+    overwrites the oldest slots; ``negatives()`` returns the filled slots
+    (slot order; losses do not depend on order).  K = ``len(queue)``.
+
+    CIFAR pitfall: a queue longer than the data set (e.g. 65,536 keys with
+    CIFAR-10's 50,000 images, or any queue spanning more than one epoch) holds
+    old keys of the *same* image as the current anchor; unmasked they act as
+    "negatives" that are really positives, pushing an image away from itself.
+    We mask every queued key whose dataset index equals the anchor's index, so
+    K varies per anchor (EqCo's alpha/K then uses each row's own K).
+    """
+
+    def __init__(self, size: int, dim: int, device: Any = None, dtype: torch.dtype = torch.float32) -> None:
+        if int(size) < 1:
+            raise ValueError(f"size must be >= 1, got {size!r}")
+        if int(dim) < 1:
+            raise ValueError(f"dim must be >= 1, got {dim!r}")
+        if not dtype.is_floating_point:
+            raise ValueError(f"dtype must be a floating point dtype, got {dtype}")
+        self.size = int(size)
+        self.dim = int(dim)
+        self.keys = torch.zeros(self.size, self.dim, device=device, dtype=dtype)
+        self.indices = torch.full((self.size,), -1, device=device, dtype=torch.long)
+        self.ptr = 0
+        self.count = 0
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __repr__(self) -> str:
+        return f"MomentumQueue(size={self.size}, dim={self.dim}, filled={self.count}, dtype={self.keys.dtype})"
+
+    @torch.no_grad()
+    def enqueue(self, keys: Tensor, indices: Tensor) -> None:
+        """Append ``keys (B, D)`` with dataset ``indices (B,)``, dropping the oldest."""
+        if not isinstance(keys, Tensor) or keys.dim() != 2 or keys.shape[1] != self.dim:
+            raise ValueError(f"keys must have shape (B, {self.dim}), got {getattr(keys, 'shape', type(keys))}")
+        indices = torch.as_tensor(indices).reshape(-1)
+        if indices.shape[0] != keys.shape[0]:
+            raise ValueError(f"indices must have one entry per key ({keys.shape[0]}), got {indices.shape[0]}")
+        keys = F.normalize(keys.detach().to(self.keys.device, self.keys.dtype), dim=1)
+        indices = indices.to(self.indices.device, torch.long)
+        if keys.shape[0] > self.size:  # only the newest `size` keys survive
+            keys, indices = keys[-self.size:], indices[-self.size:]
+        b = keys.shape[0]
+        slots = (self.ptr + torch.arange(b, device=self.keys.device)) % self.size
+        self.keys[slots] = keys
+        self.indices[slots] = indices
+        self.ptr = (self.ptr + b) % self.size
+        self.count = min(self.size, self.count + b)
+
+    def negatives(self) -> tuple[Tensor, Tensor]:
+        """``(keys (M, D), indices (M,))`` of the filled slots, M = len(self)."""
+        if self.count == self.size:
+            return self.keys, self.indices
+        return self.keys[: self.count], self.indices[: self.count]
+
+    def to(self, device: Any) -> "MomentumQueue":
+        self.keys = self.keys.to(device)
+        self.indices = self.indices.to(device)
+        return self
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume (for checkpoints)."""
+        return {"size": self.size, "dim": self.dim, "keys": self.keys.clone(), "indices": self.indices.clone(),
+                "ptr": self.ptr, "count": self.count}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if int(state["size"]) != self.size or int(state["dim"]) != self.dim:
+            raise ValueError(
+                f"state has size/dim {state['size']}/{state['dim']}, queue has {self.size}/{self.dim}"
+            )
+        self.keys = state["keys"].to(self.keys.device, self.keys.dtype).clone()
+        self.indices = state["indices"].to(self.indices.device).clone()
+        self.ptr = int(state["ptr"])
+        self.count = int(state["count"])
