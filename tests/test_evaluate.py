@@ -1,0 +1,352 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from smallbatch.evaluate import (
+    embed,
+    knn_eval,
+    knn_predict,
+    linear_eval,
+    load_features,
+    raw_pixel_features,
+    save_features,
+)
+from smallbatch.models import build_backbone
+
+
+# ----------------------------------------------------------------------------- kNN reference
+
+
+def reference_knn_ranking(train_f, train_y, test_f, k, t, num_classes, topn=5):
+    """InstDisc weighted vote written out in float64 numpy, one test point at a time."""
+    tr = np.asarray(train_f, np.float64)
+    te = np.asarray(test_f, np.float64)
+    tr = tr / np.linalg.norm(tr, axis=1, keepdims=True)
+    te = te / np.linalg.norm(te, axis=1, keepdims=True)
+    k = min(k, len(tr))
+    out = []
+    for q in te:
+        sims = tr @ q
+        nn_idx = np.argsort(-sims, kind="stable")[:k]
+        scores = np.zeros(num_classes)
+        for j in nn_idx:
+            scores[train_y[j]] += np.exp(sims[j] / t)
+        # rank by score, ties -> lower class index
+        out.append(np.argsort(-scores, kind="stable")[: min(topn, num_classes)])
+    return np.array(out)
+
+
+@pytest.fixture(scope="module")
+def knn_case():
+    rng = np.random.default_rng(0)
+    c, d = 8, 16
+    centers = rng.normal(size=(c, d))
+    ytr = rng.integers(0, c, 300)
+    yte = rng.integers(0, c, 60)
+    tr = (centers[ytr] + 1.5 * rng.normal(size=(300, d))).astype(np.float32)
+    te = (centers[yte] + 1.5 * rng.normal(size=(60, d))).astype(np.float32)
+    return tr, ytr, te, yte, c
+
+
+@pytest.mark.parametrize("t", [0.1, 0.5])
+def test_knn_matches_reference(knn_case, t: float) -> None:
+    tr, ytr, te, yte, c = knn_case
+    ks = (1, 5, 20, 200)
+    ranks = knn_predict(tr, ytr, te, ks=ks, t=t, num_classes=c, use_gpu=False, batch_size=16)
+    res = knn_eval(tr, ytr, te, yte, ks=ks, t=t, use_gpu=False, batch_size=16)
+    for k in ks:
+        ref = reference_knn_ranking(tr, ytr, te, k, t, c)
+        np.testing.assert_array_equal(ranks[k], ref)
+        assert res[f"top1_k{k}"] == pytest.approx(np.mean(ref[:, 0] == yte))
+        assert res[f"top5_k{k}"] == pytest.approx(np.mean((ref == yte[:, None]).any(1)))
+        assert res[f"top5_k{k}"] >= res[f"top1_k{k}"]
+        assert res[f"k_effective_k{k}"] == k
+    # the problem is learnable but not trivial: accuracies are informative
+    assert 0.3 < res["top1_k20"] < 1.0
+    assert res["top1"] == res["top1_k200"] and res["top5"] == res["top5_k200"] and res["k"] == 200
+
+
+def test_knn_small_temperature_does_not_overflow(knn_case) -> None:
+    tr, ytr, te, yte, c = knn_case
+    ranks = knn_predict(tr, ytr, te, ks=(20,), t=0.001, use_gpu=False)
+    # exp(1/0.001) overflows float64; the vote must still follow the nearest neighbour
+    top1 = knn_predict(tr, ytr, te, ks=(1,), use_gpu=False)[1][:, 0]
+    np.testing.assert_array_equal(ranks[20][:, 0], top1)
+
+
+def test_knn_vote_ties_go_to_lower_class() -> None:
+    # two train points at equal cosine similarity from each test point, different labels
+    train = np.array([[1, 0, 0], [0, 1, 0], [0, 0, 1]], np.float32)
+    train_y = np.array([3, 1, 0])
+    test = np.array([[1, 1, 0], [1, 1, -0.1]], np.float32)
+    test_y = np.array([3, 1])
+    ranks = knn_predict(train, train_y, test, ks=(2,), num_classes=4, use_gpu=False)[2]
+    np.testing.assert_array_equal(ranks[:, :2], [[1, 3], [1, 3]])
+    # classes with no votes rank after, in index order
+    np.testing.assert_array_equal(ranks[:, 2:], [[0, 2], [0, 2]])
+    res = knn_eval(train, train_y, test, test_y, ks=(2,), use_gpu=False)
+    assert res["top1"] == 0.5 and res["top5"] == 1.0
+
+
+def test_knn_clamps_k_to_train_size(knn_case) -> None:
+    tr, ytr, te, yte, c = knn_case
+    tr, ytr = tr[:12], ytr[:12]
+    res = knn_eval(tr, ytr, te, yte, ks=(5, 50), num_classes=c, use_gpu=False)
+    assert res["k_effective_k50"] == 12 and res["k_effective_k5"] == 5
+    ref = reference_knn_ranking(tr, ytr, te, 12, 0.1, c)
+    assert res["top1_k50"] == pytest.approx(np.mean(ref[:, 0] == yte))
+    assert res["top1"] == res["top1_k50"]
+
+
+def test_knn_separated_clusters_perfect() -> None:
+    rng = np.random.default_rng(1)
+    centers = np.eye(10, 32) * 10
+    ytr, yte = np.repeat(np.arange(10), 30), np.repeat(np.arange(10), 5)
+    tr = centers[ytr] + rng.normal(size=(300, 32))
+    te = centers[yte] + rng.normal(size=(50, 32))
+    res = knn_eval(torch.from_numpy(tr), torch.from_numpy(ytr), te, yte, use_gpu="auto")
+    assert res["top1"] == 1.0 and res["top1_k20"] == 1.0
+
+
+@pytest.mark.parametrize(
+    "kwargs,arg",
+    [
+        (dict(ks=(0,)), "ks"),
+        (dict(ks=()), "ks"),
+        (dict(t=0.0), "t "),
+        (dict(t=-0.1), "t "),
+        (dict(use_gpu="yes"), "use_gpu"),
+        (dict(num_classes=3), "num_classes"),
+        (dict(batch_size=0), "batch_size"),
+    ],
+)
+def test_knn_bad_arguments(knn_case, kwargs: dict, arg: str) -> None:
+    tr, ytr, te, yte, _ = knn_case
+    with pytest.raises(ValueError, match=arg):
+        knn_eval(tr, ytr, te, yte, **kwargs)
+
+
+def test_knn_bad_shapes(knn_case) -> None:
+    tr, ytr, te, yte, _ = knn_case
+    with pytest.raises(ValueError, match="test_f has 15 feature dims"):
+        knn_eval(tr, ytr, te[:, :15], yte)
+    with pytest.raises(ValueError, match="train_y has 299 labels"):
+        knn_eval(tr, ytr[:-1], te, yte)
+    with pytest.raises(ValueError, match="test_y"):
+        knn_eval(tr, ytr, te, yte.astype(float))
+    with pytest.raises(ValueError, match="train_f"):
+        knn_eval(tr[0], ytr, te, yte)
+
+
+def test_knn_use_gpu_true_without_gpu(knn_case) -> None:
+    import faiss
+
+    if faiss.get_num_gpus() > 0:
+        pytest.skip("faiss sees a GPU here")
+    tr, ytr, te, yte, _ = knn_case
+    with pytest.raises(ValueError, match="use_gpu=True"):
+        knn_eval(tr, ytr, te, yte, use_gpu=True)
+
+
+# ----------------------------------------------------------------------------- linear probe
+
+
+def _blobs(seed: int, n_per: int = 60, c: int = 4, d: int = 32):
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(size=(c, d)) * 4
+    y = np.repeat(np.arange(c), n_per)
+    return (centers[y] + rng.normal(size=(len(y), d))).astype(np.float32), y
+
+
+def test_linear_probe_separable() -> None:
+    xtr, ytr = _blobs(0)
+    xte, yte = _blobs(0, n_per=20)
+    xte = xte + np.random.default_rng(5).normal(size=xte.shape).astype(np.float32) * 0.1
+    for opt, kw in [("lbfgs", {}), ("adam", dict(batch_size=32, epochs=50, lr=1e-2))]:
+        res = linear_eval(xtr, ytr, xte, yte, optimizer=opt, **kw)
+        assert res["train_top1"] == 1.0 and res["top1"] >= 0.99 and res["top5"] == 1.0
+
+
+def test_linear_probe_deterministic() -> None:
+    xtr, ytr = _blobs(0)
+    xte, yte = _blobs(1, n_per=20)
+    for kw in [dict(), dict(optimizer="adam", batch_size=16, epochs=5)]:
+        a = linear_eval(xtr, ytr, xte, yte, seed=3, **kw)
+        b = linear_eval(xtr, ytr, xte, yte, seed=3, **kw)
+        assert a == b
+
+
+def test_linear_probe_not_better_than_chance_on_shuffled_labels() -> None:
+    xtr, ytr = _blobs(0, c=4)
+    xte, yte = _blobs(1, n_per=50, c=4)
+    rng = np.random.default_rng(0)
+    res = linear_eval(xtr, rng.permutation(ytr), xte, yte)
+    assert res["top1"] < 0.5  # chance is 0.25
+
+
+def test_linear_probe_digits_raw_pixels() -> None:
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()
+    imgs = np.round(digits.images * (255 / 16)).astype(np.uint8)[:, None]  # (N,1,8,8) uint8
+    xtr, xte, ytr, yte = train_test_split(imgs, digits.target, test_size=0.25, random_state=0, stratify=digits.target)
+    res = linear_eval(raw_pixel_features(xtr), ytr, raw_pixel_features(xte), yte)
+    assert res["top1"] >= 0.95
+    assert res["top5"] >= res["top1"]
+
+
+@pytest.mark.parametrize(
+    "kwargs,arg",
+    [
+        (dict(epochs=0), "epochs"),
+        (dict(lr=-1.0), "lr"),
+        (dict(weight_decay=-1.0), "weight_decay"),
+        (dict(batch_size=32), "batch_size"),  # L-BFGS is full-batch
+        (dict(optimizer="adam", batch_size=0), "batch_size"),
+        (dict(optimizer="sgd"), "optimizer"),
+    ],
+)
+def test_linear_probe_bad_arguments(kwargs: dict, arg: str) -> None:
+    xtr, ytr = _blobs(0, n_per=5)
+    with pytest.raises(ValueError, match=arg):
+        linear_eval(xtr, ytr, xtr, ytr, **kwargs)
+
+
+# ----------------------------------------------------------------------------- embed
+
+
+MEAN, STD = (0.3,), (0.25,)
+
+
+@pytest.fixture()
+def cnn_and_images():
+    torch.manual_seed(0)
+    net, feat = build_backbone("small_cnn", 1, 8, width=8)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (10, 1, 8, 8), dtype=torch.uint8, generator=g)
+    return net, feat, x
+
+
+def test_embed_shape_dtype_and_values(cnn_and_images) -> None:
+    net, feat, x = cnn_and_images
+    f = embed(net, x, MEAN, STD, batch_size=4)
+    assert f.shape == (10, feat) and f.dtype == np.float32
+    net.eval()
+    with torch.no_grad():
+        expected = net((x.float() / 255 - MEAN[0]) / STD[0]).numpy()
+    np.testing.assert_allclose(f, expected, rtol=1e-5, atol=1e-6)
+    # numpy input, other batch size: same features
+    np.testing.assert_allclose(embed(net, x.numpy(), MEAN, STD, batch_size=10), f, rtol=1e-5, atol=1e-6)
+
+
+def test_embed_eval_mode_and_determinism(cnn_and_images) -> None:
+    net, _, x = cnn_and_images
+    net.train()
+    # give BN non-trivial running stats, as after training
+    with torch.no_grad():
+        net(torch.randn(16, 1, 8, 8) * 3 + 1)
+    state = {k: v.clone() for k, v in net.state_dict().items()}
+    a = embed(net, x, MEAN, STD)
+    b = embed(net, x, MEAN, STD)
+    np.testing.assert_array_equal(a, b)
+    assert net.training  # mode restored
+    for k, v in net.state_dict().items():
+        assert torch.equal(v, state[k]), f"{k} changed during embed"
+    # eval mode: a sample's features do not depend on the rest of its batch
+    np.testing.assert_allclose(embed(net, x[:1], MEAN, STD), a[:1], rtol=1e-5, atol=1e-6)
+    # mixed modes (e.g. a frozen BN inside a training model) come back as they were
+    frozen_bn = net.features[1]
+    frozen_bn.eval()
+    embed(net, x, MEAN, STD)
+    assert net.training and not frozen_bn.training and net.features[4].training
+
+
+def test_embed_bad_inputs(cnn_and_images) -> None:
+    net, _, x = cnn_and_images
+    with pytest.raises(ValueError, match="x_uint8 must have dtype uint8"):
+        embed(net, x.float(), MEAN, STD)
+    with pytest.raises(ValueError, match="x_uint8 must have shape"):
+        embed(net, x[0], MEAN, STD)
+    with pytest.raises(ValueError, match="mean/std"):
+        embed(net, x, (0.1, 0.2, 0.3), (0.2, 0.2, 0.2))
+    with pytest.raises(ValueError, match="batch_size"):
+        embed(net, x, MEAN, STD, batch_size=0)
+
+
+def test_raw_pixel_features() -> None:
+    x = torch.arange(2 * 3 * 2 * 2, dtype=torch.uint8).reshape(2, 3, 2, 2)
+    f = raw_pixel_features(x)
+    assert f.shape == (2, 12) and f.dtype == np.float32
+    np.testing.assert_allclose(f, x.reshape(2, 12).numpy() / 255.0, rtol=1e-6)
+    with pytest.raises(ValueError, match="x_uint8"):
+        raw_pixel_features(x.float())
+
+
+# ----------------------------------------------------------------------------- feature files
+
+
+def _features():
+    rng = np.random.default_rng(0)
+    return (
+        rng.normal(size=(20, 6)).astype(np.float32),
+        rng.integers(0, 3, 20),
+        rng.normal(size=(7, 6)).astype(np.float32),
+        rng.integers(0, 3, 7),
+    )
+
+
+def test_features_round_trip(tmp_path: Path) -> None:
+    tr, ytr, te, yte = _features()
+    meta = {"cell": "digits/infonce/bs32-t0.1-s0", "feat_dim": 6, "note": None}
+    path = save_features(tmp_path / "sub" / "features.npz", tr, ytr, te, yte, meta)
+    assert path.exists()
+    assert os.listdir(path.parent) == ["features.npz"]  # no temporary file left behind
+    fs = load_features(path)
+    np.testing.assert_array_equal(fs.train_f, tr)
+    np.testing.assert_array_equal(fs.train_y, ytr)
+    np.testing.assert_array_equal(fs.test_f, te)
+    np.testing.assert_array_equal(fs.test_y, yte)
+    assert fs.meta == meta
+    a, b, c, d, m = fs  # unpacks like a tuple
+    assert m == meta
+
+
+def test_corrupt_features_file_names_the_file(tmp_path: Path) -> None:
+    tr, ytr, te, yte = _features()
+    good = save_features(tmp_path / "good.npz", tr, ytr, te, yte, {})
+    data = good.read_bytes()
+    truncated = tmp_path / "truncated.npz"
+    truncated.write_bytes(data[: len(data) // 2])
+    garbage = tmp_path / "garbage.npz"
+    garbage.write_bytes(b"not a zip file at all")
+    incomplete = tmp_path / "incomplete.npz"
+    np.savez(incomplete, train_f=tr)
+    for p in (truncated, garbage, incomplete):
+        with pytest.raises(ValueError) as info:
+            load_features(p)
+        msg = str(info.value)
+        assert str(p) in msg and "\n" not in msg
+    with pytest.raises(FileNotFoundError):
+        load_features(tmp_path / "missing.npz")
+
+
+def test_save_features_rejects_bad_input(tmp_path: Path) -> None:
+    tr, ytr, te, yte = _features()
+    with pytest.raises(ValueError, match="test_f"):
+        save_features(tmp_path / "f.npz", tr, ytr, te[:, :3], yte, {})
+    with pytest.raises(ValueError, match="meta"):
+        save_features(tmp_path / "f.npz", tr, ytr, te, yte, {"x": object()})
+    assert not any(tmp_path.iterdir())
+
+
+def test_importing_evaluate_does_not_import_faiss() -> None:
+    code = "import sys, smallbatch.evaluate; sys.exit('faiss' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
