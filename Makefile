@@ -1,0 +1,49 @@
+# The two commands of the README:
+#   make study   creates .venv, installs, runs the default study, prints where the report is
+#   make test    creates .venv, installs, runs the tests
+VENV     ?= .venv
+PYTHON   ?= python3
+CORES    ?= 2
+CONFIG   ?= config.yaml
+TORCH    ?= torch==2.14.1 torchvision==0.29.1
+SNAKE_ARGS ?=
+BIN      := $(abspath $(VENV))/bin
+export PATH := $(BIN):$(PATH)
+
+.PHONY: install study smoke test report data clean-results
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q $(TORCH)
+	$(BIN)/python -m pip install -q -e '.[test,slurm]'
+	touch $@
+
+# Fashion-MNIST from Debian's package when we can install it (root + apt);
+# otherwise the study is run with data.download=true and torchvision fetches it.
+data:
+	@if [ ! -d /usr/share/datasets/fashion-mnist ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist >/dev/null; fi
+
+study: install data
+	@dl=""; if [ ! -d /usr/share/datasets/fashion-mnist ] && [ ! -d results/data/FashionMNIST/raw ]; then \
+		echo "Debian's dataset-fashion-mnist is not installed: torchvision will download Fashion-MNIST"; \
+		dl="data={root: results/data, download: true}"; fi; \
+	$(BIN)/python -m snakemake --snakefile Snakefile --configfile $(CONFIG) --workflow-profile workflow/profiles/default \
+		--cores $(CORES) $${dl:+--config "$$dl"} $(SNAKE_ARGS)
+	@echo "report: $$(pwd)/results/report/index.md   (browse runs: mlflow ui --backend-store-uri sqlite:///results/mlflow.db)"
+
+smoke: install
+	$(BIN)/python -m snakemake --snakefile Snakefile --configfile workflow/configs/smoke.yaml \
+		--workflow-profile workflow/profiles/default --cores $(CORES) $(SNAKE_ARGS)
+
+report: install
+	$(BIN)/smallbatch report --config $(CONFIG) --out results/report
+
+test: install
+	$(BIN)/python -m pytest -q
+
+clean-results:
+	rm -rf results/runs results/baselines results/logs results/report results/mlflow.db results/mlartifacts results/mlflow.ready results/smoke

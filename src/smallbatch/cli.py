@@ -1,0 +1,374 @@
+"""The command line: ``smallbatch <command>``; each command runs one step of one cell.
+
+A cell is named in one of three ways:
+  --cell results/runs/<id>/cell.json     (what the Snakemake rules pass)
+  --config config.yaml --cell-id <id>    (a cell of a study, by its id)
+  --dataset digits --loss flatnce --batch-size 32 --temperature 0.1 ...  (stand-alone)
+
+Errors in the input (bad config key, batch size 1, temperature <= 0, missing
+data, corrupt checkpoint, ...) print one line ``smallbatch: error: ...`` and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+EXIT_USAGE = 2
+EXIT_PREEMPTED = 143  # 128 + SIGTERM: SLURM / Snakemake may requeue or retry
+
+
+def _add_cell_args(p: argparse.ArgumentParser, train_flags: bool = True) -> None:
+    g = p.add_argument_group("which cell")
+    g.add_argument("--cell", type=Path, help="cell JSON file (as written by `smallbatch cells --write`)")
+    g.add_argument("--config", type=Path, help="study config YAML (default values otherwise)")
+    g.add_argument("--cell-id", help="id of a cell of --config, e.g. fashion_mnist/flatnce/bs32-t0.1-s0")
+    s = p.add_argument_group("stand-alone cell (when neither --cell nor --cell-id is given)")
+    s.add_argument("--dataset", help="fashion_mnist | digits | cifar10 | cifar100 | stl10 | imagefolder")
+    s.add_argument("--data-root", help="data root (default: config data.root)")
+    s.add_argument("--loss", help="infonce (ntxent, simclr) | flatnce | dcl | dclw | eqco")
+    s.add_argument("--batch-size", type=int, help="N images per step (2N views)")
+    s.add_argument("--temperature", type=float, help="tau > 0")
+    s.add_argument("--seed", type=int, default=None)
+    s.add_argument("--loss-param", action="append", default=[], metavar="KEY=VALUE",
+                   help="loss parameter, e.g. sigma=0.5 (dclw), alpha=256 (eqco), gamma=1 (flatnce)")
+    if train_flags:
+        s.add_argument("--epochs", type=float)
+        s.add_argument("--steps", type=int)
+        s.add_argument("--precision", choices=["fp32", "bf16", "fp16", "fp64"])
+        s.add_argument("--lr", type=float)
+        s.add_argument("--lr-scaling", choices=["none", "linear", "sqrt"])
+        s.add_argument("--optimizer", choices=["sgd", "lars", "adam"])
+        s.add_argument("--backbone", choices=["small_cnn", "resnet18_cifar", "resnet50_cifar", "resnet50"])
+        s.add_argument("--queue-size", type=int)
+        s.add_argument("--image-size", type=int)
+        s.add_argument("--train-subset", type=int)
+    s.add_argument("--threads", type=int, help="CPU threads (default: config threads)")
+
+
+def _add_tracking_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tracking-uri", help="MLflow URI (default: config tracking_uri, $MLFLOW_TRACKING_URI, "
+                   "else sqlite:///<results_dir>/mlflow.db); 'none' disables tracking")
+    p.add_argument("--experiment", help="MLflow experiment (default: config study)")
+
+
+def _coerce(v: str):
+    for t in (int, float):
+        try:
+            return t(v)
+        except ValueError:
+            pass
+    return {"none": None, "null": None, "true": True, "false": False}.get(v.lower(), v)
+
+
+def resolve_cell(args) -> tuple[dict, dict]:
+    """(cell, config) from the arguments; raises ValueError with one line."""
+    from .cells import LOSS_ALIASES, expand_cells, make_cell
+    from .config import load_config
+
+    if args.cell is not None:
+        if not args.cell.is_file():
+            raise ValueError(f"cell file not found: {args.cell}")
+        try:
+            cell = json.loads(args.cell.read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"cell file {args.cell} is not valid JSON ({exc.msg})") from None
+        cfg = load_config(args.config) if args.config else load_config(None)
+        if args.threads:
+            cell["threads"] = args.threads
+        return cell, cfg
+    overrides: dict = {}
+    train_keys = ["epochs", "steps", "precision", "lr", "lr_scaling", "optimizer", "backbone", "queue_size"]
+    for k in train_keys:
+        v = getattr(args, k, None)
+        if v is not None:
+            overrides.setdefault("train", {})[k] = v
+    if args.threads:
+        overrides["threads"] = args.threads
+    if args.data_root:
+        overrides.setdefault("data", {})["root"] = args.data_root
+    if args.cell_id:
+        if args.config is None:
+            raise ValueError("--cell-id needs --config")
+        cfg = load_config(args.config, overrides)
+        cells = expand_cells(cfg)
+        if args.cell_id not in cells:
+            import difflib
+
+            near = difflib.get_close_matches(args.cell_id, list(cells), n=3)
+            raise ValueError(f"no cell {args.cell_id!r} in {args.config}" + (f"; did you mean {', '.join(near)}?" if near else ""))
+        return cells[args.cell_id], cfg
+    missing = [f for f in ("dataset", "loss", "batch_size", "temperature") if getattr(args, f) is None]
+    if missing:
+        raise ValueError("name a cell: --cell FILE, or --config with --cell-id, or give "
+                         + ", ".join("--" + m.replace("_", "-") for m in missing))
+    ds_opts = {}
+    for k in ("image_size", "train_subset"):
+        v = getattr(args, k, None)
+        if v is not None:
+            ds_opts[k] = v
+    overrides["datasets"] = {args.dataset: ds_opts}
+    base = load_config(args.config) if args.config else {}
+    if args.config:
+        # keep the study's other data sets out of a stand-alone cell
+        base_ds = base.get("datasets", {}).get(args.dataset, {})
+        overrides["datasets"] = {args.dataset: {**base_ds, **ds_opts}}
+    from .config import deep_merge, validate_config
+
+    raw = deep_merge({k: v for k, v in base.items() if k != "datasets"}, overrides) if base else overrides
+    cfg = validate_config(raw)
+    name = LOSS_ALIASES.get(args.loss, args.loss)
+    from .losses import loss_param_names
+
+    allowed = loss_param_names(name)  # ValueError for an unknown loss
+    params = {k: v for k, v in cfg.get("loss_params", {}).get(name, {}).items()}
+    for kv in args.loss_param:
+        if "=" not in kv:
+            raise ValueError(f"--loss-param must be KEY=VALUE, not {kv!r}")
+        k, v = kv.split("=", 1)
+        if k not in allowed:
+            raise ValueError(f"--loss-param {k!r} is not a parameter of {name}; allowed: {', '.join(allowed) or 'none'}")
+        params[k] = _coerce(v)
+    if args.batch_size is not None and args.batch_size < 2:
+        raise ValueError(f"--batch-size must be >= 2 (a batch of 1 has no negatives), not {args.batch_size}")
+    if not args.temperature > 0:
+        raise ValueError(f"--temperature must be > 0, not {args.temperature}")
+    seed = args.seed if args.seed is not None else 0
+    cell = make_cell(cfg, dataset=args.dataset, loss=name, loss_params=params, batch_size=args.batch_size,
+                     temperature=args.temperature, seed=seed)
+    return cell, cfg
+
+
+def _tracking(args, cfg: dict) -> tuple[str | None, str]:
+    from .config import resolve_tracking_uri
+
+    uri = args.tracking_uri
+    if uri is None:
+        uri = resolve_tracking_uri(cfg)
+    if uri and uri.lower() == "none":
+        uri = None
+    return uri, args.experiment or cfg.get("study", "smallbatch")
+
+
+# --------------------------------------------------------------------------- commands
+def cmd_cells(args) -> int:
+    from .cells import baseline_cells, expand_cells
+    from .config import load_config
+
+    cfg = load_config(args.config)
+    cells = expand_cells(cfg)
+    base = baseline_cells(cfg)
+    if args.write:
+        from .steps import _atomic_json
+
+        for cid, cell in {**cells, **base}.items():
+            path = Path(cfg["results_dir"]) / ("runs" if not cid.startswith("baselines/") else "") / cid / "cell.json"
+            _atomic_json(cell, path)
+    for cid, cell in cells.items():
+        print(f"{cid}\t{cell['hash']}\tK={cell['negatives']}")
+    if args.baselines:
+        for cid, cell in base.items():
+            print(f"{cid}\t{cell['hash']}")
+    print(f"{len(cells)} cells, {len(base)} baselines", file=sys.stderr)
+    return 0
+
+
+def cmd_init_store(args) -> int:
+    from .config import load_config
+    from .tracking import init_store
+
+    cfg = load_config(args.config) if args.config else load_config(None)
+    uri, exp = _tracking(args, cfg)
+    if uri is None:
+        raise ValueError("init-store needs a tracking URI")
+    eid = init_store(uri, exp)
+    print(f"MLflow store {uri}: experiment '{exp}' (id {eid}) ready")
+    if args.touch:
+        args.touch.parent.mkdir(parents=True, exist_ok=True)
+        args.touch.write_text(f"{uri}\n{exp}\n{eid}\n")
+    return 0
+
+
+def cmd_prepare_data(args) -> int:
+    from .config import load_config
+    from .steps import prepare_data
+
+    cfg = load_config(args.config) if args.config else load_config(None)
+    ds = {**cfg["datasets"].get(args.dataset, {})} if args.dataset in cfg["datasets"] else {}
+    for k in ("image_size", "train_subset", "test_subset"):
+        v = getattr(args, k)
+        if v is not None:
+            ds[k] = v
+    from .data import DATASETS
+
+    if args.dataset not in DATASETS:
+        raise ValueError(f"--dataset {args.dataset!r} is not known; allowed: {', '.join(DATASETS)}")
+    cell = {"dataset": args.dataset, "dataset_options": ds,
+            "data_root": args.data_root or ds.get("root") or cfg["data"]["root"],
+            "download": args.download or cfg["data"]["download"]}
+    info = prepare_data(cell, args.out)
+    print(json.dumps(info))
+    return 0
+
+
+def cmd_pretrain(args) -> int:
+    from .steps import run_pretrain
+
+    cell, cfg = resolve_cell(args)
+    uri, exp = _tracking(args, cfg)
+    out = args.out or Path(cfg["results_dir"]) / "runs" / cell["id"]
+    res = run_pretrain(cell, out, tracking_uri=uri, experiment=exp, cache=args.data_cache,
+                       restart=args.restart, progress=not args.no_progress, device=args.device)
+    print(json.dumps(res))
+    return 0
+
+
+def cmd_embed(args) -> int:
+    from .steps import run_embed
+
+    cell, cfg = resolve_cell(args)
+    out_dir = Path(cfg["results_dir"]) / "runs" / cell["id"]
+    ckpt = args.checkpoint or out_dir / "checkpoint.pt"
+    out = args.out or out_dir / "features.npz"
+    res = run_embed(cell, ckpt, out, cache=args.data_cache, device=args.device)
+    print(json.dumps(res, default=str))
+    return 0
+
+
+def _cmd_probe(kind: str, args) -> int:
+    from .steps import run_probe
+
+    cell, cfg = resolve_cell(args)
+    uri, exp = _tracking(args, cfg)
+    out_dir = Path(cfg["results_dir"]) / "runs" / cell["id"]
+    feats = args.features or out_dir / "features.npz"
+    out = args.out or out_dir / f"{kind}.json"
+    res = run_probe(kind, cell, feats, out, tracking_uri=uri, experiment=exp)
+    print(json.dumps(res))
+    return 0
+
+
+def cmd_baseline(args) -> int:
+    from .cells import baseline_cells
+    from .config import load_config
+
+    if args.cell is not None:
+        cell, cfg = resolve_cell(args)
+    else:
+        cfg = load_config(args.config) if args.config else load_config(None)
+        cells = baseline_cells(cfg)
+        if args.cell_id not in cells:
+            raise ValueError(f"no baseline {args.cell_id!r}; baselines of this config: {', '.join(cells)}")
+        cell = cells[args.cell_id]
+    from .steps import run_baseline
+
+    uri, exp = _tracking(args, cfg)
+    out = args.out or Path(cfg["results_dir"]) / cell["id"] / "result.json"
+    res = run_baseline(cell, out, tracking_uri=uri, experiment=exp, cache=args.data_cache, device=args.device)
+    print(json.dumps(res))
+    return 0
+
+
+def cmd_report(args) -> int:
+    from .config import load_config, resolve_tracking_uri
+    from .report import build_report
+
+    cfg = load_config(args.config) if args.config else load_config(None)
+    uri = args.tracking_uri or resolve_tracking_uri(cfg)
+    exp = args.experiment or cfg.get("study", "smallbatch")
+    index = build_report(uri, args.out, experiment=exp)
+    print(f"report written: {index}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="smallbatch", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("cells", help="list the study's cells (and write their cell.json files)")
+    c.add_argument("--config", type=Path, default=Path("config.yaml"))
+    c.add_argument("--write", action="store_true", help="write results/runs/<id>/cell.json for every cell")
+    c.add_argument("--baselines", action="store_true", help="list the baseline cells too")
+    c.set_defaults(func=cmd_cells)
+
+    c = sub.add_parser("init-store", help="create the MLflow store's schema and the study's experiment once")
+    c.add_argument("--config", type=Path)
+    _add_tracking_args(c)
+    c.add_argument("--touch", type=Path, help="write this marker file when done (for the workflow)")
+    c.set_defaults(func=cmd_init_store)
+
+    c = sub.add_parser("prepare-data", help="load a data set through its real loader and cache it as one tensor file")
+    c.add_argument("--config", type=Path, help="study config (data.root, datasets.<name> options)")
+    c.add_argument("--dataset", required=True)
+    c.add_argument("--data-root")
+    c.add_argument("--download", action="store_true", help="let torchvision download when files are missing")
+    c.add_argument("--image-size", type=int)
+    c.add_argument("--train-subset", type=int)
+    c.add_argument("--test-subset", type=int)
+    c.add_argument("--out", type=Path, required=True)
+    c.set_defaults(func=cmd_prepare_data)
+
+    c = sub.add_parser("pretrain", help="contrastive pretraining of one cell (resumes from its state.pt)")
+    _add_cell_args(c)
+    _add_tracking_args(c)
+    c.add_argument("--out", type=Path, help="cell folder (default results/runs/<id>)")
+    c.add_argument("--data-cache", type=Path, help="data cache from `smallbatch prepare-data`")
+    c.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    c.add_argument("--restart", action="store_true", help="ignore (and overwrite) a saved state.pt, e.g. a corrupt one")
+    c.add_argument("--no-progress", action="store_true")
+    c.set_defaults(func=cmd_pretrain)
+
+    c = sub.add_parser("embed", help="frozen backbone features of the train and test splits -> .npz")
+    _add_cell_args(c)
+    c.add_argument("--checkpoint", type=Path)
+    c.add_argument("--out", type=Path)
+    c.add_argument("--data-cache", type=Path)
+    c.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    c.set_defaults(func=cmd_embed)
+
+    for kind, helptext in (("knn", "weighted kNN (InstDisc) on faiss"), ("linear", "linear probe on frozen features")):
+        c = sub.add_parser(kind, help=helptext)
+        _add_cell_args(c)
+        _add_tracking_args(c)
+        c.add_argument("--features", type=Path)
+        c.add_argument("--out", type=Path)
+        c.set_defaults(func=lambda a, k=kind: _cmd_probe(k, a))
+
+    c = sub.add_parser("baseline", help="raw-pixel or random-init encoder baseline (kNN + linear)")
+    _add_cell_args(c)
+    _add_tracking_args(c)
+    c.add_argument("--out", type=Path)
+    c.add_argument("--data-cache", type=Path)
+    c.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    c.set_defaults(func=cmd_baseline)
+
+    c = sub.add_parser("report", help="rebuild every table and figure from the MLflow store alone")
+    c.add_argument("--config", type=Path)
+    c.add_argument("--tracking-uri")
+    c.add_argument("--experiment")
+    c.add_argument("--out", type=Path, default=Path("results/report"))
+    c.set_defaults(func=cmd_report)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from .errors import Preempted
+
+    try:
+        return int(args.func(args) or 0)
+    except Preempted as exc:
+        print(f"smallbatch: preempted: {exc}", file=sys.stderr)
+        return EXIT_PREEMPTED
+    except (ValueError, FileNotFoundError, RuntimeError) as exc:
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"smallbatch: error: {msg}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())
