@@ -277,7 +277,8 @@ def cmd_report(args) -> int:
 
     cfg = load_config(args.config) if args.config else load_config(None)
     uri = args.tracking_uri or resolve_tracking_uri(cfg)
-    exp = args.experiment or cfg.get("study", "smallbatch")
+    # Without --experiment/--config the report takes the store's only experiment.
+    exp = args.experiment or (cfg["study"] if args.config else None)
     index = build_report(uri, args.out, experiment=exp)
     print(f"report written: {index}")
     return 0
