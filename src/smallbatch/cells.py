@@ -109,30 +109,57 @@ def make_cell(
     return cell
 
 
-def _grid_cells(cfg: dict) -> Iterable[dict]:
+def _axis_suffix(axis: str, value: Any) -> str:
+    if axis == "ess_schedule":
+        return "" if value is None else f"-ess{_fmt(float(value['start']))}to{_fmt(float(value['end']))}"
+    return f"-{AXIS_ABBREV.get(axis, axis)}{_fmt(value)}"
+
+
+def _section_grid(cfg: dict, section: str, sec: dict) -> Iterable[dict]:
+    """Cells of a (mini-)grid: losses x batch sizes x temperatures x seeds x axes.
+
+    Missing keys of a side experiment fall back to the main grid's values.
+    """
     grid = cfg["grid"]
-    if not grid.get("enabled", True):
-        return
-    axes = grid.get("axes", {}) or {}
+    axes = sec.get("axes", grid.get("axes", {}) if section == "grid" else {}) or {}
     axis_names = sorted(axes)
-    for dataset in cfg["datasets"]:
-        for entry in grid["losses"]:
+    train_over = dict(sec.get("train", {}) or {})
+    datasets = sec.get("datasets") or list(cfg["datasets"])
+    for dataset in datasets:
+        for entry in sec.get("losses", grid["losses"]):
             for loss, params, ov in _loss_variants(entry, cfg):
-                bss = ov.get("batch_sizes", grid["batch_sizes"])
-                tss = ov.get("temperatures", grid["temperatures"])
-                sss = ov.get("seeds", grid["seeds"])
+                bss = ov.get("batch_sizes", sec.get("batch_sizes", grid["batch_sizes"]))
+                tss = ov.get("temperatures", sec.get("temperatures", grid["temperatures"]))
+                sss = ov.get("seeds", sec.get("seeds", grid["seeds"]))
                 for combo in itertools.product(*(axes[a] for a in axis_names)):
-                    tov = dict(zip(axis_names, combo))
-                    suffix = "".join(f"-{AXIS_ABBREV.get(a, a)}{_fmt(v)}" for a, v in tov.items())
+                    tov = {**train_over, **dict(zip(axis_names, combo))}
+                    suffix = "".join(_axis_suffix(a, v) for a, v in zip(axis_names, combo))
                     for bs, t, s in itertools.product(bss, tss, sss):
                         yield make_cell(
                             cfg, dataset=dataset, loss=loss, loss_params=params, batch_size=bs,
-                            temperature=t, seed=s, train_overrides=tov, suffix=suffix,
+                            temperature=t, seed=s, experiment=section, train_overrides=tov, suffix=suffix,
                         )
 
 
+def _grid_cells(cfg: dict) -> Iterable[dict]:
+    if cfg["grid"].get("enabled", True):
+        yield from _section_grid(cfg, "grid", cfg["grid"])
+
+
+def _side_cells(name: str) -> Callable[[dict], Iterable[dict]]:
+    def cells(cfg: dict) -> Iterable[dict]:
+        sec = cfg.get("experiments", {}).get(name)
+        if sec and sec.get("enabled", False):
+            yield from _section_grid(cfg, name, sec)
+
+    return cells
+
+
 # Side experiments register a function cfg -> iterable of cells here.
-SECTION_CELLS: dict[str, Callable[[dict], Iterable[dict]]] = {"grid": _grid_cells}
+SIDE_EXPERIMENTS = ("precision", "ksweep", "ess", "tsweep")
+SECTION_CELLS: dict[str, Callable[[dict], Iterable[dict]]] = {
+    "grid": _grid_cells, **{name: _side_cells(name) for name in SIDE_EXPERIMENTS}
+}
 
 
 def expand_cells(cfg: dict) -> dict[str, dict]:

@@ -157,10 +157,19 @@ def validate_config(cfg: dict) -> dict:
 
 def _check_semantics(cfg: dict) -> None:
     """Checks the schema cannot express."""
-    train = cfg.get("train", {})
-    ess = train.get("ess_schedule")
-    if ess is not None and set(ess) != {"start", "end", "rate"}:
-        raise ConfigError("config key 'train.ess_schedule' needs start, end and rate")
+    for name, sec in cfg.get("experiments", {}).items():
+        if name == "mi" or not isinstance(sec, dict):
+            continue
+        tr = sec.get("train", {}) or {}
+        known = set(load_schema()["properties"]["train"]["properties"])
+        for k in tr:
+            if k not in known:
+                hint = difflib.get_close_matches(k, sorted(known), n=1)
+                sugg = f" (did you mean '{hint[0]}'?)" if hint else ""
+                raise ConfigError(f"unknown config key 'experiments.{name}.train.{k}'{sugg}; allowed: {', '.join(sorted(known))}")
+        for ds in sec.get("datasets", []) or []:
+            if ds not in cfg.get("datasets", {}):
+                raise ConfigError(f"config key 'experiments.{name}.datasets' names {ds!r}, which is not under 'datasets' ({', '.join(cfg.get('datasets', {}))})")
     from . import augment as _aug  # light module (torch only)
 
     try:

@@ -153,6 +153,66 @@ def lr_at(step: int, total: int, warmup: int, peak: float) -> float:
     return peak * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
+# --------------------------------------------------------------------------- ESS-scheduled temperature
+@torch.no_grad()
+def ess_of(neg: torch.Tensor, tau: float, neg_mask: torch.Tensor | None = None) -> float:
+    """Mean normalised effective sample size 1/(K sum_j w_j^2) of the softmax weights
+    w = softmax_j(s_j/tau) over each anchor's negatives (FlatNCE); 1/K <= ESS <= 1."""
+    x = neg.double() / tau
+    if neg_mask is not None:
+        x = x.masked_fill(~neg_mask, float("-inf"))
+        k = neg_mask.sum(dim=1).double()
+    else:
+        k = torch.full((x.shape[0],), float(x.shape[1]), dtype=torch.float64, device=x.device)
+    w = torch.softmax(x, dim=1)
+    return float((1.0 / (k * (w * w).sum(dim=1))).mean())
+
+
+class EssTemperature:
+    """FlatNCE's ESS-scheduled temperature (Chen et al. 2021, Algorithm S1, in spirit):
+    before each step, choose tau so that the ESS of the current batch's negative weights
+    equals a target that moves from ``start`` (flat weights: many negatives count) to
+    ``end`` (peaked: hard negatives dominate) on a cosine schedule.  ESS is monotone
+    increasing in tau, so tau* is found by bisection in log tau within
+    [tau_min, tau_max]; ``rate`` in (0, 1] smooths the update in log space
+    (1 = jump to tau*)."""
+
+    def __init__(self, start: float, end: float, total_steps: int, tau0: float, rate: float = 1.0,
+                 tau_min: float = 0.01, tau_max: float = 10.0):
+        for name, v in (("start", start), ("end", end)):
+            if not 0 < v <= 1:
+                raise ValueError(f"ess_schedule.{name} must be in (0, 1], not {v!r}")
+        if not 0 < rate <= 1:
+            raise ValueError(f"ess_schedule.rate must be in (0, 1], not {rate!r}")
+        if not 0 < tau_min < tau_max:
+            raise ValueError(f"ess_schedule needs 0 < tau_min < tau_max, not {tau_min!r}, {tau_max!r}")
+        self.start, self.end, self.total = float(start), float(end), max(1, int(total_steps))
+        self.tau, self.rate, self.tau_min, self.tau_max = float(tau0), float(rate), float(tau_min), float(tau_max)
+
+    def target(self, step: int) -> float:
+        p = min(1.0, step / self.total)
+        return self.end + (self.start - self.end) * 0.5 * (1.0 + math.cos(math.pi * p))
+
+    def solve(self, neg: torch.Tensor, target: float, neg_mask: torch.Tensor | None = None) -> float:
+        lo, hi = math.log(self.tau_min), math.log(self.tau_max)
+        if ess_of(neg, math.exp(lo), neg_mask) >= target:
+            return math.exp(lo)
+        if ess_of(neg, math.exp(hi), neg_mask) <= target:
+            return math.exp(hi)
+        for _ in range(40):
+            mid = 0.5 * (lo + hi)
+            if ess_of(neg, math.exp(mid), neg_mask) < target:
+                lo = mid
+            else:
+                hi = mid
+        return math.exp(0.5 * (lo + hi))
+
+    def update(self, neg: torch.Tensor, step: int, neg_mask: torch.Tensor | None = None) -> float:
+        star = self.solve(neg, self.target(step), neg_mask)
+        self.tau = math.exp((1 - self.rate) * math.log(self.tau) + self.rate * math.log(star))
+        return self.tau
+
+
 # --------------------------------------------------------------------------- the loop
 def _validate(cell: dict, n_images: int) -> None:
     bs = cell["batch_size"]
@@ -250,6 +310,12 @@ def pretrain(
     scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
     autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
 
+    ess_sched = None
+    if tr.get("ess_schedule"):
+        es = tr["ess_schedule"]
+        ess_sched = EssTemperature(es["start"], es["end"], total_steps, cell["temperature"], es.get("rate", 1.0),
+                                   es.get("tau_min", 0.01), es.get("tau_max", 10.0))
+
     gen_perm = torch.Generator().manual_seed(cell["seed"])
     gen_aug = torch.Generator(device=dev).manual_seed(cell["seed"] + 1)
     step, perm, status, last_loss = 0, None, "running", float("nan")
@@ -269,6 +335,9 @@ def pretrain(
             gen_perm.set_state(st["gen_perm"])
             gen_aug.set_state(st["gen_aug"].to(gen_aug.get_state().device) if dev.type == "cpu" else st["gen_aug"])
             step, perm, last_loss = int(st["step"]), st["perm"], float(st["last_loss"])
+            loss_fn.temperature = float(st.get("tau", cell["temperature"]))
+            if ess_sched is not None:
+                ess_sched.tau = loss_fn.temperature
             elapsed_before = float(st.get("wall_s", 0.0))
             print(f"resuming {cell['id']} from step {step}/{total_steps} ({state_path})", file=sys.stderr)
         else:
@@ -284,6 +353,7 @@ def pretrain(
             "scaler": scaler.state_dict() if scaler is not None else None,
             "gen_perm": gen_perm.get_state(), "gen_aug": gen_aug.get_state().cpu(),
             "step": step, "perm": perm, "last_loss": last_loss,
+            "tau": float(loss_fn.temperature),
             "wall_s": elapsed_before + (time.perf_counter() - t_start),
         }, state_path)
 
@@ -317,12 +387,19 @@ def pretrain(
                 if queue is None:
                     z = model(torch.cat([v1, v2]))
                     z1, z2 = z[:bs], z[bs:]
+                    if ess_sched is not None:
+                        _, neg_d, mask_d = in_batch_scores(z1.detach().float(), z2.detach().float())
+                        loss_fn.temperature = ess_sched.update(neg_d, step, mask_d)
                     out = loss_fn(z1, z2)
                 else:
                     z1 = model(v1)
                     with torch.no_grad():
                         z2 = key_model(v2)
                     negs, neg_idx = queue.negatives()
+                    if ess_sched is not None and len(queue):
+                        _, neg_d, mask_d = queue_scores(z1.detach().float(), z2.detach().float(), negs.float(),
+                                                        idx.to(dev), neg_idx)
+                        loss_fn.temperature = ess_sched.update(neg_d, step, mask_d)
                     out = loss_fn(z1, z2.detach(), queue=negs if len(queue) else None,
                                   q_index=idx.to(dev), queue_index=neg_idx if len(queue) else None)
             loss = out.loss
@@ -356,7 +433,7 @@ def pretrain(
                 now = time.perf_counter()
                 metrics = {
                     "train/loss": last_loss, "train/infonce": float(out.infonce), "train/lr": lr,
-                    "train/tau": float(cell["temperature"]),
+                    "train/tau": float(loss_fn.temperature),
                     "train/images_per_s": img_window / max(now - t_window, 1e-9),
                     "epoch": step / steps_per_epoch,
                 }
@@ -364,15 +441,17 @@ def pretrain(
                     a, b = z1.detach().float(), z2.detach().float()
                     if queue is None:
                         pos, neg, mask = in_batch_scores(a, b)
-                        d = diagnostics(pos, neg, cell["temperature"], neg_mask=mask, z1=a, z2=b)
+                        d = diagnostics(pos, neg, loss_fn.temperature, neg_mask=mask, z1=a, z2=b)
                     else:
                         negs, neg_idx = queue.negatives()
                         if len(queue):
                             pos, neg, mask = queue_scores(a, b, negs.float(), idx.to(dev), neg_idx)
-                            d = diagnostics(pos, neg, cell["temperature"], neg_mask=mask, z1=a, z2=b)
+                            d = diagnostics(pos, neg, loss_fn.temperature, neg_mask=mask, z1=a, z2=b)
                         else:
                             d = {}
                 metrics.update({f"diag/{k}": v for k, v in d.items()})
+                if ess_sched is not None:
+                    metrics["diag/ess_target"] = ess_sched.target(step - 1)  # the step just taken
                 if grad_every and step % grad_every == 0 and queue is None:
                     metrics["diag/grad_rel_err"] = grad_rel_error(loss_fn, z1, z2, torch.float32)
                     metrics["diag/grad_rel_err_bf16"] = grad_rel_error(loss_fn, z1, z2, torch.bfloat16)
