@@ -1,0 +1,595 @@
+"""Image data sets as whole uint8 tensors, ready to live on the device.
+
+Every loader returns an :class:`ImageData`: ``uint8`` images of shape
+``(N, C, H, W)`` and ``int64`` labels, plus the images used for contrastive
+pretraining and their per-channel mean/std (in ``[0, 1]`` units). Nothing here
+runs per sample in a training loop: a whole small data set is one tensor that the
+training loop indexes with a batch of indices and hands to
+:class:`smallbatch.augment.BatchAugment`.
+
+Data sets (``DATASETS``):
+
+``digits``
+    scikit-learn's embedded 8x8 digits (1,797 images, values 0..16 scaled to
+    0..255). One fixed stratified split, 1,437 train / 360 test, the same for every
+    run seed so all cells share one test set. ``root`` is ignored. The tiny data
+    set for unit tests and smoke runs.
+``fashion_mnist``
+    Fashion-MNIST (60,000 / 10,000 28x28 grayscale images) read by torchvision's
+    ``FashionMNIST`` from ``<root>/FashionMNIST/raw/``. When that folder lacks the
+    files, :func:`prepare_fashion_mnist` decompresses them from Debian's
+    ``dataset-fashion-mnist`` package (``/usr/share/datasets/fashion-mnist/``);
+    Debian recompressed the ``.gz`` files, so torchvision's md5 list does not
+    match them, but the decompressed IDX files are what torchvision reads offline.
+    Otherwise ``download=True`` lets torchvision download them.
+``cifar10`` / ``cifar100``
+    torchvision's ``CIFAR10`` / ``CIFAR100`` (``<root>/cifar-10-batches-py/``,
+    ``<root>/cifar-100-python/``), md5-checked by torchvision.
+``stl10``
+    torchvision's ``STL10`` (``<root>/stl10_binary/``): ``unlabeled`` (100,000
+    images) is the pretraining set, ``train`` (5,000) the labelled set for probes,
+    ``test`` (8,000) the test set.
+``imagefolder``
+    An ImageNet-100-style tree ``<root>/train/<class>/<image>`` and
+    ``<root>/val/<class>/<image>`` (``test/`` is accepted instead of ``val/``),
+    enumerated by torchvision's ``ImageFolder``; each image is converted to RGB,
+    its shorter side resized to ``image_size`` (antialiased bilinear) and centre
+    cropped to a square.
+
+Options common to all: ``image_size`` (antialiased bilinear resize of the uint8
+images), ``train_subset`` / ``test_subset`` (a stratified random subset of that
+many images, drawn with ``seed``; ``train_subset`` also caps STL-10's unlabeled
+pretraining set with a plain random subset).
+
+:func:`save_cache` / :func:`load_cache` store an :class:`ImageData` in one file;
+loading it imports neither torchvision nor scikit-learn.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = [
+    "DATASETS",
+    "DEBIAN_FASHION_MNIST",
+    "ImageData",
+    "load_dataset",
+    "prepare_fashion_mnist",
+    "save_cache",
+    "load_cache",
+    "stratified_subset",
+    "resize_uint8",
+    "channel_stats",
+]
+
+DATASETS: tuple[str, ...] = ("fashion_mnist", "digits", "cifar10", "cifar100", "stl10", "imagefolder")
+
+#: Where Debian's ``dataset-fashion-mnist`` package installs the IDX ``.gz`` files.
+DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
+_FASHION_FILES = (
+    "train-images-idx3-ubyte",
+    "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte",
+    "t10k-labels-idx1-ubyte",
+)
+
+_CACHE_FORMAT = "smallbatch.ImageData"
+_CACHE_VERSION = 1
+
+# Fixed split of the digits data set, independent of the run seed.
+_DIGITS_TEST_SIZE = 360
+_DIGITS_SPLIT_SEED = 0
+
+
+@dataclass
+class ImageData:
+    """A labelled image data set as whole tensors.
+
+    Attributes:
+        name: data set name (one of :data:`DATASETS`).
+        train_x: ``uint8 (N, C, H, W)`` labelled training images (probes, kNN database).
+        train_y: ``int64 (N,)`` labels of ``train_x``.
+        test_x: ``uint8 (M, C, H, W)`` test images.
+        test_y: ``int64 (M,)`` labels of ``test_x``.
+        pretrain_x: ``uint8`` images for contrastive pretraining; the very same tensor
+            as ``train_x`` except for STL-10 (its unlabeled split).
+        num_classes: number of classes.
+        mean: per-channel mean of ``pretrain_x`` in ``[0, 1]`` units.
+        std: per-channel standard deviation of ``pretrain_x`` in ``[0, 1]`` units.
+        meta: how the data were loaded (source, image size, subsets, seed, class names).
+    """
+
+    name: str
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    pretrain_x: torch.Tensor
+    num_classes: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def channels(self) -> int:
+        """Number of image channels."""
+        return int(self.train_x.shape[1])
+
+    @property
+    def image_size(self) -> int:
+        """Height (= width) of the images."""
+        return int(self.train_x.shape[2])
+
+    def to(self, device: torch.device | str) -> ImageData:
+        """A copy with every tensor on ``device`` (``pretrain_x`` stays shared with ``train_x``)."""
+        train_x = self.train_x.to(device)
+        pretrain_x = train_x if self.pretrain_x is self.train_x else self.pretrain_x.to(device)
+        return ImageData(
+            self.name, train_x, self.train_y.to(device), self.test_x.to(device), self.test_y.to(device),
+            pretrain_x, self.num_classes, self.mean, self.std, dict(self.meta),
+        )
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _check_optional_positive_int(value: Any, arg: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{arg} must be a positive integer or None, got {value!r}")
+    return int(value)
+
+
+def stratified_subset(labels: np.ndarray, n: int, seed: int) -> np.ndarray:
+    """Sorted indices of a stratified random subset of ``n`` of ``labels``.
+
+    Each class gets ``n * count / N`` images rounded by largest remainder (ties broken
+    at random), the images within a class drawn at random with ``seed``. ``n`` at
+    least ``len(labels)`` returns every index.
+    """
+    labels = np.asarray(labels)
+    total = len(labels)
+    if n >= total:
+        return np.arange(total)
+    rng = np.random.default_rng(seed)
+    classes, inverse, counts = np.unique(labels, return_inverse=True, return_counts=True)
+    exact = n * counts / total
+    quota = np.floor(exact).astype(np.int64)
+    remainder = n - int(quota.sum())
+    if remainder:
+        # largest fractional part first; a random key breaks ties
+        order = np.lexsort((rng.random(len(classes)), -(exact - quota)))
+        quota[order[:remainder]] += 1
+    picked = []
+    for c in range(len(classes)):
+        members = np.flatnonzero(inverse == c)
+        picked.append(rng.choice(members, size=int(quota[c]), replace=False))
+    return np.sort(np.concatenate(picked))
+
+
+def _random_subset(total: int, n: int, seed: int) -> np.ndarray:
+    if n >= total:
+        return np.arange(total)
+    rng = np.random.default_rng(seed)
+    return np.sort(rng.choice(total, size=n, replace=False))
+
+
+def resize_uint8(x: torch.Tensor, size: int, chunk: int = 4096) -> torch.Tensor:
+    """Resize ``uint8 (N, C, H, W)`` images to ``size x size`` with antialiased bilinear.
+
+    Works in chunks of ``chunk`` images so a large set never exists as one float tensor.
+    """
+    if x.shape[-2:] == (size, size):
+        return x
+    out = torch.empty((x.shape[0], x.shape[1], size, size), dtype=torch.uint8, device=x.device)
+    for start in range(0, x.shape[0], chunk):
+        block = x[start : start + chunk].float()
+        block = torch.nn.functional.interpolate(
+            block, size=(size, size), mode="bilinear", antialias=True, align_corners=False
+        )
+        out[start : start + chunk] = block.round_().clamp_(0, 255).to(torch.uint8)
+    return out
+
+
+def channel_stats(x: torch.Tensor, chunk: int = 8192) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel mean and standard deviation of ``uint8 (N, C, H, W)`` images, in ``[0, 1]`` units."""
+    channels = x.shape[1]
+    total = torch.zeros(channels, dtype=torch.float64)
+    total_sq = torch.zeros(channels, dtype=torch.float64)
+    for start in range(0, x.shape[0], chunk):
+        block = x[start : start + chunk].to(torch.float64).div_(255.0)
+        total += block.sum(dim=(0, 2, 3)).cpu()
+        total_sq += block.square_().sum(dim=(0, 2, 3)).cpu()
+    count = x.shape[0] * x.shape[2] * x.shape[3]
+    mean = total / count
+    var = (total_sq / count - mean.square()).clamp_min(0.0)
+    std = var.sqrt().clamp_min(1e-6)
+    return tuple(float(v) for v in mean), tuple(float(v) for v in std)
+
+
+def _as_images(array: np.ndarray | torch.Tensor, channels_last: bool) -> torch.Tensor:
+    """Contiguous ``uint8 (N, C, H, W)`` tensor from an ``(N,H,W)``, ``(N,H,W,C)`` or ``(N,C,H,W)`` array."""
+    t = torch.as_tensor(np.asarray(array)) if not isinstance(array, torch.Tensor) else array
+    if t.ndim == 3:
+        t = t.unsqueeze(1)
+    elif channels_last:
+        t = t.permute(0, 3, 1, 2)
+    return t.to(torch.uint8).contiguous()
+
+
+def _temp_name(target: Path) -> Path:
+    """A fresh name next to ``target`` for writing it atomically (created with the umask's mode)."""
+    return target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+
+
+def _labels(values: Any) -> torch.Tensor:
+    return torch.as_tensor(np.asarray(values), dtype=torch.int64).reshape(-1)
+
+
+# --------------------------------------------------------------------------- loaders
+# Each returns a dict: train_x, train_y, test_x, test_y (numpy or torch, any layout
+# accepted by _as_images via the `channels_last` flag), optional pretrain_x,
+# num_classes, classes, source.
+
+
+def _load_digits(root: Path, download: bool) -> dict[str, Any]:
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    bunch = load_digits()
+    images = np.rint(bunch.images * (255.0 / 16.0)).clip(0, 255).astype(np.uint8)  # (1797, 8, 8)
+    target = bunch.target.astype(np.int64)
+    train_idx, test_idx = train_test_split(
+        np.arange(len(target)), test_size=_DIGITS_TEST_SIZE, stratify=target, random_state=_DIGITS_SPLIT_SEED
+    )
+    train_idx, test_idx = np.sort(train_idx), np.sort(test_idx)
+    return {
+        "train_x": images[train_idx], "train_y": target[train_idx],
+        "test_x": images[test_idx], "test_y": target[test_idx],
+        "channels_last": False, "num_classes": 10,
+        "classes": [str(i) for i in range(10)], "source": "sklearn.datasets.load_digits",
+    }
+
+
+def prepare_fashion_mnist(root: str | Path, source: str | Path | None = None) -> Path | None:
+    """Make sure ``<root>/FashionMNIST/raw/`` holds the four decompressed IDX files.
+
+    Returns that folder when the files are there or could be decompressed from
+    ``source`` (default: Debian's ``/usr/share/datasets/fashion-mnist/``, package
+    ``dataset-fashion-mnist``); ``None`` when neither is the case. Each file is
+    written to a temporary name in the same folder and renamed into place, so an
+    interrupted run never leaves a half-written file under the final name.
+    """
+    raw = Path(root) / "FashionMNIST" / "raw"
+    if all((raw / name).is_file() for name in _FASHION_FILES):
+        return raw
+    src = Path(source) if source is not None else DEBIAN_FASHION_MNIST
+    if not all((src / f"{name}.gz").is_file() for name in _FASHION_FILES):
+        return None
+    raw.mkdir(parents=True, exist_ok=True)
+    for name in _FASHION_FILES:
+        target = raw / name
+        if target.is_file():
+            continue
+        tmp = _temp_name(target)
+        try:
+            with open(tmp, "xb") as out, gzip.open(src / f"{name}.gz", "rb") as gz:
+                shutil.copyfileobj(gz, out, length=1 << 20)
+            os.replace(tmp, target)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+    return raw
+
+
+def _load_fashion_mnist(root: Path, download: bool) -> dict[str, Any]:
+    from torchvision.datasets import FashionMNIST
+
+    raw = prepare_fashion_mnist(root)
+    if raw is None and not download:
+        raise FileNotFoundError(
+            f"fashion_mnist: no IDX files under {root}/FashionMNIST/raw/ and none in {DEBIAN_FASHION_MNIST}; "
+            "install the apt package dataset-fashion-mnist or set download: true"
+        )
+    try:
+        train = FashionMNIST(str(root), train=True, download=download)
+        test = FashionMNIST(str(root), train=False, download=download)
+    except RuntimeError as exc:
+        raise FileNotFoundError(f"fashion_mnist: could not read {root}/FashionMNIST/raw/ ({exc})") from exc
+    return {
+        "train_x": train.data, "train_y": train.targets, "test_x": test.data, "test_y": test.targets,
+        "channels_last": False, "num_classes": len(train.classes), "classes": list(train.classes),
+        "source": str(raw) if raw is not None else "torchvision download",
+    }
+
+
+_CIFAR_LAYOUT = {
+    "cifar10": ("cifar-10-batches-py", "data_batch_1..5, test_batch, batches.meta"),
+    "cifar100": ("cifar-100-python", "train, test, meta"),
+}
+
+
+def _load_cifar(name: str, root: Path, download: bool) -> dict[str, Any]:
+    from torchvision.datasets import CIFAR10, CIFAR100
+
+    folder, files = _CIFAR_LAYOUT[name]
+    if not download and not (root / folder).is_dir():
+        raise FileNotFoundError(
+            f"{name}: no {root}/{folder}/ (expected the python pickles {files}); set download: true to fetch them"
+        )
+    cls = CIFAR10 if name == "cifar10" else CIFAR100
+    try:
+        train = cls(str(root), train=True, download=download)
+        test = cls(str(root), train=False, download=download)
+    except RuntimeError as exc:
+        raise FileNotFoundError(
+            f"{name}: files under {root}/{folder}/ missing or failing torchvision's md5 check "
+            f"(expected {files}); set download: true to fetch them"
+        ) from exc
+    return {
+        "train_x": train.data, "train_y": train.targets, "test_x": test.data, "test_y": test.targets,
+        "channels_last": True, "num_classes": len(train.classes), "classes": list(train.classes),
+        "source": str(root / folder),
+    }
+
+
+def _load_stl10(root: Path, download: bool) -> dict[str, Any]:
+    from torchvision.datasets import STL10
+
+    files = "train_X.bin, train_y.bin, unlabeled_X.bin, test_X.bin, test_y.bin"
+    if not download and not (root / "stl10_binary").is_dir():
+        raise FileNotFoundError(
+            f"stl10: no {root}/stl10_binary/ (expected {files}); set download: true to fetch it"
+        )
+    try:
+        train = STL10(str(root), split="train", download=download)
+        test = STL10(str(root), split="test", download=False)
+        unlabeled = STL10(str(root), split="unlabeled", download=False)
+    except RuntimeError as exc:
+        raise FileNotFoundError(
+            f"stl10: files under {root}/stl10_binary/ missing or failing torchvision's md5 check "
+            f"(expected {files}); set download: true to fetch them"
+        ) from exc
+    classes = list(getattr(train, "classes", [])) or [str(i) for i in range(10)]
+    return {
+        # STL10 already transposes its column-major binaries to (N, 3, 96, 96) row-major views
+        "train_x": train.data, "train_y": train.labels, "test_x": test.data, "test_y": test.labels,
+        "pretrain_x": unlabeled.data, "channels_last": False, "num_classes": 10, "classes": classes,
+        "source": str(root / "stl10_binary"),
+    }
+
+
+def _read_square_rgb(path: str, size: int | None) -> np.ndarray:
+    """One image as ``uint8 (3, S, S)``: RGB, shorter side resized to ``size``, centre crop."""
+    from PIL import Image
+
+    with Image.open(path) as img:
+        img = img.convert("RGB")
+        w, h = img.size
+        if size is None:
+            if w != h:
+                raise ValueError(f"imagefolder: {path} is {w}x{h}, not square; set image_size")
+            size = w
+        if (w, h) != (size, size):
+            scale = size / min(w, h)
+            nw, nh = max(size, round(w * scale)), max(size, round(h * scale))
+            img = img.resize((nw, nh), Image.Resampling.BILINEAR)  # PIL's bilinear is antialiased
+            left, top = (nw - size) // 2, (nh - size) // 2
+            img = img.crop((left, top, left + size, top + size))
+        return np.asarray(img, dtype=np.uint8).transpose(2, 0, 1)
+
+
+def _read_folder(split_dir: Path, classes: list[str] | None, size: int | None) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
+
+    found, class_to_idx = find_classes(split_dir)
+    if classes is not None and found != classes:
+        raise ValueError(
+            f"imagefolder: classes in {split_dir} ({len(found)}) differ from those in train/ ({len(classes)})"
+        )
+    samples = make_dataset(str(split_dir), class_to_idx, extensions=IMG_EXTENSIONS)
+    paths = [p for p, _ in samples]
+    labels = np.array([y for _, y in samples], dtype=np.int64)
+    if size is None and paths:
+        # all images must share the first one's (square) size
+        size = _read_square_rgb(paths[0], None).shape[-1]
+    workers = min(8, os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        images = list(pool.map(lambda p: _read_square_rgb(p, size), paths, chunksize=64))
+    return np.stack(images), labels, found
+
+
+def _load_imagefolder(root: Path, download: bool, image_size: int | None) -> dict[str, Any]:
+    train_dir = root / "train"
+    test_dir = root / "val" if (root / "val").is_dir() else root / "test"
+    if not train_dir.is_dir() or not test_dir.is_dir():
+        raise FileNotFoundError(
+            f"imagefolder: expected {root}/train/<class>/<image> and {root}/val/<class>/<image> "
+            "(download is not supported for imagefolder)"
+        )
+    try:
+        train_x, train_y, classes = _read_folder(train_dir, None, image_size)
+        test_x, test_y, _ = _read_folder(test_dir, classes, train_x.shape[-1])
+    except FileNotFoundError as exc:  # torchvision: no class folders / no images in a class
+        raise FileNotFoundError(f"imagefolder: {exc}".replace("\n", " ")) from exc
+    return {
+        "train_x": train_x, "train_y": train_y, "test_x": test_x, "test_y": test_y,
+        "channels_last": False, "num_classes": len(classes), "classes": classes, "source": str(root),
+    }
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def load_dataset(
+    name: str,
+    root: str | Path | None,
+    *,
+    download: bool = False,
+    image_size: int | None = None,
+    train_subset: int | None = None,
+    test_subset: int | None = None,
+    seed: int = 0,
+) -> ImageData:
+    """Load data set ``name`` from ``root`` as uint8 tensors.
+
+    Args:
+        name: one of :data:`DATASETS`.
+        root: folder holding the data set's files (ignored for ``digits``, which may pass ``None``).
+        download: let torchvision download missing files (needs internet).
+        image_size: resize every image to ``image_size x image_size`` (antialiased
+            bilinear); ``None`` keeps the native size.
+        train_subset: keep a stratified random subset of this many labelled training
+            images (STL-10: also at most this many unlabeled pretraining images).
+        test_subset: keep a stratified random subset of this many test images.
+        seed: seed of the subset draws (the digits train/test split itself is fixed).
+
+    Raises:
+        ValueError: unknown ``name`` or a bad option value.
+        FileNotFoundError: the data set's files are not under ``root`` (the message
+            names the expected layout and how to get them).
+    """
+    if name not in DATASETS:
+        raise ValueError(f"dataset must be one of {', '.join(DATASETS)}; got {name!r}")
+    image_size = _check_optional_positive_int(image_size, "image_size")
+    train_subset = _check_optional_positive_int(train_subset, "train_subset")
+    test_subset = _check_optional_positive_int(test_subset, "test_subset")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise ValueError(f"seed must be an integer, got {seed!r}")
+    if root is None and name != "digits":
+        raise ValueError(f"root is required for dataset {name!r} (only digits needs no files)")
+    root = Path(root if root is not None else ".").expanduser()
+
+    if name == "digits":
+        raw = _load_digits(root, download)
+    elif name == "fashion_mnist":
+        raw = _load_fashion_mnist(root, download)
+    elif name in ("cifar10", "cifar100"):
+        raw = _load_cifar(name, root, download)
+    elif name == "stl10":
+        raw = _load_stl10(root, download)
+    else:
+        raw = _load_imagefolder(root, download, image_size)
+
+    train_y_np = np.asarray(raw["train_y"]).astype(np.int64)
+    test_y_np = np.asarray(raw["test_y"]).astype(np.int64)
+    train_x, test_x = raw["train_x"], raw["test_x"]
+    pretrain_x = raw.get("pretrain_x")
+    if train_subset is not None:
+        idx = stratified_subset(train_y_np, train_subset, seed)
+        train_x, train_y_np = train_x[idx], train_y_np[idx]
+        if pretrain_x is not None:
+            pretrain_x = pretrain_x[_random_subset(len(pretrain_x), train_subset, seed + 1)]
+    if test_subset is not None:
+        idx = stratified_subset(test_y_np, test_subset, seed + 2)
+        test_x, test_y_np = test_x[idx], test_y_np[idx]
+
+    last = raw["channels_last"]
+    train_t = _as_images(train_x, last)
+    test_t = _as_images(test_x, last)
+    pre_t = _as_images(pretrain_x, last) if pretrain_x is not None else None
+    if image_size is not None:
+        train_t = resize_uint8(train_t, image_size)
+        test_t = resize_uint8(test_t, image_size)
+        pre_t = resize_uint8(pre_t, image_size) if pre_t is not None else None
+    if pre_t is None:
+        pre_t = train_t
+    mean, std = channel_stats(pre_t)
+    meta = {
+        "source": raw["source"], "classes": list(raw["classes"]), "image_size": int(train_t.shape[-1]),
+        "train_subset": train_subset, "test_subset": test_subset, "seed": int(seed),
+    }
+    return ImageData(
+        name=name, train_x=train_t, train_y=_labels(train_y_np), test_x=test_t, test_y=_labels(test_y_np),
+        pretrain_x=pre_t, num_classes=int(raw["num_classes"]), mean=mean, std=std, meta=meta,
+    )
+
+
+def save_cache(data: ImageData, path: str | Path) -> Path:
+    """Write ``data`` to ``path`` as one ``torch.save`` file, atomically (temp file + rename).
+
+    ``pretrain_x`` is stored once when it is the same tensor as ``train_x``.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    shared = data.pretrain_x is data.train_x
+    payload = {
+        "format": _CACHE_FORMAT,
+        "version": _CACHE_VERSION,
+        "name": data.name,
+        "train_x": data.train_x.cpu().contiguous(),
+        "train_y": data.train_y.cpu().contiguous(),
+        "test_x": data.test_x.cpu().contiguous(),
+        "test_y": data.test_y.cpu().contiguous(),
+        "pretrain_x": None if shared else data.pretrain_x.cpu().contiguous(),
+        "num_classes": int(data.num_classes),
+        "mean": [float(v) for v in data.mean],
+        "std": [float(v) for v in data.std],
+        "meta": dict(data.meta),
+    }
+    tmp = _temp_name(path)
+    try:
+        with open(tmp, "xb") as fh:
+            torch.save(payload, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+_CACHE_TENSORS = {"train_x": torch.uint8, "train_y": torch.int64, "test_x": torch.uint8, "test_y": torch.int64}
+
+
+def load_cache(path: str | Path) -> ImageData:
+    """Read an :class:`ImageData` written by :func:`save_cache` (imports no torchvision).
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        ValueError: the file is truncated, corrupt, or not a smallbatch data cache.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"data cache {path} does not exist")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # truncated zip, bad pickle, ...: all mean "rebuild it"
+        raise ValueError(
+            f"data cache {path} is corrupt or truncated ({type(exc).__name__}); delete it to rebuild"
+        ) from None
+    if not isinstance(payload, dict) or payload.get("format") != _CACHE_FORMAT:
+        raise ValueError(f"data cache {path} is not a smallbatch data cache; delete it to rebuild")
+    if payload.get("version") != _CACHE_VERSION:
+        raise ValueError(
+            f"data cache {path} has version {payload.get('version')!r}, expected {_CACHE_VERSION}; delete it to rebuild"
+        )
+    for key, dtype in _CACHE_TENSORS.items():
+        value = payload.get(key)
+        if not isinstance(value, torch.Tensor) or value.dtype != dtype:
+            raise ValueError(f"data cache {path}: entry {key!r} is missing or not a {dtype} tensor; delete it to rebuild")
+    train_x = payload["train_x"]
+    pretrain_x = payload.get("pretrain_x")
+    if pretrain_x is None:
+        pretrain_x = train_x
+    elif not isinstance(pretrain_x, torch.Tensor) or pretrain_x.dtype != torch.uint8:
+        raise ValueError(f"data cache {path}: entry 'pretrain_x' is not a torch.uint8 tensor; delete it to rebuild")
+    return ImageData(
+        name=str(payload["name"]), train_x=train_x, train_y=payload["train_y"], test_x=payload["test_x"],
+        test_y=payload["test_y"], pretrain_x=pretrain_x, num_classes=int(payload["num_classes"]),
+        mean=tuple(float(v) for v in payload["mean"]), std=tuple(float(v) for v in payload["std"]),
+        meta=dict(payload.get("meta") or {}),
+    )
