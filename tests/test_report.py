@@ -141,7 +141,7 @@ def main_store(store_uri, tmp_path_factory):
               params={"dataset": "digits", "baseline": name, "seed": seed}, final={"knn/top1": knn,
                                                                                   "linear/top1": lin})
     b.run("mi/gauss-k16", kind="mi", section="mi", params={"k": 16}, final={"mi/true": 1.0})
-    b.run("precision/digits/infonce/bs16-t0.1-s0-fp64", section="precision",
+    b.run("custom/digits/infonce/bs16-t0.1-s0-fp64", section="custom",
           params={**_cell_params("digits", "infonce", 16, 0.1, 0), "precision": "fp64"},
           final={"knn/top1": 50.0})
     out = d / "report"
@@ -260,7 +260,7 @@ def test_findings_name_the_least_dependent_loss(main_store):
         in text
     assert "diverged" in text and "| diverged |" in (main_store["out"] / "tables" / "diverged_runs.md").read_text()
     # runs of other study sections are counted, not dropped silently
-    assert "of experiment 'mi' (kind 'mi')" in text and "of experiment 'precision' (kind 'cell')" in text
+    assert "of experiment 'mi' (kind 'mi')" in text and "of experiment 'custom' (kind 'cell')" in text
     assert "superseded" in text
 
 
@@ -326,11 +326,11 @@ def test_flipped_data_flips_the_finding(store_uri, tmp_path, monkeypatch):
     # no per-step histories here: the history figures are skipped, and index.md says so
     build_grid(b, "digits", ALL_LOSSES, (32, 128), (0.1,), (0, 1), FLIPPED, history=False)
     build_grid(b, "digits", ("infonce", "flatnce"), (32,), (0.2,), (0,), FLIPPED, history=False)
-    b.run("precision/digits/infonce/bs32-t0.1-s0-fp64", section="precision",
+    b.run("custom/digits/infonce/bs32-t0.1-s0-fp64", section="custom",
           params={**_cell_params("digits", "infonce", 32, 0.1, 0), "precision": "fp64"}, final={"knn/top1": 50.0})
     index = report.build_report(uri, tmp_path / "rep", experiment="flipped")
     text = index.read_text()
-    assert "1 of experiment 'precision' (kind 'cell')" in text
+    assert "1 of experiment 'custom' (kind 'cell')" in text
     assert "no `diag/mi_fraction` history for InfoNCE runs; MI-saturation figure skipped" in text
     assert (tmp_path / "rep" / "figures" / "accuracy_vs_batch_digits.png").stat().st_size > 0
     para = next(ln for ln in text.splitlines() if "at τ=0.1 (linear top-1)" in ln)
@@ -343,12 +343,12 @@ def test_flipped_data_flips_the_finding(store_uri, tmp_path, monkeypatch):
     assert single["std"].isna().all() and single["display"].str.endswith("± —").all()
     for link in re.findall(r"\]\(([^)]+)\)", text):
         assert (tmp_path / "rep" / link).is_file(), link
-    # a section registered by another module reports the 'precision' runs; the rebuild into the
+    # a section registered by another module reports the 'custom' runs; the rebuild into the
     # same folder reproduces every earlier table byte for byte
     before = {p.name: p.read_bytes() for p in (tmp_path / "rep" / "tables").iterdir()}
 
     def precision_section(runs: pd.DataFrame, ctx: report.ReportContext) -> report.SectionOutput:
-        r = runs[runs["section"] == "precision"]
+        r = runs[runs["section"] == "custom"]
         agg = report.aggregate_cells(r, ["loss", "batch_size", "params.precision"], ctx.scale)
         files = ctx.write_table("precision", "Precision", agg)
         return report.SectionOutput("precision", "Precision study", ctx.table_links(files), files,
@@ -361,7 +361,7 @@ def test_flipped_data_flips_the_finding(store_uri, tmp_path, monkeypatch):
     assert {k: after[k] for k in before} == before
     text2 = index.read_text()
     assert "## Precision study" in text2 and "- 1 precision run(s)." in text2
-    assert "of experiment 'precision'" not in text2
+    assert "of experiment 'custom'" not in text2
     prec = pd.read_csv(tmp_path / "rep" / "tables" / "precision.csv").set_index("metric")
     assert prec.loc["knn", "mean"] == 50.0 and prec.loc["linear", "state"] == "pending"
 

@@ -1239,3 +1239,4 @@ def _index_markdown(runs: pd.DataFrame, ctx: ReportContext, outputs: list[Sectio
             md.append(f"- [{ctx.rel(p)}]({ctx.rel(p)})")
     md.append("")
     return "\n".join(md)
+from . import report_sections as _report_sections  # noqa: E402,F401  (registers the side-experiment sections)
