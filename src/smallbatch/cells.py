@@ -19,7 +19,9 @@ import json
 from typing import Any, Callable, Iterable
 
 LOSS_ALIASES = {"ntxent": "infonce", "simclr": "infonce"}
-LOSS_PARAMS = {"infonce": (), "flatnce": ("gamma",), "dcl": (), "dclw": ("sigma",), "eqco": ("alpha",)}
+# Each loss's extra parameters and the loss library's defaults (kept equal to
+# smallbatch.losses.loss_param_names by a test; not imported to keep this module torch-free).
+LOSS_PARAMS = {"infonce": {}, "flatnce": {"gamma": 1.0}, "dcl": {}, "dclw": {"sigma": 0.5}, "eqco": {"alpha": None}}
 AXIS_ABBREV = {"precision": "", "lr_scaling": "lr", "epochs": "ep", "optimizer": "", "queue_size": "q"}
 
 
@@ -64,7 +66,10 @@ def _loss_variants(entry: Any, cfg: dict) -> list[tuple[str, dict, dict]]:
 
 
 def loss_label(name: str, params: dict) -> str:
-    return name + "".join(f"-{k}{_fmt(v)}" for k, v in sorted(params.items()) if v is not None)
+    """``name`` plus the parameters that differ from the paper's default, e.g. ``eqco-alpha256``."""
+    defaults = LOSS_PARAMS.get(name, {})
+    return name + "".join(f"-{k}{_fmt(v)}" for k, v in sorted(params.items())
+                          if v is not None and (k not in defaults or v != defaults[k]))
 
 
 def make_cell(

@@ -36,13 +36,14 @@ def _add_cell_args(p: argparse.ArgumentParser, train_flags: bool = True) -> None
                    help="loss parameter, e.g. sigma=0.5 (dclw), alpha=256 (eqco), gamma=1 (flatnce)")
     if train_flags:
         s.add_argument("--epochs", type=float)
-        s.add_argument("--steps", type=int)
+        s.add_argument("--steps", type=int, help="fixed number of steps (overrides --epochs)")
         s.add_argument("--precision", choices=["fp32", "bf16", "fp16", "fp64"])
-        s.add_argument("--lr", type=float)
+        s.add_argument("--lr", type=float, help="learning rate at batch 256, scaled to the batch size by --lr-scaling")
         s.add_argument("--lr-scaling", choices=["none", "linear", "sqrt"])
         s.add_argument("--optimizer", choices=["sgd", "lars", "adam"])
         s.add_argument("--backbone", choices=["small_cnn", "resnet18_cifar", "resnet50_cifar", "resnet50"])
-        s.add_argument("--queue-size", type=int)
+        s.add_argument("--queue-size", type=int,
+                       help="0: in-batch negatives (K = 2N-2); >0: MoCo-style queue of that many keys (K)")
         s.add_argument("--image-size", type=int)
         s.add_argument("--train-subset", type=int)
     s.add_argument("--threads", type=int, help="CPU threads (default: config threads)")
@@ -303,7 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("prepare-data", help="load a data set through its real loader and cache it as one tensor file")
     c.add_argument("--config", type=Path, help="study config (data.root, datasets.<name> options)")
-    c.add_argument("--dataset", required=True)
+    c.add_argument("--dataset", required=True, help="fashion_mnist | digits | cifar10 | cifar100 | stl10 | imagefolder")
     c.add_argument("--data-root")
     c.add_argument("--download", action="store_true", help="let torchvision download when files are missing")
     c.add_argument("--image-size", type=int)
@@ -326,7 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_cell_args(c)
     c.add_argument("--checkpoint", type=Path)
     c.add_argument("--out", type=Path)
-    c.add_argument("--data-cache", type=Path)
+    c.add_argument("--data-cache", type=Path, help="data cache from `smallbatch prepare-data`")
     c.add_argument("--device", choices=["auto", "cpu", "cuda"])
     c.set_defaults(func=cmd_embed)
 
@@ -342,7 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_cell_args(c)
     _add_tracking_args(c)
     c.add_argument("--out", type=Path)
-    c.add_argument("--data-cache", type=Path)
+    c.add_argument("--data-cache", type=Path, help="data cache from `smallbatch prepare-data`")
     c.add_argument("--device", choices=["auto", "cpu", "cuda"])
     c.set_defaults(func=cmd_baseline)
 

@@ -25,6 +25,17 @@ def _atomic_json(obj: dict, path: Path) -> None:
     os.replace(tmp, path)
 
 
+def _atomic_npz(path: Path, **arrays) -> None:
+    import numpy as np
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "wb") as fh:
+        np.savez(fh, **arrays)
+    os.replace(tmp, path)
+
+
 def _threads(cell: dict) -> None:
     import torch
 
@@ -77,8 +88,8 @@ def run_pretrain(cell: dict, out_dir: Path, *, tracking_uri: str | None, experim
         params["image_size"] = str(d.train_x.shape[-1])
         params["pretrain_images"] = str(d.pretrain_x.shape[0])
         run = tracking.open_cell_run(tracking_uri, experiment, cell, kind="cell", params=params)
-        if run.resumed:
-            run.skip_logged_steps(["train/loss", "epoch"])
+        if run.resumed:  # skip the steps already logged, for every metric of the run (not only the loss)
+            run.skip_logged_steps(sorted(run.metrics()))
             run.set_status("running")
     log_fn = run.log if run is not None else None
     try:
@@ -114,16 +125,15 @@ def run_embed(cell: dict, checkpoint: Path, out: Path, *, cache: Path | None = N
     _threads(cell)
     ck = train.load_checkpoint(checkpoint)
     if ck.get("status") == "diverged":
-        evaluate.save_features(out, np.zeros((0, 1), np.float32), np.zeros(0, np.int64),
-                               np.zeros((0, 1), np.float32), np.zeros(0, np.int64),
-                               {"status": "diverged", "cell_id": cell["id"]})
+        # no features: a marker in save_features' file layout (save_features refuses empty arrays)
+        _atomic_npz(out, train_f=np.zeros((0, 1), np.float32), train_y=np.zeros(0, np.int64),
+                    test_f=np.zeros((0, 1), np.float32), test_y=np.zeros(0, np.int64),
+                    meta_json=np.array(json.dumps({"status": "diverged", "cell_id": cell["id"]}, sort_keys=True)))
         return {"status": "diverged"}
     d = load_cell_data(cell, cache)
     dev = train.resolve_device(device or cell.get("device", "auto"))
     model = train.build_model(ck["cell"], ck["channels"], ck["image_size"])
-    model.load_state_dict(ck["model"])
-    if cell["train"].get("precision") == "fp64":
-        model = model.double()
+    model.load_state_dict(ck["model"])  # fp64 weights are cast to this float32 model; features are float32
     bb = model.backbone.to(dev)
     t0 = time.perf_counter()
     bs = int(cell["eval"].get("batch_size", 1024))

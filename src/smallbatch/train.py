@@ -400,8 +400,9 @@ def pretrain(
                         _, neg_d, mask_d = queue_scores(z1.detach().float(), z2.detach().float(), negs.float(),
                                                         idx.to(dev), neg_idx)
                         loss_fn.temperature = ess_sched.update(neg_d, step, mask_d)
-                    out = loss_fn(z1, z2.detach(), queue=negs if len(queue) else None,
-                                  q_index=idx.to(dev), queue_index=neg_idx if len(queue) else None)
+                    filled = len(queue) > 0
+                    out = loss_fn(z1, z2.detach(), queue=negs if filled else None,
+                                  q_index=idx.to(dev) if filled else None, queue_index=neg_idx if filled else None)
             loss = out.loss
             if not torch.isfinite(loss) or not torch.isfinite(out.value):
                 status = "diverged"
@@ -425,7 +426,6 @@ def pretrain(
                         pk.mul_(mom).add_(pq.detach(), alpha=1 - mom)
                     for bk, bq in zip(key_model.buffers(), model.buffers()):
                         bk.copy_(bq)
-                    queue.enqueue(F.normalize(z2.detach().to(dtype), dim=1), idx.to(dev))
             last_loss = float(out.value)
             step += 1
             img_window += bs
@@ -457,6 +457,8 @@ def pretrain(
                     metrics["diag/grad_rel_err_bf16"] = grad_rel_error(loss_fn, z1, z2, torch.bfloat16)
                 log_fn(metrics, step)
                 t_window, img_window = now, 0
+            if queue is not None:  # after the diagnostics, so they see the queue the loss saw
+                queue.enqueue(F.normalize(z2.detach().to(dtype), dim=1), idx.to(dev))
             if bar is not None:
                 bar.update(1)
                 if step % log_every == 0:

@@ -1,0 +1,182 @@
+"""Pretraining throughput: smallbatch's batched on-device pipeline vs a per-sample DataLoader.
+
+Both sides train the same model (``small_cnn`` + SimCLR projection head, built by
+``train.build_model`` from one cell) with the same loss (InfoNCE / NT-Xent) and
+Adam, on the same uint8 images, with the same augmentation recipe
+(``gray_small``: random resized crop (0.2, 1), flip, brightness/contrast jitter
+0.4 with p=0.8):
+
+* **batched** -- ``smallbatch.train.pretrain`` itself: the whole uint8 tensor on the
+  device, a batch indexed per step, two views drawn per sample by ``BatchAugment``,
+  one forward pass over the 2N views.  Its rate is read from the loop's own
+  ``train/images_per_s`` metric over the second half of the run (``log_every`` =
+  half the steps), so model building and the first (warm-up) steps are excluded.
+* **per-sample** -- what users usually write: a torchvision ``FashionMNIST``-like
+  ``Dataset`` over the same uint8 tensor (PIL image per sample, as
+  ``torchvision.datasets.FashionMNIST.__getitem__`` does), a ``transforms.v2``
+  SimCLR-style pipeline applied twice per sample, ``DataLoader(num_workers=2,
+  shuffle=True, drop_last=True)``; timed over the same number of steps after the
+  same number of warm-up steps.
+
+Prints images/s (N per step; views/s = 2N) of both, side by side, and the ratio
+batched / per-sample, per batch size, measured in this one run, plus the load
+average before and after (other processes sharing the CPU lower both sides).
+
+    python benchmarks/throughput.py [--batch-sizes 16 256] [--image-size 16] [--steps 20]
+                                    [--threads 1] [--dataset fashion_mnist] [--data-root results/data]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+
+def _cell(dataset: str, batch_size: int, steps: int, width: int, temperature: float) -> dict:
+    from smallbatch.cells import make_cell
+    from smallbatch.config import load_config
+
+    cfg = load_config(None, {
+        "datasets": {dataset: {}},
+        "train": {"backbone": "small_cnn", "width": width, "optimizer": "adam", "lr": 1e-3, "lr_scaling": "none",
+                  "warmup_epochs": 0, "steps": 2 * steps, "log_every": steps, "precision": "fp32"},
+        "augment": {"recipe": "gray_small"},
+    })
+    return make_cell(cfg, dataset=dataset, loss="infonce", loss_params={}, batch_size=batch_size,
+                     temperature=temperature, seed=0)
+
+
+def batched_rate(cell: dict, images: torch.Tensor, mean, std) -> float:
+    """images/s of train.pretrain over its second ``log_every`` window."""
+    from smallbatch import train
+
+    logs: list[tuple[int, dict]] = []
+    with tempfile.TemporaryDirectory() as out:
+        train.pretrain(cell, images, mean, std, Path(out), device="cpu", progress=False,
+                       log_fn=lambda m, s: logs.append((s, m)))
+    return float(logs[-1][1]["train/images_per_s"])
+
+
+class PerSampleImages(torch.utils.data.Dataset):
+    """A torchvision-FashionMNIST-like dataset over a uint8 (N, 1, H, W) tensor:
+    each item is a PIL image passed through ``transform`` (which returns two views)."""
+
+    def __init__(self, images: torch.Tensor, transform) -> None:
+        self.images = images[:, 0].contiguous()  # (N, H, W) like FashionMNIST.data
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return self.images.shape[0]
+
+    def __getitem__(self, i: int):
+        from PIL import Image
+
+        img = Image.fromarray(self.images[i].numpy(), mode="L")
+        return self.transform(img)
+
+
+class TwoViews:
+    def __init__(self, t) -> None:
+        self.t = t
+
+    def __call__(self, x):
+        return self.t(x), self.t(x)
+
+
+def simclr_transform(size: int, mean, std):
+    """The gray_small recipe as a per-sample torchvision transforms.v2 pipeline."""
+    from torchvision.transforms import v2
+
+    return TwoViews(v2.Compose([
+        v2.RandomResizedCrop(size, scale=(0.2, 1.0), ratio=(3 / 4, 4 / 3), antialias=True),
+        v2.RandomHorizontalFlip(p=0.5),
+        v2.RandomApply([v2.ColorJitter(brightness=0.4, contrast=0.4)], p=0.8),
+        v2.ToImage(),
+        v2.ToDtype(torch.float32, scale=True),
+        v2.Normalize(list(mean), list(std)),
+    ]))
+
+
+def per_sample_rate(cell: dict, images: torch.Tensor, mean, std, steps: int, workers: int) -> float:
+    """images/s of a per-sample DataLoader pipeline with the same model, loss and optimiser."""
+    from smallbatch import train
+    from smallbatch.losses import build_loss
+
+    torch.manual_seed(0)
+    bs = cell["batch_size"]
+    size = images.shape[-1]
+    model = train.build_model(cell, images.shape[1], size)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, weight_decay=cell["train"]["weight_decay"])
+    loss_fn = build_loss("infonce", cell["temperature"])
+    ds = PerSampleImages(images, simclr_transform(size, mean, std))
+    loader = torch.utils.data.DataLoader(ds, batch_size=bs, shuffle=True, drop_last=True, num_workers=workers,
+                                         persistent_workers=workers > 0)
+    model.train()
+    done, t0 = 0, None
+    while done < 2 * steps:
+        for v1, v2 in loader:
+            z = model(torch.cat([v1, v2]))
+            out = loss_fn(z[:bs], z[bs:])
+            opt.zero_grad(set_to_none=True)
+            out.loss.backward()
+            opt.step()
+            done += 1
+            if done == steps:  # warm-up done (workers started, first batches made)
+                t0 = time.perf_counter()
+            if done == 2 * steps:
+                break
+    rate = steps * bs / (time.perf_counter() - t0)
+    del loader
+    return rate
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[16, 256], help="N images per step")
+    p.add_argument("--image-size", type=int, default=16, help="images are resized to this side (Fashion-MNIST: 28 native)")
+    p.add_argument("--steps", type=int, default=20, help="timed steps per side, after as many warm-up steps")
+    p.add_argument("--threads", type=int, default=1, help="torch threads of the training process (both sides)")
+    p.add_argument("--workers", type=int, default=2, help="DataLoader workers of the per-sample side")
+    p.add_argument("--width", type=int, default=32, help="small_cnn base width (the study's default is 32)")
+    p.add_argument("--repeats", type=int, default=1, help="repeat both sides and report medians")
+    p.add_argument("--dataset", default="fashion_mnist", choices=["fashion_mnist", "digits"])
+    p.add_argument("--data-root", default="results/data", help="where Fashion-MNIST is (or is unpacked from Debian's package)")
+    p.add_argument("--train-subset", type=int, default=10000, help="images to load (the study's default 10,000)")
+    args = p.parse_args(argv)
+
+    from smallbatch import data
+
+    torch.set_num_threads(args.threads)
+    subset = args.train_subset if args.dataset != "digits" else None
+    d = data.load_dataset(args.dataset, args.data_root, image_size=args.image_size, train_subset=subset)
+    images, mean, std = d.pretrain_x, d.mean, d.std
+    if images.shape[1] != 1:
+        raise SystemExit("throughput.py: the per-sample side is written for grayscale images")
+    load0 = os.getloadavg()
+    print(f"{d.name}: {images.shape[0]} images {tuple(images.shape[1:])}, small_cnn width {args.width}, InfoNCE, "
+          f"Adam; {args.steps} timed steps after {args.steps} warm-up; torch threads {args.threads}, "
+          f"{args.workers} DataLoader workers; {os.cpu_count()} CPUs; load average {load0[0]:.2f}")
+    print(f"{'batch':>6} {'batched img/s':>14} {'per-sample img/s':>17} {'ratio':>7}   (views/s = 2 x img/s)")
+    for bs in args.batch_sizes:
+        cell = _cell(d.name, bs, args.steps, args.width, 0.1)
+        ours, theirs = [], []
+        for _ in range(args.repeats):
+            ours.append(batched_rate(cell, images, mean, std))
+            theirs.append(per_sample_rate(cell, images, mean, std, args.steps, args.workers))
+            torch.set_num_threads(args.threads)
+        a, b = statistics.median(ours), statistics.median(theirs)
+        print(f"{bs:>6} {a:>14.0f} {b:>17.0f} {a / b:>6.1f}x", flush=True)
+    load1 = os.getloadavg()
+    print(f"load average after: {load1[0]:.2f} (1 min), {load1[1]:.2f} (5 min)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

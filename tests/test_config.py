@@ -1,0 +1,281 @@
+"""Tests of the study configuration (``smallbatch.config``) and its expansion into cells
+(``smallbatch.cells``): defaults, one-line errors naming the key, cell ids and hashes."""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+
+import pytest
+
+from smallbatch.cells import cell_hash, expand_cells, flat_params, make_cell, negatives_per_anchor
+from smallbatch.config import ConfigError, load_config, load_schema, validate_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def grid(**kw) -> dict:
+    """A small digits study with the given grid keys."""
+    g = {"losses": ["infonce"], "batch_sizes": [16], "temperatures": [0.1], "seeds": [0]}
+    g.update(kw)
+    return {"datasets": {"digits": {}}, "grid": g}
+
+
+# --------------------------------------------------------------------------- defaults
+def test_defaults_are_filled_from_the_schema():
+    cfg = validate_config({})
+    props = load_schema()["properties"]
+    for section in ("train", "eval", "grid", "data"):
+        for key, sub in props[section]["properties"].items():
+            if "default" in sub:
+                assert cfg[section][key] == sub["default"], f"{section}.{key}"
+    for key in ("study", "results_dir", "device", "threads", "baselines", "tracking_uri"):
+        assert cfg[key] == props[key]["default"]
+    assert list(cfg["datasets"]) == list(props["datasets"]["default"])
+
+
+def test_dataset_options_defaults_and_user_values_kept():
+    cfg = validate_config({"datasets": {"digits": {"train_subset": 500}}, "train": {"epochs": 2}})
+    assert cfg["datasets"]["digits"] == {"train_subset": 500, "image_size": None, "test_subset": None, "root": None}
+    assert cfg["train"]["epochs"] == 2 and cfg["train"]["lr"] == load_schema()["properties"]["train"]["properties"]["lr"]["default"]
+
+
+def test_load_config_file_and_overrides(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("study: s1\ntrain:\n  epochs: 5\n  lr: 0.01\n")
+    cfg = load_config(p, {"train": {"epochs": 1}})
+    assert cfg["study"] == "s1" and cfg["train"]["epochs"] == 1 and cfg["train"]["lr"] == 0.01
+
+
+def test_missing_and_invalid_config_files(tmp_path):
+    with pytest.raises(ConfigError, match="not found.*nope.yaml"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: [unclosed\n")
+    with pytest.raises(ConfigError, match="bad.yaml.*YAML"):
+        load_config(bad)
+    lst = tmp_path / "list.yaml"
+    lst.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(lst)
+
+
+# --------------------------------------------------------------------------- errors
+@pytest.mark.parametrize("cfg,key,extra", [
+    ({"grid": {"losses": ["infonse"]}}, "grid.losses[0]", "flatnce"),           # unknown loss: allowed values listed
+    ({"grid": {"losses": [{"name": "flatnse"}]}}, "grid.losses[0].name", "flatnce"),
+    ({"grid": {"batch_sizes": [16, 1]}}, "grid.batch_sizes[1]", ">= 2"),
+    ({"grid": {"temperatures": [-0.1]}}, "grid.temperatures[0]", "> 0"),
+    ({"grid": {"temperatures": [0]}}, "grid.temperatures[0]", "> 0"),
+    ({"grid": {"losses": [{"name": "dclw", "sigma": [0.5, -1]}]}}, "grid.losses[0].sigma", "> 0"),
+    ({"train": {"precision": "fp8"}}, "train.precision", "fp64"),
+    ({"train": {"epochs": -1}}, "train.epochs", "> 0"),
+    ({"train": {"lr_scaling": "cubic"}}, "train.lr_scaling", "sqrt"),
+    ({"datasets": {"mnist": {}}}, "mnist", "fashion_mnist"),                       # unknown dataset
+    ({"device": "tpu"}, "device", "cuda"),
+    ({"threads": 0}, "threads", ">= 1"),
+    ({"augment": {"crop_scal": [0.2, 1.0]}}, "augment.crop_scal", "crop_scale"),   # augment typo
+    ({"augment": {"recipe": "simclrr"}}, "augment", "simclr"),
+    ({"augment": {"crop_scale": [0.9, 0.2]}}, "augment", "crop_scale"),
+    ({"train": {"ess_schedule": {"start": 0.9}}}, "train.ess_schedule", "end"),
+    ({"train": {"ess_schedule": {"start": 1.5, "end": 0.3}}}, "train.ess_schedule.start", "<= 1"),
+])
+def test_bad_values_give_one_line_naming_the_key(cfg, key, extra):
+    with pytest.raises(ConfigError) as ei:
+        validate_config(cfg)
+    msg = str(ei.value)
+    assert "\n" not in msg
+    assert key in msg and extra in msg, msg
+
+
+@pytest.mark.parametrize("cfg,bad,suggestion", [
+    ({"studdy": "x"}, "'studdy'", "study"),
+    ({"trian": {"epochs": 1}}, "'trian'", "train"),
+    ({"grid": {"batch_size": [16]}}, "'grid.batch_size'", "batch_sizes"),
+    ({"train": {"epoch": 3}}, "'train.epoch'", "epochs"),
+    ({"datasets": {"digits": {"image_sze": 8}}}, "'datasets.digits.image_sze'", "image_size"),
+    ({"grid": {"losses": [{"name": "dclw", "sigmaa": 1}]}}, "'grid.losses[0].sigmaa'", "sigma"),
+    ({"train": {"ess_schedule": {"start": 0.9, "end": 0.3, "rat": 1}}}, "'train.ess_schedule.rat'", "rate"),
+])
+def test_typos_get_did_you_mean(cfg, bad, suggestion):
+    with pytest.raises(ConfigError) as ei:
+        validate_config(cfg)
+    msg = str(ei.value)
+    assert "\n" not in msg
+    assert bad in msg and f"did you mean '{suggestion}'" in msg, msg
+
+
+def test_config_error_is_a_value_error():
+    assert issubclass(ConfigError, ValueError)
+
+
+# --------------------------------------------------------------------------- cells of the default study
+def test_default_config_expands_to_the_full_grid():
+    cfg = load_config(REPO / "config.yaml")
+    cells = expand_cells(cfg)
+    g = cfg["grid"]
+    expected = len(cfg["datasets"]) * len(g["losses"]) * len(g["batch_sizes"]) * len(g["temperatures"]) * len(g["seeds"])
+    assert len(cells) == expected
+    pattern = re.compile(r"^(\w+)/([a-z]+(?:-[a-z]+[0-9.e+-]+)*)/bs(\d+)-t([0-9.e-]+)-s(\d+)$")
+    for cid, cell in cells.items():
+        m = pattern.match(cid)
+        assert m, cid
+        assert cell["id"] == cid and m.group(1) == cell["dataset"]
+        assert int(m.group(3)) == cell["batch_size"] and float(m.group(4)) == cell["temperature"]
+        assert int(m.group(5)) == cell["seed"] and m.group(2).split("-")[0] == cell["loss"]
+    from smallbatch.cells import loss_label
+
+    ds = next(iter(cfg["datasets"]))
+    sigma = cfg["loss_params"]["dclw"]["sigma"]
+    for cid in (f"{ds}/infonce/bs{g['batch_sizes'][0]}-t{g['temperatures'][0]:g}-s{g['seeds'][0]}",
+                f"{ds}/{loss_label('dclw', {'sigma': sigma})}/bs{g['batch_sizes'][-1]}-t{g['temperatures'][-1]:g}-s{g['seeds'][-1]}"):
+        assert cid in cells, cid
+    hashes = [c["hash"] for c in cells.values()]
+    assert len(set(hashes)) == len(hashes)
+
+
+def test_ids_and_hashes_are_stable():
+    a = expand_cells(load_config(REPO / "config.yaml"))
+    b = expand_cells(load_config(REPO / "config.yaml"))
+    assert list(a) == list(b)
+    assert [c["hash"] for c in a.values()] == [c["hash"] for c in b.values()]
+    for c in a.values():
+        assert cell_hash(c) == c["hash"] and re.fullmatch(r"[0-9a-f]{10}", c["hash"])
+
+
+def _one_cell(overrides: dict) -> dict:
+    cfg = validate_config({**grid(), **overrides})
+    (cell,) = expand_cells(cfg).values()
+    return cell
+
+
+@pytest.mark.parametrize("overrides", [
+    {"device": "cpu"}, {"device": "cuda"}, {"threads": 2}, {"study": "other"},
+    {"results_dir": "elsewhere"}, {"tracking_uri": "http://mlflow:5000"},
+])
+def test_hash_ignores_where_a_cell_runs(overrides):
+    base = _one_cell({})
+    other = _one_cell(overrides)
+    assert other["id"] == base["id"] and other["hash"] == base["hash"]
+
+
+@pytest.mark.parametrize("overrides", [
+    {"train": {"lr": 0.01}}, {"train": {"epochs": 4}}, {"train": {"width": 16}}, {"train": {"precision": "fp64"}},
+    {"train": {"optimizer": "sgd"}}, {"train": {"lr_scaling": "linear"}}, {"train": {"queue_size": 64}},
+    {"augment": {"recipe": "simclr"}}, {"augment": {"crop_scale": [0.5, 1.0]}},
+    {"datasets": {"digits": {"train_subset": 500}}},
+])
+def test_hash_changes_with_every_science_setting(overrides):
+    base = _one_cell({})
+    other = _one_cell(overrides)
+    assert other["id"] == base["id"] and other["hash"] != base["hash"]
+
+
+def test_hash_changes_with_loss_parameters_and_id_names_them():
+    a = _one_cell({"grid": {**grid()["grid"], "losses": [{"name": "dclw", "sigma": 0.5}]}})
+    b = _one_cell({"grid": {**grid()["grid"], "losses": [{"name": "dclw", "sigma": 1.0}]}})
+    # the paper's default (sigma 0.5) keeps the plain name; other values are named
+    assert a["id"] == "digits/dclw/bs16-t0.1-s0" and b["id"] == "digits/dclw-sigma1/bs16-t0.1-s0"
+    assert a["hash"] != b["hash"]
+
+
+# --------------------------------------------------------------------------- grid features
+def test_per_loss_overrides_expand_and_restrict():
+    cfg = validate_config(grid(losses=["infonce", {"name": "dclw", "sigma": [0.5, 2]},
+                                       {"name": "flatnce", "batch_sizes": [64]}],
+                               batch_sizes=[16, 32], temperatures=[0.1, 0.5]))
+    cells = expand_cells(cfg)
+    by_loss: dict[str, list[dict]] = {}
+    for c in cells.values():
+        by_loss.setdefault(c["loss"], []).append(c)
+    assert len(by_loss["infonce"]) == 2 * 2
+    assert len(by_loss["dclw"]) == 2 * 2 * 2
+    assert sorted({c["loss_params"]["sigma"] for c in by_loss["dclw"]}) == [0.5, 2]
+    assert "digits/dclw-sigma2/bs32-t0.5-s0" in cells and "digits/dclw/bs16-t0.1-s0" in cells
+    assert {c["batch_size"] for c in by_loss["flatnce"]} == {64} and len(by_loss["flatnce"]) == 2
+    assert len(cells) == 4 + 8 + 2
+
+
+def test_loss_params_defaults_and_grid_entry_override():
+    cfg = validate_config(grid(losses=["dclw", {"name": "dclw", "sigma": 2.0}]) | {"loss_params": {"dclw": {"sigma": 0.3}}})
+    cells = expand_cells(cfg)
+    assert set(cells) == {"digits/dclw-sigma0.3/bs16-t0.1-s0", "digits/dclw-sigma2/bs16-t0.1-s0"}
+
+
+def test_aliases_map_to_one_canonical_cell():
+    cells = expand_cells(validate_config(grid(losses=["infonce", "ntxent", "simclr"])))
+    assert list(cells) == ["digits/infonce/bs16-t0.1-s0"]
+    assert cells["digits/infonce/bs16-t0.1-s0"]["loss"] == "infonce"
+
+
+def test_every_loss_parameter_is_resolved_into_the_cell():
+    """A cell carries every parameter of its loss (so the hash and the MLflow params cover it),
+    with the schema's default when the config does not set it."""
+    from smallbatch.losses import loss_param_names
+
+    cells = expand_cells(validate_config(grid(losses=["flatnce", "dclw", "eqco"])))
+    schema = load_schema()["properties"]["loss_params"]["properties"]
+    for c in cells.values():
+        expected = {k: schema[c["loss"]]["properties"][k]["default"] for k in loss_param_names(c["loss"])}
+        assert c["loss_params"] == expected, c["id"]
+
+
+def test_extra_axes_add_suffixes_and_train_settings():
+    cells = expand_cells(validate_config(grid(axes={"precision": ["fp32", "fp64"], "queue_size": [0, 128]})))
+    assert set(cells) == {f"digits/infonce/bs16-t0.1-s0-{p}-q{q}" for p in ("fp32", "fp64") for q in (0, 128)}
+    for cid, c in cells.items():
+        assert cid.endswith(f"-{c['train']['precision']}-q{c['train']['queue_size']}")
+
+
+def test_negatives_are_2n_minus_2_in_batch_and_queue_size_with_a_queue():
+    cells = expand_cells(validate_config(grid(batch_sizes=[16, 256], axes={"queue_size": [0, 4096]})))
+    for c in cells.values():
+        q = c["train"]["queue_size"]
+        assert c["negatives"] == (q if q else 2 * c["batch_size"] - 2)
+    assert negatives_per_anchor(32, 0) == 62 and negatives_per_anchor(32, 65536) == 65536
+    cell = _one_cell({"train": {"queue_size": 512}})
+    assert cell["negatives"] == 512
+
+
+def test_disabled_grid_has_no_cells():
+    assert expand_cells(validate_config(grid(enabled=False))) == {}
+
+
+def test_flat_params_has_the_documented_keys():
+    cell = _one_cell({"grid": {**grid()["grid"], "losses": [{"name": "dclw", "sigma": 0.5}]}})
+    p = flat_params(cell)
+    for key in ("dataset", "loss", "batch_size", "temperature", "seed", "precision", "lr_scaling", "epochs",
+                "negatives", "queue_size", "loss.sigma", "backbone"):
+        assert key in p, key
+    assert p["loss.sigma"] == "0.5" and p["negatives"] == "30" and p["batch_size"] == "16"
+    assert all(isinstance(v, str) and len(v) <= 500 for v in p.values())
+    assert "id" not in p and "hash" not in p
+
+
+def test_make_cell_is_json_serialisable_and_deep_copied():
+    import json
+
+    cfg = validate_config(grid())
+    cell = make_cell(cfg, dataset="digits", loss="infonce", loss_params={}, batch_size=16, temperature=0.1, seed=0)
+    before = copy.deepcopy(cell)
+    cfg["train"]["lr"] = 123.0  # mutating the config afterwards must not change the cell
+    assert cell == before
+    assert json.loads(json.dumps(cell)) == cell
+
+
+def test_cells_loss_defaults_match_the_loss_library():
+    from smallbatch.cells import LOSS_PARAMS
+    from smallbatch.losses import loss_param_names
+
+    for name, params in LOSS_PARAMS.items():
+        assert loss_param_names(name) == params
+
+
+def test_loss_label_names_only_non_default_parameters():
+    from smallbatch.cells import loss_label
+
+    assert loss_label("flatnce", {"gamma": 1.0}) == "flatnce"
+    assert loss_label("flatnce", {"gamma": 2.0}) == "flatnce-gamma2"
+    assert loss_label("dclw", {"sigma": 0.5}) == "dclw"
+    assert loss_label("eqco", {"alpha": 256}) == "eqco-alpha256"
