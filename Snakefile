@@ -20,6 +20,10 @@ include: "workflow/rules/report.smk"
 
 
 rule all:
+    # Every cell's outputs are targets themselves (not only the report's inputs), so
+    # deleting one cell's files reruns that cell even though the report exists.
     default_target: True
     input:
+        CELL_OUTPUTS,
+        BASELINE_OUTPUTS,
         REPORT_INDEX,

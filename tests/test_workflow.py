@@ -1,0 +1,179 @@
+"""End to end: the smoke study through Snakemake with --cores 2, then the report.
+
+Checks that the outputs hold real numbers, that MLflow has exactly one run per cell,
+that a rerun does nothing, that deleting one cell's output reruns that cell only, that
+changing one loss's config reruns exactly its cells, and that a bad config stops before
+any job with a message naming the key.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOKE = ROOT / "workflow" / "configs" / "smoke.yaml"
+BIN = Path(sys.executable).parent
+
+pytestmark = pytest.mark.slow
+
+
+def snakemake(*args: str, results: Path, timeout: int = 600, configfile: Path = SMOKE,
+              extra_config: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"),
+           "--configfile", str(configfile), "--workflow-profile", str(ROOT / "workflow/profiles/default"),
+           "--config", f"results_dir={results}", *extra_config, *args]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def planned_jobs(proc: subprocess.CompletedProcess) -> dict[str, int]:
+    """Job counts per rule from the table `snakemake -n` prints."""
+    counts: dict[str, int] = {}
+    for line in proc.stdout.splitlines() + proc.stderr.splitlines():
+        m = re.match(r"^(\w+)\s+(\d+)\s*$", line.strip())
+        if m and m.group(1) != "total":
+            counts[m.group(1)] = int(m.group(2))
+    return counts
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    results = tmp_path_factory.mktemp("smoke")
+    proc = snakemake("--cores", "2", "--quiet", results=results)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return results
+
+
+def _runs(results: Path) -> pd.DataFrame:
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{results / 'mlflow.db'}")
+    return mlflow.search_runs(experiment_names=["smallbatch-smoke"])
+
+
+def test_every_cell_has_real_numbers_in_mlflow_and_files(study):
+    from smallbatch.cells import expand_cells
+    from smallbatch.config import load_config
+
+    cfg = load_config(SMOKE)
+    cells = expand_cells(cfg)
+    assert len(cells) == 4
+    runs = _runs(study)
+    cell_runs = runs[runs["tags.smallbatch.kind"] == "cell"]
+    # exactly one MLflow run per cell, finished, with probe metrics in percent
+    assert sorted(cell_runs["tags.smallbatch.cell_id"]) == sorted(cells)
+    assert (cell_runs["tags.smallbatch.status"] == "finished").all()
+    for col in ("metrics.knn/top1", "metrics.linear/top1", "metrics.train/final_loss"):
+        vals = cell_runs[col].astype(float)
+        assert vals.notna().all() and vals.map(math.isfinite).all(), col
+    assert cell_runs["metrics.linear/top1"].between(50, 100).all()  # digits: far above chance (10 %)
+    assert cell_runs["metrics.knn/top1"].between(50, 100).all()
+    assert (cell_runs["params.batch_size"].astype(int).isin([16, 64])).all()
+    base = runs[runs["tags.smallbatch.kind"] == "baseline"]
+    assert sorted(base["tags.smallbatch.baseline"]) == ["random_init", "raw_pixels"]
+    assert base["metrics.linear/top1"].between(80, 100).all()
+    for cid in cells:
+        knn = json.loads((study / "runs" / cid / "knn.json").read_text())
+        row = cell_runs[cell_runs["tags.smallbatch.cell_id"] == cid].iloc[0]
+        assert knn["knn/top1"] == pytest.approx(row["metrics.knn/top1"])
+
+
+def test_step_metrics_and_diagnostics_are_logged(study):
+    from mlflow.tracking import MlflowClient
+
+    runs = _runs(study)
+    run_id = runs[runs["tags.smallbatch.cell_id"] == "digits/infonce/bs16-t0.5-s0"]["run_id"].iloc[0]
+    client = MlflowClient(tracking_uri=f"sqlite:///{study / 'mlflow.db'}")
+    hist = client.get_metric_history(run_id, "train/loss")
+    steps = [m.step for m in hist]
+    assert len(steps) > 5 and len(steps) == len(set(steps))
+    for key in ("diag/mi_fraction", "diag/ess", "diag/qb_mean", "diag/alignment", "diag/uniformity"):
+        vals = [m.value for m in client.get_metric_history(run_id, key)]
+        assert vals and all(math.isfinite(v) for v in vals), key
+    mi = [m.value for m in client.get_metric_history(run_id, "diag/mi_fraction")]
+    assert all(-1.0 <= v <= 1.0 for v in mi)
+
+
+def test_report_has_tables_and_figures_from_the_store(study):
+    rep = study / "report"
+    index = (rep / "index.md").read_text()
+    for link in re.findall(r"\]\(([^)]+)\)", index):
+        assert (rep / link).is_file(), link
+    table = pd.read_csv(rep / "tables" / "grid_top1_digits_linear.csv")
+    assert set(table["loss"].str.lower()) >= {"infonce", "flatnce"}
+    assert table["mean"].between(50, 100).all()
+    pngs = list((rep / "figures").glob("*.png"))
+    assert len(pngs) >= 4 and all(p.stat().st_size > 5000 for p in pngs)
+    assert (rep / "tables" / "papers_reported.csv").is_file()
+
+
+def test_rerun_does_nothing(study):
+    proc = snakemake("-n", results=study)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Nothing to be done" in proc.stdout + proc.stderr
+
+
+def test_deleting_one_cells_output_reruns_that_cell_only(study):
+    target = study / "runs" / "digits" / "flatnce" / "bs64-t0.5-s0" / "knn.json"
+    saved = target.read_text()
+    target.unlink()
+    try:
+        proc = snakemake("-n", results=study)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        jobs = planned_jobs(proc)
+        assert jobs.get("knn") == 1 and "pretrain" not in jobs and "linear" not in jobs, jobs
+        assert jobs.get("report") == 1
+    finally:
+        target.write_text(saved)
+
+
+def test_changing_one_loss_config_reruns_exactly_its_cells(study, tmp_path):
+    import yaml
+
+    cfg = yaml.safe_load(SMOKE.read_text())
+    cfg["loss_params"] = {"flatnce": {"gamma": 2.0}}
+    changed = tmp_path / "changed.yaml"
+    changed.write_text(yaml.safe_dump(cfg))
+    proc = snakemake("-n", results=study, configfile=changed)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    jobs = planned_jobs(proc)
+    # flatnce's two cells get new ids (flatnce-gamma2): two new pretrainings, infonce untouched
+    assert jobs.get("pretrain") == 2, jobs
+    out = proc.stdout + proc.stderr
+    assert "flatnce-gamma2" in out and "digits/infonce/bs16" not in out.split("Job stats")[-1]
+
+
+def test_default_config_lists_every_cell():
+    from smallbatch.cells import expand_cells
+    from smallbatch.config import load_config
+
+    n = len(expand_cells(load_config(ROOT / "config.yaml")))
+    proc = snakemake("-n", results=Path("/tmp/smallbatch-dryrun-default"), configfile=ROOT / "config.yaml",
+                     timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    jobs = planned_jobs(proc)
+    assert jobs["pretrain"] == n and jobs["knn"] == n and jobs["linear"] == n and jobs["embed"] == n
+
+
+@pytest.mark.parametrize("override, key", [
+    ("grid={losses: [infonce, flatnc]}", "grid.losses[1]"),
+    ("grid={batch_sizes: [1, 16]}", "grid.batch_sizes[0]"),
+    ("grid={temperatures: [-0.1]}", "grid.temperatures[0]"),
+    ("grid={batchsizes: [16]}", "grid.batchsizes"),
+])
+def test_bad_config_stops_before_any_job(tmp_path, override, key):
+    proc = snakemake("-n", results=tmp_path, extra_config=(override,), timeout=300)
+    assert proc.returncode != 0
+    err = proc.stdout + proc.stderr
+    assert "config error" in err and key in err, err[-2000:]
+    assert not (tmp_path / "runs").exists()
