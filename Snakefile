@@ -16,6 +16,7 @@ if not workflow.overwrite_configfiles:
 include: "workflow/rules/common.smk"
 include: "workflow/rules/pretrain.smk"
 include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/mi.smk"
 include: "workflow/rules/report.smk"
 
 
@@ -26,4 +27,5 @@ rule all:
     input:
         CELL_OUTPUTS,
         BASELINE_OUTPUTS,
+        MI_OUTPUTS,
         REPORT_INDEX,

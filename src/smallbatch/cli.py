@@ -272,6 +272,23 @@ def cmd_baseline(args) -> int:
     return 0
 
 
+def cmd_mi(args) -> int:
+    from .config import load_config
+    from .mi_step import run_mi_step
+
+    cfg = load_config(args.config) if args.config else load_config(None)
+    if args.section is not None:
+        if not args.section.is_file():
+            raise ValueError(f"section file not found: {args.section}")
+        section = json.loads(args.section.read_text())
+    else:
+        section = (cfg.get("experiments") or {}).get("mi") or {}
+    uri, exp = _tracking(args, cfg)
+    res = run_mi_step(section, args.out, uri, exp, progress=not args.quiet)
+    print(json.dumps({"rows": len(res["rows"]), "out": str(args.out), "seconds": round(res["seconds"], 1)}))
+    return 0
+
+
 def cmd_report(args) -> int:
     from .config import load_config, resolve_tracking_uri
     from .report import build_report
@@ -346,6 +363,14 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--data-cache", type=Path, help="data cache from `smallbatch prepare-data`")
     c.add_argument("--device", choices=["auto", "cpu", "cuda"])
     c.set_defaults(func=cmd_baseline)
+
+    c = sub.add_parser("mi", help="MI bounds on correlated Gaussians (experiments.mi); one MLflow run per row")
+    c.add_argument("--section", type=Path, help="JSON file with the experiments.mi section (written by rule mi_config)")
+    c.add_argument("--config", type=Path, help="study config (its experiments.mi when --section is absent)")
+    c.add_argument("--out", type=Path, default=Path("results/mi/results.json"), help="rows as JSON")
+    c.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_tracking_args(c)
+    c.set_defaults(func=cmd_mi)
 
     c = sub.add_parser("report", help="rebuild every table and figure from the MLflow store alone")
     c.add_argument("--config", type=Path)

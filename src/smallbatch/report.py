@@ -1240,3 +1240,4 @@ def _index_markdown(runs: pd.DataFrame, ctx: ReportContext, outputs: list[Sectio
     md.append("")
     return "\n".join(md)
 from . import report_sections as _report_sections  # noqa: E402,F401  (registers the side-experiment sections)
+from . import report_mi  # noqa: E402,F401  (registers the "mi" section)

@@ -5,6 +5,7 @@ rule report:
     input:
         CELL_OUTPUTS,
         BASELINE_OUTPUTS,
+        MI_OUTPUTS,
     output:
         REPORT_INDEX,
     params:

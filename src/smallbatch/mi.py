@@ -1,0 +1,736 @@
+"""Mutual-information bounds on correlated Gaussians (torch only, no I/O).
+
+The toy of EqCo (Zhu et al. 2020) and FlatNCE (Chen et al. 2021), in the form
+of Poole et al. 2019 ("On Variational Bounds of Mutual Information"):
+``X, Y`` in ``R^d`` with ``Y = rho X + sqrt(1 - rho^2) E``, ``X, E ~ N(0, I)``,
+so every coordinate pair has correlation ``rho`` and the true mutual
+information is known in closed form::
+
+    I(X; Y) = -d/2 * log(1 - rho^2)            (nats)
+
+A learned critic ``s(x, y)`` scores pairs; it is trained by one of the study's
+contrastive losses (InfoNCE, FlatNCE, EqCo, through
+:meth:`smallbatch.losses.ContrastiveLoss.from_scores` at temperature 1, so the
+same loss code as the image experiments is exercised) and then read out as an
+MI estimate on fresh samples.
+
+Batches.  One *group* is K+1 pairs ``(x_i, y_i)``; anchor ``x_i`` scores its
+own ``y_i`` (the positive) against the K other ``y_j`` of its group (the
+negatives), exactly "each x against its own y and K others".  To keep the
+number of anchors per batch (and so the noise) comparable across K, a batch
+holds ``G = ceil(A / (K+1))`` independent groups for ``A`` anchors, and when
+``K+1 > A`` only the first ``A`` pairs of the (single) group act as anchors
+(their negatives are still all K other ``y`` of the group).  Every anchor row
+is an ordinary K-negative term, so the estimates stay unbiased; only their
+per-batch noise depends on ``A``.
+
+* Evaluation batches use ``A = anchors`` (default 128) at every K, so the
+  reported std is comparable across K and critics.
+* Training batches of the concatenated critic use
+  ``A = min(anchors, max_pairs // (K+1))`` anchors (at least 1): its cost is
+  one MLP evaluation per scored pair, so the pairs per step are capped at
+  about ``max_pairs`` (default 8192) instead of ``anchors * (K+1)``; this is
+  what keeps it CPU-fast at K = 1024 (7 anchors per step, each against 1024
+  negatives).  The separable critic scores all pairs of a group with one
+  matrix product, where extra anchors cost little, so it trains with
+  ``A = anchors`` at every K (with 7 anchors per step it learned markedly
+  worse in our measurements; the concatenated critic did not).  Both critics
+  draw the same data stream for a given (seed, K, MI).
+
+Estimators (per anchor, ``s_+`` its positive score, ``s_j`` its K negatives;
+means over anchors; L denotes the loss values of :mod:`smallbatch.losses`):
+
+* InfoNCE (van den Oord et al. 2018)::
+
+      I_NCE = log(K+1) - L_InfoNCE,   L_InfoNCE = log(1 + sum_j exp(s_j - s_+))
+
+  Since ``L_InfoNCE >= 0`` it never exceeds its ceiling ``log(K+1)``.
+* EqCo (Zhu et al. 2020, "EqCo: Equivalent Rules for Self-supervised
+  Contrastive Learning", arXiv:2010.01929): the negatives' sum is rescaled by
+  ``alpha/K``, which the paper motivates by keeping the InfoNCE mutual
+  information bound steady when K changes, i.e. the bound is written with
+  alpha in place of K::
+
+      I_EqCo = log(alpha+1) - L_EqCo,
+      L_EqCo = log(1 + (alpha/K) sum_j exp(s_j - s_+))
+
+  Ceiling ``log(alpha+1)``: it depends on alpha, not on K.  We use the
+  ``+1`` of the K+1-candidate convention so that ``alpha = K`` gives back
+  ``I_NCE`` exactly (texts that count all K candidates, positive included,
+  write the same bound as ``log K - L``).  For ``alpha > K`` this is not a
+  proven lower bound: the sum over ``alpha`` negatives is extrapolated from K
+  samples (``log`` of an unbiased sum is biased, so the readout can overshoot).
+* FlatNCE (Chen et al. 2021, "Simpler, Faster, Stronger: Breaking The log-K
+  Curse On Contrastive Learners With FlatNCE", arXiv:2107.01152): trains the
+  critic with ``exp(l - stopgrad(l))``, ``l = logsumexp_j(s_j - s_+)``.  Its
+  *MI readout* is the one of the authors' official code (github.com/
+  qingguo666/FLO, ``Jupyter-Notebook/FlatNCE-code-snippet.ipynb``, computes
+  ``res['mi'] = log(n2) - CrossEntropy(similarity)`` with n2 = K+1
+  candidates): the InfoNCE bound ``I_NCE`` evaluated with the FlatNCE-trained
+  critic, ceiling ``log(K+1)``.  We could not retrieve the
+  paper's own text of an MI estimator, so this readout is the reference; in
+  addition every row carries the *dual* (FLO) readout
+  :func:`dual_estimate` = ``log K - mean_i logsumexp_j(s_j - s_+)``, i.e.
+  FlatNCE's own loss value read as an MI estimate (the FLO bound of Guo et al.
+  2021 with its second critic set to the batch's self-normalised optimum).
+  That readout has no log-K ceiling but is not a guaranteed lower bound.
+  Note: with scores from an unbounded critic (not cosine/tau as in the image
+  experiments) FlatNCE's ``l`` has no lower bound: once the critic ranks every
+  positive above its K negatives, scaling the scores up drives ``l`` to
+  ``-inf``, and training follows that direction (likely when the true MI is
+  well above ``log(K+1)``); the InfoNCE readout of such a critic then drops
+  below 0, the value of a constant critic.
+
+Critics: :class:`SeparableCritic` ``f(x)^T g(y)`` and :class:`ConcatCritic`
+``h([x, y])`` (Poole et al.'s two families), and :class:`GaussianRatioCritic`,
+the true log density ratio (no parameters, no training: the *oracle*, in the
+default grid as the reference that separates a bound's own bias from the
+learned critic's shortfall).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from .losses import build_loss
+
+__all__ = [
+    "ESTIMATORS",
+    "CRITICS",
+    "DEFAULT_SECTION",
+    "true_mi",
+    "rho_for_mi",
+    "log_density_ratio",
+    "sample_correlated_gaussians",
+    "SeparableCritic",
+    "ConcatCritic",
+    "GaussianRatioCritic",
+    "build_critic",
+    "group_layout",
+    "train_anchors",
+    "batch_scores",
+    "estimator_loss",
+    "mi_estimate",
+    "mi_ceiling",
+    "dual_estimate",
+    "TrainResult",
+    "train_estimator",
+    "evaluate_estimator",
+    "validate_section",
+    "grid",
+    "run_mi_experiment",
+]
+
+ESTIMATORS: tuple[str, ...] = ("infonce", "flatnce", "eqco")
+CRITICS: tuple[str, ...] = ("separable", "concat", "oracle")
+
+# The default grid (config.yaml ``experiments.mi``); see validate_section for each key.
+DEFAULT_SECTION: dict[str, Any] = {
+    "enabled": True,
+    "dim": 20,
+    "mi_values": [2, 4, 6, 8, 10],
+    "ks": [4, 16, 64, 256, 1024],
+    "estimators": ["infonce", "flatnce", "eqco"],
+    # EqCo's alpha = the largest K of the grid: EqCo's claim is that K negatives
+    # rescaled by alpha/K act like alpha negatives, so every EqCo row can be set
+    # against InfoNCE actually run with K = alpha (and EqCo at K = alpha is
+    # InfoNCE exactly, a built-in check).  Its ceiling is log(1025) = 6.93 nats
+    # at every K; set e.g. 65536 (MoCo's queue) to lift it above 10 nats.
+    "eqco_alpha": 1024,
+    "critics": ["separable", "concat", "oracle"],
+    "hidden": 64,
+    "embed": 32,
+    "layers": 2,
+    "anchors": 128,
+    "max_pairs": 8192,
+    # skip the concatenated critic at K above this (None: run it at every K)
+    "concat_max_k": None,
+    "steps": 500,
+    "lr": 5.0e-3,
+    "seeds": [0],
+    "eval_batches": 16,
+    "trace_points": 100,
+    "threads": 1,
+}
+
+
+# --------------------------------------------------------------------------- analytic part
+def _check_dim(d: Any, name: str = "d") -> int:
+    if isinstance(d, bool) or not isinstance(d, (int,)) and not (isinstance(d, float) and d.is_integer()):
+        raise ValueError(f"{name} must be an integer >= 1 (the dimension of X and Y), got {d!r}")
+    if int(d) < 1:
+        raise ValueError(f"{name} must be an integer >= 1 (the dimension of X and Y), got {d!r}")
+    return int(d)
+
+
+def _check_rho(rho: Any) -> float:
+    try:
+        r = float(rho)
+    except (TypeError, ValueError):
+        raise ValueError(f"rho must be a number in (-1, 1), got {rho!r}") from None
+    if not (-1.0 < r < 1.0):
+        raise ValueError(f"rho must be in the open interval (-1, 1), got {rho!r}")
+    return r
+
+
+def _check_k(k: Any, name: str = "K") -> int:
+    if isinstance(k, bool) or not isinstance(k, int) and not (isinstance(k, float) and k.is_integer()):
+        raise ValueError(f"{name} must be an integer >= 1 (negatives per anchor), got {k!r}")
+    if int(k) < 1:
+        raise ValueError(f"{name} must be an integer >= 1 (negatives per anchor), got {k!r}")
+    return int(k)
+
+
+def _check_mi(mi: Any, name: str = "mi") -> float:
+    try:
+        v = float(mi)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a finite number >= 0 (nats), got {mi!r}") from None
+    if not (math.isfinite(v) and v >= 0):
+        raise ValueError(f"{name} must be a finite number >= 0 (nats), got {mi!r}")
+    return v
+
+
+def true_mi(rho: float, d: int) -> float:
+    """Mutual information (nats) of ``d`` independent coordinate pairs with correlation ``rho``:
+    ``I = -d/2 * log(1 - rho^2)``."""
+    r = _check_rho(rho)
+    d = _check_dim(d)
+    return -0.5 * d * math.log1p(-r * r)
+
+
+def rho_for_mi(mi: float, d: int) -> float:
+    """The correlation ``rho >= 0`` giving true MI ``mi`` nats in dimension ``d``:
+    ``rho = sqrt(1 - exp(-2 mi / d))`` (inverse of :func:`true_mi`)."""
+    v = _check_mi(mi)
+    d = _check_dim(d)
+    return math.sqrt(-math.expm1(-2.0 * v / d))
+
+
+def log_density_ratio(x: Tensor, y: Tensor, rho: float) -> Tensor:
+    """``log p(x, y) / (p(x) p(y))`` of the correlated Gaussians, summed over coordinates::
+
+        -d/2 log(1 - rho^2) + (rho x.y - rho^2 (|x|^2 + |y|^2)/2) / (1 - rho^2)
+
+    Its mean over samples of the joint is the true MI (a Monte-Carlo check);
+    broadcasting over leading dimensions is allowed.
+    """
+    r = _check_rho(rho)
+    if x.shape[-1] != y.shape[-1]:
+        raise ValueError(f"x and y must have the same last dimension, got {tuple(x.shape)} and {tuple(y.shape)}")
+    d = x.shape[-1]
+    one_m = 1.0 - r * r
+    quad = (r * (x * y).sum(-1) - 0.5 * r * r * ((x * x).sum(-1) + (y * y).sum(-1))) / one_m
+    return quad - 0.5 * d * math.log(one_m)
+
+
+def sample_correlated_gaussians(
+    n: int, d: int, rho: float, generator: torch.Generator | None = None, dtype: torch.dtype = torch.float32
+) -> tuple[Tensor, Tensor]:
+    """``n`` pairs ``(x, y)`` of shape ``(n, d)``: ``x ~ N(0, I)``, ``y = rho x + sqrt(1-rho^2) e``.
+
+    Reproducible under a seeded ``generator`` (CPU generator; tensors on the CPU).
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be an integer >= 1 (number of pairs), got {n!r}")
+    d = _check_dim(d)
+    r = _check_rho(rho)
+    x = torch.randn(n, d, generator=generator, dtype=dtype)
+    e = torch.randn(n, d, generator=generator, dtype=dtype)
+    y = r * x + math.sqrt(1.0 - r * r) * e
+    return x, y
+
+
+# --------------------------------------------------------------------------- critics
+def _mlp(inp: int, hidden: int, out: int, layers: int) -> nn.Sequential:
+    mods: list[nn.Module] = []
+    width = inp
+    for _ in range(layers):
+        mods += [nn.Linear(width, hidden), nn.ReLU()]
+        width = hidden
+    mods.append(nn.Linear(width, out))
+    return nn.Sequential(*mods)
+
+
+def _check_width(v: Any, name: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+    return v
+
+
+def _pair_index(a: int, n: int, device: Any = None) -> Tensor:
+    """``(a, n)`` indices: anchor i's candidates are ``y_{(i+m) mod n}``, m = 0 (its positive) .. n-1."""
+    return (torch.arange(a, device=device)[:, None] + torch.arange(n, device=device)[None, :]) % n
+
+
+class SeparableCritic(nn.Module):
+    """Separable critic ``s(x, y) = f(x)^T g(y)`` (Poole et al. 2019), f and g MLPs
+    ``d -> hidden -> hidden -> embed`` (ReLU).  All anchor-candidate scores of a
+    group come from one ``(A, E) x (E, n)`` matrix product."""
+
+    def __init__(self, d: int, hidden: int = 64, embed: int = 32, layers: int = 2) -> None:
+        super().__init__()
+        d = _check_dim(d)
+        hidden, embed = _check_width(hidden, "hidden"), _check_width(embed, "embed")
+        self.f = _mlp(d, hidden, embed, layers)
+        self.g = _mlp(d, hidden, embed, layers)
+
+    def forward(self, x: Tensor, y: Tensor) -> Tensor:
+        """Scores of matching rows: ``x, y (..., d) -> (...)``."""
+        return (self.f(x) * self.g(y)).sum(-1)
+
+    def group_scores(self, xa: Tensor, y: Tensor) -> Tensor:
+        """``xa (G, A, d)`` anchors, ``y (G, n, d)`` -> ``(G, A, n)``: column m is ``y_{(i+m) mod n}``."""
+        a, n = xa.shape[1], y.shape[1]
+        full = self.f(xa) @ self.g(y).transpose(1, 2)  # (G, A, n)
+        idx = _pair_index(a, n, xa.device).expand(xa.shape[0], a, n)
+        return torch.gather(full, 2, idx)
+
+
+class ConcatCritic(nn.Module):
+    """Concatenated critic ``s(x, y) = h([x, y])`` (Poole et al. 2019), h an MLP
+    ``2d -> hidden -> hidden -> 1`` (ReLU), evaluated on every anchor-candidate pair.
+
+    Exactly the MLP on the concatenation, computed cheaply: its first layer
+    ``W [x; y] + b = W_x x + W_y y + b`` is applied to each x and each y once and
+    the two halves are added per pair; the cost per pair is then the rest of
+    the MLP (one ``hidden x hidden`` layer), and the number of pairs per step is
+    capped by the anchor subsampling described in the module docstring.
+    """
+
+    #: one MLP evaluation per scored pair: training caps the pairs per step (max_pairs)
+    pairwise = True
+
+    def __init__(self, d: int, hidden: int = 64, layers: int = 2) -> None:
+        super().__init__()
+        d = _check_dim(d)
+        hidden = _check_width(hidden, "hidden")
+        if layers < 1:
+            raise ValueError(f"layers must be >= 1, got {layers!r}")
+        self.d = d
+        self.first = nn.Linear(2 * d, hidden)
+        self.rest = _mlp(hidden, hidden, 1, layers - 1) if layers > 1 else nn.Linear(hidden, 1)
+
+    def _halves(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        w = self.first.weight
+        return x @ w[:, : self.d].T + self.first.bias, y @ w[:, self.d:].T
+
+    def forward(self, x: Tensor, y: Tensor) -> Tensor:
+        """Scores of matching rows: ``x, y (..., d) -> (...)`` (``h(cat[x, y])``)."""
+        return self.rest(torch.relu(self.first(torch.cat([x, y], dim=-1)))).squeeze(-1)
+
+    def group_scores(self, xa: Tensor, y: Tensor) -> Tensor:
+        """``xa (G, A, d)`` anchors, ``y (G, n, d)`` -> ``(G, A, n)``: column m is ``y_{(i+m) mod n}``."""
+        a, n = xa.shape[1], y.shape[1]
+        hx, hy = self._halves(xa, y)  # (G, A, H), (G, n, H)
+        idx = _pair_index(a, n, xa.device)
+        pre = hx[:, :, None, :] + hy[:, idx, :]  # (G, A, n, H)
+        return self.rest(torch.relu(pre)).squeeze(-1)
+
+
+class GaussianRatioCritic(nn.Module):
+    """The oracle critic: the true log density ratio :func:`log_density_ratio` (no parameters)."""
+
+    def __init__(self, rho: float) -> None:
+        super().__init__()
+        self.rho = _check_rho(rho)
+
+    def forward(self, x: Tensor, y: Tensor) -> Tensor:
+        return log_density_ratio(x, y, self.rho)
+
+    def group_scores(self, xa: Tensor, y: Tensor) -> Tensor:
+        a, n = xa.shape[1], y.shape[1]
+        idx = _pair_index(a, n, xa.device)
+        return log_density_ratio(xa[:, :, None, :], y[:, idx, :], self.rho)
+
+
+def build_critic(name: str, d: int, *, hidden: int = 64, embed: int = 32, layers: int = 2,
+                 rho: float | None = None) -> nn.Module:
+    """``separable`` | ``concat`` | ``oracle`` (the oracle needs ``rho``)."""
+    key = str(name).strip().lower()
+    if key == "separable":
+        return SeparableCritic(d, hidden, embed, layers)
+    if key == "concat":
+        return ConcatCritic(d, hidden, layers)
+    if key == "oracle":
+        if rho is None:
+            raise ValueError("rho is required for the oracle critic")
+        return GaussianRatioCritic(rho)
+    raise ValueError(f"critic must be one of {', '.join(CRITICS)}, got {name!r}")
+
+
+# --------------------------------------------------------------------------- batches and estimates
+def group_layout(k: int, anchors: int) -> tuple[int, int, int]:
+    """``(G, n, A)``: groups per batch, pairs per group (K+1), anchors per group."""
+    k = _check_k(k)
+    anchors = _check_k(anchors, "anchors")
+    n = k + 1
+    a = min(n, anchors)
+    g = max(1, math.ceil(anchors / n))
+    return g, n, a
+
+
+def train_anchors(k: int, anchors: int, max_pairs: int | None) -> int:
+    """Anchors per training batch: ``min(anchors, max_pairs // (K+1))``, at least 1 (no cap if None)."""
+    k = _check_k(k)
+    anchors = _check_k(anchors, "anchors")
+    if max_pairs is None:
+        return anchors
+    max_pairs = _check_k(max_pairs, "max_pairs")
+    return max(1, min(anchors, max_pairs // (k + 1)))
+
+
+def _sample_groups(k: int, anchors: int, d: int, rho: float, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    g, n, _ = group_layout(k, anchors)
+    x, y = sample_correlated_gaussians(g * n, d, rho, generator)
+    return x.view(g, n, d), y.view(g, n, d)
+
+
+def batch_scores(critic: nn.Module, x: Tensor, y: Tensor, anchors: int) -> tuple[Tensor, Tensor]:
+    """Scores of a batch ``x, y (G, n, d)`` (n = K+1 pairs per group):
+    ``pos (G*A,)`` and ``neg (G*A, K)`` for the first ``A = min(n, anchors)`` anchors of each group."""
+    n = x.shape[1]
+    a = min(n, int(anchors))
+    s = critic.group_scores(x[:, :a], y)  # (G, A, n)
+    s = s.reshape(-1, n)
+    return s[:, 0], s[:, 1:]
+
+
+def _check_estimator(name: str) -> str:
+    key = str(name).strip().lower()
+    if key not in ESTIMATORS:
+        raise ValueError(f"estimator must be one of {', '.join(ESTIMATORS)}, got {name!r}")
+    return key
+
+
+def estimator_loss(estimator: str, alpha: float | None = None):
+    """The study's loss for an estimator, at temperature 1 (scores are critic outputs, not cosines)."""
+    key = _check_estimator(estimator)
+    if key == "eqco":
+        if alpha is None:
+            raise ValueError("alpha is required for the eqco estimator (eqco_alpha in the mi section)")
+        return build_loss("eqco", 1.0, alpha=float(alpha))
+    return build_loss(key, 1.0)
+
+
+def mi_ceiling(estimator: str, k: int, alpha: float | None = None) -> float:
+    """The largest value the estimator can report: ``log(K+1)`` (InfoNCE, FlatNCE's
+    readout) or ``log(alpha+1)`` (EqCo)."""
+    key = _check_estimator(estimator)
+    k = _check_k(k)
+    if key == "eqco":
+        if alpha is None or not float(alpha) > 0:
+            raise ValueError(f"alpha must be > 0 for the eqco estimator, got {alpha!r}")
+        return math.log1p(float(alpha))
+    return math.log1p(k)
+
+
+def mi_estimate(estimator: str, pos: Tensor, neg: Tensor, alpha: float | None = None, loss=None) -> Tensor:
+    """The estimator's MI estimate (detached scalar) from scores ``pos (B,)``, ``neg (B, K)``.
+
+    ``infonce``/``flatnce``: ``log(K+1) - L_InfoNCE``; ``eqco``: ``log(alpha+1) - L_EqCo``
+    (see the module docstring).  The loss values come from the losses module
+    (``from_scores`` at temperature 1); ``loss`` may pass a prebuilt loss.
+    """
+    key = _check_estimator(estimator)
+    k = neg.shape[1]
+    loss = loss if loss is not None else estimator_loss(key, alpha)
+    with torch.no_grad():
+        out = loss.from_scores(pos.detach(), neg.detach())
+    return _estimate_from_output(key, out, k, alpha)
+
+
+def _estimate_from_output(key: str, out, k: int, alpha: float | None) -> Tensor:
+    if key == "eqco":
+        return math.log1p(float(alpha)) - out.value
+    return math.log1p(k) - out.infonce
+
+
+def dual_estimate(pos: Tensor, neg: Tensor) -> Tensor:
+    """FLO/FlatNCE dual readout ``log K - mean_i logsumexp_j(s_j - s_+)`` (no log-K ceiling;
+    not a guaranteed lower bound).  Uses FlatNCE's loss value from the losses module."""
+    with torch.no_grad():
+        out = build_loss("flatnce", 1.0).from_scores(pos.detach(), neg.detach())
+    return math.log(neg.shape[1]) - out.value
+
+
+# --------------------------------------------------------------------------- training
+@dataclass
+class TrainResult:
+    """Per-step training estimates (the estimator's readout on each training batch) and the critic."""
+
+    trace: list[float]
+    critic: nn.Module
+    seconds: float
+    diverged: bool = False
+    steps: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _stable_seed(*parts: Any) -> int:
+    return zlib.crc32("|".join(str(p) for p in parts).encode()) & 0x7FFFFFFF
+
+
+def train_estimator(
+    estimator: str,
+    critic: nn.Module | str,
+    K: int,
+    true_mi: float,  # noqa: F811 - the argument shadows the function on purpose (the brief's signature)
+    d: int,
+    steps: int,
+    lr: float,
+    seed: int,
+    *,
+    alpha: float | None = None,
+    anchors: int = 128,
+    max_pairs: int | None = 8192,
+    hidden: int = 64,
+    embed: int = 32,
+    layers: int = 2,
+) -> TrainResult:
+    """Train ``critic`` by the estimator's loss on fresh batches (K negatives per anchor).
+
+    ``critic`` is a module or a name (``separable``/``concat``/``oracle``, built
+    with ``hidden``/``embed`` and initialised from ``seed``).  Adam, constant
+    ``lr`` with cosine decay to 0 over ``steps`` steps; each step draws ``G``
+    groups of K+1 pairs with ``train_anchors(K, anchors, max_pairs)`` anchors
+    for a critic with ``pairwise = True`` (the concatenated one; ``anchors``
+    for the others, see the module docstring) from a generator seeded by ``(seed, K, true_mi,
+    d)``, so every estimator and critic sees the same data stream (common
+    random numbers).
+    Returns the per-step training estimates.  A non-finite loss stops training
+    (``diverged=True``).
+    """
+    key = _check_estimator(estimator)
+    k = _check_k(K)
+    d = _check_dim(d)
+    mi = _check_mi(true_mi, "true_mi")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise ValueError(f"steps must be an integer >= 0, got {steps!r}")
+    if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
+        raise ValueError(f"lr must be a positive number, got {lr!r}")
+    rho = rho_for_mi(mi, d)
+    if isinstance(critic, str):
+        torch.manual_seed(_stable_seed("critic", seed, critic))
+        critic = build_critic(critic, d, hidden=hidden, embed=embed, layers=layers, rho=rho)
+    a_train = train_anchors(k, anchors, max_pairs if getattr(critic, "pairwise", False) else None)
+    loss_fn = estimator_loss(key, alpha)
+    gen = torch.Generator().manual_seed(_stable_seed("train", seed, k, mi, d))
+    params = [p for p in critic.parameters() if p.requires_grad]
+    opt = torch.optim.Adam(params, lr=lr, foreach=True) if params else None
+    sched = (torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * s / steps)))
+             if opt is not None and steps > 0 else None)
+    trace: list[float] = []
+    diverged = False
+    t0 = time.perf_counter()
+    critic.train()
+    for _ in range(steps if opt is not None else 0):
+        x, y = _sample_groups(k, a_train, d, rho, gen)
+        pos, neg = batch_scores(critic, x, y, a_train)
+        out = loss_fn.from_scores(pos, neg)
+        if not bool(torch.isfinite(out.loss)):
+            diverged = True
+            break
+        if opt is not None:
+            opt.zero_grad(set_to_none=True)
+            out.loss.backward()
+            opt.step()
+            sched.step()
+        trace.append(float(_estimate_from_output(key, out, k, alpha)))
+    return TrainResult(trace=trace, critic=critic, seconds=time.perf_counter() - t0,
+                       diverged=diverged, steps=len(trace), extra={"train_anchors": a_train})
+
+
+@torch.no_grad()
+def evaluate_estimator(
+    estimator: str,
+    critic: nn.Module,
+    K: int,
+    rho: float,
+    d: int,
+    batches: int,
+    seed: int,
+    *,
+    alpha: float | None = None,
+    anchors: int = 128,
+) -> dict[str, Any]:
+    """The estimator's readout on ``batches`` fresh batches (same layout as training).
+
+    Returns ``estimates``/``duals`` (one per batch) and their means and
+    population standard deviations (``estimate``, ``std``, ``dual_estimate``,
+    ``dual_std``)."""
+    key = _check_estimator(estimator)
+    k = _check_k(K)
+    d = _check_dim(d)
+    r = _check_rho(rho)
+    if isinstance(batches, bool) or not isinstance(batches, int) or batches < 1:
+        raise ValueError(f"eval_batches must be an integer >= 1, got {batches!r}")
+    loss_fn = estimator_loss(key, alpha)
+    gen = torch.Generator().manual_seed(_stable_seed("eval", seed, k, r, d))
+    critic.eval()
+    est, dual = [], []
+    for _ in range(batches):
+        x, y = _sample_groups(k, anchors, d, r, gen)
+        pos, neg = batch_scores(critic, x, y, anchors)
+        est.append(float(mi_estimate(key, pos, neg, alpha, loss=loss_fn)))
+        dual.append(float(dual_estimate(pos, neg)))
+    e, du = torch.tensor(est, dtype=torch.float64), torch.tensor(dual, dtype=torch.float64)
+    return {
+        "estimates": est, "duals": dual,
+        "estimate": float(e.mean()), "std": float(e.std(unbiased=False)),
+        "dual_estimate": float(du.mean()), "dual_std": float(du.std(unbiased=False)),
+    }
+
+
+# --------------------------------------------------------------------------- the experiment
+_LIST_KEYS = {"mi_values", "ks", "estimators", "critics", "seeds"}
+
+
+def validate_section(section: dict | None) -> dict:
+    """The ``experiments.mi`` section with defaults filled in; ValueError naming a bad key."""
+    section = dict(section or {})
+    unknown = sorted(set(section) - set(DEFAULT_SECTION))
+    if unknown:
+        raise ValueError(f"unknown key(s) {unknown} in experiments.mi; allowed: {', '.join(DEFAULT_SECTION)}")
+    out = {**DEFAULT_SECTION, **section}
+    for key in _LIST_KEYS:
+        v = out[key]
+        if isinstance(v, (str, int, float)):
+            v = [v]
+        if not isinstance(v, (list, tuple)) or not v:
+            raise ValueError(f"experiments.mi.{key} must be a non-empty list, got {out[key]!r}")
+        out[key] = list(v)
+    out["dim"] = _check_dim(out["dim"], "experiments.mi.dim")
+    out["mi_values"] = [_check_mi(v, "experiments.mi.mi_values") for v in out["mi_values"]]
+    out["ks"] = [_check_k(v, "experiments.mi.ks") for v in out["ks"]]
+    out["estimators"] = [str(e).strip().lower() for e in out["estimators"]]
+    for e in out["estimators"]:
+        if e not in ESTIMATORS:
+            raise ValueError(f"experiments.mi.estimators: {e!r} is not one of {', '.join(ESTIMATORS)}")
+    out["critics"] = [str(c).strip().lower() for c in out["critics"]]
+    for c in out["critics"]:
+        if c not in CRITICS:
+            raise ValueError(f"experiments.mi.critics: {c!r} is not one of {', '.join(CRITICS)}")
+    try:
+        alpha = float(out["eqco_alpha"])
+    except (TypeError, ValueError):
+        alpha = float("nan")
+    if not (math.isfinite(alpha) and alpha > 0):
+        raise ValueError(f"experiments.mi.eqco_alpha must be a positive number, got {out['eqco_alpha']!r}")
+    out["eqco_alpha"] = alpha
+    if out["concat_max_k"] is not None:
+        out["concat_max_k"] = _check_k(out["concat_max_k"], "experiments.mi.concat_max_k")
+    for key in ("hidden", "embed", "layers", "anchors", "max_pairs", "eval_batches", "trace_points", "threads"):
+        v = out[key]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"experiments.mi.{key} must be an integer >= 1, got {v!r}")
+    if isinstance(out["steps"], bool) or not isinstance(out["steps"], int) or out["steps"] < 0:
+        raise ValueError(f"experiments.mi.steps must be an integer >= 0, got {out['steps']!r}")
+    lr = out["lr"]
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not (math.isfinite(lr) and lr > 0):
+        raise ValueError(f"experiments.mi.lr must be a positive number, got {lr!r}")
+    out["lr"] = float(lr)
+    for s in out["seeds"]:
+        if isinstance(s, bool) or not isinstance(s, int) or s < 0:
+            raise ValueError(f"experiments.mi.seeds must be integers >= 0, got {s!r}")
+    out["enabled"] = bool(out["enabled"])
+    return out
+
+
+def _thin(trace: Sequence[float], points: int) -> list[tuple[int, float]]:
+    """``points`` window means of a per-step trace, as ``(last step of window (1-based), mean)``."""
+    n = len(trace)
+    if n == 0:
+        return []
+    w = max(1, math.ceil(n / points))
+    out = []
+    for start in range(0, n, w):
+        chunk = trace[start:start + w]
+        out.append((start + len(chunk), float(sum(chunk) / len(chunk))))
+    return out
+
+
+def grid(section: dict) -> list[dict]:
+    """The rows' keys (estimator, critic, K, true_mi, seed) of a validated section, in run order
+    (the concatenated critic only up to ``concat_max_k`` when that is set)."""
+    out = []
+    for seed in section["seeds"]:
+        for critic in section["critics"]:
+            for k in section["ks"]:
+                if critic == "concat" and section.get("concat_max_k") is not None and k > section["concat_max_k"]:
+                    continue
+                for mi in section["mi_values"]:
+                    for est in section["estimators"]:
+                        out.append({"estimator": est, "critic": critic, "K": k, "true_mi": mi, "seed": seed})
+    return out
+
+
+def run_mi_experiment(
+    section: dict | None,
+    *,
+    log_fn: Callable[[dict, list[tuple[int, float]]], None] | None = None,
+    progress: bool = True,
+) -> list[dict]:
+    """Run the grid of an ``experiments.mi`` section; one row per
+    (estimator, critic, K, true MI, seed).
+
+    Row keys: ``estimator, critic, K, true_mi, seed, dim, rho, alpha`` (EqCo's,
+    else None), ``estimate`` (mean over the final ``eval_batches`` evaluation
+    batches), ``std`` (their population std), ``variance``, ``bias``
+    (estimate - true MI), ``ceiling``, ``dual_estimate``, ``dual_std``,
+    ``train_final`` (mean training estimate over the last 10% of steps; None
+    without training, i.e. for the oracle critic), ``train_anchors``,
+    ``steps``, ``diverged``, ``seconds``.  ``log_fn(row, trace)`` is called
+    after each row with the thinned training trace ``[(step, estimate), ...]``.
+    """
+    sec = validate_section(section)
+    old_threads = torch.get_num_threads()
+    torch.set_num_threads(sec["threads"])
+    rows: list[dict] = []
+    keys = grid(sec)
+    t_all = time.perf_counter()
+    try:
+        for i, key in enumerate(keys, 1):
+            t0 = time.perf_counter()
+            est, critic_name, k, mi, seed = key["estimator"], key["critic"], key["K"], key["true_mi"], key["seed"]
+            d = sec["dim"]
+            rho = rho_for_mi(mi, d)
+            alpha = sec["eqco_alpha"] if est == "eqco" else None
+            res = train_estimator(est, critic_name, k, mi, d, sec["steps"], sec["lr"], seed, alpha=alpha,
+                                  anchors=sec["anchors"], max_pairs=sec["max_pairs"], hidden=sec["hidden"],
+                                  embed=sec["embed"], layers=sec["layers"])
+            ev = evaluate_estimator(est, res.critic, k, rho, d, sec["eval_batches"], seed, alpha=alpha,
+                                    anchors=sec["anchors"])
+            tail = res.trace[-max(1, len(res.trace) // 10):] if res.trace else []
+            row = {
+                **key, "dim": d, "rho": rho, "alpha": alpha,
+                "estimate": ev["estimate"], "std": ev["std"], "variance": ev["std"] ** 2,
+                "bias": ev["estimate"] - mi, "ceiling": mi_ceiling(est, k, alpha),
+                "dual_estimate": ev["dual_estimate"], "dual_std": ev["dual_std"],
+                "train_final": float(sum(tail) / len(tail)) if tail else None,
+                "steps": res.steps, "diverged": res.diverged,
+                "anchors": sec["anchors"], "train_anchors": res.extra["train_anchors"],
+                "hidden": sec["hidden"], "embed": sec["embed"], "layers": sec["layers"], "lr": sec["lr"],
+                "seconds": time.perf_counter() - t0,
+            }
+            rows.append(row)
+            if log_fn is not None:
+                log_fn(row, _thin(res.trace, sec["trace_points"]))
+            if progress:
+                print(f"[mi {i}/{len(keys)}] {est:8s} {critic_name:9s} K={k:<5d} I={mi:g}: "
+                      f"estimate {row['estimate']:.3f} ± {row['std']:.3f} (ceiling {row['ceiling']:.2f}, "
+                      f"dual {row['dual_estimate']:.2f}) {row['seconds']:.1f}s"
+                      f"{' DIVERGED' if res.diverged else ''}", file=sys.stderr, flush=True)
+    finally:
+        torch.set_num_threads(old_threads)
+    if progress:
+        print(f"[mi] {len(rows)} rows in {time.perf_counter() - t_all:.1f}s", file=sys.stderr, flush=True)
+    return rows

@@ -1,0 +1,49 @@
+# Side experiment `experiments.mi`: mutual-information bounds on correlated
+# Gaussians (InfoNCE vs FlatNCE vs EqCo, separable/concatenated/oracle critics,
+# K negatives per anchor).  CPU only, a few minutes; one MLflow run (kind 'mi')
+# per row of the grid.  Switch it on with `experiments: {mi: {enabled: true}}`;
+# every other key of the section is optional (defaults: smallbatch.mi.DEFAULT_SECTION).
+# Needs R, TRACKING_URI, EXPERIMENT, CONDA_ENV from common.smk.
+
+MI_SECTION = dict((config.get("experiments") or {}).get("mi") or {})
+MI_ENABLED = bool(MI_SECTION.get("enabled", False))
+MI_RESULTS = f"{R}/mi/results.json"
+# The report rule adds these to its inputs (empty when the experiment is off).
+MI_OUTPUTS = [MI_RESULTS] if MI_ENABLED else []
+
+
+localrules:
+    mi_config,
+
+
+rule mi_config:
+    # The section as a file; the section is a param, so editing it re-runs mi_bench.
+    output:
+        f"{R}/mi/section.json",
+    params:
+        section=MI_SECTION,
+    run:
+        Path(output[0]).parent.mkdir(parents=True, exist_ok=True)
+        Path(output[0]).write_text(json.dumps(params.section, indent=2, sort_keys=True) + "\n")
+
+
+rule mi_bench:
+    input:
+        section=f"{R}/mi/section.json",
+        store=f"{R}/mlflow.ready",
+    output:
+        MI_RESULTS,
+    params:
+        uri=TRACKING_URI,
+        exp=EXPERIMENT,
+    log:
+        f"{R}/logs/mi/mi_bench.log",
+    threads: int(MI_SECTION.get("threads", 1))
+    resources:
+        mem_mb=2000,
+        runtime=60,
+    conda:
+        CONDA_ENV
+    shell:
+        "smallbatch mi --section {input.section} --out {output} "
+        "--tracking-uri '{params.uri}' --experiment '{params.exp}' > {log} 2>&1"
