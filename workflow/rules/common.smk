@@ -1,5 +1,6 @@
 # Validation, the cell table and helpers shared by all rules.
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -32,6 +33,27 @@ CONDA_ENV = "../../envs/cuda.yaml" if GPU else "../../envs/cpu.yaml"
 wildcard_constraints:
     cell=r"[A-Za-z0-9_.=+/-]+?",
     dataset=r"[a-z0-9_]+",
+
+
+def sync_json(path, obj):
+    """Write ``obj`` as JSON to ``path`` only when the content changes (keeps the mtime
+    otherwise), so a changed cell config makes exactly that cell's outputs out of date.
+    Done while the DAG is built: a `run:` rule per cell would start one Python process
+    (~8 s) per cell."""
+    p = Path(path)
+    text = json.dumps(obj, indent=2, sort_keys=True) + "\n"
+    if p.is_file() and p.read_text() == text:
+        return
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(f".{p.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, p)
+
+
+for _cid, _cell in CELLS.items():
+    sync_json(f"{R}/runs/{_cid}/cell.json", _cell)
+for _bid, _cell in BASELINES.items():
+    sync_json(f"{R}/{_bid}/cell.json", _cell)
 
 
 def cell_of(wildcards):

@@ -66,20 +66,6 @@ rule linear:
         "--tracking-uri '{params.uri}' --experiment '{params.exp}' --threads {threads} > {log} 2>&1"
 
 
-rule baseline_config:
-    output:
-        f"{R}/baselines/{{dataset}}/{{kind}}/cell.json",
-    params:
-        cell_hash=lambda w: BASELINES[f"baselines/{w.dataset}/{w.kind}"]["hash"],
-    run:
-        Path(output[0]).parent.mkdir(parents=True, exist_ok=True)
-        Path(output[0]).write_text(json.dumps(BASELINES[f"baselines/{wildcards.dataset}/{wildcards.kind}"], indent=2, sort_keys=True) + "\n")
-
-
-localrules:
-    baseline_config,
-
-
 rule baseline:
     input:
         cell=f"{R}/baselines/{{dataset}}/{{kind}}/cell.json",
@@ -88,6 +74,7 @@ rule baseline:
     output:
         f"{R}/baselines/{{dataset}}/{{kind}}/result.json",
     params:
+        cell_hash=lambda w: BASELINES[f"baselines/{w.dataset}/{w.kind}"]["hash"],
         uri=TRACKING_URI,
         exp=EXPERIMENT,
     log:

@@ -12,19 +12,10 @@ MI_RESULTS = f"{R}/mi/results.json"
 MI_OUTPUTS = [MI_RESULTS] if MI_ENABLED else []
 
 
-localrules:
-    mi_config,
-
-
-rule mi_config:
-    # The section as a file; the section is a param, so editing it re-runs mi_bench.
-    output:
-        f"{R}/mi/section.json",
-    params:
-        section=MI_SECTION,
-    run:
-        Path(output[0]).parent.mkdir(parents=True, exist_ok=True)
-        Path(output[0]).write_text(json.dumps(params.section, indent=2, sort_keys=True) + "\n")
+if MI_ENABLED:
+    # The section as a file (written while the DAG is built, only when it changes),
+    # so editing the section re-runs mi_bench.
+    sync_json(f"{R}/mi/section.json", MI_SECTION)
 
 
 rule mi_bench:
@@ -34,6 +25,7 @@ rule mi_bench:
     output:
         MI_RESULTS,
     params:
+        section=MI_SECTION,
         uri=TRACKING_URI,
         exp=EXPERIMENT,
     log:

@@ -3,7 +3,6 @@
 
 localrules:
     init_store,
-    cell_config,
 
 
 rule init_store:
@@ -46,18 +45,6 @@ rule prepare_data:
         "{params.size} {params.train} {params.test} --out {output} > {log} 2>&1"
 
 
-rule cell_config:
-    # The resolved settings of one cell; its hash is a param, so changing a
-    # cell's config re-runs exactly the cells it touches.
-    output:
-        f"{R}/runs/{{cell}}/cell.json",
-    params:
-        cell_hash=lambda w: cell_of(w)["hash"],
-    run:
-        Path(output[0]).parent.mkdir(parents=True, exist_ok=True)
-        Path(output[0]).write_text(json.dumps(cell_of(wildcards), indent=2, sort_keys=True) + "\n")
-
-
 rule pretrain:
     input:
         cell=f"{R}/runs/{{cell}}/cell.json",
@@ -66,6 +53,9 @@ rule pretrain:
     output:
         f"{R}/runs/{{cell}}/checkpoint.pt",
     params:
+        # cell.json (written while the DAG is built) carries the settings; the hash
+        # as a param also makes Snakemake's provenance trigger see a changed cell
+        cell_hash=lambda w: cell_of(w)["hash"],
         uri=TRACKING_URI,
         exp=EXPERIMENT,
         out=lambda w: cell_dir(w.cell),
