@@ -5,7 +5,7 @@ uint8 batch and return normalised float32 views:
 
 * 3x32x32 (CIFAR-like), SimCLR recipe at s=0.5: random resized crop (0.08, 1), flip,
   colour jitter (0.4, 0.4, 0.4, 0.1) p=0.8, grayscale p=0.2;
-* 1x16x16 (Fashion-MNIST at 16 px), gray_small recipe: crop (0.2, 1), flip,
+* 1x16x16 (Fashion-MNIST at 16 px), gray_small recipe: crop (0.08, 1), flip,
   brightness/contrast jitter 0.4 p=0.8;
 * optionally 3x96x96 (STL-10-like, ``--stl``): SimCLR recipe with Gaussian blur p=0.5.
 
@@ -27,20 +27,24 @@ import torch
 from smallbatch.augment import AugmentConfig, BatchAugment
 
 
-def _time(fn: Callable[[], torch.Tensor], repeats: int, device: torch.device) -> float:
-    """Median seconds of ``fn`` over ``repeats`` calls after two warm-up calls."""
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def _time(fns: list[Callable[[], torch.Tensor]], repeats: int, device: torch.device) -> list[float]:
+    """Median seconds of each of ``fns`` over ``repeats`` rounds after two warm-up rounds.
+
+    The functions are called in turn within each round, so a change in machine load
+    affects all of them alike.
+    """
+    times: list[list[float]] = [[] for _ in fns]
+    for round_ in range(repeats + 2):
+        for fn, record in zip(fns, times):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            fn()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            if round_ >= 2:
+                record.append(time.perf_counter() - start)
+    return [statistics.median(t) for t in times]
 
 
 def _kornia_pipeline(cfg: AugmentConfig, size: int, channels: int, mean, std) -> torch.nn.Module | None:
@@ -92,14 +96,18 @@ def main(argv: list[str] | None = None) -> None:
         x = torch.randint(0, 256, (args.batch, channels, size, size), generator=gen, dtype=torch.uint8).to(device)
         mean, std = [0.5] * channels, [0.25] * channels
         own = BatchAugment(cfg, size, channels, mean, std)
-        own_s = _time(lambda: own(x, gen), args.repeats, device)
         kornia = _kornia_pipeline(cfg, size, channels, mean, std)
         if kornia is None:
+            (own_s,) = _time([lambda: own(x, gen)], args.repeats, device)
             print(f"{label:28s} {own_s * 1e3:9.2f} {'n/a':>10s} {'(no kornia)':>11s}")
             continue
         kornia = kornia.to(device)
-        with torch.no_grad():
-            kornia_s = _time(lambda: kornia(x.float() / 255.0), args.repeats, device)
+
+        def run_kornia() -> torch.Tensor:
+            with torch.no_grad():
+                return kornia(x.float() / 255.0)
+
+        own_s, kornia_s = _time([lambda: own(x, gen), run_kornia], args.repeats, device)
         print(f"{label:28s} {own_s * 1e3:9.2f} {kornia_s * 1e3:10.2f} {kornia_s / own_s:10.2f}x")
 
 
