@@ -185,6 +185,35 @@ def _check_semantics(cfg: dict) -> None:
         raise ConfigError(f"config key 'augment': {exc}") from None
 
 
+_DATA_DIRS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python", "stl10": "stl10_binary"}
+DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
+
+
+def check_data_roots(cfg: dict) -> None:
+    """Every data set of a validated study has its files under its root (or
+    ``data.download`` is on); otherwise a one-line ConfigError naming the key.
+    The workflow calls this so a wrong root stops ``snakemake -n``, before any job."""
+    if cfg["data"].get("download"):
+        return
+    for name, opts in cfg["datasets"].items():
+        if name == "digits":  # ships inside scikit-learn
+            continue
+        key = f"datasets.{name}.root" if opts.get("root") else "data.root"
+        root = Path(opts.get("root") or cfg["data"]["root"]).expanduser()
+        if name == "fashion_mnist":
+            ok = (root / "FashionMNIST" / "raw").is_dir() or DEBIAN_FASHION_MNIST.is_dir()
+            need = f"{root}/FashionMNIST/raw/ or {DEBIAN_FASHION_MNIST}/ (apt-get install dataset-fashion-mnist)"
+        elif name == "imagefolder":
+            ok = (root / "train").is_dir()
+            need = f"{root}/train/<class>/<image> and {root}/val/<class>/<image>"
+        else:
+            ok = (root / _DATA_DIRS[name]).is_dir()
+            need = f"{root}/{_DATA_DIRS[name]}/"
+        if not ok:
+            raise ConfigError(f"config key '{key}' = '{root}': no {name} files there (expected {need}); "
+                              "fix the root or set data.download: true")
+
+
 def load_config(path: str | Path | None = None, overrides: dict | None = None) -> dict:
     """Read YAML ``path`` (or an empty config), apply ``overrides``, validate."""
     cfg: dict = {}

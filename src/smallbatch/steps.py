@@ -94,6 +94,7 @@ def run_pretrain(cell: dict, out_dir: Path, *, tracking_uri: str | None, experim
     log_fn = run.log if run is not None else None
     try:
         res = train.pretrain(cell, d.pretrain_x, d.mean, d.std, Path(out_dir), log_fn=log_fn,
+                             before_save=run.flush if run is not None else None,
                              device=device or cell.get("device", "auto"), restart=restart, progress=progress)
     except BaseException:
         if run is not None:

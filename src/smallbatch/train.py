@@ -75,10 +75,14 @@ def atomic_save(obj, path: Path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    torch.save(obj, tmp)
-    with open(tmp, "rb") as fh:
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        torch.save(obj, tmp)
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a failed write (disk full, ...) leaves no partial file behind
+        raise
 
 
 def load_checkpoint(path: Path, map_location="cpu") -> dict:
@@ -261,6 +265,7 @@ def pretrain(
     out_dir: Path,
     *,
     log_fn: Callable[[dict, int], None] | None = None,
+    before_save: Callable[[], None] | None = None,
     device: str | torch.device = "auto",
     restart: bool = False,
     progress: bool = True,
@@ -269,6 +274,9 @@ def pretrain(
     """Pretrain the cell's encoder on ``images`` (uint8 N,C,H,W); write checkpoint.pt.
 
     ``log_fn(metrics, step)`` receives per-step metrics (loss, diagnostics, lr, ...).
+    ``before_save()`` runs before every state save (the tracker flushes its buffer
+    there, so the store never lags behind ``state.pt``: a run killed after the
+    save and resumed from it has lost no logged step).
     ``stop_after_steps`` simulates a crash after that many steps (tests) by saving
     nothing extra and raising ``KeyboardInterrupt``.
     """
@@ -345,6 +353,8 @@ def pretrain(
     images = images.to(dev)
 
     def save_state() -> None:
+        if before_save is not None:
+            before_save()
         atomic_save({
             "version": STATE_VERSION, "cell_hash": cell["hash"], "cell_id": cell["id"],
             "model": model.state_dict(), "optimizer": opt.state_dict(),

@@ -9,7 +9,7 @@ from snakemake.utils import validate
 # One-line errors naming the key (ours), then Snakemake's own validation, which
 # also fills the schema's defaults into `config`.
 try:
-    from smallbatch.config import ConfigError, resolve_tracking_uri, validate_config
+    from smallbatch.config import ConfigError, check_data_roots, resolve_tracking_uri, validate_config
     from smallbatch.cells import baseline_cells, expand_cells
 except ImportError as exc:  # pragma: no cover - a user without the package installed
     raise WorkflowError(f"the smallbatch package is not importable ({exc}); run `make install` or `pip install -e .`")
@@ -19,6 +19,10 @@ try:
 except ConfigError as exc:
     raise WorkflowError(f"config error: {exc}") from None
 validate(config, "../schemas/config.schema.yaml")
+try:
+    check_data_roots(config)
+except ConfigError as exc:
+    raise WorkflowError(f"config error: {exc}") from None
 
 R = config["results_dir"]
 TRACKING_URI = resolve_tracking_uri(config)

@@ -1,0 +1,576 @@
+"""Real daemons for the cluster and fault tests: a local MLflow tracking server,
+a single-node SLURM (munge + slurmctld + slurmd on localhost), and helpers to
+run Snakemake and the ``smallbatch`` CLI as subprocesses with hard timeouts.
+
+Nothing here is a mock: the MLflow server is ``mlflow server`` with a SQLite
+backend, SLURM is Debian's slurm-wlm configured by ``.ci/setup-slurm.sh``.
+Every wait has a timeout, so a hung daemon or workflow fails a test instead of
+hanging the suite.  Processes are started in their own session and stopped by
+their own process-group id, never by name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Callable
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+SNAKEFILE = REPO / "Snakefile"
+SMOKE_CONFIG = REPO / "workflow" / "configs" / "smoke.yaml"
+SLURM_PROFILE = REPO / "workflow" / "profiles" / "slurm" / "profile.yaml"
+DEFAULT_PROFILE = REPO / "workflow" / "profiles" / "default"
+SETUP_SLURM = REPO / ".ci" / "setup-slurm.sh"
+BIN = Path(sys.executable).parent  # the venv's bin: python, smallbatch, mlflow, snakemake
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+SLURM_MARK = "# written by smallbatch .ci/setup-slurm.sh"
+
+
+# --------------------------------------------------------------------------- basics
+def env_with_venv(extra: dict | None = None) -> dict:
+    """The environment for subprocesses: the venv's bin first on PATH (SLURM jobs
+    inherit it through ``sbatch --export=ALL`` and run ``python -m snakemake``),
+    one torch thread, no tqdm bars, no inherited tracking URI."""
+    env = dict(os.environ)
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    env.pop("MLFLOW_TRACKING_URI", None)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.setdefault("GIT_PYTHON_REFRESH", "quiet")
+    if extra:
+        env.update(extra)
+    return env
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(pred: Callable[[], bool], timeout: float, what: str, interval: float = 0.2) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def kill_group(proc: subprocess.Popen, sig: int = signal.SIGTERM, grace: float = 10.0) -> None:
+    """Stop a process started with ``start_new_session=True`` and all its children."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=grace)
+
+
+def run(cmd: list[str], *, timeout: float, cwd: Path | None = None, env: dict | None = None,
+        check: bool = False, log: Path | None = None) -> subprocess.CompletedProcess:
+    """Run a command with a hard timeout; on timeout its whole process group is killed
+    and ``TimeoutError`` carries the output's tail.  With ``log`` the output is
+    written there as it comes (and returned as ``stdout`` too)."""
+    fh = open(log, "w") if log else None
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env or env_with_venv(), stdout=fh or subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_group(proc, signal.SIGTERM, grace=10)
+        out = Path(log).read_text() if log else (proc.stdout.read() if proc.stdout else "")
+        raise TimeoutError(f"{' '.join(map(str, cmd[:6]))} ... ran over {timeout:.0f} s; output tail:\n{out[-3000:]}")
+    finally:
+        if fh:
+            fh.close()
+    if log:
+        out = Path(log).read_text()
+    res = subprocess.CompletedProcess(cmd, proc.returncode, out, "")
+    if check and res.returncode != 0:
+        raise AssertionError(f"{' '.join(map(str, cmd))} exited {res.returncode}:\n{out[-4000:]}")
+    return res
+
+
+# --------------------------------------------------------------------------- processes
+def descendants(pid: int) -> list[int]:
+    """All descendant pids of ``pid`` (from /proc; Linux only)."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(d.name))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        for c in children.get(p, []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def find_descendant(root: int, needle: str) -> int | None:
+    """The pid of a Python process below ``root`` whose command line contains
+    ``needle`` (not the shell that Snakemake wraps the command in)."""
+    for p in descendants(root):
+        argv = cmdline(p).split(" ")
+        if Path(argv[0]).name.startswith("python") and needle in " ".join(argv):
+            return p
+    return None
+
+
+# --------------------------------------------------------------------------- configs
+def write_config(path: Path, base: Path | None = SMOKE_CONFIG, **overrides) -> Path:
+    """A study config: ``base`` (the smoke study by default) updated by ``overrides``
+    (top-level keys replaced; nested dicts merged one level)."""
+    cfg = yaml.safe_load(base.read_text()) if base else {}
+    for k, v in overrides.items():
+        if isinstance(v, dict) and isinstance(cfg.get(k), dict):
+            cfg[k] = {**cfg[k], **v}
+        else:
+            cfg[k] = v
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+def snakemake_cmd(workdir: Path, configfile: Path, profile: Path, *extra: str) -> list[str]:
+    """``python -m snakemake`` on the repo's Snakefile, run in ``workdir`` (its own
+    .snakemake/ folder), with ``configfile`` replacing config.yaml."""
+    return [sys.executable, "-m", "snakemake", "--snakefile", str(SNAKEFILE), "--directory", str(workdir),
+            "--configfile", str(configfile), "--workflow-profile", str(profile), *extra]
+
+
+def local_rules() -> set[str]:
+    """Rules the workflow runs on the submitting host (``localrules:`` in workflow/rules)."""
+    names: set[str] = {"all"}
+    for smk in (REPO / "workflow" / "rules").glob("*.smk"):
+        text = smk.read_text()
+        for m in re.finditer(r"^localrules:\s*\n((?:[ \t]+\w+,?\s*\n)+)", text, re.M):
+            names.update(re.findall(r"\w+", m.group(1)))
+        for m in re.finditer(r"^localrules:[ \t]*(\w[\w, \t]*)$", text, re.M):
+            names.update(re.findall(r"\w+", m.group(1)))
+    return names
+
+
+def count_submissions(dry_run_output: str) -> dict[str, int]:
+    """Jobs a cluster executor would submit, from ``snakemake -n`` output: one per
+    group job, plus one per ungrouped job of a rule that is not local."""
+    local = local_rules()
+    groups = len(re.findall(r"^\[[^\]]+\] Group job ", dry_run_output, re.M))
+    top = re.findall(r"^(?:local)?rule (\w+):", dry_run_output, re.M)  # group members are indented
+    ungrouped = [r for r in top if r not in local]
+    return {"group_jobs": groups, "single_jobs": len(ungrouped), "total": groups + len(ungrouped)}
+
+
+# --------------------------------------------------------------------------- MLflow
+class MlflowServer:
+    """``mlflow server`` on 127.0.0.1 with a SQLite backend and an artifact root.
+
+    ``stop()`` and ``start()`` again keep the same port and store (the server
+    "goes away" and "comes back")."""
+
+    def __init__(self, root: Path, port: int | None = None, workers: int = 1):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.port = port or free_port()
+        self.workers = workers
+        self.proc: subprocess.Popen | None = None
+        self.log = self.root / "server.log"
+
+    @property
+    def uri(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def backend(self) -> str:
+        return f"sqlite:///{self.root / 'mlflow.db'}"
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def start(self, timeout: float = 180) -> "MlflowServer":
+        if self.proc is not None and self.proc.poll() is None:
+            return self
+        cmd = [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(self.port),
+               "--workers", str(self.workers), "--backend-store-uri", self.backend,
+               "--artifacts-destination", str(self.root / "artifacts")]
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(cmd, cwd=self.root, env=env_with_venv(), stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+
+        def ready() -> bool:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"mlflow server exited {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
+            return self.healthy()
+
+        try:
+            wait_until(ready, timeout, f"mlflow server on {self.uri}", interval=0.5)
+        except TimeoutError:
+            self.stop()
+            raise
+        return self
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is not None:
+            kill_group(self.proc, sig, grace=15)
+            self.proc = None
+        wait_until(lambda: not self.healthy(), 30, f"mlflow server on {self.uri} to stop")
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def mlflow_runs(uri: str, experiment: str) -> list:
+    """All runs of ``experiment`` at ``uri`` (MLflow client, as the report reads them)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return []
+    return client.search_runs([exp.experiment_id], max_results=10000)
+
+
+# --------------------------------------------------------------------------- SLURM
+class SlurmUnavailable(RuntimeError):
+    """The local SLURM cannot be set up or started here (the reason is the message)."""
+
+
+def _slurm_ok() -> bool:
+    try:
+        out = subprocess.run(["sinfo", "-h", "-n", "localhost", "-o", "%t"], capture_output=True,
+                             text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return out.returncode == 0 and out.stdout.strip().rstrip("*~#") in ("idle", "mix", "alloc")
+
+
+class LocalSlurm:
+    """munged + slurmctld + slurmd on localhost, as configured by .ci/setup-slurm.sh.
+
+    Started by the test session, stopped at its end (only the daemons this object
+    started; a SLURM that was already up is used and left running)."""
+
+    def __init__(self, log_dir: Path):
+        self.log_dir = Path(log_dir)
+        self.started: list[tuple[str, Path]] = []  # (name, pid file)
+
+    def _check_prerequisites(self) -> None:
+        if sys.platform != "linux":
+            raise SlurmUnavailable("the local SLURM needs Linux")
+        if os.geteuid() != 0:
+            raise SlurmUnavailable("starting munged/slurmctld/slurmd needs root")
+        if SETUP_SLURM.exists():  # idempotent: installs only what is missing, rewrites only its own files
+            r = subprocess.run(["bash", str(SETUP_SLURM)], capture_output=True, text=True, timeout=900)
+            if r.returncode != 0:
+                raise SlurmUnavailable(f".ci/setup-slurm.sh failed: {r.stderr.strip()[-500:]}")
+        for exe in ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol"):
+            if not (shutil.which(exe) or Path("/usr/sbin", exe).exists()):
+                raise SlurmUnavailable(f"{exe} is not installed (apt-get install slurm-wlm munge)")
+        conf = Path("/etc/slurm/slurm.conf")
+        if not conf.is_file() or SLURM_MARK not in conf.read_text().splitlines()[0]:
+            raise SlurmUnavailable(f"{conf} was not written by .ci/setup-slurm.sh; not touching this machine's SLURM")
+
+    @staticmethod
+    def _sbin(name: str) -> str:
+        return shutil.which(name) or f"/usr/sbin/{name}"
+
+    def _munge_ok(self) -> bool:
+        try:
+            enc = subprocess.run(["munge", "-n"], capture_output=True, timeout=5)
+            if enc.returncode != 0:
+                return False
+            dec = subprocess.run(["unmunge"], input=enc.stdout, capture_output=True, timeout=5)
+            return dec.returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+
+    def start(self, timeout: float = 90) -> "LocalSlurm":
+        self._check_prerequisites()
+        if _slurm_ok():
+            return self  # somebody's SLURM on this config is already up: use it, leave it
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        if not self._munge_ok():
+            Path("/run/munge").mkdir(parents=True, exist_ok=True)
+            shutil.chown("/run/munge", "munge", "munge")
+            r = subprocess.run(["runuser", "-u", "munge", "--", self._sbin("munged")], capture_output=True,
+                               text=True, timeout=30)
+            if r.returncode != 0:
+                raise SlurmUnavailable(f"munged did not start: {r.stderr.strip()[-300:]}")
+            self.started.append(("munged", Path("/run/munge/munged.pid")))
+            wait_until(self._munge_ok, 20, "munged")
+        for name, args in (("slurmctld", ["-c"]), ("slurmd", ["-N", "localhost"])):
+            pidfile = Path(f"/run/{name}.pid")
+            if pidfile.exists() and _pid_alive(_read_pid(pidfile)):
+                continue
+            r = subprocess.run([self._sbin(name), *args], capture_output=True, text=True, timeout=60)
+            if r.returncode != 0:
+                raise SlurmUnavailable(f"{name} did not start: {r.stderr.strip()[-300:]}")
+            self.started.append((name, pidfile))
+            time.sleep(0.5)
+
+        def node_up() -> bool:
+            if _slurm_ok():
+                return True
+            state = subprocess.run(["sinfo", "-h", "-n", "localhost", "-o", "%t"], capture_output=True,
+                                   text=True, timeout=10).stdout.strip()
+            if state.startswith(("drain", "down")):
+                subprocess.run(["scontrol", "update", "nodename=localhost", "state=resume"],
+                               capture_output=True, timeout=10)
+            return False
+
+        try:
+            wait_until(node_up, timeout, "the SLURM node localhost to become idle", interval=1)
+        except TimeoutError as exc:
+            tail = ""
+            for f in ("/var/log/slurm/slurmctld.log", "/var/log/slurm/slurmd.log"):
+                if Path(f).exists():
+                    tail += f"\n{f}:\n" + "\n".join(Path(f).read_text().splitlines()[-8:])
+            self.stop()
+            raise SlurmUnavailable(f"{exc}{tail}") from None
+        return self
+
+    def stop(self) -> None:
+        for name, pidfile in reversed(self.started):
+            pid = _read_pid(pidfile)
+            if pid and _pid_alive(pid):
+                os.kill(pid, signal.SIGTERM)
+                try:
+                    wait_until(lambda: not _pid_alive(pid), 30, f"{name} to stop")
+                except TimeoutError:
+                    os.kill(pid, signal.SIGKILL)
+        self.started.clear()
+
+    # -- queries ---------------------------------------------------------------
+    @staticmethod
+    def job(jobid: str) -> dict[str, str]:
+        """``scontrol show job`` as a dict (finished jobs stay visible MinJobAge = 300 s)."""
+        out = subprocess.run(["scontrol", "show", "job", "-o", str(jobid)], capture_output=True, text=True,
+                             timeout=10).stdout
+        fields = {}
+        for tok in out.split():
+            if "=" in tok:
+                k, v = tok.split("=", 1)
+                fields[k] = v
+        return fields
+
+    @staticmethod
+    def cancel(jobids: list[str]) -> None:
+        if jobids:
+            subprocess.run(["scancel", *jobids], capture_output=True, timeout=30)
+
+
+def _read_pid(pidfile: Path) -> int | None:
+    try:
+        return int(Path(pidfile).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] == "Z")
+
+
+def slurm_test_profile(dst: Path, logdir: Path, mem_mb: int = 1000) -> Path:
+    """A copy of workflow/profiles/slurm for the single-node test SLURM.
+
+    Changes only what this machine needs: the status command (no accounting
+    here, so ``sacct`` would fail and Snakemake would wait forever), no account,
+    a short first status check, memory requests that fit the node, and log
+    folders under the test's tmp dir.  Groups, GPU requests and the rest are
+    the real profile's."""
+    prof = yaml.safe_load(SLURM_PROFILE.read_text())
+    prof.update({
+        "slurm-status-command": "squeue",
+        "slurm-no-account": True,
+        "slurm-init-seconds-before-status-checks": 2,
+        "slurm-logdir": str(logdir),
+        "slurm-keep-successful-logs": True,
+        "latency-wait": 10,
+    })
+    prof["default-resources"]["mem_mb"] = mem_mb
+    for res in prof.get("set-resources", {}).values():
+        if "mem_mb" in res:
+            res["mem_mb"] = mem_mb
+    dst.mkdir(parents=True, exist_ok=True)
+    (dst / "profile.yaml").write_text(yaml.safe_dump(prof, sort_keys=False))
+    return dst
+
+
+def submitted_slurm_jobs(output: str) -> list[str]:
+    """SLURM job ids from Snakemake's output ("... submitted with SLURM jobid N ...")."""
+    return re.findall(r"submitted with SLURM jobid (\d+)", output)
+
+
+def report_tables(report_dir: Path) -> dict[str, str]:
+    """The CSV tables of a report, by file name."""
+    return {p.name: p.read_text() for p in sorted((Path(report_dir) / "tables").glob("*.csv"))}
+
+
+def json_lines(text: str) -> list[dict]:
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("{") and line.endswith("}"):
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass
+    return out
+
+
+# --------------------------------------------------------------------------- once per session
+_ONCE: dict[str, tuple[bool, object]] = {}
+_BACKGROUND: dict[str, object] = {}
+
+
+def once(key: str, fn: Callable[[], object]):
+    """``fn()`` the first time ``key`` is asked for in this test session, its result
+    (or its exception) every later time: shared by fixtures of several modules.
+    If ``key`` was started with :func:`in_background`, wait for that instead."""
+    if key not in _ONCE:
+        fut = _BACKGROUND.pop(key, None)
+        try:
+            _ONCE[key] = (True, fut.result() if fut is not None else fn())
+        except BaseException as exc:  # noqa: BLE001 - re-raised for every caller
+            _ONCE[key] = (False, exc)
+    ok, val = _ONCE[key]
+    if not ok:
+        raise val  # type: ignore[misc]
+    return val
+
+
+def in_background(key: str, fn: Callable[[], object]) -> None:
+    """Start ``fn()`` in a thread now; a later ``once(key, ...)`` waits for its result.
+    (Two workflows that mostly wait, on SLURM's polling and on process start-up,
+    overlap instead of queueing.)"""
+    if key in _ONCE or key in _BACKGROUND:
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=key)
+    _BACKGROUND[key] = pool.submit(fn)
+    pool.shutdown(wait=False)
+
+
+def get_local_slurm(log_dir: Path) -> LocalSlurm:
+    """The session's local SLURM (started on first use); SlurmUnavailable if it cannot run."""
+    def start() -> LocalSlurm:
+        s = LocalSlurm(log_dir)
+        s.start()
+        import atexit
+
+        atexit.register(s.stop)  # also when pytest is interrupted
+        return s
+
+    return once("slurm", start)
+
+
+def stop_local_slurm() -> None:
+    ok, val = _ONCE.get("slurm", (False, None))
+    if ok:
+        val.stop()
+
+
+def skip_or_fail(reason: str):
+    """Without the daemons a cluster test cannot run: skip, but fail in CI where they must."""
+    import pytest
+
+    if IN_CI:
+        pytest.fail(f"CI must run this test but: {reason}")
+    pytest.skip(reason)
+
+
+def smoke_through_slurm(root: Path, slurm: LocalSlurm, timeout: float = 1500, background: bool = False) -> dict | None:
+    """The smoke study submitted to the local SLURM through (a copy of) the slurm profile.
+    Returns results dir, wall time, Snakemake's output and the SLURM job ids
+    (``background=True``: starts it and returns None; a later call waits for it)."""
+    def go() -> dict:
+        root.mkdir(parents=True, exist_ok=True)
+        cfg = write_config(root / "config.yaml", results_dir=str(root / "results"))
+        prof = slurm_test_profile(root / "profile", logdir=root / "slurm_logs")
+        env = env_with_venv({"SBATCH_PARTITION": "local"})
+        env.pop("SBATCH_ACCOUNT", None)
+        t0 = time.monotonic()
+        try:
+            res = run(snakemake_cmd(root, cfg, prof), cwd=root, env=env, timeout=timeout, log=root / "snakemake.out")
+        except TimeoutError:
+            slurm.cancel(submitted_slurm_jobs((root / "snakemake.out").read_text()))
+            raise
+        wall = time.monotonic() - t0
+        return {"root": root, "results": root / "results", "config": cfg, "profile": prof, "rc": res.returncode,
+                "output": res.stdout, "wall_s": wall, "jobids": submitted_slurm_jobs(res.stdout),
+                "concurrent": background}
+
+    if background:
+        in_background("smoke_slurm", go)
+        return None
+    return once("smoke_slurm", go)
+
+
+def smoke_local(root: Path, tracking_uri: str | None = None, key: str = "smoke_local", timeout: float = 1500) -> dict:
+    """The smoke study on local cores (``--cores 2``, the default profile)."""
+    def go() -> dict:
+        root.mkdir(parents=True, exist_ok=True)
+        over = {"results_dir": str(root / "results")}
+        if tracking_uri:
+            over["tracking_uri"] = tracking_uri
+        cfg = write_config(root / "config.yaml", **over)
+        t0 = time.monotonic()
+        res = run(snakemake_cmd(root, cfg, DEFAULT_PROFILE, "--cores", "2"), cwd=root, timeout=timeout,
+                  log=root / "snakemake.out")
+        wall = time.monotonic() - t0
+        return {"root": root, "results": root / "results", "config": cfg, "rc": res.returncode,
+                "output": res.stdout, "wall_s": wall}
+
+    return once(key, go)

@@ -1,0 +1,319 @@
+"""Faults at the level a user meets them: the workflow, its processes, the
+tracking server and the files on disk.  Each test asserts that nothing
+finished is lost.
+
+(The pretraining loop's own resume/SIGTERM behaviour and the CLI's one-line
+errors are tested in-process in test_train.py / test_cli.py; here real
+Snakemake runs are killed, preempted, and cut off from a real MLflow server.)
+
+One tiny digits cell is trained by every test (small_cnn width 8, batch 16,
+6 epochs: a few seconds of training after a few seconds of start-up).  Its
+uninterrupted reference is one ``smallbatch pretrain`` process; a faulted run
+must end with bitwise the same weights, the same final loss, exactly one
+MLflow run for the cell, and the same per-step loss history (one value per
+step, the values of the reference).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import cluster
+from cluster import BIN, DEFAULT_PROFILE, run, snakemake_cmd, wait_until, write_config
+
+CELL_ID = "digits/infonce/bs16-t0.5-s0"
+EXPERIMENT = "smallbatch-faults"
+SNAKE_TIMEOUT = 420  # s; a hang (e.g. a tracking call that never returns) fails the test
+
+
+def fault_config(path: Path, results: Path, tracking_uri: str | None = None, **extra) -> Path:
+    over = dict(
+        study=EXPERIMENT, results_dir=str(results), tracking_uri=tracking_uri, device="cpu",
+        grid={"losses": ["infonce"], "batch_sizes": [16], "temperatures": [0.5], "seeds": [0]},
+        train={"epochs": 6, "width": 8, "proj_hidden": 32, "proj_dim": 16, "log_every": 5},
+        baselines=False,
+    )
+    over.update(extra)
+    return write_config(path, **over)
+
+
+def weights(path: Path) -> dict[str, torch.Tensor]:
+    return torch.load(path, map_location="cpu", weights_only=False)["model"]
+
+
+def assert_same_weights(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), f"{k} differs from the uninterrupted run"
+
+
+def loss_history(uri: str, experiment: str, cell_id: str = CELL_ID) -> tuple[int, list[tuple[int, float]]]:
+    """(number of runs of the cell, [(step, value)] of train/loss of its run)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name(experiment)
+    runs = client.search_runs([exp.experiment_id], filter_string=f"tags.`smallbatch.cell_id` = '{cell_id}'")
+    if len(runs) != 1:
+        return len(runs), []
+    hist = client.get_metric_history(runs[0].info.run_id, "train/loss")
+    return 1, sorted((m.step, m.value) for m in hist)
+
+
+@pytest.fixture(scope="module")
+def ref(tmp_path_factory):
+    """The data cache (prepared once, copied into every study) and the uninterrupted
+    reference run of the cell: weights, final loss, train/loss history."""
+    root = tmp_path_factory.mktemp("faults_ref")
+    cfg = fault_config(root / "config.yaml", root / "results")
+    cache = root / "digits.pt"
+    run([str(BIN / "smallbatch"), "prepare-data", "--config", str(cfg), "--dataset", "digits", "--out", str(cache)],
+        timeout=300, check=True)
+    uri = f"sqlite:///{root / 'ref.db'}"
+    out = root / "ref"
+    res = run([str(BIN / "smallbatch"), "pretrain", "--config", str(cfg), "--cell-id", CELL_ID, "--data-cache", str(cache),
+               "--out", str(out), "--tracking-uri", uri, "--experiment", EXPERIMENT, "--no-progress"],
+              timeout=300, check=True)
+    summary = cluster.json_lines(res.stdout)[-1]
+    n, hist = loss_history(uri, EXPERIMENT)
+    assert n == 1 and hist, "the reference run logged no loss history"
+    return {"cache": cache, "weights": weights(out / "checkpoint.pt"), "final_loss": summary["final_loss"],
+            "steps": summary["steps"], "history": hist, "config": cfg}
+
+
+def new_study(tmp_path: Path, ref: dict, tracking_uri: str | None = None) -> tuple[Path, Path]:
+    """A study folder with the reference's data cache in place; returns (config, results)."""
+    results = tmp_path / "results"
+    (results / "data" / "cache").mkdir(parents=True)
+    shutil.copy(ref["cache"], results / "data" / "cache" / "digits.pt")
+    uri = tracking_uri or f"sqlite:///{results / 'mlflow.db'}"
+    return fault_config(tmp_path / "config.yaml", results, tracking_uri=uri), results
+
+
+def start_snakemake(tmp_path: Path, cfg: Path, *args: str, log: str = "snakemake.log") -> subprocess.Popen:
+    cmd = snakemake_cmd(tmp_path, cfg, DEFAULT_PROFILE, "--cores", "2", *args)
+    fh = open(tmp_path / log, "w")
+    return subprocess.Popen(cmd, cwd=tmp_path, env=cluster.env_with_venv(), stdout=fh, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def finish(proc: subprocess.Popen, tmp_path: Path, log: str = "snakemake.log", timeout: float = SNAKE_TIMEOUT) -> str:
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        cluster.kill_group(proc, signal.SIGTERM)
+        raise AssertionError(f"snakemake ran over {timeout} s:\n{(tmp_path / log).read_text()[-3000:]}")
+    return (tmp_path / log).read_text()
+
+
+def wait_for_training(proc: subprocess.Popen, results: Path, tmp_path: Path, timeout: float = 240) -> int:
+    """Wait until the cell's pretraining process has saved its first epoch; return its pid."""
+    state = results / "runs" / CELL_ID / "state.pt"
+
+    def ready() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"snakemake ended before training started:\n{(tmp_path / 'snakemake.log').read_text()[-3000:]}")
+        return state.exists()
+
+    wait_until(ready, timeout, f"{state}", interval=0.02)
+    pid = cluster.find_descendant(proc.pid, "smallbatch pretrain")
+    assert pid is not None, "no `smallbatch pretrain` process below snakemake"
+    assert not (results / "runs" / CELL_ID / "checkpoint.pt").exists()
+    return pid
+
+
+def assert_like_reference(results: Path, uri: str, ref: dict) -> None:
+    ckpt = results / "runs" / CELL_ID / "checkpoint.pt"
+    ck = torch.load(ckpt, map_location="cpu", weights_only=False)
+    assert ck["status"] == "finished" and ck["steps"] == ref["steps"]
+    assert ck["final_loss"] == ref["final_loss"]
+    assert_same_weights(ck["model"], ref["weights"])
+    n, hist = loss_history(uri, EXPERIMENT)
+    assert n == 1, f"{n} MLflow runs for {CELL_ID}, expected exactly one"
+    steps = [s for s, _ in hist]
+    assert len(steps) == len(set(steps)), "a step was logged twice"
+    assert hist == ref["history"], (
+        f"train/loss history differs from the uninterrupted run: steps {steps[:3]}..{steps[-3:]} "
+        f"({len(steps)}) vs {[s for s, _ in ref['history']][:3]}.. ({len(ref['history'])})")
+
+
+# --------------------------------------------------------------------------- kill / preempt
+@pytest.mark.slow
+def test_sigkill_of_the_whole_workflow_mid_epoch_then_rerun_resumes(tmp_path, ref):
+    """The machine dies: Snakemake and its pretraining job get SIGKILL mid-epoch.
+    A rerun (after `--unlock`) resumes from state.pt and ends like the reference."""
+    cfg, results = new_study(tmp_path, ref)
+    uri = f"sqlite:///{results / 'mlflow.db'}"
+    target = str(results / "runs" / CELL_ID / "checkpoint.pt")
+    proc = start_snakemake(tmp_path, cfg, target)
+    try:
+        wait_for_training(proc, results, tmp_path)
+        time.sleep(0.3)  # into the second epoch
+    finally:
+        cluster.kill_group(proc, signal.SIGKILL)
+    state = torch.load(results / "runs" / CELL_ID / "state.pt", map_location="cpu", weights_only=False)
+    assert 0 < state["step"] < ref["steps"]
+    assert not Path(target).exists(), "the killed job left a checkpoint.pt"
+    run(snakemake_cmd(tmp_path, cfg, DEFAULT_PROFILE, "--unlock"), cwd=tmp_path, timeout=120, check=True)
+    res = run(snakemake_cmd(tmp_path, cfg, DEFAULT_PROFILE, "--cores", "2", target), cwd=tmp_path,
+              timeout=SNAKE_TIMEOUT, check=True)
+    log = (results / "logs" / "pretrain" / f"{CELL_ID}.log").read_text()
+    assert f"resuming {CELL_ID} from step {state['step']}/{ref['steps']}" in log, res.stdout[-2000:]
+    assert_like_reference(results, uri, ref)
+
+
+@pytest.mark.slow
+def test_sigterm_preempted_job_exits_143_and_snakemake_retry_finishes_it(tmp_path, ref):
+    """SLURM's preemption / time-limit signal: the job saves its state, exits 143
+    at once, and the profile's `retries` runs it again, resuming."""
+    cfg, results = new_study(tmp_path, ref)
+    uri = f"sqlite:///{results / 'mlflow.db'}"
+    target = str(results / "runs" / CELL_ID / "checkpoint.pt")
+    proc = start_snakemake(tmp_path, cfg, target)
+    try:
+        pid = wait_for_training(proc, results, tmp_path)
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        os.kill(pid, signal.SIGTERM)
+        wait_until(lambda: not cluster._pid_alive(pid), 15, "the pretraining process to exit after SIGTERM")
+        stop_s = time.monotonic() - t0
+        out = finish(proc, tmp_path)
+    finally:
+        cluster.kill_group(proc, signal.SIGKILL)
+    assert proc.returncode == 0, out[-3000:]
+    assert stop_s < 10, f"took {stop_s:.1f} s to stop after SIGTERM"
+    assert "exit status 143" in out, "the first attempt did not exit 143"  # Snakemake reports the failed attempt
+    assert "Trying to restart job" in out, out[-3000:]
+    log = (results / "logs" / "pretrain" / f"{CELL_ID}.log").read_text()
+    assert f"resuming {CELL_ID} from step" in log
+    assert_like_reference(results, uri, ref)
+
+
+# --------------------------------------------------------------------------- tracking server
+@pytest.mark.slow
+def test_mlflow_server_goes_away_mid_study_then_rerun_completes_without_duplicates(tmp_path, ref):
+    server = cluster.MlflowServer(tmp_path / "server").start()
+    try:
+        cfg, results = new_study(tmp_path, ref, tracking_uri=server.uri)
+        target = str(results / "runs" / CELL_ID / "checkpoint.pt")
+        proc = start_snakemake(tmp_path, cfg, target, "--retries", "0")
+        try:
+            wait_for_training(proc, results, tmp_path)
+            server.stop(signal.SIGKILL)  # the server dies while the cell trains
+            out = finish(proc, tmp_path)
+        finally:
+            cluster.kill_group(proc, signal.SIGKILL)
+        assert proc.returncode != 0, "the study finished although its tracking server was gone"
+        last = (results / "logs" / "pretrain" / f"{CELL_ID}.log").read_text().strip().splitlines()[-1]
+        assert last.startswith(f"smallbatch: error: MLflow tracking store {server.uri} failed while "), last
+        assert "Traceback" not in (results / "logs" / "pretrain" / f"{CELL_ID}.log").read_text()
+        server.start()  # same port, same store
+        run(snakemake_cmd(tmp_path, cfg, DEFAULT_PROFILE, "--cores", "2", target), cwd=tmp_path,
+            timeout=SNAKE_TIMEOUT, check=True)
+        assert_like_reference(results, server.uri, ref)
+    finally:
+        server.stop()
+
+
+# --------------------------------------------------------------------------- disk artefacts
+@pytest.mark.slow
+def test_truncated_checkpoint_in_a_study_fails_its_step_naming_the_file(tmp_path, ref):
+    """A checkpoint.pt cut short (a copy interrupted, a full disk in another tool)
+    is not taken for a finished one: the step reading it fails, naming the file."""
+    cfg, results = new_study(tmp_path, ref, tracking_uri="none")
+    run([str(BIN / "smallbatch"), "cells", "--config", str(cfg), "--write"], timeout=120, check=True)
+    (results / "mlflow.ready").write_text("none\n")
+    ckpt = results / "runs" / CELL_ID / "checkpoint.pt"
+    blob = (ref["config"].parent / "ref" / "checkpoint.pt").read_bytes()
+    ckpt.write_bytes(blob[: len(blob) // 2])
+    later = time.time() + 5  # newer than every input, so Snakemake has no reason to retrain
+    os.utime(ckpt, (later, later))
+    res = run(snakemake_cmd(tmp_path, cfg, DEFAULT_PROFILE, "--cores", "1", "--retries", "0",
+                            str(results / "runs" / CELL_ID / "features.npz")), cwd=tmp_path, timeout=SNAKE_TIMEOUT)
+    assert res.returncode != 0, res.stdout[-2000:]
+    assert "rule pretrain:" not in res.stdout, "Snakemake retrained instead of reading the checkpoint"
+    log = (results / "logs" / "embed" / f"{CELL_ID}.log").read_text().strip().splitlines()
+    assert log[-1].startswith("smallbatch: error: checkpoint ") and str(ckpt) in log[-1], log[-3:]
+    assert "corrupt or truncated" in log[-1]
+    assert not (results / "runs" / CELL_ID / "features.npz").exists()
+
+
+class _Explodes:
+    """Pickling this raises: a write that dies half way (disk full, a kill)."""
+
+    def __reduce__(self):
+        raise OSError("disk full (simulated half-way through the write)")
+
+
+def test_partial_writes_never_replace_a_finished_file(tmp_path):
+    """The file writers write to a temp file and rename: a write that fails half way
+    leaves the finished file as it was (and a new file absent), never a truncated one."""
+    from smallbatch import data, train
+
+    ckpt = tmp_path / "checkpoint.pt"
+    train.atomic_save({"model": {"w": torch.arange(10.0)}}, ckpt)
+    before = ckpt.read_bytes()
+    big = torch.randn(256, 1024)  # written into the zip before the failing entry
+    with pytest.raises(OSError, match="disk full"):
+        train.atomic_save({"model": {"w": big}, "extra": _Explodes()}, ckpt)
+    assert ckpt.read_bytes() == before
+    assert torch.equal(train.load_checkpoint(ckpt)["model"]["w"], torch.arange(10.0))
+    fresh = tmp_path / "new" / "state.pt"
+    with pytest.raises(OSError, match="disk full"):
+        train.atomic_save({"model": {"w": big}, "extra": _Explodes()}, fresh)
+    assert not fresh.exists()
+    leftovers = [p.name for p in tmp_path.rglob("*") if p.is_file() and p.name not in ("checkpoint.pt",)]
+    assert leftovers == [], f"temp files left behind: {leftovers}"
+
+    d = data.load_dataset("digits", None)
+    cache = tmp_path / "cache.pt"
+    data.save_cache(d, cache)
+    before = cache.read_bytes()
+    d.meta["boom"] = _Explodes()
+    with pytest.raises(OSError, match="disk full"):
+        data.save_cache(d, cache)
+    assert cache.read_bytes() == before
+
+
+# --------------------------------------------------------------------------- bad config
+BAD_CONFIGS = {
+    "unknown loss": ({"grid": {"losses": ["infonse"]}}, ["infonse", "grid.losses"]),
+    "batch size 1": ({"grid": {"batch_sizes": [1]}}, ["grid.batch_sizes", "1"]),
+    "temperature 0": ({"grid": {"temperatures": [0.0]}}, ["grid.temperatures", "0"]),
+    "negative temperature": ({"grid": {"temperatures": [-0.5]}}, ["grid.temperatures", "-0.5"]),
+    "unknown dataset": ({"datasets": {"mnist": {}}}, ["mnist", "datasets"]),
+    "negative epochs": ({"train": {"epochs": -1}}, ["train.epochs", "-1"]),
+    "typo'd key": ({"train": {"widht": 8}}, ["train.widht", "width"]),
+    "missing data root": ({"datasets": {"cifar10": {"root": "/nonexistent/cifar"}}}, ["cifar10", "/nonexistent/cifar"]),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_CONFIGS))
+def test_bad_config_fails_the_dry_run_before_any_job(tmp_path, name):
+    over, names = BAD_CONFIGS[name]
+    results = tmp_path / "results"
+    base = {"results_dir": str(results), "study": "bad"}
+    for k, v in over.items():
+        base[k] = v
+    cfg = write_config(tmp_path / "bad.yaml", **base)
+    if name == "missing data root":  # only cifar10 then, so nothing else could run first
+        import yaml
+
+        c = yaml.safe_load(cfg.read_text())
+        c["datasets"] = over["datasets"]
+        cfg.write_text(yaml.safe_dump(c))
+    res = run(snakemake_cmd(tmp_path, cfg, DEFAULT_PROFILE, "-n"), cwd=tmp_path, timeout=120)
+    assert res.returncode != 0, res.stdout[-2000:]
+    lines = [ln for ln in res.stdout.splitlines() if ln.startswith("config error: ")]
+    assert len(lines) == 1, res.stdout[-2000:]
+    for n in names:
+        assert n in lines[0], lines[0]
+    assert not results.exists(), "a job ran (or wrote) before the config was rejected"

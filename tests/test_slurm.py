@@ -1,0 +1,232 @@
+"""The SLURM profile (workflow/profiles/slurm), dry and for real.
+
+Dry: Snakemake accepts the profile with the installed snakemake-executor-plugin-slurm,
+GPU steps ask for a GPU and CPU steps for none, partition/account come from the
+environment, and grouping turns four jobs per cell into one.
+
+Real: a single-node SLURM (Debian's slurm-wlm + munge, started by this session
+on localhost, see tests/cluster.py and .ci/setup-slurm.sh) runs the smoke study:
+every job that is not a `localrule` is a SLURM job, pretraining jobs are granted
+a GPU, the report is built.  A pretraining job signalled like a preempted or
+timed-out SLURM job resumes on Snakemake's retry.
+
+Without root or without the packages, the real tests skip with the reason
+(in CI, where the daemons must run, they fail instead).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+import cluster
+from cluster import SLURM_PROFILE, SlurmUnavailable, run, snakemake_cmd, write_config
+
+
+def _smoke_shape(cfg: Path) -> tuple[int, int]:
+    """(cells, baselines) of a config, from the package's own expansion."""
+    from smallbatch.cells import baseline_cells, expand_cells
+    from smallbatch.config import load_config
+
+    c = load_config(cfg)
+    return len(expand_cells(c)), len(baseline_cells(c))
+
+
+def dry_run(tmp_path: Path, profile: Path, env: dict | None = None, config: Path | None = None) -> str:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    cfg = config or write_config(tmp_path / "config.yaml", results_dir=str(tmp_path / "results"))
+    res = run(snakemake_cmd(tmp_path, cfg, profile, "-n"), cwd=tmp_path, env=cluster.env_with_venv(env), timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:]
+    return res.stdout
+
+
+def job_resources(dry: str) -> dict[str, list[str]]:
+    """rule -> the `resources:` lines of its jobs in a dry run."""
+    out: dict[str, list[str]] = {}
+    rule = None
+    for line in dry.splitlines():
+        m = re.match(r"^\s*(?:local)?rule (\w+):", line)
+        if m:
+            rule = m.group(1)
+        elif rule and line.strip().startswith("resources:"):
+            out.setdefault(rule, []).append(line.strip())
+    return out
+
+
+def res_value(line: str, key: str) -> str | None:
+    m = re.search(rf"(?:^resources: |, ){key}=([^,]*)", line)
+    return m.group(1) if m else None
+
+
+# --------------------------------------------------------------------------- the profile, dry
+def test_profile_has_no_hard_coded_account_or_partition():
+    prof = yaml.safe_load(SLURM_PROFILE.read_text())
+    assert prof["executor"] == "slurm"
+    dr = prof["default-resources"]
+    for key, var in (("slurm_partition", "SBATCH_PARTITION"), ("slurm_account", "SBATCH_ACCOUNT")):
+        assert f"environ.get('{var}'" in str(dr[key]), f"{key} must come from ${var}, not {dr[key]!r}"
+    assert {"runtime", "mem_mb"} <= set(dr)
+    sr = prof["set-resources"]
+    assert sr["pretrain"]["gpu"] == 1
+    for rule in ("knn", "linear", "report", "baseline"):
+        assert sr[rule]["gpu"] == 0, rule
+    assert set(prof["groups"]) == {"pretrain", "embed", "knn", "linear"}
+
+
+def test_dry_run_requests_gpus_only_for_gpu_steps_and_takes_partition_from_env(tmp_path):
+    dry = dry_run(tmp_path, SLURM_PROFILE.parent, env={"SBATCH_PARTITION": "gpu-test", "SBATCH_ACCOUNT": "proj-test"})
+    res = job_resources(dry)
+    want_gpu = {"pretrain": "1", "embed": "1", "knn": "0", "linear": "0", "report": "0", "baseline": "0",
+                "prepare_data": "0"}
+    for rule, gpu in want_gpu.items():
+        assert rule in res, f"no {rule} job in the dry run"
+        for line in res[rule]:
+            assert res_value(line, "gpu") == gpu, f"{rule}: {line}"
+            assert res_value(line, "slurm_partition") == "gpu-test", line
+            assert res_value(line, "slurm_account") == "proj-test", line
+    # a time-limit retry asks for more time: runtime scales with the attempt
+    assert all(res_value(line, "runtime") == "240" for line in res["pretrain"])
+    # without the variables the plugin chooses (empty = the cluster's default partition)
+    dry2 = dry_run(tmp_path / "noenv", SLURM_PROFILE.parent, env={"SBATCH_PARTITION": "", "SBATCH_ACCOUNT": ""})
+    for line in job_resources(dry2)["pretrain"]:
+        assert res_value(line, "slurm_partition") == "", line
+
+
+def test_grouping_submits_one_job_per_cell(tmp_path):
+    """Measured with `snakemake -n`: the profile's groups bundle pretrain, embed,
+    kNN and linear of a cell into one SLURM job."""
+    cfg = write_config(tmp_path / "config.yaml", results_dir=str(tmp_path / "results"))
+    n_cells, n_base = _smoke_shape(cfg)
+    grouped = cluster.count_submissions(dry_run(tmp_path / "g", SLURM_PROFILE.parent, config=cfg))
+    prof = yaml.safe_load(SLURM_PROFILE.read_text())
+    prof.pop("groups"), prof.pop("group-components")
+    (tmp_path / "nogroups").mkdir()
+    (tmp_path / "nogroups" / "profile.yaml").write_text(yaml.safe_dump(prof))
+    ungrouped = cluster.count_submissions(dry_run(tmp_path / "u", tmp_path / "nogroups", config=cfg))
+    print(f"\nsmoke study ({n_cells} cells): {ungrouped['total']} SLURM jobs without grouping, "
+          f"{grouped['total']} with the profile's groups")
+    other = grouped["single_jobs"]  # data preparation, baselines, report, ...: not grouped
+    assert other >= 1 + n_base + 1
+    assert ungrouped == {"group_jobs": 0, "single_jobs": 4 * n_cells + other, "total": 4 * n_cells + other}
+    assert grouped == {"group_jobs": n_cells, "single_jobs": other, "total": n_cells + other}
+
+
+# --------------------------------------------------------------------------- a real SLURM
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory):
+    try:
+        s = cluster.get_local_slurm(tmp_path_factory.mktemp("slurm_daemons"))
+    except SlurmUnavailable as exc:
+        cluster.skip_or_fail(f"no local SLURM: {exc}")
+    yield s
+    cluster.stop_local_slurm()
+
+
+@pytest.fixture(scope="session")
+def smoke_slurm(tmp_path_factory, slurm):
+    return cluster.smoke_through_slurm(tmp_path_factory.mktemp("smoke_slurm"), slurm)
+
+
+@pytest.mark.slow
+def test_smoke_study_runs_as_slurm_jobs_and_builds_the_report(smoke_slurm, slurm, tmp_path):
+    r = smoke_slurm
+    print(f"\nsmoke study through the local SLURM: {r['wall_s']:.0f} s wall, {len(r['jobids'])} SLURM jobs"
+          + (" (alongside the HTTP smoke run)" if r.get("concurrent") else ""))
+    assert r["rc"] == 0, r["output"][-4000:]
+    results = r["results"]
+    assert (results / "report" / "index.md").is_file()
+    assert list((results / "report" / "tables").glob("*.csv"))
+    # every job that is not a localrule went through sbatch: as many SLURM jobs as the dry run plans
+    n_cells, n_base = _smoke_shape(r["config"])
+    planned = cluster.count_submissions(r["output"])  # the jobs Snakemake scheduled, grouped
+    assert planned["group_jobs"] == n_cells
+    assert len(r["jobids"]) == planned["total"], r["output"][-3000:]
+    local_only = re.findall(r"^localrule (\w+):", r["output"], re.M)
+    assert set(local_only) <= cluster.local_rules(), local_only
+    # what SLURM says about them (kept MinJobAge = 300 s after they end)
+    kinds: dict[str, str] = {}
+    for m in re.finditer(r"submitted with SLURM jobid (\d+) \(log: ([^)]+)\)", r["output"]):
+        rel = Path(m.group(2)).relative_to(r["root"] / "slurm_logs")
+        kinds[m.group(1)] = rel.parts[0]  # group_cell_embed_knn_linear_pretrain | rule_report | ...
+    asked_gpu = []
+    for jid in r["jobids"]:
+        job = slurm.job(jid)
+        if not job:
+            continue  # aged out of slurmctld (a very slow machine): the Snakemake result above stands
+        assert job["JobState"] == "COMPLETED", (jid, job.get("JobState"), kinds.get(jid))
+        assert job["NodeList"] == "localhost" and job["Partition"] == "local"
+        request = job.get("TresPerJob", "")  # what was asked for, e.g. gres:gpu:1
+        if kinds[jid].startswith("group_cell"):
+            assert request == "gres:gpu:1", (jid, kinds[jid], request)
+            asked_gpu.append(jid)
+        else:
+            assert "gpu" not in request, (jid, kinds[jid], request)
+    assert asked_gpu, "no cell job was seen asking for a GPU"
+    # every cell's MLflow run (local SQLite store on this shared file system) is finished
+    from smallbatch.tracking import TAG_KIND, TAG_STATUS
+
+    runs = [run_ for run_ in cluster.mlflow_runs(f"sqlite:///{results / 'mlflow.db'}", "smallbatch-smoke")
+            if run_.data.tags.get(TAG_KIND) in ("cell", "baseline")]
+    assert len(runs) == n_cells + n_base
+    assert {run_.data.tags[TAG_STATUS] for run_ in runs} == {"finished"}
+
+
+@pytest.mark.slow
+def test_preempted_slurm_job_resumes_on_retry(tmp_path, slurm):
+    """SIGTERM to the running job, as SLURM sends at a time limit or preemption:
+    the pretraining saves its state and exits 143, the job fails, Snakemake's
+    retry submits it again and it resumes from state.pt."""
+    cell = "digits/infonce/bs16-t0.5-s0"
+    results = tmp_path / "results"
+    cfg = write_config(tmp_path / "config.yaml", results_dir=str(results), study="slurm-preempt",
+                       grid={"losses": ["infonce"], "batch_sizes": [16], "temperatures": [0.5], "seeds": [0]},
+                       train={"epochs": 8, "width": 8, "proj_hidden": 32, "proj_dim": 16, "log_every": 5},
+                       baselines=False)
+    prof = cluster.slurm_test_profile(tmp_path / "profile", logdir=tmp_path / "slurm_logs")
+    env = cluster.env_with_venv({"SBATCH_PARTITION": "local"})
+    target = str(results / "runs" / cell / "checkpoint.pt")
+    log = tmp_path / "snakemake.out"
+    fh = open(log, "w")
+    proc = subprocess.Popen(snakemake_cmd(tmp_path, cfg, prof, target), cwd=tmp_path, env=env, stdout=fh,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    state = results / "runs" / cell / "state.pt"
+    try:
+        cluster.wait_until(lambda: state.exists() or proc.poll() is not None, 600, "the first state.pt", 0.05)
+        assert proc.poll() is None, log.read_text()[-3000:]
+        jobs = cluster.submitted_slurm_jobs(log.read_text())
+        assert jobs, log.read_text()[-3000:]
+        jid = jobs[-1]
+        assert slurm.job(jid).get("JobState") == "RUNNING"
+        subprocess.run(["scancel", "--signal=TERM", "--full", jid], check=True, timeout=30)
+        proc.wait(timeout=900)
+    except subprocess.TimeoutExpired:
+        cluster.kill_group(proc)
+        slurm.cancel(cluster.submitted_slurm_jobs(log.read_text()))
+        raise AssertionError(f"snakemake did not finish after the preemption:\n{log.read_text()[-3000:]}")
+    finally:
+        fh.close()
+        if proc.poll() is None:
+            cluster.kill_group(proc)
+    out = log.read_text()
+    assert proc.returncode == 0, out[-4000:]
+    jobs = cluster.submitted_slurm_jobs(out)
+    assert jid in jobs and len(jobs) >= 3, jobs  # prepare_data, the signalled group job, its retry
+    assert slurm.job(jid).get("JobState") in ("FAILED", "CANCELLED", ""), slurm.job(jid)
+    plog = (results / "logs" / "pretrain" / f"{cell}.log").read_text()
+    assert f"resuming {cell} from step" in plog
+    from smallbatch import tracking
+
+    uri = f"sqlite:///{results / 'mlflow.db'}"
+    assert tracking.count_cell_runs(uri, "slurm-preempt", cell) == 1
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    (run_,) = cluster.mlflow_runs(uri, "slurm-preempt")
+    steps = [m.step for m in client.get_metric_history(run_.info.run_id, "train/loss")]
+    total = int(__import__("torch").load(target, weights_only=False)["steps"])
+    assert sorted(steps) == sorted(set(steps)) == sorted(set(list(range(5, total + 1, 5)) + [total])), \
+        "the loss history has gaps or duplicates after the preemption"
