@@ -29,7 +29,7 @@ if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! comm
   fi
   echo "setup-slurm: installing slurm-wlm and munge" >&2
   apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slurm-wlm munge >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null
 fi
 
 # ---- munge: key readable only by the munge user, run dir owned by munge
