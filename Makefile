@@ -30,9 +30,9 @@ data:
 study: install data
 	@dl=""; if [ ! -d /usr/share/datasets/fashion-mnist ] && [ ! -d results/data/FashionMNIST/raw ]; then \
 		echo "Debian's dataset-fashion-mnist is not installed: torchvision will download Fashion-MNIST"; \
-		dl="data={root: results/data, download: true}"; fi; \
-	$(BIN)/python -m snakemake --snakefile Snakefile --configfile $(CONFIG) --workflow-profile workflow/profiles/default \
-		--cores $(CORES) $${dl:+--config "$$dl"} $(SNAKE_ARGS)
+		dl="workflow/configs/download.yaml"; fi; \
+	$(BIN)/python -m snakemake --snakefile Snakefile --configfile $(CONFIG) $$dl --workflow-profile workflow/profiles/default \
+		--cores $(CORES) $(SNAKE_ARGS)
 	@echo "report: $$(pwd)/results/report/index.md   (browse runs: mlflow ui --backend-store-uri sqlite:///results/mlflow.db)"
 
 smoke: install
