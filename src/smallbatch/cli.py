@@ -162,11 +162,11 @@ def cmd_cells(args) -> int:
     cells = expand_cells(cfg)
     base = baseline_cells(cfg)
     if args.write:
-        from .steps import _atomic_json
+        from .steps import write_json_atomic
 
         for cid, cell in {**cells, **base}.items():
             path = Path(cfg["results_dir"]) / ("runs" if not cid.startswith("baselines/") else "") / cid / "cell.json"
-            _atomic_json(cell, path)
+            write_json_atomic(cell, path)
     for cid, cell in cells.items():
         print(f"{cid}\t{cell['hash']}\tK={cell['negatives']}")
     if args.baselines:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -72,14 +71,6 @@ def row_params(section: dict, row: dict) -> dict[str, str]:
     return params
 
 
-def _atomic_json(obj: Any, path: Path) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n")
-    os.replace(tmp, path)
-
-
 def _json_safe(v: Any) -> Any:
     if isinstance(v, float) and v != v:  # NaN
         return None
@@ -115,7 +106,9 @@ def run_mi_step(section: dict | None, out_path: str | Path, tracking_uri: str | 
         "rows": [{k: _json_safe(v) for k, v in r.items()} | {"cell_id": cell_id(r)} for r in rows],
         "seconds": time.perf_counter() - t0,
     }
-    _atomic_json(result, Path(out_path))
+    from .steps import write_json_atomic
+
+    write_json_atomic(result, Path(out_path), allow_nan=False)
     if progress:
         print(f"[mi] wrote {len(rows)} rows to {out_path}", file=sys.stderr, flush=True)
     return result

@@ -17,11 +17,13 @@ from pathlib import Path
 from .cells import flat_params
 
 
-def _atomic_json(obj: dict, path: Path) -> None:
+def write_json_atomic(obj, path: Path, allow_nan: bool = True) -> None:
+    """Write ``obj`` as JSON to ``path`` via a temporary file and ``os.replace``, so a
+    crash never leaves a half-written file that looks finished."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=float) + "\n")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=float, allow_nan=allow_nan) + "\n")
     os.replace(tmp, path)
 
 
@@ -175,7 +177,7 @@ def run_probe(kind: str, cell: dict, features: Path, out: Path, *, tracking_uri:
     tr_f, tr_y, te_f, te_y, meta = evaluate.load_features(features)
     if meta.get("status") == "diverged":
         result = {"status": "diverged", "cell_id": cell["id"]}
-        _atomic_json(result, out)
+        write_json_atomic(result, out)
         return result
     t0 = time.perf_counter()
     metrics = _eval_on_features(kind, cell, (tr_f, tr_y, te_f, te_y))
@@ -190,7 +192,7 @@ def run_probe(kind: str, cell: dict, features: Path, out: Path, *, tracking_uri:
         run.flush()
         _maybe_finish(run)
     result = {"status": "finished", "cell_id": cell["id"], **numeric}
-    _atomic_json(result, out)
+    write_json_atomic(result, out)
     return result
 
 
@@ -236,6 +238,6 @@ def run_baseline(cell: dict, out: Path, *, tracking_uri: str | None, experiment:
         run.log(numeric, 0)
         run.set_status("finished")
     result = {"status": "finished", "cell_id": cell["id"], **numeric}
-    _atomic_json(result, out)
+    write_json_atomic(result, out)
     print(json.dumps(result), file=sys.stderr)
     return result

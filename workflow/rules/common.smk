@@ -1,6 +1,5 @@
 # Validation, the cell table and helpers shared by all rules.
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -11,6 +10,7 @@ from snakemake.utils import validate
 try:
     from smallbatch.config import ConfigError, check_data_roots, resolve_tracking_uri, validate_config
     from smallbatch.cells import baseline_cells, expand_cells
+    from smallbatch.steps import write_json_atomic
 except ImportError as exc:  # pragma: no cover - a user without the package installed
     raise WorkflowError(f"the smallbatch package is not importable ({exc}); run `make install` or `pip install -e .`")
 
@@ -45,13 +45,9 @@ def sync_json(path, obj):
     Done while the DAG is built: a `run:` rule per cell would start one Python process
     (~8 s) per cell."""
     p = Path(path)
-    text = json.dumps(obj, indent=2, sort_keys=True) + "\n"
-    if p.is_file() and p.read_text() == text:
+    if p.is_file() and p.read_text() == json.dumps(obj, indent=2, sort_keys=True, default=float) + "\n":
         return
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(f".{p.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, p)
+    write_json_atomic(obj, p)
 
 
 for _cid, _cell in CELLS.items():
