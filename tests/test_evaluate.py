@@ -350,3 +350,13 @@ def test_save_features_rejects_bad_input(tmp_path: Path) -> None:
 def test_importing_evaluate_does_not_import_faiss() -> None:
     code = "import sys, smallbatch.evaluate; sys.exit('faiss' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_status_features_file_round_trips_meta_with_no_rows(tmp_path):
+    from smallbatch import evaluate as ev
+
+    path = ev.save_status_features(tmp_path / "f.npz", {"status": "diverged", "cell_id": "x"})
+    fs = ev.load_features(path)
+    assert fs.train_f.shape == (0, 1) and fs.test_y.shape == (0,)
+    assert fs.meta == {"status": "diverged", "cell_id": "x"}
+    assert not list(tmp_path.glob(".*tmp"))

@@ -193,6 +193,25 @@ def save_features(
         meta_json = json.dumps(meta or {}, sort_keys=True)
     except TypeError as exc:
         raise ValueError(f"meta must be JSON-serialisable: {exc}") from exc
+    return _write_features(path, tr, ytr, te, yte, meta_json)
+
+
+def save_status_features(path: str | Path, meta: dict) -> Path:
+    """Write a features file with no rows, only ``meta`` (e.g. ``{"status": "diverged"}``).
+
+    A diverged cell has no features, but its ``embed`` step still has an output, in the
+    same layout, so :func:`load_features` reads it and the probes record the status.
+    """
+    try:
+        meta_json = json.dumps(meta, sort_keys=True)
+    except TypeError as exc:
+        raise ValueError(f"meta must be JSON-serialisable: {exc}") from exc
+    empty_f, empty_y = np.zeros((0, 1), np.float32), np.zeros(0, np.int64)
+    return _write_features(Path(path), empty_f, empty_y, empty_f, empty_y, meta_json)
+
+
+def _write_features(path: Path, tr, ytr, te, yte, meta_json: str) -> Path:
+    """Atomic write: a temporary file in the same folder, fsync, then ``os.replace``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:

@@ -27,17 +27,6 @@ def write_json_atomic(obj, path: Path, allow_nan: bool = True) -> None:
     os.replace(tmp, path)
 
 
-def _atomic_npz(path: Path, **arrays) -> None:
-    import numpy as np
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as fh:
-        np.savez(fh, **arrays)
-    os.replace(tmp, path)
-
-
 def _threads(cell: dict) -> None:
     import torch
 
@@ -121,17 +110,13 @@ def run_pretrain(cell: dict, out_dir: Path, *, tracking_uri: str | None, experim
 # --------------------------------------------------------------------------- embed
 def run_embed(cell: dict, checkpoint: Path, out: Path, *, cache: Path | None = None,
               device: str | None = None) -> dict:
-    import numpy as np
 
     from . import evaluate, train
 
     _threads(cell)
     ck = train.load_checkpoint(checkpoint)
     if ck.get("status") == "diverged":
-        # no features: a marker in save_features' file layout (save_features refuses empty arrays)
-        _atomic_npz(out, train_f=np.zeros((0, 1), np.float32), train_y=np.zeros(0, np.int64),
-                    test_f=np.zeros((0, 1), np.float32), test_y=np.zeros(0, np.int64),
-                    meta_json=np.array(json.dumps({"status": "diverged", "cell_id": cell["id"]}, sort_keys=True)))
+        evaluate.save_status_features(out, {"status": "diverged", "cell_id": cell["id"]})
         return {"status": "diverged"}
     d = load_cell_data(cell, cache)
     dev = train.resolve_device(device or cell.get("device", "auto"))
