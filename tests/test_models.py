@@ -39,6 +39,28 @@ def test_small_cnn_width_sets_feature_dim() -> None:
     assert net(torch.randn(2, 1, 16, 16)).shape == (2, 32)
 
 
+def test_pool_grid_keeps_the_map_layout() -> None:
+    torch.manual_seed(0)
+    net, feat = build_backbone("small_cnn", 1, 16, width=8, pool_grid=4)
+    assert feat == 32 * 16
+    net.eval()
+    x = torch.randn(3, 1, 16, 16)
+    fmap = net.features(x)  # (3, 32, 4, 4): g = 4 is the whole map, channel-major
+    torch.testing.assert_close(net(x), fmap.flatten(1))
+    g1, _ = build_backbone("small_cnn", 1, 16, width=8, pool_grid=1)
+    g1.load_state_dict(net.state_dict())  # same parameters: the grid only changes pooling
+    torch.testing.assert_close(g1.eval()(x), fmap.mean((2, 3)))
+    # 28 px -> 7x7 map: g = 2 averages overlapping cells; the global mean is their weighted mean
+    net28, feat28 = build_backbone("small_cnn", 1, 28, width=8, pool_grid=2)
+    assert feat28 == 32 * 4 and net28(torch.randn(2, 1, 28, 28)).shape == (2, 128)
+
+
+def test_pool_grid_on_a_resnet() -> None:
+    net, feat = build_backbone("resnet18_cifar", 3, 32, pool_grid=2)
+    assert feat == 512 * 4
+    assert net.eval()(torch.randn(2, 3, 32, 32)).shape == (2, feat)
+
+
 @pytest.mark.parametrize("name,feat_dim", [("resnet18_cifar", 512), ("resnet50_cifar", 2048)])
 @pytest.mark.parametrize("channels", [1, 3])
 def test_cifar_resnets(name: str, feat_dim: int, channels: int) -> None:
@@ -80,6 +102,7 @@ def test_unknown_backbone_names_allowed() -> None:
         (dict(in_channels=0, image_size=16), "in_channels"),
         (dict(in_channels=1, image_size=0), "image_size"),
         (dict(in_channels=1, image_size=16, width=0), "width"),
+        (dict(in_channels=1, image_size=16, pool_grid=0), "pool_grid"),
         (dict(in_channels=1.5, image_size=16), "in_channels"),
     ],
 )

@@ -3,13 +3,22 @@
 Backbones map a normalised image batch ``(B, C, H, W)`` to features ``(B, F)``:
 
 * ``small_cnn``     -- three conv3x3-BN-ReLU blocks (widths w, 2w, 4w) with 2x2 max-pooling
-  after the first two blocks while the map is at least 8 px wide, then global average
-  pooling (F = 4w). Built for 8x8 digits and 16x16 / 28x28 grayscale images on a CPU.
+  after the first two blocks while the map is at least 8 px wide, then average pooling
+  to a ``pool_grid`` x ``pool_grid`` grid, flattened (F = 4w * g^2; g = 1 is global
+  average pooling). Built for 8x8 digits and 16x16 / 28x28 grayscale images on a CPU.
 * ``resnet18_cifar`` / ``resnet50_cifar`` -- torchvision's ResNet-18/50 with the CIFAR
   stem used by SimCLR for 32x32 images (3x3 conv, stride 1, no max-pool), fc removed
   (F = 512 / 2048).
 * ``resnet50``      -- torchvision's ImageNet ResNet-50 (7x7 stride-2 stem + max-pool), fc
   removed (F = 2048).
+
+``pool_grid`` (every backbone): the last feature map is average-pooled to g x g cells and
+flattened, F = C * g^2. g = 1 (global average pooling) is the ResNets' standard. On
+centred, small images the layout carries class information that global pooling throws
+away: on Fashion-MNIST at 16 px (10k/2k subsets, one core) a random-init small_cnn
+(w = 32) gave 20-NN / linear-probe top-1 77.5 / 80.5 % with g = 1 and 81.0 / 85.1 % with
+g = 4 (the whole 4x4 map), against raw pixels' 81.5 / 82.7 %; after 3 epochs of NT-Xent
+(batch 64, tau 0.1) 79.1 / 83.1 % with g = 1 and 82.9 / 86.7 % with g = 4.
 
 The projection head is SimCLR's 2-layer MLP (Chen et al., 2020, "A Simple Framework for
 Contrastive Learning of Visual Representations"): Linear-BN-ReLU-Linear. Probes (kNN,
@@ -27,14 +36,14 @@ BACKBONES: tuple[str, ...] = ("small_cnn", "resnet18_cifar", "resnet50_cifar", "
 
 
 class SmallCNN(nn.Module):
-    """Three conv3x3-BN-ReLU blocks (w, 2w, 4w channels) + global average pooling.
+    """Three conv3x3-BN-ReLU blocks (w, 2w, 4w channels) + average pooling to a g x g grid.
 
     A 2x2 max-pool follows block 1 and block 2 when the incoming map is at least 8 px
     wide, so 28 -> 14 -> 7, 16 -> 8 -> 4, 8 -> 4 -> 4 (block 3 always sees >= 4 px for
     inputs >= 8 px). Smaller inputs still work (no pooling), they are just not the target.
     """
 
-    def __init__(self, in_channels: int, image_size: int, width: int = 32) -> None:
+    def __init__(self, in_channels: int, image_size: int, width: int = 32, pool_grid: int = 1) -> None:
         super().__init__()
         widths = (width, 2 * width, 4 * width)
         layers: list[nn.Module] = []
@@ -50,8 +59,8 @@ class SmallCNN(nn.Module):
                 size //= 2
             c_in = c_out
         self.features = nn.Sequential(*layers)
-        self.pool = nn.AdaptiveAvgPool2d(1)
-        self.out_dim = widths[-1]
+        self.pool = nn.AdaptiveAvgPool2d(pool_grid)
+        self.out_dim = widths[-1] * pool_grid * pool_grid
         self.final_map_size = size
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -65,7 +74,7 @@ def _check_positive_int(value: object, name: str) -> int:
 
 
 def build_backbone(
-    name: str, in_channels: int, image_size: int, width: int = 32
+    name: str, in_channels: int, image_size: int, width: int = 32, pool_grid: int = 1
 ) -> tuple[nn.Module, int]:
     """Build a backbone by name; return ``(module, feat_dim)``.
 
@@ -77,6 +86,8 @@ def build_backbone(
         image_size: input side length in pixels (sets small_cnn's pooling).
         width: small_cnn's base width w (features = 4w); the ResNets keep their
             standard widths and ignore it.
+        pool_grid: the last map is average-pooled to ``pool_grid`` x ``pool_grid`` and
+            flattened (1 = global average pooling); F grows by ``pool_grid**2``.
 
     All weights are randomly initialised (no pretrained download).
     """
@@ -85,9 +96,10 @@ def build_backbone(
     _check_positive_int(in_channels, "in_channels")
     _check_positive_int(image_size, "image_size")
     _check_positive_int(width, "width")
+    _check_positive_int(pool_grid, "pool_grid")
 
     if name == "small_cnn":
-        net = SmallCNN(in_channels, image_size, width)
+        net = SmallCNN(in_channels, image_size, width, pool_grid)
         return net, net.out_dim
 
     import torchvision  # lazy: ~4 s import
@@ -103,7 +115,8 @@ def build_backbone(
         if in_channels != 3:
             net.conv1 = nn.Conv2d(in_channels, 64, kernel_size=7, stride=2, padding=3, bias=False)
     nn.init.kaiming_normal_(net.conv1.weight, mode="fan_out", nonlinearity="relu")
-    feat_dim = net.fc.in_features
+    feat_dim = net.fc.in_features * pool_grid * pool_grid
+    net.avgpool = nn.AdaptiveAvgPool2d(pool_grid)  # torchvision flattens after avgpool
     net.fc = nn.Identity()
     return net, feat_dim
 

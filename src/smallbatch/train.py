@@ -235,7 +235,8 @@ def _validate(cell: dict, n_images: int) -> None:
 
 def build_model(cell: dict, channels: int, image_size: int) -> ContrastiveModel:
     tr = cell["train"]
-    backbone, feat_dim = build_backbone(tr["backbone"], channels, image_size, width=tr["width"])
+    backbone, feat_dim = build_backbone(tr["backbone"], channels, image_size, width=tr["width"],
+                                        pool_grid=tr.get("pool_grid", 1))
     return ContrastiveModel(backbone, feat_dim, tr["proj_hidden"], tr["proj_dim"])
 
 
