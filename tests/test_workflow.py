@@ -177,3 +177,22 @@ def test_bad_config_stops_before_any_job(tmp_path, override, key):
     err = proc.stdout + proc.stderr
     assert "config error" in err and key in err, err[-2000:]
     assert not (tmp_path / "runs").exists()
+
+
+def test_keep_features_false_deletes_features_once_both_probes_ran(tmp_path):
+    import yaml
+
+    cfg = yaml.safe_load(SMOKE.read_text())
+    cfg["grid"].update(losses=["infonce"], batch_sizes=[16])
+    cfg.update(keep_features=False, baselines=False)
+    cfg.setdefault("experiments", {})["mi"] = {"enabled": False}
+    changed = tmp_path / "nofeatures.yaml"
+    changed.write_text(yaml.safe_dump(cfg))
+    results = tmp_path / "results"
+    proc = snakemake("--cores", "2", "--quiet", results=results, configfile=changed)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    cell = results / "runs" / "digits" / "infonce" / "bs16-t0.5-s0"
+    assert (cell / "knn.json").exists() and (cell / "linear.json").exists()
+    assert (cell / "checkpoint.pt").exists() and not (cell / "features.npz").exists()
+    proc = snakemake("-n", results=results, configfile=changed)  # a missing temp file is not a reason to rerun
+    assert proc.returncode == 0 and "Nothing to be done" in proc.stdout + proc.stderr, proc.stderr[-2000:]

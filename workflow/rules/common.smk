@@ -31,6 +31,10 @@ CELLS = expand_cells(config)
 BASELINES = baseline_cells(config)
 THREADS = int(config["threads"])
 GPU = 1 if config["device"] == "cuda" else 0
+# features.npz is an intermediate: kept by default, a temp() file when keep_features is false
+# (the full grid's files are ~1 GB per cell at 28 px with pool_grid 4).
+FEATURES = f"{R}/runs/{{cell}}/features.npz"
+FEATURES_OUT = FEATURES if config.get("keep_features", True) else temp(FEATURES)
 CONDA_ENV = "../../envs/cuda.yaml" if GPU else "../../envs/cpu.yaml"
 
 

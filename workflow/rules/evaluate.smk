@@ -7,7 +7,7 @@ rule embed:
         ckpt=f"{R}/runs/{{cell}}/checkpoint.pt",
         data=data_cache,
     output:
-        f"{R}/runs/{{cell}}/features.npz",
+        FEATURES_OUT,
     log:
         f"{R}/logs/embed/{{cell}}.log",
     threads: THREADS
@@ -25,7 +25,7 @@ rule embed:
 rule knn:
     input:
         cell=f"{R}/runs/{{cell}}/cell.json",
-        features=f"{R}/runs/{{cell}}/features.npz",
+        features=FEATURES,
     output:
         f"{R}/runs/{{cell}}/knn.json",
     params:
@@ -47,7 +47,7 @@ rule knn:
 rule linear:
     input:
         cell=f"{R}/runs/{{cell}}/cell.json",
-        features=f"{R}/runs/{{cell}}/features.npz",
+        features=FEATURES,
     output:
         f"{R}/runs/{{cell}}/linear.json",
     params:
