@@ -93,7 +93,7 @@ def precision_design(flip: bool) -> list[dict]:
                             0.3 if seed == 0 else -0.3)
                     status = "diverged" if (loss, bs, prec, seed) == ("infonce", 16, "bf16", 1) else "finished"
                     big = (loss == "infonce") != flip
-                    base = (1e-5 if bs == 16 else 1e-6) if big else 1e-7
+                    base = (1e-2 if bs == 16 else 1e-6) if big else 1e-7
                     err = base * (1 + 0.1 * np.arange(STEPS)) * (1 + seed)
                     hist = {"diag/grad_rel_err": err, "diag/grad_rel_err_bf16": 1000 * err, "epoch": _epochs(),
                             "train/loss": np.linspace(4, 3, STEPS)}
@@ -297,6 +297,20 @@ def test_precision_findings_follow_the_numbers(case):
     else:
         assert "InfoNCE's error grows as the batch shrinks" in g
         assert "exceeds FlatNCE's: our measurement supports the claim." in g
+
+
+def test_grad_finding_calls_rounding_level_errors_no_support():
+    from smallbatch.report_sections import GRAD_ERR_LARGE, _grad_finding
+
+    rows = [("infonce", 16, 5e-7), ("flatnce", 16, 2e-7), ("infonce", 256, 3e-7), ("flatnce", 256, 3e-7)]
+    summ = pd.DataFrame([{"dataset": "d", "temperature": 0.1, "loss": lo, "batch_size": b, "dtype": "fp32",
+                          "mean": m} for lo, b, m in rows])
+    f = _grad_finding(summ, "d", 0.1)
+    assert "InfoNCE's error grows as the batch shrinks" in f
+    assert f"both are below {GRAD_ERR_LARGE:g}" in f and "so they do not support it." in f
+    assert "our measurement supports the claim" not in f
+    summ.loc[0, "mean"] = 0.1  # a saturated-regime error at the smallest batch
+    assert "exceeds FlatNCE's: our measurement supports the claim." in _grad_finding(summ, "d", 0.1)
 
 
 def test_ksweep_tables_and_finding(case):

@@ -377,6 +377,11 @@ def _sci(x: Any) -> str:
     return f"{float(x):.2e}" if _finite(x) else "—"
 
 
+#: A relative gradient error below this is rounding noise, not the "large" error FlatNCE blames
+#: (a saturated batch gives 1e-1 in fp32; training-time batches here gave 1e-7 .. 1e-6).
+GRAD_ERR_LARGE = 1e-3
+
+
 def _grad_finding(summ: pd.DataFrame, ds: str, t: float) -> str:
     d = summ[(summ["dataset"] == ds) & (summ["temperature"] == t)]
     claim = ("FlatNCE's claim: InfoNCE's fp32 gradient carries a large rounding error at small batch and small τ, "
@@ -414,7 +419,12 @@ def _grad_finding(summ: pd.DataFrame, ds: str, t: float) -> str:
         grow = i_min > i_max
         s.append(f"InfoNCE's error {'grows' if grow else 'does not grow'} as the batch shrinks "
                  f"(B={bmax}→{bmin}: {_sci(i_max)}→{_sci(i_min)}).")
-    if larger and grow is not False:
+    if larger and i_min < GRAD_ERR_LARGE:
+        s.append(f"At the smallest batch ({bmin}) InfoNCE's fp32 gradient error exceeds FlatNCE's, but both are "
+                 f"below {GRAD_ERR_LARGE:g}, i.e. at the level of fp32's own rounding (unit roundoff 6e-8), not the "
+                 "large error of a saturated batch (~1e-1 at q_B < 2^-24, benchmarks/loss_precision.py): these runs "
+                 "never reach the regime the claim is about, so they do not support it.")
+    elif larger and grow is not False:
         s.append(f"At the smallest batch ({bmin}) InfoNCE's fp32 gradient error exceeds FlatNCE's: "
                  "our measurement supports the claim.")
     elif larger:
