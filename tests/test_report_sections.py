@@ -313,6 +313,27 @@ def test_grad_finding_calls_rounding_level_errors_no_support():
     assert "exceeds FlatNCE's: our measurement supports the claim." in _grad_finding(summ, "d", 0.1)
 
 
+def _ksweep_row(loss, small, large, std, n=2):
+    return {"dataset": "d", "metric": "linear", "temperature": 0.1, "batch_size": 32, "K_min": 16, "K_max": 4096,
+            "loss": loss, "label": {"eqco": "EqCo", "infonce": "InfoNCE"}[loss], "mean_small": small,
+            "mean_large": large, "change_large_to_small": small - large, "std_small": std, "std_large": std,
+            "n_small": n, "n_large": n, "state_small": "finished", "state_large": "finished"}
+
+
+@pytest.mark.parametrize("inf, eq, std, expected", [
+    ((80.0, 80.5), (80.0, 80.1), 1.0, "so the premise of the claim is not established"),  # drop 0.5 < 2 SE 2.0
+    ((76.0, 80.0), (78.0, 80.0), 1.0, "so these seeds do not separate them"),  # 4.0 vs 2.0, 2 SE of diff 2.8
+    ((76.0, 80.0), (79.9, 80.0), 0.2, "loses less than InfoNCE (0.1 vs 4.0 points): consistent with the claim"),
+    ((78.0, 80.0), (76.0, 80.0), 0.2, "our numbers do not support the claim"),
+])
+def test_ksweep_finding_reads_changes_against_seed_noise(inf, eq, std, expected):
+    from smallbatch.report_sections import _ksweep_finding
+
+    summ = pd.DataFrame([_ksweep_row("infonce", *inf, std), _ksweep_row("eqco", *eq, std)])
+    f = _ksweep_finding(summ, "d", "linear", 0.1, 32, float("nan"))
+    assert expected in f, f
+
+
 def test_ksweep_tables_and_finding(case):
     d = pd.DataFrame(case["design"]["ks"])
     got = pd.read_csv(case["out"] / "tables" / "ksweep_top1.csv")

@@ -647,6 +647,13 @@ def _sweep_summary(agg: pd.DataFrame, setting: Sequence[str], x: str) -> pd.Data
     return pd.DataFrame(rows)
 
 
+def _change_se(r: pd.Series) -> float:
+    """Standard error of a sweep row's change (small − large x); NaN with fewer than 2 seeds at either end."""
+    if int(r["n_small"]) < 2 or int(r["n_large"]) < 2:
+        return math.nan
+    return math.sqrt(r["std_small"] ** 2 / r["n_small"] + r["std_large"] ** 2 / r["n_large"])
+
+
 def _ksweep_finding(summ: pd.DataFrame, ds: str, m: str, t: float, b: int, n_images: float) -> str:
     d = summ[(summ["dataset"] == ds) & (summ["metric"] == m) & (summ["temperature"] == t)
              & (summ["batch_size"] == b)]
@@ -682,9 +689,16 @@ def _ksweep_finding(summ: pd.DataFrame, ds: str, m: str, t: float, b: int, n_ima
             s.append(f"The claim cannot be tested: InfoNCE or EqCo has no value at K={kmin} or K={kmax}.")
         else:
             di, de = -float(i["change_large_to_small"]), -float(e["change_large_to_small"])
+            se_i, se_e = _change_se(i), _change_se(e)
             if round(di, 1) <= 0:
                 s.append(f"InfoNCE does not lose accuracy at small K here ({-di:+.1f} points), so the premise of the "
                          "claim does not hold in our setting.")
+            elif _finite(se_i) and di <= 2 * se_i:
+                s.append(f"InfoNCE's loss at small K ({di:.1f} points) is within two standard errors of the seed "
+                         f"spread ({2 * se_i:.1f}), so the premise of the claim is not established in our setting.")
+            elif _finite(se_i) and _finite(se_e) and abs(di - de) <= 2 * math.hypot(se_i, se_e):
+                s.append(f"{e['label']} loses {de:.1f} and InfoNCE {di:.1f} points; the difference is within two "
+                         f"standard errors ({2 * math.hypot(se_i, se_e):.1f}), so these seeds do not separate them.")
             elif round(de, 1) < round(di, 1):
                 s.append(f"{e['label']} loses less than InfoNCE ({de:.1f} vs {di:.1f} points): consistent with "
                          "the claim.")
@@ -692,8 +706,8 @@ def _ksweep_finding(summ: pd.DataFrame, ds: str, m: str, t: float, b: int, n_ima
                 s.append(f"{e['label']} loses as much as or more than InfoNCE ({de:.1f} vs {di:.1f} points): our "
                          "numbers do not support the claim.")
             if _finite(e["mean_small"]):
-                if int(e["n_small"]) >= 2 and int(e["n_large"]) >= 2:
-                    tse = 2 * math.sqrt(e["std_small"] ** 2 / e["n_small"] + e["std_large"] ** 2 / e["n_large"])
+                if _finite(se_e):
+                    tse = 2 * se_e
                     flat = abs(de) <= tse
                     s.append(f"EqCo's change is {'within' if flat else 'beyond'} two standard errors of the seed "
                              f"spread ({tse:.1f}), so it {'is' if flat else 'is not'} flat within seed noise.")
