@@ -394,6 +394,23 @@ def test_ess_tables_and_finding(case):
     assert "exceeds two standard errors" in f and "held the ESS within 0.001 of its target" in f
 
 
+@pytest.mark.parametrize("diff, two_se, expected", [
+    (0.4, 1.2, "these seeds do not separate the schedule from a fixed τ, so our numbers neither support nor refute"),
+    (-1.2, 1.1, "is not better than a fixed τ: our numbers do not support the claim"),
+    (2.0, 1.0, "is better than a fixed τ: our numbers support the claim"),
+])
+def test_ess_finding_says_when_seeds_do_not_separate(diff, two_se, expected):
+    from smallbatch.report_sections import _ess_finding
+
+    eff = pd.DataFrame([{"dataset": "d", "metric": "linear", "label": "FlatNCE", "temperature": 0.1,
+                         "schedule": "s", "batch_size": 16, "scheduled_minus_fixed": diff,
+                         "scheduled_mean": 80 + diff, "fixed_mean": 80.0, "scheduled_state": "finished",
+                         "fixed_state": "finished", "two_se": two_se}])
+    f = _ess_finding(eff, pd.DataFrame(), "d", "linear", "FlatNCE", 0.1, "s")
+    assert expected in f, f
+    assert ("support the claim" in f) != ("neither" in f)
+
+
 def test_tsweep_tables_finding_and_simclr(case):
     ts = case["design"]["ts"]
     summ = pd.read_csv(case["out"] / "tables" / "tsweep_sensitivity.csv")

@@ -944,19 +944,21 @@ def _ess_finding(eff: pd.DataFrame, dyn: pd.DataFrame, ds: str, m: str, label: s
             s.append(f"At the smallest batch ({bmin}) the claim cannot be tested yet.")
     else:
         diff = float(r0["scheduled_minus_fixed"])
-        if round(diff, 1) > 0:
-            s.append(f"At the smallest batch ({bmin}) the schedule is better than a fixed τ: our numbers support "
-                     "the claim.")
-        else:
-            s.append(f"At the smallest batch ({bmin}) the schedule is not better than a fixed τ: our numbers do not "
-                     "support the claim.")
         tse = r0["two_se"]
-        if _finite(tse):
-            s.append(f"The difference ({diff:+.1f} points) {'exceeds' if abs(diff) > tse else 'is within'} two "
-                     f"standard errors of the seed spread ({tse:.1f}).")
+        if _finite(tse) and abs(diff) <= tse:
+            s.append(f"At the smallest batch ({bmin}) the difference ({diff:+.1f} points) is within two standard "
+                     f"errors of the seed spread ({tse:.1f}): these seeds do not separate the schedule from a fixed "
+                     "τ, so our numbers neither support nor refute the claim.")
         else:
-            s.append("With a single seed in a cell there is no error estimate: the difference is not tested "
-                     "against seed noise.")
+            better = round(diff, 1) > 0
+            s.append(f"At the smallest batch ({bmin}) the schedule is {'better' if better else 'not better'} than a "
+                     f"fixed τ: our numbers {'support' if better else 'do not support'} the claim.")
+            if _finite(tse):
+                s.append(f"The difference ({diff:+.1f} points) exceeds two standard errors of the seed spread "
+                         f"({tse:.1f}).")
+            else:
+                s.append("With a single seed in a cell there is no error estimate: the difference is not tested "
+                         "against seed noise.")
     if len(dyn) and "tau_min" in dyn.columns:
         dd = dyn[(dyn["dataset"] == ds) & (dyn["label"] == label) & (dyn["temperature"] == t)
                  & (dyn["schedule"] == sched) & (dyn["batch_size"] == bmin)]
