@@ -411,6 +411,22 @@ def test_ess_finding_says_when_seeds_do_not_separate(diff, two_se, expected):
     assert ("support the claim" in f) != ("neither" in f)
 
 
+@pytest.mark.parametrize("ranges, sd, expected", [
+    ((1.4, 1.3, 1.2), 0.4, "within two standard errors of seed noise (1.1; pooled seed sd, 2 seeds)"),
+    ((6.0, 1.3, 1.2), 0.4, "All 2 other losses are less sensitive to τ than InfoNCE"),
+])
+def test_tsweep_finding_reads_range_differences_against_seed_noise(ranges, sd, expected):
+    from smallbatch.report_sections import _tsweep_finding
+
+    rows = [{"dataset": "d", "metric": "knn", "batch_size": 64, "temperature_min": 0.05, "temperature_max": 1.0,
+             "loss": loss, "label": loss, "n_temperature_with_values": 5, "best_temperature": 0.1,
+             "best_mean": 80.0, "range": r, "temperature_diverged": "", "n_diverged_points": 0,
+             "temperature_values": "0.05,0.1,0.2,0.5,1", "pooled_sd": sd, "n_seeds_min": 2}
+            for loss, r in zip(("infonce", "flatnce", "dcl"), ranges)]
+    f = _tsweep_finding(pd.DataFrame(rows), "claim.", "d", "knn", 64)
+    assert expected in f, f
+
+
 def test_tsweep_tables_finding_and_simclr(case):
     ts = case["design"]["ts"]
     summ = pd.read_csv(case["out"] / "tables" / "tsweep_sensitivity.csv")
