@@ -50,7 +50,7 @@ def test_pool_grid_keeps_the_map_layout() -> None:
     g1, _ = build_backbone("small_cnn", 1, 16, width=8, pool_grid=1)
     g1.load_state_dict(net.state_dict())  # same parameters: the grid only changes pooling
     torch.testing.assert_close(g1.eval()(x), fmap.mean((2, 3)))
-    # 28 px -> 7x7 map: g = 2 averages overlapping cells; the global mean is their weighted mean
+    # 28 px -> 7x7 map: g = 2 averages overlapping cells of it
     net28, feat28 = build_backbone("small_cnn", 1, 28, width=8, pool_grid=2)
     assert feat28 == 32 * 4 and net28(torch.randn(2, 1, 28, 28)).shape == (2, 128)
 

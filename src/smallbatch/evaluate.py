@@ -189,11 +189,7 @@ def save_features(
     """
     path = Path(path)
     tr, ytr, te, yte, _ = _check_pair(train_f, train_y, test_f, test_y, None)
-    try:
-        meta_json = json.dumps(meta or {}, sort_keys=True)
-    except TypeError as exc:
-        raise ValueError(f"meta must be JSON-serialisable: {exc}") from exc
-    return _write_features(path, tr, ytr, te, yte, meta_json)
+    return _write_features(path, tr, ytr, te, yte, meta or {})
 
 
 def save_status_features(path: str | Path, meta: dict) -> Path:
@@ -202,16 +198,16 @@ def save_status_features(path: str | Path, meta: dict) -> Path:
     A diverged cell has no features, but its ``embed`` step still has an output, in the
     same layout, so :func:`load_features` reads it and the probes record the status.
     """
+    empty_f, empty_y = np.zeros((0, 1), np.float32), np.zeros(0, np.int64)
+    return _write_features(Path(path), empty_f, empty_y, empty_f, empty_y, meta)
+
+
+def _write_features(path: Path, tr, ytr, te, yte, meta: dict) -> Path:
+    """Atomic write: a temporary file in the same folder, fsync, then ``os.replace``."""
     try:
         meta_json = json.dumps(meta, sort_keys=True)
     except TypeError as exc:
         raise ValueError(f"meta must be JSON-serialisable: {exc}") from exc
-    empty_f, empty_y = np.zeros((0, 1), np.float32), np.zeros(0, np.int64)
-    return _write_features(Path(path), empty_f, empty_y, empty_f, empty_y, meta_json)
-
-
-def _write_features(path: Path, tr, ytr, te, yte, meta_json: str) -> Path:
-    """Atomic write: a temporary file in the same folder, fsync, then ``os.replace``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:

@@ -84,8 +84,8 @@ def build_backbone(
         in_channels: image channels (1 for grayscale, 3 for RGB); the ResNets get a
             new first convolution when it is not 3.
         image_size: input side length in pixels (sets small_cnn's pooling).
-        width: small_cnn's base width w (features = 4w); the ResNets keep their
-            standard widths and ignore it.
+        width: small_cnn's base width w (its last map has 4w channels); the ResNets
+            keep their standard widths and ignore it.
         pool_grid: the last map is average-pooled to ``pool_grid`` x ``pool_grid`` and
             flattened (1 = global average pooling); F grows by ``pool_grid**2``.
 
