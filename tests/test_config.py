@@ -264,12 +264,45 @@ def test_make_cell_is_json_serialisable_and_deep_copied():
     assert json.loads(json.dumps(cell)) == cell
 
 
-def test_cells_loss_defaults_match_the_loss_library():
-    from smallbatch.cells import LOSS_PARAMS
-    from smallbatch.losses import loss_param_names
+def test_schema_loss_names_and_parameters_come_from_the_registry():
+    from smallbatch.losses import LOSSES, REGISTRY
 
-    for name, params in LOSS_PARAMS.items():
-        assert loss_param_names(name) == params
+    schema = load_schema()
+    assert sorted(schema["$defs"]["loss_name"]["enum"]) == sorted(LOSSES)
+    lp = schema["properties"]["loss_params"]["properties"]
+    assert list(lp) == list(REGISTRY)
+    for name, cls in REGISTRY.items():
+        assert sorted(lp[name]["properties"]) == sorted(cls.param_defaults), name
+
+
+def test_a_new_loss_needs_only_the_registry(monkeypatch):
+    """Adding a loss is one class in losses.py: the config schema, cells, labels and
+    build_loss pick it up from the registry (no other file lists loss names)."""
+    from smallbatch import config as config_mod
+    from smallbatch import losses
+
+    class Toy(losses.DCL):
+        """A toy loss for this test: DCL with a scaled positive."""
+
+        name = "toy"
+        display = "Toy"
+        param_defaults = {"beta": 1.0}
+        param_schema = {"beta": {"type": "number", "exclusiveMinimum": 0, "default": 2.0}}
+
+        def _check_param(self, key, value):
+            return float(value)
+
+    monkeypatch.setitem(losses.REGISTRY, "toy", Toy)
+    monkeypatch.setitem(losses.LOSSES, "toy", Toy)
+    monkeypatch.setattr(config_mod, "_SCHEMA_CACHE", {})
+    cfg = validate_config(grid(losses=["infonce", {"name": "toy", "beta": [2.0, 3.0]}]))
+    cells = expand_cells(cfg)
+    assert set(cells) == {"digits/infonce/bs16-t0.1-s0", "digits/toy-beta2/bs16-t0.1-s0", "digits/toy-beta3/bs16-t0.1-s0"}
+    assert cfg["loss_params"]["toy"] == {"beta": 2.0}
+    assert losses.build_loss("toy", 0.1, beta=3.0).beta == 3.0
+    assert losses.display_name("toy") == "Toy"
+    with pytest.raises(ConfigError, match="beta"):
+        validate_config(grid(losses=[{"name": "toy", "beta": -1}]))
 
 
 def test_loss_label_names_only_non_default_parameters():

@@ -18,10 +18,8 @@ import itertools
 import json
 from typing import Any, Callable, Iterable
 
-LOSS_ALIASES = {"ntxent": "infonce", "simclr": "infonce"}
-# Each loss's extra parameters and the loss library's defaults (kept equal to
-# smallbatch.losses.loss_param_names by a test; not imported to keep this module torch-free).
-LOSS_PARAMS = {"infonce": {}, "flatnce": {"gamma": 1.0}, "dcl": {}, "dclw": {"sigma": 0.5}, "eqco": {"alpha": None}}
+from .losses import canonical_name, loss_param_names
+
 AXIS_ABBREV = {"precision": "", "lr_scaling": "lr", "epochs": "ep", "optimizer": "", "queue_size": "q"}
 
 
@@ -48,10 +46,10 @@ def _loss_variants(entry: Any, cfg: dict) -> list[tuple[str, dict, dict]]:
     """A grid `losses` entry -> [(canonical name, params, axis overrides)]."""
     if isinstance(entry, str):
         entry = {"name": entry}
-    name = LOSS_ALIASES.get(entry["name"], entry["name"])
+    name = canonical_name(entry["name"])
     defaults = dict(cfg.get("loss_params", {}).get(name, {}))
     lists: dict[str, list] = {}
-    for p in LOSS_PARAMS[name]:
+    for p in loss_param_names(name):
         if p in entry:
             v = entry[p]
             lists[p] = list(v) if isinstance(v, list) else [v]
@@ -67,7 +65,7 @@ def _loss_variants(entry: Any, cfg: dict) -> list[tuple[str, dict, dict]]:
 
 def loss_label(name: str, params: dict) -> str:
     """``name`` plus the parameters that differ from the paper's default, e.g. ``eqco-alpha256``."""
-    defaults = LOSS_PARAMS.get(name, {})
+    defaults = loss_param_names(name)
     return name + "".join(f"-{k}{_fmt(v)}" for k, v in sorted(params.items())
                           if v is not None and (k not in defaults or v != defaults[k]))
 

@@ -66,7 +66,7 @@ def _coerce(v: str):
 
 def resolve_cell(args) -> tuple[dict, dict]:
     """(cell, config) from the arguments; raises ValueError with one line."""
-    from .cells import LOSS_ALIASES, expand_cells, make_cell
+    from .cells import expand_cells, make_cell
     from .config import load_config
 
     if args.cell is not None:
@@ -120,10 +120,10 @@ def resolve_cell(args) -> tuple[dict, dict]:
 
     raw = deep_merge({k: v for k, v in base.items() if k != "datasets"}, overrides) if base else overrides
     cfg = validate_config(raw)
-    name = LOSS_ALIASES.get(args.loss, args.loss)
-    from .losses import loss_param_names
+    from .losses import canonical_name, loss_param_names
 
-    allowed = loss_param_names(name)  # ValueError for an unknown loss
+    name = canonical_name(args.loss)  # ValueError naming the allowed losses
+    allowed = loss_param_names(name)
     params = {k: v for k, v in cfg.get("loss_params", {}).get(name, {}).items()}
     for kv in args.loss_param:
         if "=" not in kv:

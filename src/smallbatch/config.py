@@ -40,12 +40,37 @@ _SCHEMA_CACHE: dict[str, Any] = {}
 
 
 def load_schema() -> dict:
+    """The config schema: the YAML file plus the loss names and parameters of
+    ``smallbatch.losses.REGISTRY`` (filled into the keys marked ``x-loss-*``)."""
     path = schema_path()
     key = str(path)
     if key not in _SCHEMA_CACHE:
         with open(path) as fh:
-            _SCHEMA_CACHE[key] = yaml.safe_load(fh)
+            _SCHEMA_CACHE[key] = _with_losses(yaml.safe_load(fh))
     return copy.deepcopy(_SCHEMA_CACHE[key])
+
+
+def _with_losses(schema: dict) -> dict:
+    from .losses import config_schema
+
+    parts = config_schema()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if node.get("x-loss-names"):
+                node["enum"] = list(parts["names"])
+            if node.get("x-loss-params"):
+                node["properties"] = copy.deepcopy(parts["loss_params"])
+            if node.get("x-loss-entry"):
+                node["properties"].update(copy.deepcopy(parts["entry_params"]))
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(schema)
+    return schema
 
 
 def _validator_with_defaults():

@@ -56,6 +56,12 @@ __all__ = [
     "DCLW",
     "EqCo",
     "LOSSES",
+    "REGISTRY",
+    "canonical_name",
+    "display_name",
+    "loss_rank",
+    "paper_family",
+    "config_schema",
     "build_loss",
     "loss_param_names",
     "diagnostics",
@@ -254,6 +260,15 @@ class ContrastiveLoss(torch.nn.Module):
 
     name: ClassVar[str] = "base"
     param_defaults: ClassVar[dict[str, Any]] = {}
+    #: registry metadata (see :data:`REGISTRY`): the name shown in tables, other names
+    #: accepted for it, the paper, a regex that recognises the loss in the papers'
+    #: method names (``paper_results.csv``), and one JSON schema per extra parameter
+    #: (its ``default`` is the study's default, written into the config schema)
+    display: ClassVar[str] = ""
+    aliases: ClassVar[tuple[str, ...]] = ()
+    paper: ClassVar[str] = ""
+    paper_pattern: ClassVar[str] = ""
+    param_schema: ClassVar[dict[str, dict]] = {}
 
     def __init__(self, temperature: float = 0.1, **params: Any) -> None:
         super().__init__()
@@ -339,6 +354,10 @@ class InfoNCE(ContrastiveLoss):
     """
 
     name = "infonce"
+    display = "InfoNCE"
+    aliases = ("ntxent", "simclr")
+    paper = "van den Oord et al. 2018; Chen et al. 2020 (SimCLR)"
+    paper_pattern = r"nt-xent|simclr|infonce|cross-entropy|moco"
 
     def _rows(self, pos, neg, neg_mask):
         rows = _infonce_rows(pos, neg, neg_mask, self.temperature)
@@ -387,6 +406,10 @@ class FlatNCE(ContrastiveLoss):
 
     name = "flatnce"
     param_defaults = {"gamma": 1.0}
+    display = "FlatNCE"
+    paper = "Chen et al. 2021 (FlatNCE)"
+    paper_pattern = r"flatnce"
+    param_schema = {"gamma": {"type": "number", "exclusiveMinimum": 0, "default": 1.0}}
 
     def _check_param(self, key, value):
         g = float(value)
@@ -425,6 +448,9 @@ class DCL(ContrastiveLoss):
     """
 
     name = "dcl"
+    display = "DCL"
+    paper = "Yeh et al. 2021 (DCL)"
+    paper_pattern = r"\bdcl\b"
 
     def _rows(self, pos, neg, neg_mask):
         rows = torch.logsumexp(_masked(neg / self.temperature, neg_mask), dim=1) - pos / self.temperature
@@ -447,6 +473,10 @@ class DCLW(ContrastiveLoss):
 
     name = "dclw"
     param_defaults = {"sigma": 0.5}
+    display = "DCLW"
+    paper = "Yeh et al. 2021 (DCLW)"
+    paper_pattern = r"dclw"
+    param_schema = {"sigma": {"type": "number", "exclusiveMinimum": 0, "default": 0.5}}
 
     def _check_param(self, key, value):
         s = float(value)
@@ -488,6 +518,10 @@ class EqCo(ContrastiveLoss):
 
     name = "eqco"
     param_defaults = {"alpha": None}
+    display = "EqCo"
+    paper = "Zhu et al. 2020 (EqCo)"
+    paper_pattern = r"eqco|simo"
+    param_schema = {"alpha": {"type": ["number", "null"], "exclusiveMinimum": 0, "default": 256}}
 
     def _check_param(self, key, value):
         if value is None:
@@ -510,14 +544,14 @@ class EqCo(ContrastiveLoss):
 
 
 # --------------------------------------------------------------------------- registry
+#: The one list of losses, in the order tables show them.  Adding a loss is a class
+#: above (its formula and paper in the docstring, the metadata attributes of
+#: :class:`ContrastiveLoss`) plus its line here: cells, the config schema, the CLI
+#: and the report read everything else from this registry.
+REGISTRY: dict[str, type[ContrastiveLoss]] = {cls.name: cls for cls in (InfoNCE, FlatNCE, DCL, DCLW, EqCo)}
+#: every accepted name (canonical names and aliases) -> the loss class
 LOSSES: dict[str, type[ContrastiveLoss]] = {
-    "infonce": InfoNCE,
-    "ntxent": InfoNCE,
-    "simclr": InfoNCE,
-    "flatnce": FlatNCE,
-    "dcl": DCL,
-    "dclw": DCLW,
-    "eqco": EqCo,
+    **REGISTRY, **{alias: cls for cls in REGISTRY.values() for alias in cls.aliases}
 }
 
 
@@ -528,9 +562,55 @@ def _lookup(name: str) -> type[ContrastiveLoss]:
     return LOSSES[key]
 
 
+def canonical_name(name: str) -> str:
+    """The registry name of ``name`` (an alias such as ``ntxent`` -> ``infonce``);
+    ValueError naming the allowed names for an unknown one."""
+    return _lookup(name).name
+
+
+def display_name(name: str) -> str:
+    """The name tables show (``InfoNCE``); an unknown name is returned unchanged."""
+    cls = LOSSES.get(str(name).strip().lower())
+    return cls.display if cls is not None else str(name)
+
+
+def loss_rank(name: str) -> tuple[int, str]:
+    """Sort key: registry order first, unknown names after, alphabetically."""
+    order = list(REGISTRY)
+    return (order.index(name) if name in order else len(order), str(name))
+
+
+def paper_family(method: Any) -> str | None:
+    """The loss a paper's method name belongs to (``'SimCLR (NT-Xent)'`` -> ``infonce``),
+    matched by each loss's ``paper_pattern``; the most specific loss wins (the registry
+    is searched from its end, so DCLW before DCL and every fix before InfoNCE)."""
+    import re
+
+    s = str(method).lower()
+    for cls in reversed(list(REGISTRY.values())):
+        if cls.paper_pattern and re.search(cls.paper_pattern, s):
+            return cls.name
+    return None
+
+
 def loss_param_names(name: str) -> dict[str, Any]:
     """The extra parameters loss ``name`` accepts, with defaults (temperature excluded)."""
     return dict(_lookup(name).param_defaults)
+
+
+def config_schema() -> dict[str, Any]:
+    """The config schema's loss parts, generated from the registry:
+    ``names`` (enum of accepted names), ``loss_params`` (one object per loss with its
+    parameters and the study's defaults) and ``entry_params`` (a grid entry's
+    parameter may be a value or a list of values to sweep)."""
+    loss_params, entry_params = {}, {}
+    for name, cls in REGISTRY.items():
+        loss_params[name] = {"type": "object", "default": {}, "additionalProperties": False,
+                             "properties": {k: dict(v) for k, v in cls.param_schema.items()}}
+        for key, sch in cls.param_schema.items():
+            scalar = {k: v for k, v in sch.items() if k != "default"}
+            entry_params[key] = {"anyOf": [scalar, {"type": "array", "minItems": 1, "items": scalar}]}
+    return {"names": sorted(LOSSES), "loss_params": loss_params, "entry_params": entry_params}
 
 
 def build_loss(name: str, temperature: float, **params: Any) -> ContrastiveLoss:

@@ -3,10 +3,10 @@ import json
 import sys
 from pathlib import Path
 
-from snakemake.utils import validate
 
-# One-line errors naming the key (ours), then Snakemake's own validation, which
-# also fills the schema's defaults into `config`.
+# One-line errors naming the key; validate_config also fills the schema's defaults into
+# `config`.  (Snakemake's own `validate` reads the schema file alone, which lacks the loss
+# names and parameters that smallbatch.config.load_schema adds from the loss registry.)
 try:
     from smallbatch.config import ConfigError, check_data_roots, resolve_tracking_uri, validate_config
     from smallbatch.cells import baseline_cells, expand_cells
@@ -18,7 +18,6 @@ try:
     validate_config(config)
 except ConfigError as exc:
     raise WorkflowError(f"config error: {exc}") from None
-validate(config, "../schemas/config.schema.yaml")
 try:
     check_data_roots(config)
 except ConfigError as exc:
