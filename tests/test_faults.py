@@ -257,18 +257,19 @@ def test_partial_writes_never_replace_a_finished_file(tmp_path):
     """The file writers write to a temp file and rename: a write that fails half way
     leaves the finished file as it was (and a new file absent), never a truncated one."""
     from smallbatch import data, train
+    from smallbatch.io import save_torch
 
     ckpt = tmp_path / "checkpoint.pt"
-    train.atomic_save({"model": {"w": torch.arange(10.0)}}, ckpt)
+    save_torch(ckpt, {"model": {"w": torch.arange(10.0)}})
     before = ckpt.read_bytes()
     big = torch.randn(256, 1024)  # written into the zip before the failing entry
     with pytest.raises(OSError, match="disk full"):
-        train.atomic_save({"model": {"w": big}, "extra": _Explodes()}, ckpt)
+        save_torch(ckpt, {"model": {"w": big}, "extra": _Explodes()})
     assert ckpt.read_bytes() == before
     assert torch.equal(train.load_checkpoint(ckpt)["model"]["w"], torch.arange(10.0))
     fresh = tmp_path / "new" / "state.pt"
     with pytest.raises(OSError, match="disk full"):
-        train.atomic_save({"model": {"w": big}, "extra": _Explodes()}, fresh)
+        save_torch(fresh, {"model": {"w": big}, "extra": _Explodes()})
     assert not fresh.exists()
     leftovers = [p.name for p in tmp_path.rglob("*") if p.is_file() and p.name not in ("checkpoint.pt",)]
     assert leftovers == [], f"temp files left behind: {leftovers}"

@@ -162,11 +162,11 @@ def cmd_cells(args) -> int:
     cells = expand_cells(cfg)
     base = baseline_cells(cfg)
     if args.write:
-        from .steps import write_json_atomic
+        from .io import write_json
 
         for cid, cell in {**cells, **base}.items():
             path = Path(cfg["results_dir"]) / ("runs" if not cid.startswith("baselines/") else "") / cid / "cell.json"
-            write_json_atomic(cell, path)
+            write_json(path, cell)
     for cid, cell in cells.items():
         print(f"{cid}\t{cell['hash']}\tK={cell['negatives']}")
     if args.baselines:

@@ -50,13 +50,14 @@ from __future__ import annotations
 import gzip
 import os
 import shutil
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from .io import atomic_write, save_torch
 
 __all__ = [
     "DATASETS",
@@ -227,11 +228,6 @@ def _as_images(array: np.ndarray | torch.Tensor, channels_last: bool) -> torch.T
     return t.to(torch.uint8).contiguous()
 
 
-def _temp_name(target: Path) -> Path:
-    """A fresh name next to ``target`` for writing it atomically (created with the umask's mode)."""
-    return target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-
-
 def _labels(values: Any) -> torch.Tensor:
     return torch.as_tensor(np.asarray(values), dtype=torch.int64).reshape(-1)
 
@@ -281,14 +277,8 @@ def prepare_fashion_mnist(root: str | Path, source: str | Path | None = None) ->
         target = raw / name
         if target.is_file():
             continue
-        tmp = _temp_name(target)
-        try:
-            with open(tmp, "xb") as out, gzip.open(src / f"{name}.gz", "rb") as gz:
-                shutil.copyfileobj(gz, out, length=1 << 20)
-            os.replace(tmp, target)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        with gzip.open(src / f"{name}.gz", "rb") as gz:
+            atomic_write(target, lambda out: shutil.copyfileobj(gz, out, length=1 << 20))
     return raw
 
 
@@ -539,17 +529,7 @@ def save_cache(data: ImageData, path: str | Path) -> Path:
         "std": [float(v) for v in data.std],
         "meta": dict(data.meta),
     }
-    tmp = _temp_name(path)
-    try:
-        with open(tmp, "xb") as fh:
-            torch.save(payload, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
+    return save_torch(path, payload)
 
 
 _CACHE_TENSORS = {"train_x": torch.uint8, "train_y": torch.int64, "test_x": torch.uint8, "test_y": torch.int64}

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any, NamedTuple, Sequence
@@ -31,6 +29,7 @@ import torch
 from torch import nn
 
 from smallbatch.augment import normalize
+from smallbatch.io import atomic_write
 
 __all__ = [
     "embed",
@@ -203,24 +202,13 @@ def save_status_features(path: str | Path, meta: dict) -> Path:
 
 
 def _write_features(path: Path, tr, ytr, te, yte, meta: dict) -> Path:
-    """Atomic write: a temporary file in the same folder, fsync, then ``os.replace``."""
+    """Write the features file through the one atomic writer (:func:`smallbatch.io.atomic_write`)."""
     try:
         meta_json = json.dumps(meta, sort_keys=True)
     except TypeError as exc:
         raise ValueError(f"meta must be JSON-serialisable: {exc}") from exc
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, train_f=tr, train_y=ytr, test_f=te, test_y=yte, meta_json=np.array(meta_json))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+    return atomic_write(path, lambda fh: np.savez(fh, train_f=tr, train_y=ytr, test_f=te, test_y=yte,
+                                                 meta_json=np.array(meta_json)))
 
 
 def load_features(path: str | Path) -> FeatureSet:

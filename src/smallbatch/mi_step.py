@@ -106,9 +106,9 @@ def run_mi_step(section: dict | None, out_path: str | Path, tracking_uri: str | 
         "rows": [{k: _json_safe(v) for k, v in r.items()} | {"cell_id": cell_id(r)} for r in rows],
         "seconds": time.perf_counter() - t0,
     }
-    from .steps import write_json_atomic
+    from .io import write_json
 
-    write_json_atomic(result, Path(out_path), allow_nan=False)
+    write_json(Path(out_path), result, allow_nan=False)
     if progress:
         print(f"[mi] wrote {len(rows)} rows to {out_path}", file=sys.stderr, flush=True)
     return result

@@ -9,22 +9,12 @@ one rule to one command.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
 from .cells import flat_params
-
-
-def write_json_atomic(obj, path: Path, allow_nan: bool = True) -> None:
-    """Write ``obj`` as JSON to ``path`` via a temporary file and ``os.replace``, so a
-    crash never leaves a half-written file that looks finished."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=float, allow_nan=allow_nan) + "\n")
-    os.replace(tmp, path)
+from .io import write_json
 
 
 def _threads(cell: dict) -> None:
@@ -102,7 +92,7 @@ def run_pretrain(cell: dict, out_dir: Path, *, tracking_uri: str | None, experim
             final["train/final_loss"] = res.final_loss
         run.log(final, res.steps)
         run.set_status(res.status if res.status == "diverged" else "running")
-        run.set_tags({"smallbatch.pretrain": res.status})
+        run.set_tags({tracking.TAG_PRETRAIN: res.status})
         run.flush()
     return summary
 
@@ -162,7 +152,7 @@ def run_probe(kind: str, cell: dict, features: Path, out: Path, *, tracking_uri:
     tr_f, tr_y, te_f, te_y, meta = evaluate.load_features(features)
     if meta.get("status") == "diverged":
         result = {"status": "diverged", "cell_id": cell["id"]}
-        write_json_atomic(result, out)
+        write_json(out, result)
         return result
     t0 = time.perf_counter()
     metrics = _eval_on_features(kind, cell, (tr_f, tr_y, te_f, te_y))
@@ -177,14 +167,16 @@ def run_probe(kind: str, cell: dict, features: Path, out: Path, *, tracking_uri:
         run.flush()
         _maybe_finish(run)
     result = {"status": "finished", "cell_id": cell["id"], **numeric}
-    write_json_atomic(result, out)
+    write_json(out, result)
     return result
 
 
 def _maybe_finish(run) -> None:
     """Mark the run finished once pretraining succeeded and both probes are logged."""
+    from . import tracking
+
     m = run.metrics()
-    if "knn/top1" in m and "linear/top1" in m and run.tags().get("smallbatch.pretrain") == "finished":
+    if "knn/top1" in m and "linear/top1" in m and run.tags().get(tracking.TAG_PRETRAIN) == "finished":
         run.set_status("finished")
 
 
@@ -223,6 +215,6 @@ def run_baseline(cell: dict, out: Path, *, tracking_uri: str | None, experiment:
         run.log(numeric, 0)
         run.set_status("finished")
     result = {"status": "finished", "cell_id": cell["id"], **numeric}
-    write_json_atomic(result, out)
+    write_json(out, result)
     print(json.dumps(result), file=sys.stderr)
     return result

@@ -30,6 +30,11 @@ TAG_STATUS = "smallbatch.status"
 TAG_EXPERIMENT = "smallbatch.experiment"
 TAG_BASELINE = "smallbatch.baseline"
 TAG_COMMIT = "smallbatch.git_commit"
+TAG_PRETRAIN = "smallbatch.pretrain"   # how pretraining ended: finished | diverged | collapsed
+#: a cell's outcome (tag TAG_STATUS): running until both probes are logged; the bad
+#: outcomes are results the report shows beside the numbers, never drops
+STATUS_RUNNING, STATUS_FINISHED = "running", "finished"
+BAD_STATUSES = ("diverged", "collapsed", "failed")
 
 
 class TrackingError(RuntimeError):

@@ -40,6 +40,7 @@ import torch.nn.functional as F
 
 from .augment import AugmentConfig, BatchAugment
 from .errors import CheckpointError, Preempted
+from .io import save_torch
 from .losses import build_loss, diagnostics, in_batch_scores, queue_scores, MomentumQueue
 from .models import ContrastiveModel, build_backbone
 
@@ -71,20 +72,6 @@ def resolve_device(device: str = "auto") -> torch.device:
 
 
 # --------------------------------------------------------------------------- atomic I/O
-def atomic_save(obj, path: Path) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        torch.save(obj, tmp)
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # a failed write (disk full, ...) leaves no partial file behind
-        raise
-
-
 def load_checkpoint(path: Path, map_location="cpu") -> dict:
     """Load a checkpoint/state file; one-line CheckpointError if it is corrupt."""
     path = Path(path)
@@ -356,7 +343,7 @@ def pretrain(
     def save_state() -> None:
         if before_save is not None:
             before_save()
-        atomic_save({
+        save_torch(state_path, {
             "version": STATE_VERSION, "cell_hash": cell["hash"], "cell_id": cell["id"],
             "model": model.state_dict(), "optimizer": opt.state_dict(),
             "key_model": key_model.state_dict() if key_model is not None else None,
@@ -366,7 +353,7 @@ def pretrain(
             "step": step, "perm": perm, "last_loss": last_loss,
             "tau": float(loss_fn.temperature),
             "wall_s": elapsed_before + (time.perf_counter() - t_start),
-        }, state_path)
+        })
 
     term = {"flag": False}
 
@@ -491,11 +478,11 @@ def pretrain(
         status = "finished"
     result = TrainResult(status=status, steps=step, epochs=step / steps_per_epoch, final_loss=last_loss,
                          wall_s=wall, images_per_s=step * bs / max(wall, 1e-9))
-    atomic_save({
+    save_torch(ckpt_path, {
         "model": model.state_dict(), "cell": cell, "status": status, "steps": step,
         "epochs": result.epochs, "final_loss": last_loss, "wall_s": wall,
         "channels": c, "image_size": h, "mean": list(mean), "std": list(std),
-    }, ckpt_path)
+    })
     return result
 
 

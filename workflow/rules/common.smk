@@ -10,7 +10,7 @@ from pathlib import Path
 try:
     from smallbatch.config import ConfigError, check_data_roots, resolve_tracking_uri, validate_config
     from smallbatch.cells import baseline_cells, expand_cells
-    from smallbatch.steps import write_json_atomic
+    from smallbatch.io import json_text, write_json
 except ImportError as exc:  # pragma: no cover - a user without the package installed
     raise WorkflowError(f"the smallbatch package is not importable ({exc}); run `make install` or `pip install -e .`")
 
@@ -48,9 +48,9 @@ def sync_json(path, obj):
     Done while the DAG is built: a `run:` rule per cell would start one Python process
     (~8 s) per cell."""
     p = Path(path)
-    if p.is_file() and p.read_text() == json.dumps(obj, indent=2, sort_keys=True, default=float) + "\n":
+    if p.is_file() and p.read_text() == json_text(obj):
         return
-    write_json_atomic(obj, p)
+    write_json(p, obj)
 
 
 for _cid, _cell in CELLS.items():

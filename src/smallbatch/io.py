@@ -1,0 +1,136 @@
+"""The one way the pipeline writes a file: atomically, and a lock per cell folder.
+
+:func:`atomic_write` writes to a temporary file in the target's folder, flushes and
+fsyncs it, then moves it into place with ``os.replace``; a failed or interrupted write
+leaves no partial file behind (the temporary file is removed) and never a file that
+looks finished.  Every file format of the pipeline (JSON results and cell files,
+``torch.save`` checkpoints and states, ``.npz`` features, the data cache) goes through
+it, via :func:`write_json` / :func:`save_torch` or a ``write`` callback.
+
+:class:`CellLock` is the one-writer-per-cell guarantee: an OS-level ``flock`` on
+``<cell folder>/.lock``, held for the life of the process that trains the cell and
+released by the kernel when that process dies (however it dies), so a second process
+on the same cell (a second Snakemake in another working directory, a trainer left
+running after Snakemake was killed) stops at once with one line naming the cell and
+the PID that holds it.
+
+Imports nothing heavy (no torch, no numpy at module level).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, BinaryIO, Callable
+
+
+def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> Path:
+    """Call ``write(fh)`` on a temporary binary file next to ``path``, fsync it and move it
+    to ``path``.  The folder is created; on any error the temporary file is removed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return path
+
+
+def json_text(obj: Any, allow_nan: bool = True) -> str:
+    """The pipeline's JSON layout (sorted keys, indent 2, trailing newline)."""
+    return json.dumps(obj, indent=2, sort_keys=True, default=float, allow_nan=allow_nan) + "\n"
+
+
+def write_json(path: str | Path, obj: Any, allow_nan: bool = True) -> Path:
+    """Write ``obj`` as JSON atomically."""
+    data = json_text(obj, allow_nan).encode()
+    return atomic_write(path, lambda fh: fh.write(data))
+
+
+def save_torch(path: str | Path, obj: Any) -> Path:
+    """``torch.save(obj)`` atomically."""
+    import torch
+
+    return atomic_write(path, lambda fh: torch.save(obj, fh))
+
+
+class CellBusy(RuntimeError):
+    """Another live process holds the cell's lock (one line: the cell and the PID)."""
+
+
+class CellLock:
+    """An exclusive, non-blocking ``flock`` on ``<folder>/.lock`` (see the module docstring).
+
+    Use as a context manager; the PID of the holder is written into the lock file so the
+    refusal can name it.  Re-entrant within one process (a nested acquire is a no-op).
+    """
+
+    _held: dict[str, int] = {}
+
+    def __init__(self, folder: str | Path, name: str | None = None) -> None:
+        self.path = Path(folder) / ".lock"
+        self.name = name or str(folder)
+        self._fd: int | None = None
+
+    def acquire(self) -> "CellLock":
+        import fcntl
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._key = key = str(self.path.resolve())
+        if key in CellLock._held:
+            CellLock._held[key] += 1
+            return self
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = _read_pid(fd)
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                who = f"process {holder}" if holder else "another process"
+                raise CellBusy(f"cell {self.name} is being trained by {who} (lock {self.path}); "
+                               "wait for it to finish or stop it first") from None
+            raise
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+        CellLock._held[key] = 1
+        return self
+
+    def release(self) -> None:
+        key = getattr(self, "_key", None)
+        if key is None or key not in CellLock._held:
+            return
+        CellLock._held[key] -= 1
+        if CellLock._held[key] > 0:
+            return
+        del CellLock._held[key]
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor releases the flock
+            self._fd = None
+
+    def __enter__(self) -> "CellLock":
+        return self.acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
+def _read_pid(fd: int) -> str:
+    try:
+        os.lseek(fd, 0, os.SEEK_SET)
+        return os.read(fd, 32).decode(errors="replace").strip()
+    except OSError:
+        return ""
