@@ -20,6 +20,8 @@ from smallbatch.losses import (
     InfoNCE,
     LossOutput,
     MomentumQueue,
+    REGISTRY,
+    batch_positives,
     build_loss,
     diagnostics,
     in_batch_scores,
@@ -365,6 +367,50 @@ def test_in_batch_scores_layout():
     rows = ref_in_batch(z1.numpy(), z2.numpy())
     np.testing.assert_allclose(pos.numpy(), [r[0] for r in rows], rtol=1e-12)
     np.testing.assert_allclose(neg.numpy(), [r[1] for r in rows], rtol=1e-12)
+
+
+def test_in_batch_scores_of_some_rows_are_those_rows_of_the_whole_batch():
+    z1, z2 = _views(5, 4, seed=1)
+    pos, neg, _ = in_batch_scores(z1, z2)
+    rows = torch.tensor([1, 3, 6, 8])
+    p, n, _ = in_batch_scores(z1, z2, rows=rows)
+    assert torch.equal(p, pos[rows]) and torch.equal(n, neg[rows])
+    torch.testing.assert_close(batch_positives(z1, z2), pos, rtol=1e-14, atol=1e-14)
+
+
+@pytest.mark.parametrize("name", list(REGISTRY))
+def test_losses_of_disjoint_anchor_sets_average_to_the_whole_batch(name):
+    """What a process that owns some anchors of a gathered batch computes: the mean of
+    the per-process losses (equal shares) is the whole batch's loss, and so is its
+    gradient w.r.t. every embedding (DCLW's weights use the whole batch's positives)."""
+    z1, z2 = _views(6, 5, seed=2)
+    a, b = z1.clone().requires_grad_(True), z2.clone().requires_grad_(True)
+    loss = build_loss(name, 0.2)
+    whole = loss(a, b).loss
+    g_whole = torch.autograd.grad(whole, (a, b))
+    n = z1.shape[0]
+    parts = []
+    for r in range(2):  # two "processes", each owning half of the images (both views)
+        own = torch.cat([torch.arange(r * 3, r * 3 + 3), n + torch.arange(r * 3, r * 3 + 3)])
+        pos, neg, mask = in_batch_scores(a, b, rows=own)
+        parts.append(loss.from_scores(pos, neg, mask, batch_pos=batch_positives(a, b)).loss)
+    split = (parts[0] + parts[1]) / 2
+    g_split = torch.autograd.grad(split, (a, b))
+    assert split.item() == pytest.approx(whole.item(), rel=1e-12, abs=1e-12)
+    for gw, gs in zip(g_whole, g_split):
+        torch.testing.assert_close(gs, gw, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", list(REGISTRY))
+def test_a_temperature_tensor_equals_the_float(name):
+    z1, z2 = _views(4, 3, seed=3)
+    pos, neg, mask = in_batch_scores(z1, z2)
+    loss = build_loss(name, 0.3)
+    a = loss.from_scores(pos, neg, mask)
+    b = build_loss(name, 1.0).from_scores(pos, neg, mask, temperature=torch.tensor(0.3, dtype=torch.float64))
+    assert torch.equal(a.loss, b.loss) and torch.equal(a.value, b.value) and torch.equal(a.infonce, b.infonce)
+    with pytest.raises(ValueError, match="0-d float tensor"):
+        loss.from_scores(pos, neg, mask, temperature=torch.tensor([0.3]))
 
 
 # --------------------------------------------------------------------------- queue

@@ -48,6 +48,7 @@ from torch import Tensor
 __all__ = [
     "LossOutput",
     "in_batch_scores",
+    "batch_positives",
     "queue_scores",
     "ContrastiveLoss",
     "InfoNCE",
@@ -82,7 +83,14 @@ def _compute_dtype(*dtypes: torch.dtype) -> torch.dtype:
     return dt
 
 
-def _check_temperature(temperature: Any) -> float:
+def _check_temperature(temperature: Any) -> float | Tensor:
+    """A positive finite float; a 0-d floating tensor is passed through unchecked (the
+    training step's per-step temperature: checking its value would sync the device)."""
+    if isinstance(temperature, Tensor):
+        if temperature.dim() != 0 or not temperature.is_floating_point():
+            raise ValueError(f"a temperature tensor must be a 0-d float tensor, got {tuple(temperature.shape)} "
+                             f"{temperature.dtype}")
+        return temperature
     try:
         t = float(temperature)
     except (TypeError, ValueError):
@@ -115,9 +123,12 @@ def _row_counts(neg: Tensor, neg_mask: Tensor | None) -> Tensor:
 
 
 def _prepare_scores(
-    pos: Tensor, neg: Tensor, neg_mask: Tensor | None
+    pos: Tensor, neg: Tensor, neg_mask: Tensor | None, check: bool = True
 ) -> tuple[Tensor, Tensor, Tensor | None]:
-    """Validate (pos, neg, neg_mask) and cast to the compute dtype."""
+    """Validate (pos, neg, neg_mask) and cast to the compute dtype.  ``check=False`` skips
+    the one value check (a mask row without any valid negative), which reads the mask on
+    the host; the training step skips it (such a row gives an infinite loss, which the
+    step reports as a diverged cell)."""
     if not isinstance(pos, Tensor) or pos.dim() != 1:
         raise ValueError(f"pos must be a 1-D tensor (B,), got {getattr(pos, 'shape', type(pos))}")
     if not isinstance(neg, Tensor) or neg.dim() != 2:
@@ -138,7 +149,7 @@ def _prepare_scores(
             )
         neg_mask = neg_mask.to(device=neg.device, dtype=torch.bool)
         empty = ~neg_mask.any(dim=1)
-        if bool(empty.any()):
+        if check and bool(empty.any()):
             rows = torch.nonzero(empty).flatten().tolist()
             raise ValueError(
                 f"neg_mask leaves anchors without any valid negative (rows {rows[:10]}"
@@ -151,7 +162,7 @@ def _masked(x: Tensor, neg_mask: Tensor | None) -> Tensor:
     return x if neg_mask is None else x.masked_fill(~neg_mask, float("-inf"))
 
 
-def _infonce_rows(pos: Tensor, neg: Tensor, neg_mask: Tensor | None, tau: float) -> Tensor:
+def _infonce_rows(pos: Tensor, neg: Tensor, neg_mask: Tensor | None, tau: float | Tensor) -> Tensor:
     """Per-anchor InfoNCE: logsumexp([s_pos, s_neg]/tau) - s_pos/tau."""
     xp = pos / tau
     xn = _masked(neg / tau, neg_mask)
@@ -160,13 +171,21 @@ def _infonce_rows(pos: Tensor, neg: Tensor, neg_mask: Tensor | None, tau: float)
 
 
 # --------------------------------------------------------------------------- scores
-def in_batch_scores(z1: Tensor, z2: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+def in_batch_scores(z1: Tensor, z2: Tensor, rows: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
     """SimCLR in-batch scores of two views ``z1, z2`` of shape ``(N, D)``.
 
     The 2N views ``z = cat(z1, z2)`` are L2-normalised; view ``i`` has positive
     ``(i + N) mod 2N`` and the 2N-2 remaining views as negatives (in increasing
-    view order).  Returns ``(pos (2N,), neg (2N, 2N-2), None)`` as cosine
-    similarities in the compute dtype (half types -> float32, float64 kept).
+    view order).  Returns ``(pos (R,), neg (R, 2N-2), None)`` as cosine
+    similarities in the compute dtype (half types -> float32, float64 kept), for
+    the anchors ``rows`` (view indices in ``[0, 2N)``; default all 2N, R = 2N).
+    Several processes that each own some anchors of one gathered batch pass their
+    rows (``smallbatch.negatives``); their losses then average to the whole batch's.
+
+    The negatives are picked with an index computed from the shapes alone
+    (``k + [k >= lo] + [k + 1 >= hi]`` skips the anchor and its positive), not with
+    a boolean mask, so no step of it depends on the values: nothing syncs a GPU and
+    ``torch.compile`` sees one graph.
     """
     _check_views(z1, z2)
     n = z1.shape[0]
@@ -174,15 +193,28 @@ def in_batch_scores(z1: Tensor, z2: Tensor) -> tuple[Tensor, Tensor, Tensor | No
         raise ValueError(f"z1/z2 batch size must be >= 2 for in-batch negatives, got N={n}")
     dt = _compute_dtype(z1.dtype, z2.dtype)
     z = F.normalize(torch.cat([z1, z2], dim=0).to(dt), dim=1)
-    sim = z @ z.T
     m = 2 * n
-    idx = torch.arange(m, device=z.device)
-    partner = (idx + n) % m
-    pos = sim[idx, partner]
-    keep = ~torch.eye(m, dtype=torch.bool, device=z.device)
-    keep[idx, partner] = False
-    neg = sim[keep].view(m, m - 2)
+    if rows is None:
+        rows = torch.arange(m, device=z.device)
+        sim = z @ z.T
+    else:
+        rows = torch.as_tensor(rows, device=z.device).reshape(-1)
+        sim = z[rows] @ z.T
+    partner = (rows + n) % m
+    pos = sim.gather(1, partner[:, None]).squeeze(1)
+    lo, hi = torch.minimum(rows, partner)[:, None], torch.maximum(rows, partner)[:, None]
+    k = torch.arange(m - 2, device=z.device)[None, :]
+    neg = sim.gather(1, k + (k >= lo).long() + (k + 1 >= hi).long())
     return pos, neg, None
+
+
+def batch_positives(z1: Tensor, z2: Tensor) -> Tensor:
+    """The positive score of every one of the 2N in-batch anchors, ``(2N,)``, detached:
+    what a batch-level statistic (DCLW's weight normaliser) needs when a process
+    computes the loss of only some anchors (``from_scores(..., batch_pos=...)``)."""
+    dt = _compute_dtype(z1.dtype, z2.dtype)
+    p = (F.normalize(z1.detach().to(dt), dim=1) * F.normalize(z2.detach().to(dt), dim=1)).sum(dim=1)
+    return torch.cat([p, p])
 
 
 def queue_scores(
@@ -318,15 +350,28 @@ class ContrastiveLoss(torch.nn.Module):
             pos, neg, mask = queue_scores(z1, z2, queue, q_index, queue_index)
         return self.from_scores(pos, neg, mask)
 
-    def from_scores(self, pos: Tensor, neg: Tensor, neg_mask: Tensor | None = None) -> LossOutput:
-        """Loss from scores ``pos (B,)``, ``neg (B, K)``, ``neg_mask (B, K)`` (True = valid)."""
-        pos, neg, neg_mask = _prepare_scores(pos, neg, neg_mask)
-        loss_rows, value_rows = self._rows(pos, neg, neg_mask)
+    def from_scores(self, pos: Tensor, neg: Tensor, neg_mask: Tensor | None = None, *,
+                    temperature: float | Tensor | None = None, batch_pos: Tensor | None = None,
+                    check: bool = True) -> LossOutput:
+        """Loss from scores ``pos (B,)``, ``neg (B, K)``, ``neg_mask (B, K)`` (True = valid).
+
+        ``temperature`` overrides the loss's own for this call (a float, or a 0-d tensor
+        when it changes per step, e.g. ESS-scheduled).  ``batch_pos``: the positives of
+        every anchor of the whole batch when ``pos`` holds only some of them (batch-level
+        statistics such as DCLW's weights use it; default ``pos``).  ``check=False``:
+        see :func:`_prepare_scores`.
+        """
+        tau = self.temperature if temperature is None else _check_temperature(temperature)
+        pos, neg, neg_mask = _prepare_scores(pos, neg, neg_mask, check)
+        bp = None if batch_pos is None else batch_pos.detach().to(pos.dtype)
+        loss_rows, value_rows = self._rows(pos, neg, neg_mask, tau, bp)
         with torch.no_grad():
-            info = _infonce_rows(pos.detach(), neg.detach(), neg_mask, self.temperature).mean()
+            info = _infonce_rows(pos.detach(), neg.detach(), neg_mask, tau).mean()
         return LossOutput(loss=loss_rows.mean(), value=value_rows.detach().mean(), infonce=info)
 
-    def _rows(self, pos: Tensor, neg: Tensor, neg_mask: Tensor | None) -> tuple[Tensor, Tensor]:
+    def _rows(self, pos: Tensor, neg: Tensor, neg_mask: Tensor | None, tau: float | Tensor,
+              batch_pos: Tensor | None) -> tuple[Tensor, Tensor]:
+        """``(loss_rows, value_rows)``, one entry per anchor (see :meth:`from_scores`)."""
         raise NotImplementedError
 
 
@@ -359,8 +404,8 @@ class InfoNCE(ContrastiveLoss):
     paper = "van den Oord et al. 2018; Chen et al. 2020 (SimCLR)"
     paper_pattern = r"nt-xent|simclr|infonce|cross-entropy|moco"
 
-    def _rows(self, pos, neg, neg_mask):
-        rows = _infonce_rows(pos, neg, neg_mask, self.temperature)
+    def _rows(self, pos, neg, neg_mask, tau, batch_pos):
+        rows = _infonce_rows(pos, neg, neg_mask, tau)
         return rows, rows
 
 
@@ -417,8 +462,8 @@ class FlatNCE(ContrastiveLoss):
             raise ValueError(f"gamma must be a finite number >= 0 (1 = FlatNCE), got {value!r}")
         return g
 
-    def _rows(self, pos, neg, neg_mask):
-        tau, g = self.temperature, self.gamma
+    def _rows(self, pos, neg, neg_mask, tau, batch_pos):
+        g = self.gamma
         x = (neg - pos[:, None]) / tau
         if g == 1.0:
             l = torch.logsumexp(_masked(x, neg_mask), dim=1)
@@ -452,8 +497,8 @@ class DCL(ContrastiveLoss):
     paper = "Yeh et al. 2021 (DCL)"
     paper_pattern = r"\bdcl\b"
 
-    def _rows(self, pos, neg, neg_mask):
-        rows = torch.logsumexp(_masked(neg / self.temperature, neg_mask), dim=1) - pos / self.temperature
+    def _rows(self, pos, neg, neg_mask, tau, batch_pos):
+        rows = torch.logsumexp(_masked(neg / tau, neg_mask), dim=1) - pos / tau
         return rows, rows
 
 
@@ -484,16 +529,20 @@ class DCLW(ContrastiveLoss):
             raise ValueError(f"sigma must be > 0, got {value!r}")
         return s
 
-    def weights(self, pos: Tensor) -> Tensor:
-        """The detached positive weights ``w_i`` (batch mean 1)."""
+    def weights(self, pos: Tensor, batch_pos: Tensor | None = None) -> Tensor:
+        """The detached positive weights ``w_i`` of the anchors ``pos``, normalised by the
+        mean over ``batch_pos`` (every anchor of the batch; default ``pos``: batch mean 1)."""
         p = pos.detach()
         if math.isinf(self.sigma):
             return torch.ones_like(p)
-        return 2.0 - p.shape[0] * torch.softmax(p / self.sigma, dim=0)
+        if batch_pos is None:
+            return 2.0 - p.shape[0] * torch.softmax(p / self.sigma, dim=0)
+        b = batch_pos.detach().to(p.dtype)
+        log_mean = torch.logsumexp(b / self.sigma, dim=0) - math.log(b.shape[0])
+        return 2.0 - torch.exp(p / self.sigma - log_mean)
 
-    def _rows(self, pos, neg, neg_mask):
-        tau = self.temperature
-        w = self.weights(pos)
+    def _rows(self, pos, neg, neg_mask, tau, batch_pos):
+        w = self.weights(pos, batch_pos)
         rows = -w * pos / tau + torch.logsumexp(_masked(neg / tau, neg_mask), dim=1)
         return rows, rows
 
@@ -531,8 +580,7 @@ class EqCo(ContrastiveLoss):
             raise ValueError(f"alpha must be a positive finite number or None (alpha = K), got {value!r}")
         return a
 
-    def _rows(self, pos, neg, neg_mask):
-        tau = self.temperature
+    def _rows(self, pos, neg, neg_mask, tau, batch_pos):
         xp = pos / tau
         xn = neg / tau
         if self.alpha is not None:
