@@ -289,30 +289,35 @@ def test_embed_and_probes_of_a_diverged_cell_write_diverged_outputs(tmp_path, di
 
 def test_nan_loss_mid_run_ends_cell_as_diverged(tmp_path, digits, monkeypatch):
     """Simulates the numerical event itself: the loss returns NaN at its k-th call
-    (after an epoch-end state save), everything else is the real loop."""
+    (after an epoch-end state save), everything else is the real loop.  The step reads
+    the loss on the host only every `log_every` steps, so the cell ends as diverged at
+    the first check at or after the NaN — and no state is saved after it."""
     real_build = train.build_loss
     k = 50
 
     def build_nan_at_k(name, temperature, **params):
         loss = real_build(name, temperature, **params)
         calls = {"n": 0}
-        orig = loss.forward
+        orig = loss.from_scores
 
-        def forward(*a, **kw):
+        def from_scores(*a, **kw):
             out = orig(*a, **kw)
             calls["n"] += 1
             if calls["n"] == k:
                 out.loss = out.loss * float("nan")
             return out
 
-        loss.forward = forward
+        loss.from_scores = from_scores
         return loss
 
     monkeypatch.setattr(train, "build_loss", build_nan_at_k)
-    cell = digits_cell(epochs=2)
+    cell = digits_cell(epochs=3)
+    spe, every = steps_per_epoch(cell, digits), cell["train"]["log_every"]
+    assert spe < k < 2 * spe
     res = run(cell, digits, tmp_path)
-    assert res.status == "diverged" and res.steps == k - 1 and math.isnan(res.final_loss)
+    assert res.status == "diverged" and k <= res.steps < k + every and math.isnan(res.final_loss)
     assert train.load_checkpoint(tmp_path / "checkpoint.pt")["status"] == "diverged"
+    assert train.load_checkpoint(tmp_path / "state.pt")["step"] == spe  # the save before the NaN, none after
 
 
 # --------------------------------------------------------------------------- state files

@@ -363,24 +363,37 @@ class BatchAugment:
         y0 = torch.where(any_valid, (height - h) * pos[:, 1], (height - h) / 2)
         return torch.stack((x0, y0, w, h), dim=1)
 
+    def draw(self, batch: int, generator: torch.Generator | None = None,
+             device: torch.device | str | None = None) -> torch.Tensor:
+        """All random numbers of a batch of ``batch`` images in one draw: ``(batch, COLUMNS)``
+        uniforms on ``device`` (default: the generator's), from ``generator``."""
+        gen_device = generator.device if generator is not None else torch.device("cpu")
+        u = torch.rand((batch, self._COLUMNS), generator=generator, device=gen_device, dtype=torch.float32)
+        return u if device is None else u.to(device)
+
     def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         """Random views of ``x`` (``uint8 (B, C, H, W)``) as normalised float32 ``(B, C, S, S)``."""
+        self._check_input(x)
+        return self.apply(x, self.draw(x.shape[0], generator, x.device))
+
+    def _check_input(self, x: torch.Tensor) -> None:
         if not isinstance(x, torch.Tensor) or x.ndim != 4 or x.dtype != torch.uint8:
             got = f"{x.dtype} {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
             raise ValueError(f"x must be a uint8 (B, C, H, W) tensor; got {got}")
         if x.shape[1] != self.channels:
             raise ValueError(f"x has {x.shape[1]} channels; this BatchAugment was built for {self.channels}")
+
+    def apply(self, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """The views of ``x`` for the uniforms ``u`` (from :meth:`draw`): a pure tensor function
+        whose every step is shaped by the sizes alone (per-sample choices are masks, never
+        index lists), so on a GPU it never waits for the device and ``torch.compile`` sees
+        one graph."""
         cfg = self.cfg
         device = x.device
         batch, channels, height, width = x.shape
         size = self.size
         if batch == 0:
             return torch.empty((0, channels, size, size), dtype=torch.float32, device=device)
-
-        # all random numbers of the batch in one draw, on the generator's device
-        gen_device = generator.device if generator is not None else torch.device("cpu")
-        u = torch.rand((batch, self._COLUMNS), generator=generator, device=gen_device, dtype=torch.float32)
-        u = u.to(device)
         col = 0
         u_crop = u[:, col : col + self._N_CROP]; col += self._N_CROP  # noqa: E702
         u_flip = u[:, col]; col += 1  # noqa: E702
@@ -391,45 +404,48 @@ class BatchAugment:
         u_blur = u[:, col]; col += 1  # noqa: E702
         u_sigma = u[:, col]; col += 1  # noqa: E702
 
-        # 1. crop + flip + resize: one affine grid for the batch
+        out = self._crop_flip_resize(x, u_crop, u_flip)
+        if cfg.jitter_p > 0 and self._active_ops:
+            out = self._jitter(out, u_jit < cfg.jitter_p, u_fac, u_order)
+        if channels == 3 and cfg.grayscale_p > 0:
+            gray = u_gray < cfg.grayscale_p
+            out = torch.where(gray.view(-1, 1, 1, 1), _gray(out).expand(-1, 3, -1, -1), out)
+        if self.blur_kernel:  # identity kernel for the samples not blurred
+            out = self._blur(out, u_blur < cfg.blur_p, u_sigma)
+        mean, std = self._device_constants(device)[:2]
+        return out.sub_(mean).div_(std)
+
+    def _crop_flip_resize(self, x: torch.Tensor, u_crop: torch.Tensor, u_flip: torch.Tensor) -> torch.Tensor:
+        """Random resized crop + flip + resize to ``S``: one affine grid for the batch."""
+        batch, channels, height, width = x.shape
+        size = self.size
         box = self._crop_boxes(u_crop, height, width)
         x0, y0, w, h = box.unbind(1)
-        flip = torch.where(u_flip < cfg.flip_p, -1.0, 1.0)
-        theta = torch.zeros((batch, 2, 3), dtype=torch.float32, device=device)
-        theta[:, 0, 0] = flip * w / width
-        theta[:, 0, 2] = (2 * x0 + w) / width - 1
-        theta[:, 1, 1] = h / height
-        theta[:, 1, 2] = (2 * y0 + h) / height - 1
+        flip = torch.where(u_flip < self.cfg.flip_p, -1.0, 1.0)
+        zero = torch.zeros_like(w)
+        theta = torch.stack((flip * w / width, zero, (2 * x0 + w) / width - 1,
+                             zero, h / height, (2 * y0 + h) / height - 1), dim=1).view(batch, 2, 3)
         k = max(1, math.ceil(max(height, width) / size))
         grid = F.affine_grid(theta, [batch, channels, size * k, size * k], align_corners=False)
         img = x.to(torch.float32).div_(255.0)
         out = F.grid_sample(img, grid, mode="bilinear", padding_mode="border", align_corners=False)
-        if k > 1:
-            out = F.avg_pool2d(out, k)
+        return F.avg_pool2d(out, k) if k > 1 else out
 
-        # 2. colour jitter, per-sample factors and per-sample order of the ops
-        if cfg.jitter_p > 0 and self._active_ops:
-            lows, highs, active = self._device_constants(device)[2:]
-            factors = lows + (highs - lows) * u_fac  # (B, 4)
-            jitter = u_jit < cfg.jitter_p
-            order = active[u_order[:, : len(self._active_ops)].argsort(dim=1)]  # (B, n_ops) op ids
-            for position in range(len(self._active_ops)):
-                for op in self._active_ops:
-                    rows = torch.nonzero(jitter & (order[:, position] == op)).squeeze(1)
-                    if rows.numel():
-                        out[rows] = _JITTER_OPS[op](out[rows], factors[rows, op])
-
-        # 3. random grayscale
-        if channels == 3 and cfg.grayscale_p > 0:
-            gray = u_gray < cfg.grayscale_p
-            out = torch.where(gray.view(-1, 1, 1, 1), _gray(out).expand(-1, 3, -1, -1), out)
-
-        # 4. Gaussian blur (identity kernel for the samples not blurred)
-        if self.blur_kernel:
-            out = self._blur(out, u_blur < cfg.blur_p, u_sigma)
-
-        mean, std = self._device_constants(device)[:2]
-        return out.sub_(mean).div_(std)
+    def _jitter(self, out: torch.Tensor, jitter: torch.Tensor, u_fac: torch.Tensor,
+                u_order: torch.Tensor) -> torch.Tensor:
+        """Colour jitter with per-sample factors and a per-sample order of the ops: at each
+        position every active op is computed for the whole batch and kept (``torch.where``)
+        for the samples whose order puts it there."""
+        lows, highs, active = self._device_constants(out.device)[2:]
+        factors = lows + (highs - lows) * u_fac  # (B, 4)
+        order = active[u_order[:, : len(self._active_ops)].argsort(dim=1)]  # (B, n_ops) op ids
+        for position in range(len(self._active_ops)):
+            new = out
+            for op in self._active_ops:
+                take = (jitter & (order[:, position] == op)).view(-1, 1, 1, 1)
+                new = torch.where(take, _JITTER_OPS[op](out, factors[:, op]), new)
+            out = new
+        return out
 
     def pair(self, x: torch.Tensor, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Two independent random views of each image of ``x`` (one augmentation call on 2B images)."""

@@ -30,9 +30,17 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+#: settings of how a cell runs, not of what it computes: left out of the cell's hash, so
+#: switching them neither reruns a finished cell nor keeps a state from resuming
+EXECUTION_KEYS = ("id", "hash", "device", "threads")
+EXECUTION_TRAIN_KEYS = ("compile", "deterministic", "log_every")
+
+
 def cell_hash(cell: dict) -> str:
-    """Short hash of the settings that define the experiment (not where it runs)."""
-    science = {k: v for k, v in cell.items() if k not in ("id", "hash", "device", "threads")}
+    """Short hash of the settings that define the experiment (not where or how it runs)."""
+    science = {k: v for k, v in cell.items() if k not in EXECUTION_KEYS}
+    if isinstance(science.get("train"), dict):
+        science["train"] = {k: v for k, v in science["train"].items() if k not in EXECUTION_TRAIN_KEYS}
     blob = json.dumps(science, sort_keys=True, default=str).encode()
     return hashlib.sha1(blob).hexdigest()[:10]
 

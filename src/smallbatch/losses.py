@@ -66,6 +66,9 @@ __all__ = [
     "build_loss",
     "loss_param_names",
     "diagnostics",
+    "effective_sample_size",
+    "embedding_grad_norm",
+    "grad_rel_error",
     "MomentumQueue",
 ]
 
@@ -669,6 +672,54 @@ def build_loss(name: str, temperature: float, **params: Any) -> ContrastiveLoss:
 
 
 # --------------------------------------------------------------------------- diagnostics
+def effective_sample_size(neg: Tensor, temperature: float | Tensor, neg_mask: Tensor | None = None) -> Tensor:
+    """FlatNCE's normalised effective sample size per anchor, ``1/(K sum_j w_j^2)`` of the
+    weights ``w = softmax_j(s_j/tau)`` over the anchor's (valid) negatives, in ``[1/K, 1]``
+    (1: all negatives weigh the same; 1/K: one hard negative carries all the weight)."""
+    k = _row_counts(neg, neg_mask)
+    w = torch.softmax(_masked(neg / temperature, neg_mask), dim=1)
+    return 1.0 / (k * (w * w).sum(dim=1))
+
+
+def embedding_grad_norm(loss: "ContrastiveLoss", z1: Tensor, z2: Tensor, scores=None,
+                        temperature: float | Tensor | None = None, through_z2: bool = True) -> Tensor:
+    """``||d loss / d(z1, z2)||`` of one batch: the gradient w.r.t. the embeddings only, no
+    backward through a network (DCL's mechanism is a factor on exactly this gradient).
+
+    ``scores(z1, z2) -> (pos, neg, mask)`` builds the scores (default: in-batch); with
+    ``through_z2=False`` (MoCo keys, which get no gradient) only ``z1``'s gradient counts.
+    For one anchor, InfoNCE's gradient w.r.t. the logits is DCL's times
+    ``q_B = 1 - softmax_pos``; so when every anchor of a batch has the same ``q_B`` the
+    ratio of the two norms IS ``q_B`` (the test suite builds such a batch)."""
+    a = z1.detach().clone().requires_grad_(True)
+    b = z2.detach().clone().requires_grad_(through_z2)
+    pos, neg, mask = (scores or in_batch_scores)(a, b)
+    out = loss.from_scores(pos, neg, mask, temperature=temperature, check=False)
+    grads = torch.autograd.grad(out.loss, (a, b) if through_z2 else (a,))
+    return torch.sqrt(sum((g.double() ** 2).sum() for g in grads))
+
+
+def grad_rel_error(loss: "ContrastiveLoss", z1: Tensor, z2: Tensor, dtype: torch.dtype,
+                   temperature: float | Tensor | None = None) -> float:
+    """Relative error ``||g_dtype - g_fp64|| / ||g_fp64||`` of the in-batch loss gradient
+    w.r.t. one batch's embeddings when they are held in ``dtype`` (the loss computes half
+    types in float32, as training does): the rounding error FlatNCE blames for InfoNCE's
+    collapse.  0 when the fp64 gradient is 0."""
+    def grad(dt):
+        a = z1.detach().to(dt).requires_grad_(True)
+        b = z2.detach().to(dt).requires_grad_(True)
+        pos, neg, mask = in_batch_scores(a, b)
+        out = loss.from_scores(pos, neg, mask, temperature=temperature)
+        ga, gb = torch.autograd.grad(out.loss, (a, b))
+        return torch.cat([ga.double().flatten(), gb.double().flatten()])
+
+    g64 = grad(torch.float64)
+    denom = torch.linalg.vector_norm(g64)
+    if denom == 0:
+        return 0.0
+    return float(torch.linalg.vector_norm(grad(dtype) - g64) / denom)
+
+
 @torch.no_grad()
 def diagnostics(
     pos: Tensor,
@@ -707,8 +758,7 @@ def diagnostics(
     infonce_rows = lse_all - xp
     ceiling = torch.log1p(k)
     mi = ceiling - infonce_rows
-    w = torch.softmax(xn, dim=1)
-    ess = 1.0 / (k * (w * w).sum(dim=1))
+    ess = effective_sample_size(neg, tau, neg_mask)
     qb = torch.exp(lse_neg - lse_all)
     qb_mean = qb.mean()
     qb_std = qb.std(unbiased=False) if qb.numel() > 1 else torch.zeros_like(qb_mean)

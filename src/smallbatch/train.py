@@ -1,67 +1,114 @@
 """Contrastive pretraining of one cell, readable top to bottom.
 
-The whole (small) data set sits on the device as one uint8 tensor; each step
-indexes a batch, draws two per-sample random views on the device, encodes both
-views in one forward pass (so BatchNorm sees 2N views, as in SimCLR), and
-applies the cell's loss.  Negatives are in-batch (K = 2N-2) or, with
-``train.queue_size > 0``, a MoCo-style queue filled by a momentum encoder.
+:func:`pretrain` builds the cell's parts (:func:`build_training`), resumes from
+``state.pt`` when it can (:func:`resume`), runs the loop (:func:`run_loop`) and writes
+``checkpoint.pt`` (:func:`finish`).  The parts live in their own modules:
 
-Learning rate: ``train.lr`` is the rate at batch 256; ``lr_scaling`` maps it to
-the cell's batch size N: ``linear`` lr*N/256 (SimCLR), ``sqrt`` lr*sqrt(N/256)
-(SimCLR's square-root rule, normalised at 256), ``none`` lr.  Linear warm-up
-for ``warmup_epochs`` then cosine decay to zero, per step.
+* the step — views, both views through the model, scores, temperature, loss, update:
+  :mod:`smallbatch.trainstep` (one graph, compilable with ``train.compile``);
+* where negatives come from (in-batch, MoCo queue): :mod:`smallbatch.negatives`;
+* the temperature (fixed or ESS-scheduled): :mod:`smallbatch.temperature`;
+* optimisers and the learning-rate schedule: :mod:`smallbatch.optim`;
+* the state and checkpoint files, and the step's random streams: :mod:`smallbatch.checkpoint`;
+* the collapse criteria: :mod:`smallbatch.health`.
 
-Precision: ``fp32`` everywhere by default; ``fp64`` runs model, views and loss
-in float64 (the FlatNCE floating-point hypothesis); ``bf16`` uses autocast (CPU
-or CUDA); ``fp16`` uses autocast with a GradScaler and needs CUDA.
+The whole (small) data set sits on the device as one uint8 tensor; each epoch's
+permutation and each step's augmentation uniforms are drawn on the device from
+generators seeded by (seed, epoch/step), so nothing leaves the device between two
+logging steps: the non-finite check, the loss readout and the diagnostics happen every
+``train.log_every`` steps (and at epoch ends, before a state is saved).  A non-finite
+loss ends the cell as *diverged* within ``log_every`` steps, and no state is saved after
+it; a representation that collapsed without a NaN ends it as *collapsed*.
 
-Fault tolerance: the resumable state (weights, optimiser, queue, momentum
-encoder, RNG states, the epoch's permutation and position) is written
-atomically to ``state.pt`` at the end of every epoch and when SIGTERM arrives
-(SLURM preemption / time limit).  A rerun continues from it and ends with the
-same weights as an uninterrupted run.  ``checkpoint.pt`` (the step's declared
-output) is written only when training is complete.  A non-finite loss ends the
-cell as *diverged*: a result of the study, not a crash.
+Fault tolerance: the resumable state is written atomically at the end of every epoch
+and when SIGTERM arrives (SLURM preemption / time limit); a rerun continues from it and
+ends with the same weights as an uninterrupted run (bitwise on the CPU; on a GPU with
+``train.deterministic``).  ``checkpoint.pt`` is written only when training is complete.
+One process trains a cell at a time: the cell's folder is locked (:class:`io.CellLock`).
 """
 
 from __future__ import annotations
 
 import math
-import os
 import signal
 import sys
+import threading
 import time
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
-from .augment import AugmentConfig, BatchAugment
-from .errors import CheckpointError, Preempted
-from .io import save_torch
-from .losses import build_loss, diagnostics, in_batch_scores, queue_scores, MomentumQueue
+from . import health
+from .augment import AugmentConfig, BatchAugment, normalize
+from .checkpoint import StepRandom, load_checkpoint, read_state, save_checkpoint, save_state  # noqa: F401
+from .errors import Preempted
+from .io import CellLock
+from .losses import build_loss, diagnostics, embedding_grad_norm, grad_rel_error
 from .models import ContrastiveModel, build_backbone
-
-PRECISIONS = ("fp32", "bf16", "fp16", "fp64")
-STATE_VERSION = 1
-
-
+from .negatives import InBatch, QueueNegatives
+from .optim import LARS, lr_at, make_optimizer, scaled_lr, set_lr  # noqa: F401  (public through train)
+from .temperature import build_temperature
+from .trainstep import PRECISIONS, TrainStep, configure_backends
 
 
 @dataclass
 class TrainResult:
-    status: str  # finished | diverged
+    status: str  # finished | diverged | collapsed
     steps: int
     epochs: float
     final_loss: float
     wall_s: float
     images_per_s: float
+    health: dict = field(default_factory=dict)
+
+
+@dataclass
+class Hooks:
+    """How the caller watches a run: ``log_fn(metrics, step)``; ``before_save()`` runs
+    before every state save (the tracker flushes there, so the store never lags behind
+    ``state.pt``); ``meta`` is stored in the state (the MLflow run id);
+    ``stop_after_steps`` simulates a crash (tests)."""
+
+    log_fn: Callable[[dict, int], None] | None = None
+    before_save: Callable[[], None] | None = None
+    meta: dict = field(default_factory=dict)
+    stop_after_steps: int | None = None
+    progress: bool = True
+
+
+@dataclass
+class Training:
+    """A cell's training: its parts, schedule and progress."""
+
+    cell: dict
+    dev: torch.device
+    images: torch.Tensor
+    mean: list
+    std: list
+    step_fn: TrainStep
+    rng: StepRandom
+    out_dir: Path
+    total: int
+    steps_per_epoch: int
+    warmup: int
+    peak_lr: float
+    step: int = 0
+    wall_before: float = 0.0
+    last_value: torch.Tensor | None = None
+    finite: torch.Tensor | None = None
+
+    @property
+    def state_path(self) -> Path:
+        return self.out_dir / "state.pt"
 
 
 # --------------------------------------------------------------------------- devices
-def resolve_device(device: str = "auto") -> torch.device:
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    if isinstance(device, torch.device):
+        return device
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
@@ -71,425 +118,269 @@ def resolve_device(device: str = "auto") -> torch.device:
     return torch.device(device)
 
 
-# --------------------------------------------------------------------------- atomic I/O
-def load_checkpoint(path: Path, map_location="cpu") -> dict:
-    """Load a checkpoint/state file; one-line CheckpointError if it is corrupt."""
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint {path} does not exist")
-    try:
-        obj = torch.load(path, map_location=map_location, weights_only=False)
-    except Exception as exc:  # noqa: BLE001 - truncated zip, pickle error, ...
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise CheckpointError(f"checkpoint {path} is corrupt or truncated ({first[:160]})") from None
-    if not isinstance(obj, dict) or "model" not in obj:
-        raise CheckpointError(f"checkpoint {path} is not a smallbatch checkpoint (no 'model' entry)")
-    return obj
+def build_model(cell: dict, channels: int, image_size: int) -> ContrastiveModel:
+    tr = cell["train"]
+    backbone, feat_dim = build_backbone(tr["backbone"], channels, image_size, width=tr["width"],
+                                        pool_grid=tr["pool_grid"])
+    return ContrastiveModel(backbone, feat_dim, tr["proj_hidden"], tr["proj_dim"])
 
 
-# --------------------------------------------------------------------------- optimisers
-class LARS(torch.optim.Optimizer):
-    """LARS (You et al. 2017) as used by SimCLR: SGD with momentum whose per-layer
-    step is scaled by the trust ratio eta*||w||/||g + wd*w||; biases and
-    normalisation parameters (1-D tensors) are excluded from adaptation and decay."""
-
-    def __init__(self, params, lr: float, momentum: float = 0.9, weight_decay: float = 0.0, eta: float = 0.001):
-        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, eta=eta))
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                g = p.grad
-                if p.ndim > 1:
-                    g = g.add(p, alpha=group["weight_decay"])
-                    w_norm, g_norm = torch.norm(p), torch.norm(g)
-                    trust = torch.where((w_norm > 0) & (g_norm > 0), group["eta"] * w_norm / g_norm,
-                                        torch.ones_like(w_norm))
-                    g = g.mul(trust)
-                buf = self.state[p].get("momentum_buffer")
-                if buf is None:
-                    buf = self.state[p]["momentum_buffer"] = torch.clone(g).detach()
-                else:
-                    buf.mul_(group["momentum"]).add_(g)
-                p.add_(buf, alpha=-group["lr"])
+# --------------------------------------------------------------------------- the cell
+def pretrain(cell: dict, images: torch.Tensor, mean, std, out_dir: Path, *,
+             log_fn: Callable[[dict, int], None] | None = None, before_save: Callable[[], None] | None = None,
+             device: str | torch.device = "auto", restart: bool = False, progress: bool = True,
+             stop_after_steps: int | None = None, meta: dict | None = None) -> TrainResult:
+    """Pretrain the cell's encoder on ``images`` (uint8 N,C,H,W); write checkpoint.pt.
+    See :class:`Hooks` for ``log_fn``, ``before_save``, ``meta`` and ``stop_after_steps``;
+    ``restart`` ignores (and later overwrites) a saved state."""
+    out_dir = Path(out_dir)
+    dev = resolve_device(device)
+    _validate(cell, images.shape[0], dev)
+    hooks = Hooks(log_fn, before_save, dict(meta or {}), stop_after_steps, progress)
+    with CellLock(out_dir, cell["id"]):
+        t = build_training(cell, images, mean, std, dev, out_dir)
+        if not restart:
+            resume(t)
+        t_start = time.perf_counter()
+        status = run_loop(t, hooks, t_start)
+        return finish(t, status, time.perf_counter() - t_start)
 
 
-def scaled_lr(base_lr: float, batch_size: int, rule: str) -> float:
-    if rule == "linear":
-        return base_lr * batch_size / 256
-    if rule == "sqrt":
-        return base_lr * math.sqrt(batch_size / 256)
-    if rule == "none":
-        return base_lr
-    raise ValueError(f"lr_scaling must be one of none, linear, sqrt, not {rule!r}")
-
-
-def make_optimizer(params, name: str, lr: float, momentum: float, weight_decay: float):
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
-    if name == "lars":
-        return LARS(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
-    if name == "adam":
-        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
-    raise ValueError(f"optimizer must be one of sgd, lars, adam, not {name!r}")
-
-
-def lr_at(step: int, total: int, warmup: int, peak: float) -> float:
-    if warmup > 0 and step < warmup:
-        return peak * (step + 1) / warmup
-    progress = (step - warmup) / max(1, total - warmup)
-    return peak * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-
-
-# --------------------------------------------------------------------------- ESS-scheduled temperature
-@torch.no_grad()
-def ess_of(neg: torch.Tensor, tau: float, neg_mask: torch.Tensor | None = None) -> float:
-    """Mean normalised effective sample size 1/(K sum_j w_j^2) of the softmax weights
-    w = softmax_j(s_j/tau) over each anchor's negatives (FlatNCE); 1/K <= ESS <= 1."""
-    x = neg.double() / tau
-    if neg_mask is not None:
-        x = x.masked_fill(~neg_mask, float("-inf"))
-        k = neg_mask.sum(dim=1).double()
-    else:
-        k = torch.full((x.shape[0],), float(x.shape[1]), dtype=torch.float64, device=x.device)
-    w = torch.softmax(x, dim=1)
-    return float((1.0 / (k * (w * w).sum(dim=1))).mean())
-
-
-class EssTemperature:
-    """FlatNCE's ESS-scheduled temperature (Chen et al. 2021, Algorithm S1, in spirit):
-    before each step, choose tau so that the ESS of the current batch's negative weights
-    equals a target that moves from ``start`` (flat weights: many negatives count) to
-    ``end`` (peaked: hard negatives dominate) on a cosine schedule.  ESS is monotone
-    increasing in tau, so tau* is found by bisection in log tau within
-    [tau_min, tau_max]; ``rate`` in (0, 1] smooths the update in log space
-    (1 = jump to tau*)."""
-
-    def __init__(self, start: float, end: float, total_steps: int, tau0: float, rate: float = 1.0,
-                 tau_min: float = 0.01, tau_max: float = 10.0):
-        for name, v in (("start", start), ("end", end)):
-            if not 0 < v <= 1:
-                raise ValueError(f"ess_schedule.{name} must be in (0, 1], not {v!r}")
-        if not 0 < rate <= 1:
-            raise ValueError(f"ess_schedule.rate must be in (0, 1], not {rate!r}")
-        if not 0 < tau_min < tau_max:
-            raise ValueError(f"ess_schedule needs 0 < tau_min < tau_max, not {tau_min!r}, {tau_max!r}")
-        self.start, self.end, self.total = float(start), float(end), max(1, int(total_steps))
-        self.tau, self.rate, self.tau_min, self.tau_max = float(tau0), float(rate), float(tau_min), float(tau_max)
-
-    def target(self, step: int) -> float:
-        p = min(1.0, step / self.total)
-        return self.end + (self.start - self.end) * 0.5 * (1.0 + math.cos(math.pi * p))
-
-    def solve(self, neg: torch.Tensor, target: float, neg_mask: torch.Tensor | None = None) -> float:
-        lo, hi = math.log(self.tau_min), math.log(self.tau_max)
-        if ess_of(neg, math.exp(lo), neg_mask) >= target:
-            return math.exp(lo)
-        if ess_of(neg, math.exp(hi), neg_mask) <= target:
-            return math.exp(hi)
-        for _ in range(40):
-            mid = 0.5 * (lo + hi)
-            if ess_of(neg, math.exp(mid), neg_mask) < target:
-                lo = mid
-            else:
-                hi = mid
-        return math.exp(0.5 * (lo + hi))
-
-    def update(self, neg: torch.Tensor, step: int, neg_mask: torch.Tensor | None = None) -> float:
-        star = self.solve(neg, self.target(step), neg_mask)
-        self.tau = math.exp((1 - self.rate) * math.log(self.tau) + self.rate * math.log(star))
-        return self.tau
-
-
-# --------------------------------------------------------------------------- the loop
-def _validate(cell: dict, n_images: int) -> None:
+def _validate(cell: dict, n_images: int, dev: torch.device) -> None:
     bs = cell["batch_size"]
     if not isinstance(bs, int) or bs < 2:
         raise ValueError(f"batch_size must be an integer >= 2 (a batch of 1 has no negatives), not {bs!r}")
     if bs > n_images:
         raise ValueError(f"batch_size {bs} exceeds the {n_images} pretraining images of {cell['dataset']}")
-    if not cell["temperature"] > 0:
-        raise ValueError(f"temperature must be > 0, not {cell['temperature']!r}")
+    if not (isinstance(cell["temperature"], (int, float)) and math.isfinite(cell["temperature"])
+            and cell["temperature"] > 0):
+        raise ValueError(f"temperature must be a finite number > 0, not {cell['temperature']!r}")
     tr = cell["train"]
-    if tr.get("precision", "fp32") not in PRECISIONS:
+    if tr["precision"] not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, not {tr['precision']!r}")
-    if tr.get("steps") is None and not tr["epochs"] > 0:
+    if tr["steps"] is None and not tr["epochs"] > 0:
         raise ValueError(f"epochs must be > 0, not {tr['epochs']!r}")
-
-
-def build_model(cell: dict, channels: int, image_size: int) -> ContrastiveModel:
-    tr = cell["train"]
-    backbone, feat_dim = build_backbone(tr["backbone"], channels, image_size, width=tr["width"],
-                                        pool_grid=tr.get("pool_grid", 1))
-    return ContrastiveModel(backbone, feat_dim, tr["proj_hidden"], tr["proj_dim"])
-
-
-def grad_rel_error(loss_fn, z1: torch.Tensor, z2: torch.Tensor, dtype: torch.dtype) -> float:
-    """Relative error ||g_dtype - g_fp64|| / ||g_fp64|| of the loss gradient w.r.t. the
-    embeddings of one batch: the rounding error FlatNCE blames for InfoNCE's collapse."""
-    def grad(dt):
-        a = z1.detach().to(dt).requires_grad_(True)
-        b = z2.detach().to(dt).requires_grad_(True)
-        out = loss_fn(a, b)
-        ga, gb = torch.autograd.grad(out.loss, (a, b))
-        return torch.cat([ga.double().flatten(), gb.double().flatten()])
-
-    g64 = grad(torch.float64)
-    glo = grad(dtype)
-    denom = torch.linalg.vector_norm(g64)
-    if denom == 0:
-        return 0.0
-    return float(torch.linalg.vector_norm(glo - g64) / denom)
-
-
-def pretrain(
-    cell: dict,
-    images: torch.Tensor,
-    mean,
-    std,
-    out_dir: Path,
-    *,
-    log_fn: Callable[[dict, int], None] | None = None,
-    before_save: Callable[[], None] | None = None,
-    device: str | torch.device = "auto",
-    restart: bool = False,
-    progress: bool = True,
-    stop_after_steps: int | None = None,
-) -> TrainResult:
-    """Pretrain the cell's encoder on ``images`` (uint8 N,C,H,W); write checkpoint.pt.
-
-    ``log_fn(metrics, step)`` receives per-step metrics (loss, diagnostics, lr, ...).
-    ``before_save()`` runs before every state save (the tracker flushes its buffer
-    there, so the store never lags behind ``state.pt``: a run killed after the
-    save and resumed from it has lost no logged step).
-    ``stop_after_steps`` simulates a crash after that many steps (tests) by saving
-    nothing extra and raising ``KeyboardInterrupt``.
-    """
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    state_path, ckpt_path = out_dir / "state.pt", out_dir / "checkpoint.pt"
-    dev = resolve_device(device) if not isinstance(device, torch.device) else device
-    _validate(cell, images.shape[0])
-    tr = cell["train"]
-    precision = tr.get("precision", "fp32")
-    if precision == "fp16" and dev.type != "cuda":
+    if tr["precision"] == "fp16" and dev.type != "cuda":
         raise ValueError("precision fp16 needs CUDA (GradScaler); use bf16 or fp32 on the CPU")
+
+
+def build_training(cell: dict, images: torch.Tensor, mean, std, dev: torch.device, out_dir: Path) -> Training:
+    """Every part of the cell's training, fresh (seeded by the cell's seed)."""
+    tr = cell["train"]
+    configure_backends(tr, dev)
     torch.manual_seed(cell["seed"])
-    n, c, h, w = images.shape
+    n, c, h, _ = images.shape
     bs = cell["batch_size"]
-
-    model = build_model(cell, c, h)
-    dtype = torch.float64 if precision == "fp64" else torch.float32
-    model = model.to(dev, dtype=dtype)
-    if dev.type == "cuda" and precision != "fp64":
+    dtype = torch.float64 if tr["precision"] == "fp64" else torch.float32
+    model = build_model(cell, c, h).to(dev, dtype=dtype)
+    if dev.type == "cuda" and dtype != torch.float64:
         model = model.to(memory_format=torch.channels_last)
-    loss_fn = build_loss(cell["loss"], cell["temperature"], **cell.get("loss_params", {}))
-    aug = BatchAugment(AugmentConfig(**cell.get("augment", {})), image_size=h, channels=c, mean=mean, std=std)
-
-    queue_size = int(tr.get("queue_size", 0) or 0)
-    key_model = queue = None
-    if queue_size:
+    source = InBatch()
+    if tr["queue_size"]:
         key_model = build_model(cell, c, h).to(dev, dtype=dtype)
         key_model.load_state_dict(model.state_dict())
-        for p in key_model.parameters():
-            p.requires_grad_(False)
-        queue = MomentumQueue(queue_size, tr["proj_dim"], device=dev, dtype=dtype)
+        source = QueueNegatives(key_model, tr["queue_size"], tr["proj_dim"], tr["moco_momentum"], dev, dtype)
+    spe = n // bs
+    total = int(tr["steps"]) if tr["steps"] else max(1, math.ceil(float(tr["epochs"]) * spe))
+    peak = scaled_lr(float(tr["lr"]), bs, tr["lr_scaling"])
+    opt = make_optimizer(model.parameters(), tr["optimizer"], peak, tr["momentum"], tr["weight_decay"], dev)
+    aug = BatchAugment(AugmentConfig(**cell["augment"]), image_size=h, channels=c, mean=mean, std=std)
+    loss_fn = build_loss(cell["loss"], cell["temperature"], **cell["loss_params"])
+    step_fn = TrainStep(model, aug, source, loss_fn, build_temperature(cell, total, dev), opt, tr["precision"], dev)
+    if tr["compile"]:
+        step_fn.compile("reduce-overhead" if dev.type == "cuda" else None)
+    return Training(cell, dev, images.to(dev), list(mean), list(std), step_fn, StepRandom(cell["seed"], dev),
+                    out_dir, total, spe, int(round(float(tr["warmup_epochs"]) * spe)), peak)
 
-    steps_per_epoch = n // bs
-    total_steps = int(tr["steps"]) if tr.get("steps") else max(1, math.ceil(float(tr["epochs"]) * steps_per_epoch))
-    warmup = int(round(float(tr.get("warmup_epochs", 0)) * steps_per_epoch))
-    peak_lr = scaled_lr(float(tr["lr"]), bs, tr.get("lr_scaling", "none"))
-    opt = make_optimizer(model.parameters(), tr["optimizer"], peak_lr, tr.get("momentum", 0.9), tr["weight_decay"])
-    scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
-    autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
 
-    ess_sched = None
-    if tr.get("ess_schedule"):
-        es = tr["ess_schedule"]
-        ess_sched = EssTemperature(es["start"], es["end"], total_steps, cell["temperature"], es.get("rate", 1.0),
-                                   es.get("tau_min", 0.01), es.get("tau_max", 10.0))
+# --------------------------------------------------------------------------- state
+def resume(t: Training) -> None:
+    """Continue from ``state.pt`` when it holds this config of the cell."""
+    st = read_state(t.state_path, t.cell)
+    if st is None:
+        return
+    s = t.step_fn
+    s.model.load_state_dict(st["model"])
+    s.opt.load_state_dict(st["optimizer"])
+    for g in s.opt.param_groups:  # the rate tensor comes back on the CPU: put it on the device again
+        g["lr"] = torch.as_tensor(g["lr"], dtype=torch.float32).to(t.dev)
+    s.source.load_state_dict(st)
+    s.load_state_dict(st)
+    s.temperature.load_state_dict(st["temperature"])
+    t.step, t.wall_before = int(st["step"]), float(st["wall_s"])
+    t.last_value = torch.tensor(float(st["last_loss"]), device=t.dev)
+    print(f"resuming {t.cell['id']} from step {t.step}/{t.total} ({t.state_path})", file=sys.stderr)
 
-    gen_perm = torch.Generator().manual_seed(cell["seed"])
-    gen_aug = torch.Generator(device=dev).manual_seed(cell["seed"] + 1)
-    step, perm, status, last_loss = 0, None, "running", float("nan")
-    elapsed_before = 0.0
 
-    # ---- resume ------------------------------------------------------------------
-    if state_path.exists() and not restart:
-        st = load_checkpoint(state_path)  # CheckpointError names the file
-        if st.get("cell_hash") == cell["hash"] and st.get("version") == STATE_VERSION:
-            model.load_state_dict(st["model"])
-            opt.load_state_dict(st["optimizer"])
-            if key_model is not None and st.get("key_model") is not None:
-                key_model.load_state_dict(st["key_model"])
-                queue.load_state_dict(st["queue"])
-            if scaler is not None and st.get("scaler"):
-                scaler.load_state_dict(st["scaler"])
-            gen_perm.set_state(st["gen_perm"])
-            gen_aug.set_state(st["gen_aug"].to(gen_aug.get_state().device) if dev.type == "cpu" else st["gen_aug"])
-            step, perm, last_loss = int(st["step"]), st["perm"], float(st["last_loss"])
-            loss_fn.temperature = float(st.get("tau", cell["temperature"]))
-            if ess_sched is not None:
-                ess_sched.tau = loss_fn.temperature
-            elapsed_before = float(st.get("wall_s", 0.0))
-            print(f"resuming {cell['id']} from step {step}/{total_steps} ({state_path})", file=sys.stderr)
-        else:
-            print(f"state {state_path} belongs to another config of this cell; starting afresh", file=sys.stderr)
-    images = images.to(dev)
+def save(t: Training, hooks: Hooks, elapsed: float) -> None:
+    if hooks.before_save is not None:
+        hooks.before_save()
+    s = t.step_fn
+    save_state(t.state_path, t.cell, model=s.model.state_dict(), optimizer=s.opt.state_dict(),
+               **s.source.state_dict(), **s.state_dict(), temperature=s.temperature.state_dict(),
+               step=t.step, last_loss=_last_loss(t), wall_s=t.wall_before + elapsed,
+               saved_on=t.dev.type, **hooks.meta)
 
-    def save_state() -> None:
-        if before_save is not None:
-            before_save()
-        save_torch(state_path, {
-            "version": STATE_VERSION, "cell_hash": cell["hash"], "cell_id": cell["id"],
-            "model": model.state_dict(), "optimizer": opt.state_dict(),
-            "key_model": key_model.state_dict() if key_model is not None else None,
-            "queue": queue.state_dict() if queue is not None else None,
-            "scaler": scaler.state_dict() if scaler is not None else None,
-            "gen_perm": gen_perm.get_state(), "gen_aug": gen_aug.get_state().cpu(),
-            "step": step, "perm": perm, "last_loss": last_loss,
-            "tau": float(loss_fn.temperature),
-            "wall_s": elapsed_before + (time.perf_counter() - t_start),
-        })
 
-    term = {"flag": False}
+def _last_loss(t: Training) -> float:
+    return float(t.last_value) if t.last_value is not None else float("nan")
 
-    def on_term(signum, frame):  # noqa: ARG001
-        term["flag"] = True
 
-    old_handler = signal.signal(signal.SIGTERM, on_term) if _in_main_thread() else None
-    log_every = int(tr.get("log_every", 10))
-    grad_every = int(tr.get("grad_error_every", 0) or 0)
-    t_start = time.perf_counter()
-    t_window, img_window = time.perf_counter(), 0
-    bar = _progress(total_steps, step, cell["id"], progress)
-    model.train()
+# --------------------------------------------------------------------------- the loop
+def run_loop(t: Training, hooks: Hooks, t_start: float) -> str:
+    """Train until the budget is spent; return ``finished`` or ``diverged``."""
+    bar = _progress(t.total, t.step, t.cell["id"], hooks.progress)
+    window = [time.perf_counter(), 0]  # start of the logging window, images in it
+    perm = None
     try:
-        while step < total_steps:
-            pos_in_epoch = step % steps_per_epoch
-            if pos_in_epoch == 0 or perm is None:
-                if pos_in_epoch == 0:
-                    perm = torch.randperm(n, generator=gen_perm)
-            idx = perm[pos_in_epoch * bs:(pos_in_epoch + 1) * bs]
-            x = images[idx.to(dev)]
-            lr = lr_at(step, total_steps, warmup, peak_lr)
-            for g in opt.param_groups:
-                g["lr"] = lr
-            v1, v2 = aug(x, gen_aug), aug(x, gen_aug)
-            if dtype == torch.float64:
-                v1, v2 = v1.double(), v2.double()
-            with torch.autocast(dev.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-                if queue is None:
-                    z = model(torch.cat([v1, v2]))
-                    z1, z2 = z[:bs], z[bs:]
-                    if ess_sched is not None:
-                        _, neg_d, mask_d = in_batch_scores(z1.detach().float(), z2.detach().float())
-                        loss_fn.temperature = ess_sched.update(neg_d, step, mask_d)
-                    out = loss_fn(z1, z2)
-                else:
-                    z1 = model(v1)
-                    with torch.no_grad():
-                        z2 = key_model(v2)
-                    negs, neg_idx = queue.negatives()
-                    if ess_sched is not None and len(queue):
-                        _, neg_d, mask_d = queue_scores(z1.detach().float(), z2.detach().float(), negs.float(),
-                                                        idx.to(dev), neg_idx)
-                        loss_fn.temperature = ess_sched.update(neg_d, step, mask_d)
-                    filled = len(queue) > 0
-                    out = loss_fn(z1, z2.detach(), queue=negs if filled else None,
-                                  q_index=idx.to(dev) if filled else None, queue_index=neg_idx if filled else None)
-            loss = out.loss
-            if not torch.isfinite(loss) or not torch.isfinite(out.value):
-                status = "diverged"
-                last_loss = float("nan")
-                if log_fn:
-                    log_fn({"train/loss": float("nan"), "train/diverged": 1.0}, step)
-                print(f"{cell['id']}: non-finite loss at step {step}: cell recorded as diverged", file=sys.stderr)
-                break
-            opt.zero_grad(set_to_none=True)
-            if scaler is not None:
-                scaler.scale(loss).backward()
-                scaler.step(opt)
-                scaler.update()
-            else:
-                loss.backward()
-                opt.step()
-            if key_model is not None:
-                with torch.no_grad():
-                    mom = float(tr.get("moco_momentum", 0.99))
-                    for pk, pq in zip(key_model.parameters(), model.parameters()):
-                        pk.mul_(mom).add_(pq.detach(), alpha=1 - mom)
-                    for bk, bq in zip(key_model.buffers(), model.buffers()):
-                        bk.copy_(bq)
-            last_loss = float(out.value)
-            step += 1
-            img_window += bs
-            if log_fn and (step % log_every == 0 or step == total_steps):
-                now = time.perf_counter()
-                metrics = {
-                    "train/loss": last_loss, "train/infonce": float(out.infonce), "train/lr": lr,
-                    "train/tau": float(loss_fn.temperature),
-                    "train/images_per_s": img_window / max(now - t_window, 1e-9),
-                    "epoch": step / steps_per_epoch,
-                }
-                with torch.no_grad():
-                    a, b = z1.detach().float(), z2.detach().float()
-                    if queue is None:
-                        pos, neg, mask = in_batch_scores(a, b)
-                        d = diagnostics(pos, neg, loss_fn.temperature, neg_mask=mask, z1=a, z2=b)
-                    else:
-                        negs, neg_idx = queue.negatives()
-                        if len(queue):
-                            pos, neg, mask = queue_scores(a, b, negs.float(), idx.to(dev), neg_idx)
-                            d = diagnostics(pos, neg, loss_fn.temperature, neg_mask=mask, z1=a, z2=b)
-                        else:
-                            d = {}
-                metrics.update({f"diag/{k}": v for k, v in d.items()})
-                if ess_sched is not None:
-                    metrics["diag/ess_target"] = ess_sched.target(step - 1)  # the step just taken
-                if grad_every and step % grad_every == 0 and queue is None:
-                    metrics["diag/grad_rel_err"] = grad_rel_error(loss_fn, z1, z2, torch.float32)
-                    metrics["diag/grad_rel_err_bf16"] = grad_rel_error(loss_fn, z1, z2, torch.bfloat16)
-                log_fn(metrics, step)
-                t_window, img_window = now, 0
-            if queue is not None:  # after the diagnostics, so they see the queue the loss saw
-                queue.enqueue(F.normalize(z2.detach().to(dtype), dim=1), idx.to(dev))
-            if bar is not None:
-                bar.update(1)
-                if step % log_every == 0:
-                    bar.set_postfix(epoch=f"{step / steps_per_epoch:.2f}", loss=f"{last_loss:.4f}")
-            if step % steps_per_epoch == 0 or term["flag"]:
-                save_state()
-            if term["flag"]:
-                raise Preempted(f"SIGTERM received: {cell['id']} saved its state at step {step} to {state_path}")
-            if stop_after_steps is not None and step >= stop_after_steps:
-                raise KeyboardInterrupt(f"simulated crash after {step} steps")
+        with _sigterm() as term:
+            while t.step < t.total:
+                pos = t.step % t.steps_per_epoch
+                if perm is None or pos == 0:
+                    gen = t.rng.generator("permutation", t.step // t.steps_per_epoch)
+                    perm = torch.randperm(t.images.shape[0], generator=gen, device=t.dev)
+                idx = perm[pos * t.cell["batch_size"]:(pos + 1) * t.cell["batch_size"]]
+                out, update = one_step(t, idx, watch=_log_due(t, t.step + 1) and hooks.log_fn is not None)
+                window[1] += t.cell["batch_size"]
+                if bar is not None:
+                    bar.update(1)
+                if _log_due(t, t.step) or t.step % t.steps_per_epoch == 0 or term["flag"]:
+                    if not bool(t.finite):
+                        _log_diverged(t, hooks)
+                        return "diverged"
+                    if hooks.log_fn is not None and _log_due(t, t.step):
+                        hooks.log_fn(step_metrics(t, out, update, window), t.step)
+                        if bar is not None:
+                            bar.set_postfix(epoch=f"{t.step / t.steps_per_epoch:.2f}", loss=f"{_last_loss(t):.4f}")
+                if t.step % t.steps_per_epoch == 0 or term["flag"]:
+                    save(t, hooks, time.perf_counter() - t_start)
+                if term["flag"]:
+                    raise Preempted(f"SIGTERM received: {t.cell['id']} saved its state at step {t.step} "
+                                    f"to {t.state_path}")
+                if hooks.stop_after_steps is not None and t.step >= hooks.stop_after_steps:
+                    raise KeyboardInterrupt(f"simulated crash after {t.step} steps")
     finally:
         if bar is not None:
             bar.close()
-        if old_handler is not None:
-            signal.signal(signal.SIGTERM, old_handler)
-
-    wall = elapsed_before + (time.perf_counter() - t_start)
-    if status == "running":
-        status = "finished"
-    result = TrainResult(status=status, steps=step, epochs=step / steps_per_epoch, final_loss=last_loss,
-                         wall_s=wall, images_per_s=step * bs / max(wall, 1e-9))
-    save_torch(ckpt_path, {
-        "model": model.state_dict(), "cell": cell, "status": status, "steps": step,
-        "epochs": result.epochs, "final_loss": last_loss, "wall_s": wall,
-        "channels": c, "image_size": h, "mean": list(mean), "std": list(std),
-    })
-    return result
+    return "finished"
 
 
-def _in_main_thread() -> bool:
-    import threading
+def _log_due(t: Training, step: int) -> bool:
+    """Metrics are logged every ``log_every`` steps and at the last step (the finite check
+    also runs at epoch ends, before a state is saved)."""
+    return step % t.cell["train"]["log_every"] == 0 or step == t.total
 
-    return threading.current_thread() is threading.main_thread()
+
+def one_step(t: Training, idx: torch.Tensor, watch: bool):
+    """One update; with ``watch`` also the parameter change (for the update-size diagnostic)."""
+    s = t.step_fn
+    u = s.aug.draw(2 * idx.shape[0], t.rng.generator("augment", t.step))
+    lr = lr_at(t.step, t.total, t.warmup, t.peak_lr)
+    set_lr(s.opt, lr)
+    s.temperature.begin_step(t.step)
+    before = [p.detach().clone() for p in s.model.parameters()] if watch else None
+    out = s.forward(t.images[idx], u, idx)
+    s.update(out.loss)
+    s.source.after_step(s.model, out.z2, idx)
+    ok = torch.isfinite(out.loss) & torch.isfinite(out.value)
+    t.finite = ok if t.finite is None else t.finite & ok
+    t.last_value = out.value.clone()
+    t.step += 1
+    update = None
+    if before is not None:
+        delta = torch._foreach_sub([p.detach() for p in s.model.parameters()], before)
+        update = (torch.stack(torch._foreach_norm(delta)).double().pow(2).sum().sqrt(), lr)
+    return out, update
+
+
+def _log_diverged(t: Training, hooks: Hooks) -> None:
+    t.last_value = torch.tensor(float("nan"))
+    if hooks.log_fn is not None:
+        hooks.log_fn({"train/loss": float("nan"), "train/diverged": 1.0}, t.step)
+    print(f"{t.cell['id']}: non-finite loss by step {t.step}: cell recorded as diverged", file=sys.stderr)
+
+
+@contextmanager
+def _sigterm():
+    """A flag set by SIGTERM (SLURM's preemption / time-limit signal) while the loop runs."""
+    term = {"flag": False}
+    main = threading.current_thread() is threading.main_thread()
+    old = signal.signal(signal.SIGTERM, lambda *_: term.update(flag=True)) if main else None
+    try:
+        yield term
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
+
+
+# --------------------------------------------------------------------------- what is logged
+def step_metrics(t: Training, out, update, window: list) -> dict:
+    """The metrics of a logging step: loss, lr, τ, speed, the scores' diagnostics, the
+    gradient-scale mechanism (DCL) and, every ``grad_error_every`` steps, the rounding
+    error of the loss gradient (FlatNCE)."""
+    s, tr = t.step_fn, t.cell["train"]
+    now = time.perf_counter()
+    tau = float(out.tau)
+    m = {"train/loss": _last_loss(t), "train/infonce": float(out.infonce), "train/tau": tau,
+         "train/lr": lr_at(t.step - 1, t.total, t.warmup, t.peak_lr),
+         "train/images_per_s": window[1] / max(now - window[0], 1e-9), "epoch": t.step / t.steps_per_epoch}
+    window[0], window[1] = now, 0
+    sc = out.scores
+    m.update({f"diag/{k}": v for k, v in diagnostics(sc.pos, sc.neg, tau, neg_mask=sc.mask, z1=out.z1,
+                                                       z2=out.z2).items()})
+    m.update(mechanism_metrics(t, out, update))
+    target = s.temperature.target(t.step - 1)
+    if target is not None:
+        m["diag/ess_target"] = target
+    if s.scaler is not None:
+        m["train/fp16_skipped_steps"] = float(s.skipped_steps)
+    every = tr["grad_error_every"]
+    if every and t.step % every == 0 and s.source.kind == "in_batch":
+        m["diag/grad_rel_err"] = grad_rel_error(s.loss_fn, out.z1, out.z2, torch.float32, tau)
+        m["diag/grad_rel_err_bf16"] = grad_rel_error(s.loss_fn, out.z1, out.z2, torch.bfloat16, tau)
+    return m
+
+
+def mechanism_metrics(t: Training, out, update) -> dict:
+    """DCL's mechanism measured on the step's own embeddings: the norm of the gradient of
+    the cell's loss, of InfoNCE and of DCL w.r.t. the embeddings (no backward through the
+    network), their ratio (to compare with ``diag/qb_mean``), and the size of the update
+    per unit of learning rate ``||Δθ|| / lr`` (Adam normalises a global gradient scale
+    away, SGD/LARS do not).  Measured for in-batch negatives."""
+    s = t.step_fn
+    if s.source.kind != "in_batch":  # a queue's negatives have moved on since the step: not measured
+        return {}
+    norms = {}
+    for name, fn in (("", s.loss_fn), ("_infonce", build_loss("infonce", 1.0)), ("_dcl", build_loss("dcl", 1.0))):
+        norms[name] = float(embedding_grad_norm(fn, out.z1, out.z2, None, out.tau))
+    m = {f"diag/grad_norm{k}": v for k, v in norms.items()}
+    m["diag/grad_ratio_infonce_dcl"] = norms["_infonce"] / norms["_dcl"] if norms["_dcl"] > 0 else float("nan")
+    if update is not None:
+        delta, lr = update
+        m["diag/update_per_lr"] = float(delta) / lr if lr > 0 else float("nan")
+    return m
+
+
+# --------------------------------------------------------------------------- the end
+def finish(t: Training, status: str, elapsed: float) -> TrainResult:
+    """Check the representation (collapse), write ``checkpoint.pt``, return the result."""
+    s = t.step_fn
+    wall = t.wall_before + elapsed
+    h = {}
+    if status == "finished":
+        views = normalize(t.images[:health.SAMPLE], t.mean, t.std)
+        h = health.embedding_health(s.model, views.to(next(s.model.parameters()).dtype))
+        if health.collapsed_embeddings(h):
+            status = "collapsed"
+            print(f"{t.cell['id']}: embeddings collapsed (effective rank {h['effective_rank']:.2f}, "
+                  f"projection std {h['projection_std']:.2e}): cell recorded as collapsed", file=sys.stderr)
+    final = _last_loss(t) if status != "diverged" else float("nan")
+    c, size = t.images.shape[1], t.images.shape[-1]
+    save_checkpoint(t.out_dir / "checkpoint.pt", t.cell, model=s.model.state_dict(), status=status, steps=t.step,
+                    epochs=t.step / t.steps_per_epoch, final_loss=final, wall_s=wall, channels=c,
+                    image_size=size, mean=t.mean, std=t.std, health=h)
+    return TrainResult(status=status, steps=t.step, epochs=t.step / t.steps_per_epoch, final_loss=final,
+                       wall_s=wall, images_per_s=t.step * t.cell["batch_size"] / max(wall, 1e-9), health=h)
 
 
 def _progress(total: int, initial: int, desc: str, enabled: bool):
