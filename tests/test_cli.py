@@ -221,7 +221,8 @@ def tracked(tmp_path_factory):
     rng = np.random.default_rng(0)
     early = tmp / "early.npz"
     save_features(early, rng.normal(size=(40, 4)).astype(np.float32), rng.integers(0, 2, 40),
-                  rng.normal(size=(10, 4)).astype(np.float32), rng.integers(0, 2, 10), {"status": "finished"})
+                  rng.normal(size=(10, 4)).astype(np.float32), rng.integers(0, 2, 10),
+                  {"status": "finished", "cell_id": "digits/infonce/bs32-t0.5-s0"})
     steps["early-knn"] = _in_process(["knn", "--tracking-uri", uri, *common, "--features", str(early),
                                       "--out", str(tmp / "early.json")])
 

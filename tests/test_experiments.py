@@ -10,7 +10,12 @@ import torch
 from smallbatch.cells import expand_cells
 from smallbatch.config import ConfigError, load_config
 from smallbatch.losses import diagnostics, in_batch_scores
-from smallbatch.train import EssTemperature, ess_of
+from smallbatch.temperature import EssTemperature
+from smallbatch.temperature import ess_of as _ess_of
+
+
+def ess_of(neg, tau, mask):
+    return float(_ess_of(neg, tau, mask))
 
 
 def _scores(n=16, d=8, seed=0):
@@ -41,7 +46,8 @@ def test_ess_extremes():
 def test_ess_update_hits_target_on_fixed_batch(target):
     _, neg, mask = _scores(n=32, d=16, seed=1)
     ctl = EssTemperature(start=target, end=target, total_steps=100, tau0=0.1)
-    tau = ctl.update(neg, step=0, neg_mask=mask)
+    ctl.begin_step(0)
+    tau = ctl(neg, mask)
     assert abs(ess_of(neg, tau, mask) - target) < 1e-4
 
 
@@ -50,7 +56,8 @@ def test_ess_smoothed_update_converges():
     ctl = EssTemperature(start=0.6, end=0.6, total_steps=100, tau0=0.05, rate=0.5)
     errs = []
     for step in range(30):
-        tau = ctl.update(neg, step, mask)
+        ctl.begin_step(step)
+        tau = ctl(neg, mask)
         errs.append(abs(ess_of(neg, tau, mask) - 0.6))
     assert errs[-1] < 1e-4 and errs[0] > errs[-1]
 

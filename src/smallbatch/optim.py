@@ -15,6 +15,7 @@ loop of kernels per parameter).
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import torch
@@ -114,7 +115,7 @@ def optimizer_step(opt: torch.optim.Optimizer) -> None:
     """``opt.step()`` without the graph breaks torch's optimisers put around it (they exist
     to mark the update as no-grad for the compiler; the caller's ``no_grad`` does that), so
     ``torch.compile(fullgraph=True)`` takes the whole update as one graph."""
-    step = getattr(type(opt).step, "__wrapped__", type(opt).step)
+    step = inspect.unwrap(type(opt).step)  # through torch's profiling hook and its no-grad wrapper
     with torch.no_grad():
         step(opt)
 

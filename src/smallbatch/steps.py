@@ -59,54 +59,100 @@ def load_cell_data(cell: dict, cache: Path | None = None):
 def run_pretrain(cell: dict, out_dir: Path, *, tracking_uri: str | None, experiment: str,
                  cache: Path | None = None, restart: bool = False, progress: bool = True,
                  device: str | None = None) -> dict:
-    from . import tracking, train
+    """Pretrain one cell, logging to its MLflow run; one process per cell (the folder's lock
+    is held from before the run is opened until the checkpoint is written)."""
+    from . import train
+    from .io import CellLock
 
     _threads(cell)
-    d = load_cell_data(cell, cache)
-    run = None
-    if tracking_uri:
-        params = flat_params(cell)
-        params["image_size"] = str(d.train_x.shape[-1])
-        params["pretrain_images"] = str(d.pretrain_x.shape[0])
-        run = tracking.open_cell_run(tracking_uri, experiment, cell, kind="cell", params=params)
-        if run.resumed:  # skip the steps already logged, for every metric of the run (not only the loss)
-            run.skip_logged_steps(sorted(run.metrics()))
-            run.set_status("running")
-    log_fn = run.log if run is not None else None
-    try:
-        res = train.pretrain(cell, d.pretrain_x, d.mean, d.std, Path(out_dir), log_fn=log_fn,
-                             before_save=run.flush if run is not None else None,
-                             device=device or cell.get("device", "auto"), restart=restart, progress=progress)
-    except BaseException:
+    out_dir = Path(out_dir)
+    with CellLock(out_dir, cell["id"]):
+        d = load_cell_data(cell, cache)
+        run = _pretrain_run(cell, out_dir, d, tracking_uri, experiment, restart)
+        try:
+            res = train.pretrain(cell, d.pretrain_x, d.mean, d.std, out_dir, log_fn=run.log if run else None,
+                                 before_save=_before_save(run), device=device or cell.get("device", "auto"),
+                                 restart=restart, progress=progress, meta={"run_id": run.run_id} if run else {})
+        except BaseException:
+            _flush_quietly(run)
+            raise
         if run is not None:
-            try:
-                run.flush()
-            except Exception:  # noqa: BLE001 - keep the original error
-                pass
-        raise
-    summary = {"cell_id": cell["id"], "status": res.status, "steps": res.steps, "epochs": res.epochs,
-               "final_loss": res.final_loss, "wall_s": res.wall_s, "images_per_s": res.images_per_s}
-    if run is not None:
-        final = {"train/wall_s": res.wall_s, "train/steps": res.steps, "train/images_per_s_mean": res.images_per_s}
-        if res.status == "finished":
-            final["train/final_loss"] = res.final_loss
-        run.log(final, res.steps)
-        run.set_status(res.status if res.status == "diverged" else "running")
-        run.set_tags({tracking.TAG_PRETRAIN: res.status})
+            _log_pretrain_end(run, res)
+    return {"cell_id": cell["id"], "status": res.status, "steps": res.steps, "epochs": res.epochs,
+            "final_loss": res.final_loss, "wall_s": res.wall_s, "images_per_s": res.images_per_s}
+
+
+def _pretrain_run(cell: dict, out_dir: Path, d, uri: str | None, experiment: str, restart: bool):
+    """The cell's MLflow run: the one its resumable state logs to (an error if the store
+    lost it), else found by id and hash, else new; a restart starts a new run."""
+    from . import checkpoint, tracking
+
+    if not uri:
+        return None
+    params = flat_params(cell)
+    params["image_size"] = str(d.train_x.shape[-1])
+    params["pretrain_images"] = str(d.pretrain_x.shape[0])
+    state = out_dir / "state.pt"
+    prior = None if restart else checkpoint.state_run_id(state, cell)
+    try:
+        run = tracking.open_cell_run(uri, experiment, cell, kind="cell", params=params, run_id=prior, fresh=restart)
+    except tracking.RunVanished as exc:
+        raise tracking.RunVanished(f"{exc}, but {state} continues it: the store was deleted or replaced since the "
+                                   "cell started; run `smallbatch pretrain --restart` for this cell to train it "
+                                   "afresh into this store") from None
+    if run.resumed:  # skip the steps already logged, for every metric of the run (not only the loss)
+        run.skip_logged_steps(sorted(run.metrics()))
+        run.set_status("running")
+    return run
+
+
+def _before_save(run):
+    """Before each state save: the store still holds the run, and it has every logged step."""
+    if run is None:
+        return None
+
+    def hook() -> None:
+        run.verify()
         run.flush()
-    return summary
+
+    return hook
+
+
+def _flush_quietly(run) -> None:
+    if run is not None:
+        try:
+            run.flush()
+        except Exception:  # noqa: BLE001 - keep the original error
+            pass
+
+
+def _log_pretrain_end(run, res) -> None:
+    from . import tracking
+
+    final = {"train/wall_s": res.wall_s, "train/steps": res.steps, "train/images_per_s_mean": res.images_per_s}
+    final.update({f"train/{k}": v for k, v in res.health.items()})
+    if res.status != "diverged":
+        final["train/final_loss"] = res.final_loss
+    run.verify()
+    run.log(final, res.steps)
+    run.set_status(res.status if res.status in tracking.BAD_STATUSES else "running")
+    run.set_tags({tracking.TAG_PRETRAIN: res.status})
+    run.flush()
 
 
 # --------------------------------------------------------------------------- embed
 def run_embed(cell: dict, checkpoint: Path, out: Path, *, cache: Path | None = None,
               device: str | None = None) -> dict:
-
+    """Frozen backbone features of the cell's train and test images (refuses a checkpoint
+    of another cell, of another config of it, or a state file)."""
+    from . import checkpoint as ckpt_mod
     from . import evaluate, train
 
     _threads(cell)
-    ck = train.load_checkpoint(checkpoint)
+    ck = ckpt_mod.load_checkpoint(checkpoint, cell=cell, kind="checkpoint")
+    meta = {"cell_id": cell["id"], "cell_hash": cell["hash"], "pretrain_status": ck.get("status", "finished")}
     if ck.get("status") == "diverged":
-        evaluate.save_status_features(out, {"status": "diverged", "cell_id": cell["id"]})
+        evaluate.save_status_features(out, {"status": "diverged", **meta})
         return {"status": "diverged"}
     d = load_cell_data(cell, cache)
     dev = train.resolve_device(device or cell.get("device", "auto"))
@@ -114,11 +160,10 @@ def run_embed(cell: dict, checkpoint: Path, out: Path, *, cache: Path | None = N
     model.load_state_dict(ck["model"])  # fp64 weights are cast to this float32 model; features are float32
     bb = model.backbone.to(dev)
     t0 = time.perf_counter()
-    bs = int(cell["eval"].get("batch_size", 1024))
+    bs = int(cell["eval"]["batch_size"])
     tr_f = evaluate.embed(bb, d.train_x, d.mean, d.std, batch_size=bs, device=dev)
     te_f = evaluate.embed(bb, d.test_x, d.mean, d.std, batch_size=bs, device=dev)
-    evaluate.save_features(out, tr_f, d.train_y.numpy(), te_f, d.test_y.numpy(),
-                           {"status": "finished", "cell_id": cell["id"], "cell_hash": cell["hash"]})
+    evaluate.save_features(out, tr_f, d.train_y.numpy(), te_f, d.test_y.numpy(), {"status": "finished", **meta})
     return {"status": "finished", "train": tr_f.shape, "test": te_f.shape, "seconds": time.perf_counter() - t0}
 
 
@@ -137,46 +182,77 @@ def _eval_on_features(kind: str, cell: dict, feats) -> dict:
     if kind == "knn":
         return _percent(evaluate.knn_eval(tr_f, tr_y, te_f, te_y, ks=tuple(ev["knn_k"]), t=ev["knn_t"]))
     return _percent(evaluate.linear_eval(tr_f, tr_y, te_f, te_y, epochs=ev["linear_epochs"], lr=ev["linear_lr"],
-                                         weight_decay=ev["linear_weight_decay"], seed=cell.get("seed", 0),
-                                         optimizer=ev.get("linear_optimizer", "lbfgs"),
-                                         batch_size=ev.get("linear_batch_size")))
+                                         weight_decay=ev["linear_weight_decay"], seed=cell["seed"],
+                                         optimizer=ev["linear_optimizer"], batch_size=ev["linear_batch_size"]))
+
+
+def check_features_cell(meta: dict, cell: dict, path: Path) -> None:
+    """A features file is the cell's own (id and hash in its meta), else one-line ValueError."""
+    if meta.get("cell_id") != cell["id"]:
+        raise ValueError(f"{path} holds the features of cell {meta.get('cell_id')!r}, not of {cell['id']!r}")
+    if "cell_hash" in meta and meta["cell_hash"] != cell["hash"]:
+        raise ValueError(f"{path} holds features of another config of cell {cell['id']} "
+                         f"(hash {meta['cell_hash']}, this config's is {cell['hash']})")
 
 
 def run_probe(kind: str, cell: dict, features: Path, out: Path, *, tracking_uri: str | None,
               experiment: str) -> dict:
-    """kind = 'knn' | 'linear': evaluate frozen features, write JSON, log to the cell's run."""
+    """kind = 'knn' | 'linear': evaluate the cell's frozen features, write JSON, log to the
+    cell's run (once: a rerun does not log the same step again).  A kNN probe at chance
+    level marks the cell *collapsed* (:mod:`smallbatch.health`)."""
     from . import evaluate
 
     if kind in ("linear",):
         _threads(cell)
     tr_f, tr_y, te_f, te_y, meta = evaluate.load_features(features)
+    check_features_cell(meta, cell, Path(features))
     if meta.get("status") == "diverged":
         result = {"status": "diverged", "cell_id": cell["id"]}
         write_json(out, result)
         return result
     t0 = time.perf_counter()
     metrics = _eval_on_features(kind, cell, (tr_f, tr_y, te_f, te_y))
-    seconds = time.perf_counter() - t0
     numeric = {f"{kind}/{k}": float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
-    numeric[f"{kind}/seconds"] = seconds
+    numeric[f"{kind}/seconds"] = time.perf_counter() - t0
+    status = _probe_status(kind, metrics, meta, te_y, tr_y)
     if tracking_uri:
-        from . import tracking
-
-        run = tracking.find_cell_run(tracking_uri, experiment, cell)
-        run.log(numeric, 0)
-        run.flush()
-        _maybe_finish(run)
-    result = {"status": "finished", "cell_id": cell["id"], **numeric}
+        _log_probe(cell, tracking_uri, experiment, numeric, status)
+    result = {"status": status, "cell_id": cell["id"], **numeric}
     write_json(out, result)
     return result
 
 
-def _maybe_finish(run) -> None:
-    """Mark the run finished once pretraining succeeded and both probes are logged."""
+def _probe_status(kind: str, metrics: dict, meta: dict, te_y, tr_y) -> str:
+    from . import health
+
+    if meta.get("pretrain_status") == "collapsed":
+        return "collapsed"
+    n_classes = int(max(te_y.max(), tr_y.max())) + 1
+    if kind == "knn" and health.at_chance(metrics["top1"], len(te_y), n_classes):
+        return "collapsed"
+    return "finished"
+
+
+def _log_probe(cell: dict, uri: str, experiment: str, numeric: dict, status: str) -> None:
     from . import tracking
 
-    m = run.metrics()
-    if "knn/top1" in m and "linear/top1" in m and run.tags().get(tracking.TAG_PRETRAIN) == "finished":
+    run = tracking.find_cell_run(uri, experiment, cell)
+    run.skip_logged_steps(sorted(numeric))  # a rerun of the probe logs nothing twice
+    run.log(numeric, 0)
+    run.flush()
+    if status == "collapsed":
+        run.set_status("collapsed")
+    _maybe_finish(run)
+
+
+def _maybe_finish(run) -> None:
+    """Mark the run finished once pretraining succeeded, both probes are logged and
+    nothing marked the cell collapsed."""
+    from . import tracking
+
+    m, tags = run.metrics(), run.tags()
+    if ("knn/top1" in m and "linear/top1" in m and tags.get(tracking.TAG_PRETRAIN) == "finished"
+            and tags.get(tracking.TAG_STATUS) not in tracking.BAD_STATUSES):
         run.set_status("finished")
 
 

@@ -117,17 +117,51 @@ def _versions() -> dict[str, str]:
     return out
 
 
-class CellRun:
-    """An MLflow run bound to one cell; buffered metric logging."""
+class RunVanished(TrackingError):
+    """A run a cell's state refers to is not in the store (deleted or replaced store)."""
 
-    def __init__(self, uri: str, run_id: str, client, resumed: bool):
+
+def _sqlite_file(uri: str) -> Path | None:
+    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+
+
+def _store_identity(uri: str) -> tuple | None:
+    """(device, inode) of a SQLite store's file — None for other stores, ("missing",) if gone."""
+    path = _sqlite_file(uri)
+    if path is None:
+        return None
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return ("missing",)
+    return (st.st_dev, st.st_ino)
+
+
+class CellRun:
+    """An MLflow run bound to one cell; buffered metric logging.
+
+    A SQLite store's file is remembered when the run is opened: if it is deleted or
+    replaced while the cell logs (``flush``, ``verify``), the run stops with one line
+    instead of logging the rest of a history into a new, empty store."""
+
+    def __init__(self, uri: str, run_id: str, client, resumed: bool, cell_id: str = ""):
         self.uri = uri
         self.run_id = run_id
         self.client = client
         self.resumed = resumed
+        self.cell_id = cell_id
+        self._store = _store_identity(uri)
         self._buf: list = []
         self._last_flush = time.monotonic()
         self._skip_through: dict[str, int] = {}
+
+    def verify(self) -> None:
+        """The store is the one the run was opened in and still holds the run."""
+        if self._store is not None and _store_identity(self.uri) != self._store:
+            raise RunVanished(f"the MLflow store {_sqlite_file(self.uri)} was deleted or replaced while cell "
+                              f"{self.cell_id} was logging to it (run {self.run_id}); its history would be lost")
+        if not run_exists(self.client, self.uri, self.run_id):
+            raise RunVanished(f"run {self.run_id} of cell {self.cell_id} is no longer in the MLflow store {self.uri}")
 
     # -- metrics -----------------------------------------------------------------
     def skip_logged_steps(self, keys: list[str]) -> None:
@@ -154,6 +188,8 @@ class CellRun:
             self.flush()
 
     def flush(self) -> None:
+        if self._buf and self._store is not None and _store_identity(self.uri) != self._store:
+            self.verify()  # raises: the store file was deleted or replaced
         while self._buf:
             chunk, self._buf = self._buf[:1000], self._buf[1000:]
             try:
@@ -177,7 +213,7 @@ class CellRun:
         self.flush()
         self.set_tags({TAG_STATUS: status})
         mlflow_status = {"running": "RUNNING", "finished": "FINISHED", "diverged": "FINISHED",
-                         "failed": "FAILED", "killed": "KILLED"}[status]
+                         "collapsed": "FINISHED", "failed": "FAILED", "killed": "KILLED"}[status]
         try:
             if mlflow_status == "RUNNING":
                 self.client.update_run(self.run_id, status="RUNNING")
@@ -201,16 +237,33 @@ def _find_runs(client, exp_id: str, cell_id: str, cell_hash: str | None) -> list
                               order_by=["attributes.start_time DESC"])
 
 
+def run_exists(client, uri: str, run_id: str) -> bool:
+    """Whether the store holds ``run_id`` (a failing store is a TrackingError)."""
+    try:
+        client.get_run(run_id)
+        return True
+    except Exception as exc:  # noqa: BLE001
+        if getattr(exc, "error_code", "") == "RESOURCE_DOES_NOT_EXIST" or "not found" in str(exc).lower():
+            return False
+        raise _wrap(uri, f"reading run {run_id}", exc) from None
+
+
 def open_cell_run(uri: str, experiment: str, cell: dict, kind: str = "cell",
-                  params: dict[str, str] | None = None) -> CellRun:
-    """Find the cell's run (same id and hash) and resume it, or create it."""
+                  params: dict[str, str] | None = None, run_id: str | None = None,
+                  fresh: bool = False) -> CellRun:
+    """The cell's run: ``run_id`` when given (a resumed state's run; :class:`RunVanished`
+    if the store lacks it), else the newest run of the same id and hash, else a new one;
+    ``fresh`` always creates a new run (a restarted cell: its history starts again)."""
     exp_id = get_or_create_experiment(uri, experiment)
     client = _client(uri)
+    if run_id is not None:
+        if not run_exists(client, uri, run_id):
+            raise RunVanished(f"run {run_id} of cell {cell['id']} is not in the MLflow store {uri}")
+        return CellRun(uri, run_id, client, resumed=True, cell_id=cell["id"])
     try:
-        runs = _find_runs(client, exp_id, cell["id"], cell["hash"])
+        runs = [] if fresh else _find_runs(client, exp_id, cell["id"], cell["hash"])
         if runs:
-            run = CellRun(uri, runs[0].info.run_id, client, resumed=True)
-            return run
+            return CellRun(uri, runs[0].info.run_id, client, resumed=True, cell_id=cell["id"])
         tags = {
             TAG_CELL: cell["id"], TAG_HASH: cell["hash"], TAG_KIND: kind,
             TAG_EXPERIMENT: cell.get("experiment", "grid"), TAG_STATUS: "running",
@@ -219,7 +272,7 @@ def open_cell_run(uri: str, experiment: str, cell: dict, kind: str = "cell",
         if kind == "baseline":
             tags[TAG_BASELINE] = cell.get("baseline", "")
         created = client.create_run(exp_id, run_name=cell["id"], tags=tags)
-        run = CellRun(uri, created.info.run_id, client, resumed=False)
+        run = CellRun(uri, created.info.run_id, client, resumed=False, cell_id=cell["id"])
         if params:
             from mlflow.entities import Param
 
@@ -246,7 +299,7 @@ def find_cell_run(uri: str, experiment: str, cell: dict) -> CellRun:
             f"no MLflow run for cell {cell['id']} (hash {cell['hash']}) in experiment "
             f"'{experiment}' at {uri}: run `smallbatch pretrain` for it first"
         )
-    return CellRun(uri, runs[0].info.run_id, client, resumed=True)
+    return CellRun(uri, runs[0].info.run_id, client, resumed=True, cell_id=cell["id"])
 
 
 def count_cell_runs(uri: str, experiment: str, cell_id: str) -> int:
