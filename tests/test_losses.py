@@ -599,3 +599,48 @@ def test_bad_parameters_and_queue_inputs():
         InfoNCE(0.1)(torch.randn(3, 2), torch.randn(3, 2), q_index=torch.arange(3))
     with pytest.raises(ValueError, match="temperature"):
         diagnostics(torch.zeros(2), torch.zeros(2, 2), 0.0)
+
+
+# --------------------------------------------------------------------------- DCL's mechanism
+def _equal_coupling_batch(n: int, cos: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """2N views in 2N dimensions: view i and its positive have cosine `cos`, every other
+    pair is orthogonal, so every anchor has the same scores and the same q_B."""
+    z1 = torch.zeros(n, 2 * n, dtype=torch.float64)
+    z2 = torch.zeros(n, 2 * n, dtype=torch.float64)
+    for i in range(n):
+        z1[i, 2 * i] = 1.0
+        z2[i, 2 * i], z2[i, 2 * i + 1] = cos, math.sqrt(1 - cos * cos)
+    return z1, z2
+
+
+@pytest.mark.parametrize("n,cos,tau", [(2, 0.9, 0.1), (8, 0.5, 0.2), (32, 0.99, 0.05), (16, 0.1, 1.0)])
+def test_infonce_gradient_is_dcls_times_the_coupling_factor(n, cos, tau):
+    """DCL (Yeh et al.): InfoNCE's gradient is DCL's times q_B = 1 - softmax_pos.  On a batch
+    where every anchor has the same q_B the ratio of the embedding-gradient norms is q_B,
+    which is what training logs (diag/grad_ratio_infonce_dcl next to diag/qb_mean)."""
+    from smallbatch.losses import embedding_grad_norm
+
+    z1, z2 = _equal_coupling_batch(n, cos)
+    k = 2 * n - 2
+    q = 1 - math.exp(cos / tau) / (math.exp(cos / tau) + k)
+    g_info = embedding_grad_norm(InfoNCE(tau), z1, z2)
+    g_dcl = embedding_grad_norm(DCL(tau), z1, z2)
+    assert float(g_info / g_dcl) == pytest.approx(q, rel=1e-12)
+    pos, neg, mask = in_batch_scores(z1, z2)
+    assert diagnostics(pos, neg, tau, mask)["qb_mean"] == pytest.approx(q, rel=1e-12)
+    # FlatNCE's gradient is DCL's (the paper's identity), so its norm is too
+    assert float(embedding_grad_norm(FlatNCE(tau), z1, z2)) == pytest.approx(float(g_dcl), rel=1e-12)
+
+
+def test_the_ratio_is_not_q_b_when_anchors_differ():
+    """With unequal q_B the norm ratio is a weighted mean of the anchors' q_B: between
+    their extremes, but not their plain mean (the identity is per anchor)."""
+    from smallbatch.losses import embedding_grad_norm
+
+    z1, z2 = _views(12, 6, seed=4)
+    pos, neg, mask = in_batch_scores(z1, z2)
+    x_p, x_n = pos / 0.1, neg / 0.1
+    qs = 1 - torch.exp(x_p - torch.logsumexp(torch.cat([x_p[:, None], x_n], 1), 1))
+    ratio = float(embedding_grad_norm(InfoNCE(0.1), z1, z2) / embedding_grad_norm(DCL(0.1), z1, z2))
+    assert float(qs.min()) <= ratio <= float(qs.max())
+    assert ratio != pytest.approx(float(qs.mean()), rel=1e-6)

@@ -521,3 +521,92 @@ def test_ess_schedule_steers_tau_to_the_target_and_resumes_bitwise(tmp_path, dig
     assert f"from step {spe}/" in capfd.readouterr().err
     assert res.final_loss == ref.final_loss
     assert_same_weights(weights(tmp_path / "cell" / "checkpoint.pt"), weights(tmp_path / "ref" / "checkpoint.pt"))
+
+
+# --------------------------------------------------------------------------- what only a GPU (or autocast) would show
+def test_bf16_autocast_does_not_reach_the_scores_or_the_loss(tmp_path, digits):
+    """Under autocast `z @ z.T` would run in bf16 even after `.float()` (~2^-8 error in
+    the similarities); the step computes scores and loss in fp32 outside autocast, so the
+    loss equals the fp32 loss of the same embeddings."""
+    from smallbatch.losses import in_batch_scores
+
+    cell = digits_cell(epochs=1, precision="bf16")
+    t = train.build_training(cell, digits.pretrain_x, digits.mean, digits.std, torch.device("cpu"), tmp_path)
+    idx = torch.arange(32)
+    u = t.step_fn.aug.draw(64, torch.Generator().manual_seed(0))
+    out = t.step_fn.forward(t.images[idx], u, idx)
+    assert out.z1.dtype == torch.float32 and out.scores.neg.dtype == torch.float32
+    pos, neg, mask = in_batch_scores(out.z1, out.z2)
+    ref = t.step_fn.loss_fn.from_scores(pos, neg, mask)
+    assert torch.equal(out.scores.neg, neg) and torch.equal(out.loss.detach(), ref.loss)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # what the old step did: the guard is real
+        assert in_batch_scores(out.z1, out.z2)[1].dtype == torch.bfloat16
+
+
+def test_a_state_saved_on_cuda_resumes_on_a_cpu_only_machine(tmp_path, digits, main_cell, reference):
+    """A state written on a GPU has its tensors tagged `cuda:0` (torch.load without a map
+    location fails on a CPU-only machine).  Forged here by saving with CUDA location tags:
+    the resume loads it on the CPU and, the random streams being counter-seeded, ends with
+    the uninterrupted CPU run's weights."""
+    import torch.serialization as ser
+
+    ref_res, ref_w = reference
+    spe = steps_per_epoch(main_cell, digits)
+    with pytest.raises(KeyboardInterrupt):
+        run(main_cell, digits, tmp_path, stop_after_steps=spe + 3)
+    st = train.load_checkpoint(tmp_path / "state.pt")
+    st["saved_on"] = "cuda"
+    real_tag = ser.location_tag
+    ser.location_tag = lambda storage: "cuda:0"
+    try:
+        torch.save(st, tmp_path / "state.pt")
+    finally:
+        ser.location_tag = real_tag
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="CUDA"):
+            torch.load(tmp_path / "state.pt", weights_only=False)
+    res = run(main_cell, digits, tmp_path)
+    assert res.steps == ref_res.steps and res.final_loss == ref_res.final_loss
+    assert_same_weights(weights(tmp_path / "checkpoint.pt"), ref_w)
+
+
+def test_fp16_skipped_steps_are_counted(tmp_path):
+    """The GradScaler skips an update whose gradients overflow; the step counts it."""
+    from smallbatch.trainstep import TrainStep
+
+    w = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.SGD([w], lr=0.1)
+    step = TrainStep(torch.nn.Linear(1, 1), None, None, None, None, opt, "fp16", torch.device("cpu"))
+    step.update((w * float("inf")).sum())
+    assert step.skipped_steps == 1 and torch.equal(w.detach(), torch.ones(3))
+    step.update((w * 2.0).sum())
+    assert step.skipped_steps == 1 and not torch.equal(w.detach(), torch.ones(3))
+    assert step.state_dict()["skipped_steps"] == 1
+
+
+def test_tf32_and_determinism_are_explicit_settings(tmp_path, digits):
+    from smallbatch.cells import flat_params
+    from smallbatch.trainstep import configure_backends
+
+    cell = digits_cell(epochs=1, tf32=True)
+    configure_backends(cell["train"], torch.device("cpu"))
+    assert torch.backends.cuda.matmul.allow_tf32 and torch.get_float32_matmul_precision() == "high"
+    configure_backends(digits_cell(epochs=1)["train"], torch.device("cpu"))
+    assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+    assert torch.get_float32_matmul_precision() == "highest"
+    p = flat_params(cell)
+    assert p["tf32"] == "True" and p["deterministic"] == "False" and p["compile"] == "False"
+    assert cell["hash"] != digits_cell(epochs=1)["hash"]  # tf32 changes the numbers: another config
+    assert digits_cell(epochs=1, compile=True)["hash"] == digits_cell(epochs=1)["hash"]  # compile does not
+
+
+def test_the_gradient_scale_mechanism_is_logged(digits, reference_run):
+    """Every logging step carries DCL's mechanism measured on the step's embeddings: the
+    norms of the cell's, InfoNCE's and DCL's gradients w.r.t. the embeddings, their ratio
+    (at most 1: InfoNCE's is DCL's times factors q_i <= 1) and the update size per lr."""
+    _, _, logs = reference_run
+    for _, m in logs:
+        ratio = m["diag/grad_ratio_infonce_dcl"]
+        assert 0 < ratio <= 1 and m["diag/grad_norm"] == pytest.approx(m["diag/grad_norm_infonce"])
+        assert m["diag/update_per_lr"] > 0
+        assert m["diag/grad_ratio_infonce_dcl"] == pytest.approx(m["diag/qb_mean"], rel=0.5)
