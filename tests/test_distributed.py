@@ -394,3 +394,12 @@ def test_global_batchnorm_is_batchnorm_in_one_process():
     ref = torch.nn.BatchNorm2d(3).double()
     torch.testing.assert_close(conv(x), ref(x))
     torch.testing.assert_close(bn.running_var, ref.running_var)
+
+
+def test_a_converted_model_saves_the_plain_models_state():
+    """Checkpoints of a SyncBN model load into the plain model that evaluation builds."""
+    plain, converted = make_model(), GlobalBatchNorm.convert(make_model())
+    assert sum(isinstance(m, GlobalBatchNorm) for m in converted.modules()) == 4
+    state = converted.state_dict()
+    assert list(state) == list(plain.state_dict())
+    plain.load_state_dict(state)

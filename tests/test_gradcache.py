@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-from smallbatch.distributed import World, data_parallel, gather, mean_over_processes, sync_batchnorm
+from smallbatch.distributed import World, data_parallel, mean_over_processes, sync_batchnorm
 from smallbatch.gradcache import cached_backward, chunk_slices, eval_batchnorm
 from smallbatch.losses import REGISTRY, MomentumQueue
 from test_distributed import (

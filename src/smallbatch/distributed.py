@@ -188,23 +188,24 @@ class World(AbstractContextManager):
         ``backend`` overrides NCCL/gloo (e.g. gloo for several processes on one GPU).
         ``timeout_s`` bounds every collective: a process that died makes the others
         fail after it instead of hanging.  A process group that already exists (made
-        by the caller) is used as it is.
+        by the caller) is used as it is; :meth:`close` ends it all the same.
         """
         launch = launch_from_env(env)
         dev = _device_for(device, launch.local_rank)
-        if launch.size == 1:
+        if dist.is_available() and dist.is_initialized():
+            if launch.size > 1 and (dist.get_world_size(), dist.get_rank()) != (launch.size, launch.rank):
+                raise RuntimeError(f"the process group (rank {dist.get_rank()} of {dist.get_world_size()}) is not "
+                                   f"the launch's (rank {launch.rank} of {launch.size})")
+        elif launch.size == 1:
             return cls(device=dev)
-        backend = backend or ("nccl" if dev.type == "cuda" else "gloo")
-        if dev.type == "cuda":
-            torch.cuda.set_device(dev)
-        if not dist.is_initialized():
-            dist.init_process_group(backend, init_method=f"tcp://{launch.master_addr}:{launch.master_port}",
+        else:
+            if dev.type == "cuda":
+                torch.cuda.set_device(dev)
+            dist.init_process_group(backend or ("nccl" if dev.type == "cuda" else "gloo"),
+                                    init_method=f"tcp://{launch.master_addr}:{launch.master_port}",
                                     rank=launch.rank, world_size=launch.size,
                                     timeout=datetime.timedelta(seconds=timeout_s))
-        if dist.get_world_size() != launch.size or dist.get_rank() != launch.rank:
-            raise RuntimeError(f"the process group (rank {dist.get_rank()} of {dist.get_world_size()}) is not the "
-                               f"launch's (rank {launch.rank} of {launch.size})")
-        return cls(launch.rank, launch.size, launch.local_rank, dev, dist.get_backend())
+        return cls(dist.get_rank(), dist.get_world_size(), launch.local_rank, dev, dist.get_backend())
 
     def close(self) -> None:
         """Leave the process group (every process must call it); size 1: nothing."""
