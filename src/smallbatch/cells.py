@@ -33,7 +33,7 @@ def _fmt(v: Any) -> str:
 #: settings of how a cell runs, not of what it computes: left out of the cell's hash, so
 #: switching them neither reruns a finished cell nor keeps a state from resuming
 EXECUTION_KEYS = ("id", "hash", "device", "threads")
-EXECUTION_TRAIN_KEYS = ("compile", "deterministic", "log_every")
+EXECUTION_TRAIN_KEYS = ("compile", "deterministic", "log_every", "devices")
 
 
 def cell_hash(cell: dict) -> str:

@@ -128,6 +128,13 @@ class CellLock:
         self.release()
 
 
+def nullcontext_lock():
+    """No lock (the other processes of a data-parallel cell: rank 0 holds the cell's)."""
+    from contextlib import nullcontext
+
+    return nullcontext()
+
+
 def _read_pid(fd: int) -> str:
     try:
         os.lseek(fd, 0, os.SEEK_SET)

@@ -11,7 +11,10 @@ A *negatives source* owns how a step's two views become embeddings and scores:
   and the enqueue of this step's keys (nothing for in-batch negatives).
 * ``state_dict()`` / ``load_state_dict()`` — what a resumed run needs (queue, encoder).
 
-The loss never knows where its negatives came from: it gets ``Scores``.
+The loss never knows where its negatives came from: it gets ``Scores``.  With several
+processes (``smallbatch.distributed.World``) the in-batch negatives are every process's
+views, gathered with their gradient, and the queue is fed every process's keys, so the
+queue and K are global and identical everywhere.
 """
 
 from __future__ import annotations
@@ -22,33 +25,54 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .losses import MomentumQueue, in_batch_scores, queue_scores
+from .distributed import World, gather, gather_with_grad
+from .losses import MomentumQueue, batch_positives, in_batch_scores, queue_scores
 
 
 class Scores(NamedTuple):
     """One step's scores: ``pos (B,)``, ``neg (B, K)``, ``mask (B, K)`` or None (True =
-    a valid negative), and ``batch_pos`` — the whole batch's positives when ``pos`` holds
-    only this process's anchors (None otherwise)."""
+    a valid negative); with several processes, ``batch_pos`` — the whole batch's
+    positives when ``pos`` holds only this process's anchors — and ``tau_neg`` — the whole
+    batch's negatives, from which an ESS-scheduled τ is chosen identically everywhere
+    (None: ``neg``)."""
 
     pos: Tensor
     neg: Tensor
     mask: Tensor | None
     batch_pos: Tensor | None = None
+    tau_neg: Tensor | None = None
 
     def detached(self) -> "Scores":
         return Scores(*(None if t is None else t.detach() for t in self))
 
 
+def _gathered_in_batch(z1: Tensor, z2: Tensor, world: World, full: bool) -> Scores:
+    """This process's anchors against every process's views (``smallbatch.distributed``:
+    the gather's backward returns each embedding's gradient to the process that made it)."""
+    z1a, z2a = gather_with_grad(z1), gather_with_grad(z2)
+    pos, neg, mask = in_batch_scores(z1a, z2a, rows=world.anchor_rows(z1.shape[0], z1.device))
+    tau_neg = in_batch_scores(z1a.detach(), z2a.detach())[1] if full else None
+    return Scores(pos, neg, mask, batch_positives(z1a, z2a), tau_neg)
+
+
 class InBatch:
-    """SimCLR's negatives: the 2N-2 other views of the batch (K = 2N-2)."""
+    """SimCLR's negatives: the 2N-2 other views of the (global) batch (K = 2N-2).  With
+    several processes each computes the loss of its own anchors against all 2N views
+    (``full``: also the whole batch's negatives, for an ESS-scheduled τ)."""
 
     kind = "in_batch"
+
+    def __init__(self, world: World | None = None, full: bool = False) -> None:
+        self.world = world or World()
+        self.full = full
 
     def embed(self, model: torch.nn.Module, v1: Tensor, v2: Tensor) -> tuple[Tensor, Tensor]:
         z = model(torch.cat([v1, v2]))
         return z[: v1.shape[0]], z[v1.shape[0]:]
 
     def scores(self, z1: Tensor, z2: Tensor, idx: Tensor) -> Scores:
+        if self.world.size > 1:
+            return _gathered_in_batch(z1, z2, self.world, self.full)
         pos, neg, mask = in_batch_scores(z1, z2)
         return Scores(pos, neg, mask)
 
@@ -70,7 +94,8 @@ class QueueNegatives:
     kind = "queue"
 
     def __init__(self, key_model: torch.nn.Module, size: int, dim: int, momentum: float,
-                 device: torch.device, dtype: torch.dtype) -> None:
+                 device: torch.device, dtype: torch.dtype, world: World | None = None) -> None:
+        self.world = world or World()
         self.key_model = key_model
         for p in key_model.parameters():
             p.requires_grad_(False)
@@ -85,10 +110,14 @@ class QueueNegatives:
 
     def scores(self, z1: Tensor, z2: Tensor, idx: Tensor) -> Scores:
         if len(self.queue) == 0:
+            if self.world.size > 1:
+                return _gathered_in_batch(z1, z2.detach(), self.world, False)
             pos, neg, mask = in_batch_scores(z1, z2.detach())
-        else:
-            keys, key_idx = self.queue.negatives()
-            pos, neg, mask = queue_scores(z1, z2.detach(), keys, idx, key_idx)
+            return Scores(pos, neg, mask)
+        keys, key_idx = self.queue.negatives()
+        pos, neg, mask = queue_scores(z1, z2.detach(), keys, idx, key_idx)
+        if self.world.size > 1:  # DCLW's weights: every process's queries' positives
+            return Scores(pos, neg, mask, gather(pos), None)
         return Scores(pos, neg, mask)
 
     @torch.no_grad()
@@ -100,7 +129,8 @@ class QueueNegatives:
         torch._foreach_add_(keys_p, query_p, alpha=1 - mom)
         for bk, bq in zip(self.key_model.buffers(), model.buffers()):
             bk.copy_(bq)
-        self.queue.enqueue(F.normalize(z2.detach().to(self.queue.keys.dtype), dim=1), idx)
+        keys = F.normalize(z2.detach().to(self.queue.keys.dtype), dim=1)
+        self.queue.enqueue(gather(keys), gather(idx))  # every process's keys, in rank order
 
     def state_dict(self) -> dict:
         return {"key_model": self.key_model.state_dict(), "queue": self.queue.state_dict()}

@@ -59,27 +59,57 @@ def load_cell_data(cell: dict, cache: Path | None = None):
 def run_pretrain(cell: dict, out_dir: Path, *, tracking_uri: str | None, experiment: str,
                  cache: Path | None = None, restart: bool = False, progress: bool = True,
                  device: str | None = None) -> dict:
-    """Pretrain one cell, logging to its MLflow run; one process per cell (the folder's lock
-    is held from before the run is opened until the checkpoint is written)."""
-    from . import train
-    from .io import CellLock
+    """Pretrain one cell, logging to its MLflow run; one trainer per cell (the folder's lock
+    is held from before the run is opened until the checkpoint is written).  Launched by
+    torchrun or srun with ``train.devices`` processes, this process joins them
+    (:class:`smallbatch.distributed.World`); rank 0 locks, logs and saves."""
+    from .distributed import World
 
     _threads(cell)
-    out_dir = Path(out_dir)
-    with CellLock(out_dir, cell["id"]):
+    with World.from_env(device=device or cell["device"]) as world:
+        return _pretrain_in(world, cell, Path(out_dir), tracking_uri, experiment, cache, restart, progress)
+
+
+def _pretrain_in(world, cell: dict, out_dir: Path, tracking_uri, experiment: str, cache, restart: bool,
+                 progress: bool) -> dict:
+    from . import train
+    from .distributed import any_over_processes
+    from .io import CellBusy, CellLock, nullcontext_lock
+
+    lock = CellLock(out_dir, cell["id"]) if world.is_main else nullcontext_lock()
+    busy = None
+    try:
+        lock.__enter__()
+    except CellBusy as exc:
+        busy = exc
+    try:
+        if any_over_processes(busy is not None, world.device):  # the others stop with rank 0
+            raise busy or CellBusy(f"cell {cell['id']} is being trained by another process (rank 0 could not lock it)")
         d = load_cell_data(cell, cache)
-        run = _pretrain_run(cell, out_dir, d, tracking_uri, experiment, restart)
+        run = _pretrain_run(cell, out_dir, d, tracking_uri, experiment, restart) if world.is_main else None
         try:
-            res = train.pretrain(cell, d.pretrain_x, d.mean, d.std, out_dir, log_fn=run.log if run else None,
-                                 before_save=_before_save(run), device=device or cell.get("device", "auto"),
-                                 restart=restart, progress=progress, meta={"run_id": run.run_id} if run else {})
+            res = train.pretrain(cell, d.pretrain_x, d.mean, d.std, out_dir, log_fn=_log_fn(run, world, tracking_uri),
+                                 before_save=_before_save(run), restart=restart, progress=progress,
+                                 meta={"run_id": run.run_id} if run else {}, world=world)
         except BaseException:
             _flush_quietly(run)
             raise
         if run is not None:
             _log_pretrain_end(run, res)
+    finally:
+        if busy is None:
+            lock.__exit__(None, None, None)
     return {"cell_id": cell["id"], "status": res.status, "steps": res.steps, "epochs": res.epochs,
-            "final_loss": res.final_loss, "wall_s": res.wall_s, "images_per_s": res.images_per_s}
+            "final_loss": res.final_loss, "wall_s": res.wall_s, "images_per_s": res.images_per_s,
+            "processes": world.size}
+
+
+def _log_fn(run, world, tracking_uri):
+    """Rank 0 logs to the run; the other processes get a no-op, so every process computes
+    the (collective) metrics of a logging step together."""
+    if run is not None:
+        return run.log
+    return (lambda metrics, step: None) if tracking_uri and not world.is_main else None
 
 
 def _pretrain_run(cell: dict, out_dir: Path, d, uri: str | None, experiment: str, restart: bool):

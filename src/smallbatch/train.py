@@ -44,11 +44,12 @@ import torch
 from . import health
 from .augment import AugmentConfig, BatchAugment, normalize
 from .checkpoint import StepRandom, load_checkpoint, read_state, save_checkpoint, save_state  # noqa: F401
+from .distributed import World, any_over_processes, data_parallel, gather, mean_over_processes, sync_batchnorm
 from .errors import Preempted
-from .io import CellLock
-from .losses import build_loss, diagnostics, embedding_grad_norm, grad_rel_error
+from .io import CellLock, nullcontext_lock
+from .losses import build_loss, diagnostics, embedding_grad_norm, grad_rel_error, in_batch_scores
 from .models import ContrastiveModel, build_backbone
-from .negatives import InBatch, QueueNegatives
+from .negatives import InBatch, QueueNegatives, Scores
 from .optim import LARS, lr_at, make_optimizer, scaled_lr, set_lr  # noqa: F401  (public through train)
 from .temperature import build_temperature
 from .trainstep import PRECISIONS, TrainStep, configure_backends
@@ -90,6 +91,7 @@ class Training:
     std: list
     step_fn: TrainStep
     rng: StepRandom
+    world: World
     out_dir: Path
     total: int
     steps_per_epoch: int
@@ -129,16 +131,20 @@ def build_model(cell: dict, channels: int, image_size: int) -> ContrastiveModel:
 def pretrain(cell: dict, images: torch.Tensor, mean, std, out_dir: Path, *,
              log_fn: Callable[[dict, int], None] | None = None, before_save: Callable[[], None] | None = None,
              device: str | torch.device = "auto", restart: bool = False, progress: bool = True,
-             stop_after_steps: int | None = None, meta: dict | None = None) -> TrainResult:
+             stop_after_steps: int | None = None, meta: dict | None = None,
+             world: World | None = None) -> TrainResult:
     """Pretrain the cell's encoder on ``images`` (uint8 N,C,H,W); write checkpoint.pt.
     See :class:`Hooks` for ``log_fn``, ``before_save``, ``meta`` and ``stop_after_steps``;
-    ``restart`` ignores (and later overwrites) a saved state."""
+    ``restart`` ignores (and later overwrites) a saved state.  ``world``: this process's
+    place among ``train.devices`` data-parallel processes (default: one process; only
+    rank 0 locks, saves and logs — give the others no hooks)."""
     out_dir = Path(out_dir)
-    dev = resolve_device(device)
-    _validate(cell, images.shape[0], dev)
-    hooks = Hooks(log_fn, before_save, dict(meta or {}), stop_after_steps, progress)
-    with CellLock(out_dir, cell["id"]):
-        t = build_training(cell, images, mean, std, dev, out_dir)
+    world = world or World(device=resolve_device(device))
+    dev = world.device
+    _validate(cell, images.shape[0], dev, world)
+    hooks = Hooks(log_fn, before_save, dict(meta or {}), stop_after_steps, progress and world.is_main)
+    with CellLock(out_dir, cell["id"]) if world.is_main else nullcontext_lock():
+        t = build_training(cell, images, mean, std, dev, out_dir, world)
         if not restart:
             resume(t)
         t_start = time.perf_counter()
@@ -146,8 +152,15 @@ def pretrain(cell: dict, images: torch.Tensor, mean, std, out_dir: Path, *,
         return finish(t, status, time.perf_counter() - t_start)
 
 
-def _validate(cell: dict, n_images: int, dev: torch.device) -> None:
+def _validate(cell: dict, n_images: int, dev: torch.device, world: World) -> None:
     bs = cell["batch_size"]
+    devices = cell["train"]["devices"]
+    if world.size != devices:
+        raise ValueError(f"cell {cell['id']} has train.devices = {devices} but runs on {world.size} process(es); "
+                         f"launch it with `torchrun --nproc-per-node {devices} -m smallbatch.cli pretrain ...` "
+                         "(the workflow does) or srun")
+    if bs % devices:
+        raise ValueError(f"batch_size {bs} is not a multiple of train.devices = {devices}")
     if not isinstance(bs, int) or bs < 2:
         raise ValueError(f"batch_size must be an integer >= 2 (a batch of 1 has no negatives), not {bs!r}")
     if bs > n_images:
@@ -164,33 +177,43 @@ def _validate(cell: dict, n_images: int, dev: torch.device) -> None:
         raise ValueError("precision fp16 needs CUDA (GradScaler); use bf16 or fp32 on the CPU")
 
 
-def build_training(cell: dict, images: torch.Tensor, mean, std, dev: torch.device, out_dir: Path) -> Training:
-    """Every part of the cell's training, fresh (seeded by the cell's seed)."""
+def build_training(cell: dict, images: torch.Tensor, mean, std, dev: torch.device, out_dir: Path,
+                   world: World | None = None) -> Training:
+    """Every part of the cell's training, fresh (seeded by the cell's seed: the same on
+    every process)."""
     tr = cell["train"]
+    world = world or World(device=dev)
     configure_backends(tr, dev)
     torch.manual_seed(cell["seed"])
     n, c, h, _ = images.shape
     bs = cell["batch_size"]
     dtype = torch.float64 if tr["precision"] == "fp64" else torch.float32
-    model = build_model(cell, c, h).to(dev, dtype=dtype)
-    if dev.type == "cuda" and dtype != torch.float64:
-        model = model.to(memory_format=torch.channels_last)
-    source = InBatch()
+    model = _network(cell, c, h, dev, dtype, world)
+    source = InBatch(world, full=bool(tr["ess_schedule"]) and world.size > 1)
     if tr["queue_size"]:
-        key_model = build_model(cell, c, h).to(dev, dtype=dtype)
+        key_model = _network(cell, c, h, dev, dtype, world)
         key_model.load_state_dict(model.state_dict())
-        source = QueueNegatives(key_model, tr["queue_size"], tr["proj_dim"], tr["moco_momentum"], dev, dtype)
+        source = QueueNegatives(key_model, tr["queue_size"], tr["proj_dim"], tr["moco_momentum"], dev, dtype, world)
     spe = n // bs
     total = int(tr["steps"]) if tr["steps"] else max(1, math.ceil(float(tr["epochs"]) * spe))
     peak = scaled_lr(float(tr["lr"]), bs, tr["lr_scaling"])
     opt = make_optimizer(model.parameters(), tr["optimizer"], peak, tr["momentum"], tr["weight_decay"], dev)
     aug = BatchAugment(AugmentConfig(**cell["augment"]), image_size=h, channels=c, mean=mean, std=std)
     loss_fn = build_loss(cell["loss"], cell["temperature"], **cell["loss_params"])
-    step_fn = TrainStep(model, aug, source, loss_fn, build_temperature(cell, total, dev), opt, tr["precision"], dev)
-    if tr["compile"]:
-        step_fn.compile("reduce-overhead" if dev.type == "cuda" else None)
+    step_fn = TrainStep(model, aug, source, loss_fn, build_temperature(cell, total, dev), opt, tr["precision"], dev,
+                        net=data_parallel(model, world), chunk_size=tr["chunk_size"])
+    if tr["compile"]:  # DDP splits the graph at its gradient buckets: full graphs on one process only
+        step_fn.compile("reduce-overhead" if dev.type == "cuda" else None, fullgraph=world.size == 1)
     return Training(cell, dev, images.to(dev), list(mean), list(std), step_fn, StepRandom(cell["seed"], dev),
-                    out_dir, total, spe, int(round(float(tr["warmup_epochs"]) * spe)), peak)
+                    world, out_dir, total, spe, int(round(float(tr["warmup_epochs"]) * spe)), peak)
+
+
+def _network(cell: dict, channels: int, size: int, dev: torch.device, dtype: torch.dtype, world: World):
+    """The cell's model on the device; BatchNorm over every process's views (``sync_bn``)."""
+    model = build_model(cell, channels, size).to(dev, dtype=dtype)
+    if dev.type == "cuda" and dtype != torch.float64:
+        model = model.to(memory_format=torch.channels_last)
+    return sync_batchnorm(model, world, cell["train"]["sync_bn"])
 
 
 # --------------------------------------------------------------------------- state
@@ -209,10 +232,14 @@ def resume(t: Training) -> None:
     s.temperature.load_state_dict(st["temperature"])
     t.step, t.wall_before = int(st["step"]), float(st["wall_s"])
     t.last_value = torch.tensor(float(st["last_loss"]), device=t.dev)
-    print(f"resuming {t.cell['id']} from step {t.step}/{t.total} ({t.state_path})", file=sys.stderr)
+    if t.world.is_main:
+        print(f"resuming {t.cell['id']} from step {t.step}/{t.total} ({t.state_path})", file=sys.stderr)
 
 
 def save(t: Training, hooks: Hooks, elapsed: float) -> None:
+    """Write ``state.pt`` (rank 0: the state is the same on every process)."""
+    if not t.world.is_main:
+        return
     if hooks.before_save is not None:
         hooks.before_save()
     s = t.step_fn
@@ -244,15 +271,19 @@ def run_loop(t: Training, hooks: Hooks, t_start: float) -> str:
                 window[1] += t.cell["batch_size"]
                 if bar is not None:
                     bar.update(1)
-                if _log_due(t, t.step) or t.step % t.steps_per_epoch == 0 or term["flag"]:
-                    if not bool(t.finite):
+                epoch_end = t.step % t.steps_per_epoch == 0
+                if _log_due(t, t.step) or epoch_end or (term["flag"] and t.world.size == 1):
+                    term["flag"] = any_over_processes(term["flag"], t.dev)  # every process stops at the same step
+                    if any_over_processes(not bool(t.finite), t.dev):
                         _log_diverged(t, hooks)
                         return "diverged"
                     if hooks.log_fn is not None and _log_due(t, t.step):
-                        hooks.log_fn(step_metrics(t, out, update, window), t.step)
+                        metrics = step_metrics(t, out, update, window)
+                        if t.world.is_main:
+                            hooks.log_fn(metrics, t.step)
                         if bar is not None:
                             bar.set_postfix(epoch=f"{t.step / t.steps_per_epoch:.2f}", loss=f"{_last_loss(t):.4f}")
-                if t.step % t.steps_per_epoch == 0 or term["flag"]:
+                if epoch_end or term["flag"]:
                     save(t, hooks, time.perf_counter() - t_start)
                 if term["flag"]:
                     raise Preempted(f"SIGTERM received: {t.cell['id']} saved its state at step {t.step} "
@@ -272,15 +303,20 @@ def _log_due(t: Training, step: int) -> bool:
 
 
 def one_step(t: Training, idx: torch.Tensor, watch: bool):
-    """One update; with ``watch`` also the parameter change (for the update-size diagnostic)."""
+    """One update of the global batch ``idx`` (this process takes its share of the images
+    and of the augmentation uniforms, drawn for the whole batch on every process); with
+    ``watch`` also the parameter change (for the update-size diagnostic)."""
     s = t.step_fn
-    u = s.aug.draw(2 * idx.shape[0], t.rng.generator("augment", t.step))
+    bs = idx.shape[0]
+    u = s.aug.draw(2 * bs, t.rng.generator("augment", t.step))
+    if t.world.size > 1:
+        share = t.world.share(bs)
+        idx, u = idx[share], torch.cat([u[:bs][share], u[bs:][share]])
     lr = lr_at(t.step, t.total, t.warmup, t.peak_lr)
     set_lr(s.opt, lr)
     s.temperature.begin_step(t.step)
     before = [p.detach().clone() for p in s.model.parameters()] if watch else None
-    out = s.forward(t.images[idx], u, idx)
-    s.update(out.loss)
+    out = s.run(t.images[idx], u, idx)
     s.source.after_step(s.model, out.z2, idx)
     ok = torch.isfinite(out.loss) & torch.isfinite(out.value)
     t.finite = ok if t.finite is None else t.finite & ok
@@ -295,6 +331,8 @@ def one_step(t: Training, idx: torch.Tensor, watch: bool):
 
 def _log_diverged(t: Training, hooks: Hooks) -> None:
     t.last_value = torch.tensor(float("nan"))
+    if not t.world.is_main:
+        return
     if hooks.log_fn is not None:
         hooks.log_fn({"train/loss": float("nan"), "train/diverged": 1.0}, t.step)
     print(f"{t.cell['id']}: non-finite loss by step {t.step}: cell recorded as diverged", file=sys.stderr)
@@ -319,9 +357,13 @@ def step_metrics(t: Training, out, update, window: list) -> dict:
     gradient-scale mechanism (DCL) and, every ``grad_error_every`` steps, the rounding
     error of the loss gradient (FlatNCE)."""
     s, tr = t.step_fn, t.cell["train"]
+    loss, infonce = float(mean_over_processes(t.last_value)), float(mean_over_processes(out.infonce))
+    out = whole_batch(t, out)  # collectives: every process takes part, rank 0 reports
+    if not t.world.is_main:
+        return {}
     now = time.perf_counter()
     tau = float(out.tau)
-    m = {"train/loss": _last_loss(t), "train/infonce": float(out.infonce), "train/tau": tau,
+    m = {"train/loss": loss, "train/infonce": infonce, "train/tau": tau,
          "train/lr": lr_at(t.step - 1, t.total, t.warmup, t.peak_lr),
          "train/images_per_s": window[1] / max(now - window[0], 1e-9), "epoch": t.step / t.steps_per_epoch}
     window[0], window[1] = now, 0
@@ -339,6 +381,17 @@ def step_metrics(t: Training, out, update, window: list) -> dict:
         m["diag/grad_rel_err"] = grad_rel_error(s.loss_fn, out.z1, out.z2, torch.float32, tau)
         m["diag/grad_rel_err_bf16"] = grad_rel_error(s.loss_fn, out.z1, out.z2, torch.bfloat16, tau)
     return m
+
+
+def whole_batch(t: Training, out):
+    """With several processes, the step's embeddings of the whole batch (gathered) and,
+    for in-batch negatives, the whole batch's scores, for the diagnostics (no gradient)."""
+    if t.world.size == 1:
+        return out
+    z1, z2 = gather(out.z1), gather(out.z2)
+    if t.step_fn.source.kind != "in_batch":
+        return out._replace(z1=z1, z2=z2)
+    return out._replace(z1=z1, z2=z2, scores=Scores(*in_batch_scores(z1, z2)))
 
 
 def mechanism_metrics(t: Training, out, update) -> dict:
@@ -366,8 +419,10 @@ def finish(t: Training, status: str, elapsed: float) -> TrainResult:
     """Check the representation (collapse), write ``checkpoint.pt``, return the result."""
     s = t.step_fn
     wall = t.wall_before + elapsed
+    if t.last_value is not None:
+        t.last_value = mean_over_processes(t.last_value)
     h = {}
-    if status == "finished":
+    if status == "finished" and t.world.is_main:
         views = normalize(t.images[:health.SAMPLE], t.mean, t.std)
         h = health.embedding_health(s.model, views.to(next(s.model.parameters()).dtype))
         if health.collapsed_embeddings(h):
@@ -376,9 +431,10 @@ def finish(t: Training, status: str, elapsed: float) -> TrainResult:
                   f"projection std {h['projection_std']:.2e}): cell recorded as collapsed", file=sys.stderr)
     final = _last_loss(t) if status != "diverged" else float("nan")
     c, size = t.images.shape[1], t.images.shape[-1]
-    save_checkpoint(t.out_dir / "checkpoint.pt", t.cell, model=s.model.state_dict(), status=status, steps=t.step,
-                    epochs=t.step / t.steps_per_epoch, final_loss=final, wall_s=wall, channels=c,
-                    image_size=size, mean=t.mean, std=t.std, health=h)
+    if t.world.is_main:
+        save_checkpoint(t.out_dir / "checkpoint.pt", t.cell, model=s.model.state_dict(), status=status,
+                        steps=t.step, epochs=t.step / t.steps_per_epoch, final_loss=final, wall_s=wall,
+                        channels=c, image_size=size, mean=t.mean, std=t.std, health=h)
     return TrainResult(status=status, steps=t.step, epochs=t.step / t.steps_per_epoch, final_loss=final,
                        wall_s=wall, images_per_s=t.step * t.cell["batch_size"] / max(wall, 1e-9), health=h)
 

@@ -52,14 +52,19 @@ class StepOut(NamedTuple):
 
 
 class TrainStep:
-    """The parts of a step (see the module docstring)."""
+    """The parts of a step (see the module docstring).  ``model`` is the network itself
+    (what is saved, evaluated and copied into a momentum encoder), ``net`` the one that
+    is called: ``model`` or its DistributedDataParallel wrapper.  ``chunk_size``: embed
+    this process's images in chunks of that many with gradient caching
+    (:mod:`smallbatch.gradcache`; None = the whole batch in one pass)."""
 
     def __init__(self, model, aug: BatchAugment, source, loss_fn, temperature, opt, precision: str,
-                 device: torch.device) -> None:
+                 device: torch.device, net=None, chunk_size: int | None = None) -> None:
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
-        self.model, self.aug, self.source, self.loss_fn = model, aug, source, loss_fn
-        self.temperature, self.opt, self.device = temperature, opt, device
+        self.model, self.net = model, model if net is None else net
+        self.aug, self.source, self.loss_fn = aug, source, loss_fn
+        self.temperature, self.opt, self.device, self.chunk_size = temperature, opt, device, chunk_size
         self.fp64 = precision == "fp64"
         self.loss_dtype = torch.float64 if self.fp64 else torch.float32
         self.autocast_dtype = _AUTOCAST.get(precision)
@@ -67,39 +72,95 @@ class TrainStep:
         self.skipped_steps = 0  # fp16 steps the GradScaler skipped (overflow)
         self._opt_step = functools.partial(optimizer_step, opt)
 
-    def forward(self, x: Tensor, u: Tensor, idx: Tensor) -> StepOut:
-        """Views, embeddings, scores, τ and loss of the images ``x`` (uint8, B images)."""
-        b = x.shape[0]
+    def _views(self, x: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
         views = self.aug.apply(torch.cat([x, x]), u)
         if self.fp64:
             views = views.double()
-        with torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.bfloat16,
-                            enabled=self.autocast_dtype is not None):
-            z1, z2 = self.source.embed(self.model, views[:b], views[b:])
+        return views[: x.shape[0]], views[x.shape[0]:]
+
+    def _autocast(self):
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.bfloat16,
+                              enabled=self.autocast_dtype is not None)
+
+    def _loss(self, z1: Tensor, z2: Tensor, idx: Tensor):
+        """Scores (once), τ and the loss of the embeddings, in fp32 (fp64) outside autocast."""
         z1, z2 = z1.to(self.loss_dtype), z2.to(self.loss_dtype)
         sc = self.source.scores(z1, z2, idx)
-        tau = self.temperature(sc.neg.detach(), sc.mask)
+        tau = self.temperature(sc.neg.detach() if sc.tau_neg is None else sc.tau_neg, sc.mask)
         out = self.loss_fn.from_scores(sc.pos, sc.neg, sc.mask, temperature=tau, batch_pos=sc.batch_pos,
                                        check=False)
-        return StepOut(out.loss, out.value, out.infonce, sc.detached(), z1.detach(), z2.detach(), tau)
+        return out, sc, tau
+
+    def forward(self, x: Tensor, u: Tensor, idx: Tensor) -> StepOut:
+        """Views, embeddings, scores, τ and loss of the images ``x`` (uint8, B images)."""
+        v1, v2 = self._views(x, u)
+        with self._autocast():
+            z1, z2 = self.source.embed(self.net, v1, v2)
+        out, sc, tau = self._loss(z1, z2, idx)
+        return StepOut(out.loss, out.value, out.infonce, sc.detached(), z1.detach().to(self.loss_dtype),
+                       z2.detach().to(self.loss_dtype), tau)
+
+    def run(self, x: Tensor, u: Tensor, idx: Tensor) -> StepOut:
+        """One whole update of the images ``x``: forward, backward, optimiser step."""
+        if self.chunk_size is None or self.chunk_size >= x.shape[0]:
+            out = self.forward(x, u, idx)
+            self.update(out.loss)
+            return out
+        self.opt.zero_grad(set_to_none=True)
+        out = self._chunked(x, u, idx)
+        self._apply_update()
+        return out
+
+    def _chunked(self, x: Tensor, u: Tensor, idx: Tensor) -> StepOut:
+        """Forward and backward with gradient caching (the gradient of the whole batch; per
+        chunk BatchNorm statistics, see :mod:`smallbatch.gradcache`)."""
+        from .gradcache import cached_backward
+
+        v1, v2 = self._views(x, u)
+        in_batch = self.source.kind == "in_batch"
+        keep = {}
+        with self._autocast():
+            keys = None if in_batch else self._keys(v2)  # MoCo: keys from the momentum encoder, no graph
+
+            def loss_of(*zs):
+                with torch.autocast(self.device.type, enabled=False):
+                    z2 = zs[1] if in_batch else keys
+                    keep["out"], keep["sc"], keep["tau"] = self._loss(zs[0], z2, idx)
+                    keep["z2"] = z2
+                return keep["out"]
+
+            scale = self.scaler.scale if self.scaler is not None else None
+            _, zs = cached_backward(self.net, (v1, v2) if in_batch else (v1,), loss_of, self.chunk_size, scale)
+        out = keep["out"]
+        return StepOut(out.loss.detach(), out.value, out.infonce, keep["sc"].detached(),
+                       zs[0].detach().to(self.loss_dtype), keep["z2"].detach().to(self.loss_dtype), keep["tau"])
+
+    def _keys(self, v2: Tensor) -> Tensor:
+        with torch.no_grad():
+            return self.source.key_model(v2)
 
     def update(self, loss: Tensor) -> None:
         """Backward and the optimiser update (through the GradScaler in fp16)."""
         self.opt.zero_grad(set_to_none=True)
         if self.scaler is None:
             loss.backward()
+        else:
+            self.scaler.scale(loss).backward()
+        self._apply_update()
+
+    def _apply_update(self) -> None:
+        if self.scaler is None:
             self._opt_step()
             return
-        self.scaler.scale(loss).backward()
         before = self.scaler.get_scale()
         self.scaler.step(self.opt)
         self.scaler.update()
         self.skipped_steps += int(self.scaler.get_scale() < before)
 
-    def compile(self, mode: str | None = None) -> None:
+    def compile(self, mode: str | None = None, fullgraph: bool = True) -> None:
         """``torch.compile`` the forward (one graph with in-batch negatives; a queue's
         filling changes shapes, so it may take several) and the optimiser update."""
-        fullgraph = self.source.kind == "in_batch"
+        fullgraph = fullgraph and self.source.kind == "in_batch"
         self.forward = torch.compile(self.forward, fullgraph=fullgraph, mode=mode)
         self._opt_step = torch.compile(self._opt_step, fullgraph=True, mode=mode)
 
