@@ -88,6 +88,17 @@ def cell_file_without(key: str | None) -> Callable:
     return write
 
 
+def image_folder(tmp: Path, mp: pytest.MonkeyPatch) -> None:
+    """An ImageNet-style tree of 2 classes x 3 tiny images in train/ and val/."""
+    from PIL import Image
+
+    for split in ("train", "val"):
+        for c in ("cat", "dog"):
+            (tmp / "folder" / split / c).mkdir(parents=True)
+            for i in range(3):
+                Image.new("RGB", (8, 8), (40 * i, 0, 0)).save(tmp / "folder" / split / c / f"{i}.png")
+
+
 def a_file(tmp: Path, mp: pytest.MonkeyPatch) -> None:
     (tmp / "afile").write_text("not a folder\n")
 
@@ -141,6 +152,10 @@ CASES = [
     Case("train_subset larger than STL-10's unlabeled split", CELLS,
          r"config key 'datasets\.stl10\.train_subset' = 200000 is larger than the 100,000 unlabeled images of stl10",
          {"c.yaml": "datasets: {stl10: {train_subset: 200000}}\n"}),
+    Case("train_subset larger than an image folder (known once read: prepare-data)",
+         ("prepare-data", "--dataset", "imagefolder", "--data-root", "{tmp}/folder", "--train-subset", "20",
+          "--out", "{tmp}/c.pt"),
+         r"train_subset = 20 is larger than the 6 train images of imagefolder \(.*/folder\)", setup=image_folder),
     # --- warm-up against the epochs (not compared when train.steps is set: README "Configuration")
     Case("warmup_epochs longer than epochs", CELLS,
          r"cell 'digits/infonce/bs16-t0\.1-s0': train\.warmup_epochs = 5 is longer than train\.epochs = 1 "
