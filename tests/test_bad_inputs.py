@@ -198,6 +198,11 @@ CASES = [
          r"cifar10: could not download CIFAR-10 from https://www\.cs\.toronto\.edu/~kriz/cifar-10-python\.tar\.gz: "
          r"no network \(Name or service not known\); put the files under .*/data/cifar-10-batches-py/ "
          r"\(data_batch_1\.\.5, test_batch, batches\.meta\)", setup=no_network),
+    Case("Fashion-MNIST download without network (no Debian package)",
+         ("prepare-data", "--dataset", "fashion_mnist", "--data-root", "{tmp}/data", "--download", "--out", "{tmp}/c.pt"),
+         r"fashion_mnist: could not download Fashion-MNIST from http://fashion-mnist\.s3-website\.eu-central-1\.amazonaws\.com/: "
+         r"no network \(Name or service not known\); put the files under .*/data/FashionMNIST/raw/",
+         setup=lambda tmp, mp: (no_network(tmp, mp), mp.setattr("smallbatch.data.DEBIAN_FASHION_MNIST", tmp / "none"))),
     Case("STL-10 download without network",
          ("prepare-data", "--dataset", "stl10", "--data-root", "{tmp}/data", "--download", "--out", "{tmp}/c.pt"),
          r"stl10: could not download STL-10 from http://ai\.stanford\.edu/~acoates/stl10/stl10_binary\.tar\.gz: "

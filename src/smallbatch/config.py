@@ -255,9 +255,10 @@ def _check_subsets(cfg: dict) -> None:
 
     for name, opts in cfg["datasets"].items():
         sizes = SPLIT_SIZES.get(name)
+        if sizes is None:
+            continue
         for option, split in (("train_subset", pretrain_split(name)), ("test_subset", "test")):
-            problem = sizes and subset_problem(f"config key 'datasets.{name}.{option}'", opts.get(option),
-                                               sizes[split], split, name)
+            problem = subset_problem(f"config key 'datasets.{name}.{option}'", opts.get(option), sizes[split], split, name)
             if problem:
                 raise ConfigError(problem)
 

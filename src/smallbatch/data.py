@@ -52,6 +52,7 @@ from __future__ import annotations
 import errno
 import gzip
 import os
+import re
 import shutil
 import socket
 from contextlib import contextmanager
@@ -280,19 +281,32 @@ def _labels(values: Any) -> torch.Tensor:
 
 #: how the data sets torchvision downloads are called in messages
 _DISPLAY = {"fashion_mnist": "Fashion-MNIST", "cifar10": "CIFAR-10", "cifar100": "CIFAR-100", "stl10": "STL-10"}
-_NO_NETWORK = (socket.gaierror, ConnectionError, TimeoutError)
+#: a download that failed with one of these had no network to use
+_NETWORK_ERRNOS = {socket.EAI_NONAME, socket.EAI_AGAIN, errno.ECONNREFUSED, errno.ENETUNREACH,
+                   errno.EHOSTUNREACH, errno.ETIMEDOUT}
+
+
+def _download_reason(exc: Exception) -> str:
+    """Why a download failed: "no network (<the system's words>)" when it was the network,
+    else the error's last line (an HTTP error, an archive failing its md5 check)."""
+    reason = getattr(exc, "reason", None)
+    if isinstance(reason, OSError):  # urllib's URLError wraps the socket's error
+        code, text = reason.errno, reason.strerror or str(reason) or type(reason).__name__
+        if isinstance(reason, TimeoutError):
+            code = errno.ETIMEDOUT
+    else:  # torchvision's MNIST keeps only the text of each mirror's error
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        text = lines[-1] if lines else type(exc).__name__
+        m = re.search(r"\[Errno (-?\d+)\] ([^>]+)", text)
+        code, text = (int(m.group(1)), m.group(2).strip()) if m else (None, text)
+    return f"no network ({text})" if code in _NETWORK_ERRNOS else text
 
 
 def _failed_download(name: str, url: str, where: str, exc: Exception) -> FileNotFoundError:
-    """One line for a torchvision download that failed: the URL, why (no network, an HTTP
-    error, a corrupt archive) and where to put the files by hand instead."""
-    reason = getattr(exc, "reason", None)  # urllib's URLError wraps the socket's error
-    if isinstance(reason, _NO_NETWORK) or getattr(reason, "errno", None) in (errno.ENETUNREACH, errno.EHOSTUNREACH):
-        why = f"no network ({getattr(reason, 'strerror', None) or reason})"
-    else:
-        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-        why = lines[-1] if lines else type(exc).__name__
-    return FileNotFoundError(f"{name}: could not download {_DISPLAY[name]} from {url}: {why}; put the files under {where}")
+    """One line for a torchvision download that failed: the URL, why, and where to put
+    the files by hand instead."""
+    return FileNotFoundError(f"{name}: could not download {_DISPLAY[name]} from {url}: {_download_reason(exc)}; "
+                             f"put the files under {where}")
 
 
 @contextmanager
