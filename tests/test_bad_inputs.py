@@ -69,6 +69,10 @@ def tracking_env(tmp: Path, mp: pytest.MonkeyPatch) -> None:
     mp.setenv("MLFLOW_TRACKING_URI", "foo://bar")
 
 
+def no_http_retries(tmp: Path, mp: pytest.MonkeyPatch) -> None:
+    mp.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+
+
 def existing_store(tmp: Path, mp: pytest.MonkeyPatch) -> None:
     """A real SQLite store with the schema and one experiment, opened read-only by the row."""
     assert cli.main(["init-store", "--tracking-uri", f"sqlite:///{tmp}/mlflow.db", "--experiment", "study"]) == 0
@@ -190,6 +194,9 @@ CASES = [
          ("init-store", "--tracking-uri", "sqlite:///file:{tmp}/mlflow.db?mode=ro&uri=true", "--experiment", "other"),
          r"MLflow tracking store sqlite:///file:.*/mlflow\.db\?mode=ro&uri=true failed while opening experiment 'other': "
          r"attempt to write a readonly database", setup=existing_store),
+    Case("tracking server not there", ("init-store", "--tracking-uri", "http://127.0.0.1:1", "--experiment", "x"),
+         r"MLflow tracking store http://127\.0\.0\.1:1 failed while opening experiment 'x': \[Errno 111\] Connection refused",
+         setup=no_http_retries),
     Case("tracking store on a full disk", ("init-store", "--tracking-uri", "sqlite:////dev/full"),
          r"MLflow tracking store sqlite:////dev/full failed while opening the store: database or disk is full"),
     # --- downloads without network

@@ -95,18 +95,19 @@ def _client(uri: str):
 
 
 def _root_cause(exc: BaseException) -> BaseException:
-    """The innermost exception of a chain: MLflow raises its own error from SQLAlchemy's,
-    which carries the database's (sqlite3's "attempt to write a readonly database") as ``orig``."""
-    seen = set()
-    while id(exc) not in seen:
+    """The error that says what went wrong: the database's own (SQLAlchemy carries sqlite3's
+    "attempt to write a readonly database" as ``orig``, under MLflow's error raised from it)
+    or the deepest OS error of the chain (connection refused, disk full); else ``exc``."""
+    found, seen = exc, set()
+    while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        inner = getattr(exc, "orig", None)
-        if not isinstance(inner, BaseException):
-            inner = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
-        if inner is None:
-            break
-        exc = inner
-    return exc
+        orig = getattr(exc, "orig", None)
+        if isinstance(orig, BaseException):
+            return orig
+        if isinstance(exc, OSError):
+            found = exc
+        exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    return found
 
 
 def _wrap(uri: str, what: str, exc: Exception) -> TrackingError:
