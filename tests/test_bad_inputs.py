@@ -1,6 +1,6 @@
 """Bad inputs a user meets, in one table: each must stop with ONE line naming the problem.
 
-Every row is (case, how to trigger it, the exact line expected).  The command line runs
+Every row is (case, how to trigger it, a regex of the whole line expected).  The command line runs
 in-process (``smallbatch.cli.main``, fast): exit status 2, exactly one stderr line
 ``smallbatch: error: <expected>``, no traceback anywhere.  The rows marked ``snakemake``
 run ``python -m snakemake -n`` in a real process (seconds each, marked slow): it must fail
@@ -30,7 +30,6 @@ from smallbatch import cli
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = str(ROOT / "workflow" / "configs" / "smoke.yaml")
 BIN = Path(sys.executable).parent
-
 
 
 def study(grid: str = "batch_sizes: [16], temperatures: [0.1]", extra: str = "", dataset: str = "digits: {}") -> str:
