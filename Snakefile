@@ -6,13 +6,8 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
-# config.yaml is the default; `--configfile other.yaml` replaces it (instead of
-# being merged into it, which would mix two studies).
-if not workflow.overwrite_configfiles:
-
-    configfile: "config.yaml"
-
-
+# config.yaml is the default (read in common.smk, which checks it first);
+# `--configfile other.yaml` replaces it.
 include: "workflow/rules/common.smk"
 include: "workflow/rules/pretrain.smk"
 include: "workflow/rules/evaluate.smk"

@@ -124,7 +124,7 @@ def test_real_process_exit_status_and_single_stderr_line(tmp_path):
                         "--dataset", "digits", "--loss", "infonce", "--batch-size", "32", "--temperature", "0"],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2
-    assert p.stderr.strip().splitlines() == ["smallbatch: error: --temperature must be > 0, not 0.0"]
+    assert p.stderr.strip().splitlines() == ["smallbatch: error: --temperature must be a finite number > 0, not 0.0"]
     assert p.stdout == ""
 
 

@@ -312,3 +312,24 @@ def test_loss_label_names_only_non_default_parameters():
     assert loss_label("flatnce", {"gamma": 2.0}) == "flatnce-gamma2"
     assert loss_label("dclw", {"sigma": 0.5}) == "dclw"
     assert loss_label("eqco", {"alpha": 256}) == "eqco-alpha256"
+
+
+# --------------------------------------------------------------------------- what the new checks let through
+def test_an_infinite_loss_parameter_is_left_to_its_loss():
+    # DCLW's sigma = inf is DCL (every weight 1): its loss accepts it, so the config does
+    cfg = validate_config(grid(losses=[{"name": "dclw", "sigma": float("inf")}]))
+    assert [c["loss_params"] for c in expand_cells(cfg).values()] == [{"sigma": float("inf")}]
+    with pytest.raises(ConfigError, match=r"'grid\.losses\[0\]\.sigma' = nan is not a finite number"):
+        validate_config(grid(losses=[{"name": "dclw", "sigma": float("nan")}]))
+
+
+def test_warmup_is_compared_with_epochs_only_when_the_budget_is_in_epochs():
+    validate_config({**grid(), "train": {"epochs": 1, "warmup_epochs": 1}})  # warm-up for the whole run
+    validate_config({**grid(), "train": {"steps": 5, "epochs": 1, "warmup_epochs": 2}})  # steps: not compared
+    with pytest.raises(ConfigError, match=r"train\.warmup_epochs = 2 is longer than train\.epochs = 1"):
+        validate_config({**grid(), "train": {"epochs": 1, "warmup_epochs": 2}})
+
+
+def test_batch_size_equal_to_the_pretraining_images_and_unknown_sizes_pass():
+    validate_config({**grid(batch_sizes=[100]), "datasets": {"digits": {"train_subset": 100}}})
+    validate_config({**grid(batch_sizes=[4096]), "datasets": {"imagefolder": {}}})  # checked once read

@@ -172,6 +172,12 @@ def test_stl10_uses_unlabeled_for_pretraining(tmp_path, monkeypatch):
     assert small.train_x.shape == (10, 3, 32, 32) and small.pretrain_x.shape == (10, 3, 32, 32)
     assert small.test_x.shape == (5, 3, 32, 32)
     assert sorted(small.train_y.tolist()) == list(range(10))  # stratified: one per class
+    # train_subset caps the unlabeled pretraining split: more than the labelled images is fine
+    more = load_dataset("stl10", tmp_path, train_subset=25)
+    assert more.train_x.shape[0] == 20 and more.pretrain_x.shape[0] == 25
+    with pytest.raises(ValueError) as info:
+        load_dataset("stl10", tmp_path, train_subset=31)
+    assert _one_line(info.value).startswith("train_subset = 31 is larger than the 30 unlabeled images of stl10 (")
 
 
 # --------------------------------------------------------------------------- ImageFolder
@@ -288,6 +294,7 @@ def test_fashion_mnist_without_files_names_both_ways_to_get_them(tmp_path, monke
 def test_fashion_mnist_from_the_debian_package(tmp_path):
     data = load_dataset("fashion_mnist", tmp_path, test_subset=1000)
     assert data.train_x.shape == (60000, 1, 28, 28) and data.test_x.shape == (1000, 1, 28, 28)
+    assert data_mod.SPLIT_SIZES["fashion_mnist"]["train"] == 60000  # the table the config checks sizes with
     assert torch.bincount(data.train_y).tolist() == [6000] * 10
     assert torch.bincount(data.test_y).tolist() == [100] * 10
     assert data.train_y[0].item() == 9  # the first training image is an ankle boot
@@ -314,6 +321,19 @@ def test_digits_split_is_fixed_stratified_and_seed_independent():
     # no image in both splits
     train_set = {bytes(x.numpy()) for x in a.train_x}
     assert sum(bytes(x.numpy()) in train_set for x in a.test_x) < 5  # a few digits are pixel-identical duplicates
+
+
+def test_split_sizes_table_matches_the_loader_and_subsets_beyond_it_are_one_line():
+    full = load_dataset("digits", None)
+    assert data_mod.SPLIT_SIZES["digits"] == {"train": len(full.train_x), "test": len(full.test_x)}
+    assert data_mod.pretrain_images("digits") == 1437 and data_mod.pretrain_images("digits", 100) == 100
+    assert data_mod.pretrain_images("stl10") == 100000 and data_mod.pretrain_images("imagefolder", 100) is None
+    for kwargs, message in (({"train_subset": 1438}, "train_subset = 1438 is larger than the 1,437 train images"),
+                            ({"test_subset": 361}, "test_subset = 361 is larger than the 360 test images")):
+        with pytest.raises(ValueError) as info:
+            load_dataset("digits", None, **kwargs)
+        assert _one_line(info.value).startswith(message + " of digits ("), info.value
+    assert len(load_dataset("digits", None, train_subset=1437, test_subset=360).train_x) == 1437  # the whole split
 
 
 def test_subsets_are_stratified_seeded_and_resize_matches_interpolate():

@@ -5,14 +5,17 @@ A cell is named in one of three ways:
   --config config.yaml --cell-id <id>    (a cell of a study, by its id)
   --dataset digits --loss flatnce --batch-size 32 --temperature 0.1 ...  (stand-alone)
 
-Errors in the input (bad config key, batch size 1, temperature <= 0, missing
-data, corrupt checkpoint, ...) print one line ``smallbatch: error: ...`` and exit 2.
+Errors in the input (bad config key, batch size 1, temperature <= 0 or not finite,
+missing data, a failed download, a folder that cannot be written, an unusable
+tracking store, corrupt checkpoint, ...) print one line ``smallbatch: error: ...``
+and exit 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -64,32 +67,19 @@ def _coerce(v: str):
     return {"none": None, "null": None, "true": True, "false": False}.get(v.lower(), v)
 
 
-def resolve_cell(args) -> tuple[dict, dict]:
-    """(cell, config) from the arguments; raises ValueError with one line."""
-    from .cells import expand_cells, make_cell
+def resolve_cell(args, baseline: bool = False) -> tuple[dict, dict]:
+    """(cell, config) from the arguments; raises ValueError with one line.
+    ``baseline``: a --cell file must hold a baseline cell (else a study cell)."""
+    from .cells import expand_cells
     from .config import load_config
 
     if args.cell is not None:
-        if not args.cell.is_file():
-            raise ValueError(f"cell file not found: {args.cell}")
-        try:
-            cell = json.loads(args.cell.read_text())
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"cell file {args.cell} is not valid JSON ({exc.msg})") from None
         cfg = load_config(args.config) if args.config else load_config(None)
+        cell = _read_cell_file(args.cell, cfg, baseline)
         if args.threads:
             cell["threads"] = args.threads
         return cell, cfg
-    overrides: dict = {}
-    train_keys = ["epochs", "steps", "precision", "lr", "lr_scaling", "optimizer", "backbone", "queue_size"]
-    for k in train_keys:
-        v = getattr(args, k, None)
-        if v is not None:
-            overrides.setdefault("train", {})[k] = v
-    if args.threads:
-        overrides["threads"] = args.threads
-    if args.data_root:
-        overrides.setdefault("data", {})["root"] = args.data_root
+    overrides = _train_overrides(args)
     if args.cell_id:
         if args.config is None:
             raise ValueError("--cell-id needs --config")
@@ -101,45 +91,102 @@ def resolve_cell(args) -> tuple[dict, dict]:
             near = difflib.get_close_matches(args.cell_id, list(cells), n=3)
             raise ValueError(f"no cell {args.cell_id!r} in {args.config}" + (f"; did you mean {', '.join(near)}?" if near else ""))
         return cells[args.cell_id], cfg
+    return _standalone_cell(args, overrides)
+
+
+def _read_cell_file(path: Path, cfg: dict, baseline: bool) -> dict:
+    """A cell JSON file that holds every key a cell of its kind has (as `smallbatch cells
+    --write` writes them); ValueError naming the file and the first missing key."""
+    from .cells import baseline_cells, make_cell
+
+    if not path.is_file():
+        raise ValueError(f"cell file not found: {path}")
+    try:
+        cell = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"cell file {path} is not valid JSON ({exc.msg})") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cell file {path} cannot be read: {getattr(exc, 'strerror', None) or exc}") from None
+    if not isinstance(cell, dict):
+        raise ValueError(f"cell file {path} must hold a JSON object (one cell), not a {type(cell).__name__}")
+    dataset = next(iter(cfg["datasets"]))  # a reference cell of the same kind lists the keys
+    if baseline:
+        ref = next(iter(baseline_cells({**cfg, "baselines": True}).values()))
+    else:
+        ref = make_cell(cfg, dataset=dataset, loss="infonce", loss_params={}, batch_size=2, temperature=1.0, seed=0)
+    missing = [k for k in ref if k not in cell]
+    if missing:
+        kind = "baseline cell" if baseline else "cell"
+        raise ValueError(f"cell file {path} lacks the key {missing[0]!r} of a {kind}"
+                         + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+                         + "; write it with `smallbatch cells --write`")
+    return cell
+
+
+def _train_overrides(args) -> dict:
+    overrides: dict = {}
+    train_keys = ["epochs", "steps", "precision", "lr", "lr_scaling", "optimizer", "backbone", "queue_size"]
+    for k in train_keys:
+        v = getattr(args, k, None)
+        if v is not None:
+            overrides.setdefault("train", {})[k] = v
+    if args.threads:
+        overrides["threads"] = args.threads
+    if args.data_root:
+        overrides.setdefault("data", {})["root"] = args.data_root
+    return overrides
+
+
+def _standalone_cell(args, overrides: dict) -> tuple[dict, dict]:
+    """A cell from --dataset, --loss, --batch-size, --temperature ...: the flags are checked
+    first (messages name them), then the config is validated with the cell as its only
+    grid cell, so the study's checks (data set size, warm-up, the loss's own) apply to it."""
+    from .cells import make_cell
+    from .config import deep_merge, load_config, validate_config
+    from .losses import canonical_name
+
     missing = [f for f in ("dataset", "loss", "batch_size", "temperature") if getattr(args, f) is None]
     if missing:
         raise ValueError("name a cell: --cell FILE, or --config with --cell-id, or give "
                          + ", ".join("--" + m.replace("_", "-") for m in missing))
-    ds_opts = {}
-    for k in ("image_size", "train_subset"):
-        v = getattr(args, k, None)
-        if v is not None:
-            ds_opts[k] = v
-    overrides["datasets"] = {args.dataset: ds_opts}
-    base = load_config(args.config) if args.config else {}
-    if args.config:
-        # keep the study's other data sets out of a stand-alone cell
-        base_ds = base.get("datasets", {}).get(args.dataset, {})
-        overrides["datasets"] = {args.dataset: {**base_ds, **ds_opts}}
-    from .config import deep_merge, validate_config
-
-    raw = deep_merge({k: v for k, v in base.items() if k != "datasets"}, overrides) if base else overrides
-    cfg = validate_config(raw)
-    from .losses import canonical_name, loss_param_names
-
     name = canonical_name(args.loss)  # ValueError naming the allowed losses
+    if args.batch_size < 2:
+        raise ValueError(f"--batch-size must be >= 2 (a batch of 1 has no negatives), not {args.batch_size}")
+    if not (math.isfinite(args.temperature) and args.temperature > 0):
+        raise ValueError(f"--temperature must be a finite number > 0, not {args.temperature}")
+    given = _loss_params(name, args.loss_param)
+    seed = args.seed if args.seed is not None else 0
+    ds_opts = {k: getattr(args, k) for k in ("image_size", "train_subset") if getattr(args, k, None) is not None}
+    base = load_config(args.config) if args.config else {}
+    # the study's other data sets and side experiments stay out of a stand-alone cell
+    overrides["datasets"] = {args.dataset: {**base.get("datasets", {}).get(args.dataset, {}), **ds_opts}}
+    overrides["grid"] = {"losses": [{"name": name, **given}], "batch_sizes": [args.batch_size],
+                         "temperatures": [args.temperature], "seeds": [seed]}
+    raw = deep_merge({k: v for k, v in base.items() if k not in ("datasets", "experiments", "grid")}, overrides)
+    cfg = validate_config(raw)
+    params = {**cfg.get("loss_params", {}).get(name, {}), **given}
+    cell = make_cell(cfg, dataset=args.dataset, loss=name, loss_params=params, batch_size=args.batch_size,
+                     temperature=args.temperature, seed=seed)
+    return cell, cfg
+
+
+def _loss_params(name: str, pairs: list[str]) -> dict:
+    """--loss-param KEY=VALUE pairs, each checked against the loss's parameter schema."""
+    from .config import check_value, load_schema
+    from .losses import loss_param_names
+
     allowed = loss_param_names(name)
-    params = {k: v for k, v in cfg.get("loss_params", {}).get(name, {}).items()}
-    for kv in args.loss_param:
+    schema = load_schema()["properties"]["loss_params"]["properties"][name]["properties"]
+    params = {}
+    for kv in pairs:
         if "=" not in kv:
             raise ValueError(f"--loss-param must be KEY=VALUE, not {kv!r}")
         k, v = kv.split("=", 1)
         if k not in allowed:
             raise ValueError(f"--loss-param {k!r} is not a parameter of {name}; allowed: {', '.join(allowed) or 'none'}")
         params[k] = _coerce(v)
-    if args.batch_size is not None and args.batch_size < 2:
-        raise ValueError(f"--batch-size must be >= 2 (a batch of 1 has no negatives), not {args.batch_size}")
-    if not args.temperature > 0:
-        raise ValueError(f"--temperature must be > 0, not {args.temperature}")
-    seed = args.seed if args.seed is not None else 0
-    cell = make_cell(cfg, dataset=args.dataset, loss=name, loss_params=params, batch_size=args.batch_size,
-                     temperature=args.temperature, seed=seed)
-    return cell, cfg
+        check_value(schema[k], params[k], f"--loss-param {k}")
+    return params
 
 
 def _tracking(args, cfg: dict) -> tuple[str | None, str]:
@@ -162,7 +209,10 @@ def cmd_cells(args) -> int:
     cells = expand_cells(cfg)
     base = baseline_cells(cfg)
     if args.write:
+        from .config import check_results_dir
         from .io import write_json
+
+        check_results_dir(cfg)
 
         for cid, cell in {**cells, **base}.items():
             path = Path(cfg["results_dir"]) / ("runs" if not cid.startswith("baselines/") else "") / cid / "cell.json"
@@ -256,7 +306,7 @@ def cmd_baseline(args) -> int:
     from .config import load_config
 
     if args.cell is not None:
-        cell, cfg = resolve_cell(args)
+        cell, cfg = resolve_cell(args, baseline=True)
     else:
         cfg = load_config(args.config) if args.config else load_config(None)
         cells = baseline_cells(cfg)
@@ -391,10 +441,18 @@ def main(argv: list[str] | None = None) -> int:
     except Preempted as exc:
         print(f"smallbatch: preempted: {exc}", file=sys.stderr)
         return EXIT_PREEMPTED
-    except (ValueError, FileNotFoundError, RuntimeError) as exc:
-        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print(f"smallbatch: error: {msg}", file=sys.stderr)
+    except (ValueError, OSError, RuntimeError) as exc:
+        print(f"smallbatch: error: {_error_line(exc)}", file=sys.stderr)
         return EXIT_USAGE
+
+
+def _error_line(exc: BaseException) -> str:
+    """One line for the user: the message's first line; an OS error (a folder that cannot
+    be written, a disk that is full) as the path and the system's reason."""
+    if isinstance(exc, OSError) and exc.strerror and exc.filename:
+        return f"{exc.filename}: {exc.strerror}"
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 if __name__ == "__main__":

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import copy
 import difflib
+import math
 import os
+import tempfile
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -54,6 +56,11 @@ def _with_losses(schema: dict) -> dict:
     from .losses import config_schema
 
     parts = config_schema()
+    # a loss parameter may be infinite where its loss allows it (DCLW's sigma = inf is
+    # DCL); the loss's own check decides (_check_cells), not the finite-number rule
+    for node in [*parts["loss_params"].values(), *parts["entry_params"].values()]:
+        for sub in [*node.get("properties", {}).values(), *node.get("anyOf", [])]:
+            (sub.get("items") or sub)["x-loss-param"] = True
 
     def walk(node: Any) -> None:
         if isinstance(node, dict):
@@ -74,9 +81,18 @@ def _with_losses(schema: dict) -> dict:
 
 
 def _validator_with_defaults():
-    from jsonschema import Draft202012Validator, validators
+    from jsonschema import Draft202012Validator, ValidationError, validators
 
     base_props = Draft202012Validator.VALIDATORS["properties"]
+    base_type = Draft202012Validator.VALIDATORS["type"]
+
+    def finite_numbers(validator, types, instance, schema):
+        # JSON Schema has no "finite": YAML's .nan / .inf pass every bound (nan > 0 is False
+        # both ways), so a number must also be finite; a loss parameter may be infinite
+        yield from base_type(validator, types, instance, schema)
+        if isinstance(instance, float) and not math.isfinite(instance):
+            if math.isnan(instance) or not schema.get("x-loss-param"):
+                yield ValidationError(f"{instance!r} is not a finite number", validator="finite")
 
     def set_defaults(validator, properties, instance, schema):
         if isinstance(instance, dict):
@@ -100,7 +116,7 @@ def _validator_with_defaults():
 
     return validators.extend(
         Draft202012Validator,
-        {"properties": set_defaults, "additionalProperties": additional_with_defaults},
+        {"properties": set_defaults, "additionalProperties": additional_with_defaults, "type": finite_numbers},
     )
 
 
@@ -115,9 +131,11 @@ def _allowed_keys(schema: dict) -> list[str]:
     return sorted(schema.get("properties", {}))
 
 
-def _one_line(err, root_schema: dict) -> str:
-    """Turn a jsonschema ValidationError into one readable line naming the key."""
+def _one_line(err, root_schema: dict, label: str | None = None) -> str:
+    """Turn a jsonschema ValidationError into one readable line naming the key (or ``label``,
+    e.g. a command-line flag, for a value checked on its own)."""
     where = _path_str(err.absolute_path)
+    name = label or f"config key '{where}'"
     v = err.validator
     if v == "additionalProperties":
         allowed = _allowed_keys(err.schema)
@@ -133,12 +151,14 @@ def _one_line(err, root_schema: dict) -> str:
     if v == "enum" and "propertyNames" in list(err.schema_path):
         return f"unknown name {err.instance!r} under '{where}'; allowed: {', '.join(map(str, err.validator_value))}"
     if v == "enum":
-        return f"config key '{where}' = {err.instance!r} is not allowed; allowed values: {', '.join(map(str, err.validator_value))}"
+        return f"{name} = {err.instance!r} is not allowed; allowed values: {', '.join(map(str, err.validator_value))}"
     if v in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
         op = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<"}[v]
-        return f"config key '{where}' = {err.instance!r} is out of range; it must be {op} {err.validator_value}"
+        return f"{name} = {err.instance!r} is out of range; it must be {op} {err.validator_value}"
+    if v == "finite":
+        return f"{name} = {err.instance!r} is not a finite number"
     if v == "type":
-        return f"config key '{where}' = {err.instance!r} has the wrong type; expected {err.validator_value}"
+        return f"{name} = {err.instance!r} has the wrong type; expected {err.validator_value}"
     if v == "anyOf":
         # Report the most specific sub-error (e.g. an unknown loss name).
         best = None
@@ -151,13 +171,13 @@ def _one_line(err, root_schema: dict) -> str:
             if best is None or len(sub.absolute_path) > len(best.absolute_path):
                 best = sub
         if best is not None:
-            return _one_line(best, root_schema)
-        return f"config key '{where}' = {err.instance!r} is not valid: {err.message.splitlines()[0]}"
+            return _one_line(best, root_schema, label)
+        return f"{name} = {err.instance!r} is not valid: {err.message.splitlines()[0]}"
     if v in ("minItems", "minProperties"):
-        return f"config key '{where}' must not be empty"
+        return f"{name} must not be empty"
     if v == "required":
-        return f"config key '{where}' is missing {err.message.split(' is a required')[0]}"
-    return f"config key '{where}': {err.message.splitlines()[0]}"
+        return f"{name} is missing {err.message.split(' is a required')[0]}"
+    return f"{name}: {err.message.splitlines()[0]}"
 
 
 def validate_config(cfg: dict) -> dict:
@@ -165,23 +185,29 @@ def validate_config(cfg: dict) -> dict:
 
     Raises :class:`ConfigError` with one line naming the first offending key.
     """
-    from jsonschema import exceptions
-
     schema = load_schema()
-    cls = _validator_with_defaults()
-    validator = cls(schema)
-    errors = list(validator.iter_errors(cfg))
+    errors = list(_validator_with_defaults()(schema).iter_errors(cfg))
     if errors:
-        err = exceptions.best_match(errors, key=lambda e: (-len(e.absolute_path),))
-        # best_match prefers shallow errors; we want the deepest (most specific) one.
-        deepest = max(errors, key=lambda e: len(e.absolute_path))
-        raise ConfigError(_one_line(deepest if deepest is not None else err, schema))
-    _check_semantics(cfg)
+        # the deepest error is the most specific one (jsonschema's best_match prefers shallow ones)
+        raise ConfigError(_one_line(max(errors, key=lambda e: len(e.absolute_path)), schema))
+    _check_sections(cfg)
+    _check_augment(cfg)
+    _check_tracking_uri(cfg)
+    _check_subsets(cfg)
+    _check_cells(cfg)
     return cfg
 
 
-def _check_semantics(cfg: dict) -> None:
-    """Checks the schema cannot express."""
+def check_value(node: dict, value: Any, label: str) -> None:
+    """Validate one value (e.g. a command-line flag's) against a schema node such as a
+    loss parameter's; ConfigError naming ``label``."""
+    errors = list(_validator_with_defaults()(node).iter_errors(value))
+    if errors:
+        raise ConfigError(_one_line(errors[0], node, label))
+
+
+def _check_sections(cfg: dict) -> None:
+    """The side experiments' train overrides and data sets (free-form in the schema)."""
     for name, sec in cfg.get("experiments", {}).items():
         if name == "mi" or not isinstance(sec, dict):
             continue
@@ -195,6 +221,9 @@ def _check_semantics(cfg: dict) -> None:
         for ds in sec.get("datasets", []) or []:
             if ds not in cfg.get("datasets", {}):
                 raise ConfigError(f"config key 'experiments.{name}.datasets' names {ds!r}, which is not under 'datasets' ({', '.join(cfg.get('datasets', {}))})")
+
+
+def _check_augment(cfg: dict) -> None:
     from . import augment as _aug  # light module (torch only)
 
     try:
@@ -208,6 +237,67 @@ def _check_semantics(cfg: dict) -> None:
         raise ConfigError(f"unknown config key 'augment.{bad}'; allowed keys here: {', '.join(fields)}") from None
     except ValueError as exc:
         raise ConfigError(f"config key 'augment': {exc}") from None
+
+
+def _check_tracking_uri(cfg: dict) -> None:
+    from .tracking import tracking_uri_problem
+
+    uri = cfg.get("tracking_uri")
+    problem = tracking_uri_problem(uri) if uri else None
+    if problem:
+        raise ConfigError(f"config key 'tracking_uri' = {uri!r}: {problem}")
+
+
+def _check_subsets(cfg: dict) -> None:
+    """``train_subset`` / ``test_subset`` against the size of the split they subset
+    (data.SPLIT_SIZES; imagefolder's size is checked when it is read)."""
+    from .data import SPLIT_SIZES, pretrain_split, subset_problem
+
+    for name, opts in cfg["datasets"].items():
+        sizes = SPLIT_SIZES.get(name)
+        if sizes is None:
+            continue
+        for option, split in (("train_subset", pretrain_split(name)), ("test_subset", "test")):
+            problem = subset_problem(f"config key 'datasets.{name}.{option}'", opts.get(option), sizes[split], split, name)
+            if problem:
+                raise ConfigError(problem)
+
+
+def _check_cells(cfg: dict) -> None:
+    """Each cell's batch size against its pretraining images (where their number is
+    known), its warm-up against its budget, and its loss's own checks of its parameters."""
+    from .cells import expand_cells
+
+    try:
+        cells = expand_cells(cfg)
+    except ValueError as exc:  # two cells with one id
+        raise ConfigError(str(exc)) from None
+    for cid, cell in cells.items():
+        problem = _cell_problem(cell)
+        if problem:
+            raise ConfigError(f"cell '{cid}': {problem}")
+
+
+def _cell_problem(cell: dict) -> str | None:
+    from .data import pretrain_images
+    from .losses import build_loss
+
+    name, subset = cell["dataset"], cell["dataset_options"].get("train_subset")
+    images = pretrain_images(name, subset)
+    if images is not None and cell["batch_size"] > images:
+        capped = f" (datasets.{name}.train_subset)" if subset is not None and subset == images else ""
+        return f"batch size {cell['batch_size']} is larger than the {images:,} pretraining images of {name}{capped}"
+    tr = cell["train"]
+    # with train.steps the budget is in steps and the warm-up in epochs of a data set
+    # whose size may be unknown (imagefolder): not compared (README "Configuration")
+    if not tr.get("steps") and tr["warmup_epochs"] > tr["epochs"]:
+        return (f"train.warmup_epochs = {tr['warmup_epochs']:g} is longer than train.epochs = {tr['epochs']:g} "
+                "(the learning rate would never finish warming up)")
+    try:
+        build_loss(cell["loss"], cell["temperature"], **cell["loss_params"])
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 _DATA_DIRS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python", "stl10": "stl10_binary"}
@@ -239,21 +329,49 @@ def check_data_roots(cfg: dict) -> None:
                               "fix the root or set data.download: true")
 
 
+def check_results_dir(cfg: dict) -> None:
+    """``results_dir`` is a folder this process can write in (created when missing);
+    otherwise a one-line ConfigError.  The workflow calls this before it writes the
+    cells' files while the DAG is built."""
+    path = Path(cfg["results_dir"]).expanduser()
+    key = f"config key 'results_dir' = '{path}'"
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{key} is a file, not a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"{key} is not writable: {exc.strerror or exc}") from None
+
+
+def read_config_file(path: str | Path) -> dict:
+    """The mapping in YAML file ``path``; ConfigError naming the file (and for a syntax
+    error its line and column) when it is missing, not YAML, empty or not a mapping."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        with open(p) as fh:
+            cfg = yaml.safe_load(fh)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"config file {p} is not valid YAML{where}: {problem}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {p} cannot be read: {getattr(exc, 'strerror', None) or exc}") from None
+    if cfg is None:
+        raise ConfigError(f"config file {p} is empty (no settings, only blanks or comments); "
+                          "write {} for a study of every default")
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"config file {p} must hold a mapping at the top level, not a {type(cfg).__name__}")
+    return cfg
+
+
 def load_config(path: str | Path | None = None, overrides: dict | None = None) -> dict:
     """Read YAML ``path`` (or an empty config), apply ``overrides``, validate."""
-    cfg: dict = {}
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file not found: {p}")
-        with open(p) as fh:
-            try:
-                cfg = yaml.safe_load(fh) or {}
-            except yaml.YAMLError as exc:
-                first = str(exc).splitlines()[0]
-                raise ConfigError(f"config file {p} is not valid YAML: {first}") from None
-        if not isinstance(cfg, dict):
-            raise ConfigError(f"config file {p} must hold a mapping at the top level")
+    cfg = read_config_file(path) if path is not None else {}
     if overrides:
         cfg = deep_merge(cfg, overrides)
     return validate_config(cfg)
@@ -276,6 +394,11 @@ def resolve_tracking_uri(cfg: dict) -> str:
         return str(uri)
     env = os.environ.get("MLFLOW_TRACKING_URI")
     if env:
+        from .tracking import tracking_uri_problem
+
+        problem = tracking_uri_problem(env)
+        if problem:
+            raise ConfigError(f"$MLFLOW_TRACKING_URI = {env!r}: {problem}")
         return env
     db = Path(cfg.get("results_dir", "results")).resolve() / "mlflow.db"
     return f"sqlite:///{db}"

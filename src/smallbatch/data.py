@@ -39,7 +39,9 @@ Data sets (``DATASETS``):
 Options common to all: ``image_size`` (antialiased bilinear resize of the uint8
 images), ``train_subset`` / ``test_subset`` (a stratified random subset of that
 many images, drawn with ``seed``; ``train_subset`` also caps STL-10's unlabeled
-pretraining set with a plain random subset).
+pretraining set with a plain random subset, so for STL-10 it may exceed the 5,000
+labelled images, which are then all kept). A subset larger than its split is an
+error: :data:`SPLIT_SIZES` holds each split's size for the config's checks.
 
 :func:`save_cache` / :func:`load_cache` store an :class:`ImageData` in one file;
 loading it imports neither torchvision nor scikit-learn.
@@ -47,12 +49,16 @@ loading it imports neither torchvision nor scikit-learn.
 
 from __future__ import annotations
 
+import errno
 import gzip
 import os
+import re
 import shutil
+import socket
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -62,17 +68,58 @@ from .io import atomic_write, save_torch
 __all__ = [
     "DATASETS",
     "DEBIAN_FASHION_MNIST",
+    "SPLIT_SIZES",
     "ImageData",
+    "pretrain_images",
+    "pretrain_split",
     "load_dataset",
     "prepare_fashion_mnist",
     "save_cache",
     "load_cache",
     "stratified_subset",
+    "subset_problem",
     "resize_uint8",
     "channel_stats",
 ]
 
 DATASETS: tuple[str, ...] = ("fashion_mnist", "digits", "cifar10", "cifar100", "stl10", "imagefolder")
+
+#: Images per split of every data set whose size is fixed (``imagefolder``'s is known only
+#: once its folders are read: :func:`load_dataset` checks the subsets against what it read).
+#: The config checks ``train_subset`` / ``test_subset`` and every batch size against it
+#: before any job runs.
+SPLIT_SIZES: dict[str, dict[str, int]] = {
+    "digits": {"train": 1437, "test": 360},
+    "fashion_mnist": {"train": 60000, "test": 10000},
+    "cifar10": {"train": 50000, "test": 10000},
+    "cifar100": {"train": 50000, "test": 10000},
+    "stl10": {"train": 5000, "test": 8000, "unlabeled": 100000},
+}
+
+
+def pretrain_split(name: str) -> str:
+    """The split pretraining draws from (and ``train_subset`` caps): STL-10's ``unlabeled``,
+    every other data set's labelled ``train``."""
+    return "unlabeled" if name == "stl10" else "train"
+
+
+def pretrain_images(name: str, train_subset: int | None = None) -> int | None:
+    """How many images pretraining draws from: the pretraining split capped by
+    ``train_subset``; None where that is known only once read (``imagefolder``)."""
+    sizes = SPLIT_SIZES.get(name)
+    if sizes is None:
+        return None
+    n = sizes[pretrain_split(name)]
+    return n if train_subset is None else min(n, train_subset)
+
+
+def subset_problem(option: str, value: int | None, available: int, split: str, name: str) -> str | None:
+    """Why a ``train_subset`` / ``test_subset`` of ``value`` images cannot be drawn from a
+    split of ``available`` images (one line naming ``option``), or None when it can."""
+    if value is None or value <= available:
+        return None
+    return f"{option} = {value} is larger than the {available:,} {split} images of {name}"
+
 
 #: Where Debian's ``dataset-fashion-mnist`` package installs the IDX ``.gz`` files.
 DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
@@ -87,7 +134,7 @@ _CACHE_FORMAT = "smallbatch.ImageData"
 _CACHE_VERSION = 1
 
 # Fixed split of the digits data set, independent of the run seed.
-_DIGITS_TEST_SIZE = 360
+_DIGITS_TEST_SIZE = SPLIT_SIZES["digits"]["test"]
 _DIGITS_SPLIT_SEED = 0
 
 
@@ -232,6 +279,51 @@ def _labels(values: Any) -> torch.Tensor:
     return torch.as_tensor(np.asarray(values), dtype=torch.int64).reshape(-1)
 
 
+#: how the data sets torchvision downloads are called in messages
+_DISPLAY = {"fashion_mnist": "Fashion-MNIST", "cifar10": "CIFAR-10", "cifar100": "CIFAR-100", "stl10": "STL-10"}
+#: a download that failed with one of these had no network to use
+_NETWORK_ERRNOS = {socket.EAI_NONAME, socket.EAI_AGAIN, errno.ECONNREFUSED, errno.ENETUNREACH,
+                   errno.EHOSTUNREACH, errno.ETIMEDOUT}
+
+
+def _download_reason(exc: Exception) -> str:
+    """Why a download failed: "no network (<the system's words>)" when it was the network,
+    else the error's last line (an HTTP error, an archive failing its md5 check)."""
+    reason = getattr(exc, "reason", None)
+    if isinstance(reason, OSError):  # urllib's URLError wraps the socket's error
+        code, text = reason.errno, reason.strerror or str(reason) or type(reason).__name__
+        if isinstance(reason, TimeoutError):
+            code = errno.ETIMEDOUT
+    else:  # torchvision's MNIST keeps only the text of each mirror's error
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        text = lines[-1] if lines else type(exc).__name__
+        m = re.search(r"\[Errno (-?\d+)\] ([^>]+)", text)
+        code, text = (int(m.group(1)), m.group(2).strip()) if m else (None, text)
+    return f"no network ({text})" if code in _NETWORK_ERRNOS else text
+
+
+def _failed_download(name: str, url: str, where: str, exc: Exception) -> FileNotFoundError:
+    """One line for a torchvision download that failed: the URL, why, and where to put
+    the files by hand instead."""
+    return FileNotFoundError(f"{name}: could not download {_DISPLAY[name]} from {url}: {_download_reason(exc)}; "
+                             f"put the files under {where}")
+
+
+@contextmanager
+def _torchvision_errors(name: str, downloading: bool, url: str, where: str,
+                        unreadable: Callable[[Exception], str]) -> Iterator[None]:
+    """torchvision's failures as one line: a failed download names the URL, why and where
+    the files go; files that fail to load (md5 check, truncated) get ``unreadable(exc)``."""
+    try:
+        yield
+    except (OSError, RuntimeError) as exc:
+        if downloading:
+            raise _failed_download(name, url, where, exc) from exc
+        if isinstance(exc, OSError):
+            raise
+        raise FileNotFoundError(unreadable(exc)) from exc
+
+
 # --------------------------------------------------------------------------- loaders
 # Each returns a dict: train_x, train_y, test_x, test_y (numpy or torch, any layout
 # accepted by _as_images via the `channels_last` flag), optional pretrain_x,
@@ -291,11 +383,10 @@ def _load_fashion_mnist(root: Path, download: bool) -> dict[str, Any]:
             f"fashion_mnist: no IDX files under {root}/FashionMNIST/raw/ and none in {DEBIAN_FASHION_MNIST}; "
             "install the apt package dataset-fashion-mnist or set download: true"
         )
-    try:
+    with _torchvision_errors("fashion_mnist", raw is None, FashionMNIST.mirrors[0], f"{root}/FashionMNIST/raw/",
+                             lambda exc: f"fashion_mnist: could not read {root}/FashionMNIST/raw/ ({exc})"):
         train = FashionMNIST(str(root), train=True, download=download)
         test = FashionMNIST(str(root), train=False, download=download)
-    except RuntimeError as exc:
-        raise FileNotFoundError(f"fashion_mnist: could not read {root}/FashionMNIST/raw/ ({exc})") from exc
     return {
         "train_x": train.data, "train_y": train.targets, "test_x": test.data, "test_y": test.targets,
         "channels_last": False, "num_classes": len(train.classes), "classes": list(train.classes),
@@ -318,14 +409,11 @@ def _load_cifar(name: str, root: Path, download: bool) -> dict[str, Any]:
             f"{name}: no {root}/{folder}/ (expected the python pickles {files}); set download: true to fetch them"
         )
     cls = CIFAR10 if name == "cifar10" else CIFAR100
-    try:
+    with _torchvision_errors(name, download, cls.url, f"{root}/{folder}/ ({files})",
+                             lambda exc: f"{name}: files under {root}/{folder}/ missing or failing torchvision's md5 "
+                                         f"check (expected {files}); set download: true to fetch them"):
         train = cls(str(root), train=True, download=download)
         test = cls(str(root), train=False, download=download)
-    except RuntimeError as exc:
-        raise FileNotFoundError(
-            f"{name}: files under {root}/{folder}/ missing or failing torchvision's md5 check "
-            f"(expected {files}); set download: true to fetch them"
-        ) from exc
     return {
         "train_x": train.data, "train_y": train.targets, "test_x": test.data, "test_y": test.targets,
         "channels_last": True, "num_classes": len(train.classes), "classes": list(train.classes),
@@ -341,15 +429,12 @@ def _load_stl10(root: Path, download: bool) -> dict[str, Any]:
         raise FileNotFoundError(
             f"stl10: no {root}/stl10_binary/ (expected {files}); set download: true to fetch it"
         )
-    try:
+    with _torchvision_errors("stl10", download, STL10.url, f"{root}/stl10_binary/ ({files})",
+                             lambda exc: f"stl10: files under {root}/stl10_binary/ missing or failing torchvision's "
+                                         f"md5 check (expected {files}); set download: true to fetch them"):
         train = STL10(str(root), split="train", download=download)
         test = STL10(str(root), split="test", download=False)
         unlabeled = STL10(str(root), split="unlabeled", download=False)
-    except RuntimeError as exc:
-        raise FileNotFoundError(
-            f"stl10: files under {root}/stl10_binary/ missing or failing torchvision's md5 check "
-            f"(expected {files}); set download: true to fetch them"
-        ) from exc
     classes = list(getattr(train, "classes", [])) or [str(i) for i in range(10)]
     return {
         # STL10 already transposes its column-major binaries to (N, 3, 96, 96) row-major views
@@ -420,6 +505,18 @@ def _load_imagefolder(root: Path, download: bool, image_size: int | None) -> dic
     }
 
 
+def _check_subsets(name: str, raw: dict[str, Any], train_subset: int | None, test_subset: int | None) -> None:
+    """The subsets against the images just read (the config checks them against
+    :data:`SPLIT_SIZES` before any job; ``imagefolder``'s size is known only here)."""
+    pool = raw["pretrain_x"] if raw.get("pretrain_x") is not None else raw["train_x"]
+    where = f"{name} ({raw['source']})"
+    for option, value, images, split in (("train_subset", train_subset, pool, pretrain_split(name)),
+                                         ("test_subset", test_subset, raw["test_x"], "test")):
+        problem = subset_problem(option, value, len(images), split, where)
+        if problem:
+            raise ValueError(problem)
+
+
 # --------------------------------------------------------------------------- public API
 
 
@@ -447,9 +544,10 @@ def load_dataset(
         seed: seed of the subset draws (the digits train/test split itself is fixed).
 
     Raises:
-        ValueError: unknown ``name`` or a bad option value.
+        ValueError: unknown ``name``, a bad option value, or a subset larger than its split.
         FileNotFoundError: the data set's files are not under ``root`` (the message
-            names the expected layout and how to get them).
+            names the expected layout and how to get them), or their download failed
+            (the message names the URL, the reason and where to put the files instead).
     """
     if name not in DATASETS:
         raise ValueError(f"dataset must be one of {', '.join(DATASETS)}; got {name!r}")
@@ -473,6 +571,7 @@ def load_dataset(
     else:
         raw = _load_imagefolder(root, download, image_size)
 
+    _check_subsets(name, raw, train_subset, test_subset)
     train_y_np = np.asarray(raw["train_y"]).astype(np.int64)
     test_y_np = np.asarray(raw["test_y"]).astype(np.int64)
     train_x, test_x = raw["train_x"], raw["test_x"]

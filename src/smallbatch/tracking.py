@@ -17,6 +17,7 @@ rule) before any job logs.
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import time
@@ -51,15 +52,68 @@ def _mlflow():
     return mlflow, MlflowClient
 
 
+#: URI schemes MLflow 3.17 has a tracking store for (mlflow.tracking._tracking_service.utils;
+#: SQLAlchemy's may name a driver: postgresql+psycopg2); plugins add theirs as entry points
+TRACKING_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "http", "https", "file",
+                    "databricks", "databricks-uc", "uc")
+
+
+def tracking_uri_problem(uri: str) -> str | None:
+    """Why MLflow cannot use ``uri`` as its tracking store (one phrase), or None.
+    Imports no MLflow, so validating a config stays fast."""
+    from importlib.metadata import entry_points
+    from urllib.parse import urlparse
+
+    parsed = urlparse(uri)
+    scheme = parsed.scheme.split("+")[0].lower()
+    if len(scheme) <= 1:  # a local path: MLflow's file store
+        return None
+    if scheme == "sqlite" and parsed.netloc:
+        return "a SQLite URI has three slashes before a relative path, four before an absolute one (sqlite:///results/mlflow.db)"
+    if scheme in ("http", "https") and not parsed.netloc:
+        return f"no host after {scheme}://"
+    if scheme in TRACKING_SCHEMES or scheme in {ep.name for ep in entry_points(group="mlflow.tracking_store")}:
+        return None
+    return (f"MLflow has no tracking store for the scheme '{scheme}'; use sqlite:///PATH, http(s)://HOST:PORT, "
+            "postgresql://, mysql://, mssql://, file:PATH or databricks")
+
+
 def _client(uri: str):
-    _, MlflowClient = _mlflow()
-    if uri.startswith("sqlite:///"):
-        Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
-    return MlflowClient(tracking_uri=uri)
+    problem = tracking_uri_problem(uri)
+    if problem:
+        raise TrackingError(f"MLflow tracking store {uri}: {problem}")
+    try:
+        _, MlflowClient = _mlflow()
+        # MLflow logs a failed SQL statement with its whole traceback before raising; the
+        # user gets the error's root cause as one line instead (_wrap)
+        logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
+        if uri.startswith("sqlite:///") and not uri.startswith("sqlite:///file:"):  # not a SQLite URI filename
+            Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+        return MlflowClient(tracking_uri=uri)
+    except Exception as exc:  # noqa: BLE001 - any store failure becomes one clear line
+        raise _wrap(uri, "opening the store", exc) from None
+
+
+def _root_cause(exc: BaseException) -> BaseException:
+    """The error that says what went wrong: the database's own (SQLAlchemy carries sqlite3's
+    "attempt to write a readonly database" as ``orig``, under MLflow's error raised from it)
+    or the deepest OS error of the chain (connection refused, disk full); else ``exc``."""
+    found, seen = exc, set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        orig = getattr(exc, "orig", None)
+        if isinstance(orig, BaseException):
+            return orig
+        if isinstance(exc, OSError):
+            found = exc
+        exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    return found
 
 
 def _wrap(uri: str, what: str, exc: Exception) -> TrackingError:
-    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    cause = _root_cause(exc)
+    lines = [line.strip() for line in str(cause).splitlines() if line.strip()]
+    msg = lines[0] if lines else type(cause).__name__
     return TrackingError(f"MLflow tracking store {uri} failed while {what}: {msg[:300]}")
 
 

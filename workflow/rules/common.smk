@@ -8,23 +8,40 @@ from pathlib import Path
 # `config`.  (Snakemake's own `validate` reads the schema file alone, which lacks the loss
 # names and parameters that smallbatch.config.load_schema adds from the loss registry.)
 try:
-    from smallbatch.config import ConfigError, check_data_roots, resolve_tracking_uri, validate_config
+    from smallbatch.config import (ConfigError, check_data_roots, check_results_dir, read_config_file,
+                                   resolve_tracking_uri, validate_config)
     from smallbatch.cells import baseline_cells, expand_cells
     from smallbatch.io import json_text, write_json
 except ImportError as exc:  # pragma: no cover - a user without the package installed
     raise WorkflowError(f"the smallbatch package is not importable ({exc}); run `make install` or `pip install -e .`")
 
+
+# config.yaml is the default; `--configfile other.yaml` replaces it (instead of being
+# merged into it, which would mix two studies).  smallbatch reads it first, so a YAML
+# error names the file, line and column and an empty file says so (Snakemake's own
+# messages name neither).  Files given with --configfile Snakemake reads before any
+# workflow code runs: `smallbatch cells --config FILE` names the line of their errors.
+if not workflow.overwrite_configfiles:
+    try:
+        read_config_file("config.yaml")
+    except ConfigError as exc:
+        raise WorkflowError(f"config error: {exc}") from None
+
+    configfile: "config.yaml"
+
+
+# Everything that can be checked before a job runs, and before the cells' files are
+# written below: the schema and the checks it cannot express (validate_config), the data
+# roots, a writable results_dir and a tracking URI MLflow supports.
 try:
     validate_config(config)
-except ConfigError as exc:
-    raise WorkflowError(f"config error: {exc}") from None
-try:
     check_data_roots(config)
+    check_results_dir(config)
+    TRACKING_URI = resolve_tracking_uri(config)
 except ConfigError as exc:
     raise WorkflowError(f"config error: {exc}") from None
 
 R = config["results_dir"]
-TRACKING_URI = resolve_tracking_uri(config)
 EXPERIMENT = config["study"]
 CELLS = expand_cells(config)
 BASELINES = baseline_cells(config)
