@@ -131,7 +131,7 @@ def test_deleting_one_cells_output_reruns_that_cell_only(study):
         proc = snakemake("-n", results=study)
         assert proc.returncode == 0, proc.stderr[-2000:]
         jobs = planned_jobs(proc)
-        assert jobs.get("knn") == 1 and "pretrain" not in jobs and "linear" not in jobs, jobs
+        assert jobs.get("evaluate") == 1 and "pretrain" not in jobs, jobs
         assert jobs.get("report") == 1
     finally:
         target.write_text(saved)
@@ -162,7 +162,53 @@ def test_default_config_lists_every_cell():
                      timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     jobs = planned_jobs(proc)
-    assert jobs["pretrain"] == n and jobs["knn"] == n and jobs["linear"] == n and jobs["embed"] == n
+    assert jobs["pretrain"] == n and jobs["evaluate"] == n
+
+
+def test_a_dry_run_writes_nothing(tmp_path):
+    """The cells' settings travel as job parameters, so planning (`snakemake -n`) leaves
+    the results folder as it was."""
+    results = tmp_path / "results"
+    proc = snakemake("-n", results=results, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    written = [p for p in results.rglob("*") if p.is_file()] if results.exists() else []
+    assert written == []
+
+
+def test_gpu_cells_ask_for_gpus_and_share_them(tmp_path):
+    """device: cuda (planned on this CPU machine): pretraining and evaluation ask for a GPU
+    (a GRES string for SLURM, a permille share for local runs); with cells_per_gpu 4 a cell
+    takes a quarter of a GPU; a 2-device cell asks for 2 GPUs, 2 tasks and srun/torchrun."""
+    proc = snakemake("-n", results=tmp_path, extra_config=("device=cuda", "cells_per_gpu=4"), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = _resources(proc.stdout)
+    assert all("gres=gpu:1" in r and "gpu_permille=250" in r for r in res["pretrain"]), res["pretrain"]
+    assert all("gres=gpu:1" in r for r in res["evaluate"])
+    assert all("gres" not in r and "gpu" not in r for rule in ("report", "baseline", "mi_bench") for r in res.get(rule, []))
+    import yaml
+
+    cfg = yaml.safe_load(SMOKE.read_text())
+    cfg["train"]["devices"] = 2
+    two = tmp_path / "two.yaml"
+    two.write_text(yaml.safe_dump(cfg))
+    proc = snakemake("-n", results=tmp_path / "two", configfile=two, extra_config=("device=cuda",), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = _resources(proc.stdout)
+    assert all("gres=gpu:2" in r and "gpu_permille=2000" in r and "tasks=2" in r and "mpi=srun" in r
+               for r in res["pretrain"]), res["pretrain"]
+
+
+def _resources(dry: str) -> dict[str, list[str]]:
+    """rule -> the `resources:` lines of its jobs in a dry run."""
+    out: dict[str, list[str]] = {}
+    rule = None
+    for line in dry.splitlines():
+        m = re.match(r"^\s*(?:local)?rule (\w+):", line)
+        if m:
+            rule = m.group(1)
+        elif rule and line.strip().startswith("resources:"):
+            out.setdefault(rule, []).append(line.strip())
+    return out
 
 
 @pytest.mark.parametrize("override, key", [
@@ -179,20 +225,22 @@ def test_bad_config_stops_before_any_job(tmp_path, override, key):
     assert not (tmp_path / "runs").exists()
 
 
-def test_keep_features_false_deletes_features_once_both_probes_ran(tmp_path):
+def test_keep_features_writes_the_features_file(tmp_path):
     import yaml
 
     cfg = yaml.safe_load(SMOKE.read_text())
     cfg["grid"].update(losses=["infonce"], batch_sizes=[16])
-    cfg.update(keep_features=False, baselines=False)
+    cfg.update(keep_features=True, baselines=False)
     cfg.setdefault("experiments", {})["mi"] = {"enabled": False}
-    changed = tmp_path / "nofeatures.yaml"
+    changed = tmp_path / "features.yaml"
     changed.write_text(yaml.safe_dump(cfg))
     results = tmp_path / "results"
     proc = snakemake("--cores", "2", "--quiet", results=results, configfile=changed)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     cell = results / "runs" / "digits" / "infonce" / "bs16-t0.5-s0"
-    assert (cell / "knn.json").exists() and (cell / "linear.json").exists()
-    assert (cell / "checkpoint.pt").exists() and not (cell / "features.npz").exists()
-    proc = snakemake("-n", results=results, configfile=changed)  # a missing temp file is not a reason to rerun
+    assert (cell / "knn.json").exists() and (cell / "linear.json").exists() and (cell / "features.npz").exists()
+    from smallbatch.evaluate import load_features
+
+    assert load_features(cell / "features.npz").meta["cell_id"] == "digits/infonce/bs16-t0.5-s0"
+    proc = snakemake("-n", results=results, configfile=changed)
     assert proc.returncode == 0 and "Nothing to be done" in proc.stdout + proc.stderr, proc.stderr[-2000:]

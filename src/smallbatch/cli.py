@@ -1,7 +1,8 @@
 """The command line: ``smallbatch <command>``; each command runs one step of one cell.
 
-A cell is named in one of three ways:
-  --cell results/runs/<id>/cell.json     (what the Snakemake rules pass)
+A cell is named in one of four ways:
+  --cell-json '{...}'                    (the cell itself: what the Snakemake rules pass)
+  --cell results/runs/<id>/cell.json     (the copy pretraining writes into the cell's folder)
   --config config.yaml --cell-id <id>    (a cell of a study, by its id)
   --dataset digits --loss flatnce --batch-size 32 --temperature 0.1 ...  (stand-alone)
 
@@ -26,6 +27,7 @@ EXIT_PREEMPTED = 143  # 128 + SIGTERM: SLURM / Snakemake may requeue or retry
 def _add_cell_args(p: argparse.ArgumentParser, train_flags: bool = True) -> None:
     g = p.add_argument_group("which cell")
     g.add_argument("--cell", type=Path, help="cell JSON file (as written by `smallbatch cells --write`)")
+    g.add_argument("--cell-json", metavar="JSON", help="the cell itself as JSON (what the Snakemake rules pass)")
     g.add_argument("--config", type=Path, help="study config YAML (default values otherwise)")
     g.add_argument("--cell-id", help="id of a cell of --config, e.g. fashion_mnist/flatnce/bs32-t0.1-s0")
     s = p.add_argument_group("stand-alone cell (when neither --cell nor --cell-id is given)")
@@ -73,9 +75,12 @@ def resolve_cell(args, baseline: bool = False) -> tuple[dict, dict]:
     from .cells import expand_cells
     from .config import load_config
 
-    if args.cell is not None:
+    if args.cell is not None or getattr(args, "cell_json", None) is not None:
         cfg = load_config(args.config) if args.config else load_config(None)
-        cell = _read_cell_file(args.cell, cfg, baseline)
+        if args.cell is not None:
+            cell = _read_cell_file(args.cell, cfg, baseline)
+        else:
+            cell = _cell_from_text(args.cell_json, "--cell-json", cfg, baseline)
         if args.threads:
             cell["threads"] = args.threads
         return cell, cfg
@@ -97,18 +102,25 @@ def resolve_cell(args, baseline: bool = False) -> tuple[dict, dict]:
 def _read_cell_file(path: Path, cfg: dict, baseline: bool) -> dict:
     """A cell JSON file that holds every key a cell of its kind has (as `smallbatch cells
     --write` writes them); ValueError naming the file and the first missing key."""
-    from .cells import baseline_cells, make_cell
-
     if not path.is_file():
         raise ValueError(f"cell file not found: {path}")
     try:
-        cell = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"cell file {path} is not valid JSON ({exc.msg})") from None
+        text = path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"cell file {path} cannot be read: {getattr(exc, 'strerror', None) or exc}") from None
+    return _cell_from_text(text, f"cell file {path}", cfg, baseline)
+
+
+def _cell_from_text(text: str, source: str, cfg: dict, baseline: bool) -> dict:
+    """A cell from its JSON text; ValueError naming ``source`` and the first missing key."""
+    from .cells import baseline_cells, make_cell
+
+    try:
+        cell = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{source} is not valid JSON ({exc.msg})") from None
     if not isinstance(cell, dict):
-        raise ValueError(f"cell file {path} must hold a JSON object (one cell), not a {type(cell).__name__}")
+        raise ValueError(f"{source} must hold a JSON object (one cell), not a {type(cell).__name__}")
     dataset = next(iter(cfg["datasets"]))  # a reference cell of the same kind lists the keys
     if baseline:
         ref = next(iter(baseline_cells({**cfg, "baselines": True}).values()))
@@ -117,7 +129,7 @@ def _read_cell_file(path: Path, cfg: dict, baseline: bool) -> dict:
     missing = [k for k in ref if k not in cell]
     if missing:
         kind = "baseline cell" if baseline else "cell"
-        raise ValueError(f"cell file {path} lacks the key {missing[0]!r} of a {kind}"
+        raise ValueError(f"{source} lacks the key {missing[0]!r} of a {kind}"
                          + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
                          + "; write it with `smallbatch cells --write`")
     return cell
@@ -288,6 +300,19 @@ def cmd_embed(args) -> int:
     return 0
 
 
+def cmd_evaluate(args) -> int:
+    from .steps import run_evaluate
+
+    cell, cfg = resolve_cell(args)
+    uri, exp = _tracking(args, cfg)
+    out_dir = args.out_dir or Path(cfg["results_dir"]) / "runs" / cell["id"]
+    ckpt = args.checkpoint or out_dir / "checkpoint.pt"
+    res = run_evaluate(cell, ckpt, out_dir, tracking_uri=uri, experiment=exp, cache=args.data_cache,
+                       device=args.device, features=args.features)
+    print(json.dumps(res))
+    return 0
+
+
 def _cmd_probe(kind: str, args) -> int:
     from .steps import run_probe
 
@@ -305,7 +330,7 @@ def cmd_baseline(args) -> int:
     from .cells import baseline_cells
     from .config import load_config
 
-    if args.cell is not None:
+    if args.cell is not None or args.cell_json is not None:
         cell, cfg = resolve_cell(args, baseline=True)
     else:
         cfg = load_config(args.config) if args.config else load_config(None)
@@ -327,7 +352,12 @@ def cmd_mi(args) -> int:
     from .mi_step import run_mi_step
 
     cfg = load_config(args.config) if args.config else load_config(None)
-    if args.section is not None:
+    if args.section_json is not None:
+        try:
+            section = json.loads(args.section_json)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--section-json is not valid JSON ({exc.msg})") from None
+    elif args.section is not None:
         if not args.section.is_file():
             raise ValueError(f"section file not found: {args.section}")
         section = json.loads(args.section.read_text())
@@ -398,6 +428,16 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--device", choices=["auto", "cpu", "cuda"])
     c.set_defaults(func=cmd_embed)
 
+    c = sub.add_parser("evaluate", help="embed + kNN + linear probe of one cell in one process (what the workflow runs)")
+    _add_cell_args(c)
+    _add_tracking_args(c)
+    c.add_argument("--checkpoint", type=Path)
+    c.add_argument("--out-dir", type=Path, help="where knn.json and linear.json go (default results/runs/<id>)")
+    c.add_argument("--features", type=Path, help="also write the features to this .npz")
+    c.add_argument("--data-cache", type=Path, help="data cache from `smallbatch prepare-data`")
+    c.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    c.set_defaults(func=cmd_evaluate)
+
     for kind, helptext in (("knn", "weighted kNN (InstDisc) on faiss"), ("linear", "linear probe on frozen features")):
         c = sub.add_parser(kind, help=helptext)
         _add_cell_args(c)
@@ -415,7 +455,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_baseline)
 
     c = sub.add_parser("mi", help="MI bounds on correlated Gaussians (experiments.mi); one MLflow run per row")
-    c.add_argument("--section", type=Path, help="JSON file with the experiments.mi section (written by rule mi_config)")
+    c.add_argument("--section", type=Path, help="JSON file with the experiments.mi section")
+    c.add_argument("--section-json", metavar="JSON", help="the experiments.mi section itself as JSON (what the workflow passes)")
     c.add_argument("--config", type=Path, help="study config (its experiments.mi when --section is absent)")
     c.add_argument("--out", type=Path, default=Path("results/mi/results.json"), help="rows as JSON")
     c.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -56,6 +56,8 @@ from torch.nn.parallel import DistributedDataParallel
 __all__ = [
     "Launch",
     "launch_from_env",
+    "launch_command",
+    "claim_gpu",
     "first_host",
     "World",
     "initialized",
@@ -142,7 +144,55 @@ def launch_from_env(env: Mapping[str, str] | None = None) -> Launch:
     return Launch("none", 0, 1, 0, "127.0.0.1", 0)
 
 
-def _device_for(device: str, local_rank: int) -> torch.device:
+def launch_command(processes: int, env: Mapping[str, str] | None = None) -> str:
+    """The command that runs ``smallbatch`` as ``processes`` data-parallel processes of one
+    cell (the workflow's pretrain rule prefixes its arguments with it): ``smallbatch``
+    itself for one; inside a SLURM allocation ``srun`` with that many tasks (rank 0's
+    address and port from :func:`launch_from_env`); elsewhere torchrun on this node."""
+    import shlex
+    import sys
+
+    env = os.environ if env is None else env
+    if processes == 1:
+        return "smallbatch"
+    if env.get("SLURM_JOB_ID"):
+        return f"srun --ntasks={processes} --kill-on-bad-exit=1 smallbatch"
+    return (f"{shlex.quote(sys.executable)} -m torch.distributed.run --standalone "
+            f"--nproc-per-node={processes} -m smallbatch.cli")
+
+
+_SLOT = {}  # the GPU slot this process holds (its file descriptor), for the life of the process
+
+
+def claim_gpu(count: int, slots_dir: str | None = None, max_slots: int = 256) -> int:
+    """A GPU index for a one-process cell on a node that shows ``count`` GPUs, so the cells
+    that share a node spread over its GPUs: slot ``j`` of GPU ``i`` is a file whose
+    ``flock`` this process holds until it exits (the kernel drops it however it ends);
+    slots are taken in the order (slot 0 of every GPU, then slot 1, ...), so k processes
+    per GPU fill the GPUs evenly.  How many run at once is Snakemake's business (its
+    ``gpu_permille`` resource); this only says which GPU each one uses."""
+    import fcntl
+
+    if count <= 1:
+        return 0
+    if "gpu" in _SLOT:
+        return _SLOT["gpu"]
+    root = slots_dir or os.environ.get("SMALLBATCH_GPU_SLOTS") or f"/tmp/smallbatch-gpu-slots-{os.getuid()}"
+    os.makedirs(root, exist_ok=True)
+    for j in range(max_slots):
+        for i in range(count):
+            fd = os.open(os.path.join(root, f"gpu{i}.slot{j}"), os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                continue
+            _SLOT.update(gpu=i, fd=fd)
+            return i
+    raise RuntimeError(f"all {max_slots} slots of the {count} GPUs are taken ({root})")
+
+
+def _device_for(device: str, local_rank: int, processes: int = 1) -> torch.device:
     """``cuda:<local_rank>`` when CUDA is asked for (or ``auto``) and present; ``cuda:0``
     when the launcher shows each task one GPU (``--gpus-per-task``); else the CPU."""
     if device not in ("auto", "cpu", "cuda"):
@@ -152,6 +202,8 @@ def _device_for(device: str, local_rank: int) -> torch.device:
             raise ValueError("device 'cuda' was asked for but torch sees no CUDA device")
         return torch.device("cpu")
     count = torch.cuda.device_count()
+    if processes == 1:  # one process of its own: spread such processes over the node's GPUs
+        return torch.device("cuda", claim_gpu(count))
     if local_rank < count:
         return torch.device("cuda", local_rank)
     if count == 1:
@@ -191,7 +243,7 @@ class World(AbstractContextManager):
         by the caller) is used as it is; :meth:`close` ends it all the same.
         """
         launch = launch_from_env(env)
-        dev = _device_for(device, launch.local_rank)
+        dev = _device_for(device, launch.local_rank, launch.size)
         if dist.is_available() and dist.is_initialized():
             if launch.size > 1 and (dist.get_world_size(), dist.get_rank()) != (launch.size, launch.rank):
                 raise RuntimeError(f"the process group (rank {dist.get_rank()} of {dist.get_world_size()}) is not "

@@ -67,7 +67,18 @@ def run_pretrain(cell: dict, out_dir: Path, *, tracking_uri: str | None, experim
 
     _threads(cell)
     with World.from_env(device=device or cell["device"]) as world:
+        if world.is_main:
+            _record_cell(cell, Path(out_dir) / "cell.json")
         return _pretrain_in(world, cell, Path(out_dir), tracking_uri, experiment, cache, restart, progress)
+
+
+def _record_cell(cell: dict, path: Path) -> None:
+    """The cell's settings next to its outputs (for reruns by hand: ``--cell <path>``),
+    rewritten only when they change."""
+    from .io import json_text
+
+    if not (path.is_file() and path.read_text() == json_text(cell)):
+        write_json(path, cell)
 
 
 def _pretrain_in(world, cell: dict, out_dir: Path, tracking_uri, experiment: str, cache, restart: bool,
@@ -171,29 +182,41 @@ def _log_pretrain_end(run, res) -> None:
 
 
 # --------------------------------------------------------------------------- embed
-def run_embed(cell: dict, checkpoint: Path, out: Path, *, cache: Path | None = None,
-              device: str | None = None) -> dict:
-    """Frozen backbone features of the cell's train and test images (refuses a checkpoint
-    of another cell, of another config of it, or a state file)."""
-    from . import checkpoint as ckpt_mod
+def _cell_features(cell: dict, ck: dict, cache: Path | None, device: str | None):
+    """(train_f, train_y, test_f, test_y) of the checkpoint's frozen backbone."""
     from . import evaluate, train
 
-    _threads(cell)
+    d = load_cell_data(cell, cache)
+    dev = train.resolve_device(device or cell["device"])
+    model = train.build_model(ck["cell"], ck["channels"], ck["image_size"])
+    model.load_state_dict(ck["model"])  # fp64 weights are cast to this float32 model; features are float32
+    bb, bs = model.backbone.to(dev), int(cell["eval"]["batch_size"])
+    return (evaluate.embed(bb, d.train_x, d.mean, d.std, batch_size=bs, device=dev), d.train_y.numpy(),
+            evaluate.embed(bb, d.test_x, d.mean, d.std, batch_size=bs, device=dev), d.test_y.numpy())
+
+
+def _load_cell_checkpoint(cell: dict, checkpoint: Path) -> tuple[dict, dict]:
+    """The cell's own finished checkpoint (refuses another cell's, another config's, a
+    state file) and the meta its features carry."""
+    from . import checkpoint as ckpt_mod
+
     ck = ckpt_mod.load_checkpoint(checkpoint, cell=cell, kind="checkpoint")
-    meta = {"cell_id": cell["id"], "cell_hash": cell["hash"], "pretrain_status": ck.get("status", "finished")}
+    return ck, {"cell_id": cell["id"], "cell_hash": cell["hash"], "pretrain_status": ck.get("status", "finished")}
+
+
+def run_embed(cell: dict, checkpoint: Path, out: Path, *, cache: Path | None = None,
+              device: str | None = None) -> dict:
+    """Frozen backbone features of the cell's train and test images, to ``out``."""
+    from . import evaluate
+
+    _threads(cell)
+    ck, meta = _load_cell_checkpoint(cell, checkpoint)
     if ck.get("status") == "diverged":
         evaluate.save_status_features(out, {"status": "diverged", **meta})
         return {"status": "diverged"}
-    d = load_cell_data(cell, cache)
-    dev = train.resolve_device(device or cell.get("device", "auto"))
-    model = train.build_model(ck["cell"], ck["channels"], ck["image_size"])
-    model.load_state_dict(ck["model"])  # fp64 weights are cast to this float32 model; features are float32
-    bb = model.backbone.to(dev)
     t0 = time.perf_counter()
-    bs = int(cell["eval"]["batch_size"])
-    tr_f = evaluate.embed(bb, d.train_x, d.mean, d.std, batch_size=bs, device=dev)
-    te_f = evaluate.embed(bb, d.test_x, d.mean, d.std, batch_size=bs, device=dev)
-    evaluate.save_features(out, tr_f, d.train_y.numpy(), te_f, d.test_y.numpy(), {"status": "finished", **meta})
+    tr_f, tr_y, te_f, te_y = _cell_features(cell, ck, cache, device)
+    evaluate.save_features(out, tr_f, tr_y, te_f, te_y, {"status": "finished", **meta})
     return {"status": "finished", "train": tr_f.shape, "test": te_f.shape, "seconds": time.perf_counter() - t0}
 
 
@@ -227,29 +250,57 @@ def check_features_cell(meta: dict, cell: dict, path: Path) -> None:
 
 def run_probe(kind: str, cell: dict, features: Path, out: Path, *, tracking_uri: str | None,
               experiment: str) -> dict:
-    """kind = 'knn' | 'linear': evaluate the cell's frozen features, write JSON, log to the
-    cell's run (once: a rerun does not log the same step again).  A kNN probe at chance
-    level marks the cell *collapsed* (:mod:`smallbatch.health`)."""
+    """kind = 'knn' | 'linear': evaluate the cell's frozen features file, write JSON, log to
+    the cell's run (once: a rerun does not log the same step again)."""
     from . import evaluate
 
     if kind in ("linear",):
         _threads(cell)
     tr_f, tr_y, te_f, te_y, meta = evaluate.load_features(features)
     check_features_cell(meta, cell, Path(features))
+    return _probe(kind, cell, (tr_f, tr_y, te_f, te_y), meta, out, tracking_uri, experiment)
+
+
+def _probe(kind: str, cell: dict, feats, meta: dict, out: Path, uri: str | None, experiment: str) -> dict:
+    """One probe of features in memory: JSON result, MLflow metrics.  A kNN probe at chance
+    level marks the cell *collapsed* (:mod:`smallbatch.health`)."""
     if meta.get("status") == "diverged":
         result = {"status": "diverged", "cell_id": cell["id"]}
         write_json(out, result)
         return result
     t0 = time.perf_counter()
-    metrics = _eval_on_features(kind, cell, (tr_f, tr_y, te_f, te_y))
+    metrics = _eval_on_features(kind, cell, feats)
     numeric = {f"{kind}/{k}": float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
     numeric[f"{kind}/seconds"] = time.perf_counter() - t0
-    status = _probe_status(kind, metrics, meta, te_y, tr_y)
-    if tracking_uri:
-        _log_probe(cell, tracking_uri, experiment, numeric, status)
+    status = _probe_status(kind, metrics, meta, feats[3], feats[1])
+    if uri:
+        _log_probe(cell, uri, experiment, numeric, status)
     result = {"status": status, "cell_id": cell["id"], **numeric}
     write_json(out, result)
     return result
+
+
+def run_evaluate(cell: dict, checkpoint: Path, out_dir: Path, *, tracking_uri: str | None, experiment: str,
+                 cache: Path | None = None, device: str | None = None, features: Path | None = None) -> dict:
+    """Embed, kNN and linear probe of one cell in one process (the features stay in memory;
+    ``features``: also write them there).  Writes ``knn.json`` and ``linear.json`` in
+    ``out_dir``, as the separate steps do."""
+    from . import evaluate
+
+    _threads(cell)
+    ck, meta = _load_cell_checkpoint(cell, checkpoint)
+    if ck.get("status") == "diverged":
+        feats, meta = None, {"status": "diverged", **meta}
+        if features is not None:
+            evaluate.save_status_features(features, meta)
+    else:
+        t0 = time.perf_counter()
+        feats = _cell_features(cell, ck, cache, device)
+        meta = {"status": "finished", "embed_seconds": time.perf_counter() - t0, **meta}
+        if features is not None:
+            evaluate.save_features(features, *feats, meta)
+    return {kind: _probe(kind, cell, feats, meta, Path(out_dir) / f"{kind}.json", tracking_uri, experiment)
+            for kind in ("knn", "linear")}
 
 
 def _probe_status(kind: str, metrics: dict, meta: dict, te_y, tr_y) -> str:

@@ -11,7 +11,7 @@ try:
     from smallbatch.config import (ConfigError, check_data_roots, check_results_dir, read_config_file,
                                    resolve_tracking_uri, validate_config)
     from smallbatch.cells import baseline_cells, expand_cells
-    from smallbatch.io import json_text, write_json
+    from smallbatch.distributed import launch_command
 except ImportError as exc:  # pragma: no cover - a user without the package installed
     raise WorkflowError(f"the smallbatch package is not importable ({exc}); run `make install` or `pip install -e .`")
 
@@ -46,12 +46,34 @@ EXPERIMENT = config["study"]
 CELLS = expand_cells(config)
 BASELINES = baseline_cells(config)
 THREADS = int(config["threads"])
-GPU = 1 if config["device"] == "cuda" else 0
-# features.npz is an intermediate: kept by default, a temp() file when keep_features is false
-# (the full grid's files are ~1 GB per cell at 28 px with pool_grid 4).
+# features.npz: not written by default (the evaluation step keeps the features in memory);
+# keep_features writes it next to the probes' results.
+KEEP_FEATURES = bool(config["keep_features"])
 FEATURES = f"{R}/runs/{{cell}}/features.npz"
-FEATURES_OUT = FEATURES if config.get("keep_features", True) else temp(FEATURES)
+EVAL_FEATURES = [FEATURES] if KEEP_FEATURES else []
+
+
+def _gpu_study():
+    """Do the cells train on GPUs?  device cuda; or device auto where torch sees a GPU, or
+    where jobs go to a cluster (a GPU cluster's login node often has none)."""
+    if config["device"] != "auto":
+        return config["device"] == "cuda"
+    import torch
+
+    return torch.cuda.is_available() or workflow.non_local_exec or workflow.remote_exec
+
+
+GPU = _gpu_study()
 CONDA_ENV = "../../envs/cuda.yaml" if GPU else "../../envs/cpu.yaml"
+CELLS_PER_GPU = int(config["cells_per_gpu"])
+if GPU and workflow.local_exec and not workflow.remote_exec and "gpu_permille" not in workflow.global_resources:
+    # Local GPU runs: each GPU is 1000 permille; a one-device cell takes 1000/cells_per_gpu,
+    # a cell on N devices N*1000, so Snakemake runs cells_per_gpu cells per GPU at once
+    # (`--resources gpu_permille=...` overrides the node's count).
+    import torch
+
+    if torch.cuda.device_count():
+        workflow.register_resource("gpu_permille", 1000 * torch.cuda.device_count())
 
 
 wildcard_constraints:
@@ -59,28 +81,37 @@ wildcard_constraints:
     dataset=r"[a-z0-9_]+",
 
 
-def sync_json(path, obj):
-    """Write ``obj`` as JSON to ``path`` only when the content changes (keeps the mtime
-    otherwise), so a changed cell config makes exactly that cell's outputs out of date.
-    Done while the DAG is built: a `run:` rule per cell would start one Python process
-    (~8 s) per cell."""
-    p = Path(path)
-    if p.is_file() and p.read_text() == json_text(obj):
-        return
-    write_json(p, obj)
-
-
-for _cid, _cell in CELLS.items():
-    sync_json(f"{R}/runs/{_cid}/cell.json", _cell)
-for _bid, _cell in BASELINES.items():
-    sync_json(f"{R}/{_bid}/cell.json", _cell)
-
-
 def cell_of(wildcards):
     try:
         return CELLS[wildcards.cell]
     except KeyError:
         raise WorkflowError(f"unknown cell {wildcards.cell!r}: not in the config's grid")
+
+
+def cell_json(wildcards):
+    """The cell's settings, passed to its jobs on the command line (a changed cell changes
+    this param, and Snakemake's params trigger reruns the cell's jobs)."""
+    return json.dumps(cell_of(wildcards), sort_keys=True)
+
+
+def baseline_json(wildcards):
+    return json.dumps(BASELINES[f"baselines/{wildcards.dataset}/{wildcards.kind}"], sort_keys=True)
+
+
+def devices(wildcards):
+    return int(cell_of(wildcards)["train"]["devices"])
+
+
+def gpu_permille(wildcards):
+    """A cell's share of the node's GPUs in permille (local runs; see above)."""
+    n = devices(wildcards)
+    return 1000 * n if n > 1 else 1000 // CELLS_PER_GPU if GPU else None
+
+
+def gres(wildcards, n=None):
+    """SLURM's GPU request of a cell's job as a GRES string: strings are not summed over the
+    cells of a group job, so a group of cells_per_gpu cells shares one GPU."""
+    return f"gpu:{n or devices(wildcards)}" if GPU else None
 
 
 def data_cache(wildcards):

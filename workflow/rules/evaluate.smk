@@ -1,80 +1,46 @@
-# Frozen-feature evaluation of each cell, and the baselines.
+# Frozen-feature evaluation of each cell (embed + kNN + linear probe in one process, the
+# features kept in memory), and the baselines.  The single steps (`smallbatch embed`,
+# `knn`, `linear`) stay in the CLI for reruns by hand.
 
 
-rule embed:
+rule evaluate:
     input:
-        cell=f"{R}/runs/{{cell}}/cell.json",
         ckpt=f"{R}/runs/{{cell}}/checkpoint.pt",
         data=data_cache,
     output:
-        FEATURES_OUT,
-    log:
-        f"{R}/logs/embed/{{cell}}.log",
-    threads: THREADS
-    resources:
-        gpu=GPU,
-        mem_mb=4000,
-        runtime=30,
-    conda:
-        CONDA_ENV
-    shell:
-        "smallbatch embed --cell {input.cell} --checkpoint {input.ckpt} --data-cache {input.data} "
-        "--out {output} --threads {threads} > {log} 2>&1"
-
-
-rule knn:
-    input:
-        cell=f"{R}/runs/{{cell}}/cell.json",
-        features=FEATURES,
-    output:
-        f"{R}/runs/{{cell}}/knn.json",
+        *EVAL_FEATURES,
+        knn=f"{R}/runs/{{cell}}/knn.json",
+        linear=f"{R}/runs/{{cell}}/linear.json",
     params:
+        cell=cell_json,
         uri=TRACKING_URI,
         exp=EXPERIMENT,
+        out=lambda w: cell_dir(w.cell),
+        features=f"--features {FEATURES}" if KEEP_FEATURES else "",
     log:
-        f"{R}/logs/knn/{{cell}}.log",
-    threads: 1
-    resources:
-        mem_mb=4000,
-        runtime=30,
-    conda:
-        CONDA_ENV
-    shell:
-        "smallbatch knn --cell {input.cell} --features {input.features} --out {output} "
-        "--tracking-uri '{params.uri}' --experiment '{params.exp}' > {log} 2>&1"
-
-
-rule linear:
-    input:
-        cell=f"{R}/runs/{{cell}}/cell.json",
-        features=FEATURES,
-    output:
-        f"{R}/runs/{{cell}}/linear.json",
-    params:
-        uri=TRACKING_URI,
-        exp=EXPERIMENT,
-    log:
-        f"{R}/logs/linear/{{cell}}.log",
+        f"{R}/logs/evaluate/{{cell}}.log",
     threads: THREADS
     resources:
+        gpu_permille=lambda w: 1000 // CELLS_PER_GPU if GPU else None,
+        gres=lambda w: gres(w, 1),
         mem_mb=4000,
         runtime=30,
     conda:
         CONDA_ENV
     shell:
-        "smallbatch linear --cell {input.cell} --features {input.features} --out {output} "
-        "--tracking-uri '{params.uri}' --experiment '{params.exp}' --threads {threads} > {log} 2>&1"
+        "smallbatch evaluate --cell-json {params.cell:q} --checkpoint {input.ckpt} --data-cache {input.data} "
+        "--out-dir {params.out} {params.features} --tracking-uri '{params.uri}' --experiment '{params.exp}' "
+        "--threads {threads} > {log} 2>&1"
 
 
 rule baseline:
     input:
-        cell=f"{R}/baselines/{{dataset}}/{{kind}}/cell.json",
         data=f"{R}/data/cache/{{dataset}}.pt",
         store=f"{R}/mlflow.ready",
     output:
         f"{R}/baselines/{{dataset}}/{{kind}}/result.json",
     params:
-        cell_hash=lambda w: BASELINES[f"baselines/{w.dataset}/{w.kind}"]["hash"],
+        cell=baseline_json,
         uri=TRACKING_URI,
         exp=EXPERIMENT,
     log:
@@ -86,5 +52,5 @@ rule baseline:
     conda:
         CONDA_ENV
     shell:
-        "smallbatch baseline --cell {input.cell} --data-cache {input.data} --out {output} "
+        "smallbatch baseline --cell-json {params.cell:q} --data-cache {input.data} --out {output} "
         "--tracking-uri '{params.uri}' --experiment '{params.exp}' --threads {threads} > {log} 2>&1"

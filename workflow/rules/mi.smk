@@ -12,20 +12,15 @@ MI_RESULTS = f"{R}/mi/results.json"
 MI_OUTPUTS = [MI_RESULTS] if MI_ENABLED else []
 
 
-if MI_ENABLED:
-    # The section as a file (written while the DAG is built, only when it changes),
-    # so editing the section re-runs mi_bench.
-    sync_json(f"{R}/mi/section.json", MI_SECTION)
-
-
 rule mi_bench:
+    # The section travels as a param: editing it changes the param, and Snakemake's params
+    # trigger reruns the benchmark.
     input:
-        section=f"{R}/mi/section.json",
         store=f"{R}/mlflow.ready",
     output:
         MI_RESULTS,
     params:
-        section=MI_SECTION,
+        section=json.dumps(MI_SECTION, sort_keys=True),
         uri=TRACKING_URI,
         exp=EXPERIMENT,
     log:
@@ -37,5 +32,5 @@ rule mi_bench:
     conda:
         CONDA_ENV
     shell:
-        "smallbatch mi --section {input.section} --out {output} "
+        "smallbatch mi --section-json {params.section:q} --out {output} "
         "--tracking-uri '{params.uri}' --experiment '{params.exp}' > {log} 2>&1"

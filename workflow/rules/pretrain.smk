@@ -46,28 +46,32 @@ rule prepare_data:
 
 
 rule pretrain:
+    # One cell's pretraining: `train.devices` processes (torchrun here, srun inside a SLURM
+    # allocation: smallbatch.distributed.launch_command), each with `threads` threads.
     input:
-        cell=f"{R}/runs/{{cell}}/cell.json",
         data=data_cache,
         store=f"{R}/mlflow.ready",
     output:
         f"{R}/runs/{{cell}}/checkpoint.pt",
     params:
-        # cell.json (written while the DAG is built) carries the settings; the hash
-        # as a param also makes Snakemake's provenance trigger see a changed cell
-        cell_hash=lambda w: cell_of(w)["hash"],
+        cell=cell_json,
         uri=TRACKING_URI,
         exp=EXPERIMENT,
         out=lambda w: cell_dir(w.cell),
+        smallbatch=lambda w: launch_command(devices(w)),
     log:
         f"{R}/logs/pretrain/{{cell}}.log",
-    threads: THREADS
+    threads: lambda w: THREADS * devices(w)
     resources:
-        gpu=GPU,
+        gpu_permille=gpu_permille,
+        gres=gres,
+        tasks=devices,
+        tasks_per_gpu=lambda w: 1 if GPU and devices(w) > 1 else None,
+        mpi=lambda w: "srun" if devices(w) > 1 else None,
         mem_mb=4000,
         runtime=120,
     conda:
         CONDA_ENV
     shell:
-        "smallbatch pretrain --cell {input.cell} --data-cache {input.data} --out {params.out} "
-        "--tracking-uri '{params.uri}' --experiment '{params.exp}' --threads {threads} > {log} 2>&1"
+        "{params.smallbatch} pretrain --cell-json {params.cell:q} --data-cache {input.data} --out {params.out} "
+        "--tracking-uri '{params.uri}' --experiment '{params.exp}' --threads {THREADS} > {log} 2>&1"
