@@ -187,27 +187,70 @@ def _dedupe(runs: pd.DataFrame) -> tuple[pd.DataFrame, int]:
     return runs.loc[sorted(keep.index)], len(runs) - len(keep)
 
 
-def _variant_labels(cells: pd.DataFrame) -> pd.Series:
-    """Display label per run: loss name + the params that tell otherwise equal cells apart."""
-    pcols = [c for c in cells.columns if c.startswith("params.")
-             and c[len("params."):] not in _NOT_VARIANT]
-    keys = ["dataset", "loss", "batch_size", "temperature", "seed"]
+_GREEK = {"alpha": "α", "sigma": "σ", "gamma": "γ"}
+_ABSENT = {"", "none", "nan", "null"}
+
+
+def _absent(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v)) or str(v).strip().lower() in _ABSENT
+
+
+def _is_default(loss: Any, key: str, v: Any) -> bool:
+    from .losses import loss_param_names
+
+    try:
+        default = loss_param_names(str(loss)).get(key, "∅")
+    except ValueError:  # a loss the registry does not know: no defaults
+        return False
+    if default is None or _absent(v):
+        return default is None and _absent(v)
+    try:
+        return float(v) == float(default)
+    except (TypeError, ValueError):
+        return str(v) == str(default)
+
+
+def cell_labels(cells: pd.DataFrame, axes: Sequence[str] = ()) -> pd.Series:
+    """Display label per run, one rule for every table: the loss's display name, then in
+    parentheses its parameters that differ from the registry's default or vary between
+    otherwise equal cells (``σ=1``, ``α=256``), then any other param that varies between
+    cells equal in dataset, loss, batch size, temperature, seed and ``axes`` (an extra
+    axis such as ``epochs=40``); ``axes`` are the params a section varies on purpose."""
+    def is_axis(c: str) -> bool:
+        k = c[len("params."):]
+        return any(k == a or k.startswith(f"{a}.") for a in axes)
+
+    pcols = [c for c in cells.columns if c.startswith("params.") and c[len("params."):] not in _NOT_VARIANT
+             and not is_axis(c)]
+    keys = ["dataset", "loss", "batch_size", "temperature", "seed", *(f"params.{a}" for a in axes
+                                                                       if f"params.{a}" in cells.columns)]
     labels = pd.Series(index=cells.index, dtype=object)
     for loss, grp in cells.groupby("loss", sort=True, dropna=False):
-        varying = []
+        varying = set()
         if len(grp) > 1:
             filled = grp[pcols].fillna("∅").astype(str)
-            kg = grp[keys].astype(str).agg("|".join, axis=1)
-            for c in pcols:
-                if filled[c].groupby(kg).nunique().max() > 1:
-                    varying.append(c)
+            kg = grp[keys].astype(object).fillna("∅").astype(str).agg("|".join, axis=1)
+            varying = {c for c in pcols if filled[c].groupby(kg).nunique().max() > 1}
+        loss_cols = sorted(c for c in pcols if c.startswith("params.loss."))
+        other = sorted(c for c in varying if not c.startswith("params.loss."))
         for idx, row in grp.iterrows():
+            extra = []
+            for c in loss_cols:
+                p = c[len("params.loss."):]
+                if not _absent(row[c]) and (c in varying or not _is_default(loss, p, row[c])):
+                    extra.append(f"{_GREEK.get(p, p)}={float(row[c]):g}" if _number(row[c]) else f"{p}={row[c]}")
+            extra += [f"{c[len('params.'):]}={row[c]}" for c in other]
             base = loss_name(loss) if isinstance(loss, str) else "?"
-            if varying:
-                extra = ", ".join(f"{c[len('params.'):].removeprefix('loss.')}={row[c]}" for c in varying)
-                base = f"{base} ({extra})"
-            labels[idx] = base
+            labels[idx] = f"{base} ({', '.join(extra)})" if extra else base
     return labels
+
+
+def _number(v: Any) -> bool:
+    try:
+        float(v)
+        return True
+    except (TypeError, ValueError):
+        return False
 
 
 # --------------------------------------------------------------------------- aggregation
@@ -498,7 +541,7 @@ def _grid_cells(runs: pd.DataFrame) -> tuple[pd.DataFrame, int, int]:
         cells["temperature"].notna()
     bad = int((~ok).sum())
     cells = cells[ok].copy()
-    cells["label"] = _variant_labels(cells) if len(cells) else pd.Series(dtype=object)
+    cells["label"] = cell_labels(cells) if len(cells) else pd.Series(dtype=object)
     return cells, superseded, bad
 
 

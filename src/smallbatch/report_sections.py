@@ -46,7 +46,8 @@ __all__ = ["precision_section", "ksweep_section", "ess_section", "tsweep_section
 
 PRECISION_ORDER = ("fp64", "fp32", "bf16", "fp16")
 GRAD_KEYS = {"fp32": "diag/grad_rel_err", "bf16": "diag/grad_rel_err_bf16"}
-_GREEK = {"alpha": "α", "sigma": "σ", "gamma": "γ"}
+#: the params each side experiment varies on purpose (not an extra axis of its labels)
+_AXES = {"precision": ("precision",), "ksweep": ("queue_size",), "ess": ("ess_schedule",)}
 _NONE = {"", "none", "nan", "null"}
 _BAD = ("diverged", "failed", "pending")
 
@@ -72,19 +73,6 @@ def _fmt_num(v: Any) -> str:
         return str(v)
 
 
-def _label(row: pd.Series, loss_cols: Sequence[str]) -> str:
-    """Loss name plus its own parameters, e.g. 'EqCo (α=256)', 'DCLW (σ=0.5)'."""
-    base = R.loss_name(row["loss"])
-    extra = []
-    for c in loss_cols:
-        v = row[c]
-        if v is None or (isinstance(v, float) and math.isnan(v)) or str(v).strip().lower() in _NONE:
-            continue
-        p = c[len("params.loss."):]
-        extra.append(f"{_GREEK.get(p, p)}={_fmt_num(v)}")
-    return f"{base} ({', '.join(extra)})" if extra else base
-
-
 def _side_cells(runs: pd.DataFrame, ctx: R.ReportContext, section: str) -> pd.DataFrame:
     """Newest run per cell id of one side experiment, with a display ``label``; notes what was dropped."""
     c = runs[(runs["kind"] == "cell") & (runs["section"] == section)]
@@ -97,8 +85,7 @@ def _side_cells(runs: pd.DataFrame, ctx: R.ReportContext, section: str) -> pd.Da
         ctx.notes.append(f"{int((~ok).sum())} '{section}' run(s) lack one of the params "
                          "dataset/loss/batch_size/temperature and are not in the tables.")
     c = c[ok].copy()
-    loss_cols = sorted(col for col in c.columns if col.startswith("params.loss."))
-    c["label"] = [_label(r, loss_cols) for _, r in c.iterrows()] if len(c) else []
+    c["label"] = R.cell_labels(c, _AXES.get(section, ())) if len(c) else []
     c["batch_size"] = c["batch_size"].astype(int)
     return c
 
