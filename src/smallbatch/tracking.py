@@ -279,7 +279,8 @@ def _check_sqlite_store(uri: str) -> None:
         with path.open("rb") as f:
             head = f.read(len(_SQLITE_MAGIC))
         if head != _SQLITE_MAGIC:
-            raise TrackingError(f"no MLflow store at {uri}: {path} is not an SQLite database")
+            what = "is empty" if not head else "is not an SQLite database"
+            raise TrackingError(f"no MLflow store at {uri}: {path} {what}")
         con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
         try:
             tables = {r[0] for r in con.execute("select name from sqlite_master where type = 'table'")}

@@ -64,9 +64,10 @@ def _check_out_dir(out: Path) -> None:
     """ValueError naming ``out`` when it, or a folder it would be made in, is an existing file."""
     for p in (out, *out.parents):
         if p.exists():
+            if p == out and not p.is_dir():
+                raise ValueError(f"report folder {out} is a file, not a folder")
             if not p.is_dir():
-                what = "is a file" if p == out else f"would be made inside {p}, which is a file"
-                raise ValueError(f"report folder {out} {what}, not a folder")
+                raise ValueError(f"report folder {out} cannot be made: {p} is a file, not a folder")
             return
 
 
