@@ -53,7 +53,7 @@ def accuracy_figure(cells: pd.DataFrame, agg: pd.DataFrame, ds: str, ctx: Report
         g.set_titles(row_template="{row_name}", col_template="τ = {col_name}")
         g.legend.set_title("loss")
         g.figure.suptitle(f"{ds}: top-1 vs batch size (mean ± sd over seeds; ▽ on the x axis = "
-                          "all seeds diverged)", y=1.02)
+                          "no seed gave a number: diverged, collapsed or failed)", y=1.02)
         files = ctx.save_figure(g.figure, f"accuracy_vs_batch_{slug(ds)}")
     return files, f"**{ds}: accuracy vs batch size**\n\n" + ctx.figure_md(files, f"{ds} accuracy vs batch size")
 

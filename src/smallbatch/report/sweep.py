@@ -107,7 +107,7 @@ def sweep_figure(cells: pd.DataFrame, agg: pd.DataFrame, ds: str, ctx: ReportCon
         if g.legend is not None:
             g.legend.set_title("loss")
         extra_t = "; dashed line = number of pretraining images" if shown_line else ""
-        g.figure.suptitle(f"{ds}: {title} (mean ± sd over seeds; ▽ on the x axis = all seeds diverged{extra_t})",
-                          y=1.02)
+        g.figure.suptitle(f"{ds}: {title} (mean ± sd over seeds; ▽ on the x axis = no seed gave a number: "
+                          f"diverged, collapsed or failed{extra_t})", y=1.02)
         files = ctx.save_figure(g.figure, f"{stem}_{slug(ds)}")
     return files, f"**{ds}: {title}**\n\n" + ctx.figure_md(files, f"{ds} {title}")
