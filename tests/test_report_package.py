@@ -164,3 +164,21 @@ def test_package_has_no_import_circle_and_no_private_name_across_modules():
 def test_every_listed_section_is_a_module_with_build():
     assert [f.__module__ for f in report.SECTIONS] == [f"smallbatch.report.{m}" for m in report.SECTION_MODULES]
     assert all(f.__name__ == "build" for f in report.SECTIONS)
+
+
+def test_precision_verdict_is_never_support_within_seed_noise():
+    """fp64 closes 67% of the gap, but InfoNCE's fp32 → fp64 change (+4.0) is within 2 SE (11.3) of its seeds."""
+    from smallbatch.report.aggregate import aggregate_cells
+    from smallbatch.report.precision_findings import gap_finding, gaps
+
+    values = {("flatnce", "fp32"): (79.0, 81.0), ("flatnce", "fp64"): (79.0, 81.0),
+              ("infonce", "fp32"): (70.0, 78.0), ("infonce", "fp64"): (74.0, 82.0)}
+    runs = pd.DataFrame([{"run_id": f"{lo}{p}{s}", "status": "finished", "dataset": "d", "loss": lo, "label": lo,
+                          "batch_size": 16, "temperature": 0.1, "precision": p, "metrics.linear/top1": v}
+                         for (lo, p), vals in values.items() for s, v in enumerate(vals)])
+    agg = aggregate_cells(runs, ["dataset", "temperature", "loss", "label", "batch_size", "precision"], 1.0,
+                          {"linear": "linear/top1"})
+    f = gap_finding(gaps(agg), agg, "d", "linear", 0.1)
+    assert "fp64 closes 67% of the gap, most of it: our numbers neither support nor refute the hypothesis." in f
+    assert "(+4.0 points) is within two standard errors of the seed spread (11.3)" in f
+    assert "support the hypothesis" not in f.replace("neither support nor refute the hypothesis", "")

@@ -18,7 +18,7 @@ import pandas as pd
 
 from ..tracking import BAD_STATUSES
 from .aggregate import NO_NUMBER, first_row
-from .evidence import two_se, within_noise
+from .evidence import support, two_se, within_noise
 from .fmt import finite, join, sci, short
 from .runs import METRIC_LABELS
 
@@ -85,8 +85,7 @@ def _measured(d: pd.DataFrame, bss: list[int]) -> str:
     return "We measured: " + "; ".join(parts) + " (points)."
 
 
-def _noise_clause(diff: float, a: pd.Series, b: pd.Series, what: str) -> str:
-    tse = two_se((a["std"], a["n_seeds"]), (b["std"], b["n_seeds"]))
+def _noise_clause(diff: float, tse: float, what: str) -> str:
     within = within_noise(diff, tse)
     if within is None:
         return f"With a single seed in a cell there is no error estimate: the {what} is not tested against seed noise."
@@ -121,15 +120,19 @@ def _closure_verdict(agg: pd.DataFrame, r32: pd.Series, r64: pd.Series, where: d
         return [f"At the smallest batch ({bmin}) InfoNCE is not behind FlatNCE in fp32 (gap {g32:+.1f}), so there "
                 "is no small-batch gap for fp64 to close and the hypothesis is not tested by these runs."]
     closed = float(r64["closed_fraction_of_fp32_gap"])
-    s = [f"At the smallest batch ({bmin}) fp64 closes {100 * closed:.0f}% of the gap, most of it: our numbers "
-         "support the hypothesis." if closed >= 0.5 else
-         f"At the smallest batch ({bmin}) fp64 closes only {100 * closed:.0f}% of the gap, not most of it: our "
-         "numbers do not support the hypothesis."]
     i32, i64 = (first_row(agg, **where, precision=p, loss="infonce") for p in ("fp32", "fp64"))
+    noise, within = [], None
     if i32 is not None and i64 is not None and finite(i32["mean"]) and finite(i64["mean"]):
-        s.append(_noise_clause(float(i64["mean"]) - float(i32["mean"]), i64, i32,
-                               "change of InfoNCE's top-1 from fp32 to fp64"))
-    return s
+        change = float(i64["mean"]) - float(i32["mean"])
+        tse = two_se((i64["std"], i64["n_seeds"]), (i32["std"], i32["n_seeds"]))
+        within = within_noise(change, tse)
+        noise = [_noise_clause(change, tse, "change of InfoNCE's top-1 from fp32 to fp64")]
+    # the verdict rests on InfoNCE's change: within seed noise it is neither support nor refutation
+    verdict = support(closed >= 0.5, within, "the hypothesis")
+    return [f"At the smallest batch ({bmin}) fp64 closes {100 * closed:.0f}% of the gap, most of it: {verdict}."
+            if closed >= 0.5 else
+            f"At the smallest batch ({bmin}) fp64 closes only {100 * closed:.0f}% of the gap, not most of it: "
+            f"{verdict}."] + noise
 
 
 def gap_finding(gaps: pd.DataFrame, agg: pd.DataFrame, ds: str, m: str, t: float) -> str:
