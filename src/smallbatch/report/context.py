@@ -97,12 +97,14 @@ class ReportContext:
         """Step history of ``key`` for the given runs: columns run_id, step, value.
 
         One store query per run (cached); runs that never logged ``key`` are
-        skipped without a query.
+        skipped without a query.  Runs come in the order of ``runs`` (section,
+        kind, cell id, start time), so the same store content gives the same
+        frame whatever ids the store gave its runs.
         """
-        logged = dict(zip(self.runs["run_id"], self.runs["metric_keys"]))
+        wanted = set(run_ids)
         frames = []
-        for rid in sorted(set(run_ids)):
-            if key not in logged.get(rid, ()):
+        for rid, keys in zip(self.runs["run_id"], self.runs["metric_keys"]):
+            if rid not in wanted or key not in keys:
                 continue
             if (rid, key) not in self._hist_cache:
                 hist = self.reader.history(rid, key)
