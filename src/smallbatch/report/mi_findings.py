@@ -22,14 +22,6 @@ CLAIM_COLUMNS = ["claim", "source", "measured", "verdict"]
 Claim = tuple[str, dict | None] | None
 
 
-def _f(x: float, nd: int = 2) -> str:
-    return num(x, nd)
-
-
-def _s(x: float, nd: int = 2) -> str:
-    return signed(x, nd)
-
-
 def _learned(a: pd.DataFrame, estimator: str) -> pd.DataFrame:
     return a[(a["critic"] != "oracle") & (a["estimator"] == estimator)]
 
@@ -86,8 +78,8 @@ def infonce_cap(a: pd.DataFrame) -> Claim:
     sent = f"MI toy, InfoNCE: never above log(K+1) (largest estimate/ceiling {ratio:.3f})"
     ex = _example(over)
     if ex is not None:
-        sent += (f"; where the true MI exceeds log(K+1) it stays capped, e.g. {_f(ex['estimate'])} nats at "
-                 f"K={ex['K']} for a true {short(ex['true_mi'])} (ceiling {_f(ex['log_k1'])})")
+        sent += (f"; where the true MI exceeds log(K+1) it stays capped, e.g. {num(ex['estimate'], 2)} nats at "
+                 f"K={ex['K']} for a true {short(ex['true_mi'])} (ceiling {num(ex['log_k1'], 2)})")
     if per_k is not None and len(per_k) > 1:
         sent += (f"; at true MI {short(top['true_mi'].iloc[0])} it reached {float(per_k.iloc[0]):.0%} of log(K+1) "
                  f"at K={per_k.index[0]} but {float(per_k.iloc[-1]):.0%} at K={per_k.index[-1]}")
@@ -130,12 +122,12 @@ def eqco_equivalence(a: pd.DataFrame) -> Claim:
     ref = nce[nce["K"] == alpha]
     gap_eq, n_small = _mean_gap_to(eq[eq["K"] < alpha], ref)
     gap_nce, _ = _mean_gap_to(nce[nce["K"] < alpha], ref)
-    worst_text = f"worst {_s(float(worst['bias']))} nats at K={worst['K']}, true MI {short(worst['true_mi'])}"
+    worst_text = f"worst {signed(float(worst['bias']), 2)} nats at K={worst['K']}, true MI {short(worst['true_mi'])}"
     measured = (f"above log(K+1) in {len(above)} of {len(over)} settings with true MI above it; "
                 f"overestimated the true MI by > 2 sd in {len(overest)} of {len(eq)} settings ({worst_text})")
     if n_small:
-        measured += (f"; mean |EqCo(K) - InfoNCE(K = alpha)| = {_f(gap_eq)} nats over {n_small} settings "
-                     f"with K < alpha, against {_f(gap_nce)} for plain InfoNCE(K)")
+        measured += (f"; mean |EqCo(K) - InfoNCE(K = alpha)| = {num(gap_eq, 2)} nats over {n_small} settings "
+                     f"with K < alpha, against {num(gap_nce, 2)} for plain InfoNCE(K)")
     claim = {"claim": f"K negatives rescaled by alpha/K act like alpha negatives: the MI bound is "
                       f"log(alpha+1) (alpha = {short(alpha)}) at every K, not log(K+1)",
              "source": "Zhu et al. 2020 (EqCo)", "measured": measured,
@@ -143,8 +135,8 @@ def eqco_equivalence(a: pd.DataFrame) -> Claim:
     sent = (f"MI toy, EqCo (alpha = {short(alpha)}): above the InfoNCE ceiling log(K+1) in {len(above)} of "
             f"{len(over)} settings whose true MI exceeds it")
     if n_small:
-        sent += (f"; {_f(gap_eq)} nats from InfoNCE run with K = alpha on average (plain InfoNCE at the "
-                 f"same K: {_f(gap_nce)})")
+        sent += (f"; {num(gap_eq, 2)} nats from InfoNCE run with K = alpha on average (plain InfoNCE at the "
+                 f"same K: {num(gap_nce, 2)})")
     sent += f"; above the true MI itself (by > 2 sd) in {len(overest)} of {len(eq)} settings"
     sent += (f" ({worst_text}), so with alpha > K its readout is not a lower bound." if len(overest) else
              ", i.e. it behaved as a lower bound here.")
@@ -168,9 +160,9 @@ def flatnce_logk(a: pd.DataFrame) -> Claim:
     diff = float((fine["estimate"] - fine["estimate_nce"]).mean()) if len(fine) else math.nan
     measured = (f"readout (InfoNCE bound of the FlatNCE critic) / log(K+1) at most {ratio:.2f}; "
                 f"readout below 0 (critic scores blew up) in {len(collapsed)} of {len(fl)} settings "
-                f"({len(coll_over)} with true MI above log(K+1)); elsewhere {_s(diff)} nats vs InfoNCE "
+                f"({len(coll_over)} with true MI above log(K+1)); elsewhere {signed(diff, 2)} nats vs InfoNCE "
                 f"on average; dual readout above log(K+1) in {len(dual_above)} of {len(over)} settings "
-                f"with true MI above it" + (f", but a median {_f(dual_err)} nats away from the true MI there"
+                f"with true MI above it" + (f", but a median {num(dual_err, 2)} nats away from the true MI there"
                                             if len(dual_above) else ""))
     verdict = ("supported (an estimate exceeded log(K+1))" if ratio > 1 + 1e-6 else
                "not supported by its own readout (capped at log(K+1) by construction)"
@@ -183,7 +175,7 @@ def flatnce_logk(a: pd.DataFrame) -> Claim:
             f"below 0, worse than a constant critic) in {len(collapsed)} of {len(fl)} settings, "
             f"{len(coll_over)} of them with true MI above log(K+1)")
     if np.isfinite(diff):
-        sent += f"; elsewhere it read {_s(diff)} nats relative to InfoNCE on average"
+        sent += f"; elsewhere it read {signed(diff, 2)} nats relative to InfoNCE on average"
     return sent + ".", claim
 
 
@@ -197,10 +189,11 @@ def oracle_share(a: pd.DataFrame) -> Claim:
     for critic, g in nce.groupby("critic", sort=False):
         m = g.merge(orc, on=["K", "true_mi"], suffixes=("", "_o"))
         if len(m):
-            gaps.append(f"{CRITIC_NAMES.get(critic, critic)} {_s(float((m['estimate'] - m['estimate_o']).mean()))}")
+            gap = float((m["estimate"] - m["estimate_o"]).mean())
+            gaps.append(f"{CRITIC_NAMES.get(critic, critic)} {signed(gap, 2)}")
     big = orc.sort_values(["K", "true_mi"], ascending=[False, False]).iloc[0]
     return (f"MI toy, oracle critic (the true log density ratio): InfoNCE still reads "
-            f"{_f(big['estimate'])} for a true {short(big['true_mi'])} nats at K={big['K']} (the bound's "
+            f"{num(big['estimate'], 2)} for a true {short(big['true_mi'])} nats at K={big['K']} (the bound's "
             f"own bias); the learned critics differ from the oracle by {', '.join(gaps)} nats on "
             f"average (the learned critics' share of the bias).", None)
 
