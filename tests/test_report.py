@@ -16,7 +16,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from report_store import StoreBuilder
+
 from smallbatch import report
+from smallbatch.losses import display_name
+from smallbatch.report import grid_findings
+from smallbatch.report.figures import fraction_done
 
 ALL_LOSSES = ("infonce", "flatnce", "dcl")
 
@@ -26,46 +31,6 @@ def _acc(loss: str, bs: int, t: float, seed: int, metric: str, slopes: dict[str,
     base = {"infonce": 80.0, "flatnce": 78.0, "dcl": 79.0, "eqco": 77.0}[loss]
     val = base - slopes[loss] * math.log2(256 / bs) - (3.0 if metric == "knn" else 0.0) - 4.0 * (t - 0.1)
     return val + (0.4 if seed == 0 else -0.3) + 0.05 * seed * (bs % 7)
-
-
-class StoreBuilder:
-    """Logs runs through MlflowClient the way smallbatch.tracking does (one log_batch per run)."""
-
-    def __init__(self, uri: str, experiment: str = "smallbatch"):
-        from mlflow.tracking import MlflowClient
-
-        self.uri = uri
-        self.client = MlflowClient(tracking_uri=uri)
-        self.exp = self.client.create_experiment(experiment)
-        self.clock = 1_700_000_000_000
-        self.logged: list[dict] = []
-
-    def run(self, cell_id: str, *, kind: str = "cell", section: str = "grid", status: str = "finished",
-            params: dict | None = None, final: dict | None = None, history: dict | None = None,
-            baseline: str | None = None) -> str:
-        from mlflow.entities import Metric, Param, RunTag
-
-        self.clock += 1000
-        tags = {"smallbatch.cell_id": cell_id, "smallbatch.cell_hash": f"h{len(self.logged)}",
-                "smallbatch.kind": kind, "smallbatch.status": status, "smallbatch.experiment": section,
-                "smallbatch.git_commit": "test"}
-        if baseline:
-            tags["smallbatch.baseline"] = baseline
-        r = self.client.create_run(self.exp, run_name=cell_id, start_time=self.clock, tags=tags)
-        rid = r.info.run_id
-        metrics = []
-        for key, values in (history or {}).items():
-            metrics += [Metric(key, float(v), self.clock + s, s) for s, v in enumerate(values)]
-        n = len(next(iter(history.values()))) if history else 1
-        metrics += [Metric(k, float(v), self.clock + n, n) for k, v in (final or {}).items()]
-        ps = [Param(k, str(v)) for k, v in (params or {}).items()]
-        for i in range(0, max(len(metrics), 1), 1000):
-            self.client.log_batch(rid, metrics=metrics[i:i + 1000], params=ps if i == 0 else [],
-                                  tags=[RunTag("mlflow.note.content", "synthetic")] if i == 0 else [])
-        self.client.set_terminated(rid, status="FINISHED")
-        self.logged.append({"run_id": rid, "cell_id": cell_id, "kind": kind, "section": section,
-                            "status": status, "params": params or {}, "final": final or {}})
-        return rid
 
 
 def _cell_params(dataset: str, loss: str, bs: int, t: float, seed: int) -> dict:
@@ -265,13 +230,12 @@ def test_findings_name_the_least_dependent_loss(main_store):
 
 
 def test_default_experiment_and_training_fraction(main_store):
-    from mlflow.tracking import MlflowClient
+    from smallbatch.tracking import StoreReader
 
-    client = MlflowClient(tracking_uri=main_store["uri"])
-    assert report._resolve_experiment(client, None, main_store["uri"]).name == "smallbatch"
+    assert StoreReader(main_store["uri"]).experiment(None)[1] == "smallbatch"
     runs = pd.DataFrame({"metrics.epoch": [10.0, 20.0, math.nan, 5.0],
                          "params.epochs": ["20", "20", "20", None]})
-    assert report._fraction_done(runs).tolist() == [0.5, 1.0, 1.0, 1.0]
+    assert fraction_done(runs).tolist() == [0.5, 1.0, 1.0, 1.0]
 
 
 def test_diverged_runs_listed(main_store):
@@ -283,7 +247,7 @@ def test_diverged_runs_listed(main_store):
 
 def test_paper_tables_carry_sources_status_and_note(main_store):
     out = main_store["out"] / "tables"
-    src = pd.read_csv(Path(report.__file__).parent / "resources" / "paper_results.csv")
+    src = pd.read_csv(Path(report.__file__).parent.parent / "resources" / "paper_results.csv")
     rep = pd.read_csv(out / "papers_reported.csv")
     assert len(rep) == len(src)
     assert {"paper", "source", "status", "note", "paper_note", "value"} <= set(rep.columns)
@@ -396,7 +360,7 @@ def _synthetic_runs(values: dict[tuple[str, int], list[float]]) -> pd.DataFrame:
     for (loss, bs), vals in values.items():
         for seed, v in enumerate(vals):
             rows.append({"run_id": f"{loss}{bs}{seed}", "status": "finished", "dataset": "d", "loss": loss,
-                         "label": report.loss_name(loss), "batch_size": bs, "temperature": 0.1, "seed": seed,
+                         "label": display_name(loss), "batch_size": bs, "temperature": 0.1, "seed": seed,
                          "metrics.linear/top1": v})
     return pd.DataFrame(rows)
 
@@ -404,7 +368,7 @@ def _synthetic_runs(values: dict[tuple[str, int], list[float]]) -> pd.DataFrame:
 def _sentence(values) -> str:
     agg = report.aggregate_cells(_synthetic_runs(values), ["dataset", "temperature", "loss", "label", "batch_size"],
                                  1.0, {"linear": "linear/top1"})
-    return report._findings(report._dependence(agg), "d", "linear", 0.1)
+    return grid_findings.dependence_finding(grid_findings.dependence(agg), "d", "linear", 0.1)
 
 
 def test_finding_sentence_ties_and_seed_noise():

@@ -18,7 +18,8 @@ import pandas as pd
 import pytest
 
 from smallbatch import report
-from smallbatch import report_sections  # registers the side-experiment sections (report.py imports it too)
+from smallbatch.losses import display_name
+from smallbatch.report import ess, ksweep, precision_findings, sweep, tsweep
 
 N_IMAGES = 1797
 STEPS = 6
@@ -197,8 +198,8 @@ def _finding(text: str, start: str) -> str:
 
 # --------------------------------------------------------------------------- tests
 def test_sections_registered_once_in_order():
-    names = [f.__name__ for f in report.SECTIONS]
-    side = [f.__name__ for f in report_sections.SIDE_SECTIONS]
+    names = [f.__module__.rsplit(".", 1)[-1] for f in report.SECTIONS]
+    side = ["precision", "ksweep", "ess", "tsweep"]
     assert [n for n in names if n in side] == side
     assert all(names.count(n) == 1 for n in side)
 
@@ -300,17 +301,15 @@ def test_precision_findings_follow_the_numbers(case):
 
 
 def test_grad_finding_calls_rounding_level_errors_no_support():
-    from smallbatch.report_sections import GRAD_ERR_LARGE, _grad_finding
-
     rows = [("infonce", 16, 5e-7), ("flatnce", 16, 2e-7), ("infonce", 256, 3e-7), ("flatnce", 256, 3e-7)]
     summ = pd.DataFrame([{"dataset": "d", "temperature": 0.1, "loss": lo, "batch_size": b, "dtype": "fp32",
                           "mean": m} for lo, b, m in rows])
-    f = _grad_finding(summ, "d", 0.1)
+    f = precision_findings.grad_finding(summ, "d", 0.1)
     assert "InfoNCE's error grows as the batch shrinks" in f
-    assert f"both are below {GRAD_ERR_LARGE:g}" in f and "so they do not support it." in f
+    assert f"both are below {precision_findings.GRAD_ERR_LARGE:g}" in f and "so they do not support it." in f
     assert "our measurement supports the claim" not in f
     summ.loc[0, "mean"] = 0.1  # a saturated-regime error at the smallest batch
-    assert "exceeds FlatNCE's: our measurement supports the claim." in _grad_finding(summ, "d", 0.1)
+    assert "exceeds FlatNCE's: our measurement supports the claim." in precision_findings.grad_finding(summ, "d", 0.1)
 
 
 def _ksweep_row(loss, small, large, std, n=2):
@@ -327,10 +326,8 @@ def _ksweep_row(loss, small, large, std, n=2):
     ((78.0, 80.0), (76.0, 80.0), 0.2, "our numbers do not support the claim"),
 ])
 def test_ksweep_finding_reads_changes_against_seed_noise(inf, eq, std, expected):
-    from smallbatch.report_sections import _ksweep_finding
-
     summ = pd.DataFrame([_ksweep_row("infonce", *inf, std), _ksweep_row("eqco", *eq, std)])
-    f = _ksweep_finding(summ, "d", "linear", 0.1, 32, float("nan"))
+    f = ksweep.finding(summ, "d", "linear", 0.1, 32, float("nan"))
     assert expected in f, f
 
 
@@ -400,13 +397,11 @@ def test_ess_tables_and_finding(case):
     (2.0, 1.0, "is better than a fixed τ: our numbers support the claim"),
 ])
 def test_ess_finding_says_when_seeds_do_not_separate(diff, two_se, expected):
-    from smallbatch.report_sections import _ess_finding
-
     eff = pd.DataFrame([{"dataset": "d", "metric": "linear", "label": "FlatNCE", "temperature": 0.1,
                          "schedule": "s", "batch_size": 16, "scheduled_minus_fixed": diff,
                          "scheduled_mean": 80 + diff, "fixed_mean": 80.0, "scheduled_state": "finished",
                          "fixed_state": "finished", "two_se": two_se}])
-    f = _ess_finding(eff, pd.DataFrame(), "d", "linear", "FlatNCE", 0.1, "s")
+    f = ess.finding(eff, pd.DataFrame(), "d", "linear", "FlatNCE", 0.1, "s")
     assert expected in f, f
     assert ("support the claim" in f) != ("neither" in f)
 
@@ -416,14 +411,12 @@ def test_ess_finding_says_when_seeds_do_not_separate(diff, two_se, expected):
     ((6.0, 1.3, 1.2), 0.4, "All 2 other losses are less sensitive to τ than InfoNCE"),
 ])
 def test_tsweep_finding_reads_range_differences_against_seed_noise(ranges, sd, expected):
-    from smallbatch.report_sections import _tsweep_finding
-
     rows = [{"dataset": "d", "metric": "knn", "batch_size": 64, "temperature_min": 0.05, "temperature_max": 1.0,
              "loss": loss, "label": loss, "n_temperature_with_values": 5, "best_temperature": 0.1,
              "best_mean": 80.0, "range": r, "temperature_diverged": "", "n_diverged_points": 0,
              "temperature_values": "0.05,0.1,0.2,0.5,1", "pooled_sd": sd, "n_seeds_min": 2}
             for loss, r in zip(("infonce", "flatnce", "dcl"), ranges)]
-    f = _tsweep_finding(pd.DataFrame(rows), "claim.", "d", "knn", 64)
+    f = tsweep.finding(pd.DataFrame(rows), "claim.", "d", "knn", 64)
     assert expected in f, f
 
 
@@ -436,7 +429,7 @@ def test_tsweep_tables_finding_and_simclr(case):
         assert s.loc[loss, "range"] == pytest.approx(max(v) - min(v))
         best = TAUS[vals.index(max(v))]
         assert s.loc[loss, "best_temperature"] == pytest.approx(best)
-    src = pd.read_csv(report.__file__.replace("report.py", "resources/paper_results.csv"))
+    src = pd.read_csv(report.__file__.replace("report/__init__.py", "resources/paper_results.csv"))
     t5 = src[(src["source"] == "Table 5") & src["method"].str.contains("l2-normalized")]
     best = t5.loc[t5["value"].idxmax()]
     f = _finding(case["text"], "Temperature sweep on digits (B=64, linear top-1)")
@@ -485,7 +478,7 @@ def _runs(rows: list[tuple]) -> pd.DataFrame:
     """Run rows as report.load_runs returns them, without a store: (loss, bs, extra, seed, status, linear)."""
     out = []
     for i, (loss, bs, extra, seed, status, lin) in enumerate(rows):
-        out.append({"run_id": f"r{i}", "status": status, "dataset": "d", "loss": loss, "label": report.loss_name(loss),
+        out.append({"run_id": f"r{i}", "status": status, "dataset": "d", "loss": loss, "label": display_name(loss),
                     "batch_size": bs, "temperature": 0.1, "seed": seed, "x": extra, "metrics.linear/top1": lin})
     return pd.DataFrame(out)
 
@@ -501,11 +494,11 @@ def test_precision_finding_when_infonce_collapses_in_fp32():
     rows += [("infonce", 16, "fp32", s, "diverged", math.nan) for s in (0, 1)]
     ok = rows + [("infonce", 16, "fp64", s, "finished", 78.0 + s) for s in (0, 1)]
     agg = _agg(ok, "precision")
-    f = report_sections._precision_finding(report_sections._precision_gaps(agg), agg, "d", "linear", 0.1)
+    f = precision_findings.gap_finding(precision_findings.gaps(agg), agg, "d", "linear", 0.1)
     assert "InfoNCE diverged in fp32 (all seeds) but trained in fp64 (gap to FlatNCE +2.0): consistent" in f
     bad = rows + [("infonce", 16, "fp64", s, "diverged", math.nan) for s in (0, 1)]
     agg = _agg(bad, "precision")
-    f = report_sections._precision_finding(report_sections._precision_gaps(agg), agg, "d", "linear", 0.1)
+    f = precision_findings.gap_finding(precision_findings.gaps(agg), agg, "d", "linear", 0.1)
     assert "InfoNCE diverged in fp32 and in fp64 alike: our numbers do not support the hypothesis" in f
     assert "not computable in fp32 (InfoNCE diverged)" in f
 
@@ -514,8 +507,8 @@ def test_ksweep_finding_when_eqco_diverges_at_small_k():
     rows = [("infonce", 32, k, 0, "finished", v) for k, v in ((16, 70.0), (256, 74.0))]
     rows += [("eqco", 32, 16, 0, "diverged", math.nan), ("eqco", 32, 256, 0, "finished", 73.0)]
     agg = _agg(rows, "K")
-    summ = report_sections._sweep_summary(agg, ["dataset", "temperature", "batch_size"], "K")
-    f = report_sections._ksweep_finding(summ, "d", "linear", 0.1, 32, math.nan)
+    summ = sweep.sweep_summary(agg, ["dataset", "temperature", "batch_size"], "K")
+    f = ksweep.finding(summ, "d", "linear", 0.1, 32, math.nan)
     assert "from K=256 to K=16: InfoNCE -4.0, EqCo — (K=16: diverged, K=256: ok)" in f
     assert "EqCo diverged at K=16 while InfoNCE trained: our numbers do not support the claim." in f
     assert "exceeds" not in f  # no data set size known: no note about K > N

@@ -377,7 +377,11 @@ def cmd_report(args) -> int:
     uri = args.tracking_uri or resolve_tracking_uri(cfg)
     # Without --experiment/--config the report takes the store's only experiment.
     exp = args.experiment or (cfg["study"] if args.config else None)
-    index = build_report(uri, args.out, experiment=exp)
+    try:
+        index = build_report(uri, args.out, experiment=exp)
+    except (PermissionError, FileExistsError, IsADirectoryError, NotADirectoryError) as exc:
+        # e.g. a folder without write permission: one line, not a traceback
+        raise ValueError(f"cannot write the report to {args.out}: {exc.strerror} ({exc.filename})") from None
     print(f"report written: {index}")
     return 0
 

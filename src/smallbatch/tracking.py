@@ -360,3 +360,134 @@ def count_cell_runs(uri: str, experiment: str, cell_id: str) -> int:
     exp_id = get_or_create_experiment(uri, experiment)
     client = _client(uri)
     return len(_find_runs(client, exp_id, cell_id, None))
+
+
+# --------------------------------------------------------------------------- reading (the report)
+#: MLflow's run status -> ours, for a run without the TAG_STATUS tag
+_MLFLOW_STATUS = {"FINISHED": STATUS_FINISHED, "RUNNING": STATUS_RUNNING, "SCHEDULED": STATUS_RUNNING,
+                  "FAILED": "failed", "KILLED": "failed"}
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def _sqlite_path(uri: str) -> Path:
+    return Path(uri[len("sqlite:///"):].split("?", 1)[0])
+
+
+def _check_sqlite_store(uri: str) -> None:
+    """An existing SQLite file with MLflow's tables, checked read-only (the report never creates one)."""
+    import sqlite3
+
+    path = _sqlite_path(uri)
+    if not str(path) or not path.exists():
+        raise TrackingError(f"no MLflow store at {uri}: {path} does not exist (the report never creates a store)")
+    if path.is_dir():
+        raise TrackingError(f"no MLflow store at {uri}: {path} is a folder, not an SQLite database file")
+    try:
+        with path.open("rb") as f:
+            head = f.read(len(_SQLITE_MAGIC))
+        if head != _SQLITE_MAGIC:
+            what = "is empty" if not head else "is not an SQLite database"
+            raise TrackingError(f"no MLflow store at {uri}: {path} {what}")
+        con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            tables = {r[0] for r in con.execute("select name from sqlite_master where type = 'table'")}
+        finally:
+            con.close()
+    except (OSError, sqlite3.Error) as exc:
+        raise TrackingError(f"no MLflow store at {uri}: {path} cannot be read as an SQLite database ({exc})") from None
+    if not {"experiments", "runs"} <= tables:
+        raise TrackingError(f"no MLflow store at {uri}: {path} is an SQLite database without MLflow's tables")
+
+
+def _check_existing_store(uri: str) -> None:
+    """Refuse a local store that does not exist yet: MLflow would create it (and its folder)."""
+    if uri.startswith("sqlite:///"):
+        _check_sqlite_store(uri)
+    elif "://" not in uri or uri.startswith("file:"):
+        path = Path(uri.removeprefix("file://").removeprefix("file:"))
+        if not path.is_dir():
+            raise TrackingError(f"no MLflow store at {uri}: folder {path} does not exist")
+
+
+def _connection_refused(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an exception it came from) is a failed HTTP connection."""
+    from requests.exceptions import ConnectionError as HTTPConnectionError
+
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, HTTPConnectionError):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
+class StoreReader:
+    """Read-only access to an existing tracking store, for the report.
+
+    Opening never creates a store: a ``sqlite:///`` path must be an existing
+    SQLite file with MLflow's tables, a local folder store must exist.  HTTP
+    requests run under the retry caps of :func:`_mlflow`, so a stopped server
+    fails within seconds.  Every failure is a :class:`TrackingError` of one line
+    (``no MLflow server at <URI>`` when nothing answers at the address).
+    """
+
+    def __init__(self, uri: str):
+        self.uri = str(uri)
+        _check_existing_store(self.uri)
+        self._client = self._call("opening the store", lambda: _mlflow()[1](tracking_uri=self.uri))
+
+    def _call(self, what: str, fn):
+        try:
+            return fn()
+        except TrackingError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any store failure becomes one clear line
+            if _connection_refused(exc):
+                raise TrackingError(f"no MLflow server at {self.uri} (nothing answered while {what})") from None
+            raise _wrap(self.uri, what, exc) from None
+
+    def experiment(self, name: str | None) -> tuple[str, str]:
+        """(id, name) of experiment ``name``; None picks 'smallbatch' or the store's only experiment.
+
+        ValueError naming the store's experiments when there is no such experiment or no
+        unambiguous default.
+        """
+        if name is not None:
+            exp = self._call(f"reading experiment '{name}'", lambda: self._client.get_experiment_by_name(name))
+            if exp is None:
+                names = sorted(e.name for e in self._experiments())
+                raise ValueError(f"no runs in experiment {name!r} at URI {self.uri!r} "
+                                 f"(no such experiment; available: {', '.join(names) or 'none'})")
+            return exp.experiment_id, exp.name
+        exps = [e for e in self._experiments() if e.name != "Default"]
+        chosen = [e for e in exps if e.name == "smallbatch"] or (exps if len(exps) == 1 else [])
+        if chosen:
+            return chosen[0].experiment_id, chosen[0].name
+        names = sorted(e.name for e in exps)
+        raise ValueError(f"experiment must be given: the store at URI {self.uri!r} holds "
+                         f"{len(names)} experiments ({', '.join(names) or 'none'}) and none is named 'smallbatch'")
+
+    def _experiments(self) -> list:
+        return self._call("listing experiments", lambda: list(self._client.search_experiments()))
+
+    def runs(self, experiment_id: str) -> list[dict[str, Any]]:
+        """Every active run of the experiment: ``run_id, run_name, status`` (TAG_STATUS, else
+        MLflow's mapped to ours), ``start_time`` (ms), ``tags``, ``params``, ``metrics`` (latest)."""
+        runs: list = []
+        token = None
+        while True:
+            page = self._call("searching runs", lambda: self._client.search_runs(
+                [experiment_id], max_results=5000, page_token=token))
+            runs.extend(page)
+            token = page.token
+            if not token:
+                break
+        return [{"run_id": r.info.run_id, "run_name": r.info.run_name, "start_time": r.info.start_time or 0,
+                 "status": r.data.tags.get(TAG_STATUS) or _MLFLOW_STATUS.get(r.info.status, r.info.status.lower()),
+                 "tags": dict(r.data.tags), "params": dict(r.data.params), "metrics": dict(r.data.metrics)}
+                for r in runs]
+
+    def history(self, run_id: str, key: str) -> list[tuple[int, float]]:
+        """(step, value) of every logged value of metric ``key`` of one run."""
+        hist = self._call(f"reading the history of {key}", lambda: self._client.get_metric_history(run_id, key))
+        return [(m.step, m.value) for m in hist]

@@ -1,0 +1,97 @@
+"""The study's report, rebuilt from the MLflow store alone.
+
+``build_report(tracking_uri, out_dir)`` reads every run of one experiment (the
+config's ``study``) through :class:`smallbatch.tracking.StoreReader` and writes
+
+* ``tables/*.csv`` (tidy, full precision), ``tables/*.md`` and ``tables/*.tex``
+  (the same numbers laid out for reading; LaTeX needs ``booktabs``);
+* ``figures/*.png`` and ``figures/*.svg`` (seaborn);
+* ``index.md``: the findings in plain words, computed from the numbers, and a
+  relative link to every table and figure.
+
+Conventions
+-----------
+* Top-1 accuracies are in percent (the pipeline logs percent; a store whose
+  accuracies all lie in [0, 1] is read as fractions and scaled by 100).
+* A *cell* is dataset x loss (+ its parameters that differ from the registry's
+  default, and any extra axis such as ``epochs``) x temperature x batch size; its
+  value is the mean and sample standard deviation (ddof=1) over seeds.  One seed
+  gives ``—`` for the deviation.  One rule names a loss in every table
+  (:func:`.runs.cell_labels`).
+* A run tagged ``smallbatch.status`` diverged, collapsed or failed never
+  contributes a number; its cell reads that status when all its seeds had it, and
+  ``mean ± std (k/n diverged)`` when only some did.  A cell whose runs exist but
+  have not logged the metric yet reads ``pending``.  The bad runs are listed.
+* When several runs carry the same cell id (a changed config is a new run), the
+  newest one is used and the count of superseded runs is stated in index.md.
+
+Layers
+------
+:mod:`.runs` (loading, the newest-run rule, the cell selection and labels) and
+:mod:`.aggregate` (cells over seeds); :mod:`.fmt`, :mod:`.tables`,
+:mod:`.context` and :mod:`.figures` (rendering); one module per section, each
+with ``build(runs, ctx) -> SectionOutput | None``, listed in
+:data:`SECTION_MODULES` in index.md's order; :mod:`.evidence` (the one
+two-standard-error rule the findings share); :mod:`.index` (index.md).  Runs no
+section reported are counted in index.md, never silently dropped.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from pathlib import Path
+
+from ..tracking import StoreReader
+from .aggregate import aggregate_cells
+from .context import ReportContext, SectionOutput
+from .index import index_markdown, remove_stale
+from .papers import load_papers
+from .runs import METRICS, accuracy_scale, load_runs
+from .tables import latex_table, markdown_table, tex_escape
+
+__all__ = [
+    "build_report", "load_runs", "aggregate_cells", "ReportContext", "SectionOutput", "SECTIONS",
+    "SECTION_MODULES", "METRICS", "load_papers", "markdown_table", "latex_table", "tex_escape",
+]
+
+#: the report's sections in index.md's order: each a module of this package with
+#: ``build(runs, ctx) -> SectionOutput | None``.  A new section is a module plus its name here.
+SECTION_MODULES = ("grid", "baselines", "diverged", "papers", "precision", "ksweep", "ess", "tsweep", "mi")
+SECTIONS = [import_module(f"{__name__}.{name}").build for name in SECTION_MODULES]
+
+
+def _check_out_dir(out: Path) -> None:
+    """ValueError naming ``out`` when it, or a folder it would be made in, is an existing file."""
+    for p in (out, *out.parents):
+        if p.exists():
+            if p == out and not p.is_dir():
+                raise ValueError(f"report folder {out} is a file, not a folder")
+            if not p.is_dir():
+                raise ValueError(f"report folder {out} cannot be made: {p} is a file, not a folder")
+            return
+
+
+def build_report(tracking_uri: str, out_dir: str | Path = "results/report", experiment: str | None = None,
+                 paper_csv: str | Path | None = None) -> Path:
+    """Rebuild every table and figure from the MLflow store; return the path of index.md.
+
+    ``experiment`` is the MLflow experiment (the config's ``study``); None picks
+    'smallbatch' or the store's only experiment.  ``paper_csv`` defaults to the
+    package's ``resources/paper_results.csv``.  Raises ValueError for an empty or
+    missing experiment or an ``out_dir`` that is a file, and
+    :class:`smallbatch.tracking.TrackingError` for a store that does not exist or
+    cannot be read; nothing is written then.
+    """
+    out = Path(out_dir)
+    _check_out_dir(out)
+    papers = load_papers(paper_csv)
+    reader = StoreReader(str(tracking_uri))
+    runs, exp_name = load_runs(reader, experiment)
+    ctx = ReportContext(out_dir=out, tracking_uri=str(tracking_uri), experiment=exp_name, reader=reader,
+                        scale=accuracy_scale(runs), papers=papers, runs=runs)
+    out.mkdir(parents=True, exist_ok=True)
+    outputs = [o for o in (build(runs, ctx) for build in SECTIONS) if o is not None]
+    remove_stale(ctx)
+    index = out / "index.md"
+    index.write_text(index_markdown(runs, ctx, outputs), encoding="utf-8")
+    return index

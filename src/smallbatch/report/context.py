@@ -1,0 +1,117 @@
+"""What every section builder gets (the context) and returns (a :class:`SectionOutput`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import pandas as pd
+
+from .tables import Block, write_table_files
+
+
+@dataclass
+class SectionOutput:
+    """What a section builder returns.
+
+    ``markdown`` goes into index.md under ``## title`` (links relative to out_dir);
+    ``files`` are every table/figure file written; ``findings`` are plain-language
+    sentences collected at the top of index.md; ``run_ids`` the runs it reported.
+    """
+
+    name: str
+    title: str
+    markdown: str
+    files: list[Path] = field(default_factory=list)
+    findings: list[str] = field(default_factory=list)
+    run_ids: set[str] = field(default_factory=set)
+
+
+@dataclass
+class ReportContext:
+    """Shared state handed to every section builder.
+
+    ``reader`` is the store's :class:`smallbatch.tracking.StoreReader` (metric
+    histories); ``scale`` turns the logged top-1 into percent; ``papers`` is the
+    papers' reported numbers; ``runs`` every run of the experiment; ``notes`` are
+    lines index.md prints after the run counts.
+    """
+
+    out_dir: Path
+    tracking_uri: str
+    experiment: str
+    reader: Any
+    scale: float
+    papers: pd.DataFrame
+    runs: pd.DataFrame
+    notes: list[str] = field(default_factory=list)
+    written: list[Path] = field(default_factory=list)
+    history_calls: int = 0
+    _hist_cache: dict = field(default_factory=dict)
+
+    @property
+    def tables_dir(self) -> Path:
+        return self.out_dir / "tables"
+
+    @property
+    def figures_dir(self) -> Path:
+        return self.out_dir / "figures"
+
+    def rel(self, p: Path) -> str:
+        return p.relative_to(self.out_dir).as_posix()
+
+    def write_table(self, name: str, title: str, data: pd.DataFrame, blocks: Sequence[Block] | None = None,
+                    note: str | None = None) -> list[Path]:
+        """Write ``tables/<name>.csv`` (``data``, tidy) and ``.md`` / ``.tex`` (``blocks`` for reading)."""
+        files = write_table_files(self.tables_dir, name, title, data, blocks, note)
+        self.written += files
+        return files
+
+    def table_links(self, files: Sequence[Path]) -> str:
+        by = {p.suffix: p for p in files}
+        return " · ".join(f"[{lab}]({self.rel(by[s])})" for s, lab in
+                          ((".md", "Markdown"), (".csv", "CSV"), (".tex", "LaTeX")) if s in by)
+
+    def save_figure(self, fig, stem: str) -> list[Path]:
+        """Save ``figures/<stem>.png`` and ``.svg`` without dates or versions in them; close the figure."""
+        import matplotlib.pyplot as plt
+
+        self.figures_dir.mkdir(parents=True, exist_ok=True)
+        png, svg = self.figures_dir / f"{stem}.png", self.figures_dir / f"{stem}.svg"
+        fig.savefig(png, dpi=130, bbox_inches="tight", metadata={"Software": None})
+        fig.savefig(svg, bbox_inches="tight", metadata={"Date": None})
+        plt.close(fig)
+        self.written += [png, svg]
+        return [png, svg]
+
+    def figure_md(self, files: Sequence[Path], alt: str) -> str:
+        png = next(p for p in files if p.suffix == ".png")
+        svg = next((p for p in files if p.suffix == ".svg"), None)
+        s = f"![{alt}]({self.rel(png)})"
+        if svg is not None:
+            s += f"\n\n[{alt} (PNG)]({self.rel(png)}) · [SVG]({self.rel(svg)})"
+        return s + "\n"
+
+    def histories(self, run_ids: Iterable[str], key: str) -> pd.DataFrame:
+        """Step history of ``key`` for the given runs: columns run_id, step, value.
+
+        One store query per run (cached); runs that never logged ``key`` are
+        skipped without a query.  Runs come in the order of ``runs`` (section,
+        kind, cell id, start time), so the same store content gives the same
+        frame whatever ids the store gave its runs.
+        """
+        wanted = set(run_ids)
+        frames = []
+        for rid, keys in zip(self.runs["run_id"], self.runs["metric_keys"]):
+            if rid not in wanted or key not in keys:
+                continue
+            if (rid, key) not in self._hist_cache:
+                hist = self.reader.history(rid, key)
+                self.history_calls += 1
+                self._hist_cache[(rid, key)] = pd.DataFrame(
+                    {"run_id": rid, "step": [s for s, _ in hist], "value": [v for _, v in hist]})
+            frames.append(self._hist_cache[(rid, key)])
+        if not frames:
+            return pd.DataFrame(columns=["run_id", "step", "value"])
+        return pd.concat(frames, ignore_index=True)

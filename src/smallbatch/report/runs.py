@@ -1,0 +1,194 @@
+"""The runs the report reads: loading (through :mod:`smallbatch.tracking`), the newest-run
+rule, the cell selection, and the one labelling rule for a loss in every table."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+
+from ..losses import canonical_name, display_name, loss_param_names
+from ..tracking import TAG_BASELINE, TAG_CELL, TAG_EXPERIMENT, TAG_KIND
+from .fmt import ABSENT
+
+#: short metric name -> MLflow metric key of the final top-1 accuracy
+METRICS = {"knn": "knn/top1", "linear": "linear/top1"}
+METRIC_LABELS = {"knn": "kNN top-1", "linear": "linear top-1"}
+#: the params that define a cell (with a section's own axes); the others may label it
+CELL_KEYS = ("dataset", "loss", "batch_size", "temperature")
+#: params that never tell two cells apart on their own (grid axes, seed, derived values)
+NOT_AXIS = {"dataset", "loss", "batch_size", "temperature", "seed", "negatives", "experiment",
+            "device", "threads", "pretrain_images", "data_root", "download"}
+_GREEK = {"alpha": "α", "sigma": "σ", "gamma": "γ"}
+
+
+def _canonical(v: Any) -> str | None:
+    if not isinstance(v, str):
+        return None
+    try:
+        return canonical_name(v)
+    except ValueError:  # a loss the registry does not know keeps its own name
+        return v.strip().lower()
+
+
+def run_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
+    """One row per run (a record of :meth:`StoreReader.runs`).
+
+    Columns: ``run_id, run_name, cell_id, kind, status, section, baseline, start_time,
+    metric_keys`` (frozenset of logged metric keys), ``params.<key>`` (strings),
+    ``metrics.<key>`` (latest value), and typed ``dataset, loss, batch_size,
+    temperature, seed``; sorted by section, kind, cell id, start time.
+    """
+    rows = []
+    for r in records:
+        tags, params = r["tags"], r["params"]
+        row = {"run_id": r["run_id"], "run_name": r["run_name"],
+               "cell_id": tags.get(TAG_CELL) or r["run_name"] or r["run_id"], "kind": tags.get(TAG_KIND) or "cell",
+               "status": r["status"], "section": tags.get(TAG_EXPERIMENT) or "grid",
+               "baseline": tags.get(TAG_BASELINE) or params.get("baseline"), "start_time": r["start_time"],
+               "metric_keys": frozenset(r["metrics"])}
+        row.update({f"params.{k}": v for k, v in params.items()})
+        row.update({f"metrics.{k}": v for k, v in r["metrics"].items()})
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    df["dataset"] = df.get("params.dataset", pd.Series(index=df.index, dtype=object))
+    df["loss"] = df.get("params.loss", pd.Series(index=df.index, dtype=object)).map(_canonical)
+    for col in ("batch_size", "seed", "temperature"):
+        num = pd.to_numeric(df.get(f"params.{col}", pd.Series(index=df.index, dtype=object)), errors="coerce")
+        df[col] = num.astype(float) if col == "temperature" else num.round().astype("Int64")
+    df = df.sort_values(["section", "kind", "cell_id", "start_time", "run_id"], kind="stable")
+    return df.reset_index(drop=True)
+
+
+def load_runs(reader, experiment: str | None) -> tuple[pd.DataFrame, str]:
+    """All active runs of one experiment (see :func:`run_frame`) and the experiment's name.
+
+    ValueError for a missing or empty experiment.
+    """
+    exp_id, name = reader.experiment(experiment)
+    records = reader.runs(exp_id)
+    if not records:
+        raise ValueError(f"no runs in experiment {name!r} at URI {reader.uri!r}")
+    return run_frame(records), name
+
+
+def accuracy_scale(runs: pd.DataFrame) -> float:
+    """100 when every logged top-1/top-5 lies in [0, 1] (fractions), else 1 (percent)."""
+    cols = [c for c in runs.columns if c.startswith("metrics.") and re.search(r"/top[15]", c)]
+    vals = pd.concat([runs[c] for c in cols]) if cols else pd.Series(dtype=float)
+    vals = vals[np.isfinite(vals.astype(float))] if len(vals) else vals
+    return 100.0 if len(vals) and float(vals.max()) <= 1.0 else 1.0
+
+
+def newest(runs: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """The newest run per (kind, section, cell id), in the frame's order; and how many were superseded."""
+    if runs.empty:
+        return runs, 0
+    keep = runs.sort_values("start_time", kind="stable").groupby(["kind", "section", "cell_id"], sort=False).tail(1)
+    return runs.loc[sorted(keep.index)], len(runs) - len(keep)
+
+
+def absent(v: Any) -> bool:
+    """A param that was not set: missing, NaN, or logged as '', 'None', 'nan', 'null'."""
+    return v is None or (isinstance(v, float) and math.isnan(v)) or str(v).strip().lower() in ABSENT
+
+
+def param(df: pd.DataFrame, key: str) -> pd.Series:
+    """Param column as strings, None where absent."""
+    col = df.get(f"params.{key}")
+    if col is None:
+        return pd.Series([None] * len(df), index=df.index, dtype=object)
+    return col.map(lambda v: None if absent(v) else str(v)).astype(object)
+
+
+def param_num(df: pd.DataFrame, key: str) -> pd.Series:
+    return pd.to_numeric(param(df, key), errors="coerce").astype(float)
+
+
+# --------------------------------------------------------------------------- labels
+def _is_default(loss: Any, key: str, v: Any) -> bool:
+    try:
+        default = loss_param_names(str(loss)).get(key, "∅")
+    except ValueError:  # a loss the registry does not know: no defaults
+        return False
+    if default is None:
+        return absent(v)
+    try:
+        return float(v) == float(default)
+    except (TypeError, ValueError):
+        return str(v) == str(default)
+
+
+def _varying(grp: pd.DataFrame, pcols: list[str], keys: list[str]) -> set[str]:
+    """The param columns with more than one value among runs equal in ``keys``."""
+    if len(grp) < 2:
+        return set()
+    filled = grp[pcols].fillna("∅").astype(str)
+    kg = grp[keys].astype(object).fillna("∅").astype(str).agg("|".join, axis=1)
+    return {c for c in pcols if filled[c].groupby(kg).nunique().max() > 1}
+
+
+def _loss_param_text(loss: Any, col: str, v: Any, varying: bool) -> str | None:
+    p = col[len("params.loss."):]
+    if absent(v) or not (varying or not _is_default(loss, p, v)):
+        return None
+    try:
+        return f"{_GREEK.get(p, p)}={float(v):g}"
+    except (TypeError, ValueError):
+        return f"{p}={v}"
+
+
+def cell_labels(cells: pd.DataFrame, axes: Sequence[str] = ()) -> pd.Series:
+    """Display label per run, one rule for every table.
+
+    The loss's display name, then in parentheses its parameters that differ from
+    the registry's default (as the cell id's loss part does) or vary between
+    otherwise equal cells (``σ=1``, ``α=256``), then any other param that varies
+    between runs equal in dataset, loss, batch size, temperature, seed and ``axes``
+    (an extra axis: ``epochs=40``).  ``axes`` are the params a section varies on
+    purpose (``precision``; a name also covers its dotted sub-params).
+    """
+    def on_axis(c: str) -> bool:
+        k = c[len("params."):]
+        return any(k == a or k.startswith(f"{a}.") for a in axes)
+
+    pcols = [c for c in cells.columns if c.startswith("params.") and c[len("params."):] not in NOT_AXIS
+             and not on_axis(c)]
+    keys = [*CELL_KEYS, "seed", *(f"params.{a}" for a in axes if f"params.{a}" in cells.columns)]
+    labels = pd.Series(index=cells.index, dtype=object)
+    for loss, grp in cells.groupby("loss", sort=True, dropna=False):
+        varying = _varying(grp, pcols, keys)
+        loss_cols = sorted(c for c in pcols if c.startswith("params.loss."))
+        other = sorted(c for c in varying if not c.startswith("params.loss."))
+        for idx, row in grp.iterrows():
+            extra = [t for c in loss_cols if (t := _loss_param_text(loss, c, row[c], c in varying))]
+            extra += [f"{c[len('params.'):]}={row[c]}" for c in other]
+            base = display_name(loss) if isinstance(loss, str) else "?"
+            labels[idx] = f"{base} ({', '.join(extra)})" if extra else base
+    return labels
+
+
+# --------------------------------------------------------------------------- selection
+def select_cells(runs: pd.DataFrame, section: str, axes: Sequence[str] = (), notes: list[str] | None = None
+                 ) -> pd.DataFrame:
+    """The runs of kind 'cell' tagged with ``section``: newest per cell id, those with every
+    param of :data:`CELL_KEYS`, an integer ``batch_size`` and a ``label`` (:func:`cell_labels`).
+
+    The lines about the runs left out are appended to ``notes`` (index.md's notes).
+    """
+    c, superseded = newest(runs[(runs["kind"] == "cell") & (runs["section"] == section)])
+    ok = c[list(CELL_KEYS)].notna().all(axis=1)
+    what = "grid" if section == "grid" else f"'{section}'"
+    if notes is not None and superseded:
+        notes.append(f"{superseded} {what} run(s) were superseded by a newer run of the same cell id "
+                     "(changed config) and are not in the tables.")
+    if notes is not None and (~ok).any():
+        notes.append(f"{int((~ok).sum())} {what} run(s) lack one of the params dataset/loss/batch_size/temperature "
+                     "and are not in the tables.")
+    c = c[ok].copy()
+    c["label"] = cell_labels(c, axes) if len(c) else pd.Series(dtype=object)
+    c["batch_size"] = c["batch_size"].astype(int)
+    return c

@@ -1,0 +1,113 @@
+"""What the K sweep and the temperature sweep share: the per-loss summary over the swept
+value, and the top-1-vs-swept-value figure."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from ..tracking import BAD_STATUSES
+from .aggregate import label_order
+from .context import ReportContext
+from .figures import accuracy_long, mark_bad, palette, plot_style
+from .fmt import finite, short, slug
+from .runs import METRIC_LABELS, METRICS
+
+
+def _ends(g: pd.DataFrame, xmin, xmax) -> dict:
+    """mean/std/n/state at the smallest (``small``) and largest (``large``) swept value."""
+    row = {}
+    for tag, xv in (("small", xmin), ("large", xmax)):
+        if xv in g.index:
+            r = g.loc[xv]
+            row.update({f"mean_{tag}": float(r["mean"]), f"std_{tag}": float(r["std"]), f"n_{tag}": int(r["n_seeds"]),
+                        f"state_{tag}": str(r["state"])})
+        else:
+            row.update({f"mean_{tag}": math.nan, f"std_{tag}": math.nan, f"n_{tag}": 0, f"state_{tag}": "not run"})
+    return row
+
+
+def _spread(g: pd.DataFrame, x: str) -> dict:
+    """Range, best and worst swept value, pooled seed sd, and the values whose seeds all failed."""
+    vals = g[np.isfinite(g["mean"].astype(float))]
+    any_ = len(vals) > 0
+    seeded = vals[vals["n_seeds"].astype(int) >= 2]
+    bad = g[g["state"].isin(BAD_STATUSES)]
+    return {"range": float(vals["mean"].max() - vals["mean"].min()) if any_ else math.nan,
+            f"best_{x}": vals["mean"].astype(float).idxmax() if any_ else math.nan,
+            "best_mean": float(vals["mean"].max()) if any_ else math.nan,
+            f"worst_{x}": vals["mean"].astype(float).idxmin() if any_ else math.nan,
+            "worst_mean": float(vals["mean"].min()) if any_ else math.nan,
+            f"n_{x}_with_values": len(vals),
+            "pooled_sd": float(np.sqrt((seeded["std"].astype(float) ** 2).mean())) if len(seeded) else math.nan,
+            "n_seeds_min": int(seeded["n_seeds"].min()) if len(seeded) else 1,
+            f"{x}_diverged": ", ".join(short(v) for v in bad.index), "n_diverged_points": len(bad)}
+
+
+def sweep_summary(agg: pd.DataFrame, setting: Sequence[str], x: str) -> pd.DataFrame:
+    """Per setting × metric × label: values at the smallest/largest x, change, range, best x."""
+    rows = []
+    keys = [*setting, "metric", "loss", "label"]
+    for key, g in agg.groupby(keys, sort=False):
+        kd = dict(zip(keys, key))
+        allx = agg
+        for c in [*setting, "metric"]:
+            allx = allx[allx[c] == kd[c]]
+        xs = sorted(allx[x].unique())
+        row = {**kd, f"{x}_min": xs[0], f"{x}_max": xs[-1], **_ends(g.set_index(x), xs[0], xs[-1])}
+        row["change_large_to_small"] = row["mean_small"] - row["mean_large"]
+        rows.append({**row, **_spread(g.set_index(x), x)})
+    return pd.DataFrame(rows)
+
+
+def _setting_text(frame: pd.DataFrame, fixed: list[str]) -> list[str]:
+    return [", ".join(f"{'B' if c == 'batch_size' else 'τ'}={short(v) if c == 'temperature' else int(v)}"
+                      for c, v in zip(fixed, vals)) for vals in zip(*(frame[c] for c in fixed))]
+
+
+def sweep_figure(cells: pd.DataFrame, agg: pd.DataFrame, ds: str, ctx: ReportContext, *, x: str, xlabel: str,
+                 base: int, stem: str, title: str, vline: float = math.nan) -> tuple[list[Path], str]:
+    """Top-1 vs a swept value (log x) per loss; one column per metric, one row per other setting;
+    ▽ where all seeds failed; a dashed line at ``vline`` (e.g. the number of images) when in range."""
+    data = accuracy_long(cells, ctx.scale, list(dict.fromkeys(["batch_size", "temperature", x])))
+    if data.empty:
+        return [], f"_{ds}: no kNN/linear top-1 logged for the {stem} runs yet; figure skipped._\n"
+    plt, sns, rc = plot_style()
+    fixed = [c for c in ("batch_size", "temperature") if c != x]
+    data["setting"] = _setting_text(data, fixed)
+    agg = agg.assign(setting=_setting_text(agg, fixed))
+    labels = label_order(data)
+    pal = palette(labels)
+    xs = sorted(float(v) for v in cells[x].unique())
+    shown_line = finite(vline) and xs[0] / 2 <= vline <= xs[-1] * 2
+    with plt.rc_context(rc), sns.axes_style("whitegrid"):
+        g = sns.relplot(data=data, kind="line", x=x, y="top-1 (%)", hue="label", hue_order=labels,
+                        style="label", style_order=labels, markers=True, dashes=False, palette=pal, errorbar="sd",
+                        err_style="bars", col="metric",
+                        col_order=[METRIC_LABELS[m] for m in METRICS if METRIC_LABELS[m] in set(data["metric"])],
+                        row="setting", row_order=sorted(data["setting"].unique()), height=3.0, aspect=1.3,
+                        facet_kws={"sharey": False, "margin_titles": True})
+        for ax in g.axes.flat:
+            ax.set_xscale("log", base=base)
+            ax.set_xticks(xs)
+            ax.set_xticklabels([short(v) for v in xs])
+            ax.minorticks_off()
+            if shown_line:
+                ax.axvline(vline, ls="--", lw=1, color="grey")
+        for _, r in agg[agg["state"].isin(BAD_STATUSES)].iterrows():
+            ax = g.axes_dict.get((r["setting"], METRIC_LABELS.get(r["metric"])))
+            if ax is not None:
+                mark_bad(ax, [float(r[x])], pal.get(r["label"], "k"))
+        g.set_titles(row_template="{row_name}", col_template="{col_name}")
+        g.set_axis_labels(xlabel, "top-1 (%)")
+        if g.legend is not None:
+            g.legend.set_title("loss")
+        extra_t = "; dashed line = number of pretraining images" if shown_line else ""
+        g.figure.suptitle(f"{ds}: {title} (mean ± sd over seeds; ▽ on the x axis = no seed gave a number: "
+                          f"diverged, collapsed or failed{extra_t})", y=1.02)
+        files = ctx.save_figure(g.figure, f"{stem}_{slug(ds)}")
+    return files, f"**{ds}: {title}**\n\n" + ctx.figure_md(files, f"{ds} {title}")
