@@ -537,13 +537,16 @@ def smoke_through_slurm(root: Path, slurm: LocalSlurm, timeout: float = 1500, ba
     (``background=True``: starts it and returns None; a later call waits for it)."""
     def go() -> dict:
         root.mkdir(parents=True, exist_ok=True)
-        cfg = write_config(root / "config.yaml", results_dir=str(root / "results"))
+        # device auto on a cluster asks for GPUs (the node's stand-in GRES; torch trains on
+        # its CPU); two cells per SLURM job, sharing one GPU
+        cfg = write_config(root / "config.yaml", results_dir=str(root / "results"), device="auto", cells_per_gpu=2)
         prof = slurm_test_profile(root / "profile", logdir=root / "slurm_logs")
         env = env_with_venv({"SBATCH_PARTITION": "local"})
         env.pop("SBATCH_ACCOUNT", None)
         t0 = time.monotonic()
         try:
-            res = run(snakemake_cmd(root, cfg, prof), cwd=root, env=env, timeout=timeout, log=root / "snakemake.out")
+            res = run(snakemake_cmd(root, cfg, prof, "--group-components", "cell=2"), cwd=root, env=env,
+                      timeout=timeout, log=root / "snakemake.out")
         except TimeoutError:
             slurm.cancel(submitted_slurm_jobs((root / "snakemake.out").read_text()))
             raise

@@ -70,22 +70,22 @@ def test_profile_has_no_hard_coded_account_or_partition():
     for key, var in (("slurm_partition", "SBATCH_PARTITION"), ("slurm_account", "SBATCH_ACCOUNT")):
         assert f"environ.get('{var}'" in str(dr[key]), f"{key} must come from ${var}, not {dr[key]!r}"
     assert {"runtime", "mem_mb"} <= set(dr)
-    sr = prof["set-resources"]
-    assert sr["pretrain"]["gpu"] == 1
-    for rule in ("knn", "linear", "report", "baseline"):
-        assert sr[rule]["gpu"] == 0, rule
-    assert set(prof["groups"]) == {"pretrain", "embed", "knn", "linear"}
+    assert all("gpu" not in res for res in prof["set-resources"].values())  # the rules ask for GPUs themselves
+    assert set(prof["groups"]) == {"pretrain", "evaluate"}
 
 
 def test_dry_run_requests_gpus_only_for_gpu_steps_and_takes_partition_from_env(tmp_path):
-    dry = dry_run(tmp_path, SLURM_PROFILE.parent, env={"SBATCH_PARTITION": "gpu-test", "SBATCH_ACCOUNT": "proj-test"})
+    """device auto on a cluster (its login node may have no GPU): the cells' pretraining
+    and evaluation ask for one GPU each, as a GRES string; nothing else asks for one."""
+    cfg = write_config(tmp_path / "config.yaml", results_dir=str(tmp_path / "results"), device="auto")
+    dry = dry_run(tmp_path, SLURM_PROFILE.parent, env={"SBATCH_PARTITION": "gpu-test", "SBATCH_ACCOUNT": "proj-test"},
+                  config=cfg)
     res = job_resources(dry)
-    want_gpu = {"pretrain": "1", "embed": "1", "knn": "0", "linear": "0", "report": "0", "baseline": "0",
-                "prepare_data": "0"}
-    for rule, gpu in want_gpu.items():
+    want_gres = {"pretrain": "gpu:1", "evaluate": "gpu:1", "report": None, "baseline": None, "prepare_data": None}
+    for rule, gres in want_gres.items():
         assert rule in res, f"no {rule} job in the dry run"
         for line in res[rule]:
-            assert res_value(line, "gpu") == gpu, f"{rule}: {line}"
+            assert res_value(line, "gres") == gres and res_value(line, "gpu") in (None, "0"), f"{rule}: {line}"
             assert res_value(line, "slurm_partition") == "gpu-test", line
             assert res_value(line, "slurm_account") == "proj-test", line
     # a time-limit retry asks for more time: runtime scales with the attempt
@@ -111,8 +111,30 @@ def test_grouping_submits_one_job_per_cell(tmp_path):
           f"{grouped['total']} with the profile's groups")
     other = grouped["single_jobs"]  # data preparation, baselines, report, ...: not grouped
     assert other >= 1 + n_base + 1
-    assert ungrouped == {"group_jobs": 0, "single_jobs": 4 * n_cells + other, "total": 4 * n_cells + other}
+    assert ungrouped == {"group_jobs": 0, "single_jobs": 2 * n_cells + other, "total": 2 * n_cells + other}
     assert grouped == {"group_jobs": n_cells, "single_jobs": other, "total": n_cells + other}
+
+
+def test_cells_per_gpu_groups_of_cells_share_one_gpu_and_devices_ask_for_tasks(tmp_path):
+    """cells_per_gpu 2 with --group-components cell=2: each SLURM job holds two cells and
+    asks for ONE GPU (a GRES string is not summed over the group's cells); a cell on 2
+    devices asks for 2 GPUs, 2 tasks (one per GPU) and runs through srun."""
+    cfg = write_config(tmp_path / "config.yaml", results_dir=str(tmp_path / "results"), device="auto",
+                       cells_per_gpu=2)
+    dry = dry_run(tmp_path / "k", SLURM_PROFILE.parent, config=cfg)
+    n_cells, _ = _smoke_shape(cfg)
+    out = run(snakemake_cmd(tmp_path / "k2", cfg, SLURM_PROFILE.parent, "-n", "--group-components", "cell=2"),
+              cwd=tmp_path, env=cluster.env_with_venv(), timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:]
+    groups = re.findall(r"Group job .*?\n(?:.*\n)*?.*?resources: ([^\n]*)", out.stdout)
+    assert cluster.count_submissions(out.stdout)["group_jobs"] == n_cells // 2
+    assert groups and all(res_value("resources: " + g, "gres") == "gpu:1" for g in groups), groups
+    two = write_config(tmp_path / "two.yaml", results_dir=str(tmp_path / "results2"), device="auto",
+                       train={"devices": 2})
+    res = job_resources(dry_run(tmp_path / "t", SLURM_PROFILE.parent, config=two))
+    for line in res["pretrain"]:
+        assert (res_value(line, "gres"), res_value(line, "tasks"), res_value(line, "mpi")) == ("gpu:2", "2", "srun")
+        assert res_value(line, "tasks_per_gpu") == "1", line
 
 
 # --------------------------------------------------------------------------- a real SLURM
@@ -143,7 +165,7 @@ def test_smoke_study_runs_as_slurm_jobs_and_builds_the_report(smoke_slurm, slurm
     # every job that is not a localrule went through sbatch: as many SLURM jobs as the dry run plans
     n_cells, n_base = _smoke_shape(r["config"])
     planned = cluster.count_submissions(r["output"])  # the jobs Snakemake scheduled, grouped
-    assert planned["group_jobs"] == n_cells
+    assert planned["group_jobs"] == n_cells // 2  # two cells per job (--group-components cell=2)
     assert len(r["jobids"]) == planned["total"], r["output"][-3000:]
     local_only = re.findall(r"^localrule (\w+):", r["output"], re.M)
     assert set(local_only) <= cluster.local_rules(), local_only
@@ -160,7 +182,7 @@ def test_smoke_study_runs_as_slurm_jobs_and_builds_the_report(smoke_slurm, slurm
         assert job["JobState"] == "COMPLETED", (jid, job.get("JobState"), kinds.get(jid))
         assert job["NodeList"] == "localhost" and job["Partition"] == "local"
         request = job.get("TresPerJob", "")  # what was asked for, e.g. gres:gpu:1
-        if kinds[jid].startswith("group_cell"):
+        if kinds[jid].startswith("group_cell"):  # two cells, cells_per_gpu 2: one GPU for both
             assert request == "gres:gpu:1", (jid, kinds[jid], request)
             asked_gpu.append(jid)
         else:
@@ -230,3 +252,39 @@ def test_preempted_slurm_job_resumes_on_retry(tmp_path, slurm):
     total = int(__import__("torch").load(target, weights_only=False)["steps"])
     assert sorted(steps) == sorted(set(steps)) == sorted(set(list(range(5, total + 1, 5)) + [total])), \
         "the loss history has gaps or duplicates after the preemption"
+
+
+@pytest.mark.slow
+def test_a_two_task_cell_runs_through_srun_with_gloo(tmp_path, slurm):
+    """train.devices 2 on the CPU: the cell's SLURM job asks for 2 tasks, its pretraining
+    runs as `srun --ntasks=2 smallbatch pretrain` (two processes, gloo, negatives gathered
+    over both), logs one MLflow run and equals the one-process run of the same cell."""
+    import torch
+
+    cell = "digits/dcl/bs32-t0.5-s0"
+    train = {"steps": 12, "width": 4, "proj_hidden": 16, "proj_dim": 8, "log_every": 4, "precision": "fp64"}
+    grid = {"losses": ["dcl"], "batch_sizes": [32], "temperatures": [0.5], "seeds": [0]}
+    results = tmp_path / "results"
+    cfg = write_config(tmp_path / "config.yaml", results_dir=str(results), study="slurm-ddp", device="cpu",
+                       grid=grid, train={**train, "devices": 2}, baselines=False, experiments={"mi": {"enabled": False}})
+    prof = cluster.slurm_test_profile(tmp_path / "profile", logdir=tmp_path / "slurm_logs")
+    env = cluster.env_with_venv({"SBATCH_PARTITION": "local"})
+    target = str(results / "runs" / cell / "checkpoint.pt")
+    res = run(snakemake_cmd(tmp_path, cfg, prof, target), cwd=tmp_path, env=env, timeout=900,
+              log=tmp_path / "snakemake.out")
+    assert res.returncode == 0, res.stdout[-4000:]
+    plog = (results / "logs" / "pretrain" / f"{cell}.log").read_text()
+    assert '"processes": 2' in plog, plog[-2000:]
+    from smallbatch import tracking
+
+    assert tracking.count_cell_runs(f"sqlite:///{results / 'mlflow.db'}", "slurm-ddp", cell) == 1
+    one = write_config(tmp_path / "one.yaml", results_dir=str(tmp_path / "one"), device="cpu", grid=grid,
+                       train={**train, "devices": 1}, baselines=False)
+    ref = run([str(cluster.BIN / "smallbatch"), "pretrain", "--config", str(one), "--cell-id", cell,
+               "--tracking-uri", "none", "--no-progress"], timeout=300)
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    a = torch.load(target, weights_only=False)["model"]
+    b = torch.load(tmp_path / "one" / "runs" / cell / "checkpoint.pt", weights_only=False)["model"]
+    for k in a:
+        if a[k].is_floating_point():
+            torch.testing.assert_close(a[k], b[k], rtol=1e-9, atol=1e-12)

@@ -120,7 +120,17 @@ def make_cell(
     return cell
 
 
+def _axis_overrides(axis: str, value: Any) -> dict:
+    """The train keys one axis value sets: the value itself, or a regime's bundle of keys
+    (its name kept as ``train.regime``)."""
+    if axis == "regime":
+        return {**{k: v for k, v in value.items() if k != "name"}, "regime": value["name"]}
+    return {axis: value}
+
+
 def _axis_suffix(axis: str, value: Any) -> str:
+    if axis == "regime":
+        return f"-{value['name']}"
     if axis == "ess_schedule":
         return "" if value is None else f"-ess{_fmt(float(value['start']))}to{_fmt(float(value['end']))}"
     return f"-{AXIS_ABBREV.get(axis, axis)}{_fmt(value)}"
@@ -143,7 +153,9 @@ def _section_grid(cfg: dict, section: str, sec: dict) -> Iterable[dict]:
                 tss = ov.get("temperatures", sec.get("temperatures", grid["temperatures"]))
                 sss = ov.get("seeds", sec.get("seeds", grid["seeds"]))
                 for combo in itertools.product(*(axes[a] for a in axis_names)):
-                    tov = {**train_over, **dict(zip(axis_names, combo))}
+                    tov = dict(train_over)
+                    for a, v in zip(axis_names, combo):
+                        tov.update(_axis_overrides(a, v))
                     suffix = "".join(_axis_suffix(a, v) for a, v in zip(axis_names, combo))
                     for bs, t, s in itertools.product(bss, tss, sss):
                         yield make_cell(
@@ -167,7 +179,7 @@ def _side_cells(name: str) -> Callable[[dict], Iterable[dict]]:
 
 
 # Side experiments register a function cfg -> iterable of cells here.
-SIDE_EXPERIMENTS = ("precision", "ksweep", "ess", "tsweep")
+SIDE_EXPERIMENTS = ("precision", "ksweep", "ess", "tsweep", "regime")
 SECTION_CELLS: dict[str, Callable[[dict], Iterable[dict]]] = {
     "grid": _grid_cells, **{name: _side_cells(name) for name in SIDE_EXPERIMENTS}
 }

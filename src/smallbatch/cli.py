@@ -284,7 +284,8 @@ def cmd_pretrain(args) -> int:
     out = args.out or Path(cfg["results_dir"]) / "runs" / cell["id"]
     res = run_pretrain(cell, out, tracking_uri=uri, experiment=exp, cache=args.data_cache,
                        restart=args.restart, progress=not args.no_progress, device=args.device)
-    print(json.dumps(res))
+    if res.pop("rank", 0) == 0:  # one summary per cell, however many processes trained it
+        print(json.dumps(res))
     return 0
 
 

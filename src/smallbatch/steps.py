@@ -112,7 +112,7 @@ def _pretrain_in(world, cell: dict, out_dir: Path, tracking_uri, experiment: str
             lock.__exit__(None, None, None)
     return {"cell_id": cell["id"], "status": res.status, "steps": res.steps, "epochs": res.epochs,
             "final_loss": res.final_loss, "wall_s": res.wall_s, "images_per_s": res.images_per_s,
-            "processes": world.size}
+            "processes": world.size, "rank": world.rank}
 
 
 def _log_fn(run, world, tracking_uri):

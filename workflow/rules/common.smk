@@ -53,20 +53,34 @@ FEATURES = f"{R}/runs/{{cell}}/features.npz"
 EVAL_FEATURES = [FEATURES] if KEEP_FEATURES else []
 
 
-def _gpu_study():
+def gpu_study():
     """Do the cells train on GPUs?  device cuda; or device auto where torch sees a GPU, or
     where jobs go to a cluster (a GPU cluster's login node often has none)."""
     if config["device"] != "auto":
         return config["device"] == "cuda"
     import torch
 
-    return torch.cuda.is_available() or workflow.non_local_exec or workflow.remote_exec
+    return torch.cuda.is_available() or _jobs_go_to_a_cluster()
 
 
-GPU = _gpu_study()
-CONDA_ENV = "../../envs/cuda.yaml" if GPU else "../../envs/cpu.yaml"
+def _jobs_go_to_a_cluster():
+    """True when the jobs are submitted to (or run inside) a cluster executor such as SLURM.
+    Snakemake only knows its executor once the workflow runs (this is asked from resource
+    functions, which run then), and a dry run swaps the executor for 'dryrun' — whose
+    use_threads setting still carries the intended executor's 'not local'
+    (snakemake.api.execute_workflow)."""
+    if workflow.remote_exec or workflow.non_local_exec:
+        return True
+    return bool(workflow.dryrun and getattr(workflow.execution_settings, "use_threads", False))
+
+
+def conda_env(wildcards):
+    return "../../envs/cuda.yaml" if gpu_study() else "../../envs/cpu.yaml"
+
+
 CELLS_PER_GPU = int(config["cells_per_gpu"])
-if GPU and workflow.local_exec and not workflow.remote_exec and "gpu_permille" not in workflow.global_resources:
+if config["device"] != "cpu" and workflow.local_exec and not workflow.remote_exec \
+        and "gpu_permille" not in workflow.global_resources:
     # Local GPU runs: each GPU is 1000 permille; a one-device cell takes 1000/cells_per_gpu,
     # a cell on N devices N*1000, so Snakemake runs cells_per_gpu cells per GPU at once
     # (`--resources gpu_permille=...` overrides the node's count).
@@ -102,16 +116,22 @@ def devices(wildcards):
     return int(cell_of(wildcards)["train"]["devices"])
 
 
-def gpu_permille(wildcards):
+def gpu_permille(wildcards, n=None):
     """A cell's share of the node's GPUs in permille (local runs; see above)."""
-    n = devices(wildcards)
-    return 1000 * n if n > 1 else 1000 // CELLS_PER_GPU if GPU else None
+    if not gpu_study():
+        return None
+    n = n or devices(wildcards)
+    return 1000 * n if n > 1 else 1000 // CELLS_PER_GPU
 
 
 def gres(wildcards, n=None):
     """SLURM's GPU request of a cell's job as a GRES string: strings are not summed over the
     cells of a group job, so a group of cells_per_gpu cells shares one GPU."""
-    return f"gpu:{n or devices(wildcards)}" if GPU else None
+    return f"gpu:{n or devices(wildcards)}" if gpu_study() else None
+
+
+def tasks_per_gpu(wildcards):
+    return 1 if gpu_study() and devices(wildcards) > 1 else None
 
 
 def data_cache(wildcards):

@@ -21,12 +21,12 @@ rule evaluate:
         f"{R}/logs/evaluate/{{cell}}.log",
     threads: THREADS
     resources:
-        gpu_permille=lambda w: 1000 // CELLS_PER_GPU if GPU else None,
-        gres=lambda w: gres(w, 1),
+        gpu_permille=lambda w: gpu_permille(w, 1),
+        gres=gres,  # as the cell's pretraining (a group job's GRES must agree); it uses one
         mem_mb=4000,
         runtime=30,
     conda:
-        CONDA_ENV
+        conda_env
     shell:
         "smallbatch evaluate --cell-json {params.cell:q} --checkpoint {input.ckpt} --data-cache {input.data} "
         "--out-dir {params.out} {params.features} --tracking-uri '{params.uri}' --experiment '{params.exp}' "
@@ -50,7 +50,7 @@ rule baseline:
         mem_mb=4000,
         runtime=30,
     conda:
-        CONDA_ENV
+        conda_env
     shell:
         "smallbatch baseline --cell-json {params.cell:q} --data-cache {input.data} --out {output} "
         "--tracking-uri '{params.uri}' --experiment '{params.exp}' --threads {threads} > {log} 2>&1"

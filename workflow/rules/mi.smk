@@ -3,7 +3,7 @@
 # K negatives per anchor).  CPU only, a few minutes; one MLflow run (kind 'mi')
 # per row of the grid.  Switch it on with `experiments: {mi: {enabled: true}}`;
 # every other key of the section is optional (defaults: smallbatch.mi.DEFAULT_SECTION).
-# Needs R, TRACKING_URI, EXPERIMENT, CONDA_ENV from common.smk.
+# Needs R, TRACKING_URI, EXPERIMENT, conda_env from common.smk.
 
 MI_SECTION = dict((config.get("experiments") or {}).get("mi") or {})
 MI_ENABLED = bool(MI_SECTION.get("enabled", False))
@@ -30,7 +30,7 @@ rule mi_bench:
         mem_mb=2000,
         runtime=60,
     conda:
-        CONDA_ENV
+        conda_env
     shell:
         "smallbatch mi --section-json {params.section:q} --out {output} "
         "--tracking-uri '{params.uri}' --experiment '{params.exp}' > {log} 2>&1"

@@ -16,7 +16,7 @@ rule init_store:
     log:
         f"{R}/logs/init_store.log",
     conda:
-        CONDA_ENV
+        conda_env
     shell:
         "smallbatch init-store --tracking-uri '{params.uri}' --experiment '{params.exp}' --touch {output} > {log} 2>&1"
 
@@ -39,7 +39,7 @@ rule prepare_data:
         mem_mb=4000,
         runtime=30,
     conda:
-        CONDA_ENV
+        conda_env
     shell:
         "smallbatch prepare-data --dataset {wildcards.dataset} --data-root '{params.root}' {params.download} "
         "{params.size} {params.train} {params.test} --out {output} > {log} 2>&1"
@@ -65,13 +65,15 @@ rule pretrain:
     resources:
         gpu_permille=gpu_permille,
         gres=gres,
-        tasks=devices,
-        tasks_per_gpu=lambda w: 1 if GPU and devices(w) > 1 else None,
+        # several processes: SLURM tasks of `threads` CPUs each (one per GPU), launched by srun
+        tasks=lambda w: devices(w) if devices(w) > 1 else None,
+        cpus_per_task=lambda w: THREADS if devices(w) > 1 else None,
+        tasks_per_gpu=tasks_per_gpu,
         mpi=lambda w: "srun" if devices(w) > 1 else None,
         mem_mb=4000,
         runtime=120,
     conda:
-        CONDA_ENV
+        conda_env
     shell:
         "{params.smallbatch} pretrain --cell-json {params.cell:q} --data-cache {input.data} --out {params.out} "
         "--tracking-uri '{params.uri}' --experiment '{params.exp}' --threads {THREADS} > {log} 2>&1"

@@ -18,6 +18,6 @@ rule report:
         mem_mb=4000,
         runtime=30,
     conda:
-        CONDA_ENV
+        conda_env
     shell:
         "smallbatch report --tracking-uri '{params.uri}' --experiment '{params.exp}' --out {params.out} > {log} 2>&1"
