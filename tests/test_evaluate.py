@@ -294,7 +294,7 @@ def test_linear_probe_separable() -> None:
     xtr, ytr = _blobs(0)
     xte, yte = _blobs(0, n_per=20)
     xte = xte + np.random.default_rng(5).normal(size=xte.shape).astype(np.float32) * 0.1
-    for opt, kw in [("lbfgs", {}), ("adam", dict(batch_size=32, epochs=50, lr=1e-2))]:
+    for opt, kw in [("lbfgs-precond", {}), ("lbfgs", {}), ("adam", dict(batch_size=32, epochs=50, lr=1e-2))]:
         res = linear_eval(xtr, ytr, xte, yte, optimizer=opt, **kw)
         assert res["train_top1"] == 1.0 and res["top1"] >= 0.99 and res["top5"] == 1.0
 
@@ -302,7 +302,7 @@ def test_linear_probe_separable() -> None:
 def test_linear_probe_deterministic() -> None:
     xtr, ytr = _blobs(0)
     xte, yte = _blobs(1, n_per=20)
-    for kw in [dict(), dict(optimizer="adam", batch_size=16, epochs=5)]:
+    for kw in [dict(), dict(optimizer="lbfgs"), dict(optimizer="adam", batch_size=16, epochs=5)]:
         a = linear_eval(xtr, ytr, xte, yte, seed=3, **kw)
         b = linear_eval(xtr, ytr, xte, yte, seed=3, **kw)
         assert a == b
@@ -328,6 +328,77 @@ def test_linear_probe_digits_raw_pixels() -> None:
     assert res["top5"] >= res["top1"]
 
 
+def _ill_conditioned(n_train: int = 400, n_test: int = 200, d: int = 24, c: int = 5):
+    """Overlapping classes seen through a mixing map with singular values 1..1e-3:
+    standardising rescales each dimension but keeps the correlations, so the probe's
+    objective is badly conditioned, like on the default study's features."""
+    rng = np.random.default_rng(0)
+    centers = rng.normal(size=(c, d))
+    mix = rng.normal(size=(d, d)) @ np.diag(np.logspace(0, -3, d))
+    y = rng.integers(0, c, n_train + n_test)
+    x = ((centers[y] + rng.normal(size=(len(y), d))) @ mix.T).astype(np.float32)
+    return x[:n_train], y[:n_train], x[n_train:], y[n_train:]
+
+
+def _probe_minimum(xtr, ytr, xte, c: int, weight_decay: float):
+    """The probe's objective minimised in float64 by scipy's L-BFGS-B to a tight tolerance,
+    on linear_eval's standardisation: (minimum, test predictions)."""
+    from scipy.optimize import minimize
+
+    from smallbatch.evaluate import _standardise
+
+    xs, xt = (a.double().numpy() for a in _standardise(xtr, xte, torch.device("cpu")))
+    onehot = np.eye(c)[ytr]
+
+    def fun(theta):
+        w, b = theta[: c * xs.shape[1]].reshape(c, -1), theta[c * xs.shape[1] :]
+        z = xs @ w.T + b
+        z = z - z.max(1, keepdims=True)
+        p = np.exp(z) / np.exp(z).sum(1, keepdims=True)
+        loss = -np.log(p[np.arange(len(ytr)), ytr]).mean() + 0.5 * weight_decay * (w * w).sum()
+        g = (p - onehot) / len(ytr)
+        return loss, np.concatenate([(g.T @ xs + weight_decay * w).ravel(), g.sum(0)])
+
+    res = minimize(fun, np.zeros(c * (xs.shape[1] + 1)), jac=True, method="L-BFGS-B",
+                   options=dict(maxiter=20_000, maxfun=40_000, gtol=1e-12, ftol=1e-15))
+    w, b = res.x[: c * xs.shape[1]].reshape(c, -1), res.x[c * xs.shape[1] :]
+    return res.fun, (xt @ w.T + b).argmax(1)
+
+
+def test_precond_lbfgs_reaches_the_minimum() -> None:
+    xtr, ytr, xte, yte = _ill_conditioned()
+    minimum, pred = _probe_minimum(xtr, ytr, xte, 5, 1e-3)
+    res = linear_eval(xtr, ytr, xte, yte, epochs=500, tol=0.0, weight_decay=1e-3)
+    assert res["train_loss"] == pytest.approx(minimum, rel=1e-5)
+    assert res["top1"] == pytest.approx(np.mean(pred == yte))
+    # the default stopping rule (tol) ends well before the cap, at the same test accuracy
+    stopped = linear_eval(xtr, ytr, xte, yte, epochs=500, weight_decay=1e-3)
+    assert stopped["iterations"] < 500
+    assert stopped["train_loss"] == pytest.approx(minimum, rel=1e-4) and stopped["top1"] == res["top1"]
+
+
+def test_linear_probe_iterations() -> None:
+    xtr, ytr, _, _ = _ill_conditioned()
+    plain = linear_eval(xtr, ytr, xtr, ytr, epochs=7, optimizer="lbfgs")
+    assert plain["iterations"] == 7  # the first solver: exactly `epochs` iterations
+    capped = linear_eval(xtr, ytr, xtr, ytr, epochs=25, tol=0.0)
+    assert capped["iterations"] == 25  # the cap, in blocks of 10 and a last one of 5
+    tight = linear_eval(xtr, ytr, xtr, ytr, epochs=500)
+    loose = linear_eval(xtr, ytr, xtr, ytr, epochs=500, tol=0.05)
+    assert loose["iterations"] < tight["iterations"] < 500
+    assert loose["train_loss"] > tight["train_loss"]
+
+
+def test_preconditioning_is_what_converges_fast() -> None:
+    """Why 'lbfgs-precond' is the default: on a badly conditioned probe, 20 iterations of
+    it get 50x closer to the minimum than 20 of plain L-BFGS (measured: 2.7e-4 vs 1.7e-2)."""
+    xtr, ytr, xte, _ = _ill_conditioned()
+    minimum, _ = _probe_minimum(xtr, ytr, xte, 5, 1e-3)
+    gap = {opt: linear_eval(xtr, ytr, xtr, ytr, epochs=20, tol=0.0, optimizer=opt)["train_loss"] - minimum
+           for opt in ("lbfgs", "lbfgs-precond")}
+    assert 0 < 10 * gap["lbfgs-precond"] < gap["lbfgs"]
+
+
 @pytest.mark.parametrize(
     "kwargs,arg",
     [
@@ -337,6 +408,8 @@ def test_linear_probe_digits_raw_pixels() -> None:
         (dict(batch_size=32), "batch_size"),  # L-BFGS is full-batch
         (dict(optimizer="adam", batch_size=0), "batch_size"),
         (dict(optimizer="sgd"), "optimizer"),
+        (dict(tol=-1e-3), "tol"),
+        (dict(optimizer="lbfgs-precond", batch_size=8), "batch_size"),
     ],
 )
 def test_linear_probe_bad_arguments(kwargs: dict, arg: str) -> None:
