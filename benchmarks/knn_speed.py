@@ -51,6 +51,45 @@ def sklearn_knn_eval(tr, ytr, te, yte, ks, t, num_classes, nbrs_cache=None):
     return out, (dist, idx)
 
 
+def _time_sides(args, tr, ytr, te, yte, ks, k_search, dev, sync):
+    """Every side's search and full evaluation, interleaved --repeat times: (times, last results)."""
+    from sklearn.neighbors import NearestNeighbors
+    from threadpoolctl import threadpool_limits
+
+    from smallbatch.evaluate import _faiss_search, _l2_normalize, _torch_search, knn_eval
+
+    times: dict[str, list[float]] = {k: [] for k in ("faiss_search", "torch_search", "sk_search",
+                                                     "faiss_full", "torch_full", "sk_full")}
+    with threadpool_limits(limits=args.threads):
+        for _ in range(args.repeat):  # interleaved, so load from other processes hits every side
+            t0 = time.perf_counter()
+            sims_f, idx_f = _faiss_search(_l2_normalize(tr), _l2_normalize(te), k_search, False, 4096)
+            times["faiss_search"].append(time.perf_counter() - t0)
+
+            t0 = time.perf_counter()
+            sims_t, idx_t = _torch_search(_l2_normalize(tr), _l2_normalize(te), k_search, dev, 4096)
+            sync()
+            times["torch_search"].append(time.perf_counter() - t0)
+
+            t0 = time.perf_counter()
+            nn = NearestNeighbors(n_neighbors=k_search, metric="cosine", algorithm="brute").fit(tr)
+            _, idx_s = nn.kneighbors(te)
+            times["sk_search"].append(time.perf_counter() - t0)
+
+            t0 = time.perf_counter()
+            res_f = knn_eval(tr, ytr, te, yte, ks=ks, t=0.1, backend="faiss-cpu")
+            times["faiss_full"].append(time.perf_counter() - t0)
+
+            t0 = time.perf_counter()
+            res_t = knn_eval(tr, ytr, te, yte, ks=ks, t=0.1, backend="torch", device=dev)
+            times["torch_full"].append(time.perf_counter() - t0)
+
+            t0 = time.perf_counter()
+            res_s, _ = sklearn_knn_eval(tr, ytr, te, yte, ks, 0.1, args.classes)
+            times["sk_full"].append(time.perf_counter() - t0)
+    return times, ((sims_f, idx_f), (sims_t, idx_t), idx_s, res_f, res_t, res_s)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n-train", type=int, default=50_000)
@@ -67,9 +106,8 @@ def main() -> None:
 
     import faiss
     import torch
-    from threadpoolctl import threadpool_limits
 
-    from smallbatch.evaluate import _faiss_search, _l2_normalize, _resolve_knn_backend, _torch_search, knn_eval
+    from smallbatch.evaluate import _resolve_knn_backend
 
     torch.set_num_threads(args.threads)
     faiss.omp_set_num_threads(args.threads)
@@ -87,41 +125,12 @@ def main() -> None:
         f"kNN speed: {args.n_train} train x {args.n_test} test x {args.dim} dims, k={ks}, "
         f"{args.threads} thread(s), best of {args.repeat}, faiss {faiss.__version__}, GPUs seen by faiss: {faiss.get_num_gpus()}"
     )
-    from sklearn.neighbors import NearestNeighbors
-
     k_search = min(args.k, args.n_train)
     _, dev = _resolve_knn_backend("torch", args.device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     print(f"torch backend on {dev}")
-    times: dict[str, list[float]] = {k: [] for k in ("faiss_search", "torch_search", "sk_search",
-                                                     "faiss_full", "torch_full", "sk_full")}
-    with threadpool_limits(limits=args.threads):
-        for _ in range(args.repeat):  # interleaved, so load from other processes hits every side
-            t0 = time.perf_counter()
-            sims_f, idx_f = _faiss_search(_l2_normalize(tr), _l2_normalize(te), k_search, False, 4096)
-            times["faiss_search"].append(time.perf_counter() - t0)
-
-            t0 = time.perf_counter()
-            sims_t, idx_t = _torch_search(_l2_normalize(tr), _l2_normalize(te), k_search, dev, 4096)
-            sync()
-            times["torch_search"].append(time.perf_counter() - t0)
-
-            t0 = time.perf_counter()
-            nn = NearestNeighbors(n_neighbors=k_search, metric="cosine", algorithm="brute").fit(tr)
-            dist_s, idx_s = nn.kneighbors(te)
-            times["sk_search"].append(time.perf_counter() - t0)
-
-            t0 = time.perf_counter()
-            res_f = knn_eval(tr, ytr, te, yte, ks=ks, t=0.1, backend="faiss-cpu")
-            times["faiss_full"].append(time.perf_counter() - t0)
-
-            t0 = time.perf_counter()
-            res_t = knn_eval(tr, ytr, te, yte, ks=ks, t=0.1, backend="torch", device=dev)
-            times["torch_full"].append(time.perf_counter() - t0)
-
-            t0 = time.perf_counter()
-            res_s, _ = sklearn_knn_eval(tr, ytr, te, yte, ks, 0.1, args.classes)
-            times["sk_full"].append(time.perf_counter() - t0)
+    times, out = _time_sides(args, tr, ytr, te, yte, ks, k_search, dev, sync)
+    (sims_f, idx_f), (sims_t, idx_t), idx_s, res_f, res_t, res_s = out
     best = {k: min(v) for k, v in times.items()}
     idx_f, idx_t = idx_f.numpy(), idx_t.cpu().numpy()
     overlap = np.mean([len(np.intersect1d(a, b, assume_unique=True)) / len(a) for a, b in zip(idx_f, idx_s)])
