@@ -1,24 +1,35 @@
 # The two commands of the README:
 #   make study   creates .venv, installs, runs the default study, prints where the report is
 #   make test    creates .venv, installs, runs the tests
+# On a GPU machine: make install GPU=1 (faiss with GPU indexes; see pyproject.toml's [gpu]).
 VENV     ?= .venv
 PYTHON   ?= python3
 CORES    ?= 2
 CONFIG   ?= config.yaml
 TORCH    ?= torch==2.14.1 torchvision==0.29.1
+# GPU=1: faiss with GPU indexes (pyproject.toml's [gpu] extra) instead of faiss-cpu ([cpu]).
+# Both wheels install the module `faiss`, so a venv holds exactly one of them; once installed
+# with GPU=1 the venv stays GPU until `make install GPU=0`.
+GPU      ?= $(if $(wildcard $(VENV)/.installed-gpu),1,0)
+FAISS    := $(if $(filter 1,$(GPU)),gpu,cpu)
 SNAKE_ARGS ?=
 BIN      := $(abspath $(VENV))/bin
 export PATH := $(BIN):$(PATH)
 
 .PHONY: install study smoke test report data clean-results
 
-install: $(VENV)/.installed
+install: $(VENV)/.installed-$(FAISS)
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed-$(FAISS): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(TORCH)
-	$(BIN)/python -m pip install -q -e '.[test,slurm]'
+	@# another faiss wheel (even one installed over this one) shares files with faiss-$(FAISS): remove every faiss wheel first
+	others=$$($(BIN)/python -m pip list --format=freeze 2>/dev/null | sed -n 's/^\(faiss[-_a-z0-9]*\)==.*/\1/ip' \
+		| tr 'A-Z_' 'a-z-' | grep -vx 'faiss-$(FAISS)'); \
+	if [ -n "$$others" ]; then $(BIN)/python -m pip uninstall -q -y faiss-cpu faiss-gpu $$others; fi
+	$(BIN)/python -m pip install -q -e '.[test,slurm,$(FAISS)]'
+	rm -f $(VENV)/.installed $(VENV)/.installed-cpu $(VENV)/.installed-gpu
 	touch $@
 
 # Fashion-MNIST from Debian's package when we can install it (root + apt);

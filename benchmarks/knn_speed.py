@@ -1,19 +1,21 @@
-"""kNN evaluation speed: faiss (smallbatch.evaluate) vs scikit-learn brute force, one run.
+"""kNN evaluation speed: faiss and torch (smallbatch.evaluate) vs scikit-learn brute force, one run.
 
-Both sides find the k=200 nearest train features (cosine) of every test feature, on the
+All sides find the k=200 nearest train features (cosine) of every test feature, on the
 same random features and the same number of threads; the scikit-learn side uses
-``NearestNeighbors(metric='cosine', algorithm='brute')``. We time
+``NearestNeighbors(metric='cosine', algorithm='brute')``, the torch side
+``backend='torch'`` on ``--device`` (default: CUDA when torch sees it, else the CPU). We time
 
-* search: the neighbour search alone (faiss ``IndexFlatIP`` on L2-normalised features vs
-  ``NearestNeighbors.kneighbors``), and
-* full:   the whole weighted-kNN evaluation at k=20 and 200 (``knn_eval`` vs the
-  scikit-learn search + the same InstDisc vote in numpy),
+* search: the neighbour search alone (faiss ``IndexFlatIP`` on L2-normalised features,
+  the torch chunked matmul + top-k, ``NearestNeighbors.kneighbors``), and
+* full:   the whole weighted-kNN evaluation at k=20 and 200 (``knn_eval`` with each
+  backend vs the scikit-learn search + the same InstDisc vote in numpy),
 
-and print them side by side with the ratio (best of ``--repeat`` interleaved runs), plus
-how often the two searches agree and both sides' accuracies.
+and print them side by side with the ratio to faiss (best of ``--repeat`` interleaved
+runs), plus how often the searches agree and every side's accuracies.
 
     python benchmarks/knn_speed.py                       # 50k train x 10k test x 512 dims
     python benchmarks/knn_speed.py --n-train 5000 --n-test 1000 --dim 128 --threads 2
+    python benchmarks/knn_speed.py --n-train 10000 --n-test 2000 --dim 2048   # the default study's size
 """
 
 from __future__ import annotations
@@ -49,6 +51,45 @@ def sklearn_knn_eval(tr, ytr, te, yte, ks, t, num_classes, nbrs_cache=None):
     return out, (dist, idx)
 
 
+def _time_sides(args, tr, ytr, te, yte, ks, k_search, dev, sync):
+    """Every side's search and full evaluation, interleaved --repeat times: (times, last results)."""
+    from sklearn.neighbors import NearestNeighbors
+    from threadpoolctl import threadpool_limits
+
+    from smallbatch.evaluate import _faiss_search, _l2_normalize, _torch_search, knn_eval
+
+    times: dict[str, list[float]] = {k: [] for k in ("faiss_search", "torch_search", "sk_search",
+                                                     "faiss_full", "torch_full", "sk_full")}
+    with threadpool_limits(limits=args.threads):
+        for _ in range(args.repeat):  # interleaved, so load from other processes hits every side
+            t0 = time.perf_counter()
+            sims_f, idx_f = _faiss_search(_l2_normalize(tr), _l2_normalize(te), k_search, False, 4096)
+            times["faiss_search"].append(time.perf_counter() - t0)
+
+            t0 = time.perf_counter()
+            sims_t, idx_t = _torch_search(_l2_normalize(tr), _l2_normalize(te), k_search, dev, 4096)
+            sync()
+            times["torch_search"].append(time.perf_counter() - t0)
+
+            t0 = time.perf_counter()
+            nn = NearestNeighbors(n_neighbors=k_search, metric="cosine", algorithm="brute").fit(tr)
+            _, idx_s = nn.kneighbors(te)
+            times["sk_search"].append(time.perf_counter() - t0)
+
+            t0 = time.perf_counter()
+            res_f = knn_eval(tr, ytr, te, yte, ks=ks, t=0.1, backend="faiss-cpu")
+            times["faiss_full"].append(time.perf_counter() - t0)
+
+            t0 = time.perf_counter()
+            res_t = knn_eval(tr, ytr, te, yte, ks=ks, t=0.1, backend="torch", device=dev)
+            times["torch_full"].append(time.perf_counter() - t0)
+
+            t0 = time.perf_counter()
+            res_s, _ = sklearn_knn_eval(tr, ytr, te, yte, ks, 0.1, args.classes)
+            times["sk_full"].append(time.perf_counter() - t0)
+    return times, ((sims_f, idx_f), (sims_t, idx_t), idx_s, res_f, res_t, res_s)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n-train", type=int, default=50_000)
@@ -60,13 +101,13 @@ def main() -> None:
     ap.add_argument("--noise", type=float, default=6.0, help="noise std around unit-variance class centres")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeat", type=int, default=1, help="repeat each timing, report the minimum")
+    ap.add_argument("--device", default=None, help="the torch backend's device (default: cuda if available, else cpu)")
     args = ap.parse_args()
 
     import faiss
     import torch
-    from threadpoolctl import threadpool_limits
 
-    from smallbatch.evaluate import _faiss_search, _l2_normalize, knn_eval
+    from smallbatch.evaluate import _resolve_knn_backend
 
     torch.set_num_threads(args.threads)
     faiss.omp_set_num_threads(args.threads)
@@ -84,39 +125,26 @@ def main() -> None:
         f"kNN speed: {args.n_train} train x {args.n_test} test x {args.dim} dims, k={ks}, "
         f"{args.threads} thread(s), best of {args.repeat}, faiss {faiss.__version__}, GPUs seen by faiss: {faiss.get_num_gpus()}"
     )
-    from sklearn.neighbors import NearestNeighbors
-
     k_search = min(args.k, args.n_train)
-    times: dict[str, list[float]] = {"faiss_search": [], "sk_search": [], "faiss_full": [], "sk_full": []}
-    with threadpool_limits(limits=args.threads):
-        for _ in range(args.repeat):  # interleaved, so load from other processes hits both sides
-            t0 = time.perf_counter()
-            sims_f, idx_f = _faiss_search(_l2_normalize(tr), _l2_normalize(te), k_search, False, 4096)
-            times["faiss_search"].append(time.perf_counter() - t0)
-
-            t0 = time.perf_counter()
-            nn = NearestNeighbors(n_neighbors=k_search, metric="cosine", algorithm="brute").fit(tr)
-            dist_s, idx_s = nn.kneighbors(te)
-            times["sk_search"].append(time.perf_counter() - t0)
-
-            t0 = time.perf_counter()
-            res_f = knn_eval(tr, ytr, te, yte, ks=ks, t=0.1, use_gpu=False)
-            times["faiss_full"].append(time.perf_counter() - t0)
-
-            t0 = time.perf_counter()
-            res_s, _ = sklearn_knn_eval(tr, ytr, te, yte, ks, 0.1, args.classes)
-            times["sk_full"].append(time.perf_counter() - t0)
-    t_faiss_search, t_sk_search, t_faiss_full, t_sk_full = (min(times[k]) for k in times)
-
+    _, dev = _resolve_knn_backend("torch", args.device)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    print(f"torch backend on {dev}")
+    times, out = _time_sides(args, tr, ytr, te, yte, ks, k_search, dev, sync)
+    (sims_f, idx_f), (sims_t, idx_t), idx_s, res_f, res_t, res_s = out
+    best = {k: min(v) for k, v in times.items()}
+    idx_f, idx_t = idx_f.numpy(), idx_t.cpu().numpy()
     overlap = np.mean([len(np.intersect1d(a, b, assume_unique=True)) / len(a) for a, b in zip(idx_f, idx_s)])
-    print(f"{'':28s}{'faiss':>10s}{'sklearn':>10s}{'sklearn/faiss':>15s}")
-    print(f"{'search k=' + str(args.k) + ' (s)':28s}{t_faiss_search:10.2f}{t_sk_search:10.2f}{t_sk_search / t_faiss_search:15.2f}")
-    print(f"{'full kNN eval k=20,' + str(args.k) + ' (s)':28s}{t_faiss_full:10.2f}{t_sk_full:10.2f}{t_sk_full / t_faiss_full:15.2f}")
-    print(f"neighbour-set overlap faiss vs sklearn: {overlap:.4f}")
+    print(f"{'':28s}{'faiss':>10s}{'torch':>10s}{'sklearn':>10s}{'torch/faiss':>13s}{'sklearn/faiss':>15s}")
+    for what, label in (("search", f"search k={args.k} (s)"), ("full", f"full kNN eval k=20,{args.k} (s)")):
+        f, t_, sk = best[f"faiss_{what}"], best[f"torch_{what}"], best[f"sk_{what}"]
+        print(f"{label:28s}{f:10.2f}{t_:10.2f}{sk:10.2f}{t_ / f:13.2f}{sk / f:15.2f}")
+    print(f"neighbour-set overlap faiss vs sklearn: {overlap:.4f}; "
+          f"torch indices equal to faiss's: {np.mean(idx_t == idx_f):.4f} of entries, "
+          f"max |sim difference| {np.abs(sims_t.cpu().numpy() - sims_f.numpy()).max():.1e}")
     for k in ks:
         print(
-            f"k={k}: top1 faiss {res_f[f'top1_k{k}']:.4f} sklearn {res_s[f'top1_k{k}']:.4f}; "
-            f"top5 faiss {res_f[f'top5_k{k}']:.4f} sklearn {res_s[f'top5_k{k}']:.4f}"
+            f"k={k}: top1 faiss {res_f[f'top1_k{k}']:.4f} torch {res_t[f'top1_k{k}']:.4f} sklearn {res_s[f'top1_k{k}']:.4f}; "
+            f"top5 faiss {res_f[f'top5_k{k}']:.4f} torch {res_t[f'top5_k{k}']:.4f} sklearn {res_s[f'top5_k{k}']:.4f}"
         )
 
 

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from smallbatch.evaluate import (
     embed,
     knn_eval,
     knn_predict,
+    knn_search,
     linear_eval,
     load_features,
     raw_pixel_features,
@@ -59,8 +61,8 @@ def knn_case():
 def test_knn_matches_reference(knn_case, t: float) -> None:
     tr, ytr, te, yte, c = knn_case
     ks = (1, 5, 20, 200)
-    ranks = knn_predict(tr, ytr, te, ks=ks, t=t, num_classes=c, use_gpu=False, batch_size=16)
-    res = knn_eval(tr, ytr, te, yte, ks=ks, t=t, use_gpu=False, batch_size=16)
+    ranks = knn_predict(tr, ytr, te, ks=ks, t=t, num_classes=c, backend="faiss-cpu", batch_size=16)
+    res = knn_eval(tr, ytr, te, yte, ks=ks, t=t, backend="faiss-cpu", batch_size=16)
     for k in ks:
         ref = reference_knn_ranking(tr, ytr, te, k, t, c)
         np.testing.assert_array_equal(ranks[k], ref)
@@ -75,9 +77,9 @@ def test_knn_matches_reference(knn_case, t: float) -> None:
 
 def test_knn_small_temperature_does_not_overflow(knn_case) -> None:
     tr, ytr, te, yte, c = knn_case
-    ranks = knn_predict(tr, ytr, te, ks=(20,), t=0.001, use_gpu=False)
+    ranks = knn_predict(tr, ytr, te, ks=(20,), t=0.001, backend="faiss-cpu")
     # exp(1/0.001) overflows float64; the vote must still follow the nearest neighbour
-    top1 = knn_predict(tr, ytr, te, ks=(1,), use_gpu=False)[1][:, 0]
+    top1 = knn_predict(tr, ytr, te, ks=(1,), backend="faiss-cpu")[1][:, 0]
     np.testing.assert_array_equal(ranks[20][:, 0], top1)
 
 
@@ -87,18 +89,18 @@ def test_knn_vote_ties_go_to_lower_class() -> None:
     train_y = np.array([3, 1, 0])
     test = np.array([[1, 1, 0], [1, 1, -0.1]], np.float32)
     test_y = np.array([3, 1])
-    ranks = knn_predict(train, train_y, test, ks=(2,), num_classes=4, use_gpu=False)[2]
+    ranks = knn_predict(train, train_y, test, ks=(2,), num_classes=4, backend="faiss-cpu")[2]
     np.testing.assert_array_equal(ranks[:, :2], [[1, 3], [1, 3]])
     # classes with no votes rank after, in index order
     np.testing.assert_array_equal(ranks[:, 2:], [[0, 2], [0, 2]])
-    res = knn_eval(train, train_y, test, test_y, ks=(2,), use_gpu=False)
+    res = knn_eval(train, train_y, test, test_y, ks=(2,), backend="faiss-cpu")
     assert res["top1"] == 0.5 and res["top5"] == 1.0
 
 
 def test_knn_clamps_k_to_train_size(knn_case) -> None:
     tr, ytr, te, yte, c = knn_case
     tr, ytr = tr[:12], ytr[:12]
-    res = knn_eval(tr, ytr, te, yte, ks=(5, 50), num_classes=c, use_gpu=False)
+    res = knn_eval(tr, ytr, te, yte, ks=(5, 50), num_classes=c, backend="faiss-cpu")
     assert res["k_effective_k50"] == 12 and res["k_effective_k5"] == 5
     ref = reference_knn_ranking(tr, ytr, te, 12, 0.1, c)
     assert res["top1_k50"] == pytest.approx(np.mean(ref[:, 0] == yte))
@@ -111,7 +113,7 @@ def test_knn_separated_clusters_perfect() -> None:
     ytr, yte = np.repeat(np.arange(10), 30), np.repeat(np.arange(10), 5)
     tr = centers[ytr] + rng.normal(size=(300, 32))
     te = centers[yte] + rng.normal(size=(50, 32))
-    res = knn_eval(torch.from_numpy(tr), torch.from_numpy(ytr), te, yte, use_gpu="auto")
+    res = knn_eval(torch.from_numpy(tr), torch.from_numpy(ytr), te, yte, backend="auto")
     assert res["top1"] == 1.0 and res["top1_k20"] == 1.0
 
 
@@ -122,7 +124,7 @@ def test_knn_separated_clusters_perfect() -> None:
         (dict(ks=()), "ks"),
         (dict(t=0.0), "t "),
         (dict(t=-0.1), "t "),
-        (dict(use_gpu="yes"), "use_gpu"),
+        (dict(backend="yes"), "backend"),
         (dict(num_classes=3), "num_classes"),
         (dict(batch_size=0), "batch_size"),
     ],
@@ -145,14 +147,137 @@ def test_knn_bad_shapes(knn_case) -> None:
         knn_eval(tr[0], ytr, te, yte)
 
 
-def test_knn_use_gpu_true_without_gpu(knn_case) -> None:
+def test_knn_faiss_gpu_without_gpu(knn_case) -> None:
     import faiss
 
     if faiss.get_num_gpus() > 0:
         pytest.skip("faiss sees a GPU here")
     tr, ytr, te, yte, _ = knn_case
-    with pytest.raises(ValueError, match="use_gpu=True"):
-        knn_eval(tr, ytr, te, yte, use_gpu=True)
+    with pytest.raises(ValueError, match="backend='faiss-gpu' but faiss sees no GPU"):
+        knn_eval(tr, ytr, te, yte, backend="faiss-gpu")
+
+
+# ----------------------------------------------------------------------------- kNN: torch path
+
+
+def _four_squares(m: int) -> tuple[int, int, int, int]:
+    """Integers a >= b >= c >= d >= 0 with a^2 + b^2 + c^2 + d^2 = m (Lagrange), by search."""
+    for a in range(math.isqrt(m), -1, -1):
+        for b in range(min(a, math.isqrt(m - a * a)), -1, -1):
+            r = m - a * a - b * b
+            for c in range(min(b, math.isqrt(r)), -1, -1):
+                d = math.isqrt(r - c * c)
+                if d * d == r - c * c and d <= c:
+                    return a, b, c, d
+    raise AssertionError(m)  # unreachable: every m >= 0 is a sum of four squares
+
+
+def exact_unit_rows(rng, centers, labels, p: int = 12) -> np.ndarray:
+    """Rows of norm exactly 1 whose entries are integers / 2^p (p <= 12): L2-normalising
+    leaves them unchanged, and every product and partial sum of a dot product is an
+    integer / 4^p of magnitude <= 1 (Cauchy-Schwarz), i.e. at most 2^24 / 4^p: exact in
+    float32, so any summation order (faiss's BLAS, torch's) gives the same bits."""
+    rows = []
+    for lab in labels:
+        while True:
+            a = np.round(centers[lab] + rng.normal(scale=480, size=centers.shape[1])).astype(np.int64)
+            rest = 4**p - int((a * a).sum())
+            if rest >= 0:
+                break
+        tail = np.array(_four_squares(rest)) * rng.choice([-1, 1], size=4)
+        rows.append(np.concatenate([a, tail]) / 2**p)
+    return np.array(rows, np.float32)
+
+
+@pytest.fixture(scope="module")
+def exact_case():
+    rng = np.random.default_rng(3)
+    c, d = 6, 28
+    centers = rng.normal(scale=360, size=(c, d))
+    ytr, yte = rng.integers(0, c, 400), rng.integers(0, c, 50)
+    return exact_unit_rows(rng, centers, ytr), ytr, exact_unit_rows(rng, centers, yte), yte, c
+
+
+def test_exact_case_is_exact_and_tie_free(exact_case) -> None:
+    """The fixture the equality tests rely on: unit rows, float32 dot products equal to
+    float64 ones, and no two train rows at the same similarity to any test row."""
+    tr, _, te, _, _ = exact_case
+    np.testing.assert_array_equal(np.einsum("ij,ij->i", tr.astype(np.float64), tr.astype(np.float64)), 1.0)
+    sims64 = te.astype(np.float64) @ tr.astype(np.float64).T
+    np.testing.assert_array_equal((te @ tr.T).astype(np.float64), sims64)
+    assert all(len(np.unique(row)) == len(row) for row in sims64)
+
+
+@pytest.mark.parametrize("k", [1, 20, 400])
+def test_torch_search_returns_faiss_neighbours(exact_case, k: int) -> None:
+    tr, _, te, _, _ = exact_case
+    s_f, i_f = knn_search(tr, te, k, backend="faiss-cpu", batch_size=16)
+    s_t, i_t = knn_search(tr, te, k, backend="torch", device="cpu", batch_size=16)
+    assert s_t.device.type == "cpu" and s_t.dtype == torch.float32 and i_t.dtype == torch.int64
+    np.testing.assert_array_equal(i_t.numpy(), i_f.numpy())
+    np.testing.assert_array_equal(s_t.numpy(), s_f.numpy())
+    # and both are the exact top-k (float64, no ties in this fixture)
+    order = np.argsort(-(te.astype(np.float64) @ tr.astype(np.float64).T), axis=1)[:, :k]
+    np.testing.assert_array_equal(i_f.numpy(), order)
+
+
+def test_torch_search_chunks_merge_to_the_same_neighbours(exact_case) -> None:
+    from smallbatch.evaluate import _torch_search
+
+    tr, _, te, _, _ = exact_case
+    whole = _torch_search(tr, te, 30, torch.device("cpu"), batch_size=64, train_chunk=10_000)
+    chunked = _torch_search(tr, te, 30, torch.device("cpu"), batch_size=7, train_chunk=37)
+    tiny = _torch_search(tr, te, 30, torch.device("cpu"), batch_size=50, train_chunk=3)  # chunks < k
+    for got in (chunked, tiny):
+        np.testing.assert_array_equal(got[1].numpy(), whole[1].numpy())
+        np.testing.assert_array_equal(got[0].numpy(), whole[0].numpy())
+
+
+@pytest.mark.parametrize("case", ["exact_case", "knn_case"])
+def test_torch_backend_gives_faiss_accuracies(case: str, request) -> None:
+    tr, ytr, te, yte, c = request.getfixturevalue(case)
+    kw = dict(ks=(1, 5, 20, 200), t=0.1, num_classes=c, batch_size=16)
+    res_f = knn_eval(tr, ytr, te, yte, backend="faiss-cpu", **kw)
+    res_t = knn_eval(tr, ytr, te, yte, backend="torch", device="cpu", **kw)
+    assert res_t == res_f
+    assert 0.3 < res_f["top1_k20"] < 1.0  # informative, not trivial
+    ranks_f = knn_predict(tr, ytr, te, backend="faiss-cpu", **kw)
+    ranks_t = knn_predict(tr, ytr, te, backend="torch", device="cpu", **kw)
+    for k in kw["ks"]:
+        np.testing.assert_array_equal(ranks_t[k], ranks_f[k])
+
+
+def test_torch_search_orders_equal_similarities_by_index() -> None:
+    base = np.random.default_rng(0).normal(size=(10, 6)).astype(np.float32)
+    tr = np.repeat(base, 3, axis=0)  # rows 3i, 3i+1, 3i+2 are equal
+    s, i = knn_search(tr, base[:4], 30, backend="torch", device="cpu")
+    s, i = s.numpy(), i.numpy()
+    assert (np.diff(s, axis=1) <= 0).all()
+    for row_s, row_i in zip(s, i):
+        for v in np.unique(row_s):
+            same = row_i[row_s == v]
+            np.testing.assert_array_equal(same, np.sort(same))
+
+
+def test_auto_backend_choice(monkeypatch) -> None:
+    import faiss
+
+    from smallbatch import evaluate
+
+    def choose(faiss_gpus: int, cuda: bool):
+        monkeypatch.setattr(faiss, "get_num_gpus", lambda: faiss_gpus, raising=False)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+        return evaluate._resolve_knn_backend("auto", None)
+
+    assert choose(1, True) == ("faiss-gpu", None)
+    assert choose(0, True) == ("torch", torch.device("cuda"))
+    assert choose(0, False) == ("faiss-cpu", None)
+    assert evaluate._resolve_knn_backend("faiss-cpu", None) == ("faiss-cpu", None)  # explicit overrides
+    assert evaluate._resolve_knn_backend("torch", "cpu") == ("torch", torch.device("cpu"))
+    monkeypatch.setitem(sys.modules, "faiss", None)  # faiss not installed
+    assert evaluate._resolve_knn_backend("auto", None) == ("torch", torch.device("cpu"))
+    with pytest.raises(ValueError, match="backend='faiss-cpu' needs faiss"):
+        evaluate._resolve_knn_backend("faiss-cpu", None)
 
 
 # ----------------------------------------------------------------------------- linear probe
@@ -169,7 +294,7 @@ def test_linear_probe_separable() -> None:
     xtr, ytr = _blobs(0)
     xte, yte = _blobs(0, n_per=20)
     xte = xte + np.random.default_rng(5).normal(size=xte.shape).astype(np.float32) * 0.1
-    for opt, kw in [("lbfgs", {}), ("adam", dict(batch_size=32, epochs=50, lr=1e-2))]:
+    for opt, kw in [("lbfgs-precond", {}), ("lbfgs", {}), ("adam", dict(batch_size=32, epochs=50, lr=1e-2))]:
         res = linear_eval(xtr, ytr, xte, yte, optimizer=opt, **kw)
         assert res["train_top1"] == 1.0 and res["top1"] >= 0.99 and res["top5"] == 1.0
 
@@ -177,7 +302,7 @@ def test_linear_probe_separable() -> None:
 def test_linear_probe_deterministic() -> None:
     xtr, ytr = _blobs(0)
     xte, yte = _blobs(1, n_per=20)
-    for kw in [dict(), dict(optimizer="adam", batch_size=16, epochs=5)]:
+    for kw in [dict(), dict(optimizer="lbfgs"), dict(optimizer="adam", batch_size=16, epochs=5)]:
         a = linear_eval(xtr, ytr, xte, yte, seed=3, **kw)
         b = linear_eval(xtr, ytr, xte, yte, seed=3, **kw)
         assert a == b
@@ -203,6 +328,77 @@ def test_linear_probe_digits_raw_pixels() -> None:
     assert res["top5"] >= res["top1"]
 
 
+def _ill_conditioned(n_train: int = 400, n_test: int = 200, d: int = 24, c: int = 5):
+    """Overlapping classes seen through a mixing map with singular values 1..1e-3:
+    standardising rescales each dimension but keeps the correlations, so the probe's
+    objective is badly conditioned, like on the default study's features."""
+    rng = np.random.default_rng(0)
+    centers = rng.normal(size=(c, d))
+    mix = rng.normal(size=(d, d)) @ np.diag(np.logspace(0, -3, d))
+    y = rng.integers(0, c, n_train + n_test)
+    x = ((centers[y] + rng.normal(size=(len(y), d))) @ mix.T).astype(np.float32)
+    return x[:n_train], y[:n_train], x[n_train:], y[n_train:]
+
+
+def _probe_minimum(xtr, ytr, xte, c: int, weight_decay: float):
+    """The probe's objective minimised in float64 by scipy's L-BFGS-B to a tight tolerance,
+    on linear_eval's standardisation: (minimum, test predictions)."""
+    from scipy.optimize import minimize
+
+    from smallbatch.evaluate import _standardise
+
+    xs, xt = (a.double().numpy() for a in _standardise(xtr, xte, torch.device("cpu")))
+    onehot = np.eye(c)[ytr]
+
+    def fun(theta):
+        w, b = theta[: c * xs.shape[1]].reshape(c, -1), theta[c * xs.shape[1] :]
+        z = xs @ w.T + b
+        z = z - z.max(1, keepdims=True)
+        p = np.exp(z) / np.exp(z).sum(1, keepdims=True)
+        loss = -np.log(p[np.arange(len(ytr)), ytr]).mean() + 0.5 * weight_decay * (w * w).sum()
+        g = (p - onehot) / len(ytr)
+        return loss, np.concatenate([(g.T @ xs + weight_decay * w).ravel(), g.sum(0)])
+
+    res = minimize(fun, np.zeros(c * (xs.shape[1] + 1)), jac=True, method="L-BFGS-B",
+                   options=dict(maxiter=20_000, maxfun=40_000, gtol=1e-12, ftol=1e-15))
+    w, b = res.x[: c * xs.shape[1]].reshape(c, -1), res.x[c * xs.shape[1] :]
+    return res.fun, (xt @ w.T + b).argmax(1)
+
+
+def test_precond_lbfgs_reaches_the_minimum() -> None:
+    xtr, ytr, xte, yte = _ill_conditioned()
+    minimum, pred = _probe_minimum(xtr, ytr, xte, 5, 1e-3)
+    res = linear_eval(xtr, ytr, xte, yte, epochs=500, tol=0.0, weight_decay=1e-3)
+    assert res["train_loss"] == pytest.approx(minimum, rel=1e-5)
+    assert res["top1"] == pytest.approx(np.mean(pred == yte))
+    # the default stopping rule (tol) ends well before the cap, at the same test accuracy
+    stopped = linear_eval(xtr, ytr, xte, yte, epochs=500, weight_decay=1e-3)
+    assert stopped["iterations"] < 500
+    assert stopped["train_loss"] == pytest.approx(minimum, rel=1e-4) and stopped["top1"] == res["top1"]
+
+
+def test_linear_probe_iterations() -> None:
+    xtr, ytr, _, _ = _ill_conditioned()
+    plain = linear_eval(xtr, ytr, xtr, ytr, epochs=7, optimizer="lbfgs")
+    assert plain["iterations"] == 7  # the first solver: exactly `epochs` iterations
+    capped = linear_eval(xtr, ytr, xtr, ytr, epochs=25, tol=0.0)
+    assert capped["iterations"] == 25  # the cap, in blocks of 10 and a last one of 5
+    tight = linear_eval(xtr, ytr, xtr, ytr, epochs=500)
+    loose = linear_eval(xtr, ytr, xtr, ytr, epochs=500, tol=0.05)
+    assert loose["iterations"] < tight["iterations"] < 500
+    assert loose["train_loss"] > tight["train_loss"]
+
+
+def test_preconditioning_is_what_converges_fast() -> None:
+    """Why 'lbfgs-precond' is the default: on a badly conditioned probe, 20 iterations of
+    it get 50x closer to the minimum than 20 of plain L-BFGS (measured: 2.7e-4 vs 1.7e-2)."""
+    xtr, ytr, xte, _ = _ill_conditioned()
+    minimum, _ = _probe_minimum(xtr, ytr, xte, 5, 1e-3)
+    gap = {opt: linear_eval(xtr, ytr, xtr, ytr, epochs=20, tol=0.0, optimizer=opt)["train_loss"] - minimum
+           for opt in ("lbfgs", "lbfgs-precond")}
+    assert 0 < 10 * gap["lbfgs-precond"] < gap["lbfgs"]
+
+
 @pytest.mark.parametrize(
     "kwargs,arg",
     [
@@ -212,6 +408,8 @@ def test_linear_probe_digits_raw_pixels() -> None:
         (dict(batch_size=32), "batch_size"),  # L-BFGS is full-batch
         (dict(optimizer="adam", batch_size=0), "batch_size"),
         (dict(optimizer="sgd"), "optimizer"),
+        (dict(tol=-1e-3), "tol"),
+        (dict(optimizer="lbfgs-precond", batch_size=8), "batch_size"),
     ],
 )
 def test_linear_probe_bad_arguments(kwargs: dict, arg: str) -> None:
