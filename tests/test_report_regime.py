@@ -75,7 +75,8 @@ def _params(loss: str, reg: str, bs: int, ep: int, seed: int) -> dict:
 
 
 def log_design(b: StoreBuilder, design: str) -> None:
-    """72 finished runs and one diverged third seed (InfoNCE, lars_sqrt, B=16, 30 epochs)."""
+    """72 finished runs, a diverged third seed (InfoNCE, lars_sqrt, B=16, 30 epochs) and a cell whose two seeds
+    diverged (the same at B=64)."""
     for loss in ("infonce", "dcl"):
         for reg in REGIMES:
             for ep in EPOCHS:
@@ -87,6 +88,9 @@ def log_design(b: StoreBuilder, design: str) -> None:
                               history=_history(design, loss, reg, bs, ep, seed))
     b.run("regime/fashion_mnist/infonce/bs16-t0.1-s2-ep30-lars_sqrt", section="regime", status="diverged",
           params=_params("infonce", "lars_sqrt", 16, 30, 2), history={"train/loss": [4.0, math.nan]})
+    for seed in (0, 1):  # a cell between the ends whose seeds all diverged: drawn as ▽, no gap changes
+        b.run(f"regime/fashion_mnist/infonce/bs64-t0.1-s{seed}-ep30-lars_sqrt", section="regime", status="diverged",
+              params=_params("infonce", "lars_sqrt", 64, 30, seed), history={"train/loss": [4.0, math.nan]})
 
 
 @pytest.fixture(scope="module", params=["sgd", "adam"], ids=["penalty-under-sgd", "flipped-penalty-under-adam"])
@@ -108,7 +112,7 @@ def _finding(text: str, start: str, contains: str) -> str:
 def test_section_files_exist_and_are_linked(case):
     out, text = case["out"], case["text"]
     assert "## Side experiment: optimiser regime × training length" in text
-    for stem in ("regime_gap", "regime_grad_ratio", "regime_update_size"):
+    for stem in ("regime_top1", "regime_gap", "regime_grad_ratio", "regime_update_size"):
         for ext in ("csv", "md", "tex"):
             assert (out / "tables" / f"{stem}.{ext}").stat().st_size > 0 and f"tables/{stem}.{ext}" in text
     for stem in ("regime_top1_fashion_mnist_t0-1_knn", "regime_top1_fashion_mnist_t0-1_linear",
@@ -132,6 +136,12 @@ def test_gap_table_reproduces_the_design(case):
         assert r["n_small"] == 2 and r["n_large"] == 2
     md = (case["tables"] / "regime_gap.md").read_text()
     assert "79.5 ± 0.7 (1/3 diverged)" in md  # InfoNCE, lars_sqrt, 30 epochs, B=16: the diverged seed is shown
+    top = pd.read_csv(case["tables"] / "regime_top1.csv").set_index(["metric", "loss", "regime", "epochs",
+                                                                     "batch_size"])
+    assert len(top) == 2 * (2 * 3 * 3 * 2 + 1)  # metrics x (cells of the design + the diverged B=64 cell)
+    assert top.loc[("linear", "infonce", "lars_sqrt", 30, 64), "display"] == "diverged"
+    want = 80.0 + designed_gap(case["design"], "infonce", "sgd_linear", 30)
+    assert top.loc[("linear", "infonce", "sgd_linear", 30, 16), "display"] == f"{want:.1f} ± 0.7"
 
 
 def test_simclr_gaps_beside_ours_come_from_the_csv(case):
@@ -311,9 +321,9 @@ def test_update_verdict(log_ratio, tse_one, log_dev, tse_q, want):
 
 
 def test_one_batch_size_is_no_gap():
-    agg = pd.DataFrame([{"dataset": "d", "temperature": 0.1, "regime": "sgd", "optimizer": "sgd", "lr_scaling": "linear",
-                         "epochs": 3.0, "metric": "linear", "loss": "infonce", "label": "InfoNCE", "batch_size": 16,
-                         "mean": 80.0, "std": 0.5, "n_seeds": 2, "state": "ok"}])
+    agg = pd.DataFrame([{"dataset": "d", "temperature": 0.1, "regime": "sgd", "optimizer": "sgd",
+                         "lr_scaling": "linear", "epochs": 3.0, "metric": "linear", "loss": "infonce",
+                         "label": "InfoNCE", "batch_size": 16, "mean": 80.0, "std": 0.5, "n_seeds": 2, "state": "ok"}])
     gap = regime_findings.gap_summary(agg)
     assert gap["verdict"].iloc[0] == regime_findings.ONE_B and math.isnan(gap["gap_small_minus_large"].iloc[0])
     assert regime_findings.gap_text(gap.iloc[0]) == "— (only B=16)"

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from ..tracking import BAD_STATUSES
-from .aggregate import aggregate_cells, label_order
+from .aggregate import aggregate_cells, label_order, pivot, sort_by_loss
 from .context import ReportContext, SectionOutput
 from .figures import accuracy_long, history, mark_bad, palette, plot_style
 from .fmt import num, runs_count, short, signed, slug
@@ -67,6 +67,24 @@ def simclr_gaps(rows: pd.DataFrame) -> pd.DataFrame:
                                      "top1_small", "top1_large", "gap_small_minus_large"])
     g["gap_small_minus_large"] = -g["gap_large_minus_small"].astype(float)
     return g.sort_values(["lr_scaling", "epochs"], kind="stable").reset_index(drop=True)
+
+
+# --------------------------------------------------------------------------- the tables of top-1
+def _top1_table(agg: pd.DataFrame, ctx: ReportContext) -> tuple[list[Path], str]:
+    """tables/regime_top1: every cell's top-1 (loss × regime × epochs rows, one column per batch size)."""
+    rank = {r: i for i, r in enumerate(regime_order(agg["regime"], agg["optimizer"]))}
+    agg = sort_by_loss(agg.assign(_r=agg["regime"].map(rank)),
+                       ["dataset", "temperature", "metric", "loss", "label", "_r", "epochs", "batch_size"])
+    agg = agg.drop(columns="_r")
+    blocks = []
+    for (ds, t, m), g in agg.groupby(["dataset", "temperature", "metric"], sort=False):
+        wide = pivot(g.assign(epochs=g["epochs"].map(short)), ["label", "regime", "epochs"], "batch_size",
+                     lambda b: f"B={int(b)}", columns=sorted(g["batch_size"].unique()))
+        blocks.append((f"{ds}, τ={short(t)}, {METRIC_LABELS.get(m, m)}", wide.rename(columns={"label": "loss"})))
+    files = ctx.write_table("regime_top1", "Regime: top-1 (%) by loss × regime × training length × batch size", agg,
+                            blocks, note="mean ± sample std over seeds; '—' = one seed; a cell whose seeds all "
+                                         "diverged, collapsed or failed reads that status")
+    return files, f"Top-1 of every cell (loss × regime × epochs × batch size): {ctx.table_links(files)}\n"
 
 
 # --------------------------------------------------------------------------- the gap table
@@ -163,7 +181,7 @@ def _top1_figure(cells: pd.DataFrame, agg: pd.DataFrame, ctx: ReportContext, whe
             g.legend.set_title("training length")
         g.figure.suptitle(f"{ds}, τ={short(t)}: {lab} vs batch size per training length and optimiser regime\n"
                           "(mean ± sd over seeds; ▽ on the x axis = no seed gave a number; □ = some seeds diverged, "
-                          "collapsed or failed)", y=1.05)
+                          "collapsed or failed)", y=1.07)
         files = ctx.save_figure(g.figure, f"regime_top1_{slug(ds)}_t{slug(short(t))}_{m}")
     return files, (f"**{ds}, τ={short(t)}: {lab} vs batch size** (SimCLR Figure 9's analogue)\n\n"
                    + ctx.figure_md(files, f"{ds} {lab} vs batch size per regime"))
@@ -318,8 +336,10 @@ def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
                         "penalty lives)", "", run_ids=set(cells["run_id"]))
     agg = aggregate_cells(cells, [*SETTING, "loss", "label", "batch_size"], ctx.scale)
     gap = gap_summary(agg)
+    f_top, md_top = _top1_table(agg, ctx)
     files, md, simclr = _gap_table(gap, agg, cells, ctx)
-    out.files += files
+    out.files += f_top + files
+    md.insert(0, md_top)
     md.insert(0, f"{runs_count(len(cells))} (experiment 'regime'): {cells['label'].nunique()} loss(es) × "
                  f"{cells['regime'].nunique()} regime(s) × {cells['epochs'].nunique()} training length(s) × "
                  f"{cells['batch_size'].nunique()} batch size(s).\n")
