@@ -328,3 +328,13 @@ def test_one_batch_size_is_no_gap():
     assert gap["verdict"].iloc[0] == regime_findings.ONE_B and math.isnan(gap["gap_small_minus_large"].iloc[0])
     assert regime_findings.gap_text(gap.iloc[0]) == "— (only B=16)"
     assert "It cannot be told" in regime_findings.penalty_finding(gap, "d", 0.1, "linear")
+
+
+def test_length_change_within_noise_is_never_support():
+    """A penalty at 3 epochs that moves by less than 2 SE by 30 epochs: neither support nor refute, never 'shrinks'."""
+    gap = _gap_rows([("infonce", "sgd", 3, 76.0, 0.5, 2, 80.0, 0.5, 2),
+                     ("infonce", "sgd", 30, 76.5, 0.5, 2, 80.0, 0.5, 2)])  # 2 SE of the change: 2 sqrt(4 x 0.25 / 2)
+    f = regime_findings.length_finding(gap, pd.DataFrame(), "d", 0.1, "linear")
+    assert ("Under sgd: the gap moves by +0.5 ± 1.4 from 3 to 30 epochs, within noise: our numbers neither support "
+            "nor refute SimCLR's claim") in f
+    assert "shrinks:" not in f and "our numbers support" not in f

@@ -42,7 +42,8 @@ PENALTY, AHEAD, WITHIN, NO_SE, NO_NUMBER, ONE_B = ("penalty", "small batch ahead
 #: verdicts of an update-size ratio
 FOLLOWS, CANCELS, BOTH, NEITHER = ("follows q_B", "≈ 1, scale divided out", "q_B and 1 within noise",
                                    "neither q_B nor 1")
-#: the logged gradient ratio is a norm-weighted RMS of the anchors' q, not the mean q_B of the batch, so it
+#: each anchor's InfoNCE gradient is its DCL gradient times its own q, and an embedding collects gradients from
+#: many anchors, so the logged norm ratio equals the batch's mean q_B only when every anchor has the same q; it
 #: is said to track q_B when its mean is within this relative distance of the mean q_B
 TRACK_TOL = 0.10
 #: what each optimiser does to a global scale of the gradient: the predicted verdict (None: no clean
@@ -203,8 +204,8 @@ def _length_verdict(d: pd.DataFrame) -> str | None:
     if within is None:
         return "no gap with an error estimate at both ends, so the claim is not tested there"
     if lo["verdict"] == PENALTY:
-        return (f"{ch}, the penalty {'shrinks' if change > 0 else 'grows'}: "
-                f"{support(change > 0, within, _LENGTH_CLAIM)}")
+        moved = "within noise" if within else f"the penalty {'shrinks' if change > 0 else 'grows'}"
+        return f"{ch}, {moved}: {support(change > 0, within, _LENGTH_CLAIM)}"
     if hi["verdict"] == PENALTY:
         return (f"no penalty at {short(lo['epochs'])} epochs but one at {short(hi['epochs'])}: it appears with longer "
                 f"training; {ch}: {support(False, within, _LENGTH_CLAIM)}")
@@ -250,8 +251,8 @@ def length_finding(gap: pd.DataFrame, simclr: pd.DataFrame, ds: str, t: float, m
 
 # --------------------------------------------------------------------------- the mechanism
 def ratio_summary(points: pd.DataFrame) -> pd.DataFrame:
-    """Means of ``qb`` and ``ratio`` (logged steps) per setting without epochs x batch size x loss, their
-    relative distance ``ratio/qb − 1``, and the numbers of steps and runs."""
+    """Means of ``qb`` and ``ratio`` over the logged steps per (dataset, τ, regime, batch size, loss), pooled over
+    training lengths and seeds; their relative distance ``ratio/qb − 1``; the numbers of steps and runs."""
     keys = ["dataset", "temperature", "regime", "optimizer", "lr_scaling", "batch_size", "loss", "label"]
     cols = [*keys, "qb_mean", "ratio_mean", "ratio_over_qb_minus_1", "n_points", "n_runs"]
     if points.empty:
