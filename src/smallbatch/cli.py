@@ -443,7 +443,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--device", choices=["auto", "cpu", "cuda"])
     c.set_defaults(func=cmd_evaluate)
 
-    for kind, helptext in (("knn", "weighted kNN (InstDisc) on faiss"), ("linear", "linear probe on frozen features")):
+    for kind, helptext in (("knn", "weighted kNN (InstDisc): faiss, or torch on a GPU without faiss-gpu"), ("linear", "linear probe on frozen features")):
         c = sub.add_parser(kind, help=helptext)
         _add_cell_args(c)
         _add_tracking_args(c)

@@ -232,11 +232,14 @@ def _eval_on_features(kind: str, cell: dict, feats) -> dict:
 
     tr_f, tr_y, te_f, te_y = feats
     ev = cell["eval"]
+    backend = "faiss-cpu" if cell["device"] == "cpu" else "auto"  # a cpu study stays off a visible GPU
     if kind == "knn":
-        return _percent(evaluate.knn_eval(tr_f, tr_y, te_f, te_y, ks=tuple(ev["knn_k"]), t=ev["knn_t"]))
+        return _percent(evaluate.knn_eval(tr_f, tr_y, te_f, te_y, ks=tuple(ev["knn_k"]), t=ev["knn_t"],
+                                          backend=backend))
     return _percent(evaluate.linear_eval(tr_f, tr_y, te_f, te_y, epochs=ev["linear_epochs"], lr=ev["linear_lr"],
                                          weight_decay=ev["linear_weight_decay"], seed=cell["seed"],
-                                         optimizer=ev["linear_optimizer"], batch_size=ev["linear_batch_size"]))
+                                         optimizer=ev["linear_optimizer"], batch_size=ev["linear_batch_size"],
+                                         tol=ev["linear_tol"]))
 
 
 def check_features_cell(meta: dict, cell: dict, path: Path) -> None:

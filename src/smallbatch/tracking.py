@@ -163,7 +163,7 @@ def _versions() -> dict[str, str]:
     from importlib import metadata
 
     out = {}
-    for pkg in ("smallbatch", "torch", "torchvision", "faiss-cpu", "mlflow", "numpy"):
+    for pkg in ("smallbatch", "torch", "torchvision", "faiss-cpu", "faiss-gpu", "mlflow", "numpy"):
         try:
             out[f"smallbatch.version.{pkg}"] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
