@@ -173,7 +173,7 @@ CASES = [
          r"config key 'results_dir' = '.*/afile' is a file, not a folder",
          {"c.yaml": STUDY + "results_dir: {tmp}/afile\n"}, setup=a_file),
     Case("results_dir below a file", ("cells", "--write", "--config", "{tmp}/c.yaml"),
-         r"config key 'results_dir' = '.*/afile/results' is not writable: Not a directory",
+         r"config key 'results_dir' = '.*/afile/results' is not writable: .*/afile is a file, not a folder",
          {"c.yaml": STUDY + "results_dir: {tmp}/afile/results\n"}, setup=a_file),
     Case("results_dir unwritable", ("cells", "--write", "--config", "{tmp}/c.yaml"),  # sysfs: even root cannot mkdir
          r"config key 'results_dir' = '/sys/smallbatch-results' is not writable: "

@@ -243,12 +243,25 @@ def test_concat_max_k_restricts_the_grid():
         mi.validate_section({"concat_max_k": 0})
 
 
-def test_validate_section_fills_defaults():
-    sec = mi.validate_section({"ks": 16, "enabled": True})
-    assert sec["ks"] == [16]
-    assert sec["dim"] == mi.DEFAULT_SECTION["dim"]
-    assert sec["eqco_alpha"] == float(mi.DEFAULT_SECTION["eqco_alpha"])
+def test_validate_section_fills_the_schemas_defaults():
+    from smallbatch.config import load_schema
+
+    props = load_schema()["properties"]["experiments"]["properties"]["mi"]["properties"]
+    sec = mi.validate_section({"ks": [16], "enabled": True})
+    assert sec["ks"] == [16] and sec["enabled"] is True
+    assert sec["dim"] == props["dim"]["default"] == 20
+    assert sec["eqco_alpha"] == float(props["eqco_alpha"]["default"])
     assert mi.validate_section(None)["mi_values"] == [2.0, 4.0, 6.0, 8.0, 10.0]
+    with pytest.raises(ValueError, match="experiments.mi.ks"):
+        mi.validate_section({"ks": 16})  # a list, as the schema says
+
+
+def test_the_schemas_estimators_and_critics_are_the_benchmarks():
+    from smallbatch.config import load_schema
+
+    props = load_schema()["properties"]["experiments"]["properties"]["mi"]["properties"]
+    assert tuple(props["estimators"]["items"]["enum"]) == mi.ESTIMATORS
+    assert tuple(props["critics"]["items"]["enum"]) == mi.CRITICS
 
 
 # --------------------------------------------------------------------------- pipeline step + report

@@ -109,9 +109,9 @@ def make_cell(
         "batch_size": int(batch_size),
         "temperature": float(temperature),
         "seed": int(seed),
-        "negatives": negatives_per_anchor(batch_size, train.get("queue_size", 0)),
+        "negatives": negatives_per_anchor(batch_size, train["queue_size"]),
         "train": train,
-        "augment": copy.deepcopy(cfg.get("augment", {})),
+        "augment": copy.deepcopy(cfg["augment"]),
         "eval": copy.deepcopy(cfg["eval"]),
         "device": cfg["device"],
         "threads": cfg["threads"],
@@ -165,14 +165,14 @@ def _section_grid(cfg: dict, section: str, sec: dict) -> Iterable[dict]:
 
 
 def _grid_cells(cfg: dict) -> Iterable[dict]:
-    if cfg["grid"].get("enabled", True):
+    if cfg["grid"]["enabled"]:
         yield from _section_grid(cfg, "grid", cfg["grid"])
 
 
 def _side_cells(name: str) -> Callable[[dict], Iterable[dict]]:
     def cells(cfg: dict) -> Iterable[dict]:
         sec = cfg.get("experiments", {}).get(name)
-        if sec and sec.get("enabled", False):
+        if sec and sec["enabled"]:
             yield from _section_grid(cfg, name, sec)
 
     return cells
@@ -199,7 +199,7 @@ def expand_cells(cfg: dict) -> dict[str, dict]:
 def baseline_cells(cfg: dict) -> dict[str, dict]:
     """Raw-pixel and random-init encoder baselines, one per dataset (random-init per seed)."""
     out: dict[str, dict] = {}
-    if not cfg.get("baselines", True):
+    if not cfg["baselines"]:
         return out
     seeds = cfg["grid"]["seeds"]
     for dataset in cfg["datasets"]:

@@ -209,7 +209,7 @@ def _tracking(args, cfg: dict) -> tuple[str | None, str]:
         uri = resolve_tracking_uri(cfg)
     if uri and uri.lower() == "none":
         uri = None
-    return uri, args.experiment or cfg.get("study", "smallbatch")
+    return uri, args.experiment or cfg["study"]
 
 
 # --------------------------------------------------------------------------- commands

@@ -330,16 +330,18 @@ def check_data_roots(cfg: dict) -> None:
 
 
 def check_results_dir(cfg: dict) -> None:
-    """``results_dir`` is a folder this process can write in (created when missing);
-    otherwise a one-line ConfigError.  The workflow calls this before it writes the
-    cells' files while the DAG is built."""
+    """``results_dir`` is a folder this process can write in, or can be created where its
+    nearest existing parent is; otherwise a one-line ConfigError.  Nothing is left behind
+    (a dry run writes nothing): the check writes one temporary file and removes it."""
     path = Path(cfg["results_dir"]).expanduser()
     key = f"config key 'results_dir' = '{path}'"
     if path.exists() and not path.is_dir():
         raise ConfigError(f"{key} is a file, not a folder")
+    existing = next(p for p in (path, *path.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise ConfigError(f"{key} is not writable: {existing} is a file, not a folder")
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
+        with tempfile.TemporaryFile(dir=existing):
             pass
     except OSError as exc:
         raise ConfigError(f"{key} is not writable: {exc.strerror or exc}") from None
@@ -400,5 +402,5 @@ def resolve_tracking_uri(cfg: dict) -> str:
         if problem:
             raise ConfigError(f"$MLFLOW_TRACKING_URI = {env!r}: {problem}")
         return env
-    db = Path(cfg.get("results_dir", "results")).resolve() / "mlflow.db"
+    db = Path(cfg["results_dir"]).resolve() / "mlflow.db"
     return f"sqlite:///{db}"

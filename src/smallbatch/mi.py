@@ -105,7 +105,6 @@ from .losses import build_loss
 __all__ = [
     "ESTIMATORS",
     "CRITICS",
-    "DEFAULT_SECTION",
     "true_mi",
     "rho_for_mi",
     "log_density_ratio",
@@ -131,36 +130,6 @@ __all__ = [
 
 ESTIMATORS: tuple[str, ...] = ("infonce", "flatnce", "eqco")
 CRITICS: tuple[str, ...] = ("separable", "concat", "oracle")
-
-# The default grid (config.yaml ``experiments.mi``); see validate_section for each key.
-DEFAULT_SECTION: dict[str, Any] = {
-    "enabled": True,
-    "dim": 20,
-    "mi_values": [2, 4, 6, 8, 10],
-    "ks": [4, 16, 64, 256, 1024],
-    "estimators": ["infonce", "flatnce", "eqco"],
-    # EqCo's alpha = the largest K of the grid: EqCo's claim is that K negatives
-    # rescaled by alpha/K act like alpha negatives, so every EqCo row can be set
-    # against InfoNCE actually run with K = alpha (and EqCo at K = alpha is
-    # InfoNCE exactly, a built-in check).  Its ceiling is log(1025) = 6.93 nats
-    # at every K; set e.g. 65536 (MoCo's queue) to lift it above 10 nats.
-    "eqco_alpha": 1024,
-    "critics": ["separable", "concat", "oracle"],
-    "hidden": 64,
-    "embed": 32,
-    "layers": 2,
-    "anchors": 128,
-    "max_pairs": 8192,
-    # skip the concatenated critic at K above this (None: run it at every K)
-    "concat_max_k": None,
-    "steps": 500,
-    "lr": 5.0e-3,
-    "seeds": [0],
-    "eval_batches": 16,
-    "trace_points": 100,
-    "threads": 1,
-}
-
 
 # --------------------------------------------------------------------------- analytic part
 def _check_dim(d: Any, name: str = "d") -> int:
@@ -591,58 +560,14 @@ def evaluate_estimator(
 
 
 # --------------------------------------------------------------------------- the experiment
-_LIST_KEYS = {"mi_values", "ks", "estimators", "critics", "seeds"}
-
-
 def validate_section(section: dict | None) -> dict:
-    """The ``experiments.mi`` section with defaults filled in; ValueError naming a bad key."""
-    section = dict(section or {})
-    unknown = sorted(set(section) - set(DEFAULT_SECTION))
-    if unknown:
-        raise ValueError(f"unknown key(s) {unknown} in experiments.mi; allowed: {', '.join(DEFAULT_SECTION)}")
-    out = {**DEFAULT_SECTION, **section}
-    for key in _LIST_KEYS:
-        v = out[key]
-        if isinstance(v, (str, int, float)):
-            v = [v]
-        if not isinstance(v, (list, tuple)) or not v:
-            raise ValueError(f"experiments.mi.{key} must be a non-empty list, got {out[key]!r}")
-        out[key] = list(v)
-    out["dim"] = _check_dim(out["dim"], "experiments.mi.dim")
-    out["mi_values"] = [_check_mi(v, "experiments.mi.mi_values") for v in out["mi_values"]]
-    out["ks"] = [_check_k(v, "experiments.mi.ks") for v in out["ks"]]
-    out["estimators"] = [str(e).strip().lower() for e in out["estimators"]]
-    for e in out["estimators"]:
-        if e not in ESTIMATORS:
-            raise ValueError(f"experiments.mi.estimators: {e!r} is not one of {', '.join(ESTIMATORS)}")
-    out["critics"] = [str(c).strip().lower() for c in out["critics"]]
-    for c in out["critics"]:
-        if c not in CRITICS:
-            raise ValueError(f"experiments.mi.critics: {c!r} is not one of {', '.join(CRITICS)}")
-    try:
-        alpha = float(out["eqco_alpha"])
-    except (TypeError, ValueError):
-        alpha = float("nan")
-    if not (math.isfinite(alpha) and alpha > 0):
-        raise ValueError(f"experiments.mi.eqco_alpha must be a positive number, got {out['eqco_alpha']!r}")
-    out["eqco_alpha"] = alpha
-    if out["concat_max_k"] is not None:
-        out["concat_max_k"] = _check_k(out["concat_max_k"], "experiments.mi.concat_max_k")
-    for key in ("hidden", "embed", "layers", "anchors", "max_pairs", "eval_batches", "trace_points", "threads"):
-        v = out[key]
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"experiments.mi.{key} must be an integer >= 1, got {v!r}")
-    if isinstance(out["steps"], bool) or not isinstance(out["steps"], int) or out["steps"] < 0:
-        raise ValueError(f"experiments.mi.steps must be an integer >= 0, got {out['steps']!r}")
-    lr = out["lr"]
-    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not (math.isfinite(lr) and lr > 0):
-        raise ValueError(f"experiments.mi.lr must be a positive number, got {lr!r}")
-    out["lr"] = float(lr)
-    for s in out["seeds"]:
-        if isinstance(s, bool) or not isinstance(s, int) or s < 0:
-            raise ValueError(f"experiments.mi.seeds must be integers >= 0, got {s!r}")
-    out["enabled"] = bool(out["enabled"])
-    return out
+    """The ``experiments.mi`` section validated against the config schema (the one home of
+    its keys, bounds and defaults, which it fills in); ConfigError (a ValueError) naming
+    the key otherwise."""
+    from .config import validate_config
+
+    sec = validate_config({"experiments": {"mi": dict(section or {})}})["experiments"]["mi"]
+    return {**sec, "eqco_alpha": float(sec["eqco_alpha"]), "lr": float(sec["lr"])}
 
 
 def _thin(trace: Sequence[float], points: int) -> list[tuple[int, float]]:

@@ -26,7 +26,7 @@ def _threads(cell: dict) -> None:
 
 # --------------------------------------------------------------------------- data
 def data_options(cell: dict) -> dict:
-    o = cell.get("dataset_options", {})
+    o = cell["dataset_options"]
     return {
         "image_size": o.get("image_size"),
         "train_subset": o.get("train_subset"),
@@ -38,7 +38,7 @@ def prepare_data(cell: dict, out: Path) -> dict:
     """Load the cell's data set through its real loader and cache it as one tensor file."""
     from . import data
 
-    d = data.load_dataset(cell["dataset"], cell["data_root"], download=cell.get("download", False),
+    d = data.load_dataset(cell["dataset"], cell["data_root"], download=cell["download"],
                           seed=0, **data_options(cell))
     data.save_cache(d, out)
     return {"dataset": d.name, "train": int(d.train_x.shape[0]), "test": int(d.test_x.shape[0]),
@@ -51,7 +51,7 @@ def load_cell_data(cell: dict, cache: Path | None = None):
 
     if cache is not None:
         return data.load_cache(cache)
-    return data.load_dataset(cell["dataset"], cell["data_root"], download=cell.get("download", False),
+    return data.load_dataset(cell["dataset"], cell["data_root"], download=cell["download"],
                              seed=0, **data_options(cell))
 
 
@@ -355,7 +355,7 @@ def run_baseline(cell: dict, out: Path, *, tracking_uri: str | None, experiment:
 
         torch.manual_seed(cell["seed"])
         model = train.build_model(cell, d.train_x.shape[1], d.train_x.shape[-1])
-        dev = train.resolve_device(device or cell.get("device", "auto"))
+        dev = train.resolve_device(device or cell["device"])
         bb = model.backbone.to(dev)
         tr_f = evaluate.embed(bb, d.train_x, d.mean, d.std, device=dev)
         te_f = evaluate.embed(bb, d.test_x, d.mean, d.std, device=dev)

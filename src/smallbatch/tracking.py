@@ -276,11 +276,17 @@ class CellRun:
         except Exception as exc:  # noqa: BLE001
             raise _wrap(self.uri, "setting run status", exc) from None
 
+    def _data(self, what: str):
+        try:
+            return self.client.get_run(self.run_id).data
+        except Exception as exc:  # noqa: BLE001 - one line naming the store, not a traceback
+            raise _wrap(self.uri, f"reading the {what} of run {self.run_id}", exc) from None
+
     def tags(self) -> dict[str, str]:
-        return dict(self.client.get_run(self.run_id).data.tags)
+        return dict(self._data("tags").tags)
 
     def metrics(self) -> dict[str, float]:
-        return dict(self.client.get_run(self.run_id).data.metrics)
+        return dict(self._data("metrics").metrics)
 
 
 def _find_runs(client, exp_id: str, cell_id: str, cell_hash: str | None) -> list:

@@ -2,7 +2,7 @@
 # Gaussians (InfoNCE vs FlatNCE vs EqCo, separable/concatenated/oracle critics,
 # K negatives per anchor).  CPU only, a few minutes; one MLflow run (kind 'mi')
 # per row of the grid.  Switch it on with `experiments: {mi: {enabled: true}}`;
-# every other key of the section is optional (defaults: smallbatch.mi.DEFAULT_SECTION).
+# every other key of the section is optional (defaults: the config schema, experiments.mi).
 # Needs R, TRACKING_URI, EXPERIMENT, conda_env from common.smk.
 
 MI_SECTION = dict((config.get("experiments") or {}).get("mi") or {})
