@@ -24,6 +24,19 @@ average before and after (other processes sharing the CPU lower both sides).
 
     python benchmarks/throughput.py [--batch-sizes 16 256] [--image-size 16] [--steps 20]
                                     [--threads 1] [--dataset fashion_mnist] [--data-root results/data]
+
+Two more comparisons of the training step itself (the default study's cell: small_cnn
+width 32, ``pool_grid`` 4, 16 px, InfoNCE, Adam), each side by side in one run:
+
+* ``--mode compile``: eager vs ``train.compile`` (``torch.compile`` of the step: one graph
+  for views + model + loss, its backward, one for the optimiser update; CUDA graphs on a
+  GPU), images/s per batch size, with the compile time beside it -- cold (an empty
+  inductor cache) and warm (the cache a previous cell left, as the next cells of a
+  study find it), each in a fresh process;
+* ``--mode share``: k cells training at once on one device (k processes, each one cell,
+  one thread), their summed images/s for k = 1, 2, 4: what ``cells_per_gpu`` buys.
+
+``--device auto`` uses CUDA when torch sees it.
 """
 
 from __future__ import annotations
@@ -137,6 +150,106 @@ def per_sample_rate(cell: dict, images: torch.Tensor, mean, std, steps: int, wor
     return rate
 
 
+# --------------------------------------------------------------------------- the step itself
+def study_cell(batch_size: int, compile_step: bool, device: str) -> dict:
+    """The default study's cell (config.yaml) at ``batch_size``, eager or compiled."""
+    from smallbatch.cells import make_cell
+    from smallbatch.config import load_config
+
+    root = Path(__file__).resolve().parents[1]
+    cfg = load_config(root / "config.yaml", {"train": {"compile": compile_step}, "device": device})
+    return make_cell(cfg, dataset="fashion_mnist", loss="infonce", loss_params={}, batch_size=batch_size,
+                     temperature=0.1, seed=0)
+
+
+def step_rate(cell: dict, images, mean, std, steps: int) -> tuple[float, float]:
+    """(images/s over ``steps`` steps, seconds of building + the first two steps: the
+    compile time when the step is compiled)."""
+    from smallbatch import train
+
+    t0 = time.perf_counter()
+    dev = train.resolve_device(cell["device"])
+    t = train.build_training(cell, images, mean, std, dev, Path(tempfile.mkdtemp()))
+    bs, n = cell["batch_size"], images.shape[0]
+    perm = torch.randperm(n, device=dev)
+
+    def one(i: int) -> None:
+        idx = perm[(i * bs) % (n - bs):][:bs]
+        u = t.step_fn.aug.draw(2 * bs, t.rng.generator("augment", i))
+        t.step_fn.run(t.images[idx], u, idx)
+
+    one(0), one(1)
+    _sync(dev)
+    warm = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    for i in range(2, steps + 2):
+        one(i)
+    _sync(dev)
+    return steps * bs / (time.perf_counter() - t1), warm
+
+
+def _sync(dev) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def _in_subprocess(args: list[str], env: dict | None = None) -> dict:
+    import json
+    import subprocess
+
+    out = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True,
+                         env={**os.environ, **(env or {})}, timeout=1800)
+    if out.returncode:
+        raise SystemExit(f"throughput.py {' '.join(args)} failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _one_cell(args) -> int:
+    """(internal) one cell's step rate in this process, as JSON."""
+    import json
+
+    from smallbatch import data
+
+    torch.set_num_threads(args.threads)
+    d = data.load_dataset("fashion_mnist", args.data_root, image_size=16, train_subset=10000)
+    rate, warm = step_rate(study_cell(args.batch_sizes[0], args.compiled, args.device), d.pretrain_x, d.mean,
+                           d.std, args.steps)
+    print(json.dumps({"rate": rate, "warm_s": warm}))
+    return 0
+
+
+def compare_compile(args) -> None:
+    print(f"{'batch':>6} {'eager img/s':>12} {'compiled img/s':>15} {'ratio':>6} {'compile cold s':>15} "
+          f"{'compile warm s':>15}")
+    for bs in args.batch_sizes:
+        common = ["--one-cell", "--batch-sizes", str(bs), "--steps", str(args.steps), "--threads",
+                  str(args.threads), "--device", args.device, "--data-root", args.data_root]
+        with tempfile.TemporaryDirectory() as cache:
+            env = {"TORCHINDUCTOR_CACHE_DIR": cache}
+            eager = _in_subprocess(common, env)
+            cold = _in_subprocess([*common, "--compiled"], env)
+            warm = _in_subprocess([*common, "--compiled"], env)
+        rate = max(cold["rate"], warm["rate"])
+        print(f"{bs:>6} {eager['rate']:>12.0f} {rate:>15.0f} {rate / eager['rate']:>5.2f}x "
+              f"{cold['warm_s'] - eager['warm_s']:>15.1f} {warm['warm_s'] - eager['warm_s']:>15.1f}", flush=True)
+
+
+def compare_share(args) -> None:
+    """k processes, one cell each, on one device at once: summed images/s."""
+    import concurrent.futures as cf
+
+    print(f"{'batch':>6} " + " ".join(f"{f'k={k} img/s':>12}" for k in args.share))
+    for bs in args.batch_sizes:
+        common = ["--one-cell", "--batch-sizes", str(bs), "--steps", str(args.steps), "--threads",
+                  str(args.threads), "--device", args.device, "--data-root", args.data_root]
+        row = []
+        for k in args.share:
+            with cf.ThreadPoolExecutor(k) as ex:
+                rates = list(ex.map(lambda _: _in_subprocess(common)["rate"], range(k)))
+            row.append(sum(rates))
+        print(f"{bs:>6} " + " ".join(f"{r:>12.0f}" for r in row), flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[16, 256], help="N images per step")
@@ -149,7 +262,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dataset", default="fashion_mnist", choices=["fashion_mnist", "digits"])
     p.add_argument("--data-root", default="results/data", help="where Fashion-MNIST is (or is unpacked from Debian's package)")
     p.add_argument("--train-subset", type=int, default=10000, help="images to load (the study's default 10,000)")
+    p.add_argument("--mode", choices=["pipeline", "compile", "share"], default="pipeline",
+                   help="pipeline: batched vs per-sample DataLoader; compile: eager vs compiled step; "
+                        "share: k cells on one device at once")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="compile/share modes")
+    p.add_argument("--share", type=int, nargs="+", default=[1, 2, 4], help="share mode: cells at once")
+    p.add_argument("--one-cell", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--compiled", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.one_cell:
+        return _one_cell(args)
+    if args.mode != "pipeline":
+        load0 = os.getloadavg()
+        print(f"{args.mode}: default study cell (fashion_mnist 16 px, 10k images, small_cnn w32 g4, InfoNCE, Adam), "
+              f"{args.steps} timed steps, {args.threads} thread(s), device {args.device}; "
+              f"load average {load0[0]:.2f}")
+        (compare_compile if args.mode == "compile" else compare_share)(args)
+        print(f"load average after: {os.getloadavg()[0]:.2f} (1 min)")
+        return 0
 
     from smallbatch import data
 

@@ -333,3 +333,29 @@ def test_warmup_is_compared_with_epochs_only_when_the_budget_is_in_epochs():
 def test_batch_size_equal_to_the_pretraining_images_and_unknown_sizes_pass():
     validate_config({**grid(batch_sizes=[100]), "datasets": {"digits": {"train_subset": 100}}})
     validate_config({**grid(batch_sizes=[4096]), "datasets": {"imagefolder": {}}})  # checked once read
+
+
+def test_a_batch_size_entry_carries_the_train_keys_that_size_needs():
+    """The large end: {size, train} entries set devices / chunk_size for one batch size;
+    the cell id stays bs<N> (the batch-size axis extends) and wrong keys or values, or a
+    batch not divisible by its devices, stop with one line naming the cell."""
+    cfg = validate_config(grid(batch_sizes=[16, {"size": 64, "train": {"devices": 2, "chunk_size": 16}}]))
+    cells = expand_cells(cfg)
+    assert [(c["batch_size"], c["train"]["devices"], c["train"]["chunk_size"]) for c in cells.values()] == \
+        [(16, 1, None), (64, 2, 16)]
+    assert list(cells)[1].endswith("/bs64-t0.1-s0")
+    for bad, msg in (({"size": 64, "train": {"devices": "two"}}, r"'train.devices' = 'two' has the wrong type"),
+                     ({"size": 63, "train": {"devices": 2}}, "not a multiple of train.devices = 2"),
+                     ({"size": 64, "train": {"devicez": 2}}, r"unknown config key 'train.devicez'"),
+                     ({"size": 1}, r"grid.batch_sizes\[0\]")):
+        with pytest.raises(ConfigError, match=msg):
+            validate_config(grid(batch_sizes=[bad]))
+
+
+def test_the_large_batch_study_fits_its_devices():
+    cfg = load_config(Path(__file__).resolve().parents[1] / "workflow" / "configs" / "large_batch.yaml")
+    cells = expand_cells(cfg)
+    assert len(cells) == 60
+    by_size = {c["batch_size"]: (c["train"]["devices"], c["train"]["chunk_size"]) for c in cells.values()}
+    assert by_size == {256: (1, None), 512: (1, None), 1024: (1, None), 2048: (1, None), 4096: (1, 1024),
+                       8192: (8, None)}

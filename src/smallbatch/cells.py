@@ -120,6 +120,14 @@ def make_cell(
     return cell
 
 
+def _batch_entry(entry: Any) -> tuple[int, dict]:
+    """A ``batch_sizes`` entry: a size, or ``{size, train}`` — the train keys that batch size
+    needs (e.g. ``devices``, ``chunk_size`` at the large end), the cell id unchanged."""
+    if isinstance(entry, dict):
+        return int(entry["size"]), dict(entry.get("train") or {})
+    return int(entry), {}
+
+
 def _axis_overrides(axis: str, value: Any) -> dict:
     """The train keys one axis value sets: the value itself, or a regime's bundle of keys
     (its name kept as ``train.regime``)."""
@@ -157,10 +165,12 @@ def _section_grid(cfg: dict, section: str, sec: dict) -> Iterable[dict]:
                     for a, v in zip(axis_names, combo):
                         tov.update(_axis_overrides(a, v))
                     suffix = "".join(_axis_suffix(a, v) for a, v in zip(axis_names, combo))
-                    for bs, t, s in itertools.product(bss, tss, sss):
+                    for entry_bs, t, s in itertools.product(bss, tss, sss):
+                        bs, bs_train = _batch_entry(entry_bs)
                         yield make_cell(
                             cfg, dataset=dataset, loss=loss, loss_params=params, batch_size=bs,
-                            temperature=t, seed=s, experiment=section, train_overrides=tov, suffix=suffix,
+                            temperature=t, seed=s, experiment=section, train_overrides={**tov, **bs_train},
+                            suffix=suffix,
                         )
 
 

@@ -288,6 +288,11 @@ def _cell_problem(cell: dict) -> str | None:
         capped = f" (datasets.{name}.train_subset)" if subset is not None and subset == images else ""
         return f"batch size {cell['batch_size']} is larger than the {images:,} pretraining images of {name}{capped}"
     tr = cell["train"]
+    problem = _train_problem(tr)  # train keys set by a side experiment, an axis (a regime), a batch-size entry
+    if problem:
+        return problem
+    if cell["batch_size"] % tr["devices"]:
+        return f"batch size {cell['batch_size']} is not a multiple of train.devices = {tr['devices']}"
     # with train.steps the budget is in steps and the warm-up in epochs of a data set
     # whose size may be unknown (imagefolder): not compared (README "Configuration")
     if not tr.get("steps") and tr["warmup_epochs"] > tr["epochs"]:
@@ -298,6 +303,15 @@ def _cell_problem(cell: dict) -> str | None:
     except ValueError as exc:
         return str(exc)
     return None
+
+
+def _train_problem(train: dict) -> str | None:
+    """One line naming the first wrong key or value of a cell's ``train`` settings."""
+    schema = load_schema()
+    node = {"type": "object", "properties": {"train": schema["properties"]["train"]}, "$defs": schema["$defs"]}
+    errors = sorted(_validator_with_defaults()(node).iter_errors({"train": copy.deepcopy(train)}),
+                    key=lambda e: -len(e.absolute_path))
+    return _one_line(errors[0], node) if errors else None
 
 
 _DATA_DIRS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python", "stl10": "stl10_binary"}
