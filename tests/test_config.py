@@ -359,3 +359,15 @@ def test_the_large_batch_study_fits_its_devices():
     by_size = {c["batch_size"]: (c["train"]["devices"], c["train"]["chunk_size"]) for c in cells.values()}
     assert by_size == {256: (1, None), 512: (1, None), 1024: (1, None), 2048: (1, None), 4096: (1, 1024),
                        8192: (8, None)}
+
+
+def test_the_configuration_reference_is_generated_from_the_schema():
+    """CONFIGURATION.md is `smallbatch config-reference`'s output: every key with its
+    default and its description, so the reference cannot drift from the schema."""
+    from smallbatch.config import reference_markdown, reference_rows
+
+    doc = Path(__file__).resolve().parents[1] / "CONFIGURATION.md"
+    assert doc.read_text() == reference_markdown(), "regenerate: smallbatch config-reference > CONFIGURATION.md"
+    rows = {k: (d, m) for k, d, m in reference_rows()}
+    assert all(m for _, m in rows.values()), [k for k, (_, m) in rows.items() if not m]
+    assert rows["train.devices"][0] == "1" and rows["loss_params.eqco.alpha"][0] == "256"

@@ -468,6 +468,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tracking_args(c)
     c.set_defaults(func=cmd_mi)
 
+    c = sub.add_parser("config-reference", help="print the table of every config key (CONFIGURATION.md)")
+    c.set_defaults(func=lambda a: print(__import__("smallbatch.config", fromlist=["x"]).reference_markdown(), end="") or 0)
+
     c = sub.add_parser("report", help="rebuild every table and figure from the MLflow store alone")
     c.add_argument("--config", type=Path)
     c.add_argument("--tracking-uri")

@@ -418,3 +418,55 @@ def resolve_tracking_uri(cfg: dict) -> str:
         return env
     db = Path(cfg["results_dir"]).resolve() / "mlflow.db"
     return f"sqlite:///{db}"
+
+
+# --------------------------------------------------------------------------- the reference
+def reference_rows(schema: dict | None = None) -> list[tuple[str, str, str]]:
+    """(key, default, meaning) of every configuration key, from the schema's descriptions
+    and defaults (CONFIGURATION.md is generated from these; a test keeps it so)."""
+    schema = schema or load_schema()
+    rows: list[tuple[str, str, str]] = []
+    done: set[str] = set()
+
+    def resolve(node: dict) -> dict:
+        ref = node.get("$ref", "")
+        return {**schema["$defs"][ref.rsplit("/", 1)[-1]], **node} if ref.startswith("#/$defs/") else node
+
+    def walk(node: dict, path: str) -> None:
+        props = node.get("properties", {})
+        refs = [sub.get("$ref") for sub in props.values()]
+        shared = {r for r in refs if r and refs.count(r) > 1}  # e.g. the side experiments' sections
+        for key, sub in props.items():
+            ref = sub.get("$ref")
+            sub = resolve(sub)
+            name = f"{path}.{key}" if path else key
+            default = _yaml_flow(sub["default"]) if "default" in sub else ""
+            rows.append((name, default, " ".join(str(sub.get("description", "")).split())))
+            if ref in shared:
+                if ref not in done:  # their common keys once, as <path>.<name>.<key>
+                    done.add(ref)
+                    walk(sub, f"{path}.<{ref.rsplit('/', 1)[-1]}>")
+            else:
+                walk(sub, name)
+        extra = node.get("additionalProperties")
+        if isinstance(extra, dict) and "properties" in extra:  # free-form names, e.g. datasets.<name>
+            walk(extra, f"{path}.<name>")
+
+    walk(schema, "")
+    return rows
+
+
+def _yaml_flow(value: Any) -> str:
+    return yaml.safe_dump(value, default_flow_style=True, width=10_000).strip().removesuffix("...").strip()
+
+
+def reference_markdown() -> str:
+    """CONFIGURATION.md: the table of every key (``smallbatch config-reference`` prints it)."""
+    head = ("# Configuration reference\n\n"
+            "Generated from `workflow/schemas/config.schema.yaml` (and the loss registry in "
+            "`smallbatch.losses`) by `smallbatch config-reference > CONFIGURATION.md`; "
+            "`tests/test_config.py` fails when this file and the schema differ.\n\n"
+            "| key | default | meaning |\n|---|---|---|\n")
+    cell = lambda s: s.replace("|", "\\|")  # noqa: E731
+    return head + "".join(f"| `{k}` | {('`' + cell(d) + '`') if d else ''} | {cell(m)} |\n"
+                          for k, d, m in reference_rows())

@@ -457,7 +457,8 @@ class FlatNCE(ContrastiveLoss):
     display = "FlatNCE"
     paper = "Chen et al. 2021 (FlatNCE)"
     paper_pattern = r"flatnce"
-    param_schema = {"gamma": {"type": "number", "exclusiveMinimum": 0, "default": 1.0}}
+    param_schema = {"gamma": {"type": "number", "exclusiveMinimum": 0, "default": 1.0,
+                              "description": "Hölder-mean exponent (1 = FlatNCE)"}}
 
     def _check_param(self, key, value):
         g = float(value)
@@ -524,7 +525,8 @@ class DCLW(ContrastiveLoss):
     display = "DCLW"
     paper = "Yeh et al. 2021 (DCLW)"
     paper_pattern = r"dclw"
-    param_schema = {"sigma": {"type": "number", "exclusiveMinimum": 0, "default": 0.5}}
+    param_schema = {"sigma": {"type": "number", "exclusiveMinimum": 0, "default": 0.5,
+                              "description": "width of the von Mises-Fisher weights of the positives (inf = DCL)"}}
 
     def _check_param(self, key, value):
         s = float(value)
@@ -573,7 +575,8 @@ class EqCo(ContrastiveLoss):
     display = "EqCo"
     paper = "Zhu et al. 2020 (EqCo)"
     paper_pattern = r"eqco|simo"
-    param_schema = {"alpha": {"type": ["number", "null"], "exclusiveMinimum": 0, "default": 256}}
+    param_schema = {"alpha": {"type": ["number", "null"], "exclusiveMinimum": 0, "default": 256,
+                              "description": "the negatives' term is scaled by alpha/K (null: alpha = K, i.e. InfoNCE)"}}
 
     def _check_param(self, key, value):
         if value is None:
@@ -657,6 +660,7 @@ def config_schema() -> dict[str, Any]:
     loss_params, entry_params = {}, {}
     for name, cls in REGISTRY.items():
         loss_params[name] = {"type": "object", "default": {}, "additionalProperties": False,
+                             "description": f"{cls.display} ({cls.paper})",
                              "properties": {k: dict(v) for k, v in cls.param_schema.items()}}
         for key, sch in cls.param_schema.items():
             scalar = {k: v for k, v in sch.items() if k != "default"}
