@@ -292,18 +292,19 @@ def run_evaluate(cell: dict, checkpoint: Path, out_dir: Path, *, tracking_uri: s
 
     _threads(cell)
     ck, meta = _load_cell_checkpoint(cell, checkpoint)
+    t0 = time.perf_counter()
     if ck.get("status") == "diverged":
         feats, meta = None, {"status": "diverged", **meta}
         if features is not None:
             evaluate.save_status_features(features, meta)
     else:
-        t0 = time.perf_counter()
         feats = _cell_features(cell, ck, cache, device)
-        meta = {"status": "finished", "embed_seconds": time.perf_counter() - t0, **meta}
+        meta = {"status": "finished", **meta}
         if features is not None:
             evaluate.save_features(features, *feats, meta)
-    return {kind: _probe(kind, cell, feats, meta, Path(out_dir) / f"{kind}.json", tracking_uri, experiment)
-            for kind in ("knn", "linear")}
+    seconds = time.perf_counter() - t0
+    return {"embed_seconds": seconds, **{kind: _probe(kind, cell, feats, meta, Path(out_dir) / f"{kind}.json",
+                                                      tracking_uri, experiment) for kind in ("knn", "linear")}}
 
 
 def _probe_status(kind: str, metrics: dict, meta: dict, te_y, tr_y) -> str:

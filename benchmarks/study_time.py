@@ -1,0 +1,185 @@
+"""How long the default study takes, and where the time goes.
+
+    python benchmarks/study_time.py run [--ref REV] [--results DIR] [--cores 2] [--config config.yaml]
+    python benchmarks/study_time.py compare DIR_BEFORE DIR_AFTER
+
+``run`` deletes ``--results`` (a scratch folder, never the project's ``results/``) and runs
+the study in it with Snakemake, as ``make study`` does, from a clean state (data
+preparation included); with ``--ref`` it runs that git revision of the workflow and the
+package (checked out into a temporary worktree and put first on PYTHONPATH), so the
+before and after of a change are timed the same way, one after the other on a quiet
+machine.  It prints the wall time, the load average before and after, and per rule: the
+number of jobs, their summed wall time (the CPU time the study asks of the cores, as
+each job has one thread) and, for the steps that report it, the time of the work itself
+-- training (``wall_s`` of each checkpoint), embedding, kNN and the linear probe (the
+``seconds`` they log) -- so ``job time - work`` is what each process spends starting up
+(imports, reading data, opening the MLflow run) and finishing.
+
+``compare`` reads the ``tables/grid_top1_*.csv`` of two reports and prints, per cell, the
+difference of the means against the two runs' seed spread (2 standard errors of the
+difference), and how many cells differ beyond it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from datetime import datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# --------------------------------------------------------------------------- running
+def run_study(tree: Path, config: Path, results: Path, cores: int, env: dict) -> float:
+    """Snakemake on ``tree``'s Snakefile into a clean ``results``; returns the wall seconds."""
+    if results.exists():
+        shutil.rmtree(results)
+    results.mkdir(parents=True)
+    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(tree / "Snakefile"), "--directory", str(results),
+           "--configfile", str(config), "--config", f"results_dir={results}", "--cores", str(cores),
+           "--workflow-profile", str(tree / "workflow" / "profiles" / "default")]
+    t0 = time.monotonic()
+    with open(results / "snakemake.log", "w") as log:
+        proc = subprocess.run(cmd, cwd=results, env=env, stdout=log, stderr=subprocess.STDOUT)
+    wall = time.monotonic() - t0
+    if proc.returncode:
+        raise SystemExit(f"the study failed; see {results / 'snakemake.log'}")
+    return wall
+
+
+def checkout(ref: str) -> tuple[Path, tempfile.TemporaryDirectory]:
+    tmp = tempfile.TemporaryDirectory(prefix="study-time-")
+    tree = Path(tmp.name) / "tree"
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), ref], check=True,
+                   capture_output=True)
+    return tree, tmp
+
+
+# --------------------------------------------------------------------------- where the time goes
+_STAMP = re.compile(r"^\[(\w{3} \w{3} +\d+ \d\d:\d\d:\d\d \d{4})\]$")
+_START = re.compile(r"^(?:local)?rule (\w+):$")
+_JOBID = re.compile(r"^\s+jobid: (\d+)$")
+_DONE = re.compile(r"^Finished jobid: (\d+) \(Rule: (\w+)\)$")
+
+
+def job_times(log: Path) -> dict[str, list[float]]:
+    """Wall seconds of every job, per rule, from Snakemake's log (1-s timestamps)."""
+    stamp, pending, started, out = None, None, {}, defaultdict(list)
+    for line in log.read_text().splitlines():
+        if m := _STAMP.match(line):
+            stamp = datetime.strptime(m.group(1), "%a %b %d %H:%M:%S %Y")
+        elif m := _START.match(line):
+            pending = m.group(1)
+        elif (m := _JOBID.match(line)) and pending:
+            started[m.group(1)] = stamp
+            pending = None
+        elif (m := _DONE.match(line)) and m.group(1) in started:
+            out[m.group(2)].append((stamp - started[m.group(1)]).total_seconds())
+    return out
+
+
+def work_times(results: Path) -> dict[str, float]:
+    """Seconds of the work itself, summed: training, embedding, kNN, linear probe."""
+    import torch
+
+    work = defaultdict(float)
+    for ck in results.glob("runs/**/checkpoint.pt"):
+        work["pretrain"] += float(torch.load(ck, map_location="cpu", weights_only=False).get("wall_s", 0.0))
+    for kind in ("knn", "linear"):
+        for f in results.glob(f"runs/**/{kind}.json"):
+            work[kind] += float(json.loads(f.read_text()).get(f"{kind}/seconds", 0.0))
+    for log in list(results.glob("logs/embed/**/*.log")) + list(results.glob("logs/evaluate/**/*.log")):
+        for line in log.read_text().splitlines():  # the step's JSON summary line
+            if line.startswith("{"):
+                res = json.loads(line)
+                work["embed"] += float(res.get("seconds", res.get("embed_seconds", 0.0)) or 0.0)
+    return dict(work)
+
+
+def breakdown(results: Path, wall: float) -> str:
+    jobs, work = job_times(results / "snakemake.log"), work_times(results)
+    lines = [f"{'rule':<14} {'jobs':>5} {'job s':>9} {'work s':>9} {'start-up+rest s':>16}"]
+    for rule, times in sorted(jobs.items(), key=lambda kv: -sum(kv[1])):
+        w = work.get(rule, 0.0)
+        if rule == "evaluate":
+            w = sum(work.get(k, 0.0) for k in ("embed", "knn", "linear"))
+        lines.append(f"{rule:<14} {len(times):>5} {sum(times):>9.0f} {w:>9.0f} {sum(times) - w:>16.0f}")
+    total = sum(sum(t) for t in jobs.values())
+    lines.append(f"{'all jobs':<14} {sum(len(t) for t in jobs.values()):>5} {total:>9.0f}")
+    lines.append(f"wall {wall:.0f} s ({wall / 60:.1f} min); work split: "
+                 + ", ".join(f"{k} {v:.0f} s" for k, v in sorted(work.items())))
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- comparing two reports
+def compare(before: Path, after: Path) -> str:
+    import pandas as pd
+
+    def tables(d: Path) -> Path:  # a results folder or a report folder
+        return d / "report" / "tables" if (d / "report" / "tables").is_dir() else d / "tables"
+
+    rows = []
+    for f in sorted(tables(after).glob("grid_top1_*.csv")):
+        other = tables(before) / f.name
+        if not other.exists():
+            continue
+        a, b = pd.read_csv(other), pd.read_csv(f)
+        keys = [c for c in ("loss", "batch_size", "temperature") if c in a.columns and c in b.columns]
+        m = a.merge(b, on=keys, suffixes=("_before", "_after"))
+        m = m[(m["n_seeds_before"] > 0) & (m["n_seeds_after"] > 0)].fillna({"std_before": 0.0, "std_after": 0.0})
+        for _, r in m.iterrows():
+            se = ((r["std_before"] ** 2 / r["n_seeds_before"]) + (r["std_after"] ** 2 / r["n_seeds_after"])) ** 0.5
+            rows.append((f.stem, *(r[k] for k in keys), r["mean_before"], r["mean_after"],
+                         r["mean_after"] - r["mean_before"], 2 * se))
+    out = [f"{'table':<28} {'cell':<22} {'before':>7} {'after':>7} {'diff':>6} {'2 SE':>6}"]
+    for table, *cell, mb, ma, d, two_se in rows:
+        flag = " *" if abs(d) > two_se else ""
+        out.append(f"{table:<28} {' '.join(map(str, cell)):<22} {mb:>7.2f} {ma:>7.2f} {d:>+6.2f} {two_se:>6.2f}{flag}")
+    beyond = sum(abs(r[-2]) > r[-1] for r in rows)
+    out.append(f"{len(rows)} cells; {beyond} differ by more than two standard errors of the seed spread (*)")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--ref", help="a git revision to time instead of the working tree")
+    r.add_argument("--results", type=Path, default=Path(tempfile.gettempdir()) / "smallbatch-study-time")
+    r.add_argument("--cores", type=int, default=2)
+    r.add_argument("--config", default="config.yaml", help="relative to the (checked-out) tree")
+    c = sub.add_parser("compare")
+    c.add_argument("before", type=Path)
+    c.add_argument("after", type=Path)
+    args = p.parse_args(argv)
+    if args.cmd == "compare":
+        print(compare(args.before, args.after))
+        return 0
+    if args.results.resolve() == (ROOT / "results").resolve():
+        raise SystemExit("--results must be a scratch folder: it is deleted first")
+    tree, tmp = checkout(args.ref) if args.ref else (ROOT, None)
+    env = {**os.environ, "PYTHONPATH": str(tree / "src"), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    load0 = os.getloadavg()[0]
+    try:
+        wall = run_study(tree, tree / args.config, args.results.resolve(), args.cores, env)
+    finally:
+        if tmp is not None:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], capture_output=True)
+            tmp.cleanup()
+    print(f"study of {args.ref or 'the working tree'} ({args.config}), --cores {args.cores}, into {args.results}; "
+          f"load average {load0:.2f} before, {os.getloadavg()[0]:.2f} after")
+    print(breakdown(args.results.resolve(), wall))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
