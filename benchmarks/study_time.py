@@ -134,6 +134,8 @@ def compare(before: Path, after: Path) -> str:
             continue
         a, b = pd.read_csv(other), pd.read_csv(f)
         keys = [c for c in ("loss", "batch_size", "temperature") if c in a.columns and c in b.columns]
+        if a.duplicated(keys).any() or b.duplicated(keys).any():  # several variants of a loss: by label
+            keys.append("label")
         m = a.merge(b, on=keys, suffixes=("_before", "_after"))
         m = m[(m["n_seeds_before"] > 0) & (m["n_seeds_after"] > 0)].fillna({"std_before": 0.0, "std_after": 0.0})
         for _, r in m.iterrows():
