@@ -186,6 +186,25 @@ def local_rules() -> set[str]:
     return names
 
 
+def job_resources(dry: str) -> dict[str, list[str]]:
+    """rule -> the `resources:` lines of its jobs in a dry run."""
+    out: dict[str, list[str]] = {}
+    rule = None
+    for line in dry.splitlines():
+        m = re.match(r"^\s*(?:local)?rule (\w+):", line)
+        if m:
+            rule = m.group(1)
+        elif rule and line.strip().startswith("resources:"):
+            out.setdefault(rule, []).append(line.strip())
+    return out
+
+
+def res_value(line: str, key: str) -> str | None:
+    """The value of resource ``key`` in a dry run's `resources:` line (None: not asked for)."""
+    m = re.search(rf"(?:^resources: |, ){key}=([^,]*)", line)
+    return m.group(1) if m else None
+
+
 def count_submissions(dry_run_output: str) -> dict[str, int]:
     """Jobs a cluster executor would submit, from ``snakemake -n`` output: one per
     group job, plus one per ungrouped job of a rule that is not local."""

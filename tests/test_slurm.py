@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 import cluster
-from cluster import SLURM_PROFILE, SlurmUnavailable, run, snakemake_cmd, write_config
+from cluster import SLURM_PROFILE, SlurmUnavailable, job_resources, res_value, run, snakemake_cmd, write_config
 
 
 def _smoke_shape(cfg: Path) -> tuple[int, int]:
@@ -42,24 +42,6 @@ def dry_run(tmp_path: Path, profile: Path, env: dict | None = None, config: Path
     res = run(snakemake_cmd(tmp_path, cfg, profile, "-n"), cwd=tmp_path, env=cluster.env_with_venv(env), timeout=300)
     assert res.returncode == 0, res.stdout[-3000:]
     return res.stdout
-
-
-def job_resources(dry: str) -> dict[str, list[str]]:
-    """rule -> the `resources:` lines of its jobs in a dry run."""
-    out: dict[str, list[str]] = {}
-    rule = None
-    for line in dry.splitlines():
-        m = re.match(r"^\s*(?:local)?rule (\w+):", line)
-        if m:
-            rule = m.group(1)
-        elif rule and line.strip().startswith("resources:"):
-            out.setdefault(rule, []).append(line.strip())
-    return out
-
-
-def res_value(line: str, key: str) -> str | None:
-    m = re.search(rf"(?:^resources: |, ){key}=([^,]*)", line)
-    return m.group(1) if m else None
 
 
 # --------------------------------------------------------------------------- the profile, dry

@@ -19,6 +19,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from cluster import job_resources
+
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "workflow" / "configs" / "smoke.yaml"
 BIN = Path(sys.executable).parent
@@ -181,7 +183,7 @@ def test_gpu_cells_ask_for_gpus_and_share_them(tmp_path):
     takes a quarter of a GPU; a 2-device cell asks for 2 GPUs, 2 tasks and srun/torchrun."""
     proc = snakemake("-n", results=tmp_path, extra_config=("device=cuda", "cells_per_gpu=4"), timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    res = _resources(proc.stdout)
+    res = job_resources(proc.stdout)
     assert all("gres=gpu:1" in r and "gpu_permille=250" in r for r in res["pretrain"]), res["pretrain"]
     assert all("gres=gpu:1" in r for r in res["evaluate"])
     assert all("gres" not in r and "gpu" not in r for rule in ("report", "baseline", "mi_bench") for r in res.get(rule, []))
@@ -193,22 +195,9 @@ def test_gpu_cells_ask_for_gpus_and_share_them(tmp_path):
     two.write_text(yaml.safe_dump(cfg))
     proc = snakemake("-n", results=tmp_path / "two", configfile=two, extra_config=("device=cuda",), timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    res = _resources(proc.stdout)
+    res = job_resources(proc.stdout)
     assert all("gres=gpu:2" in r and "gpu_permille=2000" in r and "tasks=2" in r and "mpi=srun" in r
                for r in res["pretrain"]), res["pretrain"]
-
-
-def _resources(dry: str) -> dict[str, list[str]]:
-    """rule -> the `resources:` lines of its jobs in a dry run."""
-    out: dict[str, list[str]] = {}
-    rule = None
-    for line in dry.splitlines():
-        m = re.match(r"^\s*(?:local)?rule (\w+):", line)
-        if m:
-            rule = m.group(1)
-        elif rule and line.strip().startswith("resources:"):
-            out.setdefault(rule, []).append(line.strip())
-    return out
 
 
 @pytest.mark.parametrize("override, key", [

@@ -370,6 +370,13 @@ def cmd_mi(args) -> int:
     return 0
 
 
+def cmd_config_reference(args) -> int:
+    from .config import reference_markdown
+
+    print(reference_markdown(), end="")
+    return 0
+
+
 def cmd_report(args) -> int:
     from .config import load_config, resolve_tracking_uri
     from .report import build_report
@@ -391,7 +398,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="smallbatch", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
+    _study_commands(sub)
+    _cell_commands(sub)
+    _probe_commands(sub)
+    _study_outputs(sub)
+    return p
 
+
+def _study_commands(sub) -> None:
     c = sub.add_parser("cells", help="list the study's cells (and write their cell.json files)")
     c.add_argument("--config", type=Path, default=Path("config.yaml"))
     c.add_argument("--write", action="store_true", help="write results/runs/<id>/cell.json for every cell")
@@ -415,6 +429,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", type=Path, required=True)
     c.set_defaults(func=cmd_prepare_data)
 
+    c = sub.add_parser("config-reference", help="print the table of every config key (CONFIGURATION.md)")
+    c.set_defaults(func=cmd_config_reference)
+
+
+def _cell_commands(sub) -> None:
     c = sub.add_parser("pretrain", help="contrastive pretraining of one cell (resumes from its state.pt)")
     _add_cell_args(c)
     _add_tracking_args(c)
@@ -443,7 +462,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--device", choices=["auto", "cpu", "cuda"])
     c.set_defaults(func=cmd_evaluate)
 
-    for kind, helptext in (("knn", "weighted kNN (InstDisc): faiss, or torch on a GPU without faiss-gpu"), ("linear", "linear probe on frozen features")):
+
+def _probe_commands(sub) -> None:
+    for kind, helptext in (("knn", "weighted kNN (InstDisc): faiss, or torch on a GPU without faiss-gpu"),
+                           ("linear", "linear probe on frozen features")):
         c = sub.add_parser(kind, help=helptext)
         _add_cell_args(c)
         _add_tracking_args(c)
@@ -459,6 +481,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--device", choices=["auto", "cpu", "cuda"])
     c.set_defaults(func=cmd_baseline)
 
+
+def _study_outputs(sub) -> None:
     c = sub.add_parser("mi", help="MI bounds on correlated Gaussians (experiments.mi); one MLflow run per row")
     c.add_argument("--section", type=Path, help="JSON file with the experiments.mi section")
     c.add_argument("--section-json", metavar="JSON", help="the experiments.mi section itself as JSON (what the workflow passes)")
@@ -468,16 +492,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tracking_args(c)
     c.set_defaults(func=cmd_mi)
 
-    c = sub.add_parser("config-reference", help="print the table of every config key (CONFIGURATION.md)")
-    c.set_defaults(func=lambda a: print(__import__("smallbatch.config", fromlist=["x"]).reference_markdown(), end="") or 0)
-
     c = sub.add_parser("report", help="rebuild every table and figure from the MLflow store alone")
     c.add_argument("--config", type=Path)
     c.add_argument("--tracking-uri")
     c.add_argument("--experiment")
     c.add_argument("--out", type=Path, default=Path("results/report"))
     c.set_defaults(func=cmd_report)
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:

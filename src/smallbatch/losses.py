@@ -767,29 +767,8 @@ def diagnostics(
     qb_mean = qb.mean()
     qb_std = qb.std(unbiased=False) if qb.numel() > 1 else torch.zeros_like(qb_mean)
     qb_cv = float(qb_std / qb_mean) if float(qb_mean) > 0 else float("nan")
-    if neg_mask is None:
-        neg_vals = neg.flatten()
-    else:
-        neg_vals = neg[neg_mask]
-
-    if z1 is not None and z2 is not None:
-        _check_views(z1, z2)
-        dt = _compute_dtype(z1.dtype, z2.dtype)
-        a = F.normalize(z1.detach().to(dt), dim=1)
-        b = F.normalize(z2.detach().to(dt), dim=1)
-        alignment = float((a - b).pow(2).sum(dim=1).mean())
-        if a.shape[0] >= 2:
-            def _unif(x: Tensor) -> Tensor:
-                d2 = torch.pdist(x, p=2).pow(2)
-                return torch.logsumexp(-2.0 * d2, dim=0) - math.log(d2.numel())
-
-            uniformity = float((_unif(a) + _unif(b)) / 2)
-        else:
-            uniformity = float(torch.logsumexp(-2.0 * (2 - 2 * neg_vals), 0) - math.log(neg_vals.numel()))
-    else:
-        alignment = float((2 - 2 * pos).mean())
-        uniformity = float(torch.logsumexp(-2.0 * (2 - 2 * neg_vals), 0) - math.log(neg_vals.numel()))
-
+    neg_vals = neg.flatten() if neg_mask is None else neg[neg_mask]
+    alignment, uniformity = _alignment_uniformity(pos, neg_vals, z1, z2)
     mi_estimate = float(mi.mean())
     mi_ceiling = float(ceiling.mean())
     return {
@@ -806,6 +785,29 @@ def diagnostics(
         "neg_cos": float(neg_vals.mean()),
         "k": float(k.mean()),
     }
+
+
+def _alignment_uniformity(pos: Tensor, neg_vals: Tensor, z1: Tensor | None, z2: Tensor | None) -> tuple[float, float]:
+    """Wang & Isola's alignment and uniformity (see :func:`diagnostics`): from the views
+    when given, else from the scores (alignment 2 - 2 s_p, uniformity over the negatives)."""
+    def from_scores(s: Tensor) -> float:
+        return float(torch.logsumexp(-2.0 * (2 - 2 * s), 0) - math.log(s.numel()))
+
+    if z1 is None or z2 is None:
+        return float((2 - 2 * pos).mean()), from_scores(neg_vals)
+    _check_views(z1, z2)
+    dt = _compute_dtype(z1.dtype, z2.dtype)
+    a = F.normalize(z1.detach().to(dt), dim=1)
+    b = F.normalize(z2.detach().to(dt), dim=1)
+    alignment = float((a - b).pow(2).sum(dim=1).mean())
+    if a.shape[0] < 2:
+        return alignment, from_scores(neg_vals)
+
+    def unif(x: Tensor) -> Tensor:
+        d2 = torch.pdist(x, p=2).pow(2)
+        return torch.logsumexp(-2.0 * d2, dim=0) - math.log(d2.numel())
+
+    return alignment, float((unif(a) + unif(b)) / 2)
 
 
 # --------------------------------------------------------------------------- queue
