@@ -39,6 +39,8 @@ data:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist >/dev/null; fi
 
 study: install data
+	@# Snakemake reads --configfile files itself (its YAML errors name no line): check it first
+	@$(BIN)/smallbatch cells --config $(CONFIG) > /dev/null
 	@dl=""; if [ ! -d /usr/share/datasets/fashion-mnist ] && [ ! -d results/data/FashionMNIST/raw ]; then \
 		echo "Debian's dataset-fashion-mnist is not installed: torchvision will download Fashion-MNIST"; \
 		dl="workflow/configs/download.yaml"; fi; \
