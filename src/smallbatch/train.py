@@ -211,7 +211,7 @@ def build_training(cell: dict, images: torch.Tensor, mean, std, dev: torch.devic
 def _network(cell: dict, channels: int, size: int, dev: torch.device, dtype: torch.dtype, world: World):
     """The cell's model on the device; BatchNorm over every process's views (``sync_bn``)."""
     model = build_model(cell, channels, size).to(dev, dtype=dtype)
-    if dev.type == "cuda" and dtype != torch.float64:
+    if dtype != torch.float64:  # NHWC: cuDNN's and oneDNN's fast convolutions (CPU: ~1.2x per step)
         model = model.to(memory_format=torch.channels_last)
     return sync_batchnorm(model, world, cell["train"]["sync_bn"])
 
