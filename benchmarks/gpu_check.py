@@ -279,6 +279,7 @@ def section_syncs(args, plan: Plan):
 
     _threads(args.device)
     images, mean, std = synthetic.random_images(plan.images, 1, 16)
+    unseen = []
     for compiled in (False, True):
         cell = throughput.study_cell(16, compiled, args.device)
         t0 = time.perf_counter()
@@ -294,9 +295,14 @@ def section_syncs(args, plan: Plan):
         if args.device != "cuda":
             row["note"] = ("no CUDA on this run: the profiler records no CUDA calls, so the CUDA counts are 0 "
                            "by construction, not a measurement of the GPU path")
+        elif counts["CUDA calls/step"] == 0:  # CUPTI off: zero syncs would be a false reading
+            row["note"] = "the profiler recorded no CUDA calls on a CUDA run: these counts measure nothing"
+            unseen.append(row["step"])
         yield row
         del t
         torch._dynamo.reset()
+    if unseen:
+        raise RuntimeError(f"torch.profiler saw no CUDA runtime/driver calls in the {' and '.join(unseen)} steps")
 
 
 def _loop_steps(t, n: int) -> None:
@@ -352,7 +358,8 @@ def count_cuda_calls(events: list[dict], steps: int) -> dict:
     syncs = [e for e in calls if e["name"] in SYNC_CALLS]
     d2h = [e for e, what in copies if "DtoH" in what]
     ops = [e for e in inside if e.get("cat") == "cpu_op"]
-    return {"host syncs/step": len(syncs) / steps, "D->H copies/step": len(d2h) / steps,
+    return {"CUDA calls/step": len(calls) / steps, "host syncs/step": len(syncs) / steps,
+            "D->H copies/step": len(d2h) / steps,
             "copies/step": len(copies) / steps, "H->D copies/step": sum("HtoD" in w for _, w in copies) / steps,
             "kernel launches/step": sum(e["name"].startswith(("cudaLaunchKernel", "cuLaunchKernel",
                                                               "cudaLaunchCooperative")) for e in calls) / steps,

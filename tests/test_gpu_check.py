@@ -94,9 +94,9 @@ def test_sync_counts_run_and_say_the_cpu_sees_no_cuda(quick):
     rows = quick[1]["syncs"]["rows"]
     assert [r["step"] for r in rows] == ["eager", "compiled"]
     for r in rows:
-        assert _numbers(r, "host syncs/step", "D->H copies/step", "kernel launches/step", "graph launches/step",
-                        "aten ops/step")
-        assert r["host syncs/step"] == 0 and r["aten ops/step"] > 0
+        assert _numbers(r, "CUDA calls/step", "host syncs/step", "D->H copies/step", "kernel launches/step",
+                        "graph launches/step", "aten ops/step")
+        assert r["CUDA calls/step"] == r["host syncs/step"] == 0 and r["aten ops/step"] > 0
         assert "no CUDA" in r["note"] and "not a measurement of the GPU path" in r["note"]
 
 
@@ -172,6 +172,7 @@ def test_cuda_calls_are_counted_per_step_and_traced_to_their_op(steps):
         _x("cuda_runtime", "cudaDeviceSynchronize", 1200, 50),  # after the window: the profiler's own
     ]
     c = gpu_check.count_cuda_calls(events, steps)
+    assert c["CUDA calls/step"] == 6 / steps
     assert c["host syncs/step"] == 1 / steps and c["D->H copies/step"] == 1 / steps
     assert c["H->D copies/step"] == 1 / steps and c["copies/step"] == 2 / steps
     assert c["kernel launches/step"] == 2 / steps and c["graph launches/step"] == 1 / steps
