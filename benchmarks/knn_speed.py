@@ -108,17 +108,13 @@ def main() -> None:
     import torch
 
     from smallbatch.evaluate import _resolve_knn_backend
+    from smallbatch.synthetic import clustered_features
 
     torch.set_num_threads(args.threads)
     faiss.omp_set_num_threads(args.threads)
 
     # random features with some class structure so the accuracies mean something
-    rng = np.random.default_rng(args.seed)
-    centers = rng.normal(size=(args.classes, args.dim)).astype(np.float32)
-    ytr = rng.integers(0, args.classes, args.n_train)
-    yte = rng.integers(0, args.classes, args.n_test)
-    tr = centers[ytr] + args.noise * rng.standard_normal((args.n_train, args.dim), dtype=np.float32)
-    te = centers[yte] + args.noise * rng.standard_normal((args.n_test, args.dim), dtype=np.float32)
+    tr, ytr, te, yte = clustered_features(args.n_train, args.n_test, args.dim, args.classes, args.noise, args.seed)
     ks = (20, args.k)
 
     print(

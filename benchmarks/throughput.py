@@ -34,7 +34,10 @@ width 32, ``pool_grid`` 4, 16 px, InfoNCE, Adam), each side by side in one run:
   inductor cache) and warm (the cache a previous cell left, as the next cells of a
   study find it), each in a fresh process;
 * ``--mode share``: k cells training at once on one device (k processes, each one cell,
-  one thread), their summed images/s for k = 1, 2, 4: what ``cells_per_gpu`` buys.
+  one thread; their timed windows start together, after every process has warmed up),
+  their summed images/s for k = 1, 2, 4: what ``cells_per_gpu`` buys.
+
+``benchmarks/gpu_check.py`` uses both on a GPU, with synthetic images of the study's shape.
 
 ``--device auto`` uses CUDA when torch sees it.
 """
@@ -151,20 +154,27 @@ def per_sample_rate(cell: dict, images: torch.Tensor, mean, std, steps: int, wor
 
 
 # --------------------------------------------------------------------------- the step itself
-def study_cell(batch_size: int, compile_step: bool, device: str) -> dict:
-    """The default study's cell (config.yaml) at ``batch_size``, eager or compiled."""
+#: the study config whose cell :func:`study_cell` builds, per data set
+STUDY_CONFIGS = {"fashion_mnist": "config.yaml", "cifar10": "workflow/configs/cifar10.yaml"}
+
+
+def study_cell(batch_size: int, compile_step: bool, device: str, dataset: str = "fashion_mnist", **train) -> dict:
+    """The InfoNCE cell of a study at ``batch_size``, eager or compiled: the default study's
+    (config.yaml: small_cnn, 16 px) or, for ``cifar10``, cifar10.yaml's (resnet18_cifar,
+    SimCLR augmentations, LARS, bf16); ``train``: more train settings (e.g. precision)."""
     from smallbatch.cells import make_cell
     from smallbatch.config import load_config
 
     root = Path(__file__).resolve().parents[1]
-    cfg = load_config(root / "config.yaml", {"train": {"compile": compile_step}, "device": device})
-    return make_cell(cfg, dataset="fashion_mnist", loss="infonce", loss_params={}, batch_size=batch_size,
+    cfg = load_config(root / STUDY_CONFIGS[dataset], {"train": {"compile": compile_step, **train}, "device": device})
+    return make_cell(cfg, dataset=dataset, loss="infonce", loss_params={}, batch_size=batch_size,
                      temperature=0.1, seed=0)
 
 
-def step_rate(cell: dict, images, mean, std, steps: int) -> tuple[float, float]:
+def step_rate(cell: dict, images, mean, std, steps: int, ready=None) -> tuple[float, float]:
     """(images/s over ``steps`` steps, seconds of building + the first two steps: the
-    compile time when the step is compiled)."""
+    compile time when the step is compiled).  ``ready()``, when given, runs between the
+    two (a barrier, so that cells sharing a device time the same window)."""
     from smallbatch import train
 
     t0 = time.perf_counter()
@@ -181,6 +191,8 @@ def step_rate(cell: dict, images, mean, std, steps: int) -> tuple[float, float]:
     one(0), one(1)
     _sync(dev)
     warm = time.perf_counter() - t0
+    if ready is not None:
+        ready()
     t1 = time.perf_counter()
     for i in range(2, steps + 2):
         one(i)
@@ -208,22 +220,59 @@ def _one_cell(args) -> int:
     """(internal) one cell's step rate in this process, as JSON."""
     import json
 
-    from smallbatch import data
+    from smallbatch import data, synthetic
 
     torch.set_num_threads(args.threads)
-    d = data.load_dataset("fashion_mnist", args.data_root, image_size=16, train_subset=10000)
-    rate, warm = step_rate(study_cell(args.batch_sizes[0], args.compiled, args.device), d.pretrain_x, d.mean,
-                           d.std, args.steps)
+    if args.synthetic:  # the images' shape and size, no data set needed (a bare GPU machine)
+        images, mean, std = synthetic.random_images(10000, 1, 16)
+    else:
+        d = data.load_dataset("fashion_mnist", args.data_root, image_size=16, train_subset=10000)
+        images, mean, std = d.pretrain_x, d.mean, d.std
+    ready = (lambda: barrier(Path(args.barrier), args.parties)) if args.barrier else None
+    rate, warm = step_rate(study_cell(args.batch_sizes[0], args.compiled, args.device), images, mean, std,
+                           args.steps, ready)
     print(json.dumps({"rate": rate, "warm_s": warm}))
     return 0
+
+
+def barrier(folder: Path, parties: int, timeout: float = 600.0) -> None:
+    """Wait until ``parties`` processes have reached this point (each leaves a file in
+    ``folder``); RuntimeError after ``timeout`` seconds (a party died)."""
+    (folder / str(os.getpid())).touch()
+    t0 = time.monotonic()
+    while len(list(folder.iterdir())) < parties:
+        if time.monotonic() - t0 > timeout:
+            arrived = len(list(folder.iterdir()))
+            raise RuntimeError(f"barrier: {arrived} of {parties} processes arrived in {timeout:.0f} s")
+        time.sleep(0.01)
+
+
+def one_cell_args(batch_size: int, steps: int, threads: int, device: str, data_root: str = "results/data",
+                  synthetic: bool = False) -> list[str]:
+    """The arguments of a process that times one cell (:func:`_one_cell`)."""
+    return ["--one-cell", "--batch-sizes", str(batch_size), "--steps", str(steps), "--threads", str(threads),
+            "--device", device, "--data-root", data_root] + (["--synthetic"] if synthetic else [])
+
+
+def share_rates(common: list[str], ks) -> dict[int, list[float]]:
+    """For each k in ``ks``: k processes (``common``: :func:`one_cell_args`) training one
+    cell each on one device at once, their timed windows started together by a barrier;
+    each process's images/s."""
+    import concurrent.futures as cf
+
+    rates = {}
+    for k in ks:
+        with tempfile.TemporaryDirectory() as meet, cf.ThreadPoolExecutor(k) as ex:
+            args = [*common, "--barrier", meet, "--parties", str(k)]
+            rates[k] = list(ex.map(lambda _: _in_subprocess(args)["rate"], range(k)))
+    return rates
 
 
 def compare_compile(args) -> None:
     print(f"{'batch':>6} {'eager img/s':>12} {'compiled img/s':>15} {'ratio':>6} {'compile cold s':>15} "
           f"{'compile warm s':>15}")
     for bs in args.batch_sizes:
-        common = ["--one-cell", "--batch-sizes", str(bs), "--steps", str(args.steps), "--threads",
-                  str(args.threads), "--device", args.device, "--data-root", args.data_root]
+        common = one_cell_args(bs, args.steps, args.threads, args.device, args.data_root)
         with tempfile.TemporaryDirectory() as cache:
             env = {"TORCHINDUCTOR_CACHE_DIR": cache}
             eager = _in_subprocess(common, env)
@@ -236,18 +285,10 @@ def compare_compile(args) -> None:
 
 def compare_share(args) -> None:
     """k processes, one cell each, on one device at once: summed images/s."""
-    import concurrent.futures as cf
-
     print(f"{'batch':>6} " + " ".join(f"{f'k={k} img/s':>12}" for k in args.share))
     for bs in args.batch_sizes:
-        common = ["--one-cell", "--batch-sizes", str(bs), "--steps", str(args.steps), "--threads",
-                  str(args.threads), "--device", args.device, "--data-root", args.data_root]
-        row = []
-        for k in args.share:
-            with cf.ThreadPoolExecutor(k) as ex:
-                rates = list(ex.map(lambda _: _in_subprocess(common)["rate"], range(k)))
-            row.append(sum(rates))
-        print(f"{bs:>6} " + " ".join(f"{r:>12.0f}" for r in row), flush=True)
+        rates = share_rates(one_cell_args(bs, args.steps, args.threads, args.device, args.data_root), args.share)
+        print(f"{bs:>6} " + " ".join(f"{sum(rates[k]):>12.0f}" for k in args.share), flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -269,6 +310,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--share", type=int, nargs="+", default=[1, 2, 4], help="share mode: cells at once")
     p.add_argument("--one-cell", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--compiled", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--synthetic", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--barrier", help=argparse.SUPPRESS)
+    p.add_argument("--parties", type=int, default=1, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.one_cell:
         return _one_cell(args)

@@ -11,8 +11,6 @@ patch and shows what production code does with such files.
 from __future__ import annotations
 
 import gzip
-import os
-import pickle
 import struct
 import subprocess
 import sys
@@ -33,6 +31,7 @@ from smallbatch.data import (
     save_cache,
     stratified_subset,
 )
+from smallbatch.synthetic import cifar_images, existence_only_check, write_cifar10, write_pickle
 
 
 def _no_md5(monkeypatch, module_name: str) -> None:
@@ -40,7 +39,7 @@ def _no_md5(monkeypatch, module_name: str) -> None:
     import importlib
 
     module = importlib.import_module(module_name)
-    monkeypatch.setattr(module, "check_integrity", lambda fpath, md5=None: os.path.isfile(fpath))
+    monkeypatch.setattr(module, "check_integrity", existence_only_check)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -52,45 +51,9 @@ def _one_line(exc: BaseException) -> str:
 # --------------------------------------------------------------------------- CIFAR
 
 
-def _write_pickle(path: Path, obj) -> None:
-    with open(path, "wb") as fh:
-        pickle.dump(obj, fh, protocol=2)
-
-
-def _cifar_images(n: int, rng: np.random.Generator) -> np.ndarray:
-    """(n, 3, 32, 32) uint8 whose red plane encodes the row (for an orientation check)."""
-    images = rng.integers(0, 256, size=(n, 3, 32, 32), dtype=np.uint8)
-    images[:, 0] = (np.arange(32, dtype=np.uint8) * 7)[None, :, None]
-    return images
-
-
-def _make_cifar10(root: Path, per_batch: int = 20, test: int = 30) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(0)
-    folder = root / "cifar-10-batches-py"
-    folder.mkdir(parents=True)
-    train_images, train_labels = [], []
-    for b in range(1, 6):
-        images = _cifar_images(per_batch, rng)
-        labels = [int(v) for v in rng.integers(0, 10, per_batch)]
-        _write_pickle(folder / f"data_batch_{b}", {
-            "batch_label": f"training batch {b} of 5", "labels": labels,
-            "data": images.reshape(per_batch, -1), "filenames": [f"img{i}.png" for i in range(per_batch)],
-        })
-        train_images.append(images)
-        train_labels += labels
-    test_images = _cifar_images(test, rng)
-    test_labels = [i % 10 for i in range(test)]
-    _write_pickle(folder / "test_batch", {"batch_label": "testing batch 1 of 1", "labels": test_labels,
-                                          "data": test_images.reshape(test, -1)})
-    names = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
-    _write_pickle(folder / "batches.meta", {"num_cases_per_batch": per_batch, "label_names": names, "num_vis": 3072})
-    return {"train_x": np.concatenate(train_images), "train_y": np.array(train_labels),
-            "test_x": test_images, "test_y": np.array(test_labels)}
-
-
 def test_cifar10_loads_through_torchvision_in_nchw_order(tmp_path, monkeypatch):
     _no_md5(monkeypatch, "torchvision.datasets.cifar")
-    ref = _make_cifar10(tmp_path)
+    ref = write_cifar10(tmp_path)
     data = load_dataset("cifar10", tmp_path)
     assert data.train_x.shape == (100, 3, 32, 32) and data.train_x.dtype == torch.uint8
     assert data.test_x.shape == (30, 3, 32, 32)
@@ -108,11 +71,11 @@ def test_cifar100_loads_fine_labels(tmp_path, monkeypatch):
     rng = np.random.default_rng(1)
     folder = tmp_path / "cifar-100-python"
     folder.mkdir()
-    train, test = _cifar_images(50, rng), _cifar_images(20, rng)
+    train, test = cifar_images(50, rng), cifar_images(20, rng)
     fine = [i % 100 for i in range(50)]
-    _write_pickle(folder / "train", {"data": train.reshape(50, -1), "fine_labels": fine, "coarse_labels": [0] * 50})
-    _write_pickle(folder / "test", {"data": test.reshape(20, -1), "fine_labels": list(range(20)), "coarse_labels": [0] * 20})
-    _write_pickle(folder / "meta", {"fine_label_names": [f"c{i}" for i in range(100)], "coarse_label_names": ["x"] * 20})
+    write_pickle(folder / "train", {"data": train.reshape(50, -1), "fine_labels": fine, "coarse_labels": [0] * 50})
+    write_pickle(folder / "test", {"data": test.reshape(20, -1), "fine_labels": list(range(20)), "coarse_labels": [0] * 20})
+    write_pickle(folder / "meta", {"fine_label_names": [f"c{i}" for i in range(100)], "coarse_label_names": ["x"] * 20})
     data = load_dataset("cifar100", tmp_path, image_size=16)
     assert data.num_classes == 100
     assert data.train_x.shape == (50, 3, 16, 16) and data.test_x.shape == (20, 3, 16, 16)
@@ -123,7 +86,7 @@ def test_cifar100_loads_fine_labels(tmp_path, monkeypatch):
 
 
 def test_cifar_files_failing_md5_give_a_clear_error(tmp_path):
-    _make_cifar10(tmp_path)  # tiny files: torchvision's md5 check rejects them
+    write_cifar10(tmp_path)  # tiny files: torchvision's md5 check rejects them
     with pytest.raises(FileNotFoundError) as info:
         load_dataset("cifar10", tmp_path)
     message = _one_line(info.value)
