@@ -403,3 +403,31 @@ def test_a_converted_model_saves_the_plain_models_state():
     state = converted.state_dict()
     assert list(state) == list(plain.state_dict())
     plain.load_state_dict(state)
+
+
+def test_one_process_cells_spread_over_a_nodes_gpus(tmp_path):
+    """k processes per GPU on a node showing 4 GPUs (cells_per_gpu): each claims a slot file
+    (held for its life), slot j of every GPU before slot j+1, so 8 processes use each GPU
+    twice; a process that ends frees its slot for the next."""
+    import subprocess
+    import sys
+
+    code = ("import sys, time; from smallbatch.distributed import claim_gpu; "
+            f"print(claim_gpu(4, slots_dir={str(tmp_path)!r}), flush=True); sys.stdin.read()")
+    procs = []
+    try:
+        for _ in range(8):
+            p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            procs.append((p, int(p.stdout.readline())))
+        assert sorted(g for _, g in procs) == [0, 0, 1, 1, 2, 2, 3, 3]
+        first, gpu = procs[0]
+        first.stdin.close()
+        first.wait(timeout=30)
+        p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        procs.append((p, int(p.stdout.readline())))
+        assert procs[-1][1] == gpu  # the freed slot
+    finally:
+        for p, _ in procs:
+            if p.poll() is None:
+                p.stdin.close()
+                p.wait(timeout=30)
