@@ -26,6 +26,8 @@ rule mi_bench:
     log:
         f"{R}/logs/mi/mi_bench.log",
     threads: int(MI_SECTION.get("threads", 1))
+    # the longest job with no dependants: started first, it does not leave one core idle at the end
+    priority: 10
     resources:
         mem_mb=2000,
         runtime=60,
