@@ -237,13 +237,14 @@ def test_truncated_checkpoint_in_a_study_fails_its_step_naming_the_file(tmp_path
     later = time.time() + 5  # newer than every input, so Snakemake has no reason to retrain
     os.utime(ckpt, (later, later))
     res = run(snakemake_cmd(tmp_path, cfg, DEFAULT_PROFILE, "--cores", "1", "--retries", "0",
-                            str(results / "runs" / CELL_ID / "features.npz")), cwd=tmp_path, timeout=SNAKE_TIMEOUT)
+                            str(results / "runs" / CELL_ID / "knn.json")), cwd=tmp_path, timeout=SNAKE_TIMEOUT)
     assert res.returncode != 0, res.stdout[-2000:]
     assert "rule pretrain:" not in res.stdout, "Snakemake retrained instead of reading the checkpoint"
-    log = (results / "logs" / "embed" / f"{CELL_ID}.log").read_text().strip().splitlines()
+    log = (results / "logs" / "evaluate" / f"{CELL_ID}.log").read_text().strip().splitlines()
     assert log[-1].startswith("smallbatch: error: checkpoint ") and str(ckpt) in log[-1], log[-3:]
     assert "corrupt or truncated" in log[-1]
     assert not (results / "runs" / CELL_ID / "features.npz").exists()
+    assert not (results / "runs" / CELL_ID / "knn.json").exists()
 
 
 class _Explodes:

@@ -163,7 +163,8 @@ def test_smoke_study_runs_as_slurm_jobs_and_builds_the_report(smoke_slurm, slurm
             continue  # aged out of slurmctld (a very slow machine): the Snakemake result above stands
         assert job["JobState"] == "COMPLETED", (jid, job.get("JobState"), kinds.get(jid))
         assert job["NodeList"] == "localhost" and job["Partition"] == "local"
-        request = job.get("TresPerJob", "")  # what was asked for, e.g. gres:gpu:1
+        # what was asked for: --gres=gpu:1 reads TresPerNode=gres:gpu:1 (--gpus=1 would be TresPerJob)
+        request = ",".join(filter(None, (job.get("TresPerNode"), job.get("TresPerJob"))))
         if kinds[jid].startswith("group_cell"):  # two cells, cells_per_gpu 2: one GPU for both
             assert request == "gres:gpu:1", (jid, kinds[jid], request)
             asked_gpu.append(jid)
