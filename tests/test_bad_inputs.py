@@ -159,7 +159,7 @@ CASES = [
          ("prepare-data", "--dataset", "imagefolder", "--data-root", "{tmp}/folder", "--train-subset", "20",
           "--out", "{tmp}/c.pt"),
          r"train_subset = 20 is larger than the 6 train images of imagefolder \(.*/folder\)", setup=image_folder),
-    # --- warm-up against the epochs (not compared when train.steps is set: README "Configuration")
+    # --- warm-up against the epochs (not compared when train.steps is set: CONFIGURATION.md, train.warmup_epochs)
     Case("warmup_epochs longer than epochs", CELLS,
          r"cell 'digits/infonce/bs16-t0\.1-s0': train\.warmup_epochs = 5 is longer than train\.epochs = 1 "
          r"\(the learning rate would never finish warming up\)",
