@@ -249,7 +249,8 @@ def test_mechanism_findings_follow_the_histories(case):
                 "the gradient as it is): the measurement agrees in adam and sgd_linear. No clean prediction for "
                 "lars_sqrt (LARS divides") in update
     else:
-        assert ratio.endswith("The ratio does not track q_B: 6 of 12 cells are more than 10% away.")
+        assert ratio.endswith("The ratio does not track q_B: 6 of 12 cells are more than 10% away. Nor does it vary "
+                              "with q_B across the cells: the logged gradients do not show the coupling factor.")
         assert ("adam (adam, lr scaling none) at B=16: InfoNCE/DCL 0.62 against q_B 0.62, follows q_B at 3, 10 and 30 "
                 "epochs") in update
         assert ("The gradient scale reaches the update under adam; it is divided out under lars_sqrt and sgd_linear. "
@@ -338,3 +339,26 @@ def test_length_change_within_noise_is_never_support():
     assert ("Under sgd: the gap moves by +0.5 ± 1.4 from 3 to 30 epochs, within noise: our numbers neither support "
             "nor refute SimCLR's claim") in f
     assert "shrinks:" not in f and "our numbers support" not in f
+
+
+def _ratio_summary(qb, ratio) -> pd.DataFrame:
+    n = len(qb)
+    return pd.DataFrame({"dataset": "d", "temperature": 0.1, "regime": "sgd_linear", "optimizer": "sgd",
+                         "lr_scaling": "linear", "batch_size": [16 * 2 ** i for i in range(n)], "loss": "infonce",
+                         "label": "InfoNCE", "qb_mean": qb, "ratio_mean": ratio,
+                         "ratio_over_qb_minus_1": np.asarray(ratio) / np.asarray(qb) - 1, "n_points": 10,
+                         "n_runs": 2})
+
+
+def test_a_ratio_above_q_b_that_rises_with_it_is_said_to_follow_it_in_order():
+    """What the real regime run showed: anchors differ, so the norm ratio sits above the batch's mean q_B
+    (hard anchors weigh more) but rises with it across the cells."""
+    f = regime_findings.ratio_finding(_ratio_summary([0.15, 0.3, 0.6, 0.9], [0.33, 0.5, 0.75, 0.95]), "d", 0.1)
+    assert "The ratio does not track q_B: 3 of 4 cells are more than 10% away." in f
+    assert "But across the cells it rises with q_B (rank correlation 1.00), at 1.06–2.20 times the mean q_B" in f
+
+
+def test_a_ratio_that_falls_as_q_b_rises_is_not_said_to_follow_it():
+    f = regime_findings.ratio_finding(_ratio_summary([0.15, 0.3, 0.6, 0.9], [0.9, 0.7, 0.5, 0.3]), "d", 0.1)
+    assert f.endswith("Nor does it rise with q_B across the cells (rank correlation -1.00): the logged gradients "
+                      "do not show the coupling factor.")

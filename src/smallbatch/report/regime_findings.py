@@ -46,6 +46,8 @@ FOLLOWS, CANCELS, BOTH, NEITHER = ("follows q_B", "≈ 1, scale divided out", "q
 #: many anchors, so the logged norm ratio equals the batch's mean q_B only when every anchor has the same q; it
 #: is said to track q_B when its mean is within this relative distance of the mean q_B
 TRACK_TOL = 0.10
+#: Spearman's rank correlation over the cells from which the ratio is said to rise with q_B (in order, if not in value)
+RANK_FOLLOWS = 0.8
 #: what each optimiser does to a global scale of the gradient: the predicted verdict (None: no clean
 #: prediction) and why; the update sizes test it
 EXPECTED = {"sgd": (FOLLOWS, "SGD applies the gradient as it is"),
@@ -287,7 +289,23 @@ def ratio_finding(rs: pd.DataFrame, ds: str, t: float) -> str:
     if off.empty:
         return " ".join(s + [f"The ratio tracks q_B (every cell within {100 * TRACK_TOL:.0f}%)."])
     return " ".join(s + [f"The ratio does not track q_B: {len(off)} of {len(d)} cells are more than "
-                         f"{100 * TRACK_TOL:.0f}% away."])
+                         f"{100 * TRACK_TOL:.0f}% away.", _ordering(d)])
+
+
+def _ordering(d: pd.DataFrame) -> str:
+    """Whether the cells' mean ratio rises with their mean q_B (Spearman's rank correlation over the cells):
+    with unequal anchors the norm ratio is a gradient-weighted mean of the anchors' q, not their plain mean,
+    so it can follow q_B in order while missing it in value."""
+    rho = float(d["qb_mean"].rank().corr(d["ratio_mean"].rank())) if len(d) > 2 else math.nan
+    if not math.isfinite(rho):
+        return "Nor does it vary with q_B across the cells: the logged gradients do not show the coupling factor."
+    if rho < RANK_FOLLOWS:
+        return (f"Nor does it rise with q_B across the cells (rank correlation {num(rho, 2)}): the logged gradients "
+                "do not show the coupling factor.")
+    q = (d["ratio_mean"] / d["qb_mean"]).astype(float)
+    return (f"But across the cells it rises with q_B (rank correlation {num(rho, 2)}), at {num(q.min(), 2)}–"
+            f"{num(q.max(), 2)} times the mean q_B: the identity holds per anchor, and the norm ratio weights each "
+            "anchor by its gradient, so anchors with large q count more than the plain mean gives them.")
 
 
 def _stats(v) -> tuple[float, float, int]:
