@@ -517,6 +517,36 @@ def _check_subsets(name: str, raw: dict[str, Any], train_subset: int | None, tes
             raise ValueError(problem)
 
 
+def _read_raw(name: str, root: Path, download: bool, image_size: int | None) -> dict[str, Any]:
+    """The data set's images and labels as its reader returns them (numpy or tensors, native size)."""
+    if name == "digits":
+        return _load_digits(root, download)
+    if name == "fashion_mnist":
+        return _load_fashion_mnist(root, download)
+    if name in ("cifar10", "cifar100"):
+        return _load_cifar(name, root, download)
+    if name == "stl10":
+        return _load_stl10(root, download)
+    return _load_imagefolder(root, download, image_size)
+
+
+def _take_subsets(raw: dict[str, Any], train_subset: int | None, test_subset: int | None, seed: int):
+    """The requested subsets of ``raw``: stratified for the labelled splits, uniform for STL-10's
+    unlabeled pretraining images; returns train x, train y, test x, test y, pretrain x (or None)."""
+    train_y = np.asarray(raw["train_y"]).astype(np.int64)
+    test_y = np.asarray(raw["test_y"]).astype(np.int64)
+    train_x, test_x, pretrain_x = raw["train_x"], raw["test_x"], raw.get("pretrain_x")
+    if train_subset is not None:
+        idx = stratified_subset(train_y, train_subset, seed)
+        train_x, train_y = train_x[idx], train_y[idx]
+        if pretrain_x is not None:
+            pretrain_x = pretrain_x[_random_subset(len(pretrain_x), train_subset, seed + 1)]
+    if test_subset is not None:
+        idx = stratified_subset(test_y, test_subset, seed + 2)
+        test_x, test_y = test_x[idx], test_y[idx]
+    return train_x, train_y, test_x, test_y, pretrain_x
+
+
 # --------------------------------------------------------------------------- public API
 
 
@@ -560,31 +590,9 @@ def load_dataset(
         raise ValueError(f"root is required for dataset {name!r} (only digits needs no files)")
     root = Path(root if root is not None else ".").expanduser()
 
-    if name == "digits":
-        raw = _load_digits(root, download)
-    elif name == "fashion_mnist":
-        raw = _load_fashion_mnist(root, download)
-    elif name in ("cifar10", "cifar100"):
-        raw = _load_cifar(name, root, download)
-    elif name == "stl10":
-        raw = _load_stl10(root, download)
-    else:
-        raw = _load_imagefolder(root, download, image_size)
-
+    raw = _read_raw(name, root, download, image_size)
     _check_subsets(name, raw, train_subset, test_subset)
-    train_y_np = np.asarray(raw["train_y"]).astype(np.int64)
-    test_y_np = np.asarray(raw["test_y"]).astype(np.int64)
-    train_x, test_x = raw["train_x"], raw["test_x"]
-    pretrain_x = raw.get("pretrain_x")
-    if train_subset is not None:
-        idx = stratified_subset(train_y_np, train_subset, seed)
-        train_x, train_y_np = train_x[idx], train_y_np[idx]
-        if pretrain_x is not None:
-            pretrain_x = pretrain_x[_random_subset(len(pretrain_x), train_subset, seed + 1)]
-    if test_subset is not None:
-        idx = stratified_subset(test_y_np, test_subset, seed + 2)
-        test_x, test_y_np = test_x[idx], test_y_np[idx]
-
+    train_x, train_y_np, test_x, test_y_np, pretrain_x = _take_subsets(raw, train_subset, test_subset, seed)
     last = raw["channels_last"]
     train_t = _as_images(train_x, last)
     test_t = _as_images(test_x, last)
