@@ -10,6 +10,7 @@ job runs.
 from __future__ import annotations
 
 import copy
+import functools
 import difflib
 import math
 import os
@@ -294,7 +295,7 @@ def _cell_problem(cell: dict) -> str | None:
     if cell["batch_size"] % tr["devices"]:
         return f"batch size {cell['batch_size']} is not a multiple of train.devices = {tr['devices']}"
     # with train.steps the budget is in steps and the warm-up in epochs of a data set
-    # whose size may be unknown (imagefolder): not compared (README "Configuration")
+    # whose size may be unknown (imagefolder): not compared (CONFIGURATION.md, train.warmup_epochs)
     if not tr.get("steps") and tr["warmup_epochs"] > tr["epochs"]:
         return (f"train.warmup_epochs = {tr['warmup_epochs']:g} is longer than train.epochs = {tr['epochs']:g} "
                 "(the learning rate would never finish warming up)")
@@ -307,11 +308,18 @@ def _cell_problem(cell: dict) -> str | None:
 
 def _train_problem(train: dict) -> str | None:
     """One line naming the first wrong key or value of a cell's ``train`` settings."""
+    validator, node = _train_validator(str(schema_path()))
+    errors = sorted(validator.iter_errors({"train": copy.deepcopy(train)}), key=lambda e: -len(e.absolute_path))
+    return _one_line(errors[0], node) if errors else None
+
+
+@functools.lru_cache(maxsize=4)
+def _train_validator(path: str):
+    """The validator of a ``{train: ...}`` object and its schema, built once per schema file (a
+    full study checks every one of its ~1,400 cells with it)."""
     schema = load_schema()
     node = {"type": "object", "properties": {"train": schema["properties"]["train"]}, "$defs": schema["$defs"]}
-    errors = sorted(_validator_with_defaults()(node).iter_errors({"train": copy.deepcopy(train)}),
-                    key=lambda e: -len(e.absolute_path))
-    return _one_line(errors[0], node) if errors else None
+    return _validator_with_defaults()(node), node
 
 
 _DATA_DIRS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python", "stl10": "stl10_binary"}
