@@ -275,12 +275,14 @@ def compare_compile(args) -> None:
         common = one_cell_args(bs, args.steps, args.threads, args.device, args.data_root)
         with tempfile.TemporaryDirectory() as cache:
             env = {"TORCHINDUCTOR_CACHE_DIR": cache}
-            eager = _in_subprocess(common, env)
+            eager = [_in_subprocess(common, env) for _ in range(2)]
             cold = _in_subprocess([*common, "--compiled"], env)
             warm = _in_subprocess([*common, "--compiled"], env)
-        rate = max(cold["rate"], warm["rate"])
-        print(f"{bs:>6} {eager['rate']:>12.0f} {rate:>15.0f} {rate / eager['rate']:>5.2f}x "
-              f"{cold['warm_s'] - eager['warm_s']:>15.1f} {warm['warm_s'] - eager['warm_s']:>15.1f}", flush=True)
+        # the better of two processes on each side (one compiled process also compiles cold)
+        e_rate, rate = max(r["rate"] for r in eager), max(cold["rate"], warm["rate"])
+        build = min(r["warm_s"] for r in eager)
+        print(f"{bs:>6} {e_rate:>12.0f} {rate:>15.0f} {rate / e_rate:>5.2f}x "
+              f"{cold['warm_s'] - build:>15.1f} {warm['warm_s'] - build:>15.1f}", flush=True)
 
 
 def compare_share(args) -> None:
