@@ -87,21 +87,38 @@ def job_times(log: Path) -> dict[str, list[float]]:
     return out
 
 
-def work_times(results: Path) -> dict[str, float]:
-    """Seconds of the work itself, summed: training, embedding, kNN, linear probe."""
+def _summary(log: Path) -> dict:
+    """The JSON summary line a step prints last ({} if none)."""
+    lines = [ln for ln in log.read_text().splitlines() if ln.startswith("{")]
+    return json.loads(lines[-1]) if lines else {}
+
+
+def work_times(results: Path) -> dict[tuple[str, str], float]:
+    """Seconds of the work itself, summed per (rule, part): training (``wall_s`` of each
+    checkpoint) and the embedding, kNN and linear probe of each cell (the seconds they
+    log), under ``pretrain`` where its process evaluated ahead (the evaluate job adopted
+    the files: ``"adopted"`` in its summary), else under ``evaluate`` (or ``embed``,
+    ``knn``, ``linear`` for revisions with one job per step)."""
     import torch
 
     work = defaultdict(float)
     for ck in results.glob("runs/**/checkpoint.pt"):
-        work["pretrain"] += float(torch.load(ck, map_location="cpu", weights_only=False).get("wall_s", 0.0))
+        work["pretrain", "pretrain"] += float(torch.load(ck, map_location="cpu", weights_only=False).get("wall_s", 0.0))
+    evaluated = set()
+    for log in results.glob("logs/evaluate/**/*.log"):
+        res = _summary(log)
+        cell = results / "runs" / log.relative_to(results / "logs" / "evaluate").with_suffix("")
+        rule = "pretrain" if res.get("adopted") else "evaluate"
+        work[rule, "embed"] += float(res.get("embed_seconds") or 0.0)
+        for kind in ("knn", "linear"):
+            if (cell / f"{kind}.json").is_file():
+                evaluated.add(cell / f"{kind}.json")
+                work[rule, kind] += float(json.loads((cell / f"{kind}.json").read_text()).get(f"{kind}/seconds", 0.0))
+    for log in results.glob("logs/embed/**/*.log"):
+        work["embed", "embed"] += float(_summary(log).get("seconds", 0.0) or 0.0)
     for kind in ("knn", "linear"):
-        for f in results.glob(f"runs/**/{kind}.json"):
-            work[kind] += float(json.loads(f.read_text()).get(f"{kind}/seconds", 0.0))
-    for log in list(results.glob("logs/embed/**/*.log")) + list(results.glob("logs/evaluate/**/*.log")):
-        for line in log.read_text().splitlines():  # the step's JSON summary line
-            if line.startswith("{"):
-                res = json.loads(line)
-                work["embed"] += float(res.get("seconds", res.get("embed_seconds", 0.0)) or 0.0)
+        for f in set(results.glob(f"runs/**/{kind}.json")) - evaluated:
+            work[kind, kind] += float(json.loads(f.read_text()).get(f"{kind}/seconds", 0.0))
     return dict(work)
 
 
@@ -109,14 +126,15 @@ def breakdown(results: Path, wall: float) -> str:
     jobs, work = job_times(results / "snakemake.log"), work_times(results)
     lines = [f"{'rule':<14} {'jobs':>5} {'job s':>9} {'work s':>9} {'start-up+rest s':>16}"]
     for rule, times in sorted(jobs.items(), key=lambda kv: -sum(kv[1])):
-        w = work.get(rule, 0.0)
-        if rule == "evaluate":
-            w = sum(work.get(k, 0.0) for k in ("embed", "knn", "linear"))
+        w = sum(v for (r, _), v in work.items() if r == rule)
         lines.append(f"{rule:<14} {len(times):>5} {sum(times):>9.0f} {w:>9.0f} {sum(times) - w:>16.0f}")
     total = sum(sum(t) for t in jobs.values())
+    parts = defaultdict(float)
+    for (_, part), v in work.items():
+        parts[part] += v
     lines.append(f"{'all jobs':<14} {sum(len(t) for t in jobs.values()):>5} {total:>9.0f}")
     lines.append(f"wall {wall:.0f} s ({wall / 60:.1f} min); work split: "
-                 + ", ".join(f"{k} {v:.0f} s" for k, v in sorted(work.items())))
+                 + ", ".join(f"{k} {v:.0f} s" for k, v in sorted(parts.items())))
     return "\n".join(lines)
 
 

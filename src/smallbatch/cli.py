@@ -283,7 +283,8 @@ def cmd_pretrain(args) -> int:
     uri, exp = _tracking(args, cfg)
     out = args.out or Path(cfg["results_dir"]) / "runs" / cell["id"]
     res = run_pretrain(cell, out, tracking_uri=uri, experiment=exp, cache=args.data_cache,
-                       restart=args.restart, progress=not args.no_progress, device=args.device)
+                       restart=args.restart, progress=not args.no_progress, device=args.device,
+                       evaluate_ahead=args.evaluate_ahead)
     if res.pop("rank", 0) == 0:  # one summary per cell, however many processes trained it
         print(json.dumps(res))
     return 0
@@ -302,6 +303,10 @@ def cmd_embed(args) -> int:
 
 
 def cmd_evaluate(args) -> int:
+    res = _adopt_prepared(args)
+    if res is not None:
+        print(json.dumps(res))
+        return 0
     from .steps import run_evaluate
 
     cell, cfg = resolve_cell(args)
@@ -312,6 +317,25 @@ def cmd_evaluate(args) -> int:
                        device=args.device, features=args.features)
     print(json.dumps(res))
     return 0
+
+
+def _adopt_prepared(args) -> dict | None:
+    """The evaluation its pretraining process ran ahead (``pretrain --evaluate-ahead``),
+    adopted without importing torch or MLflow (:mod:`smallbatch.prepared`) — for the
+    workflow's form of the command only: ``--cell-json``, ``--out-dir``, ``--tracking-uri``
+    and ``--experiment`` given, no ``--device`` or ``--features``."""
+    if None in (args.cell_json, args.out_dir, args.tracking_uri, args.experiment) or args.device or args.features:
+        return None
+    try:
+        cell = json.loads(args.cell_json)
+    except json.JSONDecodeError:
+        return None  # resolve_cell says what is wrong with it
+    if not isinstance(cell, dict) or "id" not in cell:
+        return None
+    from .prepared import adopt
+
+    uri = None if args.tracking_uri.lower() == "none" else args.tracking_uri
+    return adopt(cell, args.checkpoint or args.out_dir / "checkpoint.pt", args.out_dir, uri, args.experiment)
 
 
 def _cmd_probe(kind: str, args) -> int:
@@ -442,6 +466,9 @@ def _cell_commands(sub) -> None:
     c.add_argument("--device", choices=["auto", "cpu", "cuda"])
     c.add_argument("--restart", action="store_true", help="ignore (and overwrite) a saved state.pt, e.g. a corrupt one")
     c.add_argument("--no-progress", action="store_true")
+    c.add_argument("--evaluate-ahead", action="store_true",
+                   help="then evaluate the checkpoint in this process into <out>/evaluated/, which `smallbatch "
+                        "evaluate` adopts (one process start-up less per cell; see smallbatch.prepared)")
     c.set_defaults(func=cmd_pretrain)
 
     c = sub.add_parser("embed", help="frozen backbone features of the train and test splits -> .npz")

@@ -58,18 +58,46 @@ def load_cell_data(cell: dict, cache: Path | None = None):
 # --------------------------------------------------------------------------- pretrain
 def run_pretrain(cell: dict, out_dir: Path, *, tracking_uri: str | None, experiment: str,
                  cache: Path | None = None, restart: bool = False, progress: bool = True,
-                 device: str | None = None) -> dict:
+                 device: str | None = None, evaluate_ahead: bool = False) -> dict:
     """Pretrain one cell, logging to its MLflow run; one trainer per cell (the folder's lock
     is held from before the run is opened until the checkpoint is written).  Launched by
     torchrun or srun with ``train.devices`` processes, this process joins them
-    (:class:`smallbatch.distributed.World`); rank 0 locks, logs and saves."""
+    (:class:`smallbatch.distributed.World`); rank 0 locks, logs and saves.
+    ``evaluate_ahead`` (one process): then the evaluate step's work, in this process
+    (:func:`_evaluate_ahead`)."""
     from .distributed import World
 
     _threads(cell)
+    out_dir = Path(out_dir)
     with World.from_env(device=device or cell["device"]) as world:
         if world.is_main:
-            _record_cell(cell, Path(out_dir) / "cell.json")
-        return _pretrain_in(world, cell, Path(out_dir), tracking_uri, experiment, cache, restart, progress)
+            _record_cell(cell, out_dir / "cell.json")
+        res = _pretrain_in(world, cell, out_dir, tracking_uri, experiment, cache, restart, progress)
+        alone = world.size == 1
+    if evaluate_ahead and alone:
+        res["evaluated_ahead"] = _evaluate_ahead(cell, out_dir, tracking_uri, experiment, cache, device)
+    return res
+
+
+def _evaluate_ahead(cell: dict, out_dir: Path, uri: str | None, experiment: str, cache, device) -> bool:
+    """:func:`run_evaluate` of the checkpoint just written, in this process (no second
+    start-up), into ``<cell>/evaluated/`` for the evaluate step to adopt
+    (:mod:`smallbatch.prepared`).  A failure is one line on stderr, not the step's: the
+    evaluate step then evaluates, and reports it."""
+    from . import prepared
+
+    prepared.clear(out_dir)
+    ckpt = out_dir / "checkpoint.pt"
+    try:
+        sha1 = prepared.file_sha1(ckpt)
+        res = run_evaluate(cell, ckpt, prepared.eval_dir(out_dir), tracking_uri=uri, experiment=experiment,
+                           cache=cache, device=device)
+        prepared.write_stamp(out_dir, cell, sha1, uri, experiment, res["embed_seconds"])
+    except Exception as exc:  # noqa: BLE001 - the pretraining succeeded; its evaluate step will say what fails
+        print(f"{cell['id']}: the evaluation ahead failed ({type(exc).__name__}: {exc}); "
+              "the evaluate step will run it", file=sys.stderr)
+        return False
+    return True
 
 
 def _record_cell(cell: dict, path: Path) -> None:

@@ -59,6 +59,8 @@ rule pretrain:
         exp=EXPERIMENT,
         out=lambda w: cell_dir(w.cell),
         smallbatch=lambda w: launch_command(devices(w)),
+        # one process: evaluate in it too, for the evaluate job to adopt (smallbatch.prepared)
+        ahead=lambda w: "--evaluate-ahead" if devices(w) == 1 and not KEEP_FEATURES else "",
     log:
         f"{R}/logs/pretrain/{{cell}}.log",
     threads: lambda w: THREADS * devices(w)
@@ -75,5 +77,5 @@ rule pretrain:
     conda:
         conda_env
     shell:
-        "{params.smallbatch} pretrain --cell-json {params.cell:q} --data-cache {input.data} --out {params.out} "
+        "{params.smallbatch} pretrain --cell-json {params.cell:q} --data-cache {input.data} --out {params.out} {params.ahead} "
         "--tracking-uri '{params.uri}' --experiment '{params.exp}' --threads {THREADS} > {log} 2>&1"
