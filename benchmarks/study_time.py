@@ -101,6 +101,8 @@ def work_times(results: Path) -> dict[tuple[str, str], float]:
     ``knn``, ``linear`` for revisions with one job per step)."""
     import torch
 
+    from smallbatch.prepared import EVAL_DIR
+
     work = defaultdict(float)
     for ck in results.glob("runs/**/checkpoint.pt"):
         work["pretrain", "pretrain"] += float(torch.load(ck, map_location="cpu", weights_only=False).get("wall_s", 0.0))
@@ -116,8 +118,8 @@ def work_times(results: Path) -> dict[tuple[str, str], float]:
                 work[rule, kind] += float(json.loads((cell / f"{kind}.json").read_text()).get(f"{kind}/seconds", 0.0))
     for log in results.glob("logs/embed/**/*.log"):
         work["embed", "embed"] += float(_summary(log).get("seconds", 0.0) or 0.0)
-    for kind in ("knn", "linear"):
-        for f in set(results.glob(f"runs/**/{kind}.json")) - evaluated:
+    for kind in ("knn", "linear"):  # (not the copies a pretraining process evaluated ahead into)
+        for f in {f for f in results.glob(f"runs/**/{kind}.json") if f.parent.name != EVAL_DIR} - evaluated:
             work[kind, kind] += float(json.loads(f.read_text()).get(f"{kind}/seconds", 0.0))
     return dict(work)
 
