@@ -93,3 +93,26 @@ def test_compiled_training_follows_the_eager_loss_curve(tmp_path):
         curves[compiled] = logs
     assert len(curves[True]) == len(curves[False]) == 6
     torch.testing.assert_close(torch.tensor(curves[True]), torch.tensor(curves[False]), rtol=1e-3, atol=1e-4)
+
+
+def test_cuda_graph_steps_are_marked_and_cached_constants_made_outside_the_graph(tmp_path, monkeypatch):
+    """Two faults only the H200 showed (benchmarks/results/gpu_check_h200.md): compiled with
+    CUDA graphs (mode reduce-overhead), every training iteration must be marked as a new one,
+    and the tensors the step caches (the augmentation's device constants) must be made before
+    the compiled region — made inside it they are outputs of the graph, overwritten by its next
+    run ("accessing tensor output of CUDAGraphs that has been overwritten").  The CPU has no
+    CUDA graphs: this checks the wiring, with torch.compile replaced by the identity."""
+    t, images = _training("infonce", "gray_small", 1, 8, tmp_path)
+    s = t.step_fn
+    assert not s.aug._constants
+    marks: list[int] = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: fn)
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    s.compile(None)
+    assert s.cuda_graphs is False and list(s.aug._constants) == [images.device]
+    s.compile("reduce-overhead")
+    assert s.cuda_graphs is True
+    for step in range(3):
+        idx = torch.arange(8) + 8 * step
+        s.run(images[idx], s.aug.draw(16, torch.Generator().manual_seed(step)), idx)
+    assert len(marks) == 3

@@ -320,6 +320,12 @@ class BatchAugment:
     _N_CROP = 2 * _CROP_TRIES + 2
     _COLUMNS = _N_CROP + 1 + 1 + 4 + 4 + 1 + 1 + 1
 
+    def prepare(self, device: torch.device | str) -> None:
+        """Make the device constants now, outside any compiled step: made inside one run with
+        CUDA graphs they would be that graph's outputs, overwritten by its next run (measured
+        on an H200)."""
+        self._device_constants(torch.empty(0, device=device).device)  # the device with its index, as x.device
+
     def _device_constants(self, device: torch.device) -> tuple[torch.Tensor, ...]:
         """(mean, std, jitter lows, jitter highs, active op ids) as tensors on ``device``, made once."""
         if device not in self._constants:

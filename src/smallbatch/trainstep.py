@@ -71,6 +71,7 @@ class TrainStep:
         self.scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
         self.skipped_steps = 0  # fp16 steps the GradScaler skipped (overflow)
         self._opt_step = functools.partial(optimizer_step, opt)
+        self.cuda_graphs = False  # compiled with CUDA graphs (compile(mode="reduce-overhead"))
 
     def _views(self, x: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
         views = self.aug.apply(torch.cat([x, x]), u)
@@ -102,6 +103,8 @@ class TrainStep:
 
     def run(self, x: Tensor, u: Tensor, idx: Tensor) -> StepOut:
         """One whole update of the images ``x``: forward, backward, optimiser step."""
+        if self.cuda_graphs:  # a new iteration: the graphs may reuse the last step's output memory
+            torch.compiler.cudagraph_mark_step_begin()
         if self.chunk_size is None or self.chunk_size >= x.shape[0]:
             out = self.forward(x, u, idx)
             self.update(out.loss)
@@ -161,8 +164,13 @@ class TrainStep:
         """``torch.compile`` the forward (one graph with in-batch negatives; a queue's
         filling changes shapes, so it may take several) and the optimiser update."""
         fullgraph = fullgraph and self.source.kind == "in_batch"
+        self.aug.prepare(self.device)
         self.forward = torch.compile(self.forward, fullgraph=fullgraph, mode=mode)
         self._opt_step = torch.compile(self._opt_step, fullgraph=True, mode=mode)
+        # CUDA graph trees need each training iteration marked (measured on an H200: without
+        # it the second step fails, "accessing tensor output of CUDAGraphs that has been
+        # overwritten by a subsequent run")
+        self.cuda_graphs = mode == "reduce-overhead"
 
     def state_dict(self) -> dict:
         return {"scaler": self.scaler.state_dict() if self.scaler is not None else None,
