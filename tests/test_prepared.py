@@ -12,11 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from smallbatch import health, prepared, steps, tracking
-from smallbatch.cells import make_cell
-from smallbatch.config import load_config
+from smallbatch import prepared, steps, tracking
 
-from test_reliability import EXPERIMENT, SMALLBATCH, TINY, _store, cache, digits_cell  # noqa: F401 - fixture
+from test_reliability import EXPERIMENT, SMALLBATCH, _store, cache, digits_cell  # noqa: F401 - fixture
 
 TIMINGS = ("knn/seconds", "linear/seconds")
 
@@ -123,16 +121,3 @@ def test_a_failed_evaluation_ahead_leaves_the_pretraining_done(tmp_path, cache, 
     assert (out / "checkpoint.pt").is_file() and not (prepared.eval_dir(out) / prepared.STAMP).exists()
     assert "the evaluation ahead failed (RuntimeError: disk full); the evaluate step will run it" in \
         capsys.readouterr().err
-
-
-def test_effective_rank_from_the_gram_matrix_equals_the_svd_definition():
-    torch.manual_seed(0)
-    for shape in ((64, 200), (300, 40)):
-        x = torch.randn(*shape, dtype=torch.float64) * torch.logspace(0, -3, shape[1], dtype=torch.float64)
-        c = x - x.mean(0)
-        s = torch.linalg.svdvals(c)
-        p = s / s.sum()
-        ref = float(torch.exp(-(p * p.log()).sum()))
-        assert health.effective_rank(x) == pytest.approx(ref, rel=1e-7)  # the Gram matrix squares the condition number
-    one_direction = torch.randn(100, 1, dtype=torch.float64) * torch.randn(1, 50, dtype=torch.float64)
-    assert health.effective_rank(one_direction) == pytest.approx(1.0, abs=1e-3)

@@ -248,3 +248,18 @@ def test_chance_level_rule():
     assert at_chance(10.0, 2000, 10) and at_chance(8.3, 2000, 10) and at_chance(11.3, 2000, 10)
     assert not at_chance(11.5, 2000, 10) and not at_chance(80.0, 2000, 10)
     assert torch.isclose(torch.tensor(2 * (0.1 * 0.9 / 2000) ** 0.5), torch.tensor(0.0134164), atol=1e-6)
+
+
+def test_effective_rank_from_the_gram_matrix_equals_the_svd_definition():
+    from smallbatch.health import effective_rank
+
+    torch.manual_seed(0)
+    for shape in ((64, 200), (300, 40)):
+        x = torch.randn(*shape, dtype=torch.float64) * torch.logspace(0, -3, shape[1], dtype=torch.float64)
+        c = x - x.mean(0)
+        s = torch.linalg.svdvals(c)
+        p = s / s.sum()
+        ref = float(torch.exp(-(p * p.log()).sum()))
+        assert effective_rank(x) == pytest.approx(ref, rel=1e-7)  # the Gram matrix squares the condition number
+    one_direction = torch.randn(100, 1, dtype=torch.float64) * torch.randn(1, 50, dtype=torch.float64)
+    assert effective_rank(one_direction) == pytest.approx(1.0, abs=1e-3)

@@ -10,8 +10,8 @@ job runs.
 from __future__ import annotations
 
 import copy
-import functools
 import difflib
+import functools
 import math
 import os
 import tempfile

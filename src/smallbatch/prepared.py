@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from pathlib import Path
 
 from .io import atomic_write, write_json
 
 EVAL_DIR = "evaluated"   # in the cell's folder
 STAMP = "stamp.json"     # written last: its presence means the probes' files are complete
-PROBES = ("knn", "linear")
+PROBES = ("knn", "linear")  # the files the evaluate step writes (steps.run_evaluate), one per probe
 _NOT_COMPARED = ("threads",)  # how many threads ran the probes does not change their results
 
 
@@ -84,8 +85,6 @@ def adopt(cell: dict, checkpoint: str | Path, out_dir: str | Path, tracking_uri:
     """Copy ``<cell>/evaluated/{knn,linear}.json`` (the checkpoint's folder) to ``out_dir``
     when :data:`STAMP` matches (see the module docstring); return the evaluate step's
     summary, or None (with the reason on stderr when a stamp exists) to evaluate afresh."""
-    import sys
-
     checkpoint = Path(checkpoint)
     src = eval_dir(checkpoint.parent)
     try:

@@ -317,6 +317,7 @@ def run_evaluate(cell: dict, checkpoint: Path, out_dir: Path, *, tracking_uri: s
     ``features``: also write them there).  Writes ``knn.json`` and ``linear.json`` in
     ``out_dir``, as the separate steps do."""
     from . import evaluate
+    from .prepared import PROBES
 
     _threads(cell)
     ck, meta = _load_cell_checkpoint(cell, checkpoint)
@@ -332,7 +333,7 @@ def run_evaluate(cell: dict, checkpoint: Path, out_dir: Path, *, tracking_uri: s
             evaluate.save_features(features, *feats, meta)
     seconds = time.perf_counter() - t0
     return {"embed_seconds": seconds, **{kind: _probe(kind, cell, feats, meta, Path(out_dir) / f"{kind}.json",
-                                                      tracking_uri, experiment) for kind in ("knn", "linear")}}
+                                                      tracking_uri, experiment) for kind in PROBES}}
 
 
 def _probe_status(kind: str, metrics: dict, meta: dict, te_y, tr_y) -> str:
