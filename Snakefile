@@ -15,6 +15,32 @@ include: "workflow/rules/mi.smk"
 include: "workflow/rules/report.smk"
 
 
+# Warm start (smallbatch.warm): a local run serves its jobs from one process that has
+# imported torch, MLflow and faiss once; jobs on a cluster run as plain processes.
+WARM = {}
+
+
+onstart:
+    if config["warm_start"] and workflow.local_exec:
+        from smallbatch import warm
+
+        WARM["server"] = warm.start(f"{R}/logs/warm_server.log", THREADS)
+
+
+onsuccess:
+    if WARM:
+        from smallbatch import warm
+
+        warm.stop(WARM.pop("server"))
+
+
+onerror:
+    if WARM:
+        from smallbatch import warm
+
+        warm.stop(WARM.pop("server"))
+
+
 rule all:
     # Every cell's outputs are targets themselves (not only the report's inputs), so
     # deleting one cell's files reruns that cell even though the report exists.

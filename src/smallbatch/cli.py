@@ -418,6 +418,12 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_warm_server(args) -> int:
+    from .warm import serve
+
+    return serve(args.socket, args.watch_pid, args.idle_timeout)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="smallbatch", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -519,6 +525,13 @@ def _study_outputs(sub) -> None:
     _add_tracking_args(c)
     c.set_defaults(func=cmd_mi)
 
+    c = sub.add_parser("warm-server", help="serve the workflow's jobs from one process that imported torch once "
+                       "(started by the workflow; smallbatch.warm)")
+    c.add_argument("--socket", required=True, help="Unix socket path to listen on")
+    c.add_argument("--watch-pid", type=int, help="stop when this process (Snakemake) has ended")
+    c.add_argument("--idle-timeout", type=float, default=3600.0, help="stop after this many seconds without a command")
+    c.set_defaults(func=cmd_warm_server)
+
     c = sub.add_parser("report", help="rebuild every table and figure from the MLflow store alone")
     c.add_argument("--config", type=Path)
     c.add_argument("--tracking-uri")
@@ -528,6 +541,12 @@ def _study_outputs(sub) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # a process of its own: a workflow job may hand the command to the warm server
+        from .warm import delegate
+
+        rc = delegate(sys.argv[1:])
+        if rc is not None:
+            return rc
     parser = build_parser()
     args = parser.parse_args(argv)
     from .errors import Preempted
