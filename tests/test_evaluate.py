@@ -467,6 +467,23 @@ def test_embed_eval_mode_and_determinism(cnn_and_images) -> None:
     assert net.training and not frozen_bn.training and net.features[4].training
 
 
+def test_embed_runs_nhwc_and_leaves_the_weights_layout_as_it_was(cnn_and_images) -> None:
+    """embed runs the convolutions in NHWC (oneDNN's fast layout) and gives the NCHW
+    features to float rounding; an NCHW backbone comes back NCHW, an NHWC one (a model in
+    training) NHWC, with the same parameter objects."""
+    net, _, x = cnn_and_images
+    params = list(net.parameters())
+    net.eval()
+    with torch.no_grad():  # the NCHW reference in float64
+        ref64 = net.double()((x.double() / 255 - MEAN[0]) / STD[0]).numpy()
+    net.float()
+    np.testing.assert_allclose(embed(net, x, MEAN, STD), ref64, rtol=1e-5, atol=1e-5)
+    assert all(p.is_contiguous() for p in net.parameters()) and list(net.parameters()) == params
+    net.to(memory_format=torch.channels_last)
+    np.testing.assert_allclose(embed(net, x, MEAN, STD), ref64, rtol=1e-5, atol=1e-5)
+    assert all(p.is_contiguous(memory_format=torch.channels_last) for p in net.parameters() if p.dim() == 4)
+
+
 def test_embed_bad_inputs(cnn_and_images) -> None:
     net, _, x = cnn_and_images
     with pytest.raises(ValueError, match="x_uint8 must have dtype uint8"):

