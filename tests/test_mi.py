@@ -202,6 +202,62 @@ def test_training_reproducible_under_seed():
     assert a.trace != c.trace
 
 
+def _alike(together: mi.TrainResult, alone: mi.TrainResult) -> None:
+    assert (together.steps, together.diverged) == (alone.steps, alone.diverged)
+    assert together.trace == pytest.approx(alone.trace, rel=0, abs=2e-4)  # rounding, grown over 30 Adam steps
+    # The critics agree as functions, up to what no loss sees: a constant per anchor (g's last
+    # bias has an exactly zero gradient, so Adam walks it on rounding noise by up to lr a step)
+    x, y = mi.sample_correlated_gaussians(8, 4, 0.5, torch.Generator().manual_seed(0))
+    a, b = (c.group_scores(x[None], y[None])[0] for c in (together.critic, alone.critic))
+    torch.testing.assert_close(a - a.mean(1, keepdim=True), b - b.mean(1, keepdim=True), rtol=0, atol=1e-3)
+    rho = mi.rho_for_mi(3.0, 4)
+    assert mi.evaluate_estimator("infonce", together.critic, 8, rho, 4, 2, 0, anchors=32)["estimate"] == \
+        pytest.approx(mi.evaluate_estimator("infonce", alone.critic, 8, rho, 4, 2, 0, anchors=32)["estimate"], abs=2e-4)
+
+
+def test_estimators_trained_together_equal_each_trained_alone():
+    """train_estimators (one stacked separable critic for the estimators of one K, MI and
+    seed) gives every estimator its train_estimator result: traces and weights to float
+    rounding.  The oracle critic (no parameters) goes through train_estimator itself."""
+    kw = dict(alpha=64, hidden=16, embed=8, anchors=32)
+    ests = ["infonce", "flatnce", "eqco"]
+    together = mi.train_estimators(ests, "separable", 8, 3.0, 4, 30, 5e-3, 1, **kw)
+    for est, res in zip(ests, together):
+        _alike(res, mi.train_estimator(est, "separable", 8, 3.0, 4, 30, 5e-3, 1, **kw))
+    assert len({id(r.critic) for r in together}) == 3 and together[0].trace != together[1].trace
+    oracle = mi.train_estimators(ests, "oracle", 8, 3.0, 4, 30, 5e-3, 1, alpha=64)
+    assert all(r.steps == 0 and isinstance(r.critic, mi.GaussianRatioCritic) for r in oracle)
+
+
+def test_an_estimator_that_diverges_together_stops_as_it_would_alone(monkeypatch):
+    """FlatNCE's loss made non-finite from its 6th batch on: trained together it stops
+    there with the critic of that step, exactly as alone, and the others train on."""
+    real = mi.estimator_loss
+
+    def failing(estimator, alpha=None):
+        loss = real(estimator, alpha)
+        if estimator != "flatnce":
+            return loss
+        calls = {"n": 0}
+
+        class Failing:
+            def from_scores(self, pos, neg):
+                calls["n"] += 1
+                out = loss.from_scores(pos, neg)
+                if calls["n"] > 5:
+                    out.loss = out.loss * float("nan")
+                return out
+        return Failing()
+
+    monkeypatch.setattr(mi, "estimator_loss", failing)
+    kw = dict(hidden=16, embed=8, anchors=32)
+    together = mi.train_estimators(["infonce", "flatnce"], "separable", 8, 3.0, 4, 20, 5e-3, 1, **kw)
+    alone = [mi.train_estimator(e, "separable", 8, 3.0, 4, 20, 5e-3, 1, **kw) for e in ("infonce", "flatnce")]
+    assert (together[1].steps, together[1].diverged, together[0].steps) == (5, True, 20)
+    for a, b in zip(together, alone):
+        _alike(a, b)
+
+
 # --------------------------------------------------------------------------- bad input
 @pytest.mark.parametrize("call, word", [
     (lambda: mi.true_mi(1.0, 3), "rho"),

@@ -122,6 +122,7 @@ __all__ = [
     "dual_estimate",
     "TrainResult",
     "train_estimator",
+    "train_estimators",
     "evaluate_estimator",
     "validate_section",
     "grid",
@@ -479,24 +480,14 @@ def train_estimator(
     (``diverged=True``).
     """
     key = _check_estimator(estimator)
-    k = _check_k(K)
-    d = _check_dim(d)
-    mi = _check_mi(true_mi, "true_mi")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-        raise ValueError(f"steps must be an integer >= 0, got {steps!r}")
-    if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
-        raise ValueError(f"lr must be a positive number, got {lr!r}")
-    rho = rho_for_mi(mi, d)
+    k, d, rho, steps, lr = _check_training(K, d, true_mi, steps, lr)
     if isinstance(critic, str):
-        torch.manual_seed(_stable_seed("critic", seed, critic))
-        critic = build_critic(critic, d, hidden=hidden, embed=embed, layers=layers, rho=rho)
+        critic = _new_critic(critic, seed, d, rho, hidden, embed, layers)
     a_train = train_anchors(k, anchors, max_pairs if getattr(critic, "pairwise", False) else None)
     loss_fn = estimator_loss(key, alpha)
-    gen = torch.Generator().manual_seed(_stable_seed("train", seed, k, mi, d))
+    gen = _train_generator(seed, k, true_mi, d)
     params = [p for p in critic.parameters() if p.requires_grad]
-    opt = torch.optim.Adam(params, lr=lr, foreach=True) if params else None
-    sched = (torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * s / steps)))
-             if opt is not None and steps > 0 else None)
+    opt, sched = _adam(params, lr, steps)
     trace: list[float] = []
     diverged = False
     t0 = time.perf_counter()
@@ -516,6 +507,134 @@ def train_estimator(
         trace.append(float(_estimate_from_output(key, out, k, alpha)))
     return TrainResult(trace=trace, critic=critic, seconds=time.perf_counter() - t0,
                        diverged=diverged, steps=len(trace), extra={"train_anchors": a_train})
+
+
+def _check_training(K, d, true_mi_value, steps, lr) -> tuple[int, int, float, int, float]:
+    """Checked ``(K, d, rho, steps, lr)`` of a training run."""
+    k, d = _check_k(K), _check_dim(d)
+    mi = _check_mi(true_mi_value, "true_mi")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise ValueError(f"steps must be an integer >= 0, got {steps!r}")
+    if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
+        raise ValueError(f"lr must be a positive number, got {lr!r}")
+    return k, d, rho_for_mi(mi, d), steps, lr
+
+
+def _new_critic(name: str, seed: int, d: int, rho: float, hidden: int, embed: int, layers: int) -> nn.Module:
+    """The critic ``name`` initialised from ``seed`` (the same start for every estimator, K and MI)."""
+    torch.manual_seed(_stable_seed("critic", seed, name))
+    return build_critic(name, d, hidden=hidden, embed=embed, layers=layers, rho=rho)
+
+
+def _train_generator(seed: int, k: int, mi: float, d: int) -> torch.Generator:
+    return torch.Generator().manual_seed(_stable_seed("train", seed, k, float(mi), d))
+
+
+def _adam(params: list[Tensor], lr: float, steps: int):
+    """Adam at ``lr`` with cosine decay to 0 over ``steps`` steps; (None, None) without parameters."""
+    if not params:
+        return None, None
+    opt = torch.optim.Adam(params, lr=lr, foreach=True)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * s / steps))) \
+        if steps > 0 else None
+    return opt, sched
+
+
+class _StackedSeparable(nn.Module):
+    """M :class:`SeparableCritic` s of one shape as one module: each layer's weights stacked
+    ``(M, in, out)`` / ``(M, 1, out)``, so one batched product per layer scores every critic.
+    The same arithmetic per critic as the critic alone, up to the products' summation order."""
+
+    def __init__(self, critics: Sequence[SeparableCritic]) -> None:
+        super().__init__()
+        self.f = self._stack([c.f for c in critics])
+        self.g = self._stack([c.g for c in critics])
+
+    @staticmethod
+    def _stack(mlps: Sequence[nn.Sequential]) -> nn.ParameterList:
+        linears = [[m for m in mlp if isinstance(m, nn.Linear)] for mlp in mlps]
+        out = []
+        for layer in zip(*linears):
+            out.append(nn.Parameter(torch.stack([lin.weight.detach().T for lin in layer])))
+            out.append(nn.Parameter(torch.stack([lin.bias.detach()[None] for lin in layer])))
+        return nn.ParameterList(out)
+
+    @staticmethod
+    def _mlp(params: nn.ParameterList, x: Tensor) -> Tensor:
+        """``x (N, d)`` -> ``(M, N, out)``: Linear, ReLU, ..., Linear per critic."""
+        h = x
+        for i in range(0, len(params), 2):
+            h = torch.matmul(h, params[i]) + params[i + 1]
+            if i + 2 < len(params):
+                h = torch.relu(h)
+        return h
+
+    def group_scores(self, xa: Tensor, y: Tensor) -> Tensor:
+        """``xa (G, A, d)``, ``y (G, n, d)`` -> ``(M, G, A, n)`` (see SeparableCritic.group_scores)."""
+        (g, a, d), n = xa.shape, y.shape[1]
+        fx = self._mlp(self.f, xa.reshape(-1, d)).view(-1, g, a, self.f[-1].shape[-1])
+        gy = self._mlp(self.g, y.reshape(-1, d)).view(-1, g, n, self.g[-1].shape[-1])
+        full = fx @ gy.transpose(-1, -2)
+        return torch.gather(full, 3, _pair_index(a, n, xa.device).expand(full.shape))
+
+    def state_of(self, m: int) -> list[Tensor]:
+        """Critic ``m``'s weights and biases, in its layers' order (f, then g)."""
+        return [t[m].detach().clone() for t in [*self.f, *self.g]]
+
+    @staticmethod
+    def load_into(critic: SeparableCritic, state: list[Tensor]) -> None:
+        linears = [m for mlp in (critic.f, critic.g) for m in mlp if isinstance(m, nn.Linear)]
+        with torch.no_grad():
+            for lin, w, b in zip(linears, state[0::2], state[1::2]):
+                lin.weight.copy_(w.T)
+                lin.bias.copy_(b[0])
+
+
+def train_estimators(estimators: Sequence[str], critic: str, K: int, true_mi: float, d: int,  # noqa: F811
+                     steps: int, lr: float, seed: int, *, alpha: float | None = None, anchors: int = 128,
+                     max_pairs: int | None = 8192, hidden: int = 64, embed: int = 32,
+                     layers: int = 2) -> list[TrainResult]:
+    """:func:`train_estimator` for several estimators of one (critic, K, MI, seed) at once.
+
+    They start from the same critic and draw the same batches, so for the separable critic
+    one stacked forward (:class:`_StackedSeparable`) scores every estimator's critic; each
+    estimator's loss drives its own slice (the sum of the losses has, per slice, exactly
+    that estimator's gradient) and Adam is elementwise, so each result equals its
+    :func:`train_estimator` up to float rounding (tests/test_mi.py), at a fraction of the
+    per-step overhead.  An estimator whose loss turns non-finite stops there with the
+    critic of that step, as alone.  Other critics train one estimator at a time."""
+    keys = [_check_estimator(e) for e in estimators]
+    k, d, rho, steps, lr = _check_training(K, d, true_mi, steps, lr)
+    critics = [_new_critic(critic, seed, d, rho, hidden, embed, layers) for _ in keys]
+    if len(keys) < 2 or not isinstance(critics[0], SeparableCritic):
+        return [train_estimator(e, c, K, true_mi, d, steps, lr, seed, alpha=alpha, anchors=anchors,
+                                max_pairs=max_pairs) for e, c in zip(keys, critics)]
+    stacked = _StackedSeparable(critics)
+    gen, losses = _train_generator(seed, k, true_mi, d), [estimator_loss(key, alpha) for key in keys]
+    opt, sched = _adam(list(stacked.parameters()), lr, steps)
+    traces: list[list[float]] = [[] for _ in keys]
+    stopped: dict[int, list[Tensor]] = {}  # a diverged estimator -> its critic at that step
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        x, y = _sample_groups(k, anchors, d, rho, gen)
+        s = stacked.group_scores(x[:, :anchors], y).reshape(len(keys), -1, k + 1)
+        outs = {m: losses[m].from_scores(s[m, :, 0], s[m, :, 1:]) for m in range(len(keys)) if m not in stopped}
+        for m in [m for m, out in outs.items() if not bool(torch.isfinite(out.loss))]:
+            stopped[m] = stacked.state_of(m)
+            del outs[m]
+        if not outs:
+            break
+        opt.zero_grad(set_to_none=True)
+        sum(out.loss for out in outs.values()).backward()
+        opt.step()
+        sched.step()
+        for m, out in outs.items():
+            traces[m].append(float(_estimate_from_output(keys[m], out, k, alpha)))
+    seconds = (time.perf_counter() - t0) / len(keys)
+    for m, c in enumerate(critics):
+        _StackedSeparable.load_into(c, stopped.get(m) or stacked.state_of(m))
+    return [TrainResult(trace=traces[m], critic=c, seconds=seconds, diverged=m in stopped, steps=len(traces[m]),
+                        extra={"train_anchors": train_anchors(k, anchors, None)}) for m, c in enumerate(critics)]
 
 
 @torch.no_grad()
@@ -598,6 +717,46 @@ def grid(section: dict) -> list[dict]:
     return out
 
 
+def _same_data(keys: list[dict]) -> list[list[dict]]:
+    """The grid's keys in runs of consecutive keys that differ only in the estimator (they
+    train on the same batches: :func:`train_estimators`)."""
+    groups: list[list[dict]] = []
+    for key in keys:
+        if groups and all(groups[-1][0][f] == key[f] for f in ("critic", "K", "true_mi", "seed")):
+            groups[-1].append(key)
+        else:
+            groups.append([key])
+    return groups
+
+
+def _row(sec: dict, key: dict, res: TrainResult) -> dict:
+    """One row of the experiment: the trained critic read out on fresh batches."""
+    t0 = time.perf_counter()
+    est, k, mi, d = key["estimator"], key["K"], key["true_mi"], sec["dim"]
+    rho, alpha = rho_for_mi(mi, d), (sec["eqco_alpha"] if key["estimator"] == "eqco" else None)
+    ev = evaluate_estimator(est, res.critic, k, rho, d, sec["eval_batches"], key["seed"], alpha=alpha,
+                            anchors=sec["anchors"])
+    tail = res.trace[-max(1, len(res.trace) // 10):] if res.trace else []
+    return {
+        **key, "dim": d, "rho": rho, "alpha": alpha,
+        "estimate": ev["estimate"], "std": ev["std"], "variance": ev["std"] ** 2,
+        "bias": ev["estimate"] - mi, "ceiling": mi_ceiling(est, k, alpha),
+        "dual_estimate": ev["dual_estimate"], "dual_std": ev["dual_std"],
+        "train_final": float(sum(tail) / len(tail)) if tail else None,
+        "steps": res.steps, "diverged": res.diverged,
+        "anchors": sec["anchors"], "train_anchors": res.extra["train_anchors"],
+        "hidden": sec["hidden"], "embed": sec["embed"], "layers": sec["layers"], "lr": sec["lr"],
+        "seconds": res.seconds + time.perf_counter() - t0,
+    }
+
+
+def _print_row(i: int, n: int, row: dict) -> None:
+    print(f"[mi {i}/{n}] {row['estimator']:8s} {row['critic']:9s} K={row['K']:<5d} I={row['true_mi']:g}: "
+          f"estimate {row['estimate']:.3f} ± {row['std']:.3f} (ceiling {row['ceiling']:.2f}, "
+          f"dual {row['dual_estimate']:.2f}) {row['seconds']:.1f}s{' DIVERGED' if row['diverged'] else ''}",
+          file=sys.stderr, flush=True)
+
+
 def run_mi_experiment(
     section: dict | None,
     *,
@@ -623,37 +782,19 @@ def run_mi_experiment(
     keys = grid(sec)
     t_all = time.perf_counter()
     try:
-        for i, key in enumerate(keys, 1):
-            t0 = time.perf_counter()
-            est, critic_name, k, mi, seed = key["estimator"], key["critic"], key["K"], key["true_mi"], key["seed"]
-            d = sec["dim"]
-            rho = rho_for_mi(mi, d)
-            alpha = sec["eqco_alpha"] if est == "eqco" else None
-            res = train_estimator(est, critic_name, k, mi, d, sec["steps"], sec["lr"], seed, alpha=alpha,
-                                  anchors=sec["anchors"], max_pairs=sec["max_pairs"], hidden=sec["hidden"],
-                                  embed=sec["embed"], layers=sec["layers"])
-            ev = evaluate_estimator(est, res.critic, k, rho, d, sec["eval_batches"], seed, alpha=alpha,
-                                    anchors=sec["anchors"])
-            tail = res.trace[-max(1, len(res.trace) // 10):] if res.trace else []
-            row = {
-                **key, "dim": d, "rho": rho, "alpha": alpha,
-                "estimate": ev["estimate"], "std": ev["std"], "variance": ev["std"] ** 2,
-                "bias": ev["estimate"] - mi, "ceiling": mi_ceiling(est, k, alpha),
-                "dual_estimate": ev["dual_estimate"], "dual_std": ev["dual_std"],
-                "train_final": float(sum(tail) / len(tail)) if tail else None,
-                "steps": res.steps, "diverged": res.diverged,
-                "anchors": sec["anchors"], "train_anchors": res.extra["train_anchors"],
-                "hidden": sec["hidden"], "embed": sec["embed"], "layers": sec["layers"], "lr": sec["lr"],
-                "seconds": time.perf_counter() - t0,
-            }
-            rows.append(row)
-            if log_fn is not None:
-                log_fn(row, _thin(res.trace, sec["trace_points"]))
-            if progress:
-                print(f"[mi {i}/{len(keys)}] {est:8s} {critic_name:9s} K={k:<5d} I={mi:g}: "
-                      f"estimate {row['estimate']:.3f} ± {row['std']:.3f} (ceiling {row['ceiling']:.2f}, "
-                      f"dual {row['dual_estimate']:.2f}) {row['seconds']:.1f}s"
-                      f"{' DIVERGED' if res.diverged else ''}", file=sys.stderr, flush=True)
+        for group in _same_data(keys):
+            first = group[0]
+            alpha = sec["eqco_alpha"] if "eqco" in [g["estimator"] for g in group] else None
+            results = train_estimators([g["estimator"] for g in group], first["critic"], first["K"],
+                                       first["true_mi"], sec["dim"], sec["steps"], sec["lr"], first["seed"],
+                                       alpha=alpha, anchors=sec["anchors"], max_pairs=sec["max_pairs"],
+                                       hidden=sec["hidden"], embed=sec["embed"], layers=sec["layers"])
+            for key, res in zip(group, results):
+                rows.append(_row(sec, key, res))
+                if log_fn is not None:
+                    log_fn(rows[-1], _thin(res.trace, sec["trace_points"]))
+                if progress:
+                    _print_row(len(rows), len(keys), rows[-1])
     finally:
         torch.set_num_threads(old_threads)
     if progress:
