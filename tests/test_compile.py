@@ -19,7 +19,7 @@ from smallbatch import train
 from smallbatch.cells import make_cell
 from smallbatch.config import load_config
 from smallbatch.losses import REGISTRY
-from smallbatch.optim import optimizer_step
+from smallbatch.optim import make_optimizer, optimizer_step
 
 TINY = {"width": 4, "proj_hidden": 16, "proj_dim": 8}
 
@@ -47,7 +47,10 @@ def _explain_step(t, images):
     fwd = torch._dynamo.explain(t.step_fn.forward)(images[idx], u, idx)
     out = t.step_fn.forward(images[idx], u, idx)
     out.loss.backward()
-    upd = torch._dynamo.explain(optimizer_step)(t.step_fn.opt)
+    tr = t.cell["train"]  # the optimiser as a compiled step builds it (not CPU Adam's fused kernel)
+    opt = make_optimizer(t.step_fn.model.parameters(), tr["optimizer"], 0.01, tr["momentum"], tr["weight_decay"],
+                         compiled=True)
+    upd = torch._dynamo.explain(optimizer_step)(opt)
     return fwd, upd
 
 

@@ -88,11 +88,13 @@ def scaled_lr(base_lr: float, batch_size: int, rule: str) -> float:
 
 
 def make_optimizer(params, name: str, lr: float, momentum: float, weight_decay: float,
-                   device: torch.device | str = "cpu") -> torch.optim.Optimizer:
+                   device: torch.device | str = "cpu", compiled: bool = False) -> torch.optim.Optimizer:
     """SGD (momentum), LARS or Adam with the rate as a 0-d float32 tensor on ``device``
     (Adam on CUDA is ``capturable``: its step counter stays on the device too; on the CPU it
     is torch's fused kernel: one pass over all parameters, 0.84 vs 2.16 ms per step of the
-    default cell's model, the same update up to float rounding -- tests/test_train.py)."""
+    default cell's model, the same update up to float rounding -- tests/test_train.py --
+    except for a ``compiled`` step, where the compiler takes the plain update into its graph
+    and cannot take the fused kernel)."""
     lr_t = torch.tensor(float(lr), dtype=torch.float32, device=device)
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr_t, momentum=momentum, weight_decay=weight_decay)
@@ -101,7 +103,7 @@ def make_optimizer(params, name: str, lr: float, momentum: float, weight_decay: 
     if name == "adam":
         cuda = torch.device(device).type == "cuda"
         return torch.optim.Adam(params, lr=lr_t, weight_decay=weight_decay, capturable=cuda,
-                                foreach=True if cuda else None, fused=None if cuda else True)
+                                foreach=True if cuda else None, fused=None if cuda or compiled else True)
     raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, not {name!r}")
 
 

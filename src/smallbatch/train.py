@@ -197,7 +197,8 @@ def build_training(cell: dict, images: torch.Tensor, mean, std, dev: torch.devic
     spe = n // bs
     total = int(tr["steps"]) if tr["steps"] else max(1, math.ceil(float(tr["epochs"]) * spe))
     peak = scaled_lr(float(tr["lr"]), bs, tr["lr_scaling"])
-    opt = make_optimizer(model.parameters(), tr["optimizer"], peak, tr["momentum"], tr["weight_decay"], dev)
+    opt = make_optimizer(model.parameters(), tr["optimizer"], peak, tr["momentum"], tr["weight_decay"], dev,
+                         compiled=bool(tr["compile"]))
     aug = BatchAugment(AugmentConfig(**cell["augment"]), image_size=h, channels=c, mean=mean, std=std)
     loss_fn = build_loss(cell["loss"], cell["temperature"], **cell["loss_params"])
     step_fn = TrainStep(model, aug, source, loss_fn, build_temperature(cell, total, dev), opt, tr["precision"], dev,
