@@ -4,11 +4,11 @@ A local study runs ~45 short `smallbatch` processes, and each paid ~6 s of impor
 the compiler stack that ``torch.optim`` loads, MLflow and its SQL store, faiss) before its
 first step: a fifth of the default study's CPU time.  During a local Snakemake run a
 **server** (started by the workflow's ``onstart``, stopped by ``onsuccess``/``onerror``)
-binds a Unix socket, imports all that once and waits.  Each job's ``smallbatch COMMAND ...``
-is then a **client**: it hands the server its arguments, working folder, environment and
-standard streams (the file descriptors themselves), and the server forks a child that runs
-``cli.main`` exactly as the job's own process would -- same files, same log, same exit
-status -- while the client waits and passes on what happens to it:
+binds a Unix socket and imports all that once, between its first requests.  Each job's
+``smallbatch COMMAND ...`` is then a **client**: it hands the server its arguments, working
+folder, environment and standard streams (the file descriptors themselves), and the server
+forks a child that runs ``cli.main`` exactly as the job's own process would -- same files,
+same log, same exit status -- while the client waits and passes on what happens to it:
 
 * SIGTERM / SIGINT / SIGHUP sent to the client (Snakemake cancelling, a preemption) go to
   the child, which stops as it would (pretraining saves its state and exits 143);
@@ -103,7 +103,7 @@ class _Server:
     def __init__(self, path: str, watch_pid: int | None, idle_timeout: float) -> None:
         self.path, self.watch_pid, self.idle_timeout = path, watch_pid, idle_timeout
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.bind(path)  # before the imports: clients connecting meanwhile wait in the backlog
+        self.sock.bind(path)
         self.sock.listen(256)
         self.sel = selectors.DefaultSelector()
         self.sel.register(self.sock, selectors.EVENT_READ, None)
@@ -112,14 +112,21 @@ class _Server:
         self.kill_at: dict[int, float] = {}  # pid -> when SIGKILL follows (client gone)
         self.stop = False
 
-    def loop(self) -> None:
+    def loop(self, preload: list[str]) -> None:
+        """Serve; between requests import the next module of ``preload`` (the first jobs
+        need not wait for all of them: a child imports what is not loaded yet itself)."""
         last_busy = time.monotonic()
         while not self.stop:
-            for key, _ in self.sel.select(timeout=0.2):
+            events = self.sel.select(timeout=0 if preload else 0.2)
+            for key, _ in events:
                 if key.data is None:
                     self._accept()
                 else:
                     self._from_client(key.fileobj, key.data)
+            if preload and not events:
+                _import(preload.pop(0))
+                if not preload:
+                    print(f"{time.strftime('%H:%M:%S')} preloaded {', '.join(PRELOAD)}", flush=True)
             self._reap()
             now = time.monotonic()
             for pid, when in list(self.kill_at.items()):
@@ -270,16 +277,15 @@ def _alive(pid: int | None) -> bool:
     return True
 
 
-def _preload() -> None:
-    """Import what the commands import (a module that is missing is skipped: the child
-    then meets the same ImportError a process would)."""
+def _import(name: str) -> None:
+    """Import a module the commands import (a missing one is skipped: a child then meets the
+    same ImportError a process of its own would)."""
     import importlib
 
-    for name in PRELOAD:
-        try:
-            importlib.import_module(name)
-        except ImportError:
-            pass
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        pass
 
 
 def serve(path: str, watch_pid: int | None = None, idle_timeout: float = 3600.0) -> int:
@@ -293,9 +299,8 @@ def serve(path: str, watch_pid: int | None = None, idle_timeout: float = 3600.0)
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     try:
-        _preload()
         print(f"warm-start server {os.getpid()} ready on {path}", flush=True)
-        server.loop()
+        server.loop(list(PRELOAD))
     finally:
         server.close()
     return 0

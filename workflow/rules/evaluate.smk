@@ -4,6 +4,8 @@
 
 
 rule evaluate:
+    # as soon as its cell is trained (it usually adopts the evaluation pretraining ran ahead)
+    priority: 10
     input:
         ckpt=f"{R}/runs/{{cell}}/checkpoint.pt",
         data=data_cache,

@@ -64,6 +64,7 @@ rule pretrain:
     log:
         f"{R}/logs/pretrain/{{cell}}.log",
     threads: lambda w: THREADS * devices(w)
+    priority: pretrain_priority
     resources:
         gpu_permille=gpu_permille,
         gres=gres,
