@@ -27,18 +27,19 @@ onstart:
         WARM["server"] = warm.start(f"{R}/logs/warm_server.log", THREADS)
 
 
-onsuccess:
+def stop_warm_server():
     if WARM:
         from smallbatch import warm
 
         warm.stop(WARM.pop("server"))
+
+
+onsuccess:
+    stop_warm_server()
 
 
 onerror:
-    if WARM:
-        from smallbatch import warm
-
-        warm.stop(WARM.pop("server"))
+    stop_warm_server()
 
 
 rule all:

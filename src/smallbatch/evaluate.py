@@ -351,24 +351,27 @@ def _torch_search(
     return torch.cat(sims), torch.cat(idx)
 
 
+ROW_BLOCK = 1024  # rows per block of the float64 passes over a feature matrix
+
+
 def _mean_std(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per-column mean and (population) standard deviation in float64, as numpy's two-pass
-    ``mean`` / ``std(dtype=float64)`` define them, summed 1,024 rows at a time (numpy's std
+    ``mean`` / ``std(dtype=float64)`` define them, summed ``ROW_BLOCK`` rows at a time (numpy's std
     makes a full-size float64 copy: 0.37 of the default probe's 3.3 s)."""
     mu = a.mean(axis=0, dtype=np.float64)
     ss = np.zeros(a.shape[1], np.float64)
-    for i in range(0, a.shape[0], 1024):
-        d = a[i : i + 1024].astype(np.float64) - mu
+    for i in range(0, a.shape[0], ROW_BLOCK):
+        d = a[i : i + ROW_BLOCK].astype(np.float64) - mu
         ss += np.einsum("ij,ij->j", d, d)
     return mu, np.sqrt(ss / max(1, a.shape[0]))
 
 
 def _rowwise_float32(a: np.ndarray, fn) -> np.ndarray:
-    """``fn`` applied to 1,024 rows of ``a`` at a time, results stored as float32: float64
+    """``fn`` applied to ``ROW_BLOCK`` rows of ``a`` at a time, results stored as float32: float64
     arithmetic inside ``fn`` without full-size float64 temporaries (and their page faults)."""
     out = np.empty(a.shape, np.float32)
-    for i in range(0, a.shape[0], 1024):
-        out[i : i + 1024] = fn(a[i : i + 1024])
+    for i in range(0, a.shape[0], ROW_BLOCK):
+        out[i : i + ROW_BLOCK] = fn(a[i : i + ROW_BLOCK])
     return out
 
 

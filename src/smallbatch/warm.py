@@ -107,8 +107,7 @@ class _Server:
         self.sock.listen(256)
         self.sel = selectors.DefaultSelector()
         self.sel.register(self.sock, selectors.EVENT_READ, None)
-        self.children: dict[int, socket.socket] = {}  # pid -> its client's connection
-        self.started: dict[int, tuple[float, str]] = {}  # pid -> (monotonic start, what it runs)
+        self.children: dict[int, tuple[socket.socket, float, str]] = {}  # pid -> (client, start, what it runs)
         self.kill_at: dict[int, float] = {}  # pid -> when SIGKILL follows (client gone)
         self.stop = False
 
@@ -164,9 +163,8 @@ class _Server:
         for fd in fds:
             os.close(fd)
         conn.settimeout(None)
-        self.children[pid] = conn
-        self.started[pid] = (time.monotonic(), _what(request))
-        print(f"{time.strftime('%H:%M:%S')} child {pid} started: {self.started[pid][1]}", flush=True)
+        self.children[pid] = (conn, time.monotonic(), _what(request))
+        print(f"{time.strftime('%H:%M:%S')} child {pid} started: {self.children[pid][2]}", flush=True)
         self.sel.register(conn, selectors.EVENT_READ, pid)
 
     def _child(self, request: dict, fds: list[int], conn: socket.socket) -> None:
@@ -175,7 +173,7 @@ class _Server:
             self.sel.close()
             self.sock.close()
             conn.close()
-            for other in self.children.values():
+            for other, _t0, _what_runs in self.children.values():
                 other.close()
             os.setpgid(0, 0)
             for target, fd in enumerate(fds):
@@ -225,18 +223,18 @@ class _Server:
             if pid == 0:
                 return
             code = os.waitstatus_to_exitcode(status)
-            conn = self.children.pop(pid, None)
+            if pid not in self.children:
+                continue
+            conn, t0, what = self.children.pop(pid)
             self.kill_at.pop(pid, None)
-            t0, what = self.started.pop(pid, (time.monotonic(), "?"))
             print(f"{time.strftime('%H:%M:%S')} child {pid} exited {code} after {time.monotonic() - t0:.1f} s: {what}",
                   flush=True)
-            if conn is not None:
-                _send_quietly(conn, (code if code >= 0 else 128 - code).to_bytes(4, "big", signed=True))
-                try:
-                    self.sel.unregister(conn)
-                except (KeyError, ValueError):  # already, when its client vanished
-                    pass
-                conn.close()
+            _send_quietly(conn, (code if code >= 0 else 128 - code).to_bytes(4, "big", signed=True))
+            try:
+                self.sel.unregister(conn)
+            except (KeyError, ValueError):  # already, when its client vanished
+                pass
+            conn.close()
 
     def close(self) -> None:
         for pid in list(self.children):
@@ -324,6 +322,7 @@ def start(log: str | Path, threads: int, timeout_s: float = 30.0) -> subprocess.
     while not os.path.exists(path):
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
+            os.rmdir(folder)
             return None
         time.sleep(0.05)
     os.environ[ENV] = path
