@@ -549,7 +549,10 @@ def main(argv: list[str] | None = None) -> int:
             return rc
     parser = build_parser()
     args = parser.parse_args(argv)
+    from .allocator import tune
     from .errors import Preempted
+
+    tune()  # every step's own process (or warm-server child): freed blocks stay for the next step
 
     try:
         return int(args.func(args) or 0)
