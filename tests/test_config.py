@@ -371,3 +371,20 @@ def test_the_configuration_reference_is_generated_from_the_schema():
     rows = {k: (d, m) for k, d, m in reference_rows()}
     assert all(m for _, m in rows.values()), [k for k, (_, m) in rows.items() if not m]
     assert rows["train.devices"][0] == "1" and rows["loss_params.eqco.alpha"][0] == "256"
+
+
+def test_default_config_validated_once_and_copied(monkeypatch):
+    """load_config(None) validates the empty config once per process (the warm server does it
+    before it forks) and hands out copies: a caller's change never reaches the next caller."""
+    from smallbatch import config as C
+
+    first = C.load_config(None)
+    calls = []
+    monkeypatch.setattr(C, "validate_config", lambda cfg: calls.append(cfg) or cfg)
+    second = C.load_config(None)
+    assert calls == [] and second == first and second is not first
+    second["train"]["epochs"] = -1
+    second["grid"]["losses"].append("nope")
+    assert C.load_config(None) == first
+    C.load_config(None, {"train": {"epochs": 2}})  # overrides are validated every time
+    assert len(calls) == 1

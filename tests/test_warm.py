@@ -116,3 +116,17 @@ def test_the_server_stops_with_the_process_it_watches(tmp_path):
     watched.wait()
     out, _ = server.communicate(timeout=60)
     assert server.returncode == 0 and "ready" in out and not sock.exists()
+
+
+def test_preload_entry_calls_its_function(monkeypatch):
+    """``module:function`` in the preload list imports the module and calls the function (the
+    default config is validated in the server, once, for every child); a missing module is
+    skipped."""
+    from smallbatch import config as C
+
+    calls = []
+    monkeypatch.setattr(C, "load_config", lambda: calls.append(1))
+    warm._import("smallbatch.config:load_config")
+    warm._import("no_such_module_for_smallbatch:anything")
+    assert calls == [1]
+    assert "smallbatch.config:load_config" in warm.PRELOAD

@@ -47,7 +47,7 @@ FOLDER_PREFIX = "smallbatch-warm-"
 GRACE_S = 30.0  # after a client vanished: SIGTERM, then SIGKILL this much later
 PRELOAD = ("torch", "torch._dynamo", "torch.optim", "mlflow", "mlflow.tracking",
            "mlflow.store.tracking.sqlalchemy_store", "faiss", "smallbatch.steps", "smallbatch.evaluate",
-           "smallbatch.mi", "smallbatch.report")
+           "smallbatch.mi", "smallbatch.report", "seaborn", "smallbatch.config:load_config")
 # Snakemake sets these for a job's own process (snakemake.shell); the server's children get them too
 THREAD_VARS = ("OMP_NUM_THREADS", "GOTO_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
@@ -277,13 +277,17 @@ def _alive(pid: int | None) -> bool:
 
 def _import(name: str) -> None:
     """Import a module the commands import (a missing one is skipped: a child then meets the
-    same ImportError a process of its own would)."""
+    same ImportError a process of its own would); ``module:function`` also calls the function
+    (a cache every child would otherwise fill itself)."""
     import importlib
 
+    module, _, function = name.partition(":")
     try:
-        importlib.import_module(name)
+        mod = importlib.import_module(module)
     except ImportError:
-        pass
+        return
+    if function:
+        getattr(mod, function)()
 
 
 def serve(path: str, watch_pid: int | None = None, idle_timeout: float = 3600.0) -> int:
