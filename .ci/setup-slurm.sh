@@ -105,6 +105,11 @@ SlurmdParameters=config_overrides
 # plugin's squeue status command needs to see them finish
 MinJobAge=300
 KillWait=10
+# The daemons run only while the tests do; a client meanwhile retries the controller
+# MessageTimeout - 1 times, a second apart, and Snakemake's SLURM plugin runs
+# "scontrol show config" at every start of snakemake, a local run too: 9 s with the
+# default 10, 2 s with 3 (measured), still 3 s for a round trip on localhost
+MessageTimeout=3
 # Two stand-in GPUs (see gres.conf), so the profile's gpu requests are
 # scheduled as on a GPU cluster; torch still sees no CUDA here and trains on
 # the CPU.
