@@ -1,6 +1,6 @@
 """How long the default study takes, and where the time goes.
 
-    python benchmarks/study_time.py run [--ref REV] [--results DIR] [--cores 2] [--config config.yaml]
+    python benchmarks/study_time.py run [--ref REV ...] [--repeat N] [--results DIR] [--cores 2] [--config config.yaml]
     python benchmarks/study_time.py compare DIR_BEFORE DIR_AFTER
 
 ``run`` deletes ``--results`` (a scratch folder, never the project's ``results/``) and runs
@@ -8,7 +8,9 @@ the study in it with Snakemake, as ``make study`` does, from a clean state (data
 preparation included); with ``--ref`` it runs that git revision of the workflow and the
 package (checked out into a temporary worktree and put first on PYTHONPATH), so the
 before and after of a change are timed the same way, one after the other on a quiet
-machine.  It prints the wall time, the load average before and after, and per rule: the
+machine (several ``--ref`` take turns, ``--repeat`` rounds of them, and the median wall time of
+each is printed last: on this 2-core VM the same study's jobs took 1,074 to 1,243 CPU-s in
+three runs within an hour).  It prints the wall time, the load average before and after, and per rule: the
 number of jobs, their summed wall time (the CPU time the study asks of the cores, as
 each job has one thread) and, for the steps that report it, the time of the work itself
 -- training (``wall_s`` of each checkpoint), embedding, kNN and the linear probe (the
@@ -27,6 +29,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -171,11 +174,32 @@ def compare(before: Path, after: Path) -> str:
     return "\n".join(out)
 
 
+def _time_one(ref: str | None, config: str, results: Path, cores: int) -> float:
+    """One study of ``ref`` (None: the working tree) into ``results``; prints its breakdown."""
+    if results.resolve() == (ROOT / "results").resolve():
+        raise SystemExit("--results must be a scratch folder: it is deleted first")
+    tree, tmp = checkout(ref) if ref else (ROOT, None)
+    env = {**os.environ, "PYTHONPATH": str(tree / "src"), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    load0 = os.getloadavg()[0]
+    try:
+        wall = run_study(tree, tree / config, results.resolve(), cores, env)
+    finally:
+        if tmp is not None:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], capture_output=True)
+            tmp.cleanup()
+    print(f"study of {ref or 'the working tree'} ({config}), --cores {cores}, into {results}; "
+          f"load average {load0:.2f} before, {os.getloadavg()[0]:.2f} after")
+    print(breakdown(results.resolve(), wall), flush=True)
+    return wall
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run")
-    r.add_argument("--ref", help="a git revision to time instead of the working tree")
+    r.add_argument("--ref", action="append", help="a git revision to time instead of the working tree "
+                   "(repeatable: the revisions take turns)")
+    r.add_argument("--repeat", type=int, default=1, help="rounds of turns; each study into RESULTS-<n>-<ref>")
     r.add_argument("--results", type=Path, default=Path(tempfile.gettempdir()) / "smallbatch-study-time")
     r.add_argument("--cores", type=int, default=2)
     r.add_argument("--config", default="config.yaml", help="relative to the (checked-out) tree")
@@ -186,20 +210,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "compare":
         print(compare(args.before, args.after))
         return 0
-    if args.results.resolve() == (ROOT / "results").resolve():
-        raise SystemExit("--results must be a scratch folder: it is deleted first")
-    tree, tmp = checkout(args.ref) if args.ref else (ROOT, None)
-    env = {**os.environ, "PYTHONPATH": str(tree / "src"), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    load0 = os.getloadavg()[0]
-    try:
-        wall = run_study(tree, tree / args.config, args.results.resolve(), args.cores, env)
-    finally:
-        if tmp is not None:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], capture_output=True)
-            tmp.cleanup()
-    print(f"study of {args.ref or 'the working tree'} ({args.config}), --cores {args.cores}, into {args.results}; "
-          f"load average {load0:.2f} before, {os.getloadavg()[0]:.2f} after")
-    print(breakdown(args.results.resolve(), wall))
+    refs = args.ref or [None]
+    if len(refs) == 1 and args.repeat == 1:
+        _time_one(refs[0], args.config, args.results, args.cores)
+        return 0
+    walls = defaultdict(list)
+    for n in range(args.repeat):
+        for ref in refs:
+            out = args.results.with_name(f"{args.results.name}-{n + 1}-{ref or 'tree'}")
+            walls[ref].append(_time_one(ref, args.config, out, args.cores))
+    for ref, ws in walls.items():  # the machine's speed drifts: the median of the turns, and their range
+        print(f"{ref or 'the working tree'}: median {statistics.median(ws):.0f} s over {len(ws)} "
+              f"(range {min(ws):.0f}-{max(ws):.0f} s)")
     return 0
 
 
