@@ -393,7 +393,10 @@ def read_config_file(path: str | Path) -> dict:
     return cfg
 
 
-_DEFAULT_CONFIG: list[dict] = []  # the validated empty config, made once per process
+@functools.lru_cache(maxsize=1)
+def _default_config() -> dict:
+    """The validated empty config, made once per process (callers get copies)."""
+    return validate_config({})
 
 
 def load_config(path: str | Path | None = None, overrides: dict | None = None) -> dict:
@@ -401,9 +404,7 @@ def load_config(path: str | Path | None = None, overrides: dict | None = None) -
     config's validation (0.27 s: its 80 default cells are checked) is done once per process
     (every ``--cell-json`` step reads it; the warm server does it before it forks)."""
     if path is None and not overrides:
-        if not _DEFAULT_CONFIG:
-            _DEFAULT_CONFIG.append(validate_config({}))
-        return copy.deepcopy(_DEFAULT_CONFIG[0])
+        return copy.deepcopy(_default_config())
     cfg = read_config_file(path) if path is not None else {}
     if overrides:
         cfg = deep_merge(cfg, overrides)

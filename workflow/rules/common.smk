@@ -117,8 +117,8 @@ def pretrain_priority(wildcards):
     """Longest cells first (1..9 by log2 of epochs x 256 / batch size: the steps a cell takes
     relative to batch 256), so the jobs that end the study are short ones and neither core
     waits long for the other (the MI toy, longer still, has 10)."""
-    tr = cell_of(wildcards)["train"]
-    work = float(tr["epochs"]) * 256 / int(cell_of(wildcards)["batch_size"])
+    cell = cell_of(wildcards)
+    work = float(cell["train"]["epochs"]) * 256 / int(cell["batch_size"])
     return min(9, max(1, round(math.log2(max(1.0, work)))))
 
 
