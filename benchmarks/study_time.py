@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -42,21 +43,28 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 # --------------------------------------------------------------------------- running
-def run_study(tree: Path, config: Path, results: Path, cores: int, env: dict) -> float:
-    """Snakemake on ``tree``'s Snakefile into a clean ``results``; returns the wall seconds."""
+def run_study(tree: Path, config: Path, results: Path, cores: int, env: dict) -> tuple[float, float]:
+    """Snakemake on ``tree``'s Snakefile into a clean ``results``; returns the wall seconds and
+    the CPU seconds of every process it ran (Snakemake, the warm server and the jobs)."""
     if results.exists():
         shutil.rmtree(results)
     results.mkdir(parents=True)
     cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(tree / "Snakefile"), "--directory", str(results),
            "--configfile", str(config), "--config", f"results_dir={results}", "--cores", str(cores),
            "--workflow-profile", str(tree / "workflow" / "profiles" / "default")]
-    t0 = time.monotonic()
+    t0, cpu0 = time.monotonic(), _children_cpu()
     with open(results / "snakemake.log", "w") as log:
         proc = subprocess.run(cmd, cwd=results, env=env, stdout=log, stderr=subprocess.STDOUT)
-    wall = time.monotonic() - t0
+    wall, cpu = time.monotonic() - t0, _children_cpu() - cpu0
     if proc.returncode:
         raise SystemExit(f"the study failed; see {results / 'snakemake.log'}")
-    return wall
+    return wall, cpu
+
+
+def _children_cpu() -> float:
+    """User + system seconds of this process's finished descendants."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def checkout(ref: str) -> tuple[Path, tempfile.TemporaryDirectory]:
@@ -127,7 +135,7 @@ def work_times(results: Path) -> dict[tuple[str, str], float]:
     return dict(work)
 
 
-def breakdown(results: Path, wall: float) -> str:
+def breakdown(results: Path, wall: float, cpu: float | None = None) -> str:
     jobs, work = job_times(results / "snakemake.log"), work_times(results)
     lines = [f"{'rule':<14} {'jobs':>5} {'job s':>9} {'work s':>9} {'start-up+rest s':>16}"]
     for rule, times in sorted(jobs.items(), key=lambda kv: -sum(kv[1])):
@@ -140,6 +148,8 @@ def breakdown(results: Path, wall: float) -> str:
     lines.append(f"{'all jobs':<14} {sum(len(t) for t in jobs.values()):>5} {total:>9.0f}")
     lines.append(f"wall {wall:.0f} s ({wall / 60:.1f} min); work split: "
                  + ", ".join(f"{k} {v:.0f} s" for k, v in sorted(parts.items())))
+    if cpu is not None:
+        lines.append(f"CPU of all its processes {cpu:.0f} s (Snakemake and the warm server included)")
     return "\n".join(lines)
 
 
@@ -182,14 +192,14 @@ def _time_one(ref: str | None, config: str, results: Path, cores: int) -> float:
     env = {**os.environ, "PYTHONPATH": str(tree / "src"), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     load0 = os.getloadavg()[0]
     try:
-        wall = run_study(tree, tree / config, results.resolve(), cores, env)
+        wall, cpu = run_study(tree, tree / config, results.resolve(), cores, env)
     finally:
         if tmp is not None:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], capture_output=True)
             tmp.cleanup()
     print(f"study of {ref or 'the working tree'} ({config}), --cores {cores}, into {results}; "
           f"load average {load0:.2f} before, {os.getloadavg()[0]:.2f} after")
-    print(breakdown(results.resolve(), wall), flush=True)
+    print(breakdown(results.resolve(), wall, cpu), flush=True)
     return wall
 
 

@@ -272,6 +272,20 @@ def _hue(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
 _JITTER_OPS = (_brightness, _contrast, _saturation, _hue)
 
 
+def _axis_aligned_grid(sx: torch.Tensor, tx: torch.Tensor, sy: torch.Tensor, ty: torch.Tensor,
+                       side: int) -> torch.Tensor:
+    """``F.affine_grid`` (``align_corners=False``) of the per-sample maps x' = sx x + tx,
+    y' = sy y + ty on a ``side`` x ``side`` output, ``(B, side, side, 2)``: a crop + flip
+    has no shear, so two products and sums per row/column instead of affine_grid's batched
+    (B, side², 3) x (3, 2) product (a quarter of a batch-16 augmentation on the CPU; the
+    same floats as affine_grid's, checked in tests/test_augment.py)."""
+    base = torch.linspace(-1.0, 1.0, side, dtype=sx.dtype, device=sx.device) * (side - 1) / side  # as affine_grid
+    b = sx.shape[0]
+    gx = (base.view(1, 1, side) * sx.view(b, 1, 1) + tx.view(b, 1, 1)).expand(b, side, side)
+    gy = (base.view(1, side, 1) * sy.view(b, 1, 1) + ty.view(b, 1, 1)).expand(b, side, side)
+    return torch.stack((gx, gy), dim=-1)
+
+
 class BatchAugment:
     """Random augmentation of a whole batch on its device, random per sample.
 
@@ -428,11 +442,9 @@ class BatchAugment:
         box = self._crop_boxes(u_crop, height, width)
         x0, y0, w, h = box.unbind(1)
         flip = torch.where(u_flip < self.cfg.flip_p, -1.0, 1.0)
-        zero = torch.zeros_like(w)
-        theta = torch.stack((flip * w / width, zero, (2 * x0 + w) / width - 1,
-                             zero, h / height, (2 * y0 + h) / height - 1), dim=1).view(batch, 2, 3)
         k = max(1, math.ceil(max(height, width) / size))
-        grid = F.affine_grid(theta, [batch, channels, size * k, size * k], align_corners=False)
+        grid = _axis_aligned_grid(flip * w / width, (2 * x0 + w) / width - 1, h / height,
+                                  (2 * y0 + h) / height - 1, size * k)
         img = x.to(torch.float32).div_(255.0)
         out = F.grid_sample(img, grid, mode="bilinear", padding_mode="border", align_corners=False)
         return F.avg_pool2d(out, k) if k > 1 else out
