@@ -263,3 +263,20 @@ def test_effective_rank_from_the_gram_matrix_equals_the_svd_definition():
         assert effective_rank(x) == pytest.approx(ref, rel=1e-7)  # the Gram matrix squares the condition number
     one_direction = torch.randn(100, 1, dtype=torch.float64) * torch.randn(1, 50, dtype=torch.float64)
     assert effective_rank(one_direction) == pytest.approx(1.0, abs=1e-3)
+
+
+def test_every_new_run_is_tagged_with_the_commit_and_versions_read_once_per_process(tmp_path, monkeypatch):
+    """A new run carries the package's commit and versions; the git subprocess and the
+    package metadata are asked once per process, not once per run (the MI step opens 150)."""
+    calls = []
+    real_run = subprocess.run
+    monkeypatch.setattr(tracking.subprocess, "run", lambda *a, **k: calls.append(a) or real_run(*a, **k))
+    tracking.git_commit.cache_clear()
+    tracking._package_versions.cache_clear()
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracking.init_store(uri, "e")
+    for i in range(2):
+        run = tracking.open_cell_run(uri, "e", {"id": f"c{i}", "hash": f"h{i}"}, kind="mi")
+        tags = run.tags()
+        assert tags[tracking.TAG_COMMIT] and torch.__version__.startswith(tags["smallbatch.version.torch"])
+    assert sum("rev-parse" in a[0] for a in calls) == 1
