@@ -15,7 +15,9 @@ number of jobs, their summed wall time (the CPU time the study asks of the cores
 each job has one thread) and, for the steps that report it, the time of the work itself
 -- training (``wall_s`` of each checkpoint), embedding, kNN and the linear probe (the
 ``seconds`` they log) -- so ``job time - work`` is what each process spends starting up
-(imports, reading data, opening the MLflow run) and finishing.
+(imports, reading data, opening the MLflow run) and finishing; last, the CPU seconds of all
+the study's processes (Snakemake and the warm-start server included): against twice the wall
+time, how busy the two cores were.
 
 ``compare`` reads the ``tables/grid_top1_*.csv`` of two reports and prints, per cell, the
 difference of the means against the two runs' seed spread (2 standard errors of the
