@@ -137,7 +137,7 @@ def work_times(results: Path) -> dict[tuple[str, str], float]:
     return dict(work)
 
 
-def breakdown(results: Path, wall: float, cpu: float | None = None) -> str:
+def breakdown(results: Path, wall: float, cpu: float) -> str:
     jobs, work = job_times(results / "snakemake.log"), work_times(results)
     lines = [f"{'rule':<14} {'jobs':>5} {'job s':>9} {'work s':>9} {'start-up+rest s':>16}"]
     for rule, times in sorted(jobs.items(), key=lambda kv: -sum(kv[1])):
@@ -150,8 +150,7 @@ def breakdown(results: Path, wall: float, cpu: float | None = None) -> str:
     lines.append(f"{'all jobs':<14} {sum(len(t) for t in jobs.values()):>5} {total:>9.0f}")
     lines.append(f"wall {wall:.0f} s ({wall / 60:.1f} min); work split: "
                  + ", ".join(f"{k} {v:.0f} s" for k, v in sorted(parts.items())))
-    if cpu is not None:
-        lines.append(f"CPU of all its processes {cpu:.0f} s (Snakemake and the warm server included)")
+    lines.append(f"CPU of all its processes {cpu:.0f} s (Snakemake and the warm server included)")
     return "\n".join(lines)
 
 

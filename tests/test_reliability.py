@@ -272,7 +272,7 @@ def test_every_new_run_is_tagged_with_the_commit_and_versions_read_once_per_proc
     real_run = subprocess.run
     monkeypatch.setattr(tracking.subprocess, "run", lambda *a, **k: calls.append(a) or real_run(*a, **k))
     tracking.git_commit.cache_clear()
-    tracking._package_versions.cache_clear()
+    tracking._versions.cache_clear()
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     tracking.init_store(uri, "e")
     for i in range(2):
@@ -280,3 +280,4 @@ def test_every_new_run_is_tagged_with_the_commit_and_versions_read_once_per_proc
         tags = run.tags()
         assert tags[tracking.TAG_COMMIT] and torch.__version__.startswith(tags["smallbatch.version.torch"])
     assert sum("rev-parse" in a[0] for a in calls) == 1
+    assert tracking._versions.cache_info().misses == 1

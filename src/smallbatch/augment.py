@@ -436,8 +436,8 @@ class BatchAugment:
         return out.sub_(mean).div_(std)
 
     def _crop_flip_resize(self, x: torch.Tensor, u_crop: torch.Tensor, u_flip: torch.Tensor) -> torch.Tensor:
-        """Random resized crop + flip + resize to ``S``: one affine grid for the batch."""
-        batch, channels, height, width = x.shape
+        """Random resized crop + flip + resize to ``S``: one sampling grid for the batch."""
+        height, width = x.shape[-2:]
         size = self.size
         box = self._crop_boxes(u_crop, height, width)
         x0, y0, w, h = box.unbind(1)

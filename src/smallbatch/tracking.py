@@ -23,7 +23,8 @@ import os
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Mapping
 
 TAG_CELL = "smallbatch.cell_id"
 TAG_HASH = "smallbatch.cell_hash"
@@ -163,13 +164,10 @@ def git_commit() -> str:
         return "unknown"
 
 
-def _versions() -> dict[str, str]:
-    """The versions tags of a new run (a copy: read once per process, ~8 ms of metadata)."""
-    return dict(_package_versions())
-
-
 @functools.lru_cache(maxsize=None)
-def _package_versions() -> tuple[tuple[str, str], ...]:
+def _versions() -> Mapping[str, str]:
+    """The version tags of a new run, read once per process (~8 ms of package metadata;
+    read-only, as every run shares it)."""
     from importlib import metadata
 
     out = {}
@@ -178,7 +176,7 @@ def _package_versions() -> tuple[tuple[str, str], ...]:
             out[f"smallbatch.version.{pkg}"] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
             pass
-    return tuple(out.items())
+    return MappingProxyType(out)
 
 
 class RunVanished(TrackingError):
