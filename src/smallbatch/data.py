@@ -29,6 +29,16 @@ Data sets (``DATASETS``):
     torchvision's ``STL10`` (``<root>/stl10_binary/``): ``unlabeled`` (100,000
     images) is the pretraining set, ``train`` (5,000) the labelled set for probes,
     ``test`` (8,000) the test set.
+``fashion_mnist_pairs`` / ``fashion_mnist_triples``
+    Composites of k = 2 / 3 Fashion-MNIST items stacked vertically in one square image
+    (:mod:`smallbatch.composite`), labelled by the items' classes as a k-digit number:
+    100 / 1,000 balanced classes. Train composites are built from the training split only
+    and test composites from the test split only, by a generator seeded with ``seed``
+    (the same composites for every run); ``train_subset`` / ``test_subset`` are the
+    numbers of composites (default 60,000 / 10,000), ``image_size`` the composite's side
+    (default 28: k strips of 28 / k rows). ``meta`` holds ``train_sources`` /
+    ``test_sources`` (``int64 (n, k)`` tensors: the items' indices in Fashion-MNIST's
+    training / test split) and ``tiles`` (k).
 ``imagefolder``
     An ImageNet-100-style tree ``<root>/train/<class>/<image>`` and
     ``<root>/val/<class>/<image>`` (``test/`` is accepted instead of ``val/``),
@@ -66,8 +76,10 @@ import torch
 from .io import atomic_write, save_torch
 
 __all__ = [
+    "COMPOSITES",
     "DATASETS",
     "DEBIAN_FASHION_MNIST",
+    "base_dataset",
     "SPLIT_SIZES",
     "ImageData",
     "pretrain_images",
@@ -82,7 +94,12 @@ __all__ = [
     "channel_stats",
 ]
 
-DATASETS: tuple[str, ...] = ("fashion_mnist", "digits", "cifar10", "cifar100", "stl10", "imagefolder")
+DATASETS: tuple[str, ...] = ("fashion_mnist", "digits", "cifar10", "cifar100", "stl10", "imagefolder",
+                              "fashion_mnist_pairs", "fashion_mnist_triples")
+
+#: composite data sets (:mod:`smallbatch.composite`): name -> (base data set, items per image)
+COMPOSITES: dict[str, tuple[str, int]] = {"fashion_mnist_pairs": ("fashion_mnist", 2),
+                                          "fashion_mnist_triples": ("fashion_mnist", 3)}
 
 #: Images per split of every data set whose size is fixed (``imagefolder``'s is known only
 #: once its folders are read: :func:`load_dataset` checks the subsets against what it read).
@@ -94,7 +111,15 @@ SPLIT_SIZES: dict[str, dict[str, int]] = {
     "cifar10": {"train": 50000, "test": 10000},
     "cifar100": {"train": 50000, "test": 10000},
     "stl10": {"train": 5000, "test": 8000, "unlabeled": 100000},
+    # composites: how many are built (train_subset / test_subset set fewer)
+    "fashion_mnist_pairs": {"train": 60000, "test": 10000},
+    "fashion_mnist_triples": {"train": 60000, "test": 10000},
 }
+
+
+def base_dataset(name: str) -> str:
+    """The data set whose files ``name`` reads: a composite's base, else ``name`` itself."""
+    return COMPOSITES[name][0] if name in COMPOSITES else name
 
 
 def pretrain_split(name: str) -> str:
@@ -517,6 +542,37 @@ def _check_subsets(name: str, raw: dict[str, Any], train_subset: int | None, tes
             raise ValueError(problem)
 
 
+def _load_composite(name: str, root: Path, download: bool, image_size: int | None, train_subset: int | None,
+                    test_subset: int | None, seed: int) -> dict[str, Any]:
+    """Composites of ``name`` (:data:`COMPOSITES`) at their final size and count: train ones
+    from the base's training split, test ones from its test split (a generator per split,
+    seeded by ``(seed, split)``); the items' indices in their split go to ``meta``."""
+    from .composite import make_composites
+
+    base, k = COMPOSITES[name]
+    raw = _read_raw(base, root, download, None)
+    sizes = SPLIT_SIZES[name]
+    for option, value, split in (("train_subset", train_subset, "train"), ("test_subset", test_subset, "test")):
+        problem = subset_problem(option, value, sizes[split], split, name)
+        if problem:
+            raise ValueError(problem)
+    last = raw["channels_last"]
+    size = image_size or int(_as_images(raw["train_x"][:1], last).shape[-1])
+    c = int(raw["num_classes"])
+    built = {}
+    for split, count, salt in (("train", train_subset or sizes["train"], 0), ("test", test_subset or sizes["test"], 1)):
+        x, y, src = make_composites(_as_images(raw[f"{split}_x"], last), np.asarray(raw[f"{split}_y"]), k, count,
+                                    size, seed=[int(seed), salt], base_classes=c)
+        built[f"{split}_x"], built[f"{split}_y"], built[f"{split}_sources"] = x, y, torch.from_numpy(src)
+    names = list(raw["classes"])
+    classes = ["|".join(names[(i // c ** (k - 1 - j)) % c] for j in range(k)) for i in range(c**k)]
+    return {"train_x": built["train_x"], "train_y": built["train_y"], "test_x": built["test_x"],
+            "test_y": built["test_y"], "channels_last": False, "num_classes": c**k, "classes": classes,
+            "source": f"{k} x {raw['source']}",
+            "meta": {"tiles": k, "base": base, "train_sources": built["train_sources"],
+                     "test_sources": built["test_sources"]}}
+
+
 def _read_raw(name: str, root: Path, download: bool, image_size: int | None) -> dict[str, Any]:
     """The data set's images and labels as its reader returns them (numpy or tensors, native size)."""
     if name == "digits":
@@ -590,9 +646,14 @@ def load_dataset(
         raise ValueError(f"root is required for dataset {name!r} (only digits needs no files)")
     root = Path(root if root is not None else ".").expanduser()
 
-    raw = _read_raw(name, root, download, image_size)
-    _check_subsets(name, raw, train_subset, test_subset)
-    train_x, train_y_np, test_x, test_y_np, pretrain_x = _take_subsets(raw, train_subset, test_subset, seed)
+    if name in COMPOSITES:  # built at the requested counts: no subset to take
+        raw = _load_composite(name, root, download, image_size, train_subset, test_subset, seed)
+        train_x, train_y_np, test_x, test_y_np, pretrain_x = (raw["train_x"], raw["train_y"], raw["test_x"],
+                                                              raw["test_y"], None)
+    else:
+        raw = _read_raw(name, root, download, image_size)
+        _check_subsets(name, raw, train_subset, test_subset)
+        train_x, train_y_np, test_x, test_y_np, pretrain_x = _take_subsets(raw, train_subset, test_subset, seed)
     last = raw["channels_last"]
     train_t = _as_images(train_x, last)
     test_t = _as_images(test_x, last)
@@ -606,7 +667,7 @@ def load_dataset(
     mean, std = channel_stats(pre_t)
     meta = {
         "source": raw["source"], "classes": list(raw["classes"]), "image_size": int(train_t.shape[-1]),
-        "train_subset": train_subset, "test_subset": test_subset, "seed": int(seed),
+        "train_subset": train_subset, "test_subset": test_subset, "seed": int(seed), **raw.get("meta", {}),
     }
     return ImageData(
         name=name, train_x=train_t, train_y=_labels(train_y_np), test_x=test_t, test_y=_labels(test_y_np),
