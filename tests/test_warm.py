@@ -70,34 +70,46 @@ def test_bad_input_gives_the_exit_status_and_one_line(server, tmp_path):
     assert any(str(tmp_path) in line for line in _children(server["log"], "exited 2"))
 
 
-def _start_long(server, out: Path) -> subprocess.Popen:
+def _start_long(server, out: Path) -> tuple[subprocess.Popen, int]:
+    """A 200-epoch cell in a child of the server, once its training loop runs with its SIGTERM
+    handler installed: the loop writes state.pt (at each epoch end) only inside that handler's
+    scope, so the first state.pt is the event waited for.  Returns the client and the step of
+    that first state."""
     proc = subprocess.Popen([str(SMALLBATCH), "pretrain", *CELL, "--epochs", "200", "--out", str(out)],
                             env=server["env"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while not any(str(out) in line for line in _children(server["log"], "started")):
-        assert time.monotonic() < deadline and proc.poll() is None
-        time.sleep(0.1)
-    time.sleep(2.0)  # training has started
-    return proc
+    deadline = time.monotonic() + 300  # a hang guard, not a race: nothing happens to the child meanwhile
+    while not (out / "state.pt").exists():
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        assert time.monotonic() < deadline, server["log"].read_text()[-2000:]
+        time.sleep(0.05)
+    assert any(str(out) in line for line in _children(server["log"], "started"))  # it runs in a child
+    return proc, _state_step(out)
+
+
+def _state_step(out: Path) -> int:
+    return int(torch.load(out / "state.pt", map_location="cpu", weights_only=False)["step"])
 
 
 def test_sigterm_to_the_client_preempts_the_child(server, tmp_path):
-    proc = _start_long(server, tmp_path / "cell")
+    proc, first_state = _start_long(server, tmp_path / "cell")
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, err[-2000:]
-    assert "smallbatch: preempted: SIGTERM received" in err and (tmp_path / "cell" / "state.pt").exists()
+    assert "smallbatch: preempted: SIGTERM received" in err
+    assert _state_step(tmp_path / "cell") > first_state  # saved on the signal, at the step it was at
 
 
 def test_a_killed_client_stops_its_child(server, tmp_path):
-    proc = _start_long(server, tmp_path / "cell")
+    proc, first_state = _start_long(server, tmp_path / "cell")
     proc.kill()
     proc.wait()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120
     while not any(str(tmp_path / "cell") in line for line in _children(server["log"], "exited 143")):
         assert time.monotonic() < deadline, server["log"].read_text()[-2000:]
         time.sleep(0.1)
-    assert (tmp_path / "cell" / "state.pt").exists()  # it stopped as a preempted job does
+    err = proc.stderr.read()  # the child wrote into the client's stderr (its descriptor was handed over)
+    assert "smallbatch: preempted: SIGTERM received" in err, err[-2000:]  # it stopped as a preempted job does
+    assert _state_step(tmp_path / "cell") > first_state
 
 
 @pytest.mark.parametrize("env", [{warm.ENV: "/nonexistent/socket"}, {"RANK": "0"}])
