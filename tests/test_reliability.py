@@ -83,14 +83,16 @@ def test_a_second_trainer_of_a_cell_stops_at_once_naming_the_holder(tmp_path, ca
     out = tmp_path / "cell"
     first = start_pretrain(cell, out, cache)
     try:
-        wait_for(out / "state.pt", first)
-        t0 = time.monotonic()
+        wait_for(out / "state.pt", first)  # it holds the lock (state.pt is written under it)
+        # stopped, it keeps its lock and cannot finish however slow the second one is to start;
+        # a second trainer that waited for the lock instead of stopping would wait forever (timeout)
+        first.send_signal(signal.SIGSTOP)
         second = cli("pretrain", "--cell", str(out / "cell.json"), "--out", str(out), "--data-cache", str(cache),
-                     "--tracking-uri", "none", "--no-progress")
+                     "--tracking-uri", "none", "--no-progress", timeout=300)
         assert second.returncode == 2
         line = one_error_line(second.stderr)
         assert cell["id"] in line and f"process {first.pid}" in line, line
-        assert time.monotonic() - t0 < 60
+        first.send_signal(signal.SIGCONT)
         assert first.poll() is None, "the first trainer was disturbed"
     finally:
         first.send_signal(signal.SIGKILL)
@@ -148,10 +150,12 @@ def test_a_store_deleted_while_the_cell_trains_stops_it_before_the_next_save(tmp
     proc = start_pretrain(cell, out, cache, uri)
     try:
         wait_for(out / "state.pt", proc)
+        proc.send_signal(signal.SIGSTOP)  # no save between reading the state and replacing the store
         saved = train.load_checkpoint(out / "state.pt")["step"]
         db.unlink()
         _store(db)  # a new, empty store at the same path
-        proc.wait(timeout=120)
+        proc.send_signal(signal.SIGCONT)
+        proc.wait(timeout=300)
     finally:
         proc.kill()
     assert proc.returncode == 2
