@@ -66,6 +66,9 @@ __all__ = [
     "mean_over_processes",
     "any_over_processes",
     "GlobalBatchNorm",
+    "pool_moments",
+    "update_running_stats",
+    "batch_statistics_shared",
     "sync_batchnorm",
     "data_parallel",
     "unwrap",
@@ -390,28 +393,15 @@ class GlobalBatchNorm(_BatchNorm):
         dims = [0, *range(2, x.dim())]
         count = xs.new_full((1,), float(x.numel() // x.shape[1]))
         local = torch.cat([count, xs.mean(dims), xs.var(dims, unbiased=False)])
-        stats = gather_with_grad(local[None])  # (P, 1 + 2C)
+        total, mean, var = pool_moments(gather_with_grad(local[None]))  # over P rows of (1 + 2C)
         c = x.shape[1]
-        n, m, v = stats[:, :1], stats[:, 1:1 + c], stats[:, 1 + c:]
-        total = n.sum()
-        mean = (n * m).sum(0) / total
-        var = (n * (v + (m - mean) ** 2)).sum(0) / total
         if self.training and self.track_running_stats:
-            self._update_running(mean.detach(), var.detach(), total)
+            update_running_stats(self, mean.detach(), var.detach(), total)
         shape = (1, c) + (1,) * (x.dim() - 2)
         y = (xs - mean.view(shape)) * torch.rsqrt(var.view(shape) + self.eps)
         if self.affine:
             y = y * self.weight.view(shape) + self.bias.view(shape)
         return y.to(x.dtype)
-
-    @torch.no_grad()
-    def _update_running(self, mean: Tensor, var: Tensor, total: Tensor) -> None:
-        self.num_batches_tracked.add_(1)
-        f = (1.0 / self.num_batches_tracked) if self.momentum is None else self.momentum
-        f = torch.as_tensor(f, dtype=mean.dtype, device=mean.device)
-        self.running_mean.lerp_(mean.to(self.running_mean.dtype), f.to(self.running_mean.dtype))
-        unbiased = var * total / (total - 1).clamp(min=1)
-        self.running_var.lerp_(unbiased.to(self.running_var.dtype), f.to(self.running_var.dtype))
 
     @classmethod
     def convert(cls, module: nn.Module) -> nn.Module:
@@ -428,6 +418,38 @@ class GlobalBatchNorm(_BatchNorm):
         for name, child in module.named_children():
             out.add_module(name, cls.convert(child))
         return out
+
+
+def pool_moments(stats: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Chan's pooling of K groups' per-channel moments: ``stats`` (K, 1 + 2C) holds each
+    group's element count, mean and biased variance; returns the union's count, mean and
+    biased variance, ``mean = sum n_k m_k / N``, ``var = sum n_k (v_k + (m_k - mean)^2) / N``."""
+    c = (stats.shape[1] - 1) // 2
+    n, m, v = stats[:, :1], stats[:, 1:1 + c], stats[:, 1 + c:]
+    total = n.sum()
+    mean = (n * m).sum(0) / total
+    return total, mean, (n * (v + (m - mean) ** 2)).sum(0) / total
+
+
+@torch.no_grad()
+def update_running_stats(bn: _BatchNorm, mean: Tensor, var: Tensor, total: Tensor | float) -> None:
+    """Move ``bn``'s running statistics as ``nn.BatchNorm*`` does after one training batch
+    of ``total`` elements per channel with batch ``mean`` and biased variance ``var``: the
+    running variance takes the unbiased ``var * total / (total - 1)``; momentum None is the
+    cumulative average."""
+    bn.num_batches_tracked.add_(1)
+    f = (1.0 / bn.num_batches_tracked) if bn.momentum is None else bn.momentum
+    f = torch.as_tensor(f, dtype=mean.dtype, device=mean.device)
+    total = torch.as_tensor(total, dtype=var.dtype, device=var.device)
+    bn.running_mean.lerp_(mean.to(bn.running_mean.dtype), f.to(bn.running_mean.dtype))
+    unbiased = var * total / (total - 1).clamp(min=1)
+    bn.running_var.lerp_(unbiased.to(bn.running_var.dtype), f.to(bn.running_var.dtype))
+
+
+def batch_statistics_shared(bn: nn.Module) -> bool:
+    """True when ``bn``'s training statistics are those of every process's inputs
+    (:class:`GlobalBatchNorm` or torch's ``SyncBatchNorm`` inside a process group)."""
+    return initialized() and isinstance(bn, (GlobalBatchNorm, nn.SyncBatchNorm))
 
 
 def sync_batchnorm(module: nn.Module, world: World, enabled: bool = True) -> nn.Module:
