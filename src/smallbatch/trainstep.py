@@ -115,8 +115,8 @@ class TrainStep:
         return out
 
     def _chunked(self, x: Tensor, u: Tensor, idx: Tensor) -> StepOut:
-        """Forward and backward with gradient caching (the gradient of the whole batch; per
-        chunk BatchNorm statistics, see :mod:`smallbatch.gradcache`)."""
+        """Forward and backward with gradient caching (the gradient, BatchNorm statistics and
+        running statistics of the whole batch, see :mod:`smallbatch.gradcache`)."""
         from .gradcache import cached_backward
 
         v1, v2 = self._views(x, u)
