@@ -41,6 +41,9 @@ __all__ = [
     "knn_predict",
     "knn_eval",
     "linear_eval",
+    "standardise",
+    "fit_linear",
+    "linear_top1",
     "raw_pixel_features",
 ]
 
@@ -771,6 +774,29 @@ def linear_eval(
     lr = _check_linear_args(epochs, optimizer, lr, weight_decay, batch_size, tol)
     return _linear_probe(tr, ytr, te, yte, c, optimizer=optimizer, epochs=epochs, lr=lr, weight_decay=weight_decay,
                          batch_size=batch_size, seed=seed, tol=tol, device=torch.device(device))[0]
+
+
+def standardise(train_f: Any, test_f: Any, device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """Train and test features standardised with the train rows' per-dimension mean and std
+    (the linear probe's transform; it uses no labels), as float32 tensors on ``device``."""
+    tr, te = _check_features(train_f, "train_f"), _check_features(test_f, "test_f")
+    if tr.shape[1] != te.shape[1]:
+        raise ValueError(f"test_f has {te.shape[1]} feature dims but train_f has {tr.shape[1]}")
+    return _standardise(tr, te, torch.device(device))
+
+
+def fit_linear(x: torch.Tensor, y: torch.Tensor, num_classes: int, weight_decay: float, epochs: int = 100,
+               tol: float = 1e-5) -> LinearFit:
+    """The default probe's fit ('lbfgs-precond', :func:`linear_eval`) on rows already
+    standardised (:func:`standardise`): ``y`` int64 labels on ``x``'s device."""
+    _check_linear_args(epochs, "lbfgs-precond", None, weight_decay, None, tol)
+    return _fit_lbfgs_precond(x, y, int(num_classes), epochs, 1.0, float(weight_decay), tol)
+
+
+@torch.no_grad()
+def linear_top1(fit: LinearFit, x: torch.Tensor, y: torch.Tensor) -> float:
+    """Top-1 accuracy (a fraction) of a fitted probe on standardised rows ``x``."""
+    return (nn.functional.linear(x, fit.weight, fit.bias).argmax(1) == y).float().mean().item()
 
 
 def _linear_probe(tr, ytr, te, yte, c, *, optimizer, epochs, lr, weight_decay, batch_size, seed, tol, device):
