@@ -20,7 +20,8 @@ from typing import Any, Callable, Iterable
 
 from .losses import canonical_name, loss_param_names
 
-AXIS_ABBREV = {"precision": "", "lr_scaling": "lr", "epochs": "ep", "optimizer": "", "queue_size": "q"}
+AXIS_ABBREV = {"precision": "", "lr_scaling": "lr", "epochs": "ep", "optimizer": "", "queue_size": "q", "lr": "lr",
+               "steps": "st", "neg_group": "ng", "bn_group": "bn", "mask_same_class": "oracle"}
 
 
 def _fmt(v: Any) -> str:
@@ -141,6 +142,8 @@ def _axis_suffix(axis: str, value: Any) -> str:
         return f"-{value['name']}"
     if axis == "ess_schedule":
         return "" if value is None else f"-ess{_fmt(float(value['start']))}to{_fmt(float(value['end']))}"
+    if value is None or isinstance(value, bool):  # an unset control (null, false) adds nothing; true its name
+        return f"-{AXIS_ABBREV.get(axis, axis)}" if value else ""
     return f"-{AXIS_ABBREV.get(axis, axis)}{_fmt(value)}"
 
 

@@ -193,6 +193,12 @@ class ImageData:
     meta: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def pretrain_y(self) -> torch.Tensor | None:
+        """Labels of ``pretrain_x`` (``train_y`` when it is ``train_x``; None for an unlabeled
+        pretraining split such as STL-10's): for the oracle false-negative mask only."""
+        return self.train_y if self.pretrain_x is self.train_x else None
+
+    @property
     def channels(self) -> int:
         """Number of image channels."""
         return int(self.train_x.shape[1])

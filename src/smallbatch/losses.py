@@ -1,7 +1,7 @@
 """Contrastive losses as pure functions of embeddings (no I/O).
 
 Losses: InfoNCE / NT-Xent (SimCLR), FlatNCE (+ its Hölder-mean generalisation),
-DCL, DCLW and EqCo, each usable with in-batch negatives (SimCLR style) or with
+DCL, DCLW, EqCo and SogCLR (per-image state across steps), each usable with in-batch negatives (SimCLR style) or with
 negatives from a MoCo-style FIFO queue of momentum-encoder keys
 (:class:`MomentumQueue`).  :func:`diagnostics` computes, without gradient, the
 quantities the study tracks on the same similarities (InfoNCE MI estimate vs
@@ -48,6 +48,7 @@ from torch import Tensor
 __all__ = [
     "LossOutput",
     "in_batch_scores",
+    "in_batch_columns",
     "batch_positives",
     "queue_scores",
     "ContrastiveLoss",
@@ -56,6 +57,7 @@ __all__ = [
     "DCL",
     "DCLW",
     "EqCo",
+    "SogCLR",
     "LOSSES",
     "REGISTRY",
     "canonical_name",
@@ -205,10 +207,20 @@ def in_batch_scores(z1: Tensor, z2: Tensor, rows: Tensor | None = None) -> tuple
         sim = z[rows] @ z.T
     partner = (rows + n) % m
     pos = sim.gather(1, partner[:, None]).squeeze(1)
-    lo, hi = torch.minimum(rows, partner)[:, None], torch.maximum(rows, partner)[:, None]
-    k = torch.arange(m - 2, device=z.device)[None, :]
-    neg = sim.gather(1, k + (k >= lo).long() + (k + 1 >= hi).long())
+    neg = sim.gather(1, in_batch_columns(rows, n))
     return pos, neg, None
+
+
+def in_batch_columns(rows: Tensor, n: int) -> Tensor:
+    """The view index (in ``[0, 2N)``) of every in-batch negative of the anchors ``rows``:
+    ``(R, 2N-2)``, column ``k`` of :func:`in_batch_scores`'s ``neg`` is view
+    ``k + [k >= lo] + [k + 1 >= hi]`` (``lo``/``hi`` the anchor and its positive, sorted).
+    Masks of the negatives (grouped, same-class) are built on it from shapes alone."""
+    m = 2 * n
+    partner = (rows + n) % m
+    lo, hi = torch.minimum(rows, partner)[:, None], torch.maximum(rows, partner)[:, None]
+    k = torch.arange(m - 2, device=rows.device)[None, :]
+    return k + (k >= lo).long() + (k + 1 >= hi).long()
 
 
 def batch_positives(z1: Tensor, z2: Tensor) -> Tensor:
@@ -355,19 +367,26 @@ class ContrastiveLoss(torch.nn.Module):
 
     def from_scores(self, pos: Tensor, neg: Tensor, neg_mask: Tensor | None = None, *,
                     temperature: float | Tensor | None = None, batch_pos: Tensor | None = None,
-                    check: bool = True) -> LossOutput:
+                    check: bool = True, index: Tensor | None = None) -> LossOutput:
         """Loss from scores ``pos (B,)``, ``neg (B, K)``, ``neg_mask (B, K)`` (True = valid).
 
         ``temperature`` overrides the loss's own for this call (a float, or a 0-d tensor
         when it changes per step, e.g. ESS-scheduled).  ``batch_pos``: the positives of
         every anchor of the whole batch when ``pos`` holds only some of them (batch-level
         statistics such as DCLW's weights use it; default ``pos``).  ``check=False``:
-        see :func:`_prepare_scores`.
+        see :func:`_prepare_scores`.  ``index``: the training step's dataset image index
+        of every anchor, ``(V, N)`` with anchor ``v N + i`` a view of image
+        ``index[v, i]``; a loss with per-image state (SogCLR) reads and updates its state
+        there (:meth:`init_state`); the others ignore it.  Without it (diagnostics, tests)
+        nothing is updated.
         """
         tau = self.temperature if temperature is None else _check_temperature(temperature)
         pos, neg, neg_mask = _prepare_scores(pos, neg, neg_mask, check)
         bp = None if batch_pos is None else batch_pos.detach().to(pos.dtype)
-        loss_rows, value_rows = self._rows(pos, neg, neg_mask, tau, bp)
+        if index is None or not self.stateful:
+            loss_rows, value_rows = self._rows(pos, neg, neg_mask, tau, bp)
+        else:
+            loss_rows, value_rows = self._rows_at(pos, neg, neg_mask, tau, index)
         with torch.no_grad():
             info = _infonce_rows(pos.detach(), neg.detach(), neg_mask, tau).mean()
         return LossOutput(loss=loss_rows.mean(), value=value_rows.detach().mean(), infonce=info)
@@ -375,6 +394,17 @@ class ContrastiveLoss(torch.nn.Module):
     def _rows(self, pos: Tensor, neg: Tensor, neg_mask: Tensor | None, tau: float | Tensor,
               batch_pos: Tensor | None) -> tuple[Tensor, Tensor]:
         """``(loss_rows, value_rows)``, one entry per anchor (see :meth:`from_scores`)."""
+        raise NotImplementedError
+
+    #: True for a loss with per-image state across steps (SogCLR's u): the training step
+    #: calls :meth:`init_state` and saves :meth:`state_dict` in ``state.pt``
+    stateful: ClassVar[bool] = False
+
+    def init_state(self, n_images: int, device: Any = None, dtype: torch.dtype = torch.float32) -> None:
+        """Allocate the per-image state of a training set of ``n_images`` (stateless: nothing)."""
+
+    def _rows_at(self, pos: Tensor, neg: Tensor, neg_mask: Tensor | None, tau: float | Tensor,
+                 index: Tensor) -> tuple[Tensor, Tensor]:  # pragma: no cover - stateful losses override
         raise NotImplementedError
 
 
@@ -597,12 +627,122 @@ class EqCo(ContrastiveLoss):
         return rows, rows
 
 
+class SogCLR(ContrastiveLoss):
+    r"""SogCLR (Yuan et al. 2022, "Provable Stochastic Optimization for Global
+    Contrastive Learning: Small Batch Does Not Harm Performance", ICML,
+    arXiv:2202.12387), as LibAUC's ``libauc/losses/contrastive.py::GCLoss_v1``
+    implements it.
+
+    The global contrastive objective of anchor ``r`` puts the mean over *every*
+    negative of the data set where DCL has the batch's::
+
+        F_r = -s_p,r/tau + log E_{j in data set} exp(s_rj/tau)
+
+    A batch estimates its gradient's ``1/E exp`` with a bias that grows as the batch
+    shrinks; SogCLR keeps a moving average ``u`` per *dataset image* of the batch's
+    estimate instead (``K_r`` = the anchor's valid negatives, ``i(r)`` its image)::
+
+        g_r   = (1/K_r) sum_j exp(s_rj/tau)                 # this batch's estimate
+        u_r   = (1 - gamma) u[i(r)] + gamma g_r              # u_r = g_r for an image never seen
+        u[i] <- mean of u_r over the views r of image i      # GCLoss_v1: (u1 + u2)/2
+        w_rj  = exp(s_rj/tau) / u_r                          # no gradient
+        L_r   = -s_p,r/tau + (1/K_r) sum_j w_rj s_rj/tau     # its gradient is SogCLR's
+
+    ``value`` (logged) is ``-s_p,r/tau + log u_r``, the moving estimate of ``F_r``.
+
+    *gamma = 1, the non-moving (DCL-like) ablation*: ``u_r = g_r``, so
+    ``w_rj = K_r softmax_j(s_rj/tau)`` and the gradient of ``L_r`` is exactly DCL's,
+    with ``value_r = DCL_r - log K_r``, whatever ``u`` held before.
+
+    Against GCLoss_v1 (checked in float64 by ``tests/test_sogclr.py``): GCLoss_v1's loss
+    (scores not divided by tau, summed over the two views, averaged over N images) is
+    ``2 tau`` times this one (averaged over the 2N anchors) — same ``u``, same weights,
+    gradient scaled by ``2 tau``.  Two choices of ours: ``u`` is stored as ``log u``
+    (``exp(s/tau)`` overflows float32 below tau ~ 0.011; no eps clamp is needed), and
+    "never seen" (``u = 0``) is decided per image, where GCLoss_v1 asks whether the whole
+    batch's ``u`` sums to 0; the two agree for a batch of only new or only seen images
+    (every batch of the first epoch, and of later ones when an epoch covers the data) and
+    differ for a batch mixing both, where GCLoss_v1 gives a new image ``u = gamma g``.
+    The paper writes ``g`` with ``exp((s_rj - s_p,r)/tau)``; GCLoss_v1 (and this loss)
+    averages ``exp(s_rj/tau)``: the same gradient at gamma = 1, and ``u`` does not move
+    with the positive's score.
+
+    ``u`` lives in this module (buffer ``log_u``, one entry per training image,
+    :meth:`init_state`), is read and written only by a call with ``index`` (the training
+    step: :meth:`from_scores`), and is saved in ``state.pt`` with the loss's
+    ``state_dict()``.  A call without ``index`` (diagnostics, the gradient-norm and
+    rounding-error measurements, a process's share of anchors) is the gamma = 1 form and
+    changes nothing.  With a mask, ``g_r`` averages the anchor's valid negatives only.
+    Parameters: ``temperature``, ``gamma`` in (0, 1] (default 0.9, GCLoss_v1's).
+    """
+
+    name = "sogclr"
+    param_defaults = {"gamma": 0.9}
+    display = "SogCLR"
+    paper = "Yuan et al. 2022 (SogCLR)"
+    paper_pattern = r"sogclr"
+    param_schema = {"gamma": {"type": "number", "exclusiveMinimum": 0, "maximum": 1, "default": 0.9,
+                              "description": "SogCLR: weight of the batch in u's moving average (1 = no memory: DCL's gradient)"}}
+    stateful = True
+
+    def __init__(self, temperature: float = 0.1, **params: Any) -> None:
+        super().__init__(temperature, **params)
+        self.register_buffer("log_u", torch.empty(0))
+
+    def _check_param(self, key, value):
+        try:
+            g = float(value)
+        except (TypeError, ValueError):
+            g = float("nan")
+        if not (0 < g <= 1):
+            raise ValueError(f"gamma must be in (0, 1] (SogCLR's moving-average weight; 1 = no memory), got {value!r}")
+        return g
+
+    def init_state(self, n_images: int, device: Any = None, dtype: torch.dtype = torch.float32) -> None:
+        """``log u`` of ``n_images`` training images, all ``-inf`` (``u = 0``: never seen)."""
+        if int(n_images) < 1:
+            raise ValueError(f"n_images must be >= 1, got {n_images!r}")
+        self.log_u = torch.full((int(n_images),), float("-inf"), device=device, dtype=dtype)
+
+    @staticmethod
+    def _log_g(neg: Tensor, neg_mask: Tensor | None, tau: float | Tensor) -> Tensor:
+        """``log g_r``: log of the mean of ``exp(s_rj/tau)`` over the valid negatives (no gradient)."""
+        return torch.logsumexp(_masked(neg.detach() / tau, neg_mask), dim=1) - torch.log(_row_counts(neg, neg_mask))
+
+    @staticmethod
+    def _weighted(pos: Tensor, neg: Tensor, neg_mask: Tensor | None, tau: float | Tensor,
+                  log_u: Tensor) -> tuple[Tensor, Tensor]:
+        xp, xn = pos / tau, neg / tau
+        w = torch.exp(_masked(xn.detach(), neg_mask) - log_u[:, None])  # masked entries: weight 0
+        rows = -xp + (w * xn).sum(dim=1) / _row_counts(neg, neg_mask)
+        return rows, -xp.detach() + log_u
+
+    def _rows(self, pos, neg, neg_mask, tau, batch_pos):
+        return self._weighted(pos, neg, neg_mask, tau, self._log_g(neg, neg_mask, tau))
+
+    def _rows_at(self, pos, neg, neg_mask, tau, index):
+        index = torch.as_tensor(index, device=pos.device)
+        if index.dim() != 2 or index.numel() != pos.shape[0]:
+            raise ValueError(f"index must be (V, N) with V N = {pos.shape[0]} anchors, got {tuple(index.shape)}")
+        if self.log_u.numel() == 0:
+            raise ValueError("SogCLR's u is not allocated: call init_state(n_images) before a step with index")
+        with torch.no_grad():
+            log_g = self._log_g(neg, neg_mask, tau)
+            old = self.log_u[index.reshape(-1)].to(log_g.dtype)
+            keep = math.log1p(-self.gamma) if self.gamma < 1 else float("-inf")
+            moved = torch.logaddexp(old + keep, log_g + math.log(self.gamma))
+            log_u = torch.where(torch.isneginf(old), log_g, moved)
+            per_image = torch.logsumexp(log_u.view(index.shape), dim=0) - math.log(index.shape[0])
+            self.log_u[index[0]] = per_image.to(self.log_u.dtype)
+        return self._weighted(pos, neg, neg_mask, tau, log_u)
+
+
 # --------------------------------------------------------------------------- registry
 #: The one list of losses, in the order tables show them.  Adding a loss is a class
 #: above (its formula and paper in the docstring, the metadata attributes of
 #: :class:`ContrastiveLoss`) plus its line here: cells, the config schema, the CLI
 #: and the report read everything else from this registry.
-REGISTRY: dict[str, type[ContrastiveLoss]] = {cls.name: cls for cls in (InfoNCE, FlatNCE, DCL, DCLW, EqCo)}
+REGISTRY: dict[str, type[ContrastiveLoss]] = {cls.name: cls for cls in (InfoNCE, FlatNCE, DCL, DCLW, EqCo, SogCLR)}
 #: every accepted name (canonical names and aliases) -> the loss class
 LOSSES: dict[str, type[ContrastiveLoss]] = {
     **REGISTRY, **{alias: cls for cls in REGISTRY.values() for alias in cls.aliases}
@@ -657,20 +797,25 @@ def config_schema() -> dict[str, Any]:
     ``names`` (enum of accepted names), ``loss_params`` (one object per loss with its
     parameters and the study's defaults) and ``entry_params`` (a grid entry's
     parameter may be a value or a list of values to sweep)."""
-    loss_params, entry_params = {}, {}
+    loss_params, scalars = {}, {}
     for name, cls in REGISTRY.items():
         loss_params[name] = {"type": "object", "default": {}, "additionalProperties": False,
                              "description": f"{cls.display} ({cls.paper})",
                              "properties": {k: dict(v) for k, v in cls.param_schema.items()}}
         for key, sch in cls.param_schema.items():
             scalar = {k: v for k, v in sch.items() if k != "default"}
-            entry_params[key] = {"anyOf": [scalar, {"type": "array", "minItems": 1, "items": scalar}]}
+            if scalar not in scalars.setdefault(key, []):
+                scalars[key].append(scalar)
+    entry_params = {}
+    for key, alts in scalars.items():  # a name shared by losses (gamma: FlatNCE, SogCLR) takes either's values
+        scalar = alts[0] if len(alts) == 1 else {"anyOf": alts}
+        entry_params[key] = {"anyOf": [scalar, {"type": "array", "minItems": 1, "items": scalar}]}
     return {"names": sorted(LOSSES), "loss_params": loss_params, "entry_params": entry_params}
 
 
 def build_loss(name: str, temperature: float, **params: Any) -> ContrastiveLoss:
     """Build a loss by registry name (``infonce``/``ntxent``/``simclr``, ``flatnce``,
-    ``dcl``, ``dclw``, ``eqco``) with its parameters; ValueError on an unknown
+    ``dcl``, ``dclw``, ``eqco``, ``sogclr``) with its parameters; ValueError on an unknown
     name or parameter."""
     return _lookup(name)(temperature, **params)
 

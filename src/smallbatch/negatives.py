@@ -11,6 +11,14 @@ A *negatives source* owns how a step's two views become embeddings and scores:
   and the enqueue of this step's keys (nothing for in-batch negatives).
 * ``state_dict()`` / ``load_state_dict()`` — what a resumed run needs (queue, encoder).
 
+Two controls restrict the negatives with a mask (True = a valid negative), built from
+shapes and labels only (no host read, so the step stays one graph):
+
+* ``group`` (``train.neg_group``): an anchor's negatives are the other views of its group
+  of G images (images ``[gG, (g+1)G)`` of the batch): block-diagonal negatives, K = 2G-2;
+* ``labels`` (``train.mask_same_class``): negatives of the anchor's own class are masked
+  (an oracle for false negatives; the labels serve the mask and nothing else).
+
 The loss never knows where its negatives came from: it gets ``Scores``.  With several
 processes (``smallbatch.distributed.World``) the in-batch negatives are every process's
 views, gathered with their gradient, and the queue is fed every process's keys, so the
@@ -26,7 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .distributed import World, gather, gather_with_grad
-from .losses import MomentumQueue, batch_positives, in_batch_scores, queue_scores
+from .losses import MomentumQueue, batch_positives, in_batch_columns, in_batch_scores, queue_scores
 
 
 class Scores(NamedTuple):
@@ -34,13 +42,16 @@ class Scores(NamedTuple):
     a valid negative); with several processes, ``batch_pos`` — the whole batch's
     positives when ``pos`` holds only this process's anchors — and ``tau_neg`` — the whole
     batch's negatives, from which an ESS-scheduled τ is chosen identically everywhere
-    (None: ``neg``)."""
+    (None: ``neg``) — and ``index``, the dataset index of every anchor's image as ``(V, N)``
+    (anchor ``v N + i`` is a view of image ``index[v, i]``; a loss with per-image state,
+    SogCLR, reads it; None with several processes)."""
 
     pos: Tensor
     neg: Tensor
     mask: Tensor | None
     batch_pos: Tensor | None = None
     tau_neg: Tensor | None = None
+    index: Tensor | None = None
 
     def detached(self) -> "Scores":
         return Scores(*(None if t is None else t.detach() for t in self))
@@ -55,16 +66,44 @@ def _gathered_in_batch(z1: Tensor, z2: Tensor, world: World, full: bool) -> Scor
     return Scores(pos, neg, mask, batch_positives(z1a, z2a), tau_neg)
 
 
+def in_batch_mask(n: int, group: int | None = None, labels: Tensor | None = None,
+                  rows: Tensor | None = None) -> Tensor | None:
+    """The valid in-batch negatives (True) of the anchors ``rows`` (default all 2N views)
+    of a batch of ``n`` images, as :func:`smallbatch.losses.in_batch_scores` lays them out:
+    with ``group``, only views of images in the anchor's group of ``group`` images; with
+    ``labels`` (the batch's ``(n,)`` labels), only views of another class.  None when
+    neither is given (every negative valid)."""
+    if not group and labels is None:
+        return None
+    if group and n % group:
+        raise ValueError(f"the negatives' group of {group} images does not divide the batch of {n} images")
+    device = labels.device if labels is not None else None
+    rows = torch.arange(2 * n, device=device) if rows is None else rows
+    image, cols = rows % n, in_batch_columns(rows, n) % n
+    ok = torch.ones(cols.shape, dtype=torch.bool, device=cols.device)
+    if group:
+        ok &= (image // group)[:, None] == cols // group
+    if labels is not None:
+        ok &= labels[image][:, None] != labels[cols]
+    return ok
+
+
 class InBatch:
     """SimCLR's negatives: the 2N-2 other views of the (global) batch (K = 2N-2).  With
     several processes each computes the loss of its own anchors against all 2N views
-    (``full``: also the whole batch's negatives, for an ESS-scheduled τ)."""
+    (``full``: also the whole batch's negatives, for an ESS-scheduled τ).  ``group``
+    (one process): negatives within groups of that many images; ``labels`` (one process,
+    every training image's label): same-class negatives masked."""
 
     kind = "in_batch"
 
-    def __init__(self, world: World | None = None, full: bool = False) -> None:
+    def __init__(self, world: World | None = None, full: bool = False, group: int | None = None,
+                 labels: Tensor | None = None) -> None:
         self.world = world or World()
         self.full = full
+        self.group, self.labels = group or None, labels
+        if self.world.size > 1 and (self.group or labels is not None):
+            raise ValueError("grouped or same-class-masked negatives run on one process (train.devices = 1)")
 
     def embed(self, model: torch.nn.Module, v1: Tensor, v2: Tensor) -> tuple[Tensor, Tensor]:
         z = model(torch.cat([v1, v2]))
@@ -73,8 +112,10 @@ class InBatch:
     def scores(self, z1: Tensor, z2: Tensor, idx: Tensor) -> Scores:
         if self.world.size > 1:
             return _gathered_in_batch(z1, z2, self.world, self.full)
-        pos, neg, mask = in_batch_scores(z1, z2)
-        return Scores(pos, neg, mask)
+        pos, neg, _ = in_batch_scores(z1, z2)
+        labels = None if self.labels is None else self.labels[idx]
+        mask = in_batch_mask(z1.shape[0], self.group, labels)
+        return Scores(pos, neg, None if mask is None else mask.to(neg.device), index=torch.stack([idx, idx]))
 
     def after_step(self, model: torch.nn.Module, z2: Tensor, idx: Tensor) -> None:
         pass
@@ -94,8 +135,12 @@ class QueueNegatives:
     kind = "queue"
 
     def __init__(self, key_model: torch.nn.Module, size: int, dim: int, momentum: float,
-                 device: torch.device, dtype: torch.dtype, world: World | None = None) -> None:
+                 device: torch.device, dtype: torch.dtype, world: World | None = None,
+                 labels: Tensor | None = None) -> None:
         self.world = world or World()
+        self.labels = labels  # every training image's label: same-class keys masked (one process)
+        if self.world.size > 1 and labels is not None:
+            raise ValueError("same-class-masked negatives run on one process (train.devices = 1)")
         self.key_model = key_model
         for p in key_model.parameters():
             p.requires_grad_(False)
@@ -112,13 +157,16 @@ class QueueNegatives:
         if len(self.queue) == 0:
             if self.world.size > 1:
                 return _gathered_in_batch(z1, z2.detach(), self.world, False)
-            pos, neg, mask = in_batch_scores(z1, z2.detach())
-            return Scores(pos, neg, mask)
+            pos, neg, _ = in_batch_scores(z1, z2.detach())
+            mask = None if self.labels is None else in_batch_mask(z1.shape[0], labels=self.labels[idx])
+            return Scores(pos, neg, mask, index=torch.stack([idx, idx]))
         keys, key_idx = self.queue.negatives()
         pos, neg, mask = queue_scores(z1, z2.detach(), keys, idx, key_idx)
         if self.world.size > 1:  # DCLW's weights: every process's queries' positives
             return Scores(pos, neg, mask, gather(pos), None)
-        return Scores(pos, neg, mask)
+        if self.labels is not None:
+            mask = mask & (self.labels[idx][:, None] != self.labels[key_idx][None, :])
+        return Scores(pos, neg, mask, index=idx[None])
 
     @torch.no_grad()
     def after_step(self, model: torch.nn.Module, z2: Tensor, idx: Tensor) -> None:

@@ -129,7 +129,7 @@ def _pretrain_in(world, cell: dict, out_dir: Path, tracking_uri, experiment: str
         try:
             res = train.pretrain(cell, d.pretrain_x, d.mean, d.std, out_dir, log_fn=_log_fn(run, world, tracking_uri),
                                  before_save=_before_save(run), restart=restart, progress=progress,
-                                 meta={"run_id": run.run_id} if run else {}, world=world)
+                                 meta={"run_id": run.run_id} if run else {}, world=world, labels=d.pretrain_y)
         except BaseException:
             _flush_quietly(run)
             raise

@@ -45,6 +45,7 @@ from . import health
 from .augment import AugmentConfig, BatchAugment, normalize
 from .checkpoint import StepRandom, load_checkpoint, read_state, save_checkpoint, save_state  # noqa: F401
 from .distributed import World, any_over_processes, data_parallel, gather, mean_over_processes, sync_batchnorm
+from .ghostbn import ghost_batchnorm
 from .errors import Preempted
 from .io import CellLock, nullcontext_lock
 from .losses import build_loss, diagnostics, embedding_grad_norm, grad_rel_error, in_batch_scores
@@ -132,19 +133,20 @@ def pretrain(cell: dict, images: torch.Tensor, mean, std, out_dir: Path, *,
              log_fn: Callable[[dict, int], None] | None = None, before_save: Callable[[], None] | None = None,
              device: str | torch.device = "auto", restart: bool = False, progress: bool = True,
              stop_after_steps: int | None = None, meta: dict | None = None,
-             world: World | None = None) -> TrainResult:
+             world: World | None = None, labels: torch.Tensor | None = None) -> TrainResult:
     """Pretrain the cell's encoder on ``images`` (uint8 N,C,H,W); write checkpoint.pt.
     See :class:`Hooks` for ``log_fn``, ``before_save``, ``meta`` and ``stop_after_steps``;
     ``restart`` ignores (and later overwrites) a saved state.  ``world``: this process's
     place among ``train.devices`` data-parallel processes (default: one process; only
-    rank 0 locks, saves and logs — give the others no hooks)."""
+    rank 0 locks, saves and logs — give the others no hooks).  ``labels``: the images'
+    labels, for ``train.mask_same_class`` only."""
     out_dir = Path(out_dir)
     world = world or World(device=resolve_device(device))
     dev = world.device
     _validate(cell, images.shape[0], dev, world)
     hooks = Hooks(log_fn, before_save, dict(meta or {}), stop_after_steps, progress and world.is_main)
     with CellLock(out_dir, cell["id"]) if world.is_main else nullcontext_lock():
-        t = build_training(cell, images, mean, std, dev, out_dir, world)
+        t = build_training(cell, images, mean, std, dev, out_dir, world, labels)
         if not restart:
             resume(t)
         t_start = time.perf_counter()
@@ -175,12 +177,37 @@ def _validate(cell: dict, n_images: int, dev: torch.device, world: World) -> Non
         raise ValueError(f"epochs must be > 0, not {tr['epochs']!r}")
     if tr["precision"] == "fp16" and dev.type != "cuda":
         raise ValueError("precision fp16 needs CUDA (GradScaler); use bf16 or fp32 on the CPU")
+    problem = control_problem(cell)
+    if problem:
+        raise ValueError(f"cell {cell['id']}: {problem}")
+
+
+def control_problem(cell: dict) -> str | None:
+    """One line naming what is wrong with a cell's control settings (``train.neg_group``,
+    ``bn_group``, ``mask_same_class``, a stateful loss such as SogCLR), or None."""
+    tr, bs = cell["train"], cell["batch_size"]
+    for key in ("neg_group", "bn_group"):
+        g = tr.get(key)
+        if g and bs % g:
+            return f"train.{key} = {g} does not divide batch_size {bs}; use a divisor of the batch size or null"
+        if g and tr["devices"] > 1:
+            return f"train.{key} runs on one process; set train.devices = 1 or {key}: null"
+    if tr.get("neg_group") and tr["queue_size"]:
+        return "train.neg_group groups in-batch negatives; set queue_size: 0 or neg_group: null"
+    if tr.get("bn_group") and tr["chunk_size"] and tr["bn_group"] != bs:
+        return "train.bn_group and train.chunk_size both set BatchNorm's groups; set one of them to null"
+    if tr.get("mask_same_class") and tr["devices"] > 1:
+        return "train.mask_same_class runs on one process; set train.devices = 1"
+    if tr["devices"] > 1 and cell["loss"] == "sogclr":
+        return "SogCLR's per-image u runs on one process; set train.devices = 1"
+    return None
 
 
 def build_training(cell: dict, images: torch.Tensor, mean, std, dev: torch.device, out_dir: Path,
-                   world: World | None = None) -> Training:
+                   world: World | None = None, labels: torch.Tensor | None = None) -> Training:
     """Every part of the cell's training, fresh (seeded by the cell's seed: the same on
-    every process)."""
+    every process).  ``labels`` (of ``images``) reach the negatives' mask only, and only
+    with ``train.mask_same_class``."""
     tr = cell["train"]
     world = world or World(device=dev)
     configure_backends(tr, dev)
@@ -188,12 +215,19 @@ def build_training(cell: dict, images: torch.Tensor, mean, std, dev: torch.devic
     n, c, h, _ = images.shape
     bs = cell["batch_size"]
     dtype = torch.float64 if tr["precision"] == "fp64" else torch.float32
-    model = _network(cell, c, h, dev, dtype, world)
-    source = InBatch(world, full=bool(tr["ess_schedule"]) and world.size > 1)
+    views = 1 if tr["queue_size"] else 2  # what one forward stacks: both views, or MoCo's queries / keys
+    model = _network(cell, c, h, dev, dtype, world, views)
+    if tr.get("mask_same_class") and labels is None:
+        raise ValueError(f"cell {cell['id']} has train.mask_same_class but its pretraining images have no labels "
+                         f"({cell['dataset']}'s pretraining split is unlabeled); set it to false")
+    mask_labels = labels.to(dev) if tr.get("mask_same_class") else None
+    source = InBatch(world, full=bool(tr["ess_schedule"]) and world.size > 1, group=tr.get("neg_group"),
+                     labels=mask_labels)
     if tr["queue_size"]:
-        key_model = _network(cell, c, h, dev, dtype, world)
+        key_model = _network(cell, c, h, dev, dtype, world, views)
         key_model.load_state_dict(model.state_dict())
-        source = QueueNegatives(key_model, tr["queue_size"], tr["proj_dim"], tr["moco_momentum"], dev, dtype, world)
+        source = QueueNegatives(key_model, tr["queue_size"], tr["proj_dim"], tr["moco_momentum"], dev, dtype, world,
+                                labels=mask_labels)
     spe = n // bs
     total = int(tr["steps"]) if tr["steps"] else max(1, math.ceil(float(tr["epochs"]) * spe))
     peak = scaled_lr(float(tr["lr"]), bs, tr["lr_scaling"])
@@ -201,6 +235,7 @@ def build_training(cell: dict, images: torch.Tensor, mean, std, dev: torch.devic
                          compiled=bool(tr["compile"]))
     aug = BatchAugment(AugmentConfig(**cell["augment"]), image_size=h, channels=c, mean=mean, std=std)
     loss_fn = build_loss(cell["loss"], cell["temperature"], **cell["loss_params"])
+    loss_fn.init_state(n, dev, dtype)  # SogCLR's u, one entry per image (stateless losses: nothing)
     step_fn = TrainStep(model, aug, source, loss_fn, build_temperature(cell, total, dev), opt, tr["precision"], dev,
                         net=data_parallel(model, world), chunk_size=tr["chunk_size"])
     if tr["compile"]:  # DDP splits the graph at its gradient buckets: full graphs on one process only
@@ -209,11 +244,16 @@ def build_training(cell: dict, images: torch.Tensor, mean, std, dev: torch.devic
                     world, out_dir, total, spe, int(round(float(tr["warmup_epochs"]) * spe)), peak)
 
 
-def _network(cell: dict, channels: int, size: int, dev: torch.device, dtype: torch.dtype, world: World):
-    """The cell's model on the device; BatchNorm over every process's views (``sync_bn``)."""
+def _network(cell: dict, channels: int, size: int, dev: torch.device, dtype: torch.dtype, world: World,
+             views: int = 2):
+    """The cell's model on the device; BatchNorm over every process's views (``sync_bn``),
+    or over groups of ``train.bn_group`` images of the ``views`` a forward stacks."""
     model = build_model(cell, channels, size).to(dev, dtype=dtype)
     if dtype != torch.float64:  # NHWC: cuDNN's and oneDNN's fast convolutions (CPU: ~1.2x per step)
         model = model.to(memory_format=torch.channels_last)
+    group = cell["train"].get("bn_group")
+    if group and group != cell["batch_size"]:  # = the batch: plain BatchNorm, the same thing
+        ghost_batchnorm(model, group, views)
     return sync_batchnorm(model, world, cell["train"]["sync_bn"])
 
 
@@ -231,6 +271,7 @@ def resume(t: Training) -> None:
     s.source.load_state_dict(st)
     s.load_state_dict(st)
     s.temperature.load_state_dict(st["temperature"])
+    s.loss_fn.load_state_dict(st.get("loss", {}))  # SogCLR's u (a stateless loss: nothing)
     t.step, t.wall_before = int(st["step"]), float(st["wall_s"])
     t.last_value = torch.tensor(float(st["last_loss"]), device=t.dev)
     if t.world.is_main:
@@ -246,7 +287,7 @@ def save(t: Training, hooks: Hooks, elapsed: float) -> None:
     s = t.step_fn
     save_state(t.state_path, t.cell, model=s.model.state_dict(), optimizer=s.opt.state_dict(),
                **s.source.state_dict(), **s.state_dict(), temperature=s.temperature.state_dict(),
-               step=t.step, last_loss=_last_loss(t), wall_s=t.wall_before + elapsed,
+               loss=dict(s.loss_fn.state_dict()), step=t.step, last_loss=_last_loss(t), wall_s=t.wall_before + elapsed,
                saved_on=t.dev.type, **hooks.meta)
 
 

@@ -89,7 +89,7 @@ class TrainStep:
         sc = self.source.scores(z1, z2, idx)
         tau = self.temperature(sc.neg.detach() if sc.tau_neg is None else sc.tau_neg, sc.mask)
         out = self.loss_fn.from_scores(sc.pos, sc.neg, sc.mask, temperature=tau, batch_pos=sc.batch_pos,
-                                       check=False)
+                                       check=False, index=sc.index)
         return out, sc, tau
 
     def forward(self, x: Tensor, u: Tensor, idx: Tensor) -> StepOut:
