@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import math
 import re
 from pathlib import Path
 
@@ -150,26 +151,174 @@ def _one_cell(overrides: dict) -> dict:
     return cell
 
 
-@pytest.mark.parametrize("overrides", [
-    {"device": "cpu"}, {"device": "cuda"}, {"threads": 2}, {"study": "other"},
-    {"results_dir": "elsewhere"}, {"tracking_uri": "http://mlflow:5000"},
-])
-def test_hash_ignores_where_a_cell_runs(overrides):
-    base = _one_cell({})
-    other = _one_cell(overrides)
-    assert other["id"] == base["id"] and other["hash"] == base["hash"]
+# --------------------------------------------------------------------------- the hash, key by key from the schema
+#: the config's top-level keys that no cell carries: where results go, what runs around the
+#: cells, the side experiments' own lists (their cells are made by make_cell like the grid's)
+NOT_IN_A_CELL = ("study", "tracking_uri", "results_dir", "baselines", "keep_features", "warm_start",
+                 "cells_per_gpu", "experiments", "supervised_baseline")  # the last: baseline cells' only
+#: sections a cell carries key by key: config path of the section -> its schema node's path
+SETTING_SECTIONS = {("train",): ("train",), ("eval",): ("eval",), ("data",): ("data",),
+                    ("datasets", "digits"): ("datasets", "additionalProperties")}
+#: a valid other value for settings whose generic one (_other_value) the config would refuse
+OTHER_VALUE = {
+    ("train", "ess_schedule"): {"start": 0.9, "end": 0.3},
+    ("datasets", "digits", "train_subset"): 500,
+    ("datasets", "digits", "test_subset"): 200,
+    ("datasets", "digits", "image_size"): 16,
+}
 
 
-@pytest.mark.parametrize("overrides", [
-    {"train": {"lr": 0.01}}, {"train": {"epochs": 4}}, {"train": {"width": 16}}, {"train": {"precision": "fp64"}},
-    {"train": {"optimizer": "sgd"}}, {"train": {"lr_scaling": "linear"}}, {"train": {"queue_size": 64}},
-    {"augment": {"recipe": "simclr"}}, {"augment": {"crop_scale": [0.5, 1.0]}},
-    {"datasets": {"digits": {"train_subset": 500}}},
-])
-def test_hash_changes_with_every_science_setting(overrides):
-    base = _one_cell({})
-    other = _one_cell(overrides)
-    assert other["id"] == base["id"] and other["hash"] != base["hash"]
+def _schema_node(path: tuple) -> dict:
+    node = load_schema()["properties"]
+    for part in path:
+        node = node[part]
+    return node
+
+
+def schema_settings() -> list[tuple[tuple, dict]]:
+    """Every setting a cell carries, enumerated from the schema: (config path, schema node).
+    Top-level keys marked x-execution, every key of the SETTING_SECTIONS, every parameter of
+    every loss (loss_params.<loss>.<param>, filled in from the registry)."""
+    props = load_schema()["properties"]
+    out = [((k,), node) for k, node in props.items() if node.get("x-execution")]
+    for path, schema_path in SETTING_SECTIONS.items():
+        out += [((*path, k), node) for k, node in _schema_node(schema_path)["properties"].items()]
+    for loss, node in props["loss_params"]["properties"].items():
+        out += [(("loss_params", loss, k), sub) for k, sub in node["properties"].items()]
+    return out
+
+
+def _resolve(node: dict) -> dict:
+    defs = load_schema()["$defs"]
+    if "$ref" in node:
+        node = {**defs[node["$ref"].rsplit("/", 1)[1]], **{k: v for k, v in node.items() if k != "$ref"}}
+    return node
+
+
+def _other_value(path: tuple, node: dict, value):
+    """A valid value of the setting other than ``value`` (its default here)."""
+    if path in OTHER_VALUE:
+        return OTHER_VALUE[path]
+    node = _resolve(node)
+    if "enum" in node:
+        return next(v for v in node["enum"] if v != value)
+    types = node.get("type")
+    types = [types] if isinstance(types, str) else list(types or [])
+    if isinstance(value, bool) or types == ["boolean"]:
+        return not value
+    if (value is None or value == []) and "array" in types:
+        return [_other_value(path, node["items"], None)]
+    if value is None:
+        if "integer" in types:
+            return max(int(node.get("minimum", 1)), 2)
+        if "number" in types:
+            return 0.5
+        if "string" in types:
+            return "other"
+        raise AssertionError(f"no generic value for {'.'.join(path)}: add one to OTHER_VALUE")
+    if isinstance(value, int):
+        return value + 1
+    if isinstance(value, float):
+        other = value * 2 if value else 0.5
+        return value / 2 if other > min(node.get("maximum", math.inf), node.get("exclusiveMaximum", math.inf)) else other
+    if isinstance(value, str):
+        return value + "-other"
+    if isinstance(value, list):
+        return value[:-1] if len(value) > 1 else value * 2
+    raise AssertionError(f"no generic value for {'.'.join(path)}: add one to OTHER_VALUE")
+
+
+def _nested(path: tuple, value) -> dict:
+    for part in reversed(path):
+        value = {part: value}
+    return value
+
+
+def _digits_cell(overrides: dict, loss: str = "infonce") -> dict:
+    cfg = validate_config({**grid(losses=[loss]), **overrides})
+    (cell,) = expand_cells(cfg).values()
+    return cell
+
+
+def _changed_cells(path: tuple, node: dict) -> tuple[dict, dict]:
+    """(the default digits cell, the cell with the setting at ``path`` changed)."""
+    loss = path[1] if path[0] == "loss_params" else "infonce"
+    base = _digits_cell({}, loss)
+    default = validate_config(grid(losses=[loss]))
+    for part in path:
+        default = default[part]
+    return base, _digits_cell(_nested(path, _other_value(path, node, default)), loss)
+
+
+SETTINGS = schema_settings()
+
+
+def test_every_top_level_key_is_a_cell_setting_or_is_not_in_a_cell():
+    """A new top-level key must be placed: in a cell (a section above, or marked x-execution)
+    or in NOT_IN_A_CELL -- so nothing reaches a cell unseen by the hash tests below."""
+    placed = {p[0] for p, _ in SETTINGS} | set(NOT_IN_A_CELL) | {"grid", "loss_params", "augment", "datasets"}
+    assert set(load_schema()["properties"]) == placed
+
+
+@pytest.mark.parametrize("path,node", SETTINGS, ids=[".".join(p) for p, _ in SETTINGS])
+def test_hash_changes_with_every_science_setting_and_no_execution_setting(path, node):
+    """Every setting of the schema a cell carries changes the cell; the hash changes with it
+    unless the schema marks the key ``x-execution`` (how a cell runs, not what it computes)."""
+    base, other = _changed_cells(path, node)
+    if path[0] != "loss_params":  # (a loss parameter off its default is also named in the id)
+        assert other["id"] == base["id"]
+    assert other != base, f"{'.'.join(path)} does not reach the cell"
+    if node.get("x-execution"):
+        assert other["hash"] == base["hash"], f"execution setting {'.'.join(path)} changed the hash"
+    else:
+        assert other["hash"] != base["hash"], f"{'.'.join(path)} changes the cell but not its hash"
+
+
+@pytest.mark.parametrize("key", [k for k in NOT_IN_A_CELL if k not in ("experiments", "supervised_baseline")])
+def test_keys_outside_cells_leave_the_cell_as_it_is(key):
+    node = load_schema()["properties"][key]
+    default = validate_config(grid())[key]
+    value = "http://mlflow:5000" if key == "tracking_uri" else _other_value((key,), node, default)
+    assert _digits_cell({key: value}) == _digits_cell({})
+
+
+def test_every_augmentation_parameter_changes_the_hash():
+    """augment is free-form in the schema: its keys are AugmentConfig's fields."""
+    import dataclasses
+
+    from smallbatch.augment import RECIPES, AugmentConfig
+
+    base = _digits_cell({})
+    for f in dataclasses.fields(AugmentConfig):
+        default = RECIPES["gray_small"].get(f.name, f.default)
+        value = ("simclr" if f.name == "recipe" else [default[0] / 2, default[1]] if isinstance(default, (list, tuple))
+                 else default + 1 if isinstance(default, int) and not isinstance(default, bool)
+                 else default / 2 if default else 0.1)
+        other = _digits_cell({"augment": {f.name: value}})
+        assert other["id"] == base["id"] and other["hash"] != base["hash"], f"augment.{f.name}"
+
+
+def test_every_axis_of_the_grid_changes_the_hash():
+    """What the grid varies (and the experiment a cell belongs to) is part of the hash too."""
+    cfg = validate_config(grid(losses=["infonce", "dcl"], batch_sizes=[16, 32], temperatures=[0.1, 0.5],
+                               seeds=[0, 1]) | {"datasets": {"digits": {}, "fashion_mnist": {}}})
+    axes = dict(dataset="digits", loss="infonce", loss_params={}, batch_size=16, temperature=0.1, seed=0)
+    base = make_cell(cfg, **axes)
+    for key, value in (("dataset", "fashion_mnist"), ("loss", "dcl"), ("batch_size", 32), ("temperature", 0.5),
+                       ("seed", 1), ("experiment", "tsweep")):
+        assert make_cell(cfg, **{**axes, key: value})["hash"] != base["hash"], key
+
+
+def test_the_hash_tests_cover_every_part_of_a_cell():
+    """Each part of a cell is changed by one of the tests above (the cell's own name aside)."""
+    from smallbatch.cells import NAME_KEYS
+
+    base = _digits_cell({})
+    covered = {p[0] if p[0] in ("device", "threads") else {"data": "data_root", "datasets": "dataset_options"}.get(
+        p[0], p[0]) for p, _ in SETTINGS}
+    covered |= {"download", "augment", "dataset", "loss", "batch_size", "temperature", "seed", "experiment",
+                "negatives"}  # data.download, the augmentation test, the axes (negatives: 2N-2)
+    assert set(base) - set(NAME_KEYS) == covered
 
 
 def test_hash_changes_with_loss_parameters_and_id_names_them():

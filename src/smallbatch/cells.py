@@ -13,6 +13,7 @@ prefix, e.g. ``precision/fashion_mnist/infonce/bs16-t0.1-s0-fp64``.
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import itertools
 import json
@@ -31,17 +32,40 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-#: settings of how a cell runs, not of what it computes: left out of the cell's hash, so
-#: switching them neither reruns a finished cell nor keeps a state from resuming
-EXECUTION_KEYS = ("id", "hash", "device", "threads")
-EXECUTION_TRAIN_KEYS = ("compile", "deterministic", "log_every", "devices")
+#: what names a cell rather than sets it: left out of its hash (the hash cannot cover itself)
+NAME_KEYS = ("id", "hash")
+#: a cell's sections that are a config section's settings: cell key -> the schema path of that
+#: section's settings (``train.lr`` of the config is ``cell["train"]["lr"]``)
+CELL_SECTIONS = {"train": ("train",), "eval": ("eval",), "dataset_options": ("datasets", "additionalProperties")}
+
+
+@functools.lru_cache(maxsize=1)
+def execution_keys() -> dict[str, frozenset[str]]:
+    """The settings of how a cell runs, not of what it computes -- the schema's keys marked
+    ``x-execution: true`` -- by cell section ("" for the cell's top level): left out of the
+    cell's hash, so switching them neither reruns a finished cell nor keeps a state from
+    resuming.  Every other setting a cell carries is hashed: a new schema key is part of
+    the hash unless the schema marks it."""
+    from .config import load_schema
+
+    props = load_schema()["properties"]
+    out = {"": frozenset(k for k, v in props.items() if v.get("x-execution"))}
+    for section, path in CELL_SECTIONS.items():
+        node = props
+        for part in path:
+            node = node[part]
+        out[section] = frozenset(k for k, v in node.get("properties", {}).items() if v.get("x-execution"))
+    return out
 
 
 def cell_hash(cell: dict) -> str:
-    """Short hash of the settings that define the experiment (not where or how it runs)."""
-    science = {k: v for k, v in cell.items() if k not in EXECUTION_KEYS}
-    if isinstance(science.get("train"), dict):
-        science["train"] = {k: v for k, v in science["train"].items() if k not in EXECUTION_TRAIN_KEYS}
+    """Short hash of every setting of the cell except its execution settings
+    (:func:`execution_keys`) and its name (:data:`NAME_KEYS`)."""
+    skip = execution_keys()
+    science = {k: v for k, v in cell.items() if k not in NAME_KEYS and k not in skip[""]}
+    for section in CELL_SECTIONS:
+        if isinstance(science.get(section), dict):
+            science[section] = {k: v for k, v in science[section].items() if k not in skip[section]}
     blob = json.dumps(science, sort_keys=True, default=str).encode()
     return hashlib.sha1(blob).hexdigest()[:10]
 
