@@ -102,6 +102,8 @@ def test_a_group_that_does_not_divide_the_batch_is_one_line():
     assert problem.startswith("train.neg_group = 16 does not divide batch_size 24") and "\n" not in problem
     with pytest.raises(ValueError, match="does not divide batch_size 24"):
         train.pretrain(cell, torch.zeros(64, 1, 8, 8, dtype=torch.uint8), [0.5], [0.2], Path("unused"), device="cpu")
+    with pytest.raises(ConfigError, match=r"^cell 'digits/infonce/bs24-t0.1-s0-ng16': train.neg_group = 16 does not"):
+        load_config(None, {"datasets": {"digits": {}}, "grid": {"batch_sizes": [16, 24], "axes": {"neg_group": [16]}}})
 
 
 def test_the_in_batch_source_groups_and_masks_and_passes_the_image_index():

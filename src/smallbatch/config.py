@@ -331,6 +331,11 @@ def check_data_roots(cfg: dict) -> None:
     ``data.download`` is on); otherwise a one-line ConfigError naming the key.
     The workflow calls this so a wrong root stops ``snakemake -n``, before any job."""
     if cfg["data"].get("download"):
+    from .train import control_problem  # neg_group / bn_group against the batch, one-process controls
+
+    problem = control_problem(cell)
+    if problem:
+        return problem
         return
     for name, opts in cfg["datasets"].items():
         if name == "digits":  # ships inside scikit-learn
