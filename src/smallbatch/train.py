@@ -21,9 +21,12 @@ loss ends the cell as *diverged* within ``log_every`` steps, and no state is sav
 it; a representation that collapsed without a NaN ends it as *collapsed*.
 
 Fault tolerance: the resumable state is written atomically at the end of every epoch
-and when SIGTERM arrives (SLURM preemption / time limit); a rerun continues from it and
-ends with the same weights as an uninterrupted run (bitwise on the CPU; on a GPU with
-``train.deterministic``).  ``checkpoint.pt`` is written only when training is complete.
+and when SIGTERM arrives (SLURM preemption / time limit): one process stops after the
+step it is in; several stop together at the next step where they compare flags (a
+logging step or an epoch end: at most ``log_every`` steps on) whichever of them got the
+signal, rank 0 saves, and every process exits (143) once the state is written.  A rerun
+continues from it and ends with the same weights as an uninterrupted run (bitwise on the
+CPU; on a GPU with ``train.deterministic``).  ``checkpoint.pt`` is written only when training is complete.
 One process trains a cell at a time: the cell's folder is locked (:class:`io.CellLock`).
 """
 
@@ -303,6 +306,7 @@ def run_loop(t: Training, hooks: Hooks, t_start: float) -> str:
     perm = None
     try:
         with _sigterm() as term:
+            stop = False  # agreed by every process: only at the steps where they all compare flags
             while t.step < t.total:
                 pos = t.step % t.steps_per_epoch
                 if perm is None or pos == 0:
@@ -315,7 +319,7 @@ def run_loop(t: Training, hooks: Hooks, t_start: float) -> str:
                     bar.update(1)
                 epoch_end = t.step % t.steps_per_epoch == 0
                 if _log_due(t, t.step) or epoch_end or (term["flag"] and t.world.size == 1):
-                    term["flag"] = any_over_processes(term["flag"], t.dev)  # every process stops at the same step
+                    stop = any_over_processes(term["flag"], t.dev)  # every process stops at the same step
                     if any_over_processes(not bool(t.finite), t.dev):
                         _log_diverged(t, hooks)
                         return "diverged"
@@ -325,17 +329,27 @@ def run_loop(t: Training, hooks: Hooks, t_start: float) -> str:
                             hooks.log_fn(metrics, t.step)
                         if bar is not None:
                             bar.set_postfix(epoch=f"{t.step / t.steps_per_epoch:.2f}", loss=f"{_last_loss(t):.4f}")
-                if epoch_end or term["flag"]:
+                if epoch_end or stop:
                     save(t, hooks, time.perf_counter() - t_start)
-                if term["flag"]:
-                    raise Preempted(f"SIGTERM received: {t.cell['id']} saved its state at step {t.step} "
-                                    f"to {t.state_path}")
+                if stop:
+                    raise _preempted(t, term["flag"])
                 if hooks.stop_after_steps is not None and t.step >= hooks.stop_after_steps:
                     raise KeyboardInterrupt(f"simulated crash after {t.step} steps")
     finally:
         if bar is not None:
             bar.close()
     return "finished"
+
+
+def _preempted(t: Training, signalled: bool) -> Preempted:
+    """After the agreed step's save: every process waits until rank 0 has written the state
+    (a launcher ends the others when the first one exits), then each says what it did."""
+    t.world.barrier()
+    who = "SIGTERM received" if signalled else "SIGTERM received by another process"
+    if t.world.is_main:
+        return Preempted(f"{who}: {t.cell['id']} saved its state at step {t.step} to {t.state_path}")
+    return Preempted(f"{who}: rank {t.world.rank} of {t.cell['id']} stopped at step {t.step} with every process "
+                     f"(rank 0 saved the state there)")
 
 
 def _log_due(t: Training, step: int) -> bool:
