@@ -242,6 +242,8 @@ def baseline_cells(cfg: dict) -> dict[str, dict]:
     for dataset in cfg["datasets"]:
         dopts = copy.deepcopy(cfg["datasets"][dataset])
         kinds = [("raw_pixels", None)] + [("random_init", s) for s in seeds]
+        sup = cfg.get("supervised_baseline") or {}
+        kinds += [("supervised", s) for s in seeds] if sup.get("enabled") else []
         for kind, seed in kinds:
             cid = f"baselines/{dataset}/{kind}" + ("" if seed is None else f"-s{seed}")
             cell = {
@@ -258,6 +260,8 @@ def baseline_cells(cfg: dict) -> dict[str, dict]:
                 "device": cfg["device"],
                 "threads": cfg["threads"],
             }
+            if kind == "supervised":  # trained like a cell: its augmentations and a batch size
+                cell.update(augment=copy.deepcopy(cfg["augment"]), batch_size=int(sup["batch_size"]))
             cell["hash"] = cell_hash(cell)
             out[cid] = cell
     return out

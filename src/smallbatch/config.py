@@ -335,6 +335,8 @@ def check_data_roots(cfg: dict) -> None:
     """Every data set of a validated study has its files under its root (or
     ``data.download`` is on); otherwise a one-line ConfigError naming the key.
     The workflow calls this so a wrong root stops ``snakemake -n``, before any job."""
+    from .data import base_dataset
+
     if cfg["data"].get("download"):
         return
     for name, opts in cfg["datasets"].items():
@@ -342,7 +344,7 @@ def check_data_roots(cfg: dict) -> None:
             continue
         key = f"datasets.{name}.root" if opts.get("root") else "data.root"
         root = Path(opts.get("root") or cfg["data"]["root"]).expanduser()
-        if name == "fashion_mnist":
+        if base_dataset(name) == "fashion_mnist":  # composites read Fashion-MNIST's files
             ok = (root / "FashionMNIST" / "raw").is_dir() or DEBIAN_FASHION_MNIST.is_dir()
             need = f"{root}/FashionMNIST/raw/ or {DEBIAN_FASHION_MNIST}/ (apt-get install dataset-fashion-mnist)"
         elif name == "imagefolder":

@@ -264,10 +264,15 @@ def _eval_on_features(kind: str, cell: dict, feats) -> dict:
     if kind == "knn":
         return _percent(evaluate.knn_eval(tr_f, tr_y, te_f, te_y, ks=tuple(ev["knn_k"]), t=ev["knn_t"],
                                           backend=backend))
-    return _percent(evaluate.linear_eval(tr_f, tr_y, te_f, te_y, epochs=ev["linear_epochs"], lr=ev["linear_lr"],
+    from . import probes  # the linear probe (L2 chosen on a validation split when asked) + few-label probes
+
+    return _percent(probes.linear_probes(tr_f, tr_y, te_f, te_y, epochs=ev["linear_epochs"], lr=ev["linear_lr"],
                                          weight_decay=ev["linear_weight_decay"], seed=cell["seed"],
                                          optimizer=ev["linear_optimizer"], batch_size=ev["linear_batch_size"],
-                                         tol=ev["linear_tol"]))
+                                         tol=ev["linear_tol"], weight_decays=ev.get("linear_weight_decays"),
+                                         val_fraction=ev.get("linear_val_fraction", 0.1),
+                                         fewshot_fractions=ev.get("fewshot_fractions") or (),
+                                         fewshot_draws=ev.get("fewshot_draws", 5)))
 
 
 def check_features_cell(meta: dict, cell: dict, path: Path) -> None:
@@ -389,8 +394,15 @@ def run_baseline(cell: dict, out: Path, *, tracking_uri: str | None, experiment:
         bb = model.backbone.to(dev)
         tr_f = evaluate.embed(bb, d.train_x, d.mean, d.std, device=dev)
         te_f = evaluate.embed(bb, d.test_x, d.mean, d.std, device=dev)
+    elif cell["baseline"] == "supervised":  # the upper bound: the same backbone trained with labels
+        from .supervised import train_supervised
+
+        dev = train.resolve_device(device or cell["device"])
+        bb = train_supervised(cell, d.train_x, d.train_y, d.num_classes, d.mean, d.std, dev)
+        tr_f = evaluate.embed(bb, d.train_x, d.mean, d.std, device=dev)
+        te_f = evaluate.embed(bb, d.test_x, d.mean, d.std, device=dev)
     else:
-        raise ValueError(f"baseline must be raw_pixels or random_init, not {cell['baseline']!r}")
+        raise ValueError(f"baseline must be raw_pixels, random_init or supervised, not {cell['baseline']!r}")
     feats = (tr_f, d.train_y.numpy(), te_f, d.test_y.numpy())
     numeric = {}
     for kind in ("knn", "linear"):
