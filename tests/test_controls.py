@@ -96,8 +96,7 @@ def test_grouped_loss_is_the_mean_of_the_groups_losses_and_counts_2g_minus_2_neg
 def test_a_group_that_does_not_divide_the_batch_is_one_line():
     with pytest.raises(ValueError, match="group of 3 images does not divide the batch of 8"):
         in_batch_mask(8, group=3)
-    cfg = load_config(None, {"datasets": {"digits": {}}, "train": {"neg_group": 16, "bn_group": 16}})
-    cell = make_cell(cfg, dataset="digits", loss="infonce", loss_params={}, batch_size=24, temperature=0.1, seed=0)
+    cell = _cell(batch_size=24, neg_group=16, bn_group=16)
     problem = train.control_problem(cell)
     assert problem.startswith("train.neg_group = 16 does not divide batch_size 24") and "\n" not in problem
     with pytest.raises(ValueError, match="does not divide batch_size 24"):
@@ -248,8 +247,10 @@ TINY = {"width": 2, "proj_hidden": 8, "proj_dim": 4}
 
 
 def _cell(batch_size: int = 8, loss: str = "infonce", **train_opts):
-    cfg = load_config(None, {"datasets": {"digits": {}}, "train": {**TINY, **train_opts}})
-    return make_cell(cfg, dataset="digits", loss=loss, loss_params={}, batch_size=batch_size, temperature=0.2, seed=0)
+    """A cell with ``train_opts`` set as an override (so also a combination validation refuses)."""
+    cfg = load_config(None, {"datasets": {"digits": {}}, "train": TINY})
+    return make_cell(cfg, dataset="digits", loss=loss, loss_params={}, batch_size=batch_size, temperature=0.2, seed=0,
+                     train_overrides=train_opts)
 
 
 def test_the_two_budgets_and_a_learning_rate_per_batch_size(tmp_path):
