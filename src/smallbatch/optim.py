@@ -8,9 +8,12 @@ decay to zero, per step.
 The learning rate lives in each parameter group as a 0-d tensor on the device
 (:func:`make_optimizer`; :func:`set_lr` fills it), so a changing rate is data, not a
 constant: a compiled optimiser step is not recompiled every step and, on a GPU,
-setting it is an asynchronous copy, not a host synchronisation.  :class:`LARS` updates
-all parameters with ``torch._foreach_*`` kernels (a few launches per step, not a Python
-loop of kernels per parameter).
+setting it is an asynchronous copy, not a host synchronisation.  :class:`SGD` and
+:class:`LARS` update all parameters with ``torch._foreach_*`` kernels (a few launches per
+step, not a Python loop of kernels per parameter), multiplying by the rate tensor on the
+device; Adam on CUDA is torch's ``capturable`` foreach Adam.  So an eager step reads
+nothing back to the host with any of the three (``tests/test_optim_sync.py`` counts the
+reads of each one's CUDA code path).
 """
 
 from __future__ import annotations
@@ -22,6 +25,34 @@ import torch
 
 OPTIMIZERS = ("sgd", "lars", "adam")
 LR_SCALINGS = ("none", "linear", "sqrt")
+
+
+class SGD(torch.optim.SGD):
+    """SGD with momentum and weight decay (no dampening, no Nesterov), torch's update and
+    state (``momentum_buffer``), applied with ``torch._foreach_*`` kernels and the rate as
+    a tensor factor: torch's own SGD reads a tensor rate back to the host (``.item()``)
+    at every eager step (``torch/optim/sgd.py``: ``alpha=-lr``), which synchronises a GPU::
+
+        g   = grad + wd * w
+        buf = momentum * buf + g      (buf = g on the first step; momentum 0: buf = g)
+        w  -= lr * buf
+    """
+
+    def __init__(self, params, lr: float | torch.Tensor, momentum: float = 0.0, weight_decay: float = 0.0):
+        super().__init__(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            grads = [p.grad for p in params]
+            if group["weight_decay"]:
+                grads = torch._foreach_add(grads, params, alpha=group["weight_decay"])
+            if group["momentum"]:
+                grads = _momentum_buffers(self, params, grads, group["momentum"])
+            torch._foreach_sub_(params, torch._foreach_mul(grads, group["lr"]))
 
 
 class LARS(torch.optim.Optimizer):
@@ -57,18 +88,25 @@ class LARS(torch.optim.Optimizer):
             torch._foreach_mul_(g, list(trust.unbind(0)))
             for j, i in enumerate(adapt):
                 grads[i] = g[j]
-        bufs = [self.state[p].get("momentum_buffer") for p in params]
-        if any(b is None for b in bufs):
-            for p, b, g in zip(params, bufs, grads):
-                if b is None:
-                    self.state[p]["momentum_buffer"] = g.detach().clone()
-            todo = [(i, b) for i, b in enumerate(bufs) if b is not None]
-            if todo:
-                _momentum([b for _, b in todo], [grads[i] for i, _ in todo], group["momentum"])
-        else:
-            _momentum(bufs, grads, group["momentum"])
-        bufs = [self.state[p]["momentum_buffer"] for p in params]
+        bufs = _momentum_buffers(self, params, grads, group["momentum"])
         torch._foreach_sub_(params, torch._foreach_mul(bufs, group["lr"]))
+
+
+def _momentum_buffers(opt: torch.optim.Optimizer, params: list[torch.Tensor], grads: list[torch.Tensor],
+                      momentum: float) -> list[torch.Tensor]:
+    """``buf = momentum * buf + g`` for each parameter's ``momentum_buffer`` (a copy of
+    ``g`` on its first step); the updated buffers."""
+    bufs = [opt.state[p].get("momentum_buffer") for p in params]
+    if any(b is None for b in bufs):
+        for p, b, g in zip(params, bufs, grads):
+            if b is None:
+                opt.state[p]["momentum_buffer"] = g.detach().clone()
+        todo = [(i, b) for i, b in enumerate(bufs) if b is not None]
+        if todo:
+            _momentum([b for _, b in todo], [grads[i] for i, _ in todo], momentum)
+    else:
+        _momentum(bufs, grads, momentum)
+    return [opt.state[p]["momentum_buffer"] for p in params]
 
 
 def _momentum(bufs: list[torch.Tensor], grads: list[torch.Tensor], momentum: float) -> None:
@@ -95,16 +133,22 @@ def make_optimizer(params, name: str, lr: float, momentum: float, weight_decay: 
     default cell's model, the same update up to float rounding -- tests/test_train.py --
     except for a ``compiled`` step, where the compiler takes the plain update into its graph
     and cannot take the fused kernel)."""
+    if name not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, not {name!r}")
     lr_t = torch.tensor(float(lr), dtype=torch.float32, device=device)
+    return build_optimizer(params, name, lr_t, momentum, weight_decay, torch.device(device).type == "cuda", compiled)
+
+
+def build_optimizer(params, name: str, lr: torch.Tensor, momentum: float, weight_decay: float, cuda: bool,
+                    compiled: bool = False) -> torch.optim.Optimizer:
+    """:func:`make_optimizer`'s choice of code path for a rate tensor ``lr``: ``cuda``
+    selects the CUDA one (Adam ``capturable`` + foreach) whatever device ``lr`` is on."""
     if name == "sgd":
-        return torch.optim.SGD(params, lr=lr_t, momentum=momentum, weight_decay=weight_decay)
+        return SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
     if name == "lars":
-        return LARS(params, lr=lr_t, momentum=momentum, weight_decay=weight_decay)
-    if name == "adam":
-        cuda = torch.device(device).type == "cuda"
-        return torch.optim.Adam(params, lr=lr_t, weight_decay=weight_decay, capturable=cuda,
-                                foreach=True if cuda else None, fused=None if cuda or compiled else True)
-    raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, not {name!r}")
+        return LARS(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay, capturable=cuda,
+                            foreach=True if cuda else None, fused=None if cuda or compiled else True)
 
 
 def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
