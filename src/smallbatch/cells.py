@@ -17,6 +17,7 @@ import functools
 import hashlib
 import itertools
 import json
+import re
 from typing import Any, Callable, Iterable
 
 from .losses import canonical_name, loss_param_names
@@ -68,6 +69,21 @@ def cell_hash(cell: dict) -> str:
             science[section] = {k: v for k, v in science[section].items() if k not in skip[section]}
     blob = json.dumps(science, sort_keys=True, default=str).encode()
     return hashlib.sha1(blob).hexdigest()[:10]
+
+
+#: a cell id's grammar: segments of letters, digits and ``_ . = + -`` joined by single
+#: slashes, no segment empty or starting with a dot (so no ``..``, no absolute path)
+CELL_ID_RE = re.compile(r"[A-Za-z0-9_=+-][A-Za-z0-9_.=+-]{0,199}(?:/[A-Za-z0-9_=+-][A-Za-z0-9_.=+-]{0,199}){0,15}")
+
+
+def check_cell_id(cid: Any, source: str = "cell id") -> str:
+    """``cid`` when it is a cell id (:data:`CELL_ID_RE`), the one check of every id that
+    enters (it becomes a folder under results_dir); ValueError naming it otherwise."""
+    if not isinstance(cid, str) or not CELL_ID_RE.fullmatch(cid):
+        raise ValueError(f"{source} {cid!r} is not a cell id (segments of letters, digits and _ . = + - "
+                         "joined by single '/', none empty or starting with a dot); use an id "
+                         "`smallbatch cells` lists")
+    return cid
 
 
 def negatives_per_anchor(batch_size: int, queue_size: int) -> int:
@@ -227,6 +243,7 @@ def expand_cells(cfg: dict) -> dict[str, dict]:
     cells: dict[str, dict] = {}
     for section, fn in SECTION_CELLS.items():
         for cell in fn(cfg):
+            check_cell_id(cell["id"])
             if cell["id"] in cells and cells[cell["id"]]["hash"] != cell["hash"]:
                 raise ValueError(f"two different cells share the id {cell['id']!r}")
             cells[cell["id"]] = cell

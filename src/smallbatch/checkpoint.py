@@ -40,11 +40,7 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu", *, cell: dict |
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
-    try:
-        obj = torch.load(path, map_location=map_location, weights_only=False)
-    except Exception as exc:  # noqa: BLE001 - truncated zip, pickle error, ...
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise CheckpointError(f"checkpoint {path} is corrupt or truncated ({first[:160]})") from None
+    obj = _load_weights_only(path, map_location)
     if not isinstance(obj, dict) or "model" not in obj:
         raise CheckpointError(f"checkpoint {path} is not a smallbatch checkpoint (no 'model' entry)")
     found = obj.get("kind", "state" if "step" in obj else "checkpoint")
@@ -54,6 +50,24 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu", *, cell: dict |
     if cell is not None:
         check_cell(obj, cell, path)
     return obj
+
+
+def _load_weights_only(path: Path, map_location: Any) -> Any:
+    """``torch.load`` with ``weights_only=True``: tensors, containers and plain values only
+    (every part of a state or checkpoint is one of these), so no file can run code when it is
+    read; anything else (a pickled object, a truncated zip) is a one-line CheckpointError."""
+    import pickle
+
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        blocked = [ln.strip() for ln in str(exc).splitlines() if "GLOBAL" in ln or "Unsupported" in ln]
+        what = f" ({blocked[0][:120]})" if blocked else ""
+        raise CheckpointError(f"checkpoint {path} holds objects other than tensors and plain values{what}; "
+                              "refused, as loading it could run code") from None
+    except Exception as exc:  # noqa: BLE001 - truncated zip, bad header, ...
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise CheckpointError(f"checkpoint {path} is corrupt or truncated ({first[:160]})") from None
 
 
 def check_cell(obj: dict, cell: dict, path: str | Path) -> None:
@@ -81,7 +95,7 @@ def read_state(path: Path, cell: dict) -> dict | None:
 
     if not path.exists():
         return None
-    st = load_checkpoint(path)
+    st = _load_state(path)
     if st.get("cell_hash") != cell["hash"]:
         print(f"state {path} belongs to another config of this cell; starting afresh", file=sys.stderr)
         return None
@@ -92,11 +106,20 @@ def read_state(path: Path, cell: dict) -> dict | None:
     return st
 
 
+def _load_state(path: Path) -> dict:
+    """``state.pt``; its CheckpointError names ``--restart``, the way past an unreadable state."""
+    try:
+        return load_checkpoint(path)
+    except CheckpointError as exc:
+        raise CheckpointError(f"{exc}; rerun with --restart to start the cell afresh (it overwrites "
+                              "state.pt), or delete the file") from None
+
+
 def state_run_id(path: Path, cell: dict) -> str | None:
     """The MLflow run id a resumable ``state.pt`` of this cell logs to (None if none)."""
     if not Path(path).exists():
         return None
-    st = load_checkpoint(path)
+    st = _load_state(path)
     if st.get("cell_hash") != cell["hash"] or st.get("version") != STATE_VERSION:
         return None
     return st.get("run_id")

@@ -31,7 +31,7 @@ def _add_cell_args(p: argparse.ArgumentParser, train_flags: bool = True) -> None
     g.add_argument("--config", type=Path, help="study config YAML (default values otherwise)")
     g.add_argument("--cell-id", help="id of a cell of --config, e.g. fashion_mnist/flatnce/bs32-t0.1-s0")
     s = p.add_argument_group("stand-alone cell (when neither --cell nor --cell-id is given)")
-    s.add_argument("--dataset", help="fashion_mnist | digits | cifar10 | cifar100 | stl10 | imagefolder")
+    s.add_argument("--dataset", help="fashion_mnist | fashion_mnist_pairs | fashion_mnist_triples | digits | cifar10 | cifar100 | stl10 | imagefolder")
     s.add_argument("--data-root", help="data root (default: config data.root)")
     s.add_argument("--loss", help="infonce (ntxent, simclr) | flatnce | dcl | dclw | eqco")
     s.add_argument("--batch-size", type=int, help="N images per step (2N views)")
@@ -75,7 +75,10 @@ def resolve_cell(args, baseline: bool = False) -> tuple[dict, dict]:
     from .cells import expand_cells
     from .config import load_config
 
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, not {args.threads}")
     if args.cell is not None or getattr(args, "cell_json", None) is not None:
+        _refuse_ignored(args, "--cell" if args.cell is not None else "--cell-json", keep=("threads",))
         cfg = load_config(args.config) if args.config else load_config(None)
         if args.cell is not None:
             cell = _read_cell_file(args.cell, cfg, baseline)
@@ -86,6 +89,7 @@ def resolve_cell(args, baseline: bool = False) -> tuple[dict, dict]:
         return cell, cfg
     overrides = _train_overrides(args)
     if args.cell_id:
+        _refuse_ignored(args, "--cell-id", keep=("threads", "data_root", *TRAIN_FLAGS))
         if args.config is None:
             raise ValueError("--cell-id needs --config")
         cfg = load_config(args.config, overrides)
@@ -97,6 +101,25 @@ def resolve_cell(args, baseline: bool = False) -> tuple[dict, dict]:
             raise ValueError(f"no cell {args.cell_id!r} in {args.config}" + (f"; did you mean {', '.join(near)}?" if near else ""))
         return cells[args.cell_id], cfg
     return _standalone_cell(args, overrides)
+
+
+#: the stand-alone flags that override the config's train settings
+TRAIN_FLAGS = ("epochs", "steps", "precision", "lr", "lr_scaling", "optimizer", "backbone", "queue_size")
+#: every flag of the stand-alone group (_add_cell_args), with its empty value
+STANDALONE_FLAGS = {"dataset": None, "data_root": None, "loss": None, "batch_size": None, "temperature": None,
+                    "seed": None, "loss_param": [], **dict.fromkeys(TRAIN_FLAGS), "image_size": None,
+                    "train_subset": None, "threads": None}
+
+
+def _refuse_ignored(args, mode: str, keep: tuple[str, ...]) -> None:
+    """ValueError naming the first stand-alone flag given that ``mode`` (a way of naming the
+    cell) would ignore: the cell comes from the file or config, not from the flags."""
+    for name, empty in STANDALONE_FLAGS.items():
+        if name not in keep and getattr(args, name, empty) != empty:
+            flag = "--" + name.replace("_", "-")
+            raise ValueError(f"{flag} has no effect with {mode} (the cell's settings come from "
+                             f"{'the config' if mode == '--cell-id' else 'the cell'}); leave it out, or set it "
+                             f"in the config, or name a stand-alone cell without {mode}")
 
 
 def _read_cell_file(path: Path, cfg: dict, baseline: bool) -> dict:
@@ -112,8 +135,9 @@ def _read_cell_file(path: Path, cfg: dict, baseline: bool) -> dict:
 
 
 def _cell_from_text(text: str, source: str, cfg: dict, baseline: bool) -> dict:
-    """A cell from its JSON text; ValueError naming ``source`` and the first missing key."""
-    from .cells import baseline_cells, make_cell
+    """A cell from its JSON text; ValueError naming ``source`` and the first missing key, an
+    id outside the id grammar, or a hash that is not the hash of the cell's settings."""
+    from .cells import baseline_cells, cell_hash, check_cell_id, make_cell
 
     try:
         cell = json.loads(text)
@@ -132,13 +156,17 @@ def _cell_from_text(text: str, source: str, cfg: dict, baseline: bool) -> dict:
         raise ValueError(f"{source} lacks the key {missing[0]!r} of a {kind}"
                          + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
                          + "; write it with `smallbatch cells --write`")
+    check_cell_id(cell["id"], f"{source}: id")
+    if cell_hash(cell) != cell["hash"]:
+        raise ValueError(f"{source}: cell {cell['id']} says hash {cell['hash']!r} but its settings hash to "
+                         f"{cell_hash(cell)!r} (edited by hand?); write it again with `smallbatch cells --write`, "
+                         "or change the config instead")
     return cell
 
 
 def _train_overrides(args) -> dict:
     overrides: dict = {}
-    train_keys = ["epochs", "steps", "precision", "lr", "lr_scaling", "optimizer", "backbone", "queue_size"]
-    for k in train_keys:
+    for k in TRAIN_FLAGS:
         v = getattr(args, k, None)
         if v is not None:
             overrides.setdefault("train", {})[k] = v
@@ -332,6 +360,12 @@ def _adopt_prepared(args) -> dict | None:
         return None  # resolve_cell says what is wrong with it
     if not isinstance(cell, dict) or "id" not in cell:
         return None
+    from .cells import check_cell_id
+
+    try:
+        check_cell_id(cell["id"])
+    except ValueError:
+        return None  # resolve_cell says what is wrong with it
     from .prepared import adopt
 
     uri = None if args.tracking_uri.lower() == "none" else args.tracking_uri
@@ -385,9 +419,16 @@ def cmd_mi(args) -> int:
     elif args.section is not None:
         if not args.section.is_file():
             raise ValueError(f"section file not found: {args.section}")
-        section = json.loads(args.section.read_text())
+        try:
+            section = json.loads(args.section.read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"section file {args.section} is not valid JSON ({exc.msg})") from None
     else:
         section = (cfg.get("experiments") or {}).get("mi") or {}
+    if not isinstance(section, dict):
+        source = "--section-json" if args.section_json is not None else f"section file {args.section}"
+        raise ValueError(f"{source} must hold a JSON object (the experiments.mi section), "
+                         f"not a {type(section).__name__}")
     uri, exp = _tracking(args, cfg)
     res = run_mi_step(section, args.out, uri, exp, progress=not args.quiet)
     print(json.dumps({"rows": len(res["rows"]), "out": str(args.out), "seconds": round(res["seconds"], 1)}))
@@ -450,7 +491,7 @@ def _study_commands(sub) -> None:
 
     c = sub.add_parser("prepare-data", help="load a data set through its real loader and cache it as one tensor file")
     c.add_argument("--config", type=Path, help="study config (data.root, datasets.<name> options)")
-    c.add_argument("--dataset", required=True, help="fashion_mnist | digits | cifar10 | cifar100 | stl10 | imagefolder")
+    c.add_argument("--dataset", required=True, help="fashion_mnist | fashion_mnist_pairs | fashion_mnist_triples | digits | cifar10 | cifar100 | stl10 | imagefolder")
     c.add_argument("--data-root")
     c.add_argument("--download", action="store_true", help="let torchvision download when files are missing")
     c.add_argument("--image-size", type=int)

@@ -191,6 +191,8 @@ def validate_config(cfg: dict) -> dict:
     if errors:
         # the deepest error is the most specific one (jsonschema's best_match prefers shallow ones)
         raise ConfigError(_one_line(max(errors, key=lambda e: len(e.absolute_path)), schema))
+    _check_results_dir_value(cfg.get("results_dir"))
+    _check_loss_entries(cfg)
     _check_sections(cfg)
     _check_augment(cfg)
     _check_tracking_uri(cfg)
@@ -205,6 +207,41 @@ def check_value(node: dict, value: Any, label: str) -> None:
     errors = list(_validator_with_defaults()(node).iter_errors(value))
     if errors:
         raise ConfigError(_one_line(errors[0], node, label))
+
+
+def _check_results_dir_value(value: Any) -> None:
+    """``results_dir`` is a plain path: not empty (the current folder), not starting with
+    ``~`` (no program expands it: it would be a folder named '~'), no braces (the workflow's
+    file patterns) and no control characters."""
+    key = f"config key 'results_dir' = {value!r}"
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{key} is empty; name the results folder, e.g. results")
+    if value.startswith("~"):
+        raise ConfigError(f"{key} starts with '~', which nothing expands here; write the full path "
+                          f"({os.path.expanduser(value)!r}?)")
+    bad = sorted({c for c in value if c in "{}" or ord(c) < 32 or ord(c) == 127})
+    if bad:
+        raise ConfigError(f"{key} holds {', '.join(map(repr, bad))}, which a results path may not hold "
+                          "(braces name the workflow's wildcards); rename the folder")
+
+
+def _check_loss_entries(cfg: dict) -> None:
+    """A loss entry ``{name: dclw, sigma: ...}`` holds only parameters of its own loss (the
+    schema accepts every loss's parameters on every entry)."""
+    from .losses import canonical_name, loss_param_names
+
+    sections = [("grid", cfg.get("grid") or {})]
+    sections += [(f"experiments.{n}", sec) for n, sec in (cfg.get("experiments") or {}).items() if isinstance(sec, dict)]
+    for where, sec in sections:
+        for i, entry in enumerate(sec.get("losses") or []):
+            if not isinstance(entry, dict):
+                continue
+            name = canonical_name(entry["name"])
+            allowed = loss_param_names(name)
+            for key in entry:
+                if key not in ("name", "batch_sizes", "temperatures", "seeds") and key not in allowed:
+                    raise ConfigError(f"config key '{where}.losses[{i}].{key}' is not a parameter of {name}; "
+                                      f"its parameters: {', '.join(allowed) or 'none'}")
 
 
 def _check_sections(cfg: dict) -> None:
@@ -384,7 +421,10 @@ def read_config_file(path: str | Path) -> dict:
         raise ConfigError(f"config file not found: {p}")
     try:
         with open(p) as fh:
-            cfg = yaml.safe_load(fh)
+            cfg = yaml.load(fh, Loader=_UniqueKeyLoader)
+    except _DuplicateKey as exc:
+        raise ConfigError(f"config file {p} has the key {exc.key!r} twice in one mapping (line {exc.first} and "
+                          f"line {exc.line}); YAML would keep only the second: merge them") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -398,6 +438,30 @@ def read_config_file(path: str | Path) -> dict:
     if not isinstance(cfg, dict):
         raise ConfigError(f"config file {p} must hold a mapping at the top level, not a {type(cfg).__name__}")
     return cfg
+
+
+class _DuplicateKey(ValueError):
+    def __init__(self, key: Any, first: int, line: int) -> None:
+        super().__init__(key)
+        self.key, self.first, self.line = key, first, line
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.safe_load, but a key given twice in one mapping is an error, not a silent override."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _value in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                if key in seen:
+                    raise _DuplicateKey(key, seen[key], key_node.start_mark.line + 1)
+            except TypeError:  # an unhashable key: SafeLoader's own error follows
+                continue
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
 
 
 @functools.lru_cache(maxsize=1)

@@ -92,7 +92,13 @@ class CellLock:
         if key in CellLock._held:
             CellLock._held[key] += 1
             return self
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:  # O_NOFOLLOW: a link planted as .lock would have the lock truncate its target
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise CellBusy(f"the lock of cell {self.name}, {self.path}, is a symbolic link; refused (a lock "
+                               "is never a link): remove the link") from None
+            raise
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:

@@ -1,4 +1,12 @@
 # Validation, the cell table and helpers shared by all rules.
+#
+# Shell quoting, the convention of every rule: no value from the config, a cell or a path
+# reaches the shell unquoted.  Every `{...}` placeholder in a `shell:` carries `:q`
+# (Snakemake quotes it with shlex.quote; a list becomes one quoted word per item and an
+# empty list nothing), `{output:q}` and `{log:q}` included; an optional option is a list
+# param made by `flag()` below.  The one exception is `{params.launch}`, the launcher that
+# smallbatch.distributed.launch_command builds from no config value.  tests/test_trust.py
+# checks every rule file for it.
 import json
 import math
 import sys
@@ -29,6 +37,12 @@ if not workflow.overwrite_configfiles:
         raise WorkflowError(f"config error: {exc}") from None
 
     configfile: "config.yaml"
+else:  # read again by smallbatch for what Snakemake's reading lets pass (a key given twice)
+    try:
+        for _path in workflow.overwrite_configfiles:
+            read_config_file(_path)
+    except ConfigError as exc:
+        raise WorkflowError(f"config error: {exc}") from None
 
 
 # Everything that can be checked before a job runs, and before the cells' files are
@@ -94,6 +108,15 @@ if config["device"] != "cpu" and workflow.local_exec and not workflow.remote_exe
 wildcard_constraints:
     cell=r"[A-Za-z0-9_.=+/-]+?",
     dataset=r"[a-z0-9_]+",
+
+
+def flag(option, value=True):
+    """One optional command-line option as the words of a `{params.NAME:q}` placeholder:
+    [] when ``value`` is None, False or "" (the option is left out), [option] for True,
+    else [option, str(value)]."""
+    if value is None or value is False or value == "":
+        return []
+    return [option] if value is True else [option, str(value)]
 
 
 def cell_of(wildcards):

@@ -18,7 +18,7 @@ rule evaluate:
         uri=TRACKING_URI,
         exp=EXPERIMENT,
         out=lambda w: cell_dir(w.cell),
-        features=f"--features {FEATURES}" if KEEP_FEATURES else "",
+        features=lambda w: flag("--features", f"{cell_dir(w.cell)}/features.npz" if KEEP_FEATURES else None),
     log:
         f"{R}/logs/evaluate/{{cell}}.log",
     threads: THREADS
@@ -30,9 +30,9 @@ rule evaluate:
     conda:
         conda_env
     shell:
-        "smallbatch evaluate --cell-json {params.cell:q} --checkpoint {input.ckpt} --data-cache {input.data} "
-        "--out-dir {params.out} {params.features} --tracking-uri '{params.uri}' --experiment '{params.exp}' "
-        "--threads {threads} > {log} 2>&1"
+        "smallbatch evaluate --cell-json {params.cell:q} --checkpoint {input.ckpt:q} --data-cache {input.data:q} "
+        "--out-dir {params.out:q} {params.features:q} --tracking-uri {params.uri:q} --experiment {params.exp:q} "
+        "--threads {threads:q} > {log:q} 2>&1"
 
 
 rule baseline:
@@ -54,5 +54,5 @@ rule baseline:
     conda:
         conda_env
     shell:
-        "smallbatch baseline --cell-json {params.cell:q} --data-cache {input.data} --out {output} "
-        "--tracking-uri '{params.uri}' --experiment '{params.exp}' --threads {threads} > {log} 2>&1"
+        "smallbatch baseline --cell-json {params.cell:q} --data-cache {input.data:q} --out {output:q} "
+        "--tracking-uri {params.uri:q} --experiment {params.exp:q} --threads {threads:q} > {log:q} 2>&1"

@@ -34,5 +34,5 @@ rule mi_bench:
     conda:
         conda_env
     shell:
-        "smallbatch mi --section-json {params.section:q} --out {output} "
-        "--tracking-uri '{params.uri}' --experiment '{params.exp}' > {log} 2>&1"
+        "smallbatch mi --section-json {params.section:q} --out {output:q} "
+        "--tracking-uri {params.uri:q} --experiment {params.exp:q} > {log:q} 2>&1"

@@ -18,7 +18,7 @@ rule init_store:
     conda:
         conda_env
     shell:
-        "smallbatch init-store --tracking-uri '{params.uri}' --experiment '{params.exp}' --touch {output} > {log} 2>&1"
+        "smallbatch init-store --tracking-uri {params.uri:q} --experiment {params.exp:q} --touch {output:q} > {log:q} 2>&1"
 
 
 rule prepare_data:
@@ -29,10 +29,10 @@ rule prepare_data:
     params:
         opts=lambda w: config["datasets"][w.dataset],
         root=lambda w: config["datasets"][w.dataset].get("root") or config["data"]["root"],
-        download="--download" if config["data"]["download"] else "",
-        size=lambda w: f"--image-size {config['datasets'][w.dataset]['image_size']}" if config["datasets"][w.dataset].get("image_size") else "",
-        train=lambda w: f"--train-subset {config['datasets'][w.dataset]['train_subset']}" if config["datasets"][w.dataset].get("train_subset") else "",
-        test=lambda w: f"--test-subset {config['datasets'][w.dataset]['test_subset']}" if config["datasets"][w.dataset].get("test_subset") else "",
+        download=flag("--download", bool(config["data"]["download"])),
+        size=lambda w: flag("--image-size", config["datasets"][w.dataset].get("image_size")),
+        train=lambda w: flag("--train-subset", config["datasets"][w.dataset].get("train_subset")),
+        test=lambda w: flag("--test-subset", config["datasets"][w.dataset].get("test_subset")),
     log:
         f"{R}/logs/prepare_data/{{dataset}}.log",
     resources:
@@ -41,8 +41,8 @@ rule prepare_data:
     conda:
         conda_env
     shell:
-        "smallbatch prepare-data --dataset {wildcards.dataset} --data-root '{params.root}' {params.download} "
-        "{params.size} {params.train} {params.test} --out {output} > {log} 2>&1"
+        "smallbatch prepare-data --dataset {wildcards.dataset:q} --data-root {params.root:q} {params.download:q} "
+        "{params.size:q} {params.train:q} {params.test:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule pretrain:
@@ -58,9 +58,9 @@ rule pretrain:
         uri=TRACKING_URI,
         exp=EXPERIMENT,
         out=lambda w: cell_dir(w.cell),
-        smallbatch=lambda w: launch_command(devices(w)),
+        launch=lambda w: launch_command(devices(w)),  # shell-safe by construction (common.smk)
         # one process: evaluate in it too, for the evaluate job to adopt (smallbatch.prepared)
-        ahead=lambda w: "--evaluate-ahead" if devices(w) == 1 and not KEEP_FEATURES else "",
+        ahead=lambda w: flag("--evaluate-ahead", devices(w) == 1 and not KEEP_FEATURES),
     log:
         f"{R}/logs/pretrain/{{cell}}.log",
     threads: lambda w: THREADS * devices(w)
@@ -78,5 +78,5 @@ rule pretrain:
     conda:
         conda_env
     shell:
-        "{params.smallbatch} pretrain --cell-json {params.cell:q} --data-cache {input.data} --out {params.out} {params.ahead} "
-        "--tracking-uri '{params.uri}' --experiment '{params.exp}' --threads {THREADS} > {log} 2>&1"
+        "{params.launch} pretrain --cell-json {params.cell:q} --data-cache {input.data:q} --out {params.out:q} "
+        "{params.ahead:q} --tracking-uri {params.uri:q} --experiment {params.exp:q} --threads {THREADS:q} > {log:q} 2>&1"

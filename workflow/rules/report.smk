@@ -20,4 +20,4 @@ rule report:
     conda:
         conda_env
     shell:
-        "smallbatch report --tracking-uri '{params.uri}' --experiment '{params.exp}' --out {params.out} > {log} 2>&1"
+        "smallbatch report --tracking-uri {params.uri:q} --experiment {params.exp:q} --out {params.out:q} > {log:q} 2>&1"

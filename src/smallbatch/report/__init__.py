@@ -44,7 +44,7 @@ from pathlib import Path
 from ..tracking import StoreReader
 from .aggregate import aggregate_cells
 from .context import ReportContext, SectionOutput
-from .index import index_markdown, remove_stale
+from .index import index_markdown
 from .papers import load_papers
 from .runs import METRICS, accuracy_scale, load_runs
 from .tables import latex_table, markdown_table, tex_escape
@@ -60,15 +60,44 @@ SECTION_MODULES = ("grid", "baselines", "diverged", "papers", "precision", "kswe
 SECTIONS = [import_module(f"{__name__}.{name}").build for name in SECTION_MODULES]
 
 
+#: the files the last build wrote (paths relative to the report folder, one a line): the
+#: only files a later build deletes when it no longer writes them
+MANIFEST = ".smallbatch-report-files"
+_OUTPUT_DIRS = ("tables", "figures")
+
+
 def _check_out_dir(out: Path) -> None:
-    """ValueError naming ``out`` when it, or a folder it would be made in, is an existing file."""
+    """ValueError naming ``out`` when it, or a folder it would be made in, is an existing file,
+    or when it, its tables/ or figures/ folder, or a file the report writes there is a
+    symbolic link (a write or delete would follow it out of the folder)."""
     for p in (out, *out.parents):
         if p.exists():
             if p == out and not p.is_dir():
                 raise ValueError(f"report folder {out} is a file, not a folder")
             if not p.is_dir():
                 raise ValueError(f"report folder {out} cannot be made: {p} is a file, not a folder")
-            return
+            break
+    inside = [out / sub for sub in _OUTPUT_DIRS if (out / sub).is_dir() and not (out / sub).is_symlink()]
+    for p in (out, *(out / sub for sub in _OUTPUT_DIRS), out / "index.md", out / MANIFEST,
+              *(f for d in inside for f in sorted(d.iterdir()))):
+        if p.is_symlink():
+            raise ValueError(f"report output {p} is a symbolic link; refused (the report writes only real "
+                             "files and folders inside --out): remove the link or choose another --out")
+
+
+def _remove_stale(out: Path, written: list[Path]) -> None:
+    """Delete what the previous build wrote (its manifest) and this one did not, then record
+    this build's files: a file the report never wrote (a user's) is never deleted."""
+    manifest = out / MANIFEST
+    now = {p.relative_to(out).as_posix() for p in written}
+    before = manifest.read_text(encoding="utf-8").splitlines() if manifest.is_file() else []
+    for rel in before:
+        p = out / rel
+        parts = Path(rel).parts
+        if (rel not in now and len(parts) == 2 and parts[0] in _OUTPUT_DIRS and not p.parent.is_symlink()
+                and p.is_file() and not p.is_symlink()):
+            p.unlink()
+    manifest.write_text("".join(f"{rel}\n" for rel in sorted(now)), encoding="utf-8")
 
 
 def build_report(tracking_uri: str, out_dir: str | Path = "results/report", experiment: str | None = None,
@@ -91,7 +120,7 @@ def build_report(tracking_uri: str, out_dir: str | Path = "results/report", expe
                         scale=accuracy_scale(runs), papers=papers, runs=runs)
     out.mkdir(parents=True, exist_ok=True)
     outputs = [o for o in (build(runs, ctx) for build in SECTIONS) if o is not None]
-    remove_stale(ctx)
     index = out / "index.md"
     index.write_text(index_markdown(runs, ctx, outputs), encoding="utf-8")
+    _remove_stale(out, [*ctx.written, index])
     return index

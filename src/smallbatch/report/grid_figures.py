@@ -105,9 +105,9 @@ def mi_fraction_figure(cells: pd.DataFrame, agg: pd.DataFrame, ds: str, ctx: Rep
 def qb_figure(cells: pd.DataFrame, agg: pd.DataFrame, ds: str, ctx: ReportContext) -> Figure:
     key = "diag/qb_mean"
     h = _diagnostic(cells, key, ctx, QB_LOSSES)
-    if h.empty:
+    h = h[h["progress"] >= 0.5] if not h.empty else h
+    if h.empty:  # also: no value logged in the second half of training (a run of a few steps)
         return _missing(ds, "q_B", key, QB_LOSSES)
-    h = h[h["progress"] >= 0.5]
     plt, sns, rc = plot_style()
     border = batch_order(h)
     with plt.rc_context(rc), sns.axes_style("whitegrid"), warnings.catch_warnings():

@@ -9,20 +9,6 @@ import pandas as pd
 from .context import ReportContext, SectionOutput
 from .tables import markdown_table
 
-#: files an earlier build may have left that this build did not write again
-_STALE_SUFFIXES = {".csv", ".md", ".tex", ".png", ".svg"}
-
-
-def remove_stale(ctx: ReportContext) -> None:
-    """Delete tables and figures of an earlier build this build did not write (e.g. a dataset gone from the store)."""
-    keep = {p.resolve() for p in ctx.written}
-    for sub in (ctx.tables_dir, ctx.figures_dir):
-        if sub.is_dir():
-            for p in sorted(sub.iterdir()):
-                if p.is_file() and p.suffix in _STALE_SUFFIXES and p.resolve() not in keep:
-                    p.unlink()
-
-
 def _uncovered(runs: pd.DataFrame, outputs: list[SectionOutput]) -> list[str]:
     covered = set().union(*(o.run_ids for o in outputs)) if outputs else set()
     uncovered = runs[~runs["run_id"].isin(covered)]

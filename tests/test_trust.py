@@ -1,0 +1,323 @@
+"""Trust boundaries (issue 22), as tables: each row is an input and the one line it must
+stop with, or the recovery it must end in.
+
+* no value from a config, a cell or a flag reaches a shell: every placeholder of every rule
+  is quoted, and a study whose names hold quotes, ``;``, ``$( )``, spaces and non-ASCII
+  runs no payload and writes nothing outside its results folder;
+* no file read runs code: a crafted pickle as state.pt or checkpoint.pt is refused in one
+  line and its payload (it would write a file) never runs;
+* every path stays inside the results folder: a cell id outside the id grammar is refused,
+  the cell lock and the report's outputs refuse symbolic links, and ``report --out``
+  deletes only files it wrote itself (its manifest);
+* inputs that used to pass silently (a key twice, another loss's parameter, flags a
+  ``--cell-id`` or ``--cell-json`` run ignores, an unusable results_dir, an MI section that
+  is not a mapping, a hand-edited cell file) stop with one line.
+
+Commands run in-process (``smallbatch.cli.main``) unless a row needs a real process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+
+from smallbatch import cli, data
+from smallbatch.cells import cell_hash, make_cell
+from smallbatch.config import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+TINY = {"width": 4, "proj_hidden": 16, "proj_dim": 8, "log_every": 5, "steps": 3}
+
+
+def tiny_cell(**train) -> dict:
+    cfg = load_config(None, {"datasets": {"digits": {}}, "train": {**TINY, **train}, "device": "cpu"})
+    return make_cell(cfg, dataset="digits", loss="infonce", loss_params={}, batch_size=16, temperature=0.5, seed=0)
+
+
+def with_id(cell: dict, cid: str) -> dict:
+    return {**cell, "id": cid}  # the id is not part of the hash: only the grammar can refuse it
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("cache") / "digits.pt"
+    data.save_cache(data.load_dataset("digits", None), path)
+    return path
+
+
+def one_line(capsys, argv: list[str]) -> str:
+    """Run the CLI in-process; it must exit 2 with exactly one stderr line, no traceback."""
+    rc = cli.main(argv)
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert rc == 2 and len(lines) == 1 and "Traceback" not in err, (rc, err[-2000:])
+    assert lines[0].startswith("smallbatch: error: "), lines
+    return lines[0][len("smallbatch: error: "):]
+
+
+class Payload:
+    """Unpickling this runs ``touch <marker>`` -- if anything lets it."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+# --------------------------------------------------------------------------- the rules' quoting
+def shell_placeholders(text: str) -> list[str]:
+    """The ``{...}`` placeholders of every ``shell:`` string of a rule file."""
+    found = []
+    for block in re.findall(r"^\s+shell:\n((?:\s+\".*\"\n?)+)", text, flags=re.M):
+        joined = "".join(re.findall(r"\"(.*)\"", block))
+        found += re.findall(r"(?<!\{)\{([^{}]+)\}(?!\})", joined)
+    return found
+
+
+def test_every_placeholder_of_every_rule_is_shell_quoted():
+    """The convention of workflow/rules/common.smk: every placeholder carries :q (the
+    launcher, made from no config value, is the one exception)."""
+    files = sorted((ROOT / "workflow" / "rules").glob("*.smk"))
+    seen = 0
+    for smk in files:
+        for ph in shell_placeholders(smk.read_text()):
+            seen += 1
+            assert ph.endswith(":q") or ph == "params.launch", f"{smk.name}: {{{ph}}} is not quoted"
+    assert seen >= 30  # the parser found the rules' commands
+
+
+# --------------------------------------------------------------------------- one-line refusals
+@dataclass(frozen=True)
+class Row:
+    name: str
+    argv: tuple[str, ...]          # {tmp} is the test's folder, {cell} a tiny cell's JSON, {cache} the data cache
+    expect: str                    # regex of the line after "smallbatch: error: "
+    files: dict[str, str] = field(default_factory=dict)
+    cell: dict | None = None       # the cell {cell} stands for (default: tiny_cell())
+
+
+STUDY_YAML = "datasets: {digits: {}}\ngrid: {losses: [infonce], batch_sizes: [16], temperatures: [0.5], seeds: [0]}\n"
+CELL_ID = "digits/infonce/bs16-t0.5-s0"
+BY_ID = ("pretrain", "--tracking-uri", "none", "--config", "{tmp}/c.yaml", "--cell-id", CELL_ID)
+BY_JSON = ("pretrain", "--tracking-uri", "none", "--out", "{tmp}/out", "--data-cache", "{cache}", "--cell-json", "{cell}")
+NOT_AN_ID = r"is not a cell id \(segments of letters, digits and _ \. = \+ - joined by single '/', none empty or starting with a dot\); use an id `smallbatch cells` lists"
+
+ROWS = [
+    # --- a cell id is never a path outside results_dir
+    *(Row(f"--cell-json id {cid!r}", BY_JSON, rf"--cell-json: id {re.escape(repr(cid))} {NOT_AN_ID}",
+          cell=with_id(tiny_cell(), cid))
+      for cid in ("../../../../escape_cell", "/tmp/abs_cell", "digits//infonce", "digits/./x", "digits/../x",
+                  ".hidden/x", "digits/x/", "dig its/x", "digits/x\n")),
+    Row("--cell file whose id climbs out", ("pretrain", "--tracking-uri", "none", "--cell", "{tmp}/cell.json"),
+        rf"cell file .*/cell\.json: id '\.\./escape' {NOT_AN_ID}",
+        {"cell.json": json.dumps(with_id(tiny_cell(), "../escape"))}),
+    # --- a cell file is checked against its own hash
+    Row("--cell-json edited by hand (epochs)", BY_JSON,
+        r"--cell-json: cell digits/infonce/bs16-t0\.5-s0 says hash '\w+' but its settings hash to '\w+' "
+        r"\(edited by hand\?\); write it again with `smallbatch cells --write`, or change the config instead",
+        cell={**tiny_cell(), "train": {**tiny_cell()["train"], "epochs": 7}}),
+    # --- flags a run that names its cell would ignore
+    *(Row(f"{' '.join(extra)} with --cell-id", (*BY_ID, *extra),
+          rf"{re.escape(extra[0])} has no effect with --cell-id \(the cell's settings come from the config\); leave it out, "
+          r"or set it in the config, or name a stand-alone cell without --cell-id",
+          {"c.yaml": STUDY_YAML})
+      for extra in (("--image-size", "8"), ("--train-subset", "100"), ("--seed", "3"), ("--loss-param", "sigma=1"),
+                    ("--dataset", "digits"), ("--batch-size", "32"))),
+    Row("--threads 0 with --cell-id", (*BY_ID, "--threads", "0"), r"--threads must be >= 1, not 0", {"c.yaml": STUDY_YAML}),
+    Row("--epochs with --cell-json", (*BY_JSON, "--epochs", "3"),
+        r"--epochs has no effect with --cell-json \(the cell's settings come from the cell\); leave it out, .*"),
+    # --- config values that used to pass
+    Row("a key given twice", ("cells", "--config", "{tmp}/c.yaml"),
+        r"config file .*/c\.yaml has the key 'train' twice in one mapping \(line 3 and line 4\); "
+        r"YAML would keep only the second: merge them", {"c.yaml": STUDY_YAML + "train: {epochs: 1}\ntrain: {epochs: 2}\n"}),
+    Row("another loss's parameter on a loss entry", ("cells", "--config", "{tmp}/c.yaml"),
+        r"config key 'grid\.losses\[0\]\.alpha' is not a parameter of dclw; its parameters: sigma",
+        {"c.yaml": "datasets: {digits: {}}\ngrid: {losses: [{name: dclw, alpha: 3}]}\n"}),
+    Row("results_dir ~/x", ("cells", "--config", "{tmp}/c.yaml"),
+        r"config key 'results_dir' = '~/x' starts with '~', which nothing expands here; write the full path .*",
+        {"c.yaml": STUDY_YAML + "results_dir: ~/x\n"}),
+    Row("results_dir empty", ("cells", "--config", "{tmp}/c.yaml"),
+        r"config key 'results_dir' = '' is empty; name the results folder, e.g\. results",
+        {"c.yaml": STUDY_YAML + "results_dir: ''\n"}),
+    Row("results_dir with braces", ("cells", "--config", "{tmp}/c.yaml"),
+        r"config key 'results_dir' = 'r\{x\}' holds '\{', '\}', which a results path may not hold .*",
+        {"c.yaml": STUDY_YAML + "results_dir: 'r{x}'\n"}),
+    Row("mi --section-json '[]'", ("mi", "--section-json", "[]", "--tracking-uri", "none", "--out", "{tmp}/mi.json"),
+        r"--section-json must hold a JSON object \(the experiments\.mi section\), not a list"),
+    Row("mi --section file holding a number", ("mi", "--section", "{tmp}/s.json", "--tracking-uri", "none",
+                                               "--out", "{tmp}/mi.json"),
+        r"section file .*/s\.json must hold a JSON object \(the experiments\.mi section\), not a int", {"s.json": "3\n"}),
+    Row("an unknown tracking scheme", ("init-store", "--tracking-uri", "foo://bar", "--experiment", "x"),
+        r"MLflow tracking store foo://bar: MLflow has no tracking store for the scheme 'foo'; use sqlite:///PATH, "
+        r"http\(s\)://HOST:PORT, postgresql://, mysql://, mssql:// or databricks"),
+]
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.name for r in ROWS])
+def test_bad_input_stops_with_one_line_and_writes_nothing(row, tmp_path, cache, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name, text in row.files.items():
+        (tmp_path / name).write_text(text)
+    before = set(tmp_path.rglob("*"))
+    cell = json.dumps(row.cell or tiny_cell())
+    argv = [a.replace("{tmp}", str(tmp_path)).replace("{cache}", str(cache)).replace("{cell}", cell) for a in row.argv]
+    line = one_line(capsys, argv)
+    assert re.fullmatch(row.expect, line), line
+    assert set(tmp_path.rglob("*")) == before, "a refused command wrote a file"
+    assert not (tmp_path.parent / "escape_cell").exists()
+
+
+# --------------------------------------------------------------------------- files that would run code
+def write_payload(path: Path, marker: Path, kind: str, cell: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"kind": kind, "cell_id": cell["id"], "cell_hash": cell["hash"], "version": 2, "step": 1,
+                "model": Payload(marker)}, path)
+
+
+PICKLES = [
+    ("state.pt read by pretrain", "out/state.pt", "state", BY_JSON,
+     r"checkpoint .*/out/state\.pt holds objects other than tensors and plain values \(.*\); refused, as loading it "
+     r"could run code; rerun with --restart to start the cell afresh \(it overwrites state\.pt\), or delete the file"),
+    ("checkpoint.pt read by evaluate", "out/checkpoint.pt", "checkpoint",
+     ("evaluate", "--tracking-uri", "none", "--device", "cpu", "--checkpoint", "{tmp}/out/checkpoint.pt",
+      "--out-dir", "{tmp}/out", "--data-cache", "{cache}", "--cell-json", "{cell}"),
+     r"checkpoint .*/out/checkpoint\.pt holds objects other than tensors and plain values \(.*\); refused, as "
+     r"loading it could run code"),
+    ("checkpoint.pt read by embed", "out/checkpoint.pt", "checkpoint",
+     ("embed", "--checkpoint", "{tmp}/out/checkpoint.pt", "--out", "{tmp}/out/f.npz", "--data-cache", "{cache}",
+      "--cell-json", "{cell}"),
+     r"checkpoint .*/out/checkpoint\.pt holds objects other than tensors and plain values \(.*\); refused, as "
+     r"loading it could run code"),
+]
+
+
+@pytest.mark.parametrize("name,rel,kind,argv,expect", PICKLES, ids=[p[0] for p in PICKLES])
+def test_a_crafted_pickle_is_refused_and_its_payload_never_runs(name, rel, kind, argv, expect, tmp_path, cache,
+                                                                capsys):
+    cell = tiny_cell()
+    marker = tmp_path / "PWNED"
+    write_payload(tmp_path / rel, marker, kind, cell)
+    argv = [a.replace("{tmp}", str(tmp_path)).replace("{cache}", str(cache)).replace("{cell}", json.dumps(cell))
+            for a in argv]
+    line = one_line(capsys, argv)
+    assert re.fullmatch(expect, line), line
+    assert not marker.exists(), "the pickle's payload ran"
+
+
+def test_a_truncated_state_names_restart_and_restart_recovers(tmp_path, cache, capsys):
+    cell = tiny_cell()
+    argv = [a.replace("{tmp}", str(tmp_path)).replace("{cache}", str(cache)).replace("{cell}", json.dumps(cell))
+            for a in BY_JSON]
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "state.pt").write_bytes(b"PK\x03\x04 cut short")
+    line = one_line(capsys, argv)
+    assert "corrupt or truncated" in line and "rerun with --restart" in line, line
+    assert cli.main([*argv, "--restart", "--no-progress"]) == 0
+    assert (tmp_path / "out" / "checkpoint.pt").is_file()
+
+
+# --------------------------------------------------------------------------- links
+def test_a_lock_that_is_a_symlink_is_refused_and_its_target_untouched(tmp_path, cache, capsys):
+    victim = tmp_path / "thesis.tex"
+    victim.write_text("my thesis\n")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / ".lock").symlink_to(victim)
+    argv = [a.replace("{tmp}", str(tmp_path)).replace("{cache}", str(cache)).replace("{cell}", json.dumps(tiny_cell()))
+            for a in BY_JSON]
+    line = one_line(capsys, argv)
+    assert re.fullmatch(r"the lock of cell .*, .*/out/\.lock, is a symbolic link; refused \(a lock is never a link\): "
+                        r"remove the link", line), line
+    assert victim.read_text() == "my thesis\n"
+
+
+def test_report_outputs_refuse_links_and_delete_only_files_the_report_wrote(tmp_path):
+    from smallbatch.report import MANIFEST, _check_out_dir, _remove_stale
+
+    out = tmp_path / "paper"
+    (out / "tables").mkdir(parents=True)
+    user = out / "tables" / "thesis_table.tex"
+    user.write_text("mine\n")
+    ours = [out / "tables" / "grid.csv", out / "tables" / "old.csv", out / "index.md"]
+    for p in ours:
+        p.write_text("x\n")
+    _remove_stale(out, ours)  # first build: records its files, deletes nothing
+    assert user.exists() and all(p.exists() for p in ours)
+    _remove_stale(out, [ours[0], ours[2]])  # a later build no longer writes old.csv
+    assert not ours[1].exists(), "a stale file the report wrote was left"
+    assert user.read_text() == "mine\n", "the report deleted a user's file"
+    assert (out / MANIFEST).read_text().splitlines() == ["index.md", "tables/grid.csv"]
+    # a manifest naming a path outside the output folders deletes nothing there
+    (out / MANIFEST).write_text("../outside.txt\ntables/thesis_table.tex\n")
+    (tmp_path / "outside.txt").write_text("keep\n")
+    _remove_stale(out, [ours[0]])
+    assert (tmp_path / "outside.txt").exists()
+    # links: the folder, its tables/ and a file the report would write through
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for link, target in ((out / "figures", elsewhere), (out / "tables" / "grid.md", user)):
+        link.symlink_to(target)
+        with pytest.raises(ValueError, match=r"report output .* is a symbolic link; refused"):
+            _check_out_dir(out)
+        link.unlink()
+    linked = tmp_path / "linked"
+    linked.symlink_to(out)
+    with pytest.raises(ValueError, match="is a symbolic link"):
+        _check_out_dir(linked)
+    _check_out_dir(out)
+
+
+# --------------------------------------------------------------------------- the hostile study
+HOSTILE = "x'; touch PWNED_{n}; echo $(touch PWNED_{n}b) ü 'é"
+
+
+@pytest.mark.slow
+def test_a_study_with_hostile_names_runs_no_payload_and_writes_only_in_results_dir(tmp_path):
+    """study, tracking_uri, the data root and results_dir each hold ', ;, $( ), spaces and
+    non-ASCII: the study runs, nothing of them is run as a command, and every file the jobs
+    write is inside results_dir."""
+    base = tmp_path / "base"
+    base.mkdir()
+    results = base / HOSTILE.format(n=1)
+    cfg = {
+        "study": HOSTILE.format(n=2),
+        "results_dir": str(results),
+        "tracking_uri": f"sqlite:///{results}/{HOSTILE.format(n=3)}.db",
+        "data": {"root": str(results / HOSTILE.format(n=4))},
+        "device": "cpu", "threads": 1, "baselines": False,
+        "datasets": {"digits": {"train_subset": 256, "test_subset": 128}},
+        "grid": {"losses": ["infonce"], "batch_sizes": [16, 32], "temperatures": [0.5], "seeds": [0]},
+        "train": {**TINY, "steps": 6, "log_every": 2},
+        "eval": {"knn_k": [5], "linear_epochs": 5},
+    }
+    config = tmp_path / "hostile.yaml"
+    config.write_text(json.dumps(cfg))  # JSON is YAML
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    top_before = set(os.listdir(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"),
+                           "--configfile", str(config), "--workflow-profile", str(ROOT / "workflow/profiles/default"),
+                           "--cores", "2", "--quiet"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (results / "report" / "index.md").is_file()
+    assert list(base.iterdir()) == [results], "a job wrote next to results_dir"
+    new_top = set(os.listdir(ROOT)) - top_before
+    assert not any("PWNED" in n or n.startswith("x'") or n in ("x", "ü", "'é") for n in new_top), new_top
+    for where in (ROOT, tmp_path, Path.cwd(), Path("/tmp")):
+        assert not list(where.glob("PWNED*")), f"a payload ran in {where}"
+    assert not [p for p in results.rglob("PWNED*") if p.name.startswith("PWNED")], "a payload ran in results_dir"
+    from smallbatch.tracking import StoreReader
+
+    reader = StoreReader(cfg["tracking_uri"])
+    exp_id, name = reader.experiment(cfg["study"])
+    assert name == cfg["study"]
+    assert [r["status"] for r in reader.runs(exp_id) if r["tags"].get("smallbatch.kind") == "cell"] == ["finished"] * 2
