@@ -141,3 +141,22 @@ def test_config_accepts_composites_and_checks_their_root(tmp_path):
             check_data_roots(cfg)
     _write_fashion(tmp_path / "nowhere")
     check_data_roots(cfg)
+
+
+def test_the_schema_lists_every_registered_data_set():
+    from smallbatch.config import load_schema
+
+    assert set(load_schema()["properties"]["datasets"]["propertyNames"]["enum"]) == set(data_mod.DATASETS)
+    assert data_mod.base_dataset("fashion_mnist_triples") == "fashion_mnist" == data_mod.base_dataset("fashion_mnist")
+
+
+def test_prepare_data_caches_composites_for_the_workflow(fashion_root, tmp_path, capsys):
+    from smallbatch.cli import main
+
+    root, _ = fashion_root
+    out = tmp_path / "cache" / "fashion_mnist_pairs.pt"
+    assert main(["prepare-data", "--dataset", "fashion_mnist_pairs", "--data-root", str(root), "--image-size", "8",
+                 "--train-subset", "40", "--test-subset", "20", "--out", str(out)]) == 0
+    cached = load_cache(out)
+    assert cached.train_x.shape == (40, 1, 8, 8) and cached.test_x.shape == (20, 1, 8, 8) and cached.num_classes == 100
+    assert '"train": 40' in capsys.readouterr().out
