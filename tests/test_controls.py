@@ -1,7 +1,7 @@
 """The training-side controls of the instrument (issue 25, part 3), in float64:
 
 * grouped negatives (``train.neg_group``): G = B is the ungrouped loss; each group's loss
-  is the loss of that group alone; G must divide B;
+  is the loss of that group alone (with the oracle mask too); G must divide B;
 * ghost BatchNorm (``train.bn_group``): G = B is plain BatchNorm; G < B is running the
   groups one after the other, each as its own batch;
 * the oracle false-negative mask (``train.mask_same_class``): masked negatives do not
@@ -23,7 +23,7 @@ from smallbatch import train
 from smallbatch.cells import expand_cells, make_cell
 from smallbatch.config import ConfigError, load_config
 from smallbatch.ghostbn import GhostBatchNorm, ghost_batchnorm
-from smallbatch.losses import REGISTRY, build_loss, in_batch_scores
+from smallbatch.losses import REGISTRY, build_loss, grouped_in_batch_scores, in_batch_columns, in_batch_scores
 from smallbatch.models import ContrastiveModel, build_backbone
 from smallbatch.negatives import InBatch, in_batch_mask
 
@@ -50,11 +50,19 @@ def _rows_loss(name, pos, neg, mask):
 def test_one_group_of_the_whole_batch_is_the_ungrouped_loss(name):
     z1, z2 = _views()
     pos, neg, _ = in_batch_scores(z1, z2)
-    mask = in_batch_mask(N, group=N)
-    assert mask.all() and mask.shape == neg.shape
+    gpos, gneg, mask = grouped_in_batch_scores(z1, z2, N)
+    assert mask is None and gneg.shape == neg.shape
+    torch.testing.assert_close(gpos, pos, rtol=0, atol=1e-15)
+    torch.testing.assert_close(gneg, neg, rtol=0, atol=1e-15)
     loss = build_loss(name, TAU)
-    a, b = loss.from_scores(pos, neg), loss.from_scores(pos, neg, mask)
-    assert torch.equal(a.loss, b.loss) and torch.equal(a.value, b.value)
+    a, b = loss.from_scores(pos, neg), loss.from_scores(gpos, gneg)
+    torch.testing.assert_close(b.loss, a.loss, rtol=1e-14, atol=1e-14)
+    torch.testing.assert_close(b.value, a.value, rtol=1e-14, atol=1e-14)
+
+
+def _group_rows(rows: torch.Tensor, g: int, group: int) -> torch.Tensor:
+    """Group g's 2G anchors among the batch's 2N rows (view 1 of its images, then view 2)."""
+    return torch.cat([rows[g * group:(g + 1) * group], rows[N + g * group:N + (g + 1) * group]])
 
 
 @pytest.mark.parametrize("name", [n for n in REGISTRY if n != "dclw"])
@@ -65,14 +73,15 @@ def test_each_groups_loss_is_the_loss_of_that_group_alone(name, group):
     whole batch: grouping restricts the negatives and nothing else.)"""
     z1, z2 = _views()
     a, b = z1.clone().requires_grad_(True), z2.clone().requires_grad_(True)
-    pos, neg, _ = in_batch_scores(a, b)
-    rows = _rows_loss(name, pos, neg, in_batch_mask(N, group=group))
+    pos, neg, _ = grouped_in_batch_scores(a, b, group)
+    assert neg.shape == (2 * N, 2 * group - 2)
+    rows = _rows_loss(name, pos, neg, None)
     for g in range(N // group):
         sl = slice(g * group, (g + 1) * group)
         ga, gb = z1[sl].clone().requires_grad_(True), z2[sl].clone().requires_grad_(True)
         gp, gn, _ = in_batch_scores(ga, gb)
         alone = _rows_loss(name, gp, gn, None)
-        mine = torch.cat([rows[sl], rows[N + g * group:N + (g + 1) * group]])
+        mine = _group_rows(rows, g, group)
         torch.testing.assert_close(mine, alone, rtol=1e-12, atol=1e-12)
         grad = torch.autograd.grad(mine.sum(), (a, b), retain_graph=True)
         grad_alone = torch.autograd.grad(alone.sum(), (ga, gb))
@@ -83,19 +92,18 @@ def test_each_groups_loss_is_the_loss_of_that_group_alone(name, group):
             assert (full[outside] == 0).all()  # no other group's image gets a gradient
 
 
-def test_grouped_loss_is_the_mean_of_the_groups_losses_and_counts_2g_minus_2_negatives():
+def test_grouped_loss_is_the_mean_of_the_groups_losses():
     z1, z2 = _views()
-    pos, neg, _ = in_batch_scores(z1, z2)
-    mask = in_batch_mask(N, group=4)
-    assert (mask.sum(1) == 2 * 4 - 2).all()
-    whole = build_loss("infonce", TAU).from_scores(pos, neg, mask).loss
+    pos, neg, _ = grouped_in_batch_scores(z1, z2, 4)
+    whole = build_loss("infonce", TAU).from_scores(pos, neg).loss
     parts = [build_loss("infonce", TAU)(z1[s], z2[s]).loss for s in (slice(0, 4), slice(4, 8))]
     assert float(whole) == pytest.approx(float(sum(parts) / 2), rel=1e-13)
 
 
 def test_a_group_that_does_not_divide_the_batch_is_one_line():
-    with pytest.raises(ValueError, match="group of 3 images does not divide the batch of 8"):
-        in_batch_mask(8, group=3)
+    z1, z2 = _views()
+    with pytest.raises(ValueError, match="group of 3 images must be >= 2 and divide the batch of 8"):
+        grouped_in_batch_scores(z1, z2, 3)
     cell = _cell(batch_size=24, neg_group=16, bn_group=16)
     problem = train.control_problem(cell)
     assert problem.startswith("train.neg_group = 16 does not divide batch_size 24") and "\n" not in problem
@@ -110,24 +118,27 @@ def test_the_in_batch_source_groups_and_masks_and_passes_the_image_index():
     idx = torch.tensor([5, 2, 7, 0, 9, 1, 3, 4])
     labels = torch.arange(10) % 3
     sc = InBatch(group=4, labels=labels).scores(z1, z2, idx)
-    assert torch.equal(sc.mask, in_batch_mask(N, 4, labels[idx]))
+    assert torch.equal(sc.neg, grouped_in_batch_scores(z1, z2, 4)[1])
+    assert torch.equal(sc.mask, in_batch_mask(N, labels[idx], 4))
     assert torch.equal(sc.index, torch.stack([idx, idx]))
-    assert InBatch().scores(z1, z2, idx).mask is None
+    plain = InBatch().scores(z1, z2, idx)
+    assert plain.mask is None and torch.equal(plain.neg, in_batch_scores(z1, z2)[1])
 
 
 # --------------------------------------------------------------------------- oracle mask
+LABELS = torch.tensor([0, 1, 0, 2, 1, 3, 0, 2])
+
+
 @pytest.mark.parametrize("name", list(REGISTRY))
 def test_same_class_negatives_do_not_count(name):
-    """Masked entries get no gradient, and any value there leaves loss and value unchanged;
-    the other view of the anchor's image stays its positive."""
+    """The mask is False exactly where a negative's image has the anchor's class; masked
+    entries get no gradient, and any value there leaves loss and value unchanged; the
+    other view of the anchor's image stays its positive."""
     z1, z2 = _views()
     pos, neg, _ = in_batch_scores(z1, z2)
-    labels = torch.tensor([0, 1, 0, 2, 1, 3, 0, 2])
-    mask = in_batch_mask(N, labels=labels)
-    from smallbatch.losses import in_batch_columns
-
+    mask = in_batch_mask(N, LABELS)
     cols = in_batch_columns(torch.arange(2 * N), N) % N
-    assert torch.equal(mask, labels[torch.arange(2 * N) % N][:, None] != labels[cols])
+    assert torch.equal(mask, LABELS[torch.arange(2 * N) % N][:, None] != LABELS[cols])
     outs = []
     for fill in (0.0, 0.99):
         n = neg.masked_fill(~mask, fill).requires_grad_(True)
@@ -138,11 +149,23 @@ def test_same_class_negatives_do_not_count(name):
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
 
 
+@pytest.mark.parametrize("name", [n for n in REGISTRY if n != "dclw"])
+def test_the_oracle_within_groups_is_each_groups_oracle_alone(name):
+    z1, z2 = _views()
+    pos, neg, _ = grouped_in_batch_scores(z1, z2, 4)
+    rows = _rows_loss(name, pos, neg, in_batch_mask(N, LABELS, 4))
+    for g in range(2):
+        sl = slice(4 * g, 4 * g + 4)
+        gp, gn, _ = in_batch_scores(z1[sl], z2[sl])
+        alone = _rows_loss(name, gp, gn, in_batch_mask(4, LABELS[sl]))
+        torch.testing.assert_close(_group_rows(rows, g, 4), alone, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("name", list(REGISTRY))
 def test_all_distinct_labels_are_the_plain_loss(name):
     z1, z2 = _views()
     pos, neg, _ = in_batch_scores(z1, z2)
-    mask = in_batch_mask(N, labels=torch.arange(N) * 7)
+    mask = in_batch_mask(N, torch.arange(N) * 7)
     assert mask.all()
     a, b = build_loss(name, TAU).from_scores(pos, neg), build_loss(name, TAU).from_scores(pos, neg, mask)
     assert torch.equal(a.loss, b.loss) and torch.equal(a.value, b.value)

@@ -8,10 +8,11 @@ Soudry 2017, "Train longer, generalize better", ghost batch normalisation).
 A forward in train mode gets ``V`` views of ``N`` images stacked view-major (the training
 step embeds ``cat([v1, v2])``: V = 2; a MoCo query or key encoder: V = 1).  Group ``g`` is
 images ``[gG, (g+1)G)`` of every view, i.e. the ``V G`` inputs a batch of those G images
-alone would give; each group is normalised by :func:`torch.nn.functional.batch_norm` with
-its own statistics and updates the running statistics in turn, group after group.  So a
-layer's output, its gradient and its running statistics are those of running the groups
-one after the other, each as its own batch (``tests/test_controls.py`` checks it).  Eval
+alone would give; each group is normalised with its own statistics and updates the
+running statistics in turn, group after group.  So a layer's output, its gradient and its
+running statistics are those of running the groups one after the other, each as its own
+batch (up to rounding: the k groups are normalised in ONE BatchNorm call, as k*C channels
+side by side — a loop of k calls made a batch-256 CPU step ~3x slower at G = 16) (``tests/test_controls.py`` checks it).  Eval
 mode is plain BatchNorm (the running statistics), so a checkpoint's weights load into the
 ordinary model the probes build: :class:`GhostBatchNorm` keeps BatchNorm's parameter and
 buffer names.
@@ -25,6 +26,10 @@ from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 __all__ = ["GhostBatchNorm", "ghost_batchnorm"]
+
+
+def _channels_last(x: Tensor) -> bool:
+    return x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
 
 
 class GhostBatchNorm(_BatchNorm):
@@ -48,20 +53,34 @@ class GhostBatchNorm(_BatchNorm):
         if not self.training:
             return super().forward(x)
         self._check_input_dim(x)
-        v, g = self.views, self.group
+        v, g, c, rest = self.views, self.group, x.shape[1], x.shape[2:]
         if x.shape[0] % (v * g):
             raise ValueError(f"ghost BatchNorm: a batch of {x.shape[0]} inputs is not {v} views of whole groups "
                              f"of {g} images")
         k = x.shape[0] // (v * g)
-        xs = x.reshape(v, k, g, *x.shape[1:])
-        outs = []
-        for i in range(k):
-            xi = xs[:, i].reshape(v * g, *x.shape[1:])
-            outs.append(F.batch_norm(xi, self.running_mean, self.running_var, self.weight, self.bias, True,
-                                     self.momentum, self.eps).reshape(v, g, *x.shape[1:]))
-        if self.track_running_stats and self.num_batches_tracked is not None:
-            self.num_batches_tracked.add_(k)  # as k batches would
-        return torch.stack(outs, dim=1).reshape(x.shape)
+        # the k groups side by side as k*C channels: one BatchNorm call normalises each group
+        # by its own statistics (and updates k copies of the running statistics)
+        xs = x.reshape(v, k, g, c, *rest).transpose(1, 2).reshape(v * g, k * c, *rest)
+        weight = self.weight.repeat(k) if self.affine else None
+        bias = self.bias.repeat(k) if self.affine else None
+        run_mean = self.running_mean.repeat(k) if self.track_running_stats else None
+        run_var = self.running_var.repeat(k) if self.track_running_stats else None
+        y = F.batch_norm(xs, run_mean, run_var, weight, bias, True, self.momentum, self.eps)
+        if self.track_running_stats:
+            self._update_in_turn(run_mean.view(k, c), run_var.view(k, c), k)
+        y = y.reshape(v, g, k, c, *rest).transpose(1, 2).reshape(x.shape)
+        return y.contiguous(memory_format=torch.channels_last) if _channels_last(x) else y
+
+    @torch.no_grad()
+    def _update_in_turn(self, mean_k: Tensor, var_k: Tensor, k: int) -> None:
+        """The running statistics after the k groups one after the other: group j's update
+        ``p_j = (1 - m) r + m s_j`` (made from the same r for every group) composed in turn,
+        ``r_k = (1 - m)^k r + sum_j (1 - m)^(k-1-j) (p_j - (1 - m) r)``."""
+        keep = 1.0 - self.momentum
+        coef = torch.tensor([keep ** (k - 1 - j) for j in range(k)], dtype=mean_k.dtype, device=mean_k.device)
+        for run, upd in ((self.running_mean, mean_k), (self.running_var, var_k)):
+            run.copy_(keep ** k * run + (coef[:, None] * (upd - keep * run)).sum(0))
+        self.num_batches_tracked.add_(k)  # as k batches would
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, group={self.group}, views={self.views}"

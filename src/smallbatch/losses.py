@@ -49,6 +49,8 @@ __all__ = [
     "LossOutput",
     "in_batch_scores",
     "in_batch_columns",
+    "grouped_in_batch_scores",
+    "grouped_rows",
     "batch_positives",
     "queue_scores",
     "ContrastiveLoss",
@@ -209,6 +211,38 @@ def in_batch_scores(z1: Tensor, z2: Tensor, rows: Tensor | None = None) -> tuple
     pos = sim.gather(1, partner[:, None]).squeeze(1)
     neg = sim.gather(1, in_batch_columns(rows, n))
     return pos, neg, None
+
+
+def grouped_in_batch_scores(z1: Tensor, z2: Tensor, group: int) -> tuple[Tensor, Tensor, None]:
+    """In-batch scores with negatives only within groups of ``group`` images (block-diagonal
+    negatives): images ``[gG, (g+1)G)`` form group ``g``, and each of their 2G views has the
+    positive of :func:`in_batch_scores` and the group's 2G-2 other views as negatives.
+
+    Each group is scored as :func:`in_batch_scores` scores a batch of its G images alone
+    (one batched product of k = N/G blocks: O(N G) work, not the whole batch's O(N^2)),
+    then the rows are put in the whole batch's anchor order (view 1 of every image, then
+    view 2).  Returns ``(pos (2N,), neg (2N, 2G-2), None)``; ``group = N`` is the
+    ungrouped batch."""
+    _check_views(z1, z2)
+    n, d = z1.shape
+    if group < 2 or n % group:
+        raise ValueError(f"the negatives' group of {group} images must be >= 2 and divide the batch of {n} images")
+    k = n // group
+    dt = _compute_dtype(z1.dtype, z2.dtype)
+    z = F.normalize(torch.cat([z1.reshape(k, group, d), z2.reshape(k, group, d)], dim=1).to(dt), dim=2)
+    sim = z @ z.transpose(1, 2)  # (k, 2G, 2G)
+    rows = torch.arange(2 * group, device=z.device)
+    pos = sim[:, rows, (rows + group) % (2 * group)]
+    neg = sim.gather(2, in_batch_columns(rows, group).expand(k, -1, -1))
+    return grouped_rows(pos), grouped_rows(neg), None
+
+
+def grouped_rows(t: Tensor) -> Tensor:
+    """Group-major rows ``(k, 2G, ...)`` (group, then its views 1 and 2) in the whole batch's
+    anchor order ``(2kG, ...)``: view 1 of images 0..N-1, then view 2."""
+    k, two_g = t.shape[:2]
+    g = two_g // 2
+    return t.reshape(k, 2, g, *t.shape[2:]).transpose(0, 1).reshape(2 * k * g, *t.shape[2:])
 
 
 def in_batch_columns(rows: Tensor, n: int) -> Tensor:

@@ -11,11 +11,12 @@ A *negatives source* owns how a step's two views become embeddings and scores:
   and the enqueue of this step's keys (nothing for in-batch negatives).
 * ``state_dict()`` / ``load_state_dict()`` — what a resumed run needs (queue, encoder).
 
-Two controls restrict the negatives with a mask (True = a valid negative), built from
-shapes and labels only (no host read, so the step stays one graph):
+Two controls restrict the negatives, from shapes and labels only (no host read, so the
+step stays one graph):
 
 * ``group`` (``train.neg_group``): an anchor's negatives are the other views of its group
-  of G images (images ``[gG, (g+1)G)`` of the batch): block-diagonal negatives, K = 2G-2;
+  of G images (images ``[gG, (g+1)G)`` of the batch): block-diagonal negatives, K = 2G-2,
+  scored block by block (:func:`smallbatch.losses.grouped_in_batch_scores`, no mask);
 * ``labels`` (``train.mask_same_class``): negatives of the anchor's own class are masked
   (an oracle for false negatives; the labels serve the mask and nothing else).
 
@@ -34,7 +35,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .distributed import World, gather, gather_with_grad
-from .losses import MomentumQueue, batch_positives, in_batch_columns, in_batch_scores, queue_scores
+from .losses import (MomentumQueue, batch_positives, grouped_in_batch_scores, grouped_rows, in_batch_columns,
+                     in_batch_scores, queue_scores)
 
 
 class Scores(NamedTuple):
@@ -66,26 +68,18 @@ def _gathered_in_batch(z1: Tensor, z2: Tensor, world: World, full: bool) -> Scor
     return Scores(pos, neg, mask, batch_positives(z1a, z2a), tau_neg)
 
 
-def in_batch_mask(n: int, group: int | None = None, labels: Tensor | None = None,
-                  rows: Tensor | None = None) -> Tensor | None:
-    """The valid in-batch negatives (True) of the anchors ``rows`` (default all 2N views)
-    of a batch of ``n`` images, as :func:`smallbatch.losses.in_batch_scores` lays them out:
-    with ``group``, only views of images in the anchor's group of ``group`` images; with
-    ``labels`` (the batch's ``(n,)`` labels), only views of another class.  None when
-    neither is given (every negative valid)."""
-    if not group and labels is None:
-        return None
-    if group and n % group:
-        raise ValueError(f"the negatives' group of {group} images does not divide the batch of {n} images")
-    device = labels.device if labels is not None else None
-    rows = torch.arange(2 * n, device=device) if rows is None else rows
-    image, cols = rows % n, in_batch_columns(rows, n) % n
-    ok = torch.ones(cols.shape, dtype=torch.bool, device=cols.device)
-    if group:
-        ok &= (image // group)[:, None] == cols // group
-    if labels is not None:
-        ok &= labels[image][:, None] != labels[cols]
-    return ok
+def in_batch_mask(n: int, labels: Tensor, group: int | None = None) -> Tensor:
+    """The valid in-batch negatives (True) of a batch of ``n`` images whose labels are
+    ``labels (n,)``: those of another class than the anchor's, for the scores
+    :func:`smallbatch.losses.in_batch_scores` (``group`` None) or
+    :func:`~smallbatch.losses.grouped_in_batch_scores` lay out: ``(2n, 2G-2)``."""
+    g = group or n
+    if g < 2 or n % g:
+        raise ValueError(f"the negatives' group of {g} images must be >= 2 and divide the batch of {n} images")
+    rows = torch.arange(2 * g, device=labels.device)
+    cols = in_batch_columns(rows, g) % g  # each negative's image within its group
+    lab = labels.reshape(n // g, g)
+    return grouped_rows(lab[:, rows % g][:, :, None] != lab[:, cols])
 
 
 class InBatch:
@@ -112,10 +106,12 @@ class InBatch:
     def scores(self, z1: Tensor, z2: Tensor, idx: Tensor) -> Scores:
         if self.world.size > 1:
             return _gathered_in_batch(z1, z2, self.world, self.full)
-        pos, neg, _ = in_batch_scores(z1, z2)
-        labels = None if self.labels is None else self.labels[idx]
-        mask = in_batch_mask(z1.shape[0], self.group, labels)
-        return Scores(pos, neg, None if mask is None else mask.to(neg.device), index=torch.stack([idx, idx]))
+        if self.group:
+            pos, neg, _ = grouped_in_batch_scores(z1, z2, self.group)
+        else:
+            pos, neg, _ = in_batch_scores(z1, z2)
+        mask = None if self.labels is None else in_batch_mask(z1.shape[0], self.labels[idx], self.group)
+        return Scores(pos, neg, mask, index=torch.stack([idx, idx]))
 
     def after_step(self, model: torch.nn.Module, z2: Tensor, idx: Tensor) -> None:
         pass
@@ -158,7 +154,7 @@ class QueueNegatives:
             if self.world.size > 1:
                 return _gathered_in_batch(z1, z2.detach(), self.world, False)
             pos, neg, _ = in_batch_scores(z1, z2.detach())
-            mask = None if self.labels is None else in_batch_mask(z1.shape[0], labels=self.labels[idx])
+            mask = None if self.labels is None else in_batch_mask(z1.shape[0], self.labels[idx])
             return Scores(pos, neg, mask, index=torch.stack([idx, idx]))
         keys, key_idx = self.queue.negatives()
         pos, neg, mask = queue_scores(z1, z2.detach(), keys, idx, key_idx)
