@@ -86,13 +86,20 @@ def test_out_naming_an_existing_file_is_one_line(tmp_path):
     assert f"{out} is a file" in line
 
 
+FAIL_FAST_LIMIT_S = 40
+
+
 def test_stopped_server_fails_fast_with_one_line(tmp_path):
     """The pipeline's HTTP retry caps apply to the report: a closed port fails in seconds (it took 257 s)."""
     uri = f"http://127.0.0.1:{_closed_port()}"
+    reader = StoreReader(uri)  # imports MLflow (seconds on a loaded machine): not part of what is timed
     t0 = time.monotonic()
     with pytest.raises(TrackingError, match=rf"^no MLflow server at {uri} "):
-        StoreReader(uri).experiment("x")
-    assert time.monotonic() - t0 < 15
+        reader.experiment("x")
+    took = time.monotonic() - t0
+    # MLflow's own retries (7 at backoff factor 2) took 257 s; the caps (3 at factor 1) 6.9 s, measured
+    # with a 2-process CPU hog beside it on the shared 2-core machine: the limit is ~6x that
+    assert took < FAIL_FAST_LIMIT_S, f"a closed port took {took:.0f} s to fail: are the retry caps applied?"
     line = _one_error_line(_report_cli("--tracking-uri", uri, "--experiment", "x", "--out", str(tmp_path / "rep")))
     assert f"no MLflow server at {uri}" in line
 
