@@ -48,6 +48,19 @@ def planned_jobs(proc: subprocess.CompletedProcess) -> dict[str, int]:
     return counts
 
 
+def planned_cells(proc: subprocess.CompletedProcess, rule: str) -> list[str]:
+    """The `cell` wildcard of every job of ``rule`` in `snakemake -n`'s job list."""
+    cells, current = [], None
+    for line in proc.stdout.splitlines() + proc.stderr.splitlines():
+        m = re.match(r"^\s*(?:local)?rule (\w+):", line)
+        if m:
+            current = m.group(1)
+        m = re.match(r"^\s*wildcards: (.*)$", line)
+        if m and current == rule:
+            cells += [w.split("=", 1)[1] for w in m.group(1).split(", ") if w.startswith("cell=")]
+    return cells
+
+
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
     results = tmp_path_factory.mktemp("smoke")
@@ -164,8 +177,12 @@ def test_changing_one_loss_config_reruns_exactly_its_cells(study, tmp_path):
     jobs = planned_jobs(proc)
     # flatnce's two cells get new ids (flatnce-gamma2): two new pretrainings, infonce untouched
     assert jobs.get("pretrain") == 2, jobs
-    out = proc.stdout + proc.stderr
-    assert "flatnce-gamma2" in out and "digits/infonce/bs16" not in out.split("Job stats")[-1]
+    from smallbatch.cells import expand_cells
+    from smallbatch.config import load_config
+
+    flatnce = sorted(c for c in expand_cells(load_config(changed)) if "/flatnce" in c)
+    assert len(flatnce) == 2 and all("/flatnce-gamma2/" in c for c in flatnce), flatnce
+    assert sorted(planned_cells(proc, "pretrain")) == flatnce
 
 
 def test_default_config_lists_every_cell():
