@@ -257,7 +257,7 @@ def test_every_top_level_key_is_a_cell_setting_or_is_not_in_a_cell():
     """A new top-level key must be placed: in a cell (a section above, or marked x-execution)
     or in NOT_IN_A_CELL -- so nothing reaches a cell unseen by the hash tests below."""
     placed = {p[0] for p, _ in SETTINGS} | set(NOT_IN_A_CELL) | {"grid", "loss_params", "augment", "datasets"}
-    assert set(load_schema()["properties"]) == placed
+    assert set(load_schema()["properties"]) - placed == set(), "place these keys"
 
 
 @pytest.mark.parametrize("path,node", SETTINGS, ids=[".".join(p) for p, _ in SETTINGS])
@@ -480,8 +480,13 @@ def test_warmup_is_compared_with_epochs_only_when_the_budget_is_in_epochs():
 
 
 def test_batch_size_equal_to_the_pretraining_images_and_unknown_sizes_pass():
-    validate_config({**grid(batch_sizes=[100]), "datasets": {"digits": {"train_subset": 100}}})
-    validate_config({**grid(batch_sizes=[4096]), "datasets": {"imagefolder": {}}})  # checked once read
+    small = {"datasets": {"digits": {"train_subset": 100}}, "eval": {"knn_k": [20]}}  # k within the subset
+    cfg = validate_config({**grid(batch_sizes=[100]), **small})
+    assert [c["batch_size"] for c in expand_cells(cfg).values()] == [100]
+    with pytest.raises(ConfigError, match="batch size 101 is larger than the 100 pretraining images of digits"):
+        validate_config({**grid(batch_sizes=[101]), **small})  # one over
+    cfg = validate_config({**grid(batch_sizes=[4096]), "datasets": {"imagefolder": {}}})  # checked once read
+    assert [c["batch_size"] for c in expand_cells(cfg).values()] == [4096]
 
 
 def test_a_batch_size_entry_carries_the_train_keys_that_size_needs():
