@@ -41,7 +41,7 @@ STUDY = study()  # one digits cell
 CELLS = ("cells", "--config", "{tmp}/c.yaml")
 PRETRAIN = ("pretrain", "--tracking-uri", "none", "--out", "{tmp}/out", "--dataset", "digits", "--loss")
 TRACKING_HINT = (r"MLflow has no tracking store for the scheme 'foo'; use sqlite:///PATH, http\(s\)://HOST:PORT, "
-                 r"postgresql://, mysql://, mssql://, file:PATH or databricks")
+                 r"postgresql://, mysql://, mssql:// or databricks")
 
 
 @dataclass(frozen=True)

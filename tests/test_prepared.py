@@ -97,6 +97,9 @@ def test_the_files_are_not_adopted_for_another_checkpoint_cell_or_store(ahead, c
     fake = {"status": "finished", "cell_id": cell["id"], "knn/top1": -1.0}
     (prepared.eval_dir(work) / "knn.json").write_text(json.dumps(fake))
     res = evaluate_cli(cell, work, uri, "--data-cache", str(cache))
+    if change == "cell":  # edited by hand, its hash no longer its settings': refused before anything is read
+        assert res.returncode == 2 and "says hash" in res.stderr and not (work / "knn.json").exists()
+        return
     if change == "store":  # evaluated afresh, which needs the cell's run in that store
         assert res.returncode == 2 and "not adopted (they were logged to another tracking store" in res.stderr
         assert "no MLflow run for cell" in res.stderr and not (work / "knn.json").exists()

@@ -152,6 +152,16 @@ ROWS = [
     Row("results_dir with braces", ("cells", "--config", "{tmp}/c.yaml"),
         r"config key 'results_dir' = 'r\{x\}' holds '\{', '\}', which a results path may not hold .*",
         {"c.yaml": STUDY_YAML + "results_dir: 'r{x}'\n"}),
+    # --- extreme but legal values
+    *(Row(f"temperature {tau}", ("cells", "--config", "{tmp}/c.yaml"),
+          rf"cell 'digits/infonce/bs16-t{re.escape(f'{float(tau):g}')}-s0': temperature τ = {re.escape(f'{float(tau):g}')} is outside \[0\.001, 100\], where the losses "
+          r"stop being meaningful \(s/τ overflows, or every logit is ~0\); choose a τ in that range",
+          {"c.yaml": f"datasets: {{digits: {{}}}}\ngrid: {{losses: [infonce], batch_sizes: [16], temperatures: [{tau}]}}\n"})
+      for tau in ("1.0e-9", "1.0e+9")),
+    Row("knn_k above the train set", ("cells", "--config", "{tmp}/c.yaml"),
+        r"cell 'digits/infonce/bs16-t0\.5-s0': eval\.knn_k = 100000 is more than the 400 train images of digits the "
+        r"kNN probe votes over; use k <= 400",
+        {"c.yaml": STUDY_YAML.replace("digits: {}", "digits: {train_subset: 400}") + "eval: {knn_k: [5, 100000]}\n"}),
     Row("mi --section-json '[]'", ("mi", "--section-json", "[]", "--tracking-uri", "none", "--out", "{tmp}/mi.json"),
         r"--section-json must hold a JSON object \(the experiments\.mi section\), not a list"),
     Row("mi --section file holding a number", ("mi", "--section", "{tmp}/s.json", "--tracking-uri", "none",
@@ -321,3 +331,116 @@ def test_a_study_with_hostile_names_runs_no_payload_and_writes_only_in_results_d
     exp_id, name = reader.experiment(cfg["study"])
     assert name == cfg["study"]
     assert [r["status"] for r in reader.runs(exp_id) if r["tags"].get("smallbatch.kind") == "cell"] == ["finished"] * 2
+
+
+# --------------------------------------------------------------------------- one writer per cell per store
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> str:
+    uri = f"sqlite:///{tmp_path_factory.mktemp('store') / 'mlflow.db'}"
+    assert cli.main(["init-store", "--tracking-uri", uri, "--experiment", "trust"]) == 0
+    return uri
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def pretrain_argv(tmp: Path, cache: Path, uri: str, experiment: str, cell: dict, out: str = "out") -> list[str]:
+    return ["pretrain", "--cell-json", json.dumps(cell), "--out", str(tmp / out), "--data-cache", str(cache),
+            "--tracking-uri", uri, "--experiment", experiment, "--no-progress"]
+
+
+LEASES = [  # (who holds the cell's run, refused?)
+    ("a live trainer of another folder on this host", lambda out: {"folder": "/elsewhere", "pid": os.getpid()}, True),
+    ("another host's trainer, renewed just now", lambda out: {"folder": "/elsewhere", "host": "node-7"}, True),
+    ("a dead trainer of another folder", lambda out: {"folder": "/elsewhere", "pid": dead_pid()}, False),
+    ("another host's trainer, silent for an hour", lambda out: {"folder": "/elsewhere", "host": "node-7",
+                                                                "at": __import__("time").time() - 3600}, False),
+    ("this folder's own earlier trainer (its lock decides)", lambda out: {"folder": str(out.resolve())}, False),
+]
+
+
+@pytest.mark.parametrize("name,holder,refused", LEASES, ids=[row[0] for row in LEASES])
+def test_one_trainer_per_cell_per_store(name, holder, refused, tmp_path, cache, store, capsys):
+    """A run leased to a live trainer of another folder refuses a second trainer in one line
+    (and it logs nothing); a stale lease, or the folder's own, is taken over and released."""
+    import socket
+    import time
+
+    from smallbatch import tracking
+
+    experiment, cell = f"lease-{LEASES.index((name, holder, refused))}", tiny_cell()
+    run = tracking.open_cell_run(store, experiment, cell, kind="cell")
+    lease = {"host": socket.gethostname(), "pid": 1, "at": time.time(), **holder(tmp_path / "out")}
+    run.set_tags({tracking.TAG_LEASE: json.dumps(lease)})
+    argv = pretrain_argv(tmp_path, cache, store, experiment, cell)
+    if refused:
+        line = one_line(capsys, argv)
+        assert re.fullmatch(rf"cell {cell['id']} is being trained into the MLflow store {re.escape(store)} from another "
+                            rf"folder, /elsewhere \(process \d+ on [\w.-]+, seen \d+ s ago\); one trainer per cell per "
+                            r"store: let it finish, or give this study its own store or experiment", line), line
+        assert run.metrics() == {} and json.loads(run.tags()[tracking.TAG_LEASE]) == lease
+    else:
+        assert cli.main(argv) == 0
+        assert tracking.count_cell_runs(store, experiment, cell["id"]) == 1
+        tags = run.tags()
+        assert tags[tracking.TAG_LEASE] == "" and tags[tracking.TAG_PRETRAIN] == "finished"
+        assert "train/final_loss" in run.metrics()
+
+
+def test_the_same_cell_in_two_folders_against_one_store_refuses_the_second(tmp_path, cache, store, capsys):
+    """The probe's case with two real trainers: folder a trains; folder b's trainer stops in
+    one line while a holds the run; nothing of b reaches the run."""
+    import signal
+    import time
+
+    from smallbatch import tracking
+
+    cell = tiny_cell(steps=100000)
+    first = subprocess.Popen([str(BIN / "smallbatch"), *pretrain_argv(tmp_path, cache, store, "two-folders", cell, "a")],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        lease = ""
+        while not lease:  # the event: a's lease is in the store
+            assert first.poll() is None and time.monotonic() < deadline, first.stderr.read() if first.poll() else "timeout"
+            runs = tracking.count_cell_runs(store, "two-folders", cell["id"])
+            if runs:
+                lease = tracking.find_cell_run(store, "two-folders", cell).tags().get(tracking.TAG_LEASE, "")
+        line = one_line(capsys, pretrain_argv(tmp_path, cache, store, "two-folders", cell, "b"))
+        assert f"from another folder, {(tmp_path / 'a').resolve()} (process {first.pid} " in line, line
+        assert not (tmp_path / "b" / "state.pt").exists()
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.wait(60)
+    assert tracking.count_cell_runs(store, "two-folders", cell["id"]) == 1
+
+
+# --------------------------------------------------------------------------- what a run says
+def test_a_cell_failing_in_setup_ends_its_run_failed_with_the_error(tmp_path, cache, store, capsys):
+    from smallbatch import tracking
+
+    cell = tiny_cell(precision="fp16")  # fp16 needs CUDA: fails after the run is opened
+    line = one_line(capsys, pretrain_argv(tmp_path, cache, store, "setup-fails", cell))
+    reader = tracking.StoreReader(store)
+    (run,) = reader.runs(reader.experiment("setup-fails")[0])
+    assert run["status"] == "failed" and "fp16" in run["tags"][tracking.TAG_ERROR], run
+    assert run["tags"][tracking.TAG_ERROR].split(": ", 1)[1] in line
+    assert run["tags"].get(tracking.TAG_LEASE, "") == ""
+
+
+def test_rerunning_a_finished_cell_never_reopens_its_run(tmp_path, cache, store):
+    from smallbatch import tracking
+
+    cell = tiny_cell()
+    argv = pretrain_argv(tmp_path, cache, store, "rerun", cell)
+    assert cli.main(argv) == 0
+    first = tracking.find_cell_run(store, "rerun", cell)
+    first.set_status("finished")  # as the probes leave it
+    assert cli.main(argv) == 0
+    reader = tracking.StoreReader(store)
+    runs = {r["run_id"]: r for r in reader.runs(reader.experiment("rerun")[0])}
+    assert len(runs) == 2 and runs[first.run_id]["status"] == "finished"
+    assert first.client.get_run(first.run_id).info.status == "FINISHED"

@@ -17,9 +17,9 @@ import functools
 import hashlib
 import itertools
 import json
-import re
 from typing import Any, Callable, Iterable
 
+from .io import check_cell_id  # noqa: F401  (the one id check; import-light, for the CLI's fast paths)
 from .losses import canonical_name, loss_param_names
 
 AXIS_ABBREV = {"precision": "", "lr_scaling": "lr", "epochs": "ep", "optimizer": "", "queue_size": "q", "lr": "lr",
@@ -69,21 +69,6 @@ def cell_hash(cell: dict) -> str:
             science[section] = {k: v for k, v in science[section].items() if k not in skip[section]}
     blob = json.dumps(science, sort_keys=True, default=str).encode()
     return hashlib.sha1(blob).hexdigest()[:10]
-
-
-#: a cell id's grammar: segments of letters, digits and ``_ . = + -`` joined by single
-#: slashes, no segment empty or starting with a dot (so no ``..``, no absolute path)
-CELL_ID_RE = re.compile(r"[A-Za-z0-9_=+-][A-Za-z0-9_.=+-]{0,199}(?:/[A-Za-z0-9_=+-][A-Za-z0-9_.=+-]{0,199}){0,15}")
-
-
-def check_cell_id(cid: Any, source: str = "cell id") -> str:
-    """``cid`` when it is a cell id (:data:`CELL_ID_RE`), the one check of every id that
-    enters (it becomes a folder under results_dir); ValueError naming it otherwise."""
-    if not isinstance(cid, str) or not CELL_ID_RE.fullmatch(cid):
-        raise ValueError(f"{source} {cid!r} is not a cell id (segments of letters, digits and _ . = + - "
-                         "joined by single '/', none empty or starting with a dot); use an id "
-                         "`smallbatch cells` lists")
-    return cid
 
 
 def negatives_per_anchor(batch_size: int, queue_size: int) -> int:

@@ -360,7 +360,7 @@ def _adopt_prepared(args) -> dict | None:
         return None  # resolve_cell says what is wrong with it
     if not isinstance(cell, dict) or "id" not in cell:
         return None
-    from .cells import check_cell_id
+    from .io import check_cell_id
 
     try:
         check_cell_id(cell["id"])

@@ -325,6 +325,9 @@ def _cell_problem(cell: dict) -> str | None:
     if images is not None and cell["batch_size"] > images:
         capped = f" (datasets.{name}.train_subset)" if subset is not None and subset == images else ""
         return f"batch size {cell['batch_size']} is larger than the {images:,} pretraining images of {name}{capped}"
+    problem = _extreme_problem(cell)
+    if problem:
+        return problem
     tr = cell["train"]
     problem = _train_problem(tr)  # train keys set by a side experiment, an axis (a regime), a batch-size entry
     if problem:
@@ -345,6 +348,32 @@ def _cell_problem(cell: dict) -> str | None:
         build_loss(cell["loss"], cell["temperature"], **cell["loss_params"])
     except ValueError as exc:
         return str(exc)
+    return None
+
+
+#: the temperatures a cell may train at: below, s/tau overflows float32's exp range (loss ~1e7 at
+#: tau = 1e-9); above, every logit is ~0 and the loss is constant (nothing is learnt)
+TAU_RANGE = (1e-3, 1e2)
+
+
+def _extreme_problem(cell: dict) -> str | None:
+    """A temperature outside :data:`TAU_RANGE`, or a kNN k above the images the probe votes
+    over (it would be clamped, yet labelled with the k asked for)."""
+    from .data import SPLIT_SIZES, pretrain_split
+
+    tau, (lo, hi) = cell.get("temperature"), TAU_RANGE
+    if isinstance(tau, (int, float)) and not lo <= tau <= hi:
+        return (f"temperature τ = {tau:g} is outside [{lo:g}, {hi:g}], where the losses stop being meaningful "
+                "(s/τ overflows, or every logit is ~0); choose a τ in that range")
+    name, subset = cell.get("dataset"), (cell.get("dataset_options") or {}).get("train_subset")
+    sizes = SPLIT_SIZES.get(name)
+    if sizes is None or not isinstance(cell.get("eval"), dict):
+        return None
+    n = sizes["train"] if subset is None or pretrain_split(name) != "train" else min(sizes["train"], subset)
+    big = [k for k in cell["eval"].get("knn_k") or [] if k > n]
+    if big:
+        return (f"eval.knn_k = {big[0]} is more than the {n:,} train images of {name} the kNN probe votes over; "
+                f"use k <= {n}")
     return None
 
 

@@ -22,9 +22,25 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
+
+
+#: a cell id's grammar: segments of letters, digits and ``_ . = + -`` joined by single
+#: slashes, no segment empty or starting with a dot (so no ``..``, no absolute path)
+CELL_ID_RE = re.compile(r"[A-Za-z0-9_=+-][A-Za-z0-9_.=+-]{0,199}(?:/[A-Za-z0-9_=+-][A-Za-z0-9_.=+-]{0,199}){0,15}")
+
+
+def check_cell_id(cid: Any, source: str = "cell id") -> str:
+    """``cid`` when it is a cell id (:data:`CELL_ID_RE`): the one check of every id that
+    enters (it names a folder under results_dir); ValueError naming it otherwise."""
+    if not isinstance(cid, str) or not CELL_ID_RE.fullmatch(cid):
+        raise ValueError(f"{source} {cid!r} is not a cell id (segments of letters, digits and _ . = + - "
+                         "joined by single '/', none empty or starting with a dot); use an id "
+                         "`smallbatch cells` lists")
+    return cid
 
 
 def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> Path:

@@ -113,7 +113,9 @@ def _pretrain_in(world, cell: dict, out_dir: Path, tracking_uri, experiment: str
                  progress: bool) -> dict:
     from . import train
     from .distributed import any_over_processes
+    from .errors import Preempted
     from .io import CellBusy, CellLock, nullcontext_lock
+    from .tracking import TrackingError
 
     lock = CellLock(out_dir, cell["id"]) if world.is_main else nullcontext_lock()
     busy = None
@@ -130,8 +132,10 @@ def _pretrain_in(world, cell: dict, out_dir: Path, tracking_uri, experiment: str
             res = train.pretrain(cell, d.pretrain_x, d.mean, d.std, out_dir, log_fn=_log_fn(run, world, tracking_uri),
                                  before_save=_before_save(run), restart=restart, progress=progress,
                                  meta={"run_id": run.run_id} if run else {}, world=world, labels=d.pretrain_y)
-        except BaseException:
+        except BaseException as exc:
             _flush_quietly(run)
+            if run is not None and isinstance(exc, Exception) and not isinstance(exc, (Preempted, TrackingError)):
+                run.mark_failed(exc)  # setup included: never left RUNNING (a retry resumes the run)
             raise
         if run is not None:
             _log_pretrain_end(run, res)
@@ -164,7 +168,8 @@ def _pretrain_run(cell: dict, out_dir: Path, d, uri: str | None, experiment: str
     state = out_dir / "state.pt"
     prior = None if restart else checkpoint.state_run_id(state, cell)
     try:
-        run = tracking.open_cell_run(uri, experiment, cell, kind="cell", params=params, run_id=prior, fresh=restart)
+        run = tracking.open_cell_run(uri, experiment, cell, kind="cell", params=params, run_id=prior, fresh=restart,
+                                     lease=out_dir)
     except tracking.RunVanished as exc:
         raise tracking.RunVanished(f"{exc}, but {state} continues it: the store was deleted or replaced since the "
                                    "cell started; run `smallbatch pretrain --restart` for this cell to train it "

@@ -34,6 +34,11 @@ TAG_EXPERIMENT = "smallbatch.experiment"
 TAG_BASELINE = "smallbatch.baseline"
 TAG_COMMIT = "smallbatch.git_commit"
 TAG_PRETRAIN = "smallbatch.pretrain"   # how pretraining ended: finished | diverged | collapsed
+#: one writer per cell per store: the trainer that logs into a cell's run (JSON: folder, host, pid,
+#: when renewed); another folder's trainer is refused while it is live (see CellRun.take_lease)
+TAG_LEASE = "smallbatch.lease"
+TAG_ERROR = "smallbatch.error"  # why a failed run failed (its first line)
+LEASE_S = 120.0  # a lease of another host not renewed for this long is stale (its trainer is gone)
 #: a cell's outcome (tag TAG_STATUS): running until both probes are logged; the bad
 #: outcomes are results the report shows beside the numbers, never drops
 STATUS_RUNNING, STATUS_FINISHED = "running", "finished"
@@ -45,9 +50,11 @@ class TrackingError(RuntimeError):
 
 
 def _mlflow():
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3")
+    # a stopped or unreachable server fails a step within ~12 s (two 5 s tries, 1 s apart),
+    # not minutes; each variable may be set higher for a slow server
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
     import mlflow  # noqa: F401  (heavy: ~1.5 s)
     from mlflow.tracking import MlflowClient
 
@@ -77,7 +84,7 @@ def tracking_uri_problem(uri: str) -> str | None:
     if scheme in TRACKING_SCHEMES or scheme in {ep.name for ep in entry_points(group="mlflow.tracking_store")}:
         return None
     return (f"MLflow has no tracking store for the scheme '{scheme}'; use sqlite:///PATH, http(s)://HOST:PORT, "
-            "postgresql://, mysql://, mssql://, file:PATH or databricks")
+            "postgresql://, mysql://, mssql:// or databricks")
 
 
 def _client(uri: str):
@@ -183,6 +190,36 @@ class RunVanished(TrackingError):
     """A run a cell's state refers to is not in the store (deleted or replaced store)."""
 
 
+class LeaseHeld(TrackingError):
+    """Another folder's live trainer logs into the cell's run (one line: who and where)."""
+
+
+def _lease_holder(text: str | None) -> dict | None:
+    import json
+
+    try:
+        held = json.loads(text) if text else None
+    except ValueError:
+        return None
+    return held if isinstance(held, dict) and {"folder", "host", "pid", "at"} <= set(held) else None
+
+
+def _lease_live(held: dict) -> bool:
+    """A lease of this host is live while its process is; another host's until LEASE_S after
+    its last renewal."""
+    import socket
+
+    if held["host"] == socket.gethostname():
+        try:
+            os.kill(int(held["pid"]), 0)
+        except ProcessLookupError:
+            return False
+        except (PermissionError, ValueError, OverflowError):
+            pass
+        return True
+    return time.time() - float(held["at"]) < LEASE_S
+
+
 def _sqlite_file(uri: str) -> Path | None:
     return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
 
@@ -216,6 +253,33 @@ class CellRun:
         self._buf: list = []
         self._last_flush = time.monotonic()
         self._skip_through: dict[str, int] = {}
+        self._lease: dict | None = None
+
+    # -- one writer per cell per store ---------------------------------------------
+    def take_lease(self, folder: str | Path) -> None:
+        """Record this process, writing into ``folder``, as the run's one trainer; LeaseHeld
+        when a live trainer of another folder holds it (the folder's own lock already keeps
+        two trainers of one folder apart; a stale lease is taken over)."""
+        import json
+        import socket
+
+        mine = {"folder": str(Path(folder).resolve()), "host": socket.gethostname(), "pid": os.getpid()}
+        held = _lease_holder(self.tags().get(TAG_LEASE))
+        if held and held["folder"] != mine["folder"] and _lease_live(held):
+            age = time.time() - float(held["at"])
+            raise LeaseHeld(f"cell {self.cell_id} is being trained into the MLflow store {self.uri} from another "
+                            f"folder, {held['folder']} (process {held['pid']} on {held['host']}, seen {age:.0f} s "
+                            "ago); one trainer per cell per store: let it finish, or give this study its own "
+                            "store or experiment")
+        self._lease = mine
+        self._renew_lease()
+
+    def _renew_lease(self) -> None:
+        import json
+
+        self._lease["at"] = time.time()
+        self._lease_renewed = time.monotonic()
+        self.set_tags({TAG_LEASE: json.dumps(self._lease, sort_keys=True)})
 
     def verify(self) -> None:
         """The store is the one the run was opened in and still holds the run."""
@@ -260,10 +324,15 @@ class CellRun:
                 self._buf = chunk + self._buf
                 raise _wrap(self.uri, "logging metrics", exc) from None
         self._last_flush = time.monotonic()
+        if self._lease is not None and self._last_flush - self._lease_renewed > LEASE_S / 4:
+            self._renew_lease()
 
     # -- tags / status -----------------------------------------------------------
     def set_tags(self, tags: dict[str, Any]) -> None:
         from mlflow.entities import RunTag
+
+        if TAG_PRETRAIN in tags and self._lease is not None:  # pretraining has ended: the lease goes
+            tags, self._lease = {**tags, TAG_LEASE: ""}, None
 
         try:
             self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
@@ -283,6 +352,22 @@ class CellRun:
                 self.client.set_terminated(self.run_id, status=mlflow_status)
         except Exception as exc:  # noqa: BLE001
             raise _wrap(self.uri, "setting run status", exc) from None
+
+    def mark_failed(self, exc: BaseException) -> None:
+        """End the run FAILED with the error's first line as the tag ``smallbatch.error`` (a
+        cell that failed, in setup or later, is never left RUNNING); quiet when the store
+        itself is what failed."""
+        from mlflow.entities import RunTag
+
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        line = f"{type(exc).__name__}: {lines[0] if lines else ''}"[:500]
+        tags = {TAG_STATUS: "failed", TAG_ERROR: line, **({TAG_LEASE: ""} if self._lease is not None else {})}
+        self._lease = None
+        try:
+            self.client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+            self.client.set_terminated(self.run_id, status="FAILED")
+        except Exception:  # noqa: BLE001 - keep the original error
+            pass
 
     def _data(self, what: str):
         try:
@@ -318,10 +403,21 @@ def run_exists(client, uri: str, run_id: str) -> bool:
 
 def open_cell_run(uri: str, experiment: str, cell: dict, kind: str = "cell",
                   params: dict[str, str] | None = None, run_id: str | None = None,
-                  fresh: bool = False) -> CellRun:
+                  fresh: bool = False, lease: str | Path | None = None) -> CellRun:
     """The cell's run: ``run_id`` when given (a resumed state's run; :class:`RunVanished`
-    if the store lacks it), else the newest run of the same id and hash, else a new one;
-    ``fresh`` always creates a new run (a restarted cell: its history starts again)."""
+    if the store lacks it), else the newest unfinished run of the same id and hash, else a
+    new one (a pretraining never reopens a finished run: a rerun of a finished cell is a new run);
+    ``fresh`` always creates a new run (a restarted cell: its history starts again).
+    ``lease``: the folder a trainer writes into; the run is leased to it
+    (:meth:`CellRun.take_lease`: :class:`LeaseHeld` when another folder's trainer holds it)."""
+    run = _open_cell_run(uri, experiment, cell, kind, params, run_id, fresh)
+    if lease is not None:
+        run.take_lease(lease)
+    return run
+
+
+def _open_cell_run(uri: str, experiment: str, cell: dict, kind: str, params: dict[str, str] | None,
+                   run_id: str | None, fresh: bool) -> CellRun:
     exp_id = get_or_create_experiment(uri, experiment)
     client = _client(uri)
     if run_id is not None:
@@ -330,7 +426,7 @@ def open_cell_run(uri: str, experiment: str, cell: dict, kind: str = "cell",
         return CellRun(uri, run_id, client, resumed=True, cell_id=cell["id"])
     try:
         runs = [] if fresh else _find_runs(client, exp_id, cell["id"], cell["hash"])
-        if runs:
+        if runs and (kind != "cell" or runs[0].info.status != "FINISHED"):
             return CellRun(uri, runs[0].info.run_id, client, resumed=True, cell_id=cell["id"])
         tags = {
             TAG_CELL: cell["id"], TAG_HASH: cell["hash"], TAG_KIND: kind,
