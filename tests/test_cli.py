@@ -297,7 +297,8 @@ def test_standalone_cell_pipeline_logs_one_mlflow_run(tracked):
                 "train/final_loss", "train/wall_s"):
         assert key in metrics, key
     for key in ("knn/top1", "knn/top5", "linear/top1", "linear/top5"):
-        assert 10.0 < metrics[key] <= 100.0, (key, metrics[key])  # percent, above chance (10 classes)
+        chance = 100.0 * int(key[-1]) / 10  # percent: a top-k guess among 10 classes is right k times in 10
+        assert chance < metrics[key] <= 100.0, (key, metrics[key], chance)
     assert metrics["knn/top5"] >= metrics["knn/top1"]
 
 
