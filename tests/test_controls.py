@@ -324,3 +324,21 @@ def test_the_step_with_every_control_is_one_graph(loss, opts, tmp_path):
     if loss == "sogclr":  # the graph wrote u where the batch's images are
         after = t.step_fn.loss_fn.log_u
         assert torch.isfinite(after[idx]).all() and torch.isneginf(before["log_u"]).all()
+
+
+def test_the_oracle_masks_same_class_keys_of_a_queue(tmp_path):
+    images = torch.zeros(64, 1, 8, 8, dtype=torch.uint8)
+    labels = torch.arange(64) % 4
+    t = train.build_training(_cell(queue_size=16, mask_same_class=True), images, [0.5], [0.2], torch.device("cpu"),
+                             tmp_path, labels=labels)
+    src = t.step_fn.source
+    g = torch.Generator().manual_seed(0)
+    z1, z2 = torch.randn(8, 4, generator=g), torch.randn(8, 4, generator=g)
+    idx = torch.arange(8) + 10
+    first = src.scores(z1, z2, idx)  # an empty queue: in-batch negatives, same-class views masked
+    assert torch.equal(first.mask, in_batch_mask(8, labels[idx]))
+    key_idx = torch.arange(16) + 30
+    src.queue.enqueue(torch.randn(16, 4, generator=g), key_idx)
+    sc = src.scores(z1, z2, idx)
+    assert torch.equal(sc.mask, labels[idx][:, None] != labels[key_idx][None, :])
+    assert torch.equal(sc.index, idx[None])

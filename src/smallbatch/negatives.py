@@ -72,7 +72,10 @@ def in_batch_mask(n: int, labels: Tensor, group: int | None = None) -> Tensor:
     """The valid in-batch negatives (True) of a batch of ``n`` images whose labels are
     ``labels (n,)``: those of another class than the anchor's, for the scores
     :func:`smallbatch.losses.in_batch_scores` (``group`` None) or
-    :func:`~smallbatch.losses.grouped_in_batch_scores` lay out: ``(2n, 2G-2)``."""
+    :func:`~smallbatch.losses.grouped_in_batch_scores` lay out: ``(2n, 2G-2)``.  An anchor
+    whose every negative shares its class (all 2G-2: odds 10^-15 at G = 16 and 10 balanced
+    classes) has none left: the losses without the positive in their denominator (DCL,
+    FlatNCE, SogCLR) are then infinite and the cell ends as diverged."""
     g = group or n
     if g < 2 or n % g:
         raise ValueError(f"the negatives' group of {g} images must be >= 2 and divide the batch of {n} images")
