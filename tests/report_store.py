@@ -279,7 +279,7 @@ def build_golden_store(uri: str = GOLDEN_URI, experiment: str = GOLDEN_EXPERIMEN
 
 def stable_text(path: Path, run_names: dict[str, str]) -> str:
     """A report file's text with every run id replaced by its stable name."""
-    text = path.read_text(encoding="utf-8")
+    text = path.read_bytes().decode("utf-8")  # not read_text: it would turn \r\n into \n
     for rid, name in run_names.items():
         text = text.replace(rid, name)
     return text

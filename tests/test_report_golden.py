@@ -19,7 +19,8 @@ from report_store import GOLDEN, build_golden_report
 
 def test_report_matches_golden_files(tmp_path):
     got = build_golden_report(tmp_path)
-    want = {p.relative_to(GOLDEN).as_posix(): p.read_text(encoding="utf-8")
+    # bytes decoded, not read_text(), which would turn a \r\n into \n and hide a change of line ends
+    want = {p.relative_to(GOLDEN).as_posix(): p.read_bytes().decode("utf-8")
             for p in sorted(GOLDEN.rglob("*")) if p.is_file()}
     assert sorted(got) == sorted(want), "the report writes other tables than the golden files"
     differ = [name for name in want if got[name] != want[name]]
