@@ -152,6 +152,19 @@ def find_descendant(root: int, needle: str) -> int | None:
     return None
 
 
+def signal_pending(pid: int, sig: int) -> bool:
+    """Whether signal ``sig`` waits to be handled by process ``pid`` (e.g. one sent to a stopped
+    process), from /proc's SigPnd/ShdPnd masks; True once the process is gone."""
+    try:
+        status = (Path("/proc") / str(pid) / "status").read_text()
+    except OSError:
+        return True
+    for line in status.splitlines():
+        if line.startswith(("SigPnd:", "ShdPnd:")) and (int(line.split()[1], 16) >> (sig - 1)) & 1:
+            return True
+    return not _pid_alive(pid)
+
+
 # --------------------------------------------------------------------------- configs
 def write_config(path: Path, base: Path | None = SMOKE_CONFIG, **overrides) -> Path:
     """A study config: ``base`` (the smoke study by default) updated by ``overrides``

@@ -16,7 +16,9 @@ Without root or without the packages, the real tests skip with the reason
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import subprocess
 from pathlib import Path
 
@@ -205,8 +207,17 @@ def test_preempted_slurm_job_resumes_on_retry(tmp_path, slurm):
         jobs = cluster.submitted_slurm_jobs(log.read_text())
         assert jobs, log.read_text()[-3000:]
         jid = jobs[-1]
-        assert slurm.job(jid).get("JobState") == "RUNNING"
-        subprocess.run(["scancel", "--signal=TERM", "--full", jid], check=True, timeout=30)
+        # the trainer (the cell lock's holder, on this one-node cluster) stopped: its job cannot
+        # end before the preemption signal has reached it, however slow SLURM is to deliver it
+        trainer = int((results / "runs" / cell / ".lock").read_text().split()[0])
+        os.kill(trainer, signal.SIGSTOP)
+        try:
+            assert slurm.job(jid).get("JobState") == "RUNNING"
+            subprocess.run(["scancel", "--signal=TERM", "--full", jid], check=True, timeout=30)
+            cluster.wait_until(lambda: cluster.signal_pending(trainer, signal.SIGTERM), 120,
+                               "SLURM's SIGTERM to reach the trainer")
+        finally:
+            os.kill(trainer, signal.SIGCONT)
         proc.wait(timeout=900)
     except subprocess.TimeoutExpired:
         cluster.kill_group(proc)
