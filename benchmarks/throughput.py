@@ -269,20 +269,28 @@ def share_rates(common: list[str], ks) -> dict[int, list[float]]:
 
 
 def compare_compile(args) -> None:
+    """Per batch size, four processes in turn: eager, compiled (cold cache), eager,
+    compiled (warm cache), so a load that changes during the run weighs on both sides;
+    the better of the two processes on each side, and the 1-minute load average as the
+    row started (other processes on the CPU lower both sides, not always equally)."""
     print(f"{'batch':>6} {'eager img/s':>12} {'compiled img/s':>15} {'ratio':>6} {'compile cold s':>15} "
-          f"{'compile warm s':>15}")
+          f"{'compile warm s':>15} {'load':>5}")
     for bs in args.batch_sizes:
+        load = os.getloadavg()[0]
         common = one_cell_args(bs, args.steps, args.threads, args.device, args.data_root)
         with tempfile.TemporaryDirectory() as cache:
             env = {"TORCHINDUCTOR_CACHE_DIR": cache}
-            eager = [_in_subprocess(common, env) for _ in range(2)]
-            cold = _in_subprocess([*common, "--compiled"], env)
-            warm = _in_subprocess([*common, "--compiled"], env)
-        # the better of two processes on each side (one compiled process also compiles cold)
-        e_rate, rate = max(r["rate"] for r in eager), max(cold["rate"], warm["rate"])
+            eager, compiled = [], []
+            for _ in range(2):  # the first compiled process compiles cold, the second finds the cache
+                eager.append(_in_subprocess(common, env))
+                compiled.append(_in_subprocess([*common, "--compiled"], env))
+        e_rate, rate = max(r["rate"] for r in eager), max(r["rate"] for r in compiled)
         build = min(r["warm_s"] for r in eager)
         print(f"{bs:>6} {e_rate:>12.0f} {rate:>15.0f} {rate / e_rate:>5.2f}x "
-              f"{cold['warm_s'] - build:>15.1f} {warm['warm_s'] - build:>15.1f}", flush=True)
+              f"{compiled[0]['warm_s'] - build:>15.1f} {compiled[1]['warm_s'] - build:>15.1f} {load:>5.1f}",
+              flush=True)
+        print("       each process (img/s): eager " + ", ".join(f"{r['rate']:.0f}" for r in eager)
+              + "; compiled " + ", ".join(f"{r['rate']:.0f}" for r in compiled), flush=True)
 
 
 def compare_share(args) -> None:
@@ -324,7 +332,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{args.steps} timed steps, {args.threads} thread(s), device {args.device}; "
               f"load average {load0[0]:.2f}")
         (compare_compile if args.mode == "compile" else compare_share)(args)
-        print(f"load average after: {os.getloadavg()[0]:.2f} (1 min)")
+        load1 = os.getloadavg()
+        print(f"load average after: {load1[0]:.2f} (1 min), {load1[1]:.2f} (5 min) on {os.cpu_count()} CPUs")
         return 0
 
     from smallbatch import data
