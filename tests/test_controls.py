@@ -342,3 +342,17 @@ def test_the_oracle_masks_same_class_keys_of_a_queue(tmp_path):
     sc = src.scores(z1, z2, idx)
     assert torch.equal(sc.mask, labels[idx][:, None] != labels[key_idx][None, :])
     assert torch.equal(sc.index, idx[None])
+
+
+def test_the_gradient_norms_of_a_grouped_cell_are_measured_on_its_grouped_scores(tmp_path):
+    from smallbatch.losses import embedding_grad_norm
+
+    images = (torch.rand(64, 1, 8, 8, generator=torch.Generator().manual_seed(0)) * 255).to(torch.uint8)
+    t = train.build_training(_cell(neg_group=4), images, [0.5], [0.2], torch.device("cpu"), tmp_path)
+    out, _ = train.one_step(t, torch.arange(8), watch=False)
+    m = train.mechanism_metrics(t, out, None)
+    grouped = embedding_grad_norm(build_loss("dcl", 1.0), out.z1, out.z2,
+                                  lambda a, b: grouped_in_batch_scores(a, b, 4), out.tau)
+    whole = embedding_grad_norm(build_loss("dcl", 1.0), out.z1, out.z2, None, out.tau)
+    assert m["diag/grad_norm_dcl"] == pytest.approx(float(grouped), rel=1e-6)
+    assert float(whole) != pytest.approx(float(grouped), rel=1e-3)

@@ -116,6 +116,11 @@ class InBatch:
         mask = None if self.labels is None else in_batch_mask(z1.shape[0], self.labels[idx], self.group)
         return Scores(pos, neg, mask, index=torch.stack([idx, idx]))
 
+    def rescore(self, z1: Tensor, z2: Tensor) -> tuple[Tensor, Tensor, None]:
+        """Scores of embeddings for a diagnostic that re-scores them (the gradient norms):
+        grouped as the step's are, without the oracle mask (it needs the batch's images)."""
+        return grouped_in_batch_scores(z1, z2, self.group) if self.group else in_batch_scores(z1, z2)
+
     def after_step(self, model: torch.nn.Module, z2: Tensor, idx: Tensor) -> None:
         pass
 

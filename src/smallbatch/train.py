@@ -461,7 +461,7 @@ def mechanism_metrics(t: Training, out, update) -> dict:
         return {}
     norms = {}
     for name, fn in (("", s.loss_fn), ("_infonce", build_loss("infonce", 1.0)), ("_dcl", build_loss("dcl", 1.0))):
-        norms[name] = float(embedding_grad_norm(fn, out.z1, out.z2, None, out.tau))
+        norms[name] = float(embedding_grad_norm(fn, out.z1, out.z2, s.source.rescore, out.tau))
     m = {f"diag/grad_norm{k}": v for k, v in norms.items()}
     m["diag/grad_ratio_infonce_dcl"] = norms["_infonce"] / norms["_dcl"] if norms["_dcl"] > 0 else float("nan")
     if update is not None:
