@@ -98,7 +98,7 @@ def test_saturated_batch_float32_infonce_gradient_is_wrong_flatnce_is_not(k):
     assert e["infonce"] > 1e-2, msg
     assert e["flatnce"] < 1e-5 and e["dcl"] < 1e-5, msg
     assert e["infonce"] > 1e4 * e["flatnce"], msg
-    assert e["infonce64_exact"] < 1e-6, msg  # float64 is a valid reference in this regime
+    assert e["infonce64_exact"] < 4e-7, msg  # float64 is a valid reference here (measured <= 4.4e-8, at K=2)
 
 
 def test_positive_pull_is_exactly_zero_in_float32_when_qb_below_roundoff():
@@ -117,8 +117,9 @@ def test_positive_pull_is_exactly_zero_in_float32_when_qb_below_roundoff():
     assert torch.all(res["infonce", torch.float32] == 0), msg
     assert torch.all(res["infonce", torch.float64] < 0), msg  # float64 still sees the pull (~ -1.3e-8)
     expected = torch.full((4,), -1.0 / (tau * 4), dtype=torch.float64)
-    for dt in (torch.float32, torch.float64):
-        torch.testing.assert_close(res["flatnce", dt], expected, rtol=1e-5, atol=0, msg=msg)
+    # measured relative error 7.6e-7 (float32) and 1.4e-15 (float64): held to ~7x that
+    for dt, rtol in ((torch.float32, 5e-6), (torch.float64, 1e-14)):
+        torch.testing.assert_close(res["flatnce", dt], expected, rtol=rtol, atol=0, msg=msg)
 
 
 def test_intermediate_saturation_error_scales_like_roundoff_over_qb():
@@ -180,7 +181,10 @@ def test_half_precision_inputs_are_finite_at_small_tau(dtype, name):
         assert a.grad.dtype == dt and torch.isfinite(a.grad).all() and torch.isfinite(b.grad).all()
         grads[dt] = torch.cat([a.grad.flatten(), b.grad.flatten()]).double()
     err = rel(grads[dtype], grads[torch.float64])
-    assert err < 2e-2, f"{name} {dtype}: gradient rel. error vs float64 {err:.2e}"
+    # the half type's precision is its machine epsilon (bf16 7.8e-3, fp16 9.8e-4); measured 1.7e-3 (bf16) and
+    # 2.1e-4 (fp16) for every loss: eps is 4.6x the measured error
+    eps = torch.finfo(dtype).eps
+    assert err < eps, f"{name} {dtype}: gradient rel. error vs float64 {err:.2e} above the type's epsilon {eps:.1e}"
     # saturated batch (views nearly identical): finite loss, value and gradient
     z1 = h1.clone().requires_grad_()
     z2 = (h1.float() + 0.01 * torch.randn(8, 32, generator=g)).to(dtype).requires_grad_()

@@ -638,7 +638,9 @@ def test_fp16_skipped_steps_are_counted(tmp_path):
     assert step.state_dict()["skipped_steps"] == 1
 
 
-def test_tf32_and_determinism_are_explicit_settings(tmp_path, digits):
+def test_tf32_and_determinism_are_explicit_settings(tmp_path, digits, monkeypatch):
+    import os
+
     from smallbatch.cells import flat_params
     from smallbatch.trainstep import configure_backends
 
@@ -652,6 +654,23 @@ def test_tf32_and_determinism_are_explicit_settings(tmp_path, digits):
     assert p["tf32"] == "True" and p["deterministic"] == "False" and p["compile"] == "False"
     assert cell["hash"] != digits_cell(epochs=1)["hash"]  # tf32 changes the numbers: another config
     assert digits_cell(epochs=1, compile=True)["hash"] == digits_cell(epochs=1)["hash"]  # compile does not
+    # deterministic: the GPU's switches (set as flags; no CUDA call is made, so this runs on a CPU too)
+    det = digits_cell(epochs=1, deterministic=True)
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    try:
+        configure_backends(digits_cell(epochs=1)["train"], torch.device("cuda"))
+        assert not torch.backends.cudnn.deterministic and torch.backends.cudnn.benchmark  # autotuned when not asked
+        assert not torch.are_deterministic_algorithms_enabled() and "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+        configure_backends(det["train"], torch.device("cuda"))
+        assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+        assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    finally:
+        torch.use_deterministic_algorithms(False)
+        configure_backends(digits_cell(epochs=1)["train"], torch.device("cpu"))
+    assert not torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark  # the CPU: neither
+    assert flat_params(det)["deterministic"] == "True"
+    assert det["hash"] == digits_cell(epochs=1)["hash"]  # how it runs, not what it computes
 
 
 def test_the_gradient_scale_mechanism_is_logged(digits, reference_run):
@@ -663,4 +682,6 @@ def test_the_gradient_scale_mechanism_is_logged(digits, reference_run):
         ratio = m["diag/grad_ratio_infonce_dcl"]
         assert 0 < ratio <= 1 and m["diag/grad_norm"] == pytest.approx(m["diag/grad_norm_infonce"])
         assert m["diag/update_per_lr"] > 0
-        assert m["diag/grad_ratio_infonce_dcl"] == pytest.approx(m["diag/qb_mean"], rel=0.5)
+        # the norm ratio is a gradient-weighted mean of the q_B,i: measured within 0.9 % of their plain
+        # mean at every logging step of this run (q_B ~ 0.98), held to 5 %
+        assert m["diag/grad_ratio_infonce_dcl"] == pytest.approx(m["diag/qb_mean"], rel=0.05)
