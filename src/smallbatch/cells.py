@@ -146,12 +146,21 @@ def make_cell(
     return cell
 
 
-def _batch_entry(entry: Any) -> tuple[int, dict]:
+#: train keys a batch-size entry may set that change what a cell computes (the controls of
+#: the instrument study, e.g. ``{size: 256, train: {neg_group: 16}}``): they name the cell
+#: like an axis does, so two entries of one size never share an id
+ENTRY_SUFFIX_KEYS = ("neg_group", "bn_group", "mask_same_class", "steps", "lr")
+
+
+def _batch_entry(entry: Any) -> tuple[int, dict, str]:
     """A ``batch_sizes`` entry: a size, or ``{size, train}`` — the train keys that batch size
-    needs (e.g. ``devices``, ``chunk_size`` at the large end), the cell id unchanged."""
+    needs (e.g. ``devices``, ``chunk_size`` at the large end: the cell id unchanged; a control
+    of ``ENTRY_SUFFIX_KEYS``: its axis suffix added) -> (size, train keys, id suffix)."""
     if isinstance(entry, dict):
-        return int(entry["size"]), dict(entry.get("train") or {})
-    return int(entry), {}
+        train = dict(entry.get("train") or {})
+        suffix = "".join(_axis_suffix(k, train[k]) for k in ENTRY_SUFFIX_KEYS if k in train)
+        return int(entry["size"]), train, suffix
+    return int(entry), {}, ""
 
 
 def _axis_overrides(axis: str, value: Any) -> dict:
@@ -194,11 +203,11 @@ def _section_grid(cfg: dict, section: str, sec: dict) -> Iterable[dict]:
                         tov.update(_axis_overrides(a, v))
                     suffix = "".join(_axis_suffix(a, v) for a, v in zip(axis_names, combo))
                     for entry_bs, t, s in itertools.product(bss, tss, sss):
-                        bs, bs_train = _batch_entry(entry_bs)
+                        bs, bs_train, bs_suffix = _batch_entry(entry_bs)
                         yield make_cell(
                             cfg, dataset=dataset, loss=loss, loss_params=params, batch_size=bs,
                             temperature=t, seed=s, experiment=section, train_overrides={**tov, **bs_train},
-                            suffix=suffix,
+                            suffix=bs_suffix + suffix,
                         )
 
 
@@ -217,7 +226,7 @@ def _side_cells(name: str) -> Callable[[dict], Iterable[dict]]:
 
 
 # Side experiments register a function cfg -> iterable of cells here.
-SIDE_EXPERIMENTS = ("precision", "ksweep", "ess", "tsweep", "regime")
+SIDE_EXPERIMENTS = ("precision", "ksweep", "ess", "tsweep", "regime", "instrument")
 SECTION_CELLS: dict[str, Callable[[dict], Iterable[dict]]] = {
     "grid": _grid_cells, **{name: _side_cells(name) for name in SIDE_EXPERIMENTS}
 }
