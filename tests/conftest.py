@@ -1,0 +1,65 @@
+"""Session hooks: which tests need the real SLURM daemons or a GPU, and how many of them ran.
+
+A test that uses the ``slurm`` or ``smoke_slurm`` fixture is marked ``slurm`` here (it
+runs only where tests/cluster.py can start munged + slurmctld + slurmd); a test marked
+``gpu`` is skipped, with the reason, where torch sees no CUDA device.  At the end of the
+run one line per kind says how many passed, failed and were skipped, and why -- so a run
+whose daemons could not start does not read like one that tested them.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+SLURM_FIXTURES = {"slurm", "smoke_slurm"}
+KINDS = {"slurm": "real-SLURM", "gpu": "GPU"}
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu_items = []
+    for item in items:
+        if SLURM_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slurm)
+        if item.get_closest_marker("gpu"):
+            gpu_items.append(item)
+    if gpu_items:
+        import torch
+
+        if not torch.cuda.is_available():
+            skip = pytest.mark.skip(reason="needs a CUDA device; torch sees none here")
+            for item in gpu_items:
+                item.add_marker(skip)
+
+
+def _outcomes(terminalreporter) -> dict[str, tuple[str, set, str]]:
+    """nodeid -> (outcome, marker names, skip reason) over the run's reports (a failed
+    setup or teardown counts as failed, a skip in any phase as skipped)."""
+    out: dict[str, tuple[str, set, str]] = {}
+    rank = {"passed": 0, "skipped": 1, "failed": 2}
+    for reports in terminalreporter.stats.values():
+        for rep in reports:
+            if not isinstance(rep, pytest.TestReport):
+                continue
+            outcome = rep.outcome if rep.outcome in rank else "failed"
+            if outcome == "passed" and rep.when != "call":
+                continue
+            reason = rep.longrepr[2] if outcome == "skipped" and isinstance(rep.longrepr, tuple) else ""
+            marks = {k for k in KINDS if k in rep.keywords}
+            if rep.nodeid not in out or rank[outcome] > rank[out[rep.nodeid][0]]:
+                out[rep.nodeid] = (outcome, marks, reason)
+    return out
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    outcomes = _outcomes(terminalreporter)
+    terminalreporter.write_sep("-", "tests that need SLURM daemons or a GPU")
+    for kind, label in KINDS.items():
+        mine = [(o, r) for o, marks, r in outcomes.values() if kind in marks]
+        n = {k: sum(o == k for o, _ in mine) for k in ("passed", "failed", "skipped")}
+        reasons = sorted({r.removeprefix("Skipped: ") for o, r in mine if o == "skipped"})
+        line = f"{label} tests: {n['passed']} passed, {n['failed']} failed, {n['skipped']} skipped"
+        if reasons:
+            line += " -- " + "; ".join(reasons)
+        if not mine:
+            line += " (none selected)"
+        terminalreporter.write_line(line)
