@@ -444,3 +444,144 @@ def test_rerunning_a_finished_cell_never_reopens_its_run(tmp_path, cache, store)
     runs = {r["run_id"]: r for r in reader.runs(reader.experiment("rerun")[0])}
     assert len(runs) == 2 and runs[first.run_id]["status"] == "finished"
     assert first.client.get_run(first.run_id).info.status == "FINISHED"
+
+
+# --------------------------------------------------------------------------- the warm-start server
+SERVER = """
+import json, sys
+from smallbatch import cli, warm
+
+def report_threads(argv):  # the job: which thread counts its libraries run with
+    import numpy  # noqa: F401  (imported by the server already)
+    from threadpoolctl import threadpool_info
+    print(json.dumps({i["internal_api"]: i["num_threads"] for i in threadpool_info()}))
+    return 0
+
+if sys.argv[2] == "threads":
+    import numpy  # noqa: F401  (OpenBLAS sizes its pool from this process's OMP_NUM_THREADS=2)
+    cli.main = report_threads
+warm.PRELOAD = ()  # nothing heavy: these tests are about the protocol
+sys.exit(warm.serve(sys.argv[1], None, 120))
+"""
+
+
+@pytest.fixture
+def serve(tmp_path):
+    """Start a warm-start server on a socket under tmp_path (mode 'plain' or 'threads');
+    returns (process, socket path, log path); the server is killed afterwards."""
+    started = []
+
+    def start(mode: str = "plain", folder: Path | None = None):
+        path, log = (folder or tmp_path) / "s.sock", tmp_path / "server.log"
+        env = {**{k: v for k, v in os.environ.items() if k != "SMALLBATCH_WARM"}, "OMP_NUM_THREADS": "2",
+               "OPENBLAS_NUM_THREADS": "2"}
+        proc = subprocess.Popen([sys.executable, "-c", SERVER, str(path), mode], stdout=open(log, "w"),
+                                stderr=subprocess.STDOUT, env=env)
+        started.append(proc)
+        wait_for(lambda: "ready on" in log.read_text(), proc, "the server to be ready")
+        return proc, path, log
+
+    yield start
+    for proc in started:
+        proc.kill()
+        proc.wait()
+
+
+def wait_for(event, proc=None, what: str = "", limit: float = 120.0) -> None:
+    """Poll for an event (a hang guard, not a timing assertion)."""
+    import time
+
+    deadline = time.monotonic() + limit
+    while not event():
+        assert proc is None or proc.poll() is None, f"ended while waiting for {what}"
+        assert time.monotonic() < deadline, f"no {what} within {limit} s"
+        time.sleep(0.05)
+
+
+def test_a_stopped_server_lets_the_job_run_by_itself_and_never_starts_it_later(serve, monkeypatch):
+    import signal
+
+    from smallbatch import warm
+
+    proc, path, log = serve()
+    os.kill(proc.pid, signal.SIGSTOP)
+    monkeypatch.setenv(warm.ENV, str(path))
+    monkeypatch.setattr(warm, "ACK_TIMEOUT_S", 1.0)
+    try:
+        assert warm.delegate(["config-reference"]) is None  # None: "run it here"
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    wait_for(lambda: "gave up waiting before its command started: not started" in log.read_text(), proc,
+             "the server to drop the abandoned request")
+    assert not re.search(r"child \d+ started", log.read_text())
+
+
+def test_a_sigkilled_servers_child_stops_with_it_and_the_client_says_so_in_one_line(serve, tmp_path, cache):
+    import signal
+
+    proc, path, log = serve()
+    cell = tiny_cell(steps=10**6)
+    client = subprocess.Popen([str(BIN / "smallbatch"), "pretrain", "--cell-json", json.dumps(cell), "--out",
+                               str(tmp_path / "out"), "--data-cache", str(cache), "--tracking-uri", "none",
+                               "--no-progress"], env={**os.environ, "SMALLBATCH_WARM": str(path)},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: " started: smallbatch pretrain" in log.read_text(), client, "the child to start")
+        child = int(re.search(r"child (\d+) started", log.read_text()).group(1))
+        wait_for(lambda: (tmp_path / "out" / ".lock").exists(), client, "the child to lock its cell")
+        proc.kill()
+        proc.wait()
+        wait_for(lambda: not Path(f"/proc/{child}").exists(), None, "the orphaned child to stop")
+        err = client.communicate(timeout=60)[1]
+    finally:
+        client.kill()
+    assert client.returncode != 0
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert lines[-1] == "smallbatch: error: the warm-start server stopped before the command finished", err[-2000:]
+
+
+@pytest.mark.parametrize("omp", ["1", "2"])
+def test_a_jobs_thread_settings_reach_blas_the_server_imported(serve, tmp_path, omp):
+    """The server imported numpy with OMP_NUM_THREADS=2; a job asking for 1 runs BLAS on 1."""
+    proc, path, log = serve("threads")
+    env = {**os.environ, "SMALLBATCH_WARM": str(path), "OMP_NUM_THREADS": omp, "OPENBLAS_NUM_THREADS": omp}
+    res = subprocess.run([str(BIN / "smallbatch"), "config-reference"], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert " started: smallbatch config-reference" in log.read_text(), "the job did not run in the server"
+    threads = json.loads(res.stdout)
+    assert threads.get("openblas", threads.get("mkl")) == int(omp), threads
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to connect as another user")
+def test_the_server_serves_only_its_own_user(serve, tmp_path):
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="trust-", dir="/tmp"))
+    try:
+        _only_its_own_user(serve, folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _only_its_own_user(serve, folder: Path) -> None:
+    proc, path, log = serve("plain", folder)
+    folder.chmod(0o777)
+    path.chmod(0o777)  # the file system lets anyone connect: the server's peer check must refuse
+    pid = os.fork()
+    if pid == 0:  # as nobody: the server must refuse, so the job would run by itself
+        code = 1
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            from smallbatch import warm
+
+            os.environ[warm.ENV] = str(path)
+            code = 0 if warm.delegate(["config-reference"]) is None else 3
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    wait_for(lambda: "refused a connection of another user" in log.read_text(), proc, "the refusal")
+    assert not re.search(r"child \d+ started", log.read_text())

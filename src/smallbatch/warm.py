@@ -11,29 +11,48 @@ forks a child that runs ``cli.main`` exactly as the job's own process would -- s
 same log, same exit status -- while the client waits and passes on what happens to it:
 
 * SIGTERM / SIGINT / SIGHUP sent to the client (Snakemake cancelling, a preemption) go to
-  the child, which stops as it would (pretraining saves its state and exits 143);
+  the child's process group, from the client itself, which stops as it would (pretraining
+  saves its state and exits 143);
 * a client that dies (SIGKILL) closes its socket: the child gets SIGTERM, and SIGKILL
   ``GRACE_S`` later;
+* a server that dies (SIGKILL) takes its children with it: each asks the kernel for SIGTERM
+  when its parent dies (``PR_SET_PDEATHSIG``), so pretraining saves its state and exits 143
+  and no orphan keeps a cell's lock;
 * the exit status comes back as the child's (128 + N for a child killed by signal N).
 
 Without the variable ``SMALLBATCH_WARM`` (the socket's path), or when nothing answers
-there (a cluster job on another node, a server that stopped), or in a worker of a
+there (a cluster job on another node, a server that stopped: no answer within
+``ACK_TIMEOUT_S``), or when the socket's server runs as another user, or in a worker of a
 multi-process launch (``RANK`` set), the command runs in its own process as before.  The
-server never runs a torch operation, opens a store or starts a thread before forking, so
-each child starts as a fresh process would (tests/test_warm.py: bit-identical checkpoints).
+server serves only connections of its own user (``SO_PEERCRED``).
+
+Threads at fork: the server imports torch, MLflow (pyarrow starts a jemalloc background
+thread at import) and numpy/scipy (OpenBLAS sizes its worker pool from the server's thread
+variables), but runs no torch operation and opens no store before forking.  A forked child
+holds only the thread that forked; the libraries' pools start again in the child as needed,
+and the child sizes them from the *job's* environment (:func:`apply_thread_env`: OpenBLAS,
+MKL and OpenMP through threadpoolctl, torch's intra-op pool through
+``torch.set_num_threads``), so ``OMP_NUM_THREADS=1`` in a job means one BLAS thread even
+though the server imported numpy with two (tests/test_trust.py).  Each child computes as a
+fresh process would (tests/test_warm.py: bit-identical checkpoints).
 
 Protocol: the client sends 8 bytes (the request's length) with its descriptors 0, 1, 2
-attached (SCM_RIGHTS), then the request as JSON ``{argv, cwd, env}``; afterwards one byte
-per signal to forward.  The server answers 4 bytes: the exit status.
+attached (SCM_RIGHTS), then the request as JSON ``{argv, cwd, env}``.  The server answers
+4 bytes, the child's PID, once the child is started (a client that gave up waiting for
+them has closed its socket, and the server then starts nothing), and 4 bytes, the exit
+status, once it has reaped the child.  A client that sees the child gone and no status
+within ``STATUS_GRACE_S`` (a stopped server) says so in one line.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import select
 import selectors
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -45,6 +64,8 @@ ENV = "SMALLBATCH_WARM"
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 FOLDER_PREFIX = "smallbatch-warm-"
 GRACE_S = 30.0  # after a client vanished: SIGTERM, then SIGKILL this much later
+ACK_TIMEOUT_S = 15.0  # a server that has not started the job by then (stopped, hung): run it here
+STATUS_GRACE_S = 5.0  # the child is gone but no status came: give up waiting after this long
 PRELOAD = ("torch", "torch._dynamo", "torch.optim", "mlflow", "mlflow.tracking",
            "mlflow.store.tracking.sqlalchemy_store", "faiss", "smallbatch.steps", "smallbatch.evaluate",
            "smallbatch.mi", "smallbatch.report", "seaborn", "smallbatch.config:load_config")
@@ -61,22 +82,80 @@ def delegate(argv: list[str]) -> int | None:
     if not path or not argv or argv[0] == "warm-server" or "RANK" in os.environ:
         return None
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.settimeout(ACK_TIMEOUT_S)
     try:
         conn.connect(path)
+        if peer_uid(conn) != os.getuid():
+            raise OSError("the socket's server runs as another user")
         payload = json.dumps({"argv": [sys.argv[0] or "smallbatch", *argv], "cwd": os.getcwd(),
                               "env": dict(os.environ)}).encode()
         socket.send_fds(conn, [len(payload).to_bytes(8, "big")], [0, 1, 2])
         conn.sendall(payload)
-    except OSError:
+        ack = _recv_exact(conn, 4)
+    except OSError:  # refused, timed out (a stopped server), another user's: nothing was started
+        ack = None
+    if ack is None:
         conn.close()
-        return None  # nothing was started: run here
+        return None  # run here
+    child = int.from_bytes(ack, "big")
     for sig in FORWARDED:
-        signal.signal(sig, lambda n, _f: _send_quietly(conn, bytes([n])))
-    status = _recv_exact(conn, 4)
-    if status is None:
-        print("smallbatch: error: the warm-start server stopped before the command finished", file=sys.stderr)
-        return 1
-    return int.from_bytes(status, "big", signed=True)
+        signal.signal(sig, lambda n, _f: _kill_group(child, n))
+    return _wait_status(conn, child)
+
+
+def peer_uid(conn: socket.socket) -> int:
+    """The user id of the process at the other end of a Unix socket (SO_PEERCRED)."""
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1]
+
+
+def _wait_status(conn: socket.socket, child: int) -> int:
+    """The 4 bytes of the child's exit status; 1 with one line when the server closed the
+    connection, or the child is gone and no status came within STATUS_GRACE_S (a server
+    stopped or killed while its child ran)."""
+    conn.settimeout(1.0)
+    buf, gone_since = b"", None
+    while len(buf) < 4:
+        try:
+            chunk = conn.recv(4 - len(buf))
+        except TimeoutError:
+            if not _running(child):
+                gone_since = gone_since or time.monotonic()
+                if time.monotonic() - gone_since > STATUS_GRACE_S:
+                    print(f"smallbatch: error: the command's process {child} ended but the warm-start server did not "
+                          "report its exit status (server stopped?); see the job's log, and rerun the job",
+                          file=sys.stderr)
+                    return 1
+            continue
+        except OSError:
+            chunk = b""
+        if not chunk:
+            print("smallbatch: error: the warm-start server stopped before the command finished", file=sys.stderr)
+            return 1
+        buf += chunk
+    return int.from_bytes(buf, "big", signed=True)
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (not gone, not a zombie nobody reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[-1].split()[0] not in (b"Z", b"X")
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return _alive(pid)
+
+
+def _client_gone(conn: socket.socket) -> bool:
+    """The client closed its end (it gave up waiting): nothing is to be started for it."""
+    readable, _, _ = select.select([conn], [], [], 0)
+    if not readable:
+        return False
+    try:
+        return conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except OSError:
+        return True
 
 
 def _send_quietly(conn: socket.socket, data: bytes) -> None:
@@ -110,6 +189,7 @@ class _Server:
         self.children: dict[int, tuple[socket.socket, float, str]] = {}  # pid -> (client, start, what it runs)
         self.kill_at: dict[int, float] = {}  # pid -> when SIGKILL follows (client gone)
         self.stop = False
+        self.pid = os.getpid()
 
     def loop(self, preload: list[str]) -> None:
         """Serve; between requests import the next module of ``preload`` (the first jobs
@@ -141,10 +221,18 @@ class _Server:
         conn.settimeout(10.0)
         fds: list[int] = []
         try:
+            if peer_uid(conn) != os.getuid():  # only this user's jobs: the request carries an environment
+                raise OSError("a connection of another user")
             head, fds, _flags, _addr = socket.recv_fds(conn, 8, 3)
             body = _recv_exact(conn, int.from_bytes(head, "big")) if len(head) == 8 and len(fds) == 3 else None
             request = json.loads(body) if body else None
-        except (OSError, ValueError):
+            if request is not None and _client_gone(conn):
+                print(f"{time.strftime('%H:%M:%S')} a client gave up waiting before its command started: "
+                      f"not started ({_what(request)})", flush=True)
+                request = None
+        except (OSError, ValueError) as exc:
+            if "another user" in str(exc):
+                print(f"{time.strftime('%H:%M:%S')} refused a connection of another user", flush=True)
             request = None
         if request is None:
             for fd in fds:
@@ -163,6 +251,7 @@ class _Server:
         for fd in fds:
             os.close(fd)
         conn.settimeout(None)
+        _send_quietly(conn, pid.to_bytes(4, "big"))  # started: the client now waits for the status
         self.children[pid] = (conn, time.monotonic(), _what(request))
         print(f"{time.strftime('%H:%M:%S')} child {pid} started: {self.children[pid][2]}", flush=True)
         self.sel.register(conn, selectors.EVENT_READ, pid)
@@ -170,6 +259,7 @@ class _Server:
     def _child(self, request: dict, fds: list[int], conn: socket.socket) -> None:
         code = 1
         try:
+            _die_with_parent(self.pid)
             self.sel.close()
             self.sock.close()
             conn.close()
@@ -185,6 +275,7 @@ class _Server:
             os.chdir(request["cwd"])
             os.environ.clear()
             os.environ.update({k: v for k, v in request["env"].items() if k != ENV})
+            apply_thread_env(os.environ)
             sys.argv = list(request["argv"])
             from .cli import main
 
@@ -247,6 +338,50 @@ class _Server:
                 Path(self.path).parent.rmdir()
             except OSError:
                 pass
+
+
+def _die_with_parent(parent: int) -> None:
+    """Ask the kernel for SIGTERM when the server dies (Linux ``prctl(PR_SET_PDEATHSIG)``), so
+    a SIGKILLed server leaves no orphan training on; a child whose server is already gone
+    exits at once.  Elsewhere a no-op."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:
+        os._exit(128 + int(signal.SIGTERM))
+
+
+def apply_thread_env(env) -> None:
+    """Size the thread pools of libraries already imported (by the server, before this process
+    forked) from the job's variables: OpenBLAS / MKL / OpenMP through threadpoolctl, torch's
+    intra-op pool with ``torch.set_num_threads``.  Unset or unusable values change nothing."""
+    def count(*names: str) -> int | None:
+        for name in names:
+            try:
+                n = int(env.get(name, ""))
+            except ValueError:
+                continue
+            if n >= 1:
+                return n
+        return None
+
+    blas = count("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
+    omp = count("OMP_NUM_THREADS")
+    limits = {k: v for k, v in (("blas", blas), ("openmp", omp)) if v is not None}
+    if limits:
+        try:
+            from threadpoolctl import threadpool_limits
+
+            threadpool_limits(limits=limits)
+        except Exception:  # noqa: BLE001 - no threadpoolctl, or a library it cannot drive
+            pass
+    if omp is not None and "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(omp)
 
 
 def _what(request: dict) -> str:
