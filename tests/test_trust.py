@@ -585,3 +585,41 @@ def _only_its_own_user(serve, folder: Path) -> None:
     assert os.waitstatus_to_exitcode(status) == 0
     wait_for(lambda: "refused a connection of another user" in log.read_text(), proc, "the refusal")
     assert not re.search(r"child \d+ started", log.read_text())
+
+
+# --------------------------------------------------------------------------- a full disk
+class StatvfsFull:
+    f_bavail, f_frsize = 0, 4096
+
+
+DISK_FULL = [  # (how the write fails, is the disk full?)
+    ("ENOSPC from a plain write", OSError(28, "No space left on device"), False),
+    ("torch.save's error on a full file system", RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64"), True),
+]
+
+
+@pytest.mark.parametrize("name,error,full_fs", DISK_FULL, ids=[r[0] for r in DISK_FULL])
+def test_a_full_disk_says_so_and_names_the_file(name, error, full_fs, tmp_path, monkeypatch, capsys):
+    from smallbatch import io
+
+    if full_fs:
+        monkeypatch.setattr(io.os, "statvfs", lambda folder: StatvfsFull())
+
+    def write(fh):
+        raise error
+
+    target = tmp_path / "runs" / "c" / "state.pt"
+    with pytest.raises(OSError) as info:
+        io.atomic_write(target, write)
+    assert cli._error_line(info.value) == f"{target}: no space left on device"
+    assert list(target.parent.iterdir()) == [], "a temporary file was left"
+
+
+def test_another_runtime_error_on_a_disk_with_space_is_not_called_full(tmp_path):
+    from smallbatch import io
+
+    def write(fh):
+        raise RuntimeError("something else")
+
+    with pytest.raises(RuntimeError, match="something else"):
+        io.atomic_write(tmp_path / "x", write)

@@ -45,7 +45,9 @@ def check_cell_id(cid: Any, source: str = "cell id") -> str:
 
 def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> Path:
     """Call ``write(fh)`` on a temporary binary file next to ``path``, fsync it and move it
-    to ``path``.  The folder is created; on any error the temporary file is removed."""
+    to ``path``.  The folder is created; on any error the temporary file is removed, and a
+    full disk is an OSError "no space left on device" naming ``path`` (torch.save's own
+    error for it names neither)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -55,13 +57,29 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> Path:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if _disk_full(exc, path.parent):
+            raise OSError(errno.ENOSPC, "no space left on device", str(path)) from None
         raise
     return path
+
+
+def _disk_full(exc: BaseException, folder: Path) -> bool:
+    """Whether a failed write failed because ``folder``'s file system is full: ENOSPC / EDQUOT,
+    or another library's error (torch.save: "unexpected pos") on a file system without space."""
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    if not isinstance(exc, RuntimeError):
+        return False
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < (1 << 20)
 
 
 def json_text(obj: Any, allow_nan: bool = True) -> str:
