@@ -623,3 +623,26 @@ def test_another_runtime_error_on_a_disk_with_space_is_not_called_full(tmp_path)
 
     with pytest.raises(RuntimeError, match="something else"):
         io.atomic_write(tmp_path / "x", write)
+
+
+def test_a_stopped_tracking_server_fails_the_step_in_one_line(tmp_path):
+    """A server that accepts connections but never answers (SIGSTOPped): the bounded HTTP
+    timeouts (tracking._mlflow) end the step with one line instead of minutes of waiting."""
+    import socket
+    import time
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)  # the kernel completes connections; nobody ever reads or answers
+    uri = f"http://127.0.0.1:{silent.getsockname()[1]}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_HTTP_REQUEST")}
+    t0 = time.monotonic()
+    try:
+        res = subprocess.run([str(BIN / "smallbatch"), "init-store", "--tracking-uri", uri, "--experiment", "x"],
+                             capture_output=True, text=True, timeout=120, env=env)  # a hang guard
+    finally:
+        silent.close()
+    print(f"a silent tracking server failed the step after {time.monotonic() - t0:.1f} s")
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.returncode == 2 and len(lines) == 1, res.stderr[-2000:]
+    assert lines[0].startswith(f"smallbatch: error: MLflow tracking store {uri} failed while "), lines[0]

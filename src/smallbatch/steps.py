@@ -133,7 +133,8 @@ def _pretrain_in(world, cell: dict, out_dir: Path, tracking_uri, experiment: str
                                  before_save=_before_save(run), restart=restart, progress=progress,
                                  meta={"run_id": run.run_id} if run else {}, world=world, labels=d.pretrain_y)
         except BaseException as exc:
-            _flush_quietly(run)
+            if not isinstance(exc, TrackingError):  # the store failing: not asked again (another timeout)
+                _flush_quietly(run)
             if run is not None and isinstance(exc, Exception) and not isinstance(exc, (Preempted, TrackingError)):
                 run.mark_failed(exc)  # setup included: never left RUNNING (a retry resumes the run)
             raise
