@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from scipy import stats
 
 from report_store import StoreBuilder
 
@@ -27,10 +28,12 @@ ALL_LOSSES = ("infonce", "flatnce", "dcl")
 
 
 def _acc(loss: str, bs: int, t: float, seed: int, metric: str, slopes: dict[str, float]) -> float:
-    """Designed top-1 (%): linear in log2(batch size) with a per-loss slope, seed noise."""
+    """Designed top-1 (%): linear in log2(batch size) with a per-loss slope, seed noise that differs between
+    losses and batch sizes (so seed-paired differences have a spread to test)."""
     base = {"infonce": 80.0, "flatnce": 78.0, "dcl": 79.0, "eqco": 77.0}[loss]
     val = base - slopes[loss] * math.log2(256 / bs) - (3.0 if metric == "knn" else 0.0) - 4.0 * (t - 0.1)
-    return val + (0.4 if seed == 0 else -0.3) + 0.05 * seed * (bs % 7)
+    rank = {"infonce": 0, "flatnce": 1, "dcl": 2, "eqco": 3, "dclw": 4}[loss]
+    return val + (0.4 if seed == 0 else -0.3) + 0.05 * seed * ((bs * (rank + 1)) % 7)
 
 
 def _cell_params(dataset: str, loss: str, bs: int, t: float, seed: int) -> dict:
@@ -155,10 +158,10 @@ def test_main_table_reproduces_designed_values(main_store, metric):
     assert len(got_ok) == len(exp)
     for (loss, t, bs), row in exp.iterrows():
         g = got_ok.loc[(loss, t, bs)]
-        assert g["mean"] == pytest.approx(row["mean"], abs=1e-9)
+        assert g["mean"] == pytest.approx(row["mean"], rel=1e-6)  # the CSV keeps 7 significant digits
         assert g["n_seeds"] == row["n"]
         if row["n"] > 1:
-            assert g["std"] == pytest.approx(row["std"], abs=1e-9)
+            assert g["std"] == pytest.approx(row["std"], rel=1e-6)
         else:
             assert math.isnan(g["std"]) and "± —" in g["display"]
     # the superseded run (top-1 1.0) does not count: newest run per cell id
@@ -181,7 +184,20 @@ def test_dependence_table_and_gain(main_store):
     best = max(exp[("infonce", 0.1, b)] for b in (16, 64, 256))
     assert row["best_mean"] == pytest.approx(best)
     assert row["drop_bs16"] == pytest.approx(best - exp[("infonce", 0.1, 16)])
-    assert row["loss_large_to_small"] == pytest.approx(exp[("infonce", 0.1, 256)] - exp[("infonce", 0.1, 16)])
+    assert row["change_small_minus_large"] == pytest.approx(exp[("infonce", 0.1, 16)] - exp[("infonce", 0.1, 256)])
+    # its test recomputed: seed-paired differences, Student t, Holm over the losses of τ = 0.1 with a test
+    d = main_store["design"].set_index(["loss", "t", "bs", "seed"])["linear"]
+    p_raw = {}
+    for loss in ALL_LOSSES:
+        diffs = [d[(loss, 0.1, 16, s)] - d[(loss, 0.1, 256, s)] for s in (0, 1)]
+        p_raw[loss] = stats.ttest_1samp(diffs, 0.0).pvalue
+        if loss == "infonce":
+            h = stats.t.ppf(0.975, 1) * np.std(diffs, ddof=1) / math.sqrt(2)
+            assert (row["ci_low"], row["ci_high"]) == pytest.approx((np.mean(diffs) - h, np.mean(diffs) + h))
+    order = sorted(p_raw, key=p_raw.get)
+    holm = np.maximum.accumulate([min(1.0, (3 - i) * p_raw[k]) for i, k in enumerate(order)])
+    assert row["p_holm"] == pytest.approx(holm[order.index("infonce")]) and row["holm_family"] == 3
+    assert row["test"] == "paired t" and row["n_pairs"] == 2
     md = (main_store["out"] / "tables" / "grid_dependence_digits_linear.md").read_text()
     assert "diverged" in md  # DCL at batch 16, tau 0.5
     # gain over the best baseline (linear: raw_pixels 74.0 vs random_init mean 76.0 -> random_init)
@@ -209,20 +225,35 @@ def test_findings_name_the_least_dependent_loss(main_store):
     for m in ("kNN top-1", "linear top-1"):
         for t in ("0.1", "0.5"):
             para = next(ln for ln in text.splitlines() if f"at τ={t} ({m})" in ln)
-            assert "depends least on batch size is **FlatNCE**" in para, para
+            assert "**InfoNCE** depends" in para and "**FlatNCE** least" in para, para
     lin01 = next(ln for ln in text.splitlines() if "at τ=0.1 (linear top-1)" in ln)
-    assert "depends most is **InfoNCE**" in lin01
+    assert "**InfoNCE** depends most on batch size" in lin01 and "(paired t, 2 seeds, Holm p = " in lin01
     exp = _expected(main_store["design"], "linear")["mean"]
-    assert f"InfoNCE {exp[('infonce', 0.1, 16)] - exp[('infonce', 0.1, 256)]:+.1f}" in lin01
+    assert f"InfoNCE = {exp[('infonce', 0.1, 16)] - exp[('infonce', 0.1, 256)]:+.1f} [" in lin01
     assert "EqCo is left out of the ranking (batch 16: ok, batch 256: pending)" in lin01
     lin05 = next(ln for ln in text.splitlines() if "at τ=0.5 (linear top-1)" in ln)
-    assert "depends most is **DCL**, which diverged at batch 16" in lin05
+    assert "**DCL** depends most on batch size: it diverged at batch 16" in lin05
+    assert "**InfoNCE** depends more on batch size and **FlatNCE** least" in lin05
     # baseline comparison counted independently (diverged and pending cells count as not beating)
     exp_all = _expected(main_store["design"], "linear")
     n_cells = len(main_store["design"].groupby(["loss", "t", "bs"]))
     beat = int((exp_all["mean"] > 76.0).sum())
-    assert f"On digits, {beat} of {n_cells} grid cells beat the best baseline's linear top-1 (random_init, 76.0%)" \
-        in text
+    line = next(ln for ln in text.splitlines() if "grid cells have a mean above the best baseline's linear" in ln)
+    assert line.startswith(f"- On digits, {beat} of {n_cells} grid cells have a mean above the best baseline's "
+                           "linear top-1 (random_init, 76.0%)")
+    # each cell tested against random_init's seeds (paired by seed), Holm over the tested cells
+    base = {0: 76.5, 1: 75.5}
+    d = main_store["design"].dropna(subset=["linear"]).groupby(["loss", "t", "bs"])
+    ps, ds = [], []
+    for _, g in d:
+        diffs = [v - base[s] for s, v in zip(g["seed"], g["linear"])]
+        if len(diffs) == 2 and np.std(diffs) > 0:
+            ps.append(stats.ttest_1samp(diffs, 0.0).pvalue)
+            ds.append(np.mean(diffs))
+    order = np.argsort(ps)
+    adj = np.maximum.accumulate([min(1.0, (len(ps) - i) * ps[j]) for i, j in enumerate(order)])
+    up = sum(1 for a, j in zip(adj, order) if a < 0.05 and ds[j] > 0)
+    assert f"(cell − baseline, paired t by seed, Holm over {len(ps)} cells), {up} are significantly above" in line
     assert "diverged" in text and "| diverged |" in (main_store["out"] / "tables" / "diverged_runs.md").read_text()
     # runs of other study sections are counted, not dropped silently
     assert "of experiment 'mi' (kind 'mi')" in text and "of experiment 'custom' (kind 'cell')" in text
@@ -298,8 +329,7 @@ def test_flipped_data_flips_the_finding(store_uri, tmp_path, monkeypatch):
     assert "no `diag/mi_fraction` history for InfoNCE runs; MI-saturation figure skipped" in text
     assert (tmp_path / "rep" / "figures" / "accuracy_vs_batch_digits.png").stat().st_size > 0
     para = next(ln for ln in text.splitlines() if "at τ=0.1 (linear top-1)" in ln)
-    assert "depends least on batch size is **InfoNCE**" in para
-    assert "depends most is **FlatNCE**" in para
+    assert "**FlatNCE** depends most on batch size and **InfoNCE** least" in para, para
     assert "at τ=0.2 (linear top-1): only batch size 32 was run" in text
     assert "no baseline" in text
     got = pd.read_csv(tmp_path / "rep" / "tables" / "grid_top1_digits_linear.csv")
@@ -367,22 +397,32 @@ def _synthetic_runs(values: dict[tuple[str, int], list[float]]) -> pd.DataFrame:
 
 def _sentence(values) -> str:
     agg = report.aggregate_cells(_synthetic_runs(values), ["dataset", "temperature", "loss", "label", "batch_size"],
-                                 1.0, {"linear": "linear/top1"})
+                                 1.0, {"linear": "linear/top1"}, values=True)
     return grid_findings.dependence_finding(grid_findings.dependence(agg), "d", "linear", 0.1)
 
 
-def test_finding_sentence_ties_and_seed_noise():
-    tie = _sentence({("infonce", 16): [70.0, 72.0], ("infonce", 64): [75.0, 77.0],
-                     ("flatnce", 16): [60.0, 62.0], ("flatnce", 64): [65.0, 67.0]})
-    assert "all 2 losses lose the same 5.0 points" in tie and "**" not in tie
-    small_best = _sentence({("infonce", 16): [75.0, 77.0], ("infonce", 64): [70.0, 72.0],
-                            ("flatnce", 16): [65.0, 67.0], ("flatnce", 64): [64.0, 66.0]})
-    assert "Every loss is at its best at batch 16" in small_best and "InfoNCE +5.0, FlatNCE +1.0" in small_best
-    # FlatNCE loses 1.0, DCL 1.5, InfoNCE 5.0; seed spread (sd 2.0, n 2) hides FlatNCE's 0.5-point lead
-    noisy = _sentence({("infonce", 16): [68.0, 72.0], ("infonce", 64): [73.0, 77.0],
-                       ("flatnce", 16): [67.0, 71.0], ("flatnce", 64): [68.0, 72.0],
-                       ("dcl", 16): [66.5, 70.5], ("dcl", 64): [68.0, 72.0]})
-    assert "depends least on batch size is **FlatNCE** (1.0 points)" in noisy
-    assert "depends most is **InfoNCE** (5.0 points)" in noisy
-    assert "Its lead over DCL (0.5 points) is within two standard errors" in noisy
-    assert "InfoNCE -5.0, FlatNCE -1.0, DCL -1.5 points" in noisy
+def test_finding_sentence_ranks_only_with_a_test():
+    # equal changes: no ranking, the largest pair is called indistinguishable with its MDE
+    tie = _sentence({("infonce", 16): [70.0, 72.0, 71.0], ("infonce", 64): [75.0, 77.0, 75.5],
+                     ("flatnce", 16): [60.0, 62.0, 61.2], ("flatnce", 64): [65.0, 67.0, 66.5]})
+    assert "**" not in tie and "indistinguishable at these seeds" in tie and "MDE at 80 % power = " in tie
+    assert "InfoNCE = -4.8 [" in tie and "FlatNCE = -5.1 [" in tie and "|Δ FlatNCE| − |Δ InfoNCE| = +0.3 [" in tie
+    # the small batch ahead: a positive Δ, the same sign convention (small − large)
+    small_best = _sentence({("infonce", 16): [75.0, 77.0, 76.0], ("infonce", 64): [70.0, 72.0, 71.5],
+                            ("flatnce", 16): [65.0, 67.0, 66.0], ("flatnce", 64): [64.0, 66.0, 64.6]})
+    assert "InfoNCE = +4.8 [" in small_best and "FlatNCE = +1.1 [" in small_best
+    # FlatNCE −1.0, DCL −1.5, InfoNCE −5.0 with little seed noise in the changes: a ranking with its test
+    clear = _sentence({("infonce", 16): [68.0, 72.0, 70.1], ("infonce", 64): [73.0, 77.0, 75.3],
+                       ("flatnce", 16): [67.0, 71.0, 69.1], ("flatnce", 64): [68.0, 72.0, 70.0],
+                       ("dcl", 16): [66.5, 70.5, 68.6], ("dcl", 64): [68.0, 72.0, 70.0]})
+    assert "**InfoNCE** depends most on batch size and **FlatNCE** least" in clear
+    assert "|Δ InfoNCE| − |Δ FlatNCE| = +4.1 [" in clear and "(paired t, 3 seeds, Holm p = " in clear
+    # the same means with noisy seed differences: not ranked
+    noisy = _sentence({("infonce", 16): [68.0, 72.0, 70.0], ("infonce", 64): [71.0, 79.0, 75.0],
+                       ("flatnce", 16): [67.0, 71.0, 69.0], ("flatnce", 64): [70.0, 70.0, 70.0],
+                       ("dcl", 16): [66.5, 70.5, 68.5], ("dcl", 64): [68.0, 72.0, 70.0]})
+    assert "**" not in noisy and "indistinguishable at these seeds" in noisy and "MDE at 80 % power" in noisy
+    # one seed: nothing is tested, nothing ranked
+    one = _sentence({("infonce", 16): [68.0], ("infonce", 64): [73.0], ("flatnce", 16): [67.0],
+                     ("flatnce", 64): [68.0]})
+    assert "cannot be ranked" in one and "(untested: one seed)" in one and "**" not in one

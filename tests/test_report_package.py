@@ -8,7 +8,6 @@ The command-line checks run ``smallbatch report`` as a subprocess, as a user wou
 from __future__ import annotations
 
 import ast
-import math
 import os
 import re
 import socket
@@ -136,15 +135,16 @@ def test_collapsed_cells_are_shown_beside_diverged_ones(tmp_path):
 
 
 # --------------------------------------------------------------------------- one noise rule
-def test_two_standard_errors_and_the_verdict_wording():
-    assert evidence.two_se((2.0, 2), (2.0, 2)) == pytest.approx(2 * math.sqrt(4.0))
-    assert math.isnan(evidence.two_se((2.0, 2), (1.0, 1)))
-    assert evidence.within_noise(-1.0, 1.0) is True and evidence.within_noise(1.1, 1.0) is False
-    assert evidence.within_noise(5.0, math.nan) is None
+def test_paired_interval_and_the_verdict_wording():
+    # the helpers themselves are tested in tests/test_evidence.py; here: the wording every section shares
+    clear = evidence.paired({0: -2.0, 1: -2.1, 2: -1.9}, {0: 0.0, 1: 0.0, 2: 0.0})
+    noisy = evidence.paired({0: -2.0, 1: 1.0, 2: -0.5}, {0: 0.0, 1: 0.0, 2: 0.0})
+    assert clear.significant is True and noisy.within_noise is True
     for holds in (True, False):
-        assert "neither support nor refute" in evidence.support(holds, True)
-        assert ("our numbers support" in evidence.support(holds, False)) == holds
-    assert evidence.support(True, None, "the hypothesis") == "our numbers support the hypothesis"
+        assert "neither support nor refute" in evidence.support(holds, noisy)
+        assert ("our numbers support" in evidence.support(holds, clear)) == holds
+    assert evidence.support(True, None, "the hypothesis") == \
+        "our numbers cannot test the hypothesis (no noise estimate)"
 
 
 # --------------------------------------------------------------------------- layers
@@ -174,18 +174,19 @@ def test_every_listed_section_is_a_module_with_build():
 
 
 def test_precision_verdict_is_never_support_within_seed_noise():
-    """fp64 closes 67% of the gap, but InfoNCE's fp32 → fp64 change (+4.0) is within 2 SE (11.3) of its seeds."""
+    """fp64 closes 67% of the gap, but InfoNCE's fp32 → fp64 change (+4.0) is within noise (paired t, 2 seeds)."""
     from smallbatch.report.aggregate import aggregate_cells
     from smallbatch.report.precision_findings import gap_finding, gaps
 
     values = {("flatnce", "fp32"): (79.0, 81.0), ("flatnce", "fp64"): (79.0, 81.0),
-              ("infonce", "fp32"): (70.0, 78.0), ("infonce", "fp64"): (74.0, 82.0)}
+              ("infonce", "fp32"): (70.0, 78.0), ("infonce", "fp64"): (75.0, 81.0)}
     runs = pd.DataFrame([{"run_id": f"{lo}{p}{s}", "status": "finished", "dataset": "d", "loss": lo, "label": lo,
-                          "batch_size": 16, "temperature": 0.1, "precision": p, "metrics.linear/top1": v}
+                          "batch_size": 16, "temperature": 0.1, "precision": p, "metrics.linear/top1": v, "seed": s}
                          for (lo, p), vals in values.items() for s, v in enumerate(vals)])
     agg = aggregate_cells(runs, ["dataset", "temperature", "loss", "label", "batch_size", "precision"], 1.0,
-                          {"linear": "linear/top1"})
+                          {"linear": "linear/top1"}, values=True)
     f = gap_finding(gaps(agg), agg, "d", "linear", 0.1)
-    assert "fp64 closes 67% of the gap, most of it: our numbers neither support nor refute the hypothesis." in f
-    assert "(+4.0 points) is within two standard errors of the seed spread (11.3)" in f
+    assert "fp64 closes 67% of the gap, most of it: our numbers neither support nor refute the hypothesis" in f
+    # seed differences 5 and 3: t = 4 with one degree of freedom, p = 0.16, interval 4 ± 12.7
+    assert "is +4.0 [-8.7, +16.7] (paired t, 2 seeds, p = 0.16)" in f
     assert "support the hypothesis" not in f.replace("neither support nor refute the hypothesis", "")

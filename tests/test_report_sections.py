@@ -16,10 +16,11 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
+from scipy import stats
 
 from smallbatch import report
 from smallbatch.losses import display_name
-from smallbatch.report import ess, ksweep, precision_findings, sweep, tsweep
+from smallbatch.report import ess, evidence, ksweep, precision_findings, sweep, tsweep
 
 N_IMAGES = 1797
 STEPS = 6
@@ -91,7 +92,7 @@ def precision_design(flip: bool) -> list[dict]:
                         lin = 79.0 + (0.3 if seed == 0 else -0.3)
                     else:
                         lin = {"fp32": 70.0, "bf16": 66.0, "fp64": 71.0 if flip else 78.0}[prec] + (
-                            0.3 if seed == 0 else -0.3)
+                            0.3 if seed == 0 else -0.3) + 0.1 * seed * ("fp64", "fp32", "bf16").index(prec)
                     status = "diverged" if (loss, bs, prec, seed) == ("infonce", 16, "bf16", 1) else "finished"
                     big = (loss == "infonce") != flip
                     base = (1e-2 if bs == 16 else 1e-6) if big else 1e-7
@@ -109,11 +110,16 @@ def ksweep_design(flip: bool) -> list[dict]:
         drop["infonce"], drop["eqco"] = [0.0, 0.1, 0.2], [0.0, 5.0, 10.0]
     base = {"infonce": 75.0, "eqco": 74.0, "dcl": 74.5}
     out = []
-    for loss in ("infonce", "eqco", "dcl"):
-        for k, d in zip((4096, 256, 16), drop[loss]):
+    for li, loss in enumerate(("infonce", "eqco", "dcl")):
+        for ki, (k, d) in enumerate(zip((4096, 256, 16), drop[loss])):
             pending = (loss, k) == ("dcl", 256)
-            out.append({"loss": loss, "K": k, "linear": base[loss] - d, "pending": pending})
+            for seed in KS_SEEDS:
+                noise = 0.02 * ((seed * 7 + ki * 3 + li) % 5)  # differs by seed, K and loss: paired tests apply
+                out.append({"loss": loss, "K": k, "seed": seed, "linear": base[loss] - d + noise, "pending": pending})
     return out
+
+
+KS_SEEDS = (0, 1, 2)
 
 
 def ess_design(flip: bool) -> list[dict]:
@@ -123,7 +129,7 @@ def ess_design(flip: bool) -> list[dict]:
             for seed in (0, 1):
                 fixed = 70.0 if bs == 16 else 80.0
                 gain = (4.0 if not flip else -4.0) if bs == 16 else -0.5
-                lin = fixed + (gain if sched else 0.0) + seed
+                lin = fixed + (gain if sched else 0.0) + seed + (0.2 * seed if sched else 0.0)
                 x = np.linspace(0, 1, STEPS)
                 if sched:
                     target = 0.9 - 0.6 * x
@@ -158,8 +164,8 @@ def build_case(uri: str, name: str, flip: bool) -> dict:
         fin = _final(r["linear"])
         if r["pending"]:
             fin.pop("linear/top1")
-        s.run("ksweep", f"ksweep/digits/{lab}/bs32-t0.1-s0-q{r['K']}",
-              _params("ksweep", r["loss"], 32, 0.1, 0, queue_size=r["K"]), fin, {"epoch": _epochs()})
+        s.run("ksweep", f"ksweep/digits/{lab}/bs32-t0.1-s{r['seed']}-q{r['K']}",
+              _params("ksweep", r["loss"], 32, 0.1, r["seed"], queue_size=r["K"]), fin, {"epoch": _epochs()})
     ess = ess_design(flip)
     for r in ess:
         sch = {"start": 0.9, "end": 0.3, "rate": 1.0} if r["sched"] else None
@@ -258,7 +264,7 @@ def test_precision_tables_match_design(case):
     g32 = m[("flatnce", 16, "fp32")] - m[("infonce", 16, "fp32")]
     g64 = m[("flatnce", 16, "fp64")] - m[("infonce", 16, "fp64")]
     assert gl.loc[(16, "fp64"), "closed_fraction_of_fp32_gap"] == pytest.approx(1 - g64 / g32)
-    assert gl.loc[(16, "fp64"), "closed_fraction_of_fp32_gap"] == pytest.approx(0.1 if case["flip"] else 0.8)
+    assert gl.loc[(16, "fp64"), "closed_fraction_of_fp32_gap"] == pytest.approx(0.1 if case["flip"] else 0.8, abs=0.01)
     md = (case["out"] / "tables" / "precision_gap.md").read_text()
     assert f"{100 * (1 - g64 / g32):.0f}%" in md
 
@@ -286,8 +292,15 @@ def test_precision_findings_follow_the_numbers(case):
     d = pd.DataFrame(case["design"]["prec"])
     m = d[d["status"] == "finished"].groupby(["loss", "bs", "prec"])["linear"].mean()
     gap64 = m[("flatnce", 16, "fp64")] - m[("infonce", 16, "fp64")]
-    assert f"at B=16 the FlatNCE − InfoNCE gap is {gap64:+.1f} in fp64" in f
-    assert "exceeds two standard errors" in f  # InfoNCE's fp64 − fp32 change vs seed spread (2 seeds)
+    assert f"at B=16 the FlatNCE − InfoNCE gap is {gap64:+.1f} [" in f
+    # InfoNCE's fp64 − fp32 change, paired by seed (recomputed: Student t with 1 degree of freedom)
+    v = d[(d.loss == "infonce") & (d.bs == 16)].set_index(["prec", "seed"])["linear"]
+    diffs = [v[("fp64", s)] - v[("fp32", s)] for s in (0, 1)]
+    h = stats.t.ppf(0.975, 1) * np.std(diffs, ddof=1) / math.sqrt(2)
+    pv = stats.ttest_1samp(diffs, 0).pvalue
+    assert (f"from fp32 to fp64 (points, 95 % paired-t interval over seeds) is {np.mean(diffs):+.1f} "
+            f"[{np.mean(diffs) - h:+.1f}, {np.mean(diffs) + h:+.1f}] (paired t, 2 seeds, p = "
+            + (f"{pv:.3f}" if pv < 0.01 else f"{pv:.2f}") + ")") in f
     g = _finding(text, "Gradient rounding error on digits at τ=0.1")
     inf16 = np.concatenate([h["diag/grad_rel_err"] for h in d[(d.loss == "infonce") & (d.bs == 16)]["hist"]]).mean()
     fl16 = np.concatenate([h["diag/grad_rel_err"] for h in d[(d.loss == "flatnce") & (d.bs == 16)]["hist"]]).mean()
@@ -312,16 +325,24 @@ def test_grad_finding_calls_rounding_level_errors_no_support():
     assert "exceeds FlatNCE's: our measurement supports the claim." in precision_findings.grad_finding(summ, "d", 0.1)
 
 
-def _ksweep_row(loss, small, large, std, n=2):
+#: per-seed offsets (× the seed sd) at the small and the large K: different per loss, so every seed-paired
+#: contrast (a loss's change, and EqCo's change minus InfoNCE's) has a spread
+_OFFSETS = {"infonce": ((-1.0, 0.0, 1.0), (0.5, -1.0, 0.5)), "eqco": ((0.5, 0.5, -1.0), (-1.0, 1.0, 0.0))}
+
+
+def _ksweep_row(loss, small, large, std):
+    lo, hi = _OFFSETS[loss]
     return {"dataset": "d", "metric": "linear", "temperature": 0.1, "batch_size": 32, "K_min": 16, "K_max": 4096,
             "loss": loss, "label": {"eqco": "EqCo", "infonce": "InfoNCE"}[loss], "mean_small": small,
             "mean_large": large, "change_large_to_small": small - large, "std_small": std, "std_large": std,
-            "n_small": n, "n_large": n, "state_small": "finished", "state_large": "finished"}
+            "n_small": 3, "n_large": 3, "state_small": "finished", "state_large": "finished",
+            "values_small": {s: small + std * o for s, o in enumerate(lo)},
+            "values_large": {s: large + std * o for s, o in enumerate(hi)}}
 
 
 @pytest.mark.parametrize("inf, eq, std, expected", [
-    ((80.0, 80.5), (80.0, 80.1), 1.0, "so the premise of the claim is not established"),  # drop 0.5 < 2 SE 2.0
-    ((76.0, 80.0), (78.0, 80.0), 1.0, "so these seeds do not separate them"),  # 4.0 vs 2.0, 2 SE of diff 2.8
+    ((80.0, 80.5), (80.0, 80.1), 1.0, "so the premise of the claim is not established"),  # InfoNCE −0.5, noisy
+    ((76.0, 80.0), (78.0, 80.0), 0.5, "so these seeds do not separate them"),  # −4.0 vs −2.0, their difference noisy
     ((76.0, 80.0), (79.9, 80.0), 0.2, "loses less than InfoNCE (0.1 vs 4.0 points): consistent with the claim"),
     ((78.0, 80.0), (76.0, 80.0), 0.2, "our numbers do not support the claim"),
 ])
@@ -329,6 +350,10 @@ def test_ksweep_finding_reads_changes_against_seed_noise(inf, eq, std, expected)
     summ = pd.DataFrame([_ksweep_row("infonce", *inf, std), _ksweep_row("eqco", *eq, std)])
     f = ksweep.finding(summ, "d", "linear", 0.1, 32, float("nan"))
     assert expected in f, f
+    # the tests it states are recomputed: InfoNCE's change, paired by seed, with Holm over three comparisons
+    r = summ.iloc[0]
+    diffs = [r["values_small"][s] - r["values_large"][s] for s in range(3)]
+    assert f"InfoNCE {np.mean(diffs):+.1f} [" in f and "Holm p" in f
 
 
 def test_ksweep_tables_and_finding(case):
@@ -338,12 +363,12 @@ def test_ksweep_tables_and_finding(case):
     for _, r in d.iterrows():
         if r["pending"]:
             assert lin.loc[(r["loss"], r["K"]), "state"] == "pending"
-        else:
-            assert lin.loc[(r["loss"], r["K"]), "mean"] == pytest.approx(r["linear"])
-            assert lin.loc[(r["loss"], r["K"]), "display"].endswith("± —")
+    v = d.groupby(["loss", "K"])["linear"].mean()
+    for (loss, k), mean in v.items():
+        if (loss, k) != ("dcl", 256):
+            assert lin.loc[(loss, k), "mean"] == pytest.approx(mean, rel=1e-6)
     summ = pd.read_csv(case["out"] / "tables" / "ksweep_sensitivity.csv")
     s = summ[summ["metric"] == "linear"].set_index("loss")
-    v = d.set_index(["loss", "K"])["linear"]
     for loss in ("infonce", "eqco", "dcl"):
         assert s.loc[loss, "change_large_to_small"] == pytest.approx(v[(loss, 16)] - v[(loss, 4096)])
     assert s.loc["dcl", "range"] == pytest.approx(v[("dcl", 4096)] - v[("dcl", 16)])  # pending K=256 left out
@@ -356,7 +381,8 @@ def test_ksweep_tables_and_finding(case):
                "not support the claim" in f
     else:
         assert f"EqCo (α=256) loses less than InfoNCE ({de:.1f} vs {di:.1f} points): consistent with the claim" in f
-    assert "single seed" in f
+    assert "Holm over 3): InfoNCE " in f and "(paired t, 3 seeds, Holm p " in f
+    assert "flat within seed noise" in f
     assert f"K=4096 exceeds the {N_IMAGES} pretraining images" in f
     md = (case["out"] / "tables" / "ksweep_top1.md").read_text()
     assert "K=16" in md and "K=4096" in md and "change K 4096→16" in md
@@ -371,8 +397,11 @@ def test_ess_tables_and_finding(case):
     for bs in (16, 256):
         diff = m.loc[(bs, True), "mean"] - m.loc[(bs, False), "mean"]
         assert el.loc[bs, "scheduled_minus_fixed"] == pytest.approx(diff)
-        assert el.loc[bs, "two_se"] == pytest.approx(2 * math.sqrt(m.loc[(bs, True), "std"] ** 2 / 2
-                                                                   + m.loc[(bs, False), "std"] ** 2 / 2))
+        v = d[d["bs"] == bs].set_index(["sched", "seed"])["linear"]
+        diffs = [v[(True, s)] - v[(False, s)] for s in (0, 1)]
+        h = stats.t.ppf(0.975, 1) * np.std(diffs, ddof=1) / math.sqrt(2)
+        assert (el.loc[bs, "ci_low"], el.loc[bs, "ci_high"]) == pytest.approx((diff - h, diff + h), rel=1e-6)
+        assert el.loc[bs, "p"] == pytest.approx(stats.ttest_1samp(diffs, 0).pvalue, rel=1e-6)
     assert set(eff["schedule"]) == {"ESS 0.9→0.3"}
     dyn = pd.read_csv(case["out"] / "tables" / "ess_dynamics.csv").set_index(["batch_size", "schedule"])
     sched = d[d["sched"]].iloc[0]["hist"]
@@ -383,41 +412,53 @@ def test_ess_tables_and_finding(case):
     f = _finding(case["text"], "ESS schedule on digits (FlatNCE, fixed τ=0.1, linear top-1)")
     diff16 = m.loc[(16, True), "mean"] - m.loc[(16, False), "mean"]
     assert f"at B=16 the ESS 0.9→0.3 schedule changes top-1 by {diff16:+.1f} points" in f
-    assert "at B=256 the ESS 0.9→0.3 schedule changes top-1 by -0.5 points" in f
+    diff256 = m.loc[(256, True), "mean"] - m.loc[(256, False), "mean"]
+    assert f"at B=256 the ESS 0.9→0.3 schedule changes top-1 by {diff256:+.1f} points" in f
     if case["flip"]:
         assert "is not better than a fixed τ: our numbers do not support the claim" in f
     else:
         assert "is better than a fixed τ: our numbers support the claim" in f
-    assert "exceeds two standard errors" in f and "held the ESS within 0.001 of its target" in f
+    assert "(paired t, 2 seeds, p = " in f and "held the ESS within 0.001 of its target" in f
 
 
-@pytest.mark.parametrize("diff, two_se, expected", [
-    (0.4, 1.2, "these seeds do not separate the schedule from a fixed τ, so our numbers neither support nor refute"),
-    (-1.2, 1.1, "is not better than a fixed τ: our numbers do not support the claim"),
-    (2.0, 1.0, "is better than a fixed τ: our numbers support the claim"),
+@pytest.mark.parametrize("sched, expected", [
+    ((80.0, 81.5, 79.7), "these seeds do not separate the schedule from a fixed τ, so our numbers neither support nor "
+                         "refute"),
+    ((78.8, 78.6, 79.0), "is not better than a fixed τ: our numbers do not support the claim"),
+    ((82.0, 82.1, 81.8), "is better than a fixed τ: our numbers support the claim"),
+    ((79.0, 78.0, 81.0), "these seeds do not separate"),   # a negative difference within noise
 ])
-def test_ess_finding_says_when_seeds_do_not_separate(diff, two_se, expected):
+def test_ess_finding_says_when_seeds_do_not_separate(sched, expected):
+    fixed = {0: 80.0, 1: 80.1, 2: 79.9}
+    e = evidence.paired(dict(enumerate(sched)), fixed)
+    diff = float(np.mean(sched) - np.mean(list(fixed.values())))
     eff = pd.DataFrame([{"dataset": "d", "metric": "linear", "label": "FlatNCE", "temperature": 0.1,
                          "schedule": "s", "batch_size": 16, "scheduled_minus_fixed": diff,
                          "scheduled_mean": 80 + diff, "fixed_mean": 80.0, "scheduled_state": "finished",
-                         "fixed_state": "finished", "two_se": two_se}])
+                         "fixed_state": "finished", "estimate": e}])
     f = ess.finding(eff, pd.DataFrame(), "d", "linear", "FlatNCE", 0.1, "s")
     assert expected in f, f
     assert ("support the claim" in f) != ("neither" in f)
 
 
 @pytest.mark.parametrize("ranges, sd, expected", [
-    ((1.4, 1.3, 1.2), 0.4, "within two standard errors of seed noise (1.1; pooled seed sd, 2 seeds)"),
-    ((6.0, 1.3, 1.2), 0.4, "All 2 other losses are less sensitive to τ than InfoNCE"),
+    ((1.4, 1.3, 1.2), 0.4, "No loss's range differs significantly from InfoNCE's"),
+    ((6.0, 1.3, 1.2), 0.1, "less sensitive to τ than InfoNCE: flatnce and dcl, so consistent with"),
+    ((1.2, 6.0, 1.3), 0.1, "more sensitive: flatnce; not separable from InfoNCE at these seeds: dcl, so our numbers "
+                           "do not support"),
 ])
 def test_tsweep_finding_reads_range_differences_against_seed_noise(ranges, sd, expected):
+    offsets = {"infonce": ((1, -1, 0), (0, 1, -1)), "flatnce": ((0, 1, -1), (1, 0, -1)), "dcl": ((-1, 0, 1), (1, 1, -2))}
     rows = [{"dataset": "d", "metric": "knn", "batch_size": 64, "temperature_min": 0.05, "temperature_max": 1.0,
              "loss": loss, "label": loss, "n_temperature_with_values": 5, "best_temperature": 0.1,
              "best_mean": 80.0, "range": r, "temperature_diverged": "", "n_diverged_points": 0,
-             "temperature_values": "0.05,0.1,0.2,0.5,1", "pooled_sd": sd, "n_seeds_min": 2}
+             "temperature_values": "0.05,0.1,0.2,0.5,1", "pooled_sd": sd, "n_seeds_min": 3,
+             "values_best": {s: 80.0 + sd * o for s, o in enumerate(offsets[loss][0])},
+             "values_worst": {s: 80.0 - r + sd * o for s, o in enumerate(offsets[loss][1])}}
             for loss, r in zip(("infonce", "flatnce", "dcl"), ranges)]
     f = tsweep.finding(pd.DataFrame(rows), "claim.", "d", "knn", 64)
     assert expected in f, f
+    assert "Holm over" in f and "(paired t, 3 seeds" in f
 
 
 def test_tsweep_tables_finding_and_simclr(case):
@@ -437,11 +478,13 @@ def test_tsweep_tables_finding_and_simclr(case):
     assert f"range of {t5['value'].max() - t5['value'].min():.1f} points" in f
     rng = {k: max(x for x in v if x is not None) - min(x for x in v if x is not None) for k, v in ts.items()}
     assert f"InfoNCE best τ=" in f and f"range {rng['infonce']:.1f}" in f
+    # one seed per cell: no range difference is tested, so none is ranked by its range
     if case["flip"]:
-        assert "None of the 2 other losses is less sensitive to τ than InfoNCE: our numbers do not support" in f
+        assert ("more sensitive: DCL; not separable from InfoNCE at these seeds: FlatNCE, so our numbers do not "
+                "support the claim that they depend less on τ (every seed of one arm failed)") in f
         assert "DCL best τ=0.2 (72.5%), range 0.5, diverged at τ=0.05" in f
     else:
-        assert "All 2 other losses are less sensitive to τ than InfoNCE" in f
+        assert "The ranges cannot be compared with InfoNCE's at these seeds" in f and "(untested: one seed)" in f
     side = pd.read_csv(case["out"] / "tables" / "tsweep_simclr_table5.csv")
     paper = side[side["who"].str.startswith("paper")]
     assert sorted(paper["value"]) == sorted(src[src["source"] == "Table 5"]["value"])
@@ -510,5 +553,6 @@ def test_ksweep_finding_when_eqco_diverges_at_small_k():
     summ = sweep.sweep_summary(agg, ["dataset", "temperature", "batch_size"], "K")
     f = ksweep.finding(summ, "d", "linear", 0.1, 32, math.nan)
     assert "from K=256 to K=16: InfoNCE -4.0, EqCo — (K=16: diverged, K=256: ok)" in f
-    assert "EqCo diverged at K=16 while InfoNCE trained: our numbers do not support the claim." in f
+    assert ("EqCo diverged at K=16 while InfoNCE trained: our numbers do not support the claim (every seed of one "
+            "arm failed).") in f
     assert "exceeds" not in f  # no data set size known: no note about K > N

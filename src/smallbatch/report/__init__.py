@@ -31,8 +31,9 @@ Layers
 :mod:`.aggregate` (cells over seeds); :mod:`.fmt`, :mod:`.tables`,
 :mod:`.context` and :mod:`.figures` (rendering); one module per section, each
 with ``build(runs, ctx) -> SectionOutput | None``, listed in
-:data:`SECTION_MODULES` in index.md's order; :mod:`.evidence` (the one
-two-standard-error rule the findings share); :mod:`.index` (index.md).  Runs no
+:data:`SECTION_MODULES` in index.md's order; :mod:`.evidence` (the one place for
+statistics: seed-paired t intervals, Holm, the minimum detectable effect, verdict
+wording); :mod:`.index` (index.md).  Runs no
 section reported are counted in index.md, never silently dropped.
 """
 

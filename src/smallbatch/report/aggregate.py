@@ -36,7 +36,7 @@ def display(mean: float, std: float, state: str, bad: dict[str, int] | None = No
     """``72.5 ± 0.7``, ``72.5 ± —`` (one seed), ``72.5 ± 0.7 (1/2 diverged)``, or the state."""
     if not finite(mean):
         return str(state)
-    s = f"{mean:.1f} ± {num(std)}"
+    s = f"{num(mean)} ± {num(std)}"
     if bad:
         s += " (" + ", ".join(f"{n}/{n_runs} {st}" for st, n in bad.items()) + ")"
     return s
@@ -54,13 +54,15 @@ def _count_columns(runs: pd.DataFrame) -> list[str]:
 
 
 def aggregate_cells(runs: pd.DataFrame, keys: Sequence[str], scale: float,
-                    metrics: dict[str, str] = METRICS) -> pd.DataFrame:
+                    metrics: dict[str, str] = METRICS, values: bool = False) -> pd.DataFrame:
     """Mean / sample std over seeds of each final metric per group of ``keys``.
 
     Returns one row per group and metric with columns ``*keys, metric, mean, std,
     n_seeds, n_runs, n_diverged, [n_collapsed,] n_failed, state, display`` where
     state is 'ok', 'partial' (some seeds had a bad status), 'diverged',
     'collapsed', 'failed' or 'pending' (``n_collapsed`` only where a run collapsed).
+    ``values=True`` adds ``values``: {seed: top-1} of the seeds that gave a number (what
+    :mod:`.evidence` pairs by seed; not a column for a CSV).
     """
     counts = _count_columns(runs) if len(runs) else ["n_diverged", "n_failed"]
     if runs.empty:
@@ -76,13 +78,21 @@ def aggregate_cells(runs: pd.DataFrame, keys: Sequence[str], scale: float,
             vals = (good[col] if col in good else pd.Series(dtype=float)).astype(float) * scale
             vals = vals[np.isfinite(vals)]
             n = len(vals)
+            extra = {"values": dict(zip(good.loc[vals.index, "seed"] if "seed" in good else vals.index,
+                                        vals.tolist()))} if values else {}
             mean = float(vals.mean()) if n else math.nan
             std = float(vals.std(ddof=1)) if n > 1 else math.nan
             state = _state(n, bad)
             out.append({**dict(zip(keys, gkey)), "metric": m, "mean": mean, "std": std, "n_seeds": n,
                         "n_runs": len(grp), **{c: bad.get(c[2:], 0) for c in counts}, "state": state,
-                        "display": display(mean, std, state, bad if n else None, len(grp))})
+                        "display": display(mean, std, state, bad if n else None, len(grp)), **extra})
     return pd.DataFrame(out)
+
+
+def seed_values(agg: pd.DataFrame, **where: Any) -> dict:
+    """{seed: value} of the first row of an aggregate made with ``values=True`` matching ``where``; {} if none."""
+    r = first_row(agg, **where)
+    return dict(r["values"]) if r is not None and isinstance(r.get("values"), dict) else {}
 
 
 def sort_by_loss(df: pd.DataFrame, by: Sequence[str]) -> pd.DataFrame:

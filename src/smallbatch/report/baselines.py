@@ -31,6 +31,14 @@ def _ranked(agg: pd.DataFrame):
             yield ds, m, g
 
 
+def best_baseline_values(runs: pd.DataFrame, scale: float) -> dict[tuple[str, str], dict]:
+    """(dataset, metric) -> {seed: top-1} of the best baseline (what a cell is tested against)."""
+    agg = aggregate_cells(baseline_runs(runs), ["dataset", "baseline"], scale, values=True)
+    best = best_baselines(runs, scale)
+    return {(ds, m): next((dict(v) for b, v in zip(g["baseline"], g["values"]) if b == best[(ds, m)][0]), {})
+            for (ds, m), g in agg.groupby(["dataset", "metric"], sort=True) if (ds, m) in best}
+
+
 def best_baselines(runs: pd.DataFrame, scale: float) -> dict[tuple[str, str], tuple[str, float]]:
     """(dataset, metric) -> (baseline name, mean top-1) of the best baseline."""
     return {(ds, m): (str(g["baseline"].iloc[0]), float(g["mean"].iloc[0]))

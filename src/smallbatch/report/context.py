@@ -11,6 +11,11 @@ import pandas as pd
 from .tables import Block, write_table_files
 
 
+#: columns of a frame that hold objects for computing (per-seed values, tests), never a table's
+COMPUTING_COLUMNS = ("values", "estimate", "values_smallest", "values_largest", "values_small", "values_large",
+                     "values_best", "values_worst")
+
+
 @dataclass
 class SectionOutput:
     """What a section builder returns.
@@ -63,7 +68,9 @@ class ReportContext:
 
     def write_table(self, name: str, title: str, data: pd.DataFrame, blocks: Sequence[Block] | None = None,
                     note: str | None = None) -> list[Path]:
-        """Write ``tables/<name>.csv`` (``data``, tidy) and ``.md`` / ``.tex`` (``blocks`` for reading)."""
+        """Write ``tables/<name>.csv`` (``data``, tidy) and ``.md`` / ``.tex`` (``blocks`` for reading).
+        Columns that hold per-seed values or estimates for computing (:data:`COMPUTING_COLUMNS`) are not written."""
+        data = data.drop(columns=[c for c in COMPUTING_COLUMNS if c in data.columns])
         files = write_table_files(self.tables_dir, name, title, data, blocks, note)
         self.written += files
         return files

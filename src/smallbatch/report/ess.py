@@ -17,8 +17,8 @@ import pandas as pd
 from ..tracking import BAD_STATUSES
 from .aggregate import aggregate_cells, display, pivot, shown, sort_by_loss
 from .context import ReportContext, SectionOutput
-from .evidence import support, two_se, within_noise
-from .fmt import finite, num, runs_count, short, signed, slug
+from .evidence import Estimate, by_failure, describe, paired, support
+from .fmt import finite, runs_count, short, signed, slug
 from .figures import binned, history, plot_style
 from .runs import METRIC_LABELS, param_num, select_cells
 from .tables import markdown_table
@@ -43,7 +43,7 @@ def schedule_labels(cells: pd.DataFrame) -> pd.Series:
 
 
 def effect(agg: pd.DataFrame) -> pd.DataFrame:
-    """Scheduled minus fixed-τ top-1 per cell, with two standard errors of the difference."""
+    """Scheduled minus fixed-τ top-1 per cell, tested seed by seed (95 % paired-t interval, p; ``estimate``)."""
     keys = ["dataset", "metric", "loss", "label", "temperature", "batch_size"]
     rows = []
     for key, g in agg.groupby(keys, sort=False):
@@ -58,9 +58,13 @@ def effect(agg: pd.DataFrame) -> pd.DataFrame:
                          "scheduled_mean": sch["mean"], "scheduled_std": sch["std"], "scheduled_n": int(sch["n_seeds"]),
                          "scheduled_state": sch["state"],
                          "scheduled_minus_fixed": (sch["mean"] - f["mean"]) if f is not None else math.nan,
-                         "two_se": two_se((sch["std"], sch["n_seeds"]), (f["std"], f["n_seeds"]))
-                         if f is not None else math.nan})
+                         **_test_columns(paired(sch.get("values") or {}, f.get("values") or {})
+                                         if f is not None else Estimate(diff=math.nan))})
     return pd.DataFrame(rows)
+
+
+def _test_columns(e: Estimate) -> dict[str, Any]:
+    return {"ci_low": e.lo, "ci_high": e.hi, "test": e.test, "n_pairs": e.n, "p": e.p, "estimate": e}
 
 
 def _run_stats(rid: str, meta: dict, hs: dict[str, pd.DataFrame]) -> dict[str, Any]:
@@ -108,23 +112,20 @@ def _smallest_batch(r0: pd.Series) -> list[str]:
     if not finite(r0["scheduled_minus_fixed"]):
         if r0["scheduled_state"] in BAD_STATUSES and finite(r0["fixed_mean"]):
             return [f"At the smallest batch ({bmin}) the scheduled runs {r0['scheduled_state']}: "
-                    f"{support(False, None)}."]
+                    f"{by_failure(False)}."]
         if r0["fixed_state"] in BAD_STATUSES and finite(r0["scheduled_mean"]):
             return [f"At the smallest batch ({bmin}) the fixed-τ runs {r0['fixed_state']} and the scheduled ones "
                     "did not: consistent with the claim."]
         return [f"At the smallest batch ({bmin}) the claim cannot be tested yet."]
-    diff, tse = float(r0["scheduled_minus_fixed"]), r0["two_se"]
-    within = within_noise(diff, tse)
-    if within:
-        return [f"At the smallest batch ({bmin}) the difference ({diff:+.1f} points) is within two standard "
-                f"errors of the seed spread ({tse:.1f}): these seeds do not separate the schedule from a fixed "
-                f"τ, so {support(round(diff, 1) > 0, within)}."]
+    diff, e = float(r0["scheduled_minus_fixed"]), r0.get("estimate")
+    e = e if isinstance(e, Estimate) else Estimate(diff=diff)
+    test = f"scheduled − fixed (points, 95 % paired-t interval over seeds) = {describe(e)}"
+    if e.within_noise:
+        return [f"At the smallest batch ({bmin}) {test}: these seeds do not separate the schedule from a fixed "
+                f"τ, so {support(round(diff, 1) > 0, e)}."]
     better = round(diff, 1) > 0
     return [f"At the smallest batch ({bmin}) the schedule is {'better' if better else 'not better'} than a "
-            f"fixed τ: {support(better, within)}.",
-            "With a single seed in a cell there is no error estimate: the difference is not tested against seed "
-            "noise." if within is None else
-            f"The difference ({diff:+.1f} points) exceeds two standard errors of the seed spread ({tse:.1f})."]
+            f"fixed τ: {support(better, e)}; {test}."]
 
 
 def _held(dyn: pd.DataFrame, where: dict) -> list[str]:
@@ -168,7 +169,8 @@ def _effect_blocks(eff: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
         "fixed": [shown_cell(r, "fixed") for _, r in g.iterrows()],
         "scheduled": [shown_cell(r, "scheduled") for _, r in g.iterrows()],
         "scheduled − fixed": [signed(v) for v in g["scheduled_minus_fixed"]],
-        "2 SE": [num(v) for v in g["two_se"]]}).reset_index(drop=True))
+        "95 % CI": [f"[{signed(lo)}, {signed(hi)}]" if finite(lo) else "untested"
+                    for lo, hi in zip(g["ci_low"], g["ci_high"])]}).reset_index(drop=True))
         for (ds, m), g in eff.groupby(["dataset", "metric"], sort=False)]
 
 
@@ -179,7 +181,8 @@ def _tables(cells: pd.DataFrame, agg: pd.DataFrame, ctx: ReportContext, out: Sec
     if len(eff):
         eblocks = _effect_blocks(eff)
         f_eff = ctx.write_table("ess_effect", "ESS schedule: scheduled minus fixed temperature (points)", eff, eblocks,
-                                note="2 SE = two standard errors of the difference (needs ≥ 2 seeds per cell)")
+                                note="95 % CI = paired-t interval of scheduled − fixed over seeds (needs ≥ 2 seeds in "
+                                     "common with a spread)")
         out.files += f_eff
         md.append(f"Scheduled − fixed: {ctx.table_links(f_eff)}\n")
         md += [x for sub, df in eblocks for x in (f"**{sub}**\n", markdown_table(df))]
@@ -206,7 +209,7 @@ def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
     cells["schedule"] = schedule_labels(cells)
     out = SectionOutput("ess", "Side experiment: ESS-scheduled temperature (FlatNCE, Algorithm S1)", "",
                         run_ids=set(cells["run_id"]))
-    agg = aggregate_cells(cells, _KEYS, ctx.scale)
+    agg = aggregate_cells(cells, _KEYS, ctx.scale, values=True)
     agg = sort_by_loss(agg.assign(_s=(agg["schedule"] != FIXED).astype(int)),
                        ["dataset", "metric", "loss", "label", "temperature", "_s", "schedule", "batch_size"]
                        ).drop(columns="_s")

@@ -1,37 +1,225 @@
-"""Whether a measured difference stands out of the seed noise: the one two-standard-error rule,
-and the one wording of a verdict on a paper's claim.
+"""The report's one place for statistics: differences by seed, their intervals and tests, a
+family-wise correction, the smallest effect the seeds could have shown, and verdict wording.
 
-A difference of cell means (or of sums and differences of them) has the standard
-error ``sqrt(Σ sd²/n)`` over its independent cell means; it is *within noise*
-when its size is at most two standard errors.  A verdict worded by
-:func:`support` can never call a difference within noise support.
+Every comparison the report states is a *contrast* of cells — a difference
+``a − b`` or a difference of differences — computed **seed by seed**: the arms of
+one seed share data order and augmentations, so the per-seed contrasts are
+paired observations and their mean is tested with a one-sample Student t
+(``paired t``).  Only where fewer than two seeds are common to every cell but
+each cell has two or more does :func:`contrast` fall back to Welch's unpaired t
+(Welch–Satterthwaite degrees of freedom).  With fewer than two pairs, or seed
+contrasts that are all identical (a spread of exactly 0 is no noise estimate),
+the contrast is *untested*.
+
+:func:`holm` adjusts a family of comparisons (Holm 1979, step-down, strong
+family-wise control): a section passes every comparison it states into one
+family and words each by its adjusted p.  :func:`mde` is the smallest true
+difference a two-sided paired t at level α detects with probability ``power``
+given the observed sd of the seed contrasts and their number (noncentral t).
+
+Wording: a difference is *significant* when its (adjusted) p is below α; a
+verdict from :func:`support` says "support" / "do not support" only then and
+"neither support nor refute … within noise" otherwise, so the two never meet.
+:func:`describe` prints ``d [lo, hi] (paired t, n seeds, Holm p = …)``.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Iterable, Mapping, Sequence
 
-from .fmt import finite
+from .fmt import finite, num, signed
+
+#: two-sided level of every interval and test
+ALPHA = 0.05
+#: the power at which the minimum detectable effect is stated
+POWER = 0.8
+
+Values = Mapping[Any, float]
 
 
-def two_se(*cells: tuple[Any, Any]) -> float:
-    """Two standard errors of a sum or difference of independent cell means, each given as
-    (sample sd, number of seeds); NaN when a cell has fewer than two seeds (no estimate)."""
-    if any(not finite(n) or int(n) < 2 for _, n in cells):
+@dataclass(frozen=True)
+class Estimate:
+    """A contrast with its test.  ``lo``/``hi`` is the (1 − α) interval, ``p`` the raw
+    two-sided p, ``p_adj`` the Holm-adjusted p within its family (= p until :func:`holm`),
+    ``family`` the family's size, ``sd`` the sd of the seed contrasts (paired) and
+    ``n`` the pairs (paired) or the smallest arm (Welch).  ``test`` is 'paired t',
+    'Welch t' or 'untested' (then only ``diff`` may be finite)."""
+
+    diff: float
+    lo: float = math.nan
+    hi: float = math.nan
+    p: float = math.nan
+    p_adj: float = math.nan
+    family: int = 1
+    n: int = 0
+    sd: float = math.nan
+    df: float = math.nan
+    test: str = "untested"
+
+    @property
+    def tested(self) -> bool:
+        return self.test != "untested" and finite(self.p_adj)
+
+    @property
+    def significant(self) -> bool | None:
+        """True when the adjusted p is below α; None when untested."""
+        return bool(self.p_adj < ALPHA) if self.tested else None
+
+    @property
+    def within_noise(self) -> bool | None:
+        """The negation of :attr:`significant` (None when untested)."""
+        return None if not self.tested else not self.significant
+
+    @property
+    def mde(self) -> float:
+        """Minimum detectable effect at :data:`POWER` (paired t only; NaN otherwise)."""
+        return mde(self.sd, self.n) if self.test == "paired t" else math.nan
+
+
+def _t():
+    from scipy import stats
+
+    return stats.t
+
+
+def t_interval(mean: float, se: float, df: float, alpha: float = ALPHA) -> tuple[float, float]:
+    """The two-sided (1 − alpha) Student-t interval ``mean ± t_{1−α/2, df} · se``."""
+    if not (finite(mean) and finite(se) and finite(df) and df > 0):
+        return math.nan, math.nan
+    h = float(_t().ppf(1 - alpha / 2, df)) * se
+    return mean - h, mean + h
+
+
+def _t_test(diff: float, se: float, df: float, n: int, sd: float, test: str) -> Estimate:
+    if not (finite(se) and se > 0 and finite(df) and df > 0):
+        return Estimate(diff=diff, n=n, sd=sd)
+    lo, hi = t_interval(diff, se, df)
+    p = float(2 * _t().sf(abs(diff) / se, df))
+    return Estimate(diff=diff, lo=lo, hi=hi, p=p, p_adj=p, n=n, sd=sd, df=df, test=test)
+
+
+def _clean(v: Values) -> dict:
+    return {k: float(x) for k, x in dict(v).items() if finite(x)}
+
+
+def contrast(terms: Sequence[tuple[float, Values]]) -> Estimate:
+    """Σ coef · mean(cell) with its test; each cell given as {seed: value}.
+
+    Paired t over the seeds every cell has (at least two, and seed contrasts that
+    are not all equal); else Welch's t over each cell's own seeds (every cell at
+    least two seeds with a spread); else untested, with the difference of the
+    cell means (NaN when a cell has no value).
+    """
+    cells = [(float(c), _clean(v)) for c, v in terms]
+    means = [sum(v.values()) / len(v) if v else math.nan for _, v in cells]
+    diff = sum(c * m for (c, _), m in zip(cells, means)) if all(finite(m) for m in means) else math.nan
+    common = sorted(set.intersection(*(set(v) for _, v in cells)), key=str) if cells else []
+    if len(common) >= 2:
+        per_seed = [sum(c * v[s] for c, v in cells) for s in common]
+        n = len(per_seed)
+        d = sum(per_seed) / n
+        sd = math.sqrt(sum((x - d) ** 2 for x in per_seed) / (n - 1))
+        if sd > 0:
+            return _t_test(d, sd / math.sqrt(n), n - 1, n, sd, "paired t")
+        return Estimate(diff=d, n=n, sd=sd)
+    if not all(len(v) >= 2 for _, v in cells):
+        return Estimate(diff=diff, n=len(common))
+    parts = [(c * c * _var(v) / len(v), len(v)) for c, v in cells]
+    if all(finite(w) for w, _ in parts) and sum(w for w, _ in parts) > 0:
+        se2 = sum(w for w, _ in parts)
+        df = se2 ** 2 / sum(w * w / (k - 1) for w, k in parts)
+        return _t_test(diff, math.sqrt(se2), df, min(k for _, k in parts), math.nan, "Welch t")
+    return Estimate(diff=diff, n=len(common))
+
+
+def _var(v: dict) -> float:
+    if len(v) < 2:
         return math.nan
-    return 2.0 * math.sqrt(sum(float(sd) ** 2 / int(n) for sd, n in cells))
+    m = sum(v.values()) / len(v)
+    return sum((x - m) ** 2 for x in v.values()) / (len(v) - 1)
 
 
-def within_noise(diff: Any, tse: Any) -> bool | None:
-    """True when ``|diff|`` is at most ``tse`` (two standard errors); None without an estimate."""
-    if not finite(tse):
-        return None
-    return abs(float(diff)) <= float(tse)
+def paired(a: Values, b: Values) -> Estimate:
+    """``mean(a) − mean(b)`` tested seed by seed (see :func:`contrast`)."""
+    return contrast([(1.0, a), (-1.0, b)])
 
 
-def support(holds: bool, within: bool | None, claim: str = "the claim") -> str:
-    """'our numbers support <claim>' / 'do not support' / 'neither support nor refute' (within noise)."""
-    if within:
-        return f"our numbers neither support nor refute {claim}"
+def holm(estimates: Iterable[Estimate | None]) -> list[Estimate | None]:
+    """The same estimates with Holm-adjusted p over the tested ones (the family); untested and
+    None pass through.  ``family`` is set to the number of tested estimates."""
+    ests = list(estimates)
+    idx = sorted((i for i, e in enumerate(ests) if e is not None and e.tested), key=lambda i: ests[i].p)
+    m, running, out = len(idx), 0.0, list(ests)
+    for rank, i in enumerate(idx):
+        running = max(running, min(1.0, (m - rank) * ests[i].p))
+        out[i] = replace(ests[i], p_adj=running, family=m)
+    return out
+
+
+def mde(sd: float, n: int, power: float = POWER, alpha: float = ALPHA) -> float:
+    """Smallest true mean difference a two-sided paired t test (level ``alpha``, ``n`` pairs,
+    sd of the differences ``sd``) detects with probability ``power``; NaN for n < 2 or no sd."""
+    if not (finite(sd) and finite(n) and int(n) >= 2 and sd > 0):
+        return math.nan
+    from scipy import optimize, stats
+
+    df, se = int(n) - 1, sd / math.sqrt(int(n))
+    crit = float(stats.t.ppf(1 - alpha / 2, df))
+
+    def short_of(delta: float) -> float:
+        nc = delta / se
+        lower = float(stats.nct.cdf(-crit, df, nc))  # NaN far in the tail, where it is 0
+        return float(stats.nct.sf(crit, df, nc)) + (lower if math.isfinite(lower) else 0.0) - power
+
+    hi = se * (crit + 4.0)
+    while short_of(hi) < 0:
+        hi *= 2
+    return float(optimize.brentq(short_of, 0.0, hi, xtol=1e-10 * se))
+
+
+def describe(e: Estimate | None, what: str = "", nd: int = 1) -> str:
+    """``small − large = -0.4 [-1.2, +0.4] (paired t, 3 seeds, Holm p = 0.31 of 6)``; untested
+    contrasts say why (one seed, or identical seed differences)."""
+    head = f"{what} = " if what else ""
+    if e is None or not finite(e.diff):
+        return f"{head}— (no value)"
+    if not e.tested:
+        why = "seed differences identical, no noise estimate" if e.n >= 2 else (
+            "one seed" if e.n == 1 else "fewer than two seeds in common")
+        return f"{head}{signed(e.diff, nd)} (untested: {why})"
+    seeds = f"{e.n} seeds" if e.test == "paired t" else f"≥{e.n} seeds per arm"
+    pt = p_text(e.p_adj)
+    pt = pt if pt.startswith("<") else f"= {pt}"
+    p = f"Holm p {pt} of {e.family}" if e.family > 1 else f"p {pt}"
+    return f"{head}{signed(e.diff, nd)} [{signed(e.lo, nd)}, {signed(e.hi, nd)}] ({e.test}, {seeds}, {p})"
+
+
+def describe_mde(e: Estimate | None, nd: int = 1) -> str:
+    """``MDE at 80 % power = 1.3`` for a paired contrast; '' otherwise."""
+    if e is None or not finite(e.mde):
+        return ""
+    return f"MDE at {round(POWER * 100)} % power = {num(e.mde, nd)}"
+
+
+def p_text(p: float) -> str:
+    """A p value as the report prints it: ``< 0.001``, ``0.004``, ``0.31``."""
+    return "< 0.001" if p < 0.001 else f"{p:.3f}" if p < 0.01 else f"{p:.2f}"
+
+
+def support(holds: bool, e: Estimate | None, claim: str = "the claim") -> str:
+    """'our numbers support <claim>' / 'do not support' only when ``e`` is significant;
+    'neither support nor refute <claim> (within noise)' when it is not; 'cannot test' when untested."""
+    if e is None or not e.tested:
+        return f"our numbers cannot test {claim} (no noise estimate)"
+    if not e.significant:
+        return f"our numbers neither support nor refute {claim} (within noise)"
     return f"our numbers {'support' if holds else 'do not support'} {claim}"
+
+
+
+def by_failure(holds: bool, claim: str = "the claim") -> str:
+    """A verdict that rests on every seed of one arm diverging, collapsing or failing while the other trained
+    (no interval is needed to tell a number from none)."""
+    return f"our numbers {'support' if holds else 'do not support'} {claim} (every seed of one arm failed)"

@@ -28,18 +28,38 @@ def short(v: Any) -> str:
         return str(v)
 
 
+def rounded(x: Any, nd: int = 1) -> float:
+    """The report's one rounding rule: ``nd`` decimals below 1000, three significant digits from 1000
+    on, and a result of zero is +0.0 (never ``-0.0``)."""
+    x = float(x)
+    r = float(f"{x:.3g}") if abs(x) >= 1000 else round(x, nd)
+    return r + 0.0 if r != 0 else 0.0
+
+
 def num(x: Any, nd: int = 1) -> str:
-    """``nd`` decimals; three significant digits from 1000 on; ``—`` for no number."""
+    """:func:`rounded` as text (``86.9``, ``1.23e+03``); ``—`` for no number."""
     if not finite(x):
         return "—"
-    return f"{x:.3g}" if abs(x) >= 1000 else f"{x:.{nd}f}"
+    r = rounded(x, nd)
+    return f"{r:.3g}" if abs(float(x)) >= 1000 else f"{r:.{nd}f}"
 
 
 def signed(x: Any, nd: int = 1) -> str:
-    """Like :func:`num` with a sign: ``+2.0``, ``-0.5``."""
+    """Like :func:`num` with a sign: ``+2.0``, ``-0.5``, and ``+0.0`` for anything that rounds to zero."""
     if not finite(x):
         return "—"
-    return f"{x:+.3g}" if abs(x) >= 1000 else f"{x:+.{nd}f}"
+    r = rounded(x, nd)
+    return f"{r:+.3g}" if abs(float(x)) >= 1000 else f"{r:+.{nd}f}"
+
+
+#: significant digits of a number in a CSV: enough for any top-1 or loss value, none of float32's noise
+CSV_DIGITS = 7
+
+
+def csv_number(x: float) -> str:
+    """A float in a tidy CSV: :data:`CSV_DIGITS` significant digits (``86.94999814`` → ``86.95``), no ``-0``."""
+    s = f"{float(x):.{CSV_DIGITS}g}"
+    return "0" if s in ("-0", "0") else s
 
 
 def sci(x: Any) -> str:

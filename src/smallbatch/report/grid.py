@@ -14,11 +14,11 @@ import pandas as pd
 
 from ..losses import loss_rank
 from .aggregate import NO_NUMBER, aggregate_cells, pivot, shown, sort_by_loss
-from .baselines import best_baselines
+from .baselines import best_baseline_values, best_baselines
 from .context import ReportContext, SectionOutput
 from .fmt import signed, slug
 from .grid_figures import FIGURES
-from .grid_findings import baseline_finding, dependence, dependence_display, dependence_finding
+from .grid_findings import HIDDEN, baseline_finding, dependence, dependence_display, dependence_finding
 from .runs import METRIC_LABELS, METRICS, select_cells
 from .tables import markdown_table
 
@@ -68,9 +68,11 @@ def _metric_tables(a: pd.DataFrame, d: pd.DataFrame, best: dict, ds: str, m: str
                          note=seed_note + "; * = best temperature for this loss and batch size")
     f3 = ctx.write_table(f"grid_dependence_{slug(ds)}_{m}",
                          f"{ds}: {mlabel} batch-size dependence (points lost from each loss's best batch size)",
-                         d.drop(columns=["states"]), [(None, dependence_display(d))],
+                         d.drop(columns=[c for c in HIDDEN if c in d]), [(None, dependence_display(d))],
                          note="drop@B = best mean top-1 over batch sizes minus mean top-1 at B; "
-                              "Δ = mean at the smallest minus mean at the largest batch size")
+                              "Δ = mean top-1 at the smallest minus at the largest batch size (small − large), "
+                              "its 95 % paired-t interval over seeds and its p Holm-adjusted over the losses "
+                              "of one τ")
     f5 = []
     if np.isfinite(a["best_baseline_top1"]).any():
         a5 = a.assign(gain_disp=[st if st in NO_NUMBER else ("" if not np.isfinite(v) else signed(v))
@@ -102,7 +104,8 @@ def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
         return out
     out.run_ids = set(cells["run_id"])
     best = best_baselines(runs, ctx.scale)
-    agg = _with_gain(sort_by_loss(aggregate_cells(cells, KEYS, ctx.scale),
+    base_values = best_baseline_values(runs, ctx.scale)
+    agg = _with_gain(sort_by_loss(aggregate_cells(cells, KEYS, ctx.scale, values=True),
                                   ["dataset", "metric", "temperature", "loss", "label", "batch_size"]), best)
     dep = dependence(agg)
     seed_note = _seed_note(cells)
@@ -119,7 +122,7 @@ def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
             out.files += files
             md += [text, markdown_table(dependence_display(d))]
             out.findings += [dependence_finding(dep, ds, m, t) for t in sorted(a["temperature"].unique())]
-            out.findings.append(baseline_finding(a, best, ds, m))
+            out.findings.append(baseline_finding(a, best, ds, m, base_values.get((ds, m))))
         for fig in FIGURES:
             files, text = fig(cells[cells["dataset"] == ds], agg[agg["dataset"] == ds], ds, ctx)
             out.files += files

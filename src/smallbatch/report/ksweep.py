@@ -15,7 +15,7 @@ import pandas as pd
 from ..tracking import BAD_STATUSES
 from .aggregate import aggregate_cells, pivot, sort_by_loss
 from .context import ReportContext, SectionOutput
-from .evidence import support, two_se, within_noise
+from .evidence import Estimate, by_failure, contrast, describe, holm, support
 from .fmt import finite, join, runs_count, short, signed
 from .papers import paper_setting, run_setting
 from .runs import METRIC_LABELS, param_num, select_cells
@@ -31,37 +31,41 @@ def setting_text(t: float, b: int) -> str:
     return f"B={int(b)}, τ={short(t)}"
 
 
-def _two_se_change(r: pd.Series) -> float:
-    """Two standard errors of a summary row's change from the largest to the smallest K."""
-    return two_se((r["std_small"], r["n_small"]), (r["std_large"], r["n_large"]))
+def _change(r: pd.Series):
+    """small − large K of one loss, seed by seed (untested from the means where no per-seed values were kept)."""
+    e = contrast([(1.0, r.get("values_small") or {}), (-1.0, r.get("values_large") or {})])
+    return e if finite(e.diff) else Estimate(diff=float(r["mean_small"]) - float(r["mean_large"]))
 
 
 def _compare(i: pd.Series, e: pd.Series, kmin: int) -> list[str]:
-    """InfoNCE's and EqCo's losses from the largest to the smallest K, read against the seed noise."""
+    """InfoNCE's and EqCo's changes from the largest to the smallest K, each tested seed by seed, and
+    their difference (Holm over the three)."""
+    ci, ce = _change(i), _change(e)
+    cd = contrast([(1.0, e.get("values_small") or {}), (-1.0, e.get("values_large") or {}),
+                   (-1.0, i.get("values_small") or {}), (1.0, i.get("values_large") or {})])
+    ti, te, tdiff = holm([ci, ce, cd if finite(cd.diff) else Estimate(diff=ce.diff - ci.diff)])
     di, de = -float(i["change_large_to_small"]), -float(e["change_large_to_small"])
-    tse_i, tse_e = _two_se_change(i), _two_se_change(e)
-    tse_diff = two_se(*((r[f"std_{w}"], r[f"n_{w}"]) for r in (i, e) for w in ("small", "large")))
+    tests = (f"(small − large K, points, 95 % paired-t intervals over seeds, Holm over 3): InfoNCE "
+             f"{describe(ti)}; {e['label']} {describe(te)}; {e['label']} − InfoNCE {describe(tdiff)}.")
     if round(di, 1) <= 0:
         s = [f"InfoNCE does not lose accuracy at small K here ({-di:+.1f} points), so the premise of the claim does "
              "not hold in our setting."]
-    elif within_noise(di, tse_i):
-        s = [f"InfoNCE's loss at small K ({di:.1f} points) is within two standard errors of the seed spread "
-             f"({tse_i:.1f}), so the premise of the claim is not established in our setting."]
-    elif within_noise(di - de, tse_diff):
-        s = [f"{e['label']} loses {de:.1f} and InfoNCE {di:.1f} points; the difference is within two standard "
-             f"errors ({tse_diff:.1f}), so these seeds do not separate them."]
+    elif not ti.significant:
+        s = [f"InfoNCE's loss at small K ({di:.1f} points) is {'untested' if ti.significant is None else 'not significant'}"
+             ", so the premise of the claim is not established in our setting."]
+    elif not tdiff.significant:
+        s = [f"{e['label']} loses {de:.1f} and InfoNCE {di:.1f} points; their difference is "
+             f"{'untested' if tdiff.significant is None else 'not significant'}, so these seeds do not separate them."]
     elif round(de, 1) < round(di, 1):
         s = [f"{e['label']} loses less than InfoNCE ({de:.1f} vs {di:.1f} points): consistent with the claim."]
     else:
         s = [f"{e['label']} loses as much as or more than InfoNCE ({de:.1f} vs {di:.1f} points): "
-             f"{support(False, None)}."]
+             f"{support(False, tdiff)}."]
     if finite(e["mean_small"]):
-        flat = within_noise(de, tse_e)
-        s.append("With a single seed per cell there is no error estimate, so 'flat' is not tested against seed "
-                 "noise." if flat is None else
-                 f"EqCo's change is {'within' if flat else 'beyond'} two standard errors of the seed spread "
-                 f"({tse_e:.1f}), so it {'is' if flat else 'is not'} flat within seed noise.")
-    return s
+        s.append("With fewer than two seeds with a spread, 'flat' is not tested." if te.significant is None else
+                 f"EqCo's change is {'not ' if te.significant else ''}significant, so it "
+                 f"{'is not' if te.significant else 'is'} flat within seed noise.")
+    return s + [f"Tests {tests}"]
 
 
 def _verdict(d: pd.DataFrame, kmin: int, kmax: int) -> list[str]:
@@ -74,7 +78,7 @@ def _verdict(d: pd.DataFrame, kmin: int, kmax: int) -> list[str]:
         return [f"InfoNCE {i['state_small']} at K={kmin} while {e['label']} changed by "
                 f"{e['change_large_to_small']:+.1f} points: consistent with the claim."]
     if e["state_small"] in BAD_STATUSES and finite(i["mean_small"]):
-        return [f"{e['label']} {e['state_small']} at K={kmin} while InfoNCE trained: {support(False, None)}."]
+        return [f"{e['label']} {e['state_small']} at K={kmin} while InfoNCE trained: {by_failure(False)}."]
     if not (finite(i["change_large_to_small"]) and finite(e["change_large_to_small"])):
         return [f"The claim cannot be tested: InfoNCE or EqCo has no value at K={kmin} or K={kmax}."]
     return _compare(i, e, kmin)
@@ -159,7 +163,7 @@ def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
         return out
     cells["K"] = cells["K"].astype(int)
     n_img = param_num(cells, "pretrain_images").groupby(cells["dataset"]).max()
-    agg = sort_by_loss(aggregate_cells(cells, [*SETTING, "loss", "label", "K"], ctx.scale),
+    agg = sort_by_loss(aggregate_cells(cells, [*SETTING, "loss", "label", "K"], ctx.scale, values=True),
                        ["dataset", "metric", "temperature", "batch_size", "loss", "label", "K"])
     summ = sweep_summary(agg, SETTING, "K")
     blocks = _top1_blocks(agg, summ)

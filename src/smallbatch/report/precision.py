@@ -102,7 +102,7 @@ def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
     cells["precision"] = param(cells, "precision").fillna("fp32").astype(str)
     out = SectionOutput("precision", "Side experiment: floating-point precision (FlatNCE's hypothesis)", "",
                         run_ids=set(cells["run_id"]))
-    agg = aggregate_cells(cells, [*_CELL, "precision"], ctx.scale)
+    agg = aggregate_cells(cells, [*_CELL, "precision"], ctx.scale, values=True)
     order = {p: i for i, p in enumerate(precision_order(agg["precision"]))}
     agg = sort_by_loss(agg.assign(_p=agg["precision"].map(order)),
                        ["dataset", "metric", "temperature", "loss", "label", "batch_size", "_p"]).drop(columns="_p")
@@ -115,8 +115,8 @@ def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
     gblocks = _gap_blocks(gp)
     f_gap = ctx.write_table(
         "precision_gap", "Precision: FlatNCE − InfoNCE top-1 gap (points) per precision and batch size", gp,
-        gblocks or None, note="gap = FlatNCE mean − InfoNCE mean; 'fp64 closes' = 1 − gap(fp64)/gap(fp32), "
-                              "defined where the fp32 gap is positive")
+        gblocks or None, note="gap = FlatNCE mean − InfoNCE mean with its 95 % paired-t interval over seeds; "
+                              "'fp64 closes' = 1 − gap(fp64)/gap(fp32), defined where the fp32 gap is positive")
     out.files += f_top + f_gap
     md = [f"{runs_count(len(cells))} (experiment 'precision'). Top-1 by precision: {ctx.table_links(f_top)}; "
           f"FlatNCE − InfoNCE gap: {ctx.table_links(f_gap)}\n"]

@@ -18,7 +18,7 @@ import pandas as pd
 
 from ..tracking import BAD_STATUSES
 from .aggregate import NO_NUMBER, first_row
-from .evidence import support, two_se, within_noise
+from .evidence import describe, paired, support
 from .fmt import finite, join, sci, short
 from .runs import METRIC_LABELS
 
@@ -27,7 +27,8 @@ PRECISION_ORDER = ("fp64", "fp32", "bf16", "fp16")
 #: (a saturated batch gives 1e-1 in fp32; training-time batches here gave 1e-7 .. 1e-6).
 GRAD_ERR_LARGE = 1e-3
 _GAP_COLUMNS = ["infonce_label", "flatnce_label", "infonce_mean", "infonce_std", "infonce_n", "infonce_state",
-                "flatnce_mean", "flatnce_std", "flatnce_n", "flatnce_state", "gap_flatnce_minus_infonce", "gap_two_se",
+                "flatnce_mean", "flatnce_std", "flatnce_n", "flatnce_state", "gap_flatnce_minus_infonce", "gap_ci_low",
+                "gap_ci_high", "gap_test", "gap_p",
                 "gap_fp32", "closed_fraction_of_fp32_gap", "infonce_change_vs_fp32"]
 
 
@@ -48,7 +49,7 @@ def gaps(agg: pd.DataFrame) -> pd.DataFrame:
                              **{f"{w}_{c}": r[s] for w, r in (("infonce", i), ("flatnce", f))
                                 for c, s in (("mean", "mean"), ("std", "std"), ("n", "n_seeds"), ("state", "state"))},
                              "gap_flatnce_minus_infonce": float(f["mean"]) - float(i["mean"]),
-                             "gap_two_se": two_se((i["std"], i["n_seeds"]), (f["std"], f["n_seeds"]))})
+                             **_gap_test(paired(f.get("values") or {}, i.get("values") or {}))})
     if not rows:
         return pd.DataFrame(columns=[*keys, *_GAP_COLUMNS])
     df = pd.DataFrame(rows)
@@ -63,12 +64,17 @@ def gaps(agg: pd.DataFrame) -> pd.DataFrame:
     return df[[*keys, *_GAP_COLUMNS]]
 
 
+def _gap_test(e) -> dict:
+    return {"gap_ci_low": e.lo, "gap_ci_high": e.hi, "gap_test": e.test, "gap_p": e.p}
+
+
 def _gap_phrase(r: pd.Series, p: str) -> str:
     if not finite(r["gap_flatnce_minus_infonce"]):
         bad = [f"{lab} {st}" for lab, st in (("InfoNCE", r["infonce_state"]), ("FlatNCE", r["flatnce_state"]))
                if st in NO_NUMBER]
         return f"not computable in {p} ({', '.join(bad) or 'no value'})"
-    s = f"{r['gap_flatnce_minus_infonce']:+.1f} in {p}"
+    ci = f" [{r['gap_ci_low']:+.1f}, {r['gap_ci_high']:+.1f}]" if finite(r.get("gap_ci_low")) else " (untested)"
+    s = f"{r['gap_flatnce_minus_infonce']:+.1f}{ci} in {p}"
     c = r["closed_fraction_of_fp32_gap"]
     if p != "fp32" and finite(c):
         s += (f" ({p} closes {100 * c:.0f}% of the fp32 gap)" if c >= 0 else
@@ -82,15 +88,7 @@ def _measured(d: pd.DataFrame, bss: list[int]) -> str:
         db = d[d["batch_size"] == b]
         phrases = [_gap_phrase(db[db["precision"] == p].iloc[0], p) for p in precision_order(db["precision"])]
         parts.append(f"at B={b} the FlatNCE − InfoNCE gap is " + ", ".join(phrases))
-    return "We measured: " + "; ".join(parts) + " (points)."
-
-
-def _noise_clause(diff: float, tse: float, what: str) -> str:
-    within = within_noise(diff, tse)
-    if within is None:
-        return f"With a single seed in a cell there is no error estimate: the {what} is not tested against seed noise."
-    return (f"The {what} ({diff:+.1f} points) {'is within' if within else 'exceeds'} two standard errors of the "
-            f"seed spread ({tse:.1f}).")
+    return "We measured: " + "; ".join(parts) + " (points; [95 % paired-t interval over seeds])."
 
 
 def _failed_in_fp32(r32: pd.Series, r64: pd.Series, bmin: int) -> str | None:
@@ -121,14 +119,13 @@ def _closure_verdict(agg: pd.DataFrame, r32: pd.Series, r64: pd.Series, where: d
                 "is no small-batch gap for fp64 to close and the hypothesis is not tested by these runs."]
     closed = float(r64["closed_fraction_of_fp32_gap"])
     i32, i64 = (first_row(agg, **where, precision=p, loss="infonce") for p in ("fp32", "fp64"))
-    noise, within = [], None
+    noise, e = [], None
     if i32 is not None and i64 is not None and finite(i32["mean"]) and finite(i64["mean"]):
-        change = float(i64["mean"]) - float(i32["mean"])
-        tse = two_se((i64["std"], i64["n_seeds"]), (i32["std"], i32["n_seeds"]))
-        within = within_noise(change, tse)
-        noise = [_noise_clause(change, tse, "change of InfoNCE's top-1 from fp32 to fp64")]
+        e = paired(i64.get("values") or {}, i32.get("values") or {})
+        noise = [f"The change of InfoNCE's top-1 from fp32 to fp64 (points, 95 % paired-t interval over seeds) is "
+                 f"{describe(e)}."]
     # the verdict rests on InfoNCE's change: within seed noise it is neither support nor refutation
-    verdict = support(closed >= 0.5, within, "the hypothesis")
+    verdict = support(closed >= 0.5, e, "the hypothesis")
     return [f"At the smallest batch ({bmin}) fp64 closes {100 * closed:.0f}% of the gap, most of it: {verdict}."
             if closed >= 0.5 else
             f"At the smallest batch ({bmin}) fp64 closes only {100 * closed:.0f}% of the gap, not most of it: "

@@ -102,7 +102,7 @@ def _gap_blocks(gap: pd.DataFrame, agg: pd.DataFrame) -> list[tuple[str, pd.Data
         "epochs": g["epochs"].map(short),
         "B small→large": [f"{int(a)}→{int(b)}" for a, b in zip(g["batch_size_min"], g["batch_size_max"])],
         "top-1 small": at(g, "batch_size_min"), "top-1 large": at(g, "batch_size_max"),
-        "gap (small − large) ± 2 SE": [gap_text(r) for _, r in g.iterrows()], "verdict": g["verdict"]})
+        "gap (small − large) [95 % CI]": [gap_text(r) for _, r in g.iterrows()], "verdict": g["verdict"]})
         .reset_index(drop=True)) for (ds, t, m), g in gap.groupby(["dataset", "temperature", "metric"], sort=False)]
 
 
@@ -228,14 +228,16 @@ def _update_table(us: pd.DataFrame, ctx: ReportContext) -> tuple[list[Path], lis
         "regime": [f"{r} ({o})" for r, o in zip(g["regime"], g["optimizer"])], "B": g["batch_size"].astype(int),
         "epochs": g["epochs"].map(short), "InfoNCE ‖Δθ‖/lr": g["infonce_update"].map(lambda v: num(v, 3)),
         "DCL ‖Δθ‖/lr": g["dcl_update"].map(lambda v: num(v, 3)), "InfoNCE/DCL": g["ratio"].map(lambda v: num(v, 3)),
-        "mean q_B": g["qb"].map(lambda v: num(v, 3)), "2 SE (log)": g["log_ratio_two_se"].map(lambda v: num(v, 3)),
+        "mean q_B": g["qb"].map(lambda v: num(v, 3)),
+        "log ratio 95 % CI": [f"[{num(a, 3)}, {num(b, 3)}]" for a, b in zip(g["log_ratio_ci_low"],
+                                                                             g["log_ratio_ci_high"])],
         "verdict": g["verdict"]}).reset_index(drop=True)) for (ds, t), g in us.groupby(["dataset", "temperature"],
                                                                                        sort=False)]
     files = ctx.write_table(
         "regime_update_size", "Regime: update size per unit lr, InfoNCE vs DCL, against q_B", us, blocks,
         note="‖Δθ‖/lr averaged over a run's logged steps, geometric mean over seeds (runs that diverged, collapsed "
              "or failed left out); mean q_B of the InfoNCE runs; the ratio is tested on the log scale against 1 and "
-             "against q_B with two standard errors")
+             "against q_B (95 % paired-t intervals over seeds)")
     return files, [f"Update size per unit lr against q_B: {ctx.table_links(files)}\n"] + [
         markdown_table(df) for _, df in blocks]
 
@@ -285,14 +287,14 @@ def _update_figure(us: pd.DataFrame, ctx: ReportContext, ds: str) -> Figure:
                         height=3.0, aspect=1.0)
         for reg, ax in g.axes_dict.items():
             r = d[d["regime"] == reg]
-            tse = r["log_ratio_two_se"].astype(float).fillna(0.0)
-            ax.errorbar(r["qb"], r["ratio"], yerr=[r["ratio"] * (1 - np.exp(-tse)), r["ratio"] * (np.exp(tse) - 1)],
+            lo_, hi_ = (np.exp(r[c].astype(float)).fillna(r["ratio"]) for c in ("log_ratio_ci_low", "log_ratio_ci_high"))
+            ax.errorbar(r["qb"], r["ratio"], yerr=[(r["ratio"] - lo_).clip(lower=0), (hi_ - r["ratio"]).clip(lower=0)],
                         fmt="none", ecolor="grey", elinewidth=1, zorder=0)
             _diagonal(ax, lo, hi, one=True)
         g.set_titles(col_template="{col_name}")
         g.set_axis_labels("q_B (InfoNCE runs' mean)", "‖Δθ‖/lr: InfoNCE / DCL")
         g.figure.suptitle(f"{ds}: does the gradient scale reach the update? (dashed: ratio = q_B, the scale passed on; "
-                          "dotted: ratio = 1, divided out; bars: ± 2 SE)", y=1.04)
+                          "dotted: ratio = 1, divided out; bars: 95 % CI)", y=1.04)
         files = ctx.save_figure(g.figure, f"regime_update_size_{slug(ds)}")
     return files, (f"**{ds}: update size per unit lr, InfoNCE / DCL, against q_B** (`{HISTORIES['update']}`)\n\n"
                    + ctx.figure_md(files, f"{ds} update-size ratio vs q_B"))
@@ -334,7 +336,7 @@ def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
         return None
     out = SectionOutput("regime", "Side experiment: optimiser regime × training length (where the small-batch "
                         "penalty lives)", "", run_ids=set(cells["run_id"]))
-    agg = aggregate_cells(cells, [*SETTING, "loss", "label", "batch_size"], ctx.scale)
+    agg = aggregate_cells(cells, [*SETTING, "loss", "label", "batch_size"], ctx.scale, values=True)
     gap = gap_summary(agg)
     f_top, md_top = _top1_table(agg, ctx)
     files, md, simclr = _gap_table(gap, agg, cells, ctx)

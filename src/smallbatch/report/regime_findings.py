@@ -5,14 +5,15 @@ mechanism reaches the update.
 The tables' numbers:
 
 * :func:`gap_summary` -- per setting (dataset, τ, regime, epochs), metric and loss:
-  top-1 at the smallest and the largest batch, the gap small − large, its two
-  standard errors (:mod:`.evidence`) and a verdict (:data:`PENALTY` when the small
-  batch is behind beyond 2 SE);
+  top-1 at the smallest and the largest batch, the gap small − large with its
+  95 % paired-t interval over seeds and its p, Holm-adjusted over the settings of
+  one loss (:mod:`.evidence`), and a verdict (:data:`PENALTY` when the small
+  batch is significantly behind);
 * :func:`ratio_summary` -- the logged ``‖∇InfoNCE‖/‖∇DCL‖`` against ``q_B`` per
   (regime, batch size, loss);
 * :func:`update_summary` -- the update size per unit lr of InfoNCE vs DCL per
   (regime, batch size, epochs): their ratio, tested against 1 (the scale divided
-  out) and against ``q_B`` (the scale passed on) on the log scale.
+  out) and against ``q_B`` (the scale passed on) on the log scale, paired by seed.
 
 The findings, one function per claim: :func:`penalty_finding` (where the penalty
 appears), :func:`dcl_finding` (whether DCL removes it there), :func:`ratio_finding`
@@ -29,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from ..losses import loss_rank
-from .evidence import support, two_se, within_noise
+from .evidence import Estimate, contrast, describe, holm, support
 from .fmt import finite, join, num, short, signed
 from .runs import METRIC_LABELS
 from .sweep import sweep_summary
@@ -38,7 +39,7 @@ from .sweep import sweep_summary
 SETTING = ["dataset", "temperature", "regime", "optimizer", "lr_scaling", "epochs"]
 #: verdicts of a small − large gap
 PENALTY, AHEAD, WITHIN, NO_SE, NO_NUMBER, ONE_B = ("penalty", "small batch ahead", "within noise",
-                                                   "no error estimate", "no number", "one batch size")
+                                                   "untested", "no number", "one batch size")
 #: verdicts of an update-size ratio
 FOLLOWS, CANCELS, BOTH, NEITHER = ("follows q_B", "≈ 1, scale divided out", "q_B and 1 within noise",
                                    "neither q_B nor 1")
@@ -56,6 +57,7 @@ EXPECTED = {"sgd": (FOLLOWS, "SGD applies the gradient as it is"),
                            "the gradients of biases and normalisation parameters as they are")}
 _DCL_CLAIM = "DCL's claim that removing the coupling factor q_B removes InfoNCE's small-batch penalty"
 _LENGTH_CLAIM = "SimCLR's claim that the small-batch gap shrinks with training length"
+_TEST_COLUMNS = ["gap_ci_low", "gap_ci_high", "gap_p_holm", "gap_mde_80"]
 _GAP_COLUMNS = ["batch_size_min", "batch_size_max", "mean_small", "std_small", "n_small", "state_small",
                 "mean_large", "std_large", "n_large", "state_large"]
 
@@ -73,14 +75,16 @@ def regime_text(r: pd.Series) -> str:
 
 
 def gap_text(r: pd.Series) -> str:
-    """``-6.0 ± 1.4`` (gap ± two SE), ``+0.5 (one seed)``, the cells' states, or ``— (only B=16)``."""
+    """``-6.0 [-7.4, -4.6]`` (gap and its 95 % interval), ``+0.5 (untested)``, the cells' states, or
+    ``— (only B=16)``."""
     g = r["gap_small_minus_large"]
     if r["verdict"] == ONE_B:
         return f"— (only B={int(r['batch_size_min'])})"
     if not finite(g):
         return (f"— (B={int(r['batch_size_min'])}: {r['state_small']}, "
                 f"B={int(r['batch_size_max'])}: {r['state_large']})")
-    return f"{signed(g)} ± {num(r['gap_two_se'])}" if finite(r["gap_two_se"]) else f"{signed(g)} (one seed)"
+    return (f"{signed(g)} [{signed(r['gap_ci_low'])}, {signed(r['gap_ci_high'])}]" if finite(r["gap_ci_low"])
+            else f"{signed(g)} (untested)")
 
 
 def _span(values: Iterable[float], nd: int = 2) -> str:
@@ -92,30 +96,38 @@ def _span(values: Iterable[float], nd: int = 2) -> str:
 
 
 # --------------------------------------------------------------------------- gaps
-def gap_verdict(gap: float, tse: float) -> str:
-    """PENALTY / AHEAD beyond two standard errors, WITHIN noise, NO_SE, or NO_NUMBER."""
-    if not finite(gap):
+def _mde_clause(tested: pd.DataFrame) -> str:
+    m = [float(x) for x in tested.get("gap_mde_80", pd.Series(dtype=float)) if finite(x)]
+    return f"; MDE at 80 % power {_span(m, 1)} points" if m else ""
+
+
+def gap_verdict(e: Estimate) -> str:
+    """PENALTY / AHEAD when significant (Holm-adjusted), WITHIN noise, NO_SE (untested), or NO_NUMBER."""
+    if not finite(e.diff):
         return NO_NUMBER
-    within = within_noise(gap, tse)
-    if within is None:
+    if not e.tested:
         return NO_SE
-    return WITHIN if within else (PENALTY if gap < 0 else AHEAD)
+    return WITHIN if e.within_noise else (PENALTY if e.diff < 0 else AHEAD)
 
 
 def gap_summary(agg: pd.DataFrame) -> pd.DataFrame:
     """Per setting × metric × loss: top-1 at the smallest and the largest batch (mean, sd, seeds, state),
-    ``gap_small_minus_large``, ``gap_two_se`` and ``verdict``; regimes Adam first, epochs ascending."""
+    ``gap_small_minus_large`` with ``gap_ci_low``/``gap_ci_high``, ``gap_p_holm`` (Holm over the settings of
+    one dataset, τ, metric and loss) and ``verdict``; regimes Adam first, epochs ascending."""
     keys = [*SETTING, "metric", "loss", "label"]
     s = sweep_summary(agg, SETTING, "batch_size")
     if s.empty:
-        return pd.DataFrame(columns=[*keys, *_GAP_COLUMNS, "gap_small_minus_large", "gap_two_se", "verdict"])
-    s = s[[*keys, *_GAP_COLUMNS]].copy()
+        return pd.DataFrame(columns=[*keys, *_GAP_COLUMNS, "gap_small_minus_large", *_TEST_COLUMNS, "verdict"])
+    s = s[[*keys, *_GAP_COLUMNS, "values_small", "values_large"]].copy()
     one = s["batch_size_min"] == s["batch_size_max"]
     s["gap_small_minus_large"] = (s["mean_small"] - s["mean_large"]).where(~one)
-    s["gap_two_se"] = [two_se((a, na), (b, nb)) for a, na, b, nb in
-                       zip(s["std_small"], s["n_small"], s["std_large"], s["n_large"])]
-    s["verdict"] = [ONE_B if o else gap_verdict(g, t) for o, g, t in zip(one, s["gap_small_minus_large"],
-                                                                         s["gap_two_se"])]
+    est = pd.Series([Estimate(diff=math.nan) if o else contrast([(1.0, a), (-1.0, b)])
+                     for o, a, b in zip(one, s["values_small"], s["values_large"])], index=s.index, dtype=object)
+    for _, g in s.groupby(["dataset", "temperature", "metric", "loss", "label"], sort=False):
+        est[g.index] = pd.Series(holm(est[g.index]), index=g.index, dtype=object)
+    s["gap_ci_low"], s["gap_ci_high"] = [e.lo for e in est], [e.hi for e in est]
+    s["gap_p_holm"], s["gap_mde_80"], s["estimate"] = [e.p_adj for e in est], [e.mde for e in est], est
+    s["verdict"] = [ONE_B if o else gap_verdict(e) for o, e in zip(one, est)]
     rank = {r: i for i, r in enumerate(regime_order(s["regime"], s["optimizer"]))}
     s = s.assign(_r=s["regime"].map(rank), _l=s["loss"].map(loss_rank))
     s = s.sort_values(["dataset", "temperature", "metric", "_l", "label", "_r", "epochs"], kind="stable")
@@ -129,12 +141,12 @@ def _rows(gap: pd.DataFrame, ds: str, t: float, m: str, loss: str) -> pd.DataFra
 def _head(gap: pd.DataFrame, ds: str, t: float, m: str) -> str:
     d = gap[(gap["dataset"] == ds) & (gap["temperature"] == t) & (gap["metric"] == m)]
     return (f"Regime experiment on {ds} (τ={short(t)}, {METRIC_LABELS.get(m, m)}; gap = top-1 at "
-            f"B={int(d['batch_size_min'].min())} − at B={int(d['batch_size_max'].max())} ± two standard errors, "
-            "points):")
+            f"B={int(d['batch_size_min'].min())} − at B={int(d['batch_size_max'].max())} [95 % paired-t interval over "
+            "seeds], points; a penalty is a gap below zero with Holm-adjusted p < 0.05 over the loss's settings):")
 
 
 def penalty_finding(gap: pd.DataFrame, ds: str, t: float, m: str) -> str:
-    """(i) In which regime and at which training length InfoNCE's small batch is behind beyond 2 SE."""
+    """(i) In which regime and at which training length InfoNCE's small batch is significantly behind."""
     d = _rows(gap, ds, t, m, "infonce")
     head = _head(gap, ds, t, m) + " where does InfoNCE's small-batch penalty appear?"
     if d.empty:
@@ -145,7 +157,7 @@ def penalty_finding(gap: pd.DataFrame, ds: str, t: float, m: str) -> str:
     if pen.empty:
         gaps = _span(tested["gap_small_minus_large"], 1)
         s = [f"{head} Nowhere on this data: in none of the {len(tested)} tested regime × training-length settings "
-             f"is InfoNCE's small batch behind beyond two standard errors (gaps {gaps})."
+             f"is InfoNCE's small batch significantly behind (gaps {gaps}){_mde_clause(tested)}."
              if len(tested) else f"{head} It cannot be told: no setting has a gap with an error estimate."]
     else:
         where = "; ".join(f"under {regime_text(r)} at {short(r['epochs'])} epochs ({gap_text(r)})"
@@ -160,17 +172,15 @@ def penalty_finding(gap: pd.DataFrame, ds: str, t: float, m: str) -> str:
 def _dcl_versus(i: pd.Series, dr: pd.Series) -> str:
     """DCL's gap and DCL − InfoNCE at the smallest batch in one setting where InfoNCE has the penalty."""
     where = f"Under {i['regime']} at {short(i['epochs'])} epochs"
-    diff = float(dr["mean_small"]) - float(i["mean_small"])
-    tse = two_se((dr["std_small"], dr["n_small"]), (i["std_small"], i["n_small"]))
+    e = contrast([(1.0, dr["values_small"]), (-1.0, i["values_small"])])
     head = (f"{where} {dr['label']}'s gap is {gap_text(dr)} and {dr['label']} − InfoNCE at "
-            f"B={int(i['batch_size_min'])} is {signed(diff)} ± {num(tse)}")
+            f"B={int(i['batch_size_min'])} is {describe(e)}")
     if dr["verdict"] == PENALTY:
-        return (f"{head}: {dr['label']} keeps a penalty beyond two standard errors, so "
-                f"{support(False, False, _DCL_CLAIM)}.")
-    within = within_noise(diff, tse) if finite(diff) else None
-    if within is None or dr["verdict"] not in (WITHIN, AHEAD):
+        return (f"{head}: {dr['label']} keeps a significant penalty, so "
+                f"{support(False, dr['estimate'], _DCL_CLAIM)}.")
+    if not e.tested or dr["verdict"] not in (WITHIN, AHEAD):
         return f"{head}: without numbers and error estimates at both batch sizes the claim is not tested there."
-    return f"{head}: {support(diff > 0, within, _DCL_CLAIM)}."
+    return f"{head}: {support(e.diff > 0, e, _DCL_CLAIM)}."
 
 
 def dcl_finding(gap: pd.DataFrame, ds: str, t: float, m: str) -> str:
@@ -185,7 +195,7 @@ def dcl_finding(gap: pd.DataFrame, ds: str, t: float, m: str) -> str:
                                                         f"({gap_text(r)})" for _, r in own.iterrows()) + "."
                 if len(own) else "DCL itself has none.")
     if pen.empty:
-        return (f"{head} InfoNCE has no penalty beyond two standard errors here, so there is nothing to remove; "
+        return (f"{head} InfoNCE has no significant penalty here, so there is nothing to remove; "
                 f"{own_text}")
     parts = []
     for _, i in pen.iterrows():
@@ -199,18 +209,17 @@ def _length_verdict(d: pd.DataFrame) -> str | None:
     """SimCLR's claim in one regime, from InfoNCE's gaps at the shortest and the longest training; None when
     neither end has a penalty (nothing to shrink)."""
     lo, hi = d.iloc[0], d.iloc[-1]
-    change = float(hi["gap_small_minus_large"]) - float(lo["gap_small_minus_large"])
-    tse = two_se(*[(r[f"std_{w}"], r[f"n_{w}"]) for r in (lo, hi) for w in ("small", "large")])
-    within = within_noise(change, tse) if finite(change) else None
-    ch = f"the gap moves by {signed(change)} ± {num(tse)} from {short(lo['epochs'])} to {short(hi['epochs'])} epochs"
-    if within is None:
+    e = contrast([(1.0, hi["values_small"]), (-1.0, hi["values_large"]),
+                  (-1.0, lo["values_small"]), (1.0, lo["values_large"])])
+    ch = f"the gap moves by {describe(e)} from {short(lo['epochs'])} to {short(hi['epochs'])} epochs"
+    if not e.tested:
         return "no gap with an error estimate at both ends, so the claim is not tested there"
     if lo["verdict"] == PENALTY:
-        moved = "within noise" if within else f"the penalty {'shrinks' if change > 0 else 'grows'}"
-        return f"{ch}, {moved}: {support(change > 0, within, _LENGTH_CLAIM)}"
+        moved = "within noise" if e.within_noise else f"the penalty {'shrinks' if e.diff > 0 else 'grows'}"
+        return f"{ch}, {moved}: {support(e.diff > 0, e, _LENGTH_CLAIM)}"
     if hi["verdict"] == PENALTY:
         return (f"no penalty at {short(lo['epochs'])} epochs but one at {short(hi['epochs'])}: it appears with longer "
-                f"training; {ch}: {support(False, within, _LENGTH_CLAIM)}")
+                f"training; {ch}: {support(False, e, _LENGTH_CLAIM)}")
     return None
 
 
@@ -320,27 +329,40 @@ def _log(v: pd.Series) -> pd.Series:
     return np.log(v.where(v > 0))
 
 
-def update_verdict(log_ratio: float, tse_one: float, log_dev: float, tse_q: float) -> str:
-    """FOLLOWS q_B, CANCELS (≈ 1), BOTH within noise, NEITHER, or NO_SE: the log ratio against 0 and log q_B."""
-    one, q = within_noise(log_ratio, tse_one), within_noise(log_dev, tse_q)
-    if one is None or q is None or not (finite(log_ratio) and finite(log_dev)):
+def update_verdict(one: Estimate, q: Estimate) -> str:
+    """FOLLOWS q_B, CANCELS (≈ 1), BOTH within noise, NEITHER, or NO_SE: log(ratio) tested against 0 (``one``)
+    and against log q_B (``q``)."""
+    if not (one.tested and q.tested):
         return NO_SE
-    return {(False, True): FOLLOWS, (True, False): CANCELS, (True, True): BOTH, (False, False): NEITHER}[(one, q)]
+    return {(False, True): FOLLOWS, (True, False): CANCELS, (True, True): BOTH,
+            (False, False): NEITHER}[(bool(one.within_noise), bool(q.within_noise))]
+
+
+def _by_seed(runs: pd.DataFrame, v: pd.Series) -> dict:
+    """{seed: value} of the finite values (the first run of a seed; runs without a seed keyed by index)."""
+    keys = runs["seed"] if "seed" in runs else pd.Series(runs.index, index=runs.index)
+    out: dict = {}
+    for k, x in zip(keys, v):
+        if finite(x) and k not in out:
+            out[k] = float(x)
+    return out
 
 
 def _update_row(i: pd.DataFrame, d: pd.DataFrame) -> dict:
-    """InfoNCE vs DCL runs of one cell: geometric-mean update sizes, their ratio, q_B, the two tests."""
+    """InfoNCE vs DCL runs of one cell: geometric-mean update sizes, their ratio, q_B, the two tests (paired by
+    seed on the log scale)."""
     li, sdi, ni = _stats(_log(i["update"]))
     ld, sdd, nd = _stats(_log(d["update"]))
-    ldev, sddev, ndev = _stats(_log(i["update"]) - _log(i["qb"]))  # per InfoNCE run: paired with its own q_B
     lq = _stats(_log(i["qb"]))[0]
-    tse_one, tse_q = two_se((sdi, ni), (sdd, nd)), two_se((sddev, ndev), (sdd, nd))
+    inf, dcl = _by_seed(i, _log(i["update"])), _by_seed(d, _log(d["update"]))
+    one = contrast([(1.0, inf), (-1.0, dcl)])
+    q = contrast([(1.0, inf), (-1.0, _by_seed(i, _log(i["qb"]))), (-1.0, dcl)])  # per InfoNCE run: its own q_B
     return {"infonce_update": math.exp(li) if finite(li) else math.nan, "infonce_log_sd": sdi, "infonce_n": ni,
             "dcl_update": math.exp(ld) if finite(ld) else math.nan, "dcl_log_sd": sdd, "dcl_n": nd,
-            "ratio": math.exp(li - ld) if finite(li - ld) else math.nan, "log_ratio_two_se": tse_one,
-            "qb": math.exp(lq) if finite(lq) else math.nan, "log_ratio_minus_log_qb": ldev - ld,
-            "log_ratio_minus_log_qb_two_se": tse_q,
-            "verdict": update_verdict(li - ld, tse_one, ldev - ld, tse_q)}
+            "ratio": math.exp(li - ld) if finite(li - ld) else math.nan, "log_ratio_ci_low": one.lo,
+            "log_ratio_ci_high": one.hi, "qb": math.exp(lq) if finite(lq) else math.nan,
+            "log_ratio_minus_log_qb": q.diff, "log_ratio_minus_log_qb_ci_low": q.lo,
+            "log_ratio_minus_log_qb_ci_high": q.hi, "verdict": update_verdict(one, q)}
 
 
 def update_summary(per_run: pd.DataFrame) -> pd.DataFrame:
@@ -348,7 +370,7 @@ def update_summary(per_run: pd.DataFrame) -> pd.DataFrame:
     ``*SETTING, batch_size, loss, update, qb``: the run's mean ``diag/update_per_lr`` and ``diag/qb_mean``).
 
     Sizes are geometric means over seeds; ``ratio`` = InfoNCE's / DCL's; ``qb`` = InfoNCE runs' q_B; the
-    verdict tests log(ratio) against 0 and against log(q_B) with two standard errors."""
+    verdict tests log(ratio) against 0 and against log(q_B) (95 % paired-t intervals over seeds)."""
     keys = [*SETTING, "batch_size"]
     rows = []
     for key, g in per_run.groupby(keys, sort=False):

@@ -19,15 +19,16 @@ from .runs import METRIC_LABELS, METRICS
 
 
 def _ends(g: pd.DataFrame, xmin, xmax) -> dict:
-    """mean/std/n/state at the smallest (``small``) and largest (``large``) swept value."""
+    """mean/std/n/state/{seed: value} at the smallest (``small``) and largest (``large``) swept value."""
     row = {}
     for tag, xv in (("small", xmin), ("large", xmax)):
         if xv in g.index:
             r = g.loc[xv]
             row.update({f"mean_{tag}": float(r["mean"]), f"std_{tag}": float(r["std"]), f"n_{tag}": int(r["n_seeds"]),
-                        f"state_{tag}": str(r["state"])})
+                        f"state_{tag}": str(r["state"]), f"values_{tag}": dict(r.get("values", None) or {})})
         else:
-            row.update({f"mean_{tag}": math.nan, f"std_{tag}": math.nan, f"n_{tag}": 0, f"state_{tag}": "not run"})
+            row.update({f"mean_{tag}": math.nan, f"std_{tag}": math.nan, f"n_{tag}": 0, f"state_{tag}": "not run",
+                        f"values_{tag}": {}})
     return row
 
 
@@ -45,7 +46,14 @@ def _spread(g: pd.DataFrame, x: str) -> dict:
             f"n_{x}_with_values": len(vals),
             "pooled_sd": float(np.sqrt((seeded["std"].astype(float) ** 2).mean())) if len(seeded) else math.nan,
             "n_seeds_min": int(seeded["n_seeds"].min()) if len(seeded) else 1,
-            f"{x}_diverged": ", ".join(short(v) for v in bad.index), "n_diverged_points": len(bad)}
+            f"{x}_diverged": ", ".join(short(v) for v in bad.index), "n_diverged_points": len(bad),
+            "values_best": _values(vals, vals["mean"].astype(float).idxmax()) if any_ else {},
+            "values_worst": _values(vals, vals["mean"].astype(float).idxmin()) if any_ else {}}
+
+
+def _values(g: pd.DataFrame, xv) -> dict:
+    v = g.loc[xv].get("values", None)
+    return dict(v) if isinstance(v, dict) else {}
 
 
 def sweep_summary(agg: pd.DataFrame, setting: Sequence[str], x: str) -> pd.DataFrame:

@@ -1,4 +1,5 @@
-"""Tables in three forms: tidy CSV (full precision), Markdown and LaTeX (for reading)."""
+"""Tables in three forms: tidy CSV (every float to :data:`.fmt.CSV_DIGITS` significant digits),
+Markdown and LaTeX (for reading; numbers formatted by :mod:`.fmt`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from .fmt import slug
+from .fmt import csv_number, slug
 
 #: a table to read: (sub-heading or None, the frame as shown)
 Block = tuple["str | None", pd.DataFrame]
@@ -21,11 +22,12 @@ _TEX_UNICODE = {"±": r"$\pm$", "—": "---", "–": "--", "τ": r"$\tau$", "→
 
 
 def cell_text(v: Any) -> str:
-    """A table cell: blank for no number, ``%g`` for a float, else the value as text."""
+    """A table cell: blank for no number, a float as the CSV writes it (:func:`.fmt.csv_number`), else the
+    value as text."""
     if v is None or (isinstance(v, float) and not np.isfinite(v)):
         return ""
     if isinstance(v, float):
-        return f"{v:g}"
+        return csv_number(v)
     return str(v)
 
 
@@ -74,7 +76,7 @@ def write_table_files(folder: Path, name: str, title: str, data: pd.DataFrame, b
     folder.mkdir(parents=True, exist_ok=True)
     blocks = list(blocks) if blocks is not None else [(None, data)]
     csv, md, tex = (folder / f"{name}.{ext}" for ext in ("csv", "md", "tex"))
-    data.to_csv(csv, index=False, float_format="%.10g")
+    data.to_csv(csv, index=False, float_format=csv_number)
     md_parts = [f"# {title}\n"] + ([f"> Note: {note}\n"] if note else [])
     for sub, df in blocks:
         if sub:

@@ -7,14 +7,13 @@ differs).  The claim tested: the other losses depend less on τ than InfoNCE.
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import pandas as pd
 
 from .aggregate import aggregate_cells, pivot, sort_by_loss
 from .context import ReportContext, SectionOutput
-from .evidence import support, two_se, within_noise
+from .evidence import Estimate, by_failure, contrast, describe, holm, support
 from .fmt import finite, join, num, runs_count, short
 from .papers import paper_setting, run_setting
 from .runs import METRIC_LABELS, select_cells
@@ -59,29 +58,31 @@ def _describe(r: pd.Series) -> str:
     return txt
 
 
-def _sensitivity(r: pd.Series) -> tuple[int, float]:
-    """How sensitive to τ a loss is: failed τ values first, then the range (to 0.1 points)."""
-    return int(r["n_diverged_points"]), round(float(r["range"]), 1) if finite(r["range"]) else math.inf
+def _range_tests(i: pd.Series, comparable: list) -> list:
+    """Each loss's range minus InfoNCE's, seed by seed at the τ of each loss's best and worst mean
+    (a difference of four cells; the τ are picked from the means), Holm over the losses."""
+    out = []
+    for r in comparable:
+        e = contrast([(1.0, r.get("values_best") or {}), (-1.0, r.get("values_worst") or {}),
+                      (-1.0, i.get("values_best") or {}), (1.0, i.get("values_worst") or {})])
+        out.append(e if finite(e.diff) else Estimate(diff=float(r["range"]) - float(i["range"])))
+    return holm(out)
 
 
-def _range_noise(i: pd.Series, comparable: list) -> str | None:
-    """The sentence when every range difference is within seed noise; None otherwise.
-
-    A range is the difference of two cell means, so a difference of two ranges
-    involves four: with the seed sd pooled over the sweep's cells, (sd, n) four times.
-    """
-    sds = [float(r["pooled_sd"]) for r in [i, *comparable] if finite(r["pooled_sd"])]
-    n = min(int(r["n_seeds_min"]) for r in [i, *comparable])
+def _range_noise(i: pd.Series, comparable: list, tests: list) -> str | None:
+    """The sentence when no range differs significantly from InfoNCE's; None otherwise."""
     clean = all(int(r["n_diverged_points"]) == 0 for r in [i, *comparable])
-    gaps = [abs(float(r["range"]) - float(i["range"])) for r in comparable if finite(r["range"])]
-    if not (sds and clean and gaps and finite(i["range"])):
+    if not (clean and finite(i["range"]) and tests) or any(e.significant for e in tests):
         return None
-    tse = two_se(*[(float(np.sqrt(np.mean(np.square(sds)))), n)] * 4)
-    if not within_noise(max(gaps), tse):
-        return None
-    return (f"The ranges differ from InfoNCE's by at most {max(gaps):.1f} points, within two standard errors of "
-            f"seed noise ({tse:.1f}; pooled seed sd, {n} seeds): these seeds do not separate the losses' "
-            f"sensitivity to τ, so {support(False, True, 'the claim that the other losses depend less on τ')}.")
+    worst = max(zip(comparable, tests), key=lambda p: abs(p[1].diff) if finite(p[1].diff) else -1.0)
+    if not any(e.tested for e in tests):
+        return (f"The ranges cannot be compared with InfoNCE's at these seeds (range − InfoNCE's range, largest: "
+                f"{worst[0]['label']} {describe(worst[1])}), so "
+                f"{support(False, None, 'the claim that the other losses depend less on τ')}.")
+    return (f"No loss's range differs significantly from InfoNCE's (range − InfoNCE's range, 95 % paired-t "
+            f"interval over seeds, Holm over {len(tests)}; largest: {worst[0]['label']} "
+            f"{describe(worst[1])}): these seeds do not separate the losses' sensitivity to τ, so "
+            f"{support(False, worst[1], 'the claim that the other losses depend less on τ')}.")
 
 
 def _versus_infonce(d: pd.DataFrame) -> list[str]:
@@ -95,20 +96,31 @@ def _versus_infonce(d: pd.DataFrame) -> list[str]:
                   if int(r["n_temperature_with_values"]) >= 2 or int(r["n_diverged_points"]) > 0]
     if not comparable:
         return ["No other loss has values at two or more τ, so there is nothing to compare InfoNCE with."]
-    noise = _range_noise(i, comparable)
+    tests = _range_tests(i, comparable)
+    noise = _range_noise(i, comparable, tests)
     if noise:
         return [noise]
-    less = [r["label"] for r in comparable if _sensitivity(r) < _sensitivity(i)]
-    more = [r["label"] for r in comparable if _sensitivity(r) >= _sensitivity(i)]
-    if less and not more:
-        s = (f"All {len(comparable)} other losses are less sensitive to τ than InfoNCE (smaller range"
-             f"{', no divergence' if i['n_diverged_points'] else ''}): consistent with {_LESS}.")
+    failed = int(i["n_diverged_points"])
+    less = [r["label"] for r, e in zip(comparable, tests) if int(r["n_diverged_points"]) <= failed
+            and (int(r["n_diverged_points"]) < failed or (e.significant and e.diff < 0))]
+    more = [r["label"] for r, e in zip(comparable, tests) if int(r["n_diverged_points"]) > failed
+            or (int(r["n_diverged_points"]) == failed and e.significant and e.diff > 0)]
+    same = [r["label"] for r in comparable if r["label"] not in less + more]
+    said = ([f"less sensitive to τ than InfoNCE: {join(less)}"] if less else []) + (
+        [f"more sensitive: {join(more)}"] if more else []) + (
+        [f"not separable from InfoNCE at these seeds: {join(same)}"] if same else [])
+    if less and not more and not same:
+        verdict = f"consistent with {_LESS}"
     elif less:
-        s = (f"{len(less)} of {len(comparable)} other losses are less sensitive to τ than InfoNCE ({join(less)}); "
-             f"{join(more)} {'is' if len(more) == 1 else 'are'} not: partly consistent with {_LESS}.")
+        verdict = f"partly consistent with {_LESS}"
+    elif more:
+        sig = next((e for e in tests if e.significant), None)
+        verdict = support(False, sig, _LESS) if sig else by_failure(False, _LESS)
     else:
-        s = (f"None of the {len(comparable)} other losses is less sensitive to τ than InfoNCE: "
-             f"{support(False, None, _LESS)}.")
+        verdict = f"our numbers neither support nor refute {_LESS}"
+    s = (f"By failed τ values first, then the range (a significant range difference): {'; '.join(said)}, so "
+         f"{verdict}. Range − InfoNCE's range (95 % paired-t interval over seeds, Holm over the losses): "
+         + "; ".join(f"{r['label']} {describe(e)}" for r, e in zip(comparable, tests)) + ".")
     sets = {r["label"]: r["temperature_values"] for _, r in d.iterrows()}
     return [s] + (["The losses have numbers at different sets of τ (a diverged or pending cell has none), so their "
                    "ranges are not over the same values."] if len(set(sets.values())) > 1 else [])
@@ -180,7 +192,7 @@ def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
         return None
     out = SectionOutput("tsweep", "Side experiment: temperature sweep (SimCLR Table 5's analogue)", "",
                         run_ids=set(cells["run_id"]))
-    agg = sort_by_loss(aggregate_cells(cells, [*SETTING, "loss", "label", "temperature"], ctx.scale),
+    agg = sort_by_loss(aggregate_cells(cells, [*SETTING, "loss", "label", "temperature"], ctx.scale, values=True),
                        ["dataset", "metric", "batch_size", "loss", "label", "temperature"])
     summ = _summary(agg)
     blocks = _top1_blocks(agg, summ)
