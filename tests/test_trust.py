@@ -646,3 +646,28 @@ def test_a_stopped_tracking_server_fails_the_step_in_one_line(tmp_path):
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert res.returncode == 2 and len(lines) == 1, res.stderr[-2000:]
     assert lines[0].startswith(f"smallbatch: error: MLflow tracking store {uri} failed while "), lines[0]
+
+
+# --------------------------------------------------------------------------- inputs checked against their cell
+CACHES = [  # (the cache's load_dataset options, the cell's dataset options, the line expected or None: trains)
+    ({"image_size": 16}, {}, r"data cache .*/digits\.pt holds image_size 16, not this cell's image_size None; "
+                             r"delete it to rebuild, or give the cell its own --data-cache"),
+    ({}, {"train_subset": 400}, r"data cache .*/digits\.pt holds train_subset None, not this cell's train_subset 400; .*"),
+    ({"train_subset": 400, "test_subset": 100}, {"train_subset": 400, "test_subset": 200},
+     r"data cache .*/digits\.pt holds test_subset 100, not this cell's test_subset 200; .*"),
+    ({"train_subset": 400}, {"train_subset": 400}, None),
+]
+
+
+@pytest.mark.parametrize("made,wanted,expect", CACHES, ids=[f"{m} for {w}" for m, w, _ in CACHES])
+def test_a_data_cache_is_checked_against_the_cells_data(made, wanted, expect, tmp_path, capsys):
+    cache = tmp_path / "digits.pt"
+    data.save_cache(data.load_dataset("digits", None, **made), cache)
+    cfg = load_config(None, {"datasets": {"digits": wanted}, "train": TINY, "device": "cpu"})
+    cell = make_cell(cfg, dataset="digits", loss="infonce", loss_params={}, batch_size=16, temperature=0.5, seed=0)
+    argv = pretrain_argv(tmp_path, cache, "none", "x", cell) + ["--restart"]
+    if expect is None:
+        assert cli.main(argv) == 0
+        return
+    assert re.fullmatch(expect, one_line(capsys, argv))
+    assert not (tmp_path / "out" / "checkpoint.pt").exists()

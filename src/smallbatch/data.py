@@ -674,6 +674,8 @@ def load_dataset(
     meta = {
         "source": raw["source"], "classes": list(raw["classes"]), "image_size": int(train_t.shape[-1]),
         "train_subset": train_subset, "test_subset": test_subset, "seed": int(seed), **raw.get("meta", {}),
+        # the options asked for, which check_cache compares with a cell's
+        "options": {"image_size": image_size, "train_subset": train_subset, "test_subset": test_subset},
     }
     return ImageData(
         name=name, train_x=train_t, train_y=_labels(train_y_np), test_x=test_t, test_y=_labels(test_y_np),
@@ -707,6 +709,23 @@ def save_cache(data: ImageData, path: str | Path) -> Path:
 
 
 _CACHE_TENSORS = {"train_x": torch.uint8, "train_y": torch.int64, "test_x": torch.uint8, "test_y": torch.int64}
+
+
+def check_cache(data: ImageData, cell: dict, path: str | Path) -> None:
+    """The cache holds the cell's data set at the cell's image size and subsets; a one-line
+    ValueError naming both otherwise (a cache of another data set or size would train the
+    cell on other data while its checkpoint and run still claim the cell's)."""
+    opts = cell.get("dataset_options") or {}
+    want = {"dataset": cell["dataset"], **{k: opts.get(k) for k in ("image_size", "train_subset", "test_subset")}}
+    have = {"dataset": data.name, **(data.meta.get("options") or {})}
+    if "options" not in data.meta:  # a cache from before the options were recorded
+        have.update({k: data.meta.get(k) for k in ("train_subset", "test_subset")})
+        have["image_size"] = data.meta.get("image_size") if want["image_size"] is not None else None
+    differ = [k for k in want if have.get(k) != want[k]]
+    if differ:
+        show = lambda d: ", ".join(f"{k} {d.get(k)}" for k in differ)  # noqa: E731
+        raise ValueError(f"data cache {path} holds {show(have)}, not this cell's {show(want)}; delete it to rebuild, "
+                         "or give the cell its own --data-cache")
 
 
 def load_cache(path: str | Path) -> ImageData:

@@ -50,7 +50,9 @@ def load_cell_data(cell: dict, cache: Path | None = None):
     from . import data
 
     if cache is not None:
-        return data.load_cache(cache)
+        d = data.load_cache(cache)
+        data.check_cache(d, cell, cache)  # the cell's data set, size and subsets
+        return d
     return data.load_dataset(cell["dataset"], cell["data_root"], download=cell["download"],
                              seed=0, **data_options(cell))
 
