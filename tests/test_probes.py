@@ -97,6 +97,8 @@ def test_validated_probes_refuse_another_solver(feats):
     tr, ytr, te, yte = feats
     with pytest.raises(ValueError, match="lbfgs-precond"):
         probes.linear_probes(tr, ytr, te, yte, weight_decays=DECAYS, optimizer="adam")
+    with pytest.raises(ValueError, match="linear_lr 0.5"):
+        probes.linear_probes(tr, ytr, te, yte, fewshot_fractions=[0.1], lr=0.5)
 
 
 def test_fraction_tags():

@@ -147,9 +147,11 @@ def linear_probes(train_f: Any, train_y: Any, test_f: Any, test_y: Any, *, weigh
     tr, ytr, te, yte, c = _check_pair(train_f, train_y, test_f, test_y, num_classes)
     fractions = [float(f) for f in fewshot_fractions]
     solver = linear_kwargs.get("optimizer", "lbfgs-precond")
-    if (weight_decays is not None or fractions) and solver != "lbfgs-precond":
-        raise ValueError(f"linear_weight_decays and fewshot_fractions use the lbfgs-precond probe; "
-                         f"linear_optimizer is {solver!r}")
+    if (weight_decays is not None or fractions) and (solver != "lbfgs-precond" or linear_kwargs.get("lr") not in
+                                                     (None, 1.0) or linear_kwargs.get("batch_size") is not None):
+        raise ValueError(f"linear_weight_decays and fewshot_fractions use the lbfgs-precond probe at lr 1 on the "
+                         f"full batch; got linear_optimizer {solver!r}, linear_lr {linear_kwargs.get('lr')!r}, "
+                         f"linear_batch_size {linear_kwargs.get('batch_size')!r}")
     if weight_decays is None:
         out = linear_eval(tr, ytr, te, yte, epochs=epochs, weight_decay=weight_decay, tol=tol, seed=seed,
                           num_classes=c, device=device, **linear_kwargs)
