@@ -1,0 +1,209 @@
+"""Mutation testing: does the suite notice a one-operator change of the code it guards?
+
+Each mutant is one exact snippet of a source file replaced by a mutated one (a dropped
+``abs()``, ``<=`` for ``<``, a sign, a factor, a key left out of the hash).  The script
+checks out the commit (HEAD by default) into a temporary git worktree in /tmp, so the
+working tree -- and anybody's uncommitted work in it -- is never touched; then, per
+mutant, it writes the mutated file there, runs the fast tests of that file against the
+worktree's package (PYTHONPATH=<worktree>/src), and writes the original back (always:
+also on a failing run, a timeout or Ctrl-C).  A mutant is *caught* when the tests fail.
+
+    python tools/mutate.py                 # every mutant, on HEAD
+    python tools/mutate.py --only cells    # the mutants whose file or name contains "cells"
+    python tools/mutate.py --list          # the mutants, nothing run
+
+The tests of every file are first run unmutated; a test that fails there is left out of
+that file's runs and named (a mutant can only be judged by tests that pass without it).  A snippet that is not in the file exactly once
+is reported as *stale* (the code moved on: update the list), never as caught.  Exit
+status: 0 when every mutant was caught, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable  # the venv's: its pytest, torch, ... (the package comes from the worktree)
+
+
+@dataclass(frozen=True)
+class Mutant:
+    file: str  # relative to the repository root
+    original: str  # must occur exactly once in the file
+    mutated: str
+    what: str
+
+
+#: the fast tests that guard each file (files missing at the commit are left out)
+TESTS = {
+    "src/smallbatch/losses.py": ["tests/test_losses.py", "tests/test_losses_precision.py"],
+    "src/smallbatch/cells.py": ["tests/test_config.py"],
+    "src/smallbatch/report/evidence.py": ["tests/test_evidence.py", "tests/test_report_package.py"],
+    "src/smallbatch/gradcache.py": ["tests/test_gradcache.py"],
+    "src/smallbatch/negatives.py": ["tests/test_controls.py", "tests/test_train.py::test_queue_cell_trains_with_k_equal_to_queue_size"],
+}
+
+L, C, E, G, N = (f"src/smallbatch/{f}" for f in ("losses.py", "cells.py", "report/evidence.py", "gradcache.py",
+                                                   "negatives.py"))
+MUTANTS = [
+    # losses: the formulas, the scores, the mask
+    Mutant(L, "    logits = torch.cat([xp[:, None], xn], dim=1)\n    return torch.logsumexp(logits, dim=1) - xp",
+           "    logits = torch.cat([xp[:, None], xn], dim=1)\n    return torch.logsumexp(logits, dim=1) + xp",
+           "InfoNCE rows: + s_p/tau instead of -"),
+    Mutant(L, "partner = (rows + n) % m", "partner = (rows + n - 1) % m", "in-batch positive: the neighbouring view"),
+    Mutant(L, "z = F.normalize(torch.cat([z1, z2], dim=0).to(dt), dim=1)",
+           "z = F.normalize(torch.cat([z1, z2], dim=0).to(dt), dim=0)", "scores: normalised over the batch axis"),
+    Mutant(L, 'x.masked_fill(~neg_mask, float("-inf"))', 'x.masked_fill(neg_mask, float("-inf"))',
+           "mask: the valid negatives removed instead of the invalid"),
+    Mutant(L, "rows = torch.logsumexp(_masked(neg / tau, neg_mask), dim=1) - pos / tau",
+           "rows = torch.logsumexp(_masked(neg / tau, neg_mask), dim=1) - pos",
+           "DCL: the positive not divided by tau"),
+    Mutant(L, "return 2.0 - p.shape[0] * torch.softmax(p / self.sigma, dim=0)",
+           "return 1.0 - p.shape[0] * torch.softmax(p / self.sigma, dim=0)", "DCLW weights: 1 - ... (mean 0)"),
+    Mutant(L, "xn = xn + torch.log(self.alpha / k)[:, None]", "xn = xn + torch.log(k / self.alpha)[:, None]",
+           "EqCo: K/alpha instead of alpha/K"),
+    Mutant(L, "l = (torch.logsumexp(_masked(g * x, neg_mask), dim=1) - logk) / g + logk",
+           "l = (torch.logsumexp(_masked(g * x, neg_mask), dim=1) - logk) / g - logk",
+           "FlatNCE Hoelder: - log K instead of +"),
+    Mutant(L, "x = (neg - pos[:, None]) / tau", "x = (neg - pos[:, None]) * tau", "FlatNCE: logits times tau"),
+    Mutant(L, "return LossOutput(loss=loss_rows.mean(),", "return LossOutput(loss=loss_rows.sum(),",
+           "loss: summed over anchors, not averaged"),
+    # cells: what the hash covers, K, the ids
+    Mutant(C, 'science = {k: v for k, v in cell.items() if k not in NAME_KEYS and k not in skip[""]}',
+           'science = {k: v for k, v in cell.items() if k not in NAME_KEYS}', "hash: execution settings hashed"),
+    Mutant(C, "if k not in skip[section]}", 'if k not in skip[section] and k != "weight_decay"}',
+           "hash: weight_decay left out (issue 28's mutant)"),
+    Mutant(C, "return int(queue_size) if queue_size else 2 * int(batch_size) - 2",
+           "return int(queue_size) if queue_size else 2 * int(batch_size) - 1", "K = 2N-1"),
+    Mutant(C, "if v is not None and (k not in defaults or v != defaults[k]))",
+           "if v is not None and (k not in defaults or v == defaults[k]))", "id names the default parameters"),
+    Mutant(C, '"seed": int(seed),', '"seed": 0,', "the seed dropped from the cell"),
+    # evidence: the noise rule
+    Mutant(E, "return abs(float(diff)) <= float(tse)", "return float(diff) <= float(tse)",
+           "within_noise: abs() lost"),
+    Mutant(E, "return abs(float(diff)) <= float(tse)", "return abs(float(diff)) < float(tse)",
+           "within_noise: boundary excluded"),
+    Mutant(E, "return 2.0 * math.sqrt(", "return 1.0 * math.sqrt(", "two_se: one standard error"),
+    Mutant(E, "int(n) < 2 for _, n in cells", "int(n) < 1 for _, n in cells", "two_se: one seed has a spread"),
+    # gradient caching: BatchNorm statistics and their gradient, the chunks
+    Mutant(G, "return grad + (a + 2 * b * (x - mean)) / count", "return grad + (a + b * (x - mean)) / count",
+           "BatchNorm statistics' gradient: B instead of 2B"),
+    Mutant(G, "xs.var(dims, unbiased=False)", "xs.var(dims, unbiased=True)", "chunk variance unbiased"),
+    Mutant(G, "return [slice(i, min(i + chunk_size, n)) for i in range(0, n, chunk_size)]",
+           "return [slice(i, min(i + chunk_size, n - 1)) for i in range(0, n, chunk_size)]", "last row dropped"),
+    Mutant(G, "torch.rsqrt(var.view(shape) + m.eps)", "torch.rsqrt(var.view(shape))", "BatchNorm eps dropped"),
+    # negatives: the momentum encoder, the masks
+    Mutant(N, "torch._foreach_add_(keys_p, query_p, alpha=1 - mom)", "torch._foreach_add_(keys_p, query_p, alpha=mom)",
+           "momentum encoder: EMA weights swapped"),
+    Mutant(N, "mask = mask & (self.labels[idx][:, None] != self.labels[key_idx][None, :])",
+           "mask = mask & (self.labels[idx][:, None] == self.labels[key_idx][None, :])",
+           "queue: same-class keys kept, others masked"),
+    Mutant(N, "return grouped_rows(lab[:, rows % g][:, :, None] != lab[:, cols])",
+           "return grouped_rows(lab[:, rows % g][:, :, None] == lab[:, cols])",
+           "in-batch: same-class negatives kept, others masked"),
+]
+
+
+def git(*args: str, cwd: Path = REPO) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
+
+
+def run_tests(tree: Path, tests: list[str], timeout: float, first_failure: bool = True,
+              deselect: tuple[str, ...] = ()) -> tuple[bool, str, list[str]]:
+    """(passed, a line saying how, the failed test ids) of the tests, against the tree's own package."""
+    env = {**os.environ, "PYTHONPATH": str(tree / "src"), "PYTHONDONTWRITEBYTECODE": "1"}
+    env.pop("SMALLBATCH_WARM", None)
+    cmd = [PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--no-header", "-rfE", *tests]
+    cmd += ["-x"] if first_failure else []
+    for node in deselect:
+        cmd += ["--deselect", node]
+    try:
+        p = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return False, f"timed out after {timeout:.0f} s", []
+    lines = [ln for ln in (p.stdout + p.stderr).strip().splitlines() if ln.strip()]
+    failed = [ln.split()[1] for ln in lines if ln.startswith(("FAILED ", "ERROR ")) and len(ln.split()) > 1]
+    return p.returncode == 0, " ".join(([f"first failure {failed[0]};"] if failed else []) + lines[-1:]), failed
+
+
+def tests_of(tree: Path, file: str) -> list[str]:
+    return [t for t in TESTS[file] if (tree / t.split("::")[0]).is_file()]
+
+
+def check_imports_from(tree: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(tree / "src")}
+    where = subprocess.run([PYTHON, "-c", "import smallbatch; print(smallbatch.__file__)"], cwd=tree, env=env,
+                           capture_output=True, text=True, check=True).stdout.strip()
+    if not where.startswith(str(tree)):
+        sys.exit(f"mutate: the tests would import smallbatch from {where}, not from the worktree {tree}")
+
+
+def mutate(tree: Path, mutants: list[Mutant], timeout: float, red: dict[str, list[str]]) -> dict[str, list]:
+    result: dict[str, list] = {"caught": [], "missed": [], "stale": []}
+    for i, m in enumerate(mutants, 1):
+        path = tree / m.file
+        text = path.read_text()
+        if text.count(m.original) != 1:
+            result["stale"].append(m)
+            print(f"[{i}/{len(mutants)}] STALE  {m.file}: {m.what} (snippet found {text.count(m.original)} times)")
+            continue
+        t0 = time.monotonic()
+        try:
+            path.write_text(text.replace(m.original, m.mutated))
+            passed, how, _ = run_tests(tree, tests_of(tree, m.file), timeout, deselect=tuple(red[m.file]))
+        finally:
+            path.write_text(text)  # also on Ctrl-C or a crash
+        verdict = "missed" if passed else "caught"
+        result[verdict].append(m)
+        print(f"[{i}/{len(mutants)}] {verdict.upper():6} {m.file}: {m.what} ({time.monotonic() - t0:.0f} s; {how})",
+              flush=True)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rev", default="HEAD", help="commit to mutate (default HEAD)")
+    ap.add_argument("--only", default="", help="only mutants whose file or description contains this")
+    ap.add_argument("--timeout", type=float, default=900, help="seconds per test run (default 900)")
+    ap.add_argument("--list", action="store_true", help="list the mutants and exit")
+    args = ap.parse_args(argv)
+    mutants = [m for m in MUTANTS if args.only in m.file or args.only in m.what]
+    if args.list or not mutants:
+        for m in mutants:
+            print(f"{m.file}: {m.what}\n  - {m.original}\n  + {m.mutated}")
+        return 0 if mutants else 1
+    tree = Path(tempfile.mkdtemp(prefix="smallbatch-mutate-"))
+    git("worktree", "add", "--detach", str(tree), args.rev)
+    try:
+        check_imports_from(tree)
+        print(f"mutating {git('rev-parse', '--short', args.rev).strip()} in {tree}", flush=True)
+        red: dict[str, list[str]] = {}
+        for file in sorted({m.file for m in mutants}):
+            t0 = time.monotonic()
+            _, how, red[file] = run_tests(tree, tests_of(tree, file), args.timeout, first_failure=False)
+            print(f"baseline {file}: {' '.join(tests_of(tree, file))}: {how} ({time.monotonic() - t0:.0f} s)",
+                  flush=True)
+            for node in red[file]:  # a mutant is judged by the tests that pass without it
+                print(f"  left out (fails unmutated): {node}")
+        result = mutate(tree, mutants, args.timeout, red)
+    finally:
+        git("worktree", "remove", "--force", str(tree))
+    n = len(mutants)
+    print(f"\n{len(result['caught'])} of {n} mutants caught, {len(result['missed'])} missed, "
+          f"{len(result['stale'])} stale")
+    for m in result["missed"]:
+        print(f"  MISSED {m.file}: {m.what}")
+    for m in result["stale"]:
+        print(f"  STALE  {m.file}: {m.what}")
+    return 0 if len(result["caught"]) == n else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
