@@ -671,3 +671,59 @@ def test_a_data_cache_is_checked_against_the_cells_data(made, wanted, expect, tm
         return
     assert re.fullmatch(expect, one_line(capsys, argv))
     assert not (tmp_path / "out" / "checkpoint.pt").exists()
+
+
+@pytest.fixture
+def ahead(tmp_path, cache):
+    """A tiny cell pretrained with --evaluate-ahead into a SQLite store: <cell>/evaluated/ stamped."""
+    root = tmp_path
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    assert cli.main(["init-store", "--tracking-uri", uri, "--experiment", "ahead"]) == 0
+    cell = tiny_cell(steps=4)
+    assert cli.main(pretrain_argv(root, cache, uri, "ahead", cell) + ["--evaluate-ahead"]) == 0
+    assert (root / "out" / "evaluated" / "stamp.json").is_file()
+    return root, cell
+
+
+def _replace_knn(work: Path, cell: dict, uri: str) -> None:
+    fake = {"status": "finished", "cell_id": "digits/dcl/bs16-t0.5-s0", "knn/top1": 99.0}
+    (work / "evaluated" / "knn.json").write_text(json.dumps(fake))
+
+
+def _delete_run(work: Path, cell: dict, uri: str) -> None:
+    from smallbatch import tracking
+
+    run = tracking.find_cell_run(uri, "ahead", cell)
+    run.client.delete_run(run.run_id)
+
+
+ADOPTIONS = [  # (what happened to the evaluation ahead, the evaluate step's result)
+    ("nothing", None, "adopted"),
+    ("its knn.json replaced by another cell's", _replace_knn, "evaluated afresh"),
+    ("the cell's run deleted from the store", _delete_run, r"no MLflow run for cell .*"),
+]
+
+
+@pytest.mark.parametrize("name,change,expect", ADOPTIONS, ids=[a[0] for a in ADOPTIONS])
+def test_evaluate_adopts_only_the_stamped_files_of_a_run_the_store_holds(name, change, expect, ahead, tmp_path,
+                                                                         cache, capsys):
+    root, cell = ahead
+    work, uri = root / "out", f"sqlite:///{root / 'mlflow.db'}"
+    if change:
+        change(work, cell, uri)
+    argv = ["evaluate", "--cell-json", json.dumps(cell), "--checkpoint", str(work / "checkpoint.pt"), "--out-dir",
+            str(work), "--data-cache", str(cache), "--tracking-uri", uri, "--experiment", "ahead"]
+    if expect.startswith("no MLflow run"):
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[0].endswith("not adopted (the store " + uri + " no longer holds the cell's run with its probes' "
+                               "metrics); evaluating"), err
+        assert len(err) == 2 and re.fullmatch("smallbatch: error: " + expect, err[1]), err
+        assert not (work / "knn.json").exists()
+        return
+    assert cli.main(argv) == 0
+    out, err = capsys.readouterr()
+    assert ("adopted" in json.loads(out.strip().splitlines()[-1])) == (expect == "adopted"), err[-2000:]
+    assert json.loads((work / "knn.json").read_text())["cell_id"] == cell["id"]
+    if expect != "adopted":
+        assert "not adopted (knn.json is not the file the stamp was written for)" in err

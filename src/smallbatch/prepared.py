@@ -16,9 +16,12 @@ says they were computed from
 
 * the same checkpoint file (its SHA-1),
 * the same cell (its JSON, every key but ``threads``), and
-* the same tracking store and experiment (so the metrics are already logged there);
+* the same tracking store and experiment (so the metrics are already logged there), which
+  still holds the cell's run with the probes' metrics (checked read-only: SQLite directly,
+  other stores through MLflow);
 
-otherwise it evaluates as before.  A failure of the evaluation ahead leaves no stamp and
+and the probes' files are the ones stamped (their SHA-1s, their cell id); otherwise it
+evaluates as before.  A failure of the evaluation ahead leaves no stamp and
 does not fail the pretraining; the evaluate job then runs it and reports it.
 
 Imports nothing heavy: this module is on the evaluate job's fast path.
@@ -64,8 +67,9 @@ def write_stamp(cell_dir: str | Path, cell: dict, checkpoint_sha1: str, tracking
                 experiment: str, embed_seconds: float) -> Path:
     """Mark ``<cell>/evaluated/`` complete (after both probes' files are written), for the
     checkpoint whose SHA-1 (:func:`file_sha1`) was taken before it was evaluated."""
+    probes = {kind: file_sha1(eval_dir(cell_dir) / f"{kind}.json") for kind in PROBES}
     stamp = {"cell": _cell_key(cell), "checkpoint_sha1": checkpoint_sha1, "tracking_uri": tracking_uri,
-             "experiment": experiment, "embed_seconds": embed_seconds}
+             "experiment": experiment, "embed_seconds": embed_seconds, "probes": probes}
     return write_json(eval_dir(cell_dir) / STAMP, stamp)
 
 
@@ -78,6 +82,53 @@ def _stamp_problem(stamp: dict, cell: dict, checkpoint: Path, tracking_uri: str 
     if not checkpoint.is_file() or stamp.get("checkpoint_sha1") != file_sha1(checkpoint):
         return f"they were computed from another checkpoint than {checkpoint}"
     return None
+
+
+def _files_problem(stamp: dict, cell: dict, texts: dict[str, bytes], results: dict) -> str | None:
+    """The probes' files are the ones the stamp was written for, of this cell."""
+    for kind in PROBES:
+        if (stamp.get("probes") or {}).get(kind) != hashlib.sha1(texts[kind]).hexdigest():
+            return f"{kind}.json is not the file the stamp was written for"
+        if not isinstance(results[kind], dict) or results[kind].get("cell_id") != cell["id"]:
+            return f"{kind}.json holds the results of another cell"
+    return None
+
+
+def _store_problem(cell: dict, tracking_uri: str | None, experiment: str) -> str | None:
+    """The store still holds the cell's run (id and hash) with the probes' metrics."""
+    if tracking_uri is None:
+        return None
+    try:
+        held = _sqlite_holds(tracking_uri, experiment, cell) if tracking_uri.startswith("sqlite:///") \
+            else _store_holds(tracking_uri, experiment, cell)
+    except Exception as exc:  # noqa: BLE001 - unreadable store: evaluate (and let that say what fails)
+        return f"the store could not be read ({type(exc).__name__})"
+    return None if held else f"the store {tracking_uri} no longer holds the cell's run with its probes' metrics"
+
+
+def _sqlite_holds(uri: str, experiment: str, cell: dict) -> bool:
+    import sqlite3
+
+    path = Path(uri[len("sqlite:///"):].split("?", 1)[0])
+    if not path.is_file():
+        return False
+    con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        row = con.execute(
+            "select count(*) from runs r join experiments e on e.experiment_id = r.experiment_id "
+            "join tags a on a.run_uuid = r.run_uuid and a.key = 'smallbatch.cell_id' and a.value = ? "
+            "join tags h on h.run_uuid = r.run_uuid and h.key = 'smallbatch.cell_hash' and h.value = ? "
+            "join latest_metrics m on m.run_uuid = r.run_uuid and m.key = 'knn/top1' "
+            "where e.name = ? and r.lifecycle_stage = 'active'", (cell["id"], cell["hash"], experiment)).fetchone()
+    finally:
+        con.close()
+    return bool(row and row[0])
+
+
+def _store_holds(uri: str, experiment: str, cell: dict) -> bool:
+    from .tracking import find_cell_run
+
+    return "knn/top1" in find_cell_run(uri, experiment, cell).metrics()
 
 
 def adopt(cell: dict, checkpoint: str | Path, out_dir: str | Path, tracking_uri: str | None,
@@ -96,7 +147,8 @@ def adopt(cell: dict, checkpoint: str | Path, out_dir: str | Path, tracking_uri:
     except (OSError, ValueError) as exc:
         print(f"{src}: not adopted ({exc}); evaluating", file=sys.stderr)
         return None
-    problem = _stamp_problem(stamp, cell, checkpoint, tracking_uri, experiment)
+    problem = (_stamp_problem(stamp, cell, checkpoint, tracking_uri, experiment)
+               or _files_problem(stamp, cell, texts, results) or _store_problem(cell, tracking_uri, experiment))
     if problem:
         print(f"{src}: not adopted ({problem}); evaluating", file=sys.stderr)
         return None
