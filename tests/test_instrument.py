@@ -45,6 +45,7 @@ def test_the_instrument_arms_are_paired_by_seed_and_differ_only_in_their_control
             grouped = got[base.format(256) + "-ng16"]
             assert {c["train"]["bn_group"] for c in (small, large, grouped)} == {16}
             assert grouped["train"]["neg_group"] == 16 and large["train"]["neg_group"] is None
+            assert (small["negatives"], large["negatives"], grouped["negatives"]) == (30, 510, 30)  # K = 2N-2, 2G-2
             assert small["seed"] == large["seed"] == grouped["seed"] == s
             for other in ("dcl", "sogclr"):
                 assert got[f"instrument/{dataset}/{other}/bs16-t0.1-s{s}"]["train"]["bn_group"] == 16

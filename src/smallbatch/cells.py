@@ -41,32 +41,53 @@ CELL_SECTIONS = {"train": ("train",), "eval": ("eval",), "dataset_options": ("da
 
 
 @functools.lru_cache(maxsize=1)
+def _marked(marker: str) -> dict[str, dict[str, Any]]:
+    """The schema's keys marked ``marker`` by cell section ("" for the cell's top level):
+    {section: {key: its default}}."""
+    from .config import load_schema
+
+    props = load_schema()["properties"]
+    out = {"": {k: v.get("default") for k, v in props.items() if v.get(marker)}}
+    for section, path in CELL_SECTIONS.items():
+        node = props
+        for part in path:
+            node = node[part]
+        out[section] = {k: v.get("default") for k, v in node.get("properties", {}).items() if v.get(marker)}
+    return out
+
+
 def execution_keys() -> dict[str, frozenset[str]]:
     """The settings of how a cell runs, not of what it computes -- the schema's keys marked
     ``x-execution: true`` -- by cell section ("" for the cell's top level): left out of the
     cell's hash, so switching them neither reruns a finished cell nor keeps a state from
     resuming.  Every other setting a cell carries is hashed: a new schema key is part of
     the hash unless the schema marks it."""
-    from .config import load_schema
+    return {section: frozenset(keys) for section, keys in _marked("x-execution").items()}
 
-    props = load_schema()["properties"]
-    out = {"": frozenset(k for k, v in props.items() if v.get("x-execution"))}
-    for section, path in CELL_SECTIONS.items():
-        node = props
-        for part in path:
-            node = node[part]
-        out[section] = frozenset(k for k, v in node.get("properties", {}).items() if v.get("x-execution"))
-    return out
+
+def hashed_when_set() -> dict[str, dict[str, Any]]:
+    """Settings hashed only when set off their default -- the schema's keys marked
+    ``x-hash-when-set: true`` -- by cell section: {key: default}.  Keys added after cells
+    were computed whose default computes exactly what those cells computed (a control that
+    is off, a probe that is not run): at their default a cell keeps the hash it had before
+    the key existed, so its finished results stay valid."""
+    return _marked("x-hash-when-set")
 
 
 def cell_hash(cell: dict) -> str:
     """Short hash of every setting of the cell except its execution settings
-    (:func:`execution_keys`) and its name (:data:`NAME_KEYS`)."""
-    skip = execution_keys()
-    science = {k: v for k, v in cell.items() if k not in NAME_KEYS and k not in skip[""]}
+    (:func:`execution_keys`), the settings at a default that changes nothing
+    (:func:`hashed_when_set`) and its name (:data:`NAME_KEYS`)."""
+    skip, later = execution_keys(), hashed_when_set()
+
+    def kept(section: str, items) -> dict:
+        return {k: v for k, v in items if k not in skip[section]
+                and not (k in later[section] and v == later[section][k])}
+
+    science = kept("", ((k, v) for k, v in cell.items() if k not in NAME_KEYS))
     for section in CELL_SECTIONS:
         if isinstance(science.get(section), dict):
-            science[section] = {k: v for k, v in science[section].items() if k not in skip[section]}
+            science[section] = kept(section, science[section].items())
     blob = json.dumps(science, sort_keys=True, default=str).encode()
     return hashlib.sha1(blob).hexdigest()[:10]
 
@@ -135,7 +156,7 @@ def make_cell(
         "batch_size": int(batch_size),
         "temperature": float(temperature),
         "seed": int(seed),
-        "negatives": negatives_per_anchor(batch_size, train["queue_size"]),
+        "negatives": negatives_per_anchor(train.get("neg_group") or batch_size, train["queue_size"]),
         "train": train,
         "augment": copy.deepcopy(cfg["augment"]),
         "eval": copy.deepcopy(cfg["eval"]),
