@@ -263,7 +263,8 @@ def test_every_top_level_key_is_a_cell_setting_or_is_not_in_a_cell():
 @pytest.mark.parametrize("path,node", SETTINGS, ids=[".".join(p) for p, _ in SETTINGS])
 def test_hash_changes_with_every_science_setting_and_no_execution_setting(path, node):
     """Every setting of the schema a cell carries changes the cell; the hash changes with it
-    unless the schema marks the key ``x-execution`` (how a cell runs, not what it computes)."""
+    unless the schema marks the key ``x-execution`` (how a cell runs, not what it computes).
+    (A key marked ``x-hash-when-set`` is changed off its default here, so it changes the hash.)"""
     base, other = _changed_cells(path, node)
     if path[0] != "loss_params":  # (a loss parameter off its default is also named in the id)
         assert other["id"] == base["id"]
@@ -272,6 +273,22 @@ def test_hash_changes_with_every_science_setting_and_no_execution_setting(path, 
         assert other["hash"] == base["hash"], f"execution setting {'.'.join(path)} changed the hash"
     else:
         assert other["hash"] != base["hash"], f"{'.'.join(path)} changes the cell but not its hash"
+
+
+def test_keys_added_later_hash_at_their_default_as_if_absent():
+    """A key marked x-hash-when-set (added after cells were computed; its default changes
+    nothing) leaves the hash a cell had before the key existed while at its default (set
+    off it, it changes the hash: the test above); no key is both that and execution."""
+    base = _digits_cell({})
+    cell_section = {"train": "train", "eval": "eval", "datasets": "dataset_options"}
+    later = [(p, n) for p, n in SETTINGS if n.get("x-hash-when-set")]
+    assert later, "no x-hash-when-set key left to test"
+    for path, node in later:
+        assert not node.get("x-execution"), path
+        section = cell_section[path[0]]
+        assert base[section][path[-1]] == node["default"]
+        without = {**base, section: {k: v for k, v in base[section].items() if k != path[-1]}}
+        assert cell_hash(without) == base["hash"], f"{'.'.join(path)} at its default changes the hash"
 
 
 @pytest.mark.parametrize("key", [k for k in NOT_IN_A_CELL if k not in ("experiments", "supervised_baseline")])
