@@ -21,6 +21,7 @@ WARM = {}
 
 
 onstart:
+    lock_results_folder()  # one run per results folder (common.smk)
     if config["warm_start"] and workflow.local_exec:
         from smallbatch import warm
 

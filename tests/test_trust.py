@@ -158,6 +158,10 @@ ROWS = [
           r"stop being meaningful \(s/τ overflows, or every logit is ~0\); choose a τ in that range",
           {"c.yaml": f"datasets: {{digits: {{}}}}\ngrid: {{losses: [infonce], batch_sizes: [16], temperatures: [{tau}]}}\n"})
       for tau in ("1.0e-9", "1.0e+9")),
+    Row("--cell-json whose k is above the train set", BY_JSON,
+        r"--cell-json: cell digits/infonce/bs16-t0\.5-s0: eval\.knn_k = 5000 is more than the 1,437 train images of "
+        r"digits the kNN probe votes over; use k <= 1437",
+        cell=(lambda c: {**c, "hash": cell_hash(c)})({**tiny_cell(), "eval": {**tiny_cell()["eval"], "knn_k": [5000]}})),
     Row("knn_k above the train set", ("cells", "--config", "{tmp}/c.yaml"),
         r"cell 'digits/infonce/bs16-t0\.5-s0': eval\.knn_k = 100000 is more than the 400 train images of digits the "
         r"kNN probe votes over; use k <= 400",
@@ -727,3 +731,38 @@ def test_evaluate_adopts_only_the_stamped_files_of_a_run_the_store_holds(name, c
     assert json.loads((work / "knn.json").read_text())["cell_id"] == cell["id"]
     if expect != "adopted":
         assert "not adopted (knn.json is not the file the stamp was written for)" in err
+
+
+@pytest.mark.slow
+def test_a_second_snakemake_run_on_a_results_folder_stops_before_any_job(tmp_path):
+    """Two runs on one results folder from two working directories: the second stops in one
+    line naming the first, and removes nothing of it (a job's log, an output)."""
+    import fcntl
+
+    results = tmp_path / "results"
+    log = results / "logs" / "init_store.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("the first run's log\n")
+    config = tmp_path / "c.yaml"
+    config.write_text(json.dumps({"study": "two-runs", "results_dir": str(results), "device": "cpu",
+                                  "baselines": False, "datasets": {"digits": {}},
+                                  "grid": {"losses": ["infonce"], "batch_sizes": [16], "temperatures": [0.5],
+                                           "seeds": [0]}}))
+    fd = os.open(results / ".snakemake-run.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # the first run holds the folder
+    os.write(fd, b"4242\n")
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    try:
+        res = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"),
+                              "--configfile", str(config), "--workflow-profile", str(ROOT / "workflow/profiles/default"),
+                              "--cores", "1", "--directory", str(tmp_path)],
+                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    finally:
+        os.close(fd)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0
+    assert f"results folder {results} is in use by another Snakemake run (process 4242); wait for it to finish, " \
+           "or give this run another results_dir" in out, out[-3000:]
+    assert log.read_text() == "the first run's log\n"
+    assert not (results / "mlflow.ready").exists()

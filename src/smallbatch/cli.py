@@ -161,6 +161,12 @@ def _cell_from_text(text: str, source: str, cfg: dict, baseline: bool) -> dict:
         raise ValueError(f"{source}: cell {cell['id']} says hash {cell['hash']!r} but its settings hash to "
                          f"{cell_hash(cell)!r} (edited by hand?); write it again with `smallbatch cells --write`, "
                          "or change the config instead")
+    if not baseline:  # the checks a config's cells get (an extreme tau, a k above the train set, ...)
+        from .config import _cell_problem
+
+        problem = _cell_problem(cell)
+        if problem:
+            raise ValueError(f"{source}: cell {cell['id']}: {problem}")
     return cell
 
 

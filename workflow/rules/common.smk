@@ -68,6 +68,36 @@ FEATURES = f"{R}/runs/{{cell}}/features.npz"
 EVAL_FEATURES = [FEATURES] if KEEP_FEATURES else []
 
 
+RUN_LOCK = {}
+
+
+def lock_results_folder():
+    """One Snakemake run per results folder (called by onstart, so a dry run writes nothing):
+    an flock on <results_dir>/.snakemake-run.lock, held for the life of this process.  Two
+    runs on one folder from different working directories (Snakemake's own lock is per working
+    directory) would otherwise remove each other's job logs and outputs; the second stops
+    before any job with one line naming the first."""
+    import fcntl
+    import os
+
+    Path(R).mkdir(parents=True, exist_ok=True)
+    path = f"{R}/.snakemake-run.lock"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        raise WorkflowError(f"results folder {R}: cannot open its run lock {path} ({exc.strerror})") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise WorkflowError(f"results folder {R} is in use by another Snakemake run (process {holder}); wait for it "
+                            "to finish, or give this run another results_dir") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    RUN_LOCK["fd"] = fd
+
+
 def gpu_study():
     """Do the cells train on GPUs?  device cuda; or device auto where torch sees a GPU, or
     where jobs go to a cluster (a GPU cluster's login node often has none)."""
