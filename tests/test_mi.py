@@ -258,6 +258,60 @@ def test_an_estimator_that_diverges_together_stops_as_it_would_alone(monkeypatch
         _alike(a, b)
 
 
+# --------------------------------------------------------------------------- bounded scores, eval_k, failures
+@pytest.mark.parametrize("name", ["separable", "concat"])
+def test_bounded_critic_scores_stay_within_one_over_temperature(name):
+    """With a temperature the scores are cos/t (separable) or tanh/t (concat): never beyond 1/t,
+    however large the weights grow; the stacked critics of train_estimators score the same."""
+    torch.manual_seed(0)
+    critic = mi.build_critic(name, 3, hidden=8, embed=4, temperature=0.05)
+    with torch.no_grad():
+        for p in critic.parameters():
+            p.mul_(1e3)
+    x, y = mi.sample_correlated_gaussians(6, 3, 0.9, torch.Generator().manual_seed(1))
+    s = critic.group_scores(x[None], y[None]).detach()
+    assert float(s.abs().max()) <= 20.0 + 1e-4 and float(s.abs().max()) > 10.0
+    if name == "separable":
+        stacked = mi._StackedSeparable([critic])
+        torch.testing.assert_close(stacked.group_scores(x[None], y[None])[0], s, rtol=1e-5, atol=1e-4)
+        fx = torch.nn.functional.normalize(critic.f(x), dim=-1)
+        gy = torch.nn.functional.normalize(critic.g(y), dim=-1)
+        torch.testing.assert_close(critic(x, y), (fx * gy).sum(-1) / 0.05, rtol=1e-5, atol=1e-4)
+
+
+def test_flatnce_critic_blows_up_unbounded_and_trains_stably_bounded():
+    """FlatNCE's logsumexp has no lower bound for an unbounded critic: at K = 4 and 8 nats the
+    dot-product critic's scores run away (its InfoNCE readout falls below 0, a setup failure);
+    the bounded critic of the default trains to a finite readout near log 5, and is no failure."""
+    kw = dict(hidden=32, embed=16, anchors=64)
+    rho = mi.rho_for_mi(8.0, 4)
+    free = mi.train_estimator("flatnce", "separable", 4, 8.0, 4, 150, 5e-3, 0, **kw)
+    bounded = mi.train_estimator("flatnce", "separable", 4, 8.0, 4, 150, 5e-3, 0, temperature=0.05, **kw)
+    ev_free = mi.evaluate_estimator("flatnce", free.critic, 4, rho, 4, 4, 0, anchors=64)["estimate"]
+    ev_bounded = mi.evaluate_estimator("flatnce", bounded.critic, 4, rho, 4, 4, 0, anchors=64)["estimate"]
+    assert ev_free < 0 and mi.failed(free.diverged, ev_free, bounded=False)
+    assert 1.0 < ev_bounded <= math.log(5) + 1e-6 and not mi.failed(bounded.diverged, ev_bounded, bounded=True)
+
+
+def test_failed_is_a_non_finite_loss_or_an_unbounded_critic_below_zero():
+    assert mi.failed(True, 1.0, bounded=True)
+    assert mi.failed(False, float("nan"), bounded=True)
+    assert mi.failed(False, -0.1, bounded=False)
+    assert not mi.failed(False, -0.1, bounded=True)  # a bounded critic's readout is a measurement
+    assert not mi.failed(False, 0.0, bounded=False)
+
+
+def test_eval_k_readout_is_not_capped_by_the_training_k():
+    """The oracle critic read with eval_k negatives: its InfoNCE bound is capped by log(eval_k+1),
+    not by the K of the rows it belongs to (6 nats in d=4: well above log 5 at eval_k = 256)."""
+    rho = mi.rho_for_mi(6.0, 4)
+    ev = mi.evaluate_estimator("infonce", mi.GaussianRatioCritic(rho), 4, rho, 4, 4, 0, eval_k=256)
+    assert ev["estimate"] <= math.log(5) + 1e-6
+    assert math.log(5) + 1.5 < ev["estimate_eval_k"] <= math.log(257) + 1e-6
+    again = mi.eval_k_estimate(mi.GaussianRatioCritic(rho), 256, rho, 4, 4, 0)
+    assert again["estimate_eval_k"] == ev["estimate_eval_k"]  # same batches: seeded by (seed, eval_k, rho, d)
+
+
 # --------------------------------------------------------------------------- bad input
 @pytest.mark.parametrize("call, word", [
     (lambda: mi.true_mi(1.0, 3), "rho"),
@@ -277,6 +331,9 @@ def test_an_estimator_that_diverges_together_stops_as_it_would_alone(monkeypatch
     (lambda: mi.train_estimator("infonce", "mlp", 4, 2.0, 4, 1, 1e-3, 0), "critic"),
     (lambda: mi.train_estimator("eqco", "separable", 4, 2.0, 4, 1, 1e-3, 0), "alpha"),
     (lambda: mi.SeparableCritic(0), "d"),
+    (lambda: mi.SeparableCritic(3, temperature=0), "critic_temperature"),
+    (lambda: mi.validate_section({"critic_temperature": -1}), "critic_temperature"),
+    (lambda: mi.validate_section({"eval_k": 0}), "eval_k"),
     (lambda: mi.validate_section({"dim": 0}), "dim"),
     (lambda: mi.validate_section({"ks": [4, 0]}), "ks"),
     (lambda: mi.validate_section({"mi_values": [2, -1]}), "mi_values"),
@@ -292,7 +349,7 @@ def test_bad_input_names_the_argument(call, word):
 
 def test_concat_max_k_restricts_the_grid():
     sec = mi.validate_section({"ks": [4, 64, 1024], "critics": ["separable", "concat"], "concat_max_k": 64,
-                               "estimators": ["infonce"], "mi_values": [2]})
+                               "estimators": ["infonce"], "mi_values": [2], "seeds": [0]})
     keys = [(r["critic"], r["K"]) for r in mi.grid(sec)]
     assert keys == [("separable", 4), ("separable", 64), ("separable", 1024), ("concat", 4), ("concat", 64)]
     with pytest.raises(ValueError, match="concat_max_k"):
@@ -308,6 +365,11 @@ def test_validate_section_fills_the_schemas_defaults():
     assert sec["dim"] == props["dim"]["default"] == 20
     assert sec["eqco_alpha"] == float(props["eqco_alpha"]["default"])
     assert mi.validate_section(None)["mi_values"] == [2.0, 4.0, 6.0, 8.0, 10.0]
+    # by default the learned critics' scores are bounded (FlatNCE's critic diverges unbounded) and
+    # every setting has three seeds, so that the findings have seed intervals
+    assert mi.validate_section(None)["critic_temperature"] == 0.05
+    assert len(mi.validate_section(None)["seeds"]) >= 3
+    assert mi.validate_section({"critic_temperature": None})["critic_temperature"] is None
     with pytest.raises(ValueError, match="experiments.mi.ks"):
         mi.validate_section({"ks": 16})  # a list, as the schema says
 
@@ -324,7 +386,7 @@ def test_the_schemas_estimators_and_critics_are_the_benchmarks():
 TINY = {
     "dim": 4, "mi_values": [1, 6], "ks": [4, 64], "estimators": ["infonce", "flatnce", "eqco"],
     "critics": ["separable", "oracle"], "steps": 40, "lr": 5e-3, "hidden": 16, "embed": 8,
-    "anchors": 32, "max_pairs": 1024, "eval_batches": 2, "trace_points": 10, "eqco_alpha": 1024,
+    "anchors": 32, "max_pairs": 1024, "eval_batches": 2, "trace_points": 10, "eqco_alpha": 1024, "seeds": [0],
 }
 
 
@@ -332,6 +394,8 @@ def test_run_mi_experiment_rows():
     rows = mi.run_mi_experiment(TINY, progress=False)
     assert len(rows) == 3 * 2 * 2 * 2
     for r in rows:
+        assert r["eval_k"] == 64 and r["estimate_eval_k"] <= math.log(65) + 1e-6
+        assert r["failed"] is False and r["critic_temperature"] == 0.05
         assert r["bias"] == pytest.approx(r["estimate"] - r["true_mi"])
         assert r["variance"] == pytest.approx(r["std"] ** 2)
         if r["estimator"] != "eqco":
@@ -397,7 +461,7 @@ def test_mi_step_logs_runs_and_report_section(tmp_path):
     table = pd.read_csv(tables / "mi_bias_variance.csv")
     assert len(table) == 8
     t_row = table[(table["estimator"] == "eqco") & (table["critic"] == "separable") & (table["true_mi"] == 6)].iloc[0]
-    assert t_row["estimate"] == pytest.approx(row["estimate"])
+    assert t_row["estimate_mean"] == pytest.approx(row["estimate"])
     assert t_row["variance"] == pytest.approx(row["std"] ** 2)
     # findings are computed from the numbers: the oracle's InfoNCE estimate at K=4, 6 nats appears in them
     oracle = next(r for r in data["rows"] if r["cell_id"] == "mi/infonce/oracle/K4-mi6-s0")
@@ -408,6 +472,50 @@ def test_mi_step_logs_runs_and_report_section(tmp_path):
     nce = [r for r in data["rows"] if r["estimator"] == "infonce" and r["critic"] == "separable"]
     ratio = max(r["estimate"] / math.log(r["K"] + 1) for r in nce)
     assert f"largest estimate / log(K+1) = {ratio:.3f}" in claims.loc[0, "measured"]
+
+
+def test_seed_interval_is_the_student_t_interval():
+    """mean ± t_{0.975, n-1} sd/sqrt(n) (evidence.t_interval), against the numbers by hand (t_{0.975, 2} = 4.3027)."""
+    from smallbatch.report.mi_findings import seed_interval
+
+    mean, lo, hi, n = seed_interval([1.0, 2.0, 3.0, float("nan")])
+    half = 4.302652729749464 * 1.0 / math.sqrt(3)
+    assert (mean, n) == (2.0, 3)
+    assert lo == pytest.approx(2.0 - half, rel=1e-9) and hi == pytest.approx(2.0 + half, rel=1e-9)
+    assert math.isnan(seed_interval([5.0])[1]) and seed_interval([])[3] == 0
+
+
+def _small_k_runs(flat_minus_nce: float, spread: float):
+    """Per-run frame: InfoNCE and FlatNCE critics at K 4 and 1024, true MI 6, three seeds; FlatNCE's
+    readout at eval_k is InfoNCE's + flat_minus_nce (+ a seed-dependent spread)."""
+    import pandas as pd
+
+    rows = []
+    for seed in (0, 1, 2):
+        for k in (4, 1024):
+            nce = 3.0 + (0.5 if k == 1024 else 0.0) + 0.1 * seed
+            for est, v in (("infonce", nce), ("flatnce", nce + flat_minus_nce + spread * (seed - 1))):
+                rows.append({"estimator": est, "critic": "separable", "K": k, "true_mi": 6.0, "seed": seed,
+                             "estimate": 1.0, "estimate_eval_k": v, "eval_k": 1024, "failed": False,
+                             "dual_estimate": 2.0})
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("diff, spread, verdict", [
+    (0.3, 0.01, "supported"), (-0.3, 0.01, "not supported"), (0.01, 0.5, "neither supported nor refuted")])
+def test_flatnce_small_k_claim_can_fail(diff, spread, verdict):
+    """The FlatNCE verdict follows the seed interval of FlatNCE − InfoNCE at the smallest K: better,
+    worse, or within noise; the sentence quotes the paired difference and its interval."""
+    import pandas as pd
+
+    from smallbatch.report.mi_findings import flatnce_small_k
+
+    sent, claim = flatnce_small_k(pd.DataFrame(), _small_k_runs(diff, spread))
+    assert claim["verdict"].startswith(verdict)
+    assert f"FlatNCE − InfoNCE = {diff:+.2f} [" in sent and "(paired t, 3 seeds" in sent
+    failed = _small_k_runs(diff, spread)
+    failed["failed"] = True
+    assert "not tested" in flatnce_small_k(pd.DataFrame(), failed)[0]
 
 
 def test_report_section_absent_without_mi_runs():

@@ -62,24 +62,42 @@ means over anchors; L denotes the loss values of :mod:`smallbatch.losses`):
   samples (``log`` of an unbiased sum is biased, so the readout can overshoot).
 * FlatNCE (Chen et al. 2021, "Simpler, Faster, Stronger: Breaking The log-K
   Curse On Contrastive Learners With FlatNCE", arXiv:2107.01152): trains the
-  critic with ``exp(l - stopgrad(l))``, ``l = logsumexp_j(s_j - s_+)``.  Its
-  *MI readout* is the one of the authors' official code (github.com/
+  critic with ``exp(l - stopgrad(l))``, ``l = logsumexp_j(s_j - s_+)``, whose
+  gradient is InfoNCE's divided by InfoNCE's vanishing factor ``1 - softmax_+``.
+  Its *MI readout* is the one of the authors' official code (github.com/
   qingguo666/FLO, ``Jupyter-Notebook/FlatNCE-code-snippet.ipynb``, computes
   ``res['mi'] = log(n2) - CrossEntropy(similarity)`` with n2 = K+1
   candidates): the InfoNCE bound ``I_NCE`` evaluated with the FlatNCE-trained
-  critic, ceiling ``log(K+1)``.  We could not retrieve the
-  paper's own text of an MI estimator, so this readout is the reference; in
-  addition every row carries the *dual* (FLO) readout
-  :func:`dual_estimate` = ``log K - mean_i logsumexp_j(s_j - s_+)``, i.e.
-  FlatNCE's own loss value read as an MI estimate (the FLO bound of Guo et al.
-  2021 with its second critic set to the batch's self-normalised optimum).
-  That readout has no log-K ceiling but is not a guaranteed lower bound.
-  Note: with scores from an unbounded critic (not cosine/tau as in the image
-  experiments) FlatNCE's ``l`` has no lower bound: once the critic ranks every
-  positive above its K negatives, scaling the scores up drives ``l`` to
-  ``-inf``, and training follows that direction (likely when the true MI is
-  well above ``log(K+1)``); the InfoNCE readout of such a critic then drops
-  below 0, the value of a constant critic.
+  critic, ceiling ``log(K+1)`` *by construction*, so that readout cannot show
+  the curse broken.  The paper's claim is about training ("contrastive learners
+  fail in the small-batch regime ... FlatNCE fixes this"): what a small K does
+  to the critic that is learnt.  That is tested by :func:`eval_k_estimate`,
+  every trained critic's InfoNCE bound against ``eval_k`` (default: the largest
+  K) negatives: a FlatNCE critic trained with K = 4 that is as good as one
+  trained with K = 1024 reads the same there, uncapped by its training K.
+  Every row also carries the *dual* (FLO) readout :func:`dual_estimate` =
+  ``log K - mean_i logsumexp_j(s_j - s_+)``, FlatNCE's own loss value read as
+  an MI estimate (the FLO bound of Guo et al. 2021 with its second critic set
+  to the batch's self-normalised optimum): no log-K ceiling, but not a lower
+  bound (it reads far above the true MI once scores saturate).
+
+Bounded scores.  FlatNCE's ``l`` has no lower bound for an unbounded critic:
+once the critic ranks every positive above its K negatives, scaling the scores
+up drives ``l`` to ``-inf``, and training follows that direction.  With the
+unbounded dot-product critic FlatNCE's readout fell below 0 (to -1.1e8 nats)
+in 15 of the 25 settings of the former default grid (K 4-1024 x true MI
+2-10 nats, 500 steps, seed 0); a 5x smaller learning rate (11 of 25) or
+gradient-norm clipping at 1 (14 of 25) did not stop it; bounded scores did (0
+of 25).  So the learned critics score ``cos(f(x), g(y)) / critic_temperature``
+(the paper's own parameterisation: l2-normalised embeddings and an inverse
+temperature), for every estimator alike; with 0.05 the score gap can reach 40
+nats, far above every ``log(K+1)`` and true MI of the grid, and InfoNCE's
+estimates were no lower than with the unbounded critic in that grid.  A row
+whose training still turns non-finite, or an unbounded critic's whose readout is
+below 0, is a setup
+failure (:func:`failed`), reported as such and never as a measurement; a
+bounded critic's readout below 0 is a measurement (FlatNCE's critic, pushed to
+the bound, is overconfident where the positives cannot be told apart).
 
 Critics: :class:`SeparableCritic` ``f(x)^T g(y)`` and :class:`ConcatCritic`
 ``h([x, y])`` (Poole et al.'s two families), and :class:`GaussianRatioCritic`,
@@ -99,6 +117,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 
 from .losses import build_loss
 
@@ -124,6 +143,8 @@ __all__ = [
     "train_estimator",
     "train_estimators",
     "evaluate_estimator",
+    "eval_k_estimate",
+    "failed",
     "validate_section",
     "grid",
     "run_mi_experiment",
@@ -236,6 +257,15 @@ def _check_width(v: Any, name: str) -> int:
     return v
 
 
+def _check_temperature(t: Any) -> float | None:
+    """None (unbounded scores) or a finite number > 0."""
+    if t is None:
+        return None
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not (math.isfinite(t) and t > 0):
+        raise ValueError(f"critic_temperature must be a number > 0 (or null for unbounded scores), got {t!r}")
+    return float(t)
+
+
 def _pair_index(a: int, n: int, device: Any = None) -> Tensor:
     """``(a, n)`` indices: anchor i's candidates are ``y_{(i+m) mod n}``, m = 0 (its positive) .. n-1."""
     return (torch.arange(a, device=device)[:, None] + torch.arange(n, device=device)[None, :]) % n
@@ -244,23 +274,38 @@ def _pair_index(a: int, n: int, device: Any = None) -> Tensor:
 class SeparableCritic(nn.Module):
     """Separable critic ``s(x, y) = f(x)^T g(y)`` (Poole et al. 2019), f and g MLPs
     ``d -> hidden -> hidden -> embed`` (ReLU).  All anchor-candidate scores of a
-    group come from one ``(A, E) x (E, n)`` matrix product."""
+    group come from one ``(A, E) x (E, n)`` matrix product.
 
-    def __init__(self, d: int, hidden: int = 64, embed: int = 32, layers: int = 2) -> None:
+    With ``temperature`` set the scores are bounded, ``cos(f(x), g(y)) / temperature``
+    (l2-normalised embeddings and an inverse temperature, the parameterisation of
+    FlatNCE's official code and of the image experiments); ``None``: the unbounded dot
+    product."""
+
+    def __init__(self, d: int, hidden: int = 64, embed: int = 32, layers: int = 2,
+                 temperature: float | None = None) -> None:
         super().__init__()
         d = _check_dim(d)
         hidden, embed = _check_width(hidden, "hidden"), _check_width(embed, "embed")
+        self.temperature = _check_temperature(temperature)
         self.f = _mlp(d, hidden, embed, layers)
         self.g = _mlp(d, hidden, embed, layers)
 
+    def _embed(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        fx, gy = self.f(x), self.g(y)
+        if self.temperature is None:
+            return fx, gy
+        return F.normalize(fx, dim=-1) / self.temperature, F.normalize(gy, dim=-1)
+
     def forward(self, x: Tensor, y: Tensor) -> Tensor:
         """Scores of matching rows: ``x, y (..., d) -> (...)``."""
-        return (self.f(x) * self.g(y)).sum(-1)
+        fx, gy = self._embed(x, y)
+        return (fx * gy).sum(-1)
 
     def group_scores(self, xa: Tensor, y: Tensor) -> Tensor:
         """``xa (G, A, d)`` anchors, ``y (G, n, d)`` -> ``(G, A, n)``: column m is ``y_{(i+m) mod n}``."""
         a, n = xa.shape[1], y.shape[1]
-        full = self.f(xa) @ self.g(y).transpose(1, 2)  # (G, A, n)
+        fx, gy = self._embed(xa, y)
+        full = fx @ gy.transpose(1, 2)  # (G, A, n)
         idx = _pair_index(a, n, xa.device).expand(xa.shape[0], a, n)
         return torch.gather(full, 2, idx)
 
@@ -274,18 +319,21 @@ class ConcatCritic(nn.Module):
     the two halves are added per pair; the cost per pair is then the rest of
     the MLP (one ``hidden x hidden`` layer), and the number of pairs per step is
     capped by the anchor subsampling described in the module docstring.
+    With ``temperature`` set the scores are bounded the same way as the separable
+    critic's, ``tanh(h) / temperature`` in ``(-1/temperature, 1/temperature)``.
     """
 
     #: one MLP evaluation per scored pair: training caps the pairs per step (max_pairs)
     pairwise = True
 
-    def __init__(self, d: int, hidden: int = 64, layers: int = 2) -> None:
+    def __init__(self, d: int, hidden: int = 64, layers: int = 2, temperature: float | None = None) -> None:
         super().__init__()
         d = _check_dim(d)
         hidden = _check_width(hidden, "hidden")
         if layers < 1:
             raise ValueError(f"layers must be >= 1, got {layers!r}")
         self.d = d
+        self.temperature = _check_temperature(temperature)
         self.first = nn.Linear(2 * d, hidden)
         self.rest = _mlp(hidden, hidden, 1, layers - 1) if layers > 1 else nn.Linear(hidden, 1)
 
@@ -295,7 +343,10 @@ class ConcatCritic(nn.Module):
 
     def forward(self, x: Tensor, y: Tensor) -> Tensor:
         """Scores of matching rows: ``x, y (..., d) -> (...)`` (``h(cat[x, y])``)."""
-        return self.rest(torch.relu(self.first(torch.cat([x, y], dim=-1)))).squeeze(-1)
+        return self._bound(self.rest(torch.relu(self.first(torch.cat([x, y], dim=-1)))).squeeze(-1))
+
+    def _bound(self, h: Tensor) -> Tensor:
+        return h if self.temperature is None else torch.tanh(h) / self.temperature
 
     def group_scores(self, xa: Tensor, y: Tensor) -> Tensor:
         """``xa (G, A, d)`` anchors, ``y (G, n, d)`` -> ``(G, A, n)``: column m is ``y_{(i+m) mod n}``."""
@@ -303,7 +354,7 @@ class ConcatCritic(nn.Module):
         hx, hy = self._halves(xa, y)  # (G, A, H), (G, n, H)
         idx = _pair_index(a, n, xa.device)
         pre = hx[:, :, None, :] + hy[:, idx, :]  # (G, A, n, H)
-        return self.rest(torch.relu(pre)).squeeze(-1)
+        return self._bound(self.rest(torch.relu(pre)).squeeze(-1))
 
 
 class GaussianRatioCritic(nn.Module):
@@ -323,13 +374,14 @@ class GaussianRatioCritic(nn.Module):
 
 
 def build_critic(name: str, d: int, *, hidden: int = 64, embed: int = 32, layers: int = 2,
-                 rho: float | None = None) -> nn.Module:
-    """``separable`` | ``concat`` | ``oracle`` (the oracle needs ``rho``)."""
+                 rho: float | None = None, temperature: float | None = None) -> nn.Module:
+    """``separable`` | ``concat`` | ``oracle`` (the oracle needs ``rho``; ``temperature``
+    bounds the learned critics' scores, see :class:`SeparableCritic`)."""
     key = str(name).strip().lower()
     if key == "separable":
-        return SeparableCritic(d, hidden, embed, layers)
+        return SeparableCritic(d, hidden, embed, layers, temperature)
     if key == "concat":
-        return ConcatCritic(d, hidden, layers)
+        return ConcatCritic(d, hidden, layers, temperature)
     if key == "oracle":
         if rho is None:
             raise ValueError("rho is required for the oracle critic")
@@ -465,6 +517,7 @@ def train_estimator(
     hidden: int = 64,
     embed: int = 32,
     layers: int = 2,
+    temperature: float | None = None,
 ) -> TrainResult:
     """Train ``critic`` by the estimator's loss on fresh batches (K negatives per anchor).
 
@@ -482,7 +535,7 @@ def train_estimator(
     key = _check_estimator(estimator)
     k, d, rho, steps, lr = _check_training(K, d, true_mi, steps, lr)
     if isinstance(critic, str):
-        critic = _new_critic(critic, seed, d, rho, hidden, embed, layers)
+        critic = _new_critic(critic, seed, d, rho, hidden, embed, layers, temperature)
     a_train = train_anchors(k, anchors, max_pairs if getattr(critic, "pairwise", False) else None)
     loss_fn = estimator_loss(key, alpha)
     gen = _train_generator(seed, k, true_mi, d)
@@ -520,10 +573,11 @@ def _check_training(K, d, true_mi_value, steps, lr) -> tuple[int, int, float, in
     return k, d, rho_for_mi(mi, d), steps, lr
 
 
-def _new_critic(name: str, seed: int, d: int, rho: float, hidden: int, embed: int, layers: int) -> nn.Module:
+def _new_critic(name: str, seed: int, d: int, rho: float, hidden: int, embed: int, layers: int,
+                temperature: float | None = None) -> nn.Module:
     """The critic ``name`` initialised from ``seed`` (the same start for every estimator, K and MI)."""
     torch.manual_seed(_stable_seed("critic", seed, name))
-    return build_critic(name, d, hidden=hidden, embed=embed, layers=layers, rho=rho)
+    return build_critic(name, d, hidden=hidden, embed=embed, layers=layers, rho=rho, temperature=temperature)
 
 
 def _train_generator(seed: int, k: int, mi: float, d: int) -> torch.Generator:
@@ -547,6 +601,7 @@ class _StackedSeparable(nn.Module):
 
     def __init__(self, critics: Sequence[SeparableCritic]) -> None:
         super().__init__()
+        self.temperature = critics[0].temperature
         self.f = self._stack([c.f for c in critics])
         self.g = self._stack([c.g for c in critics])
 
@@ -574,6 +629,8 @@ class _StackedSeparable(nn.Module):
         (g, a, d), n = xa.shape, y.shape[1]
         fx = self._mlp(self.f, xa.reshape(-1, d)).view(-1, g, a, self.f[-1].shape[-1])
         gy = self._mlp(self.g, y.reshape(-1, d)).view(-1, g, n, self.g[-1].shape[-1])
+        if self.temperature is not None:
+            fx, gy = F.normalize(fx, dim=-1) / self.temperature, F.normalize(gy, dim=-1)
         full = fx @ gy.transpose(-1, -2)
         return torch.gather(full, 3, _pair_index(a, n, xa.device).expand(full.shape))
 
@@ -593,7 +650,7 @@ class _StackedSeparable(nn.Module):
 def train_estimators(estimators: Sequence[str], critic: str, K: int, true_mi: float, d: int,  # noqa: F811
                      steps: int, lr: float, seed: int, *, alpha: float | None = None, anchors: int = 128,
                      max_pairs: int | None = 8192, hidden: int = 64, embed: int = 32,
-                     layers: int = 2) -> list[TrainResult]:
+                     layers: int = 2, temperature: float | None = None) -> list[TrainResult]:
     """:func:`train_estimator` for several estimators of one (critic, K, MI, seed) at once.
 
     They start from the same critic and draw the same batches, so for the separable critic
@@ -605,7 +662,7 @@ def train_estimators(estimators: Sequence[str], critic: str, K: int, true_mi: fl
     critic of that step, as alone.  Other critics train one estimator at a time."""
     keys = [_check_estimator(e) for e in estimators]
     k, d, rho, steps, lr = _check_training(K, d, true_mi, steps, lr)
-    critics = [_new_critic(critic, seed, d, rho, hidden, embed, layers) for _ in keys]
+    critics = [_new_critic(critic, seed, d, rho, hidden, embed, layers, temperature) for _ in keys]
     if len(keys) < 2 or not isinstance(critics[0], SeparableCritic):
         return [train_estimator(e, c, K, true_mi, d, steps, lr, seed, alpha=alpha, anchors=anchors,
                                 max_pairs=max_pairs) for e, c in zip(keys, critics)]
@@ -649,12 +706,16 @@ def evaluate_estimator(
     *,
     alpha: float | None = None,
     anchors: int = 128,
+    eval_k: int | None = None,
 ) -> dict[str, Any]:
     """The estimator's readout on ``batches`` fresh batches (same layout as training).
 
     Returns ``estimates``/``duals`` (one per batch) and their means and
     population standard deviations (``estimate``, ``std``, ``dual_estimate``,
-    ``dual_std``)."""
+    ``dual_std``).  With ``eval_k`` also ``estimate_eval_k``/``std_eval_k``: the
+    InfoNCE bound ``log(eval_k+1) - L_InfoNCE`` of the same critic against
+    ``eval_k`` negatives per anchor, whatever the estimator and the K it trained
+    with (:func:`eval_k_estimate`)."""
     key = _check_estimator(estimator)
     k = _check_k(K)
     d = _check_dim(d)
@@ -671,11 +732,36 @@ def evaluate_estimator(
         est.append(float(mi_estimate(key, pos, neg, alpha, loss=loss_fn)))
         dual.append(float(dual_estimate(pos, neg)))
     e, du = torch.tensor(est, dtype=torch.float64), torch.tensor(dual, dtype=torch.float64)
-    return {
+    out = {
         "estimates": est, "duals": dual,
         "estimate": float(e.mean()), "std": float(e.std(unbiased=False)),
         "dual_estimate": float(du.mean()), "dual_std": float(du.std(unbiased=False)),
     }
+    if eval_k is not None:
+        out.update(eval_k_estimate(critic, eval_k, r, d, batches, seed, anchors=anchors))
+    return out
+
+
+@torch.no_grad()
+def eval_k_estimate(critic: nn.Module, eval_k: int, rho: float, d: int, batches: int, seed: int, *,
+                    anchors: int = 128) -> dict[str, float]:
+    """The critic's InfoNCE bound with ``eval_k`` negatives per anchor on ``batches`` fresh
+    batches: ``{'estimate_eval_k': mean, 'std_eval_k': population std}``.
+
+    This is how good a critic the training made, read with the same many negatives
+    for every estimator and training K: a critic trained with few negatives that is
+    as good as one trained with many reads the same here (FlatNCE's claim that its
+    learner escapes the log-K curse of small batches), while its own readout at the
+    training K stays capped at ``log(K+1)``.  Ceiling ``log(eval_k+1)``."""
+    k, d, r = _check_k(eval_k, "eval_k"), _check_dim(d), _check_rho(rho)
+    gen = torch.Generator().manual_seed(_stable_seed("eval_k", seed, k, r, d))
+    critic.eval()
+    vals = []
+    for _ in range(batches):
+        x, y = _sample_groups(k, anchors, d, r, gen)
+        vals.append(float(mi_estimate("infonce", *batch_scores(critic, x, y, anchors))))
+    v = torch.tensor(vals, dtype=torch.float64)
+    return {"estimate_eval_k": float(v.mean()), "std_eval_k": float(v.std(unbiased=False))}
 
 
 # --------------------------------------------------------------------------- the experiment
@@ -686,7 +772,9 @@ def validate_section(section: dict | None) -> dict:
     from .config import validate_config
 
     sec = validate_config({"experiments": {"mi": dict(section or {})}})["experiments"]["mi"]
-    return {**sec, "eqco_alpha": float(sec["eqco_alpha"]), "lr": float(sec["lr"])}
+    temp = sec.get("critic_temperature")
+    return {**sec, "eqco_alpha": float(sec["eqco_alpha"]), "lr": float(sec["lr"]),
+            "critic_temperature": None if temp is None else float(temp)}
 
 
 def _thin(trace: Sequence[float], points: int) -> list[tuple[int, float]]:
@@ -729,31 +817,60 @@ def _same_data(keys: list[dict]) -> list[list[dict]]:
     return groups
 
 
-def _row(sec: dict, key: dict, res: TrainResult) -> dict:
-    """One row of the experiment: the trained critic read out on fresh batches."""
+def _row(sec: dict, key: dict, res: TrainResult, oracle_eval_k: dict) -> dict:
+    """One row of the experiment: the trained critic read out on fresh batches.  The
+    oracle's readout at ``eval_k`` is the same for every K and estimator of one (seed,
+    true MI): ``oracle_eval_k`` keeps it, so it is computed once."""
     t0 = time.perf_counter()
     est, k, mi, d = key["estimator"], key["K"], key["true_mi"], sec["dim"]
     rho, alpha = rho_for_mi(mi, d), (sec["eqco_alpha"] if key["estimator"] == "eqco" else None)
+    eval_k = sec["eval_k"] if sec.get("eval_k") is not None else max(sec["ks"])
     ev = evaluate_estimator(est, res.critic, k, rho, d, sec["eval_batches"], key["seed"], alpha=alpha,
                             anchors=sec["anchors"])
+    if isinstance(res.critic, GaussianRatioCritic):
+        cached = (key["seed"], float(mi), eval_k)
+        if cached not in oracle_eval_k:
+            oracle_eval_k[cached] = eval_k_estimate(res.critic, eval_k, rho, d, sec["eval_batches"], key["seed"],
+                                                    anchors=sec["anchors"])
+        ev.update(oracle_eval_k[cached])
+    else:
+        ev.update(eval_k_estimate(res.critic, eval_k, rho, d, sec["eval_batches"], key["seed"],
+                                  anchors=sec["anchors"]))
     tail = res.trace[-max(1, len(res.trace) // 10):] if res.trace else []
     return {
         **key, "dim": d, "rho": rho, "alpha": alpha,
         "estimate": ev["estimate"], "std": ev["std"], "variance": ev["std"] ** 2,
         "bias": ev["estimate"] - mi, "ceiling": mi_ceiling(est, k, alpha),
         "dual_estimate": ev["dual_estimate"], "dual_std": ev["dual_std"],
+        "eval_k": eval_k, "estimate_eval_k": ev["estimate_eval_k"], "std_eval_k": ev["std_eval_k"],
         "train_final": float(sum(tail) / len(tail)) if tail else None,
-        "steps": res.steps, "diverged": res.diverged,
+        "steps": res.steps, "diverged": res.diverged, "failed": failed(res.diverged, ev["estimate"], _bounded(res.critic)),
         "anchors": sec["anchors"], "train_anchors": res.extra["train_anchors"],
         "hidden": sec["hidden"], "embed": sec["embed"], "layers": sec["layers"], "lr": sec["lr"],
+        "critic_temperature": sec["critic_temperature"],
         "seconds": res.seconds + time.perf_counter() - t0,
     }
+
+
+def failed(diverged: bool, estimate: float, bounded: bool) -> bool:
+    """A row is a failure of the setup, not a measurement, when training hit a non-finite
+    loss, or when an unbounded critic reads below 0 nats, worse than the constant critic:
+    its scores blew up (the dot-product FlatNCE critics that read -1e8 nats had scores
+    beyond 1e3).  A bounded critic's scores cannot blow up, so its readout, negative or
+    not, is a measurement (FlatNCE's critic at small K and low MI is overconfident)."""
+    return bool(diverged) or not math.isfinite(estimate) or (not bounded and estimate < 0.0)
+
+
+def _bounded(critic: nn.Module) -> bool:
+    """Scores that cannot blow up: a learned critic with a temperature, or the (untrained) oracle."""
+    return isinstance(critic, GaussianRatioCritic) or getattr(critic, "temperature", None) is not None
 
 
 def _print_row(i: int, n: int, row: dict) -> None:
     print(f"[mi {i}/{n}] {row['estimator']:8s} {row['critic']:9s} K={row['K']:<5d} I={row['true_mi']:g}: "
           f"estimate {row['estimate']:.3f} ± {row['std']:.3f} (ceiling {row['ceiling']:.2f}, "
-          f"dual {row['dual_estimate']:.2f}) {row['seconds']:.1f}s{' DIVERGED' if row['diverged'] else ''}",
+          f"dual {row['dual_estimate']:.2f}, at K={row['eval_k']} {row['estimate_eval_k']:.2f}) "
+          f"{row['seconds']:.1f}s{' SETUP FAILURE' if row['failed'] else ''}",
           file=sys.stderr, flush=True)
 
 
@@ -770,15 +887,19 @@ def run_mi_experiment(
     else None), ``estimate`` (mean over the final ``eval_batches`` evaluation
     batches), ``std`` (their population std), ``variance``, ``bias``
     (estimate - true MI), ``ceiling``, ``dual_estimate``, ``dual_std``,
-    ``train_final`` (mean training estimate over the last 10% of steps; None
-    without training, i.e. for the oracle critic), ``train_anchors``,
-    ``steps``, ``diverged``, ``seconds``.  ``log_fn(row, trace)`` is called
+    ``eval_k``, ``estimate_eval_k``, ``std_eval_k`` (the critic's InfoNCE bound
+    with ``eval_k`` negatives, :func:`eval_k_estimate`), ``train_final`` (mean
+    training estimate over the last 10% of steps; None without training, i.e. for
+    the oracle critic), ``train_anchors``, ``steps``, ``diverged``, ``failed``
+    (:func:`failed`: a setup failure, never a measurement), ``critic_temperature``,
+    ``seconds``.  ``log_fn(row, trace)`` is called
     after each row with the thinned training trace ``[(step, estimate), ...]``.
     """
     sec = validate_section(section)
     old_threads = torch.get_num_threads()
     torch.set_num_threads(sec["threads"])
     rows: list[dict] = []
+    oracle_eval_k: dict = {}
     keys = grid(sec)
     t_all = time.perf_counter()
     try:
@@ -788,9 +909,10 @@ def run_mi_experiment(
             results = train_estimators([g["estimator"] for g in group], first["critic"], first["K"],
                                        first["true_mi"], sec["dim"], sec["steps"], sec["lr"], first["seed"],
                                        alpha=alpha, anchors=sec["anchors"], max_pairs=sec["max_pairs"],
-                                       hidden=sec["hidden"], embed=sec["embed"], layers=sec["layers"])
+                                       hidden=sec["hidden"], embed=sec["embed"], layers=sec["layers"],
+                                       temperature=sec["critic_temperature"])
             for key, res in zip(group, results):
-                rows.append(_row(sec, key, res))
+                rows.append(_row(sec, key, res, oracle_eval_k))
                 if log_fn is not None:
                     log_fn(rows[-1], _thin(res.trace, sec["trace_points"]))
                 if progress:

@@ -12,11 +12,15 @@ becomes one MLflow run of kind ``mi``:
 * tag ``smallbatch.experiment = mi``;
 * params: ``estimator, critic, K, negatives`` (= K), ``true_mi, seed, dim, rho,
   alpha`` (EqCo only), ``steps, lr, hidden, embed, layers, anchors,
-  train_anchors, max_pairs, eval_batches``;
+  train_anchors, critic_temperature`` (unbounded critics: absent), ``eval_k,
+  max_pairs, eval_batches``;
 * metrics (step = training steps): ``mi/estimate, mi/std, mi/variance,
   mi/bias, mi/ceiling, mi/true_mi, mi/dual_estimate, mi/dual_std,
-  mi/train_final, mi/seconds``, and the training trace ``mi/train_estimate``
-  (window means, ``trace_points`` values per run).
+  mi/estimate_eval_k, mi/std_eval_k, mi/train_final, mi/seconds``, and the
+  training trace ``mi/train_estimate`` (window means, ``trace_points`` values
+  per run);
+* status ``diverged`` for a row :func:`smallbatch.mi.failed` calls a setup failure
+  (non-finite loss, or an unbounded critic's readout below 0), ``finished`` otherwise.
 
 A re-run of an interrupted step resumes the same runs (same id and hash) and
 skips the steps already logged, so nothing is logged twice.
@@ -37,9 +41,9 @@ from . import mi
 _HASH_EXCLUDE = {"enabled", "threads", "mi_values", "ks", "estimators", "critics", "seeds"}
 
 METRIC_KEYS = ("estimate", "std", "variance", "bias", "ceiling", "true_mi", "dual_estimate", "dual_std",
-               "train_final", "seconds")
+               "estimate_eval_k", "std_eval_k", "train_final", "seconds")
 PARAM_KEYS = ("estimator", "critic", "K", "true_mi", "seed", "dim", "rho", "alpha", "steps", "lr", "hidden",
-              "embed", "layers", "anchors", "train_anchors")
+              "embed", "layers", "anchors", "train_anchors", "critic_temperature", "eval_k")
 
 
 def cell_id(row: dict) -> str:
@@ -98,7 +102,7 @@ def run_mi_step(section: dict | None, out_path: str | Path, tracking_uri: str | 
             run.log({"mi/train_estimate": value}, step)
         final_step = int(row["steps"])
         run.log({f"mi/{k}": row[k] for k in METRIC_KEYS if row.get(k) is not None}, final_step)
-        run.set_status("diverged" if row.get("diverged") else "finished")
+        run.set_status("diverged" if row.get("failed") else "finished")
 
     rows = mi.run_mi_experiment(sec, log_fn=log_row if tracking_uri else None, progress=progress)
     result = {
