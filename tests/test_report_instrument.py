@@ -1,0 +1,112 @@
+"""The instrument section against designed arms: a penalty that lives in the negatives part, a
+null bounded below 0.5 points, and a null the seeds cannot bound."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from smallbatch.report import instrument
+from smallbatch.report.context import ReportContext
+
+SEEDS = range(5)
+#: per-seed noise shared by every arm of one seed (pairing removes it) plus a little of each arm's own
+SHARED = [0.9, -1.1, 0.4, -0.3, 0.1]
+OWN = {"infonce@16": [0.05, -0.04, 0.02, -0.03, 0.0], "infonce@256": [-0.02, 0.03, 0.0, 0.04, -0.05],
+       "infonce@256/G": [0.01, 0.02, -0.04, 0.0, 0.01], "dcl@16": [0.0, 0.03, -0.02, 0.01, -0.02],
+       "sogclr@16": [0.02, -0.01, 0.0, -0.03, 0.02]}
+ARM_PARAMS = {"infonce@16": ("infonce", 16, "None"), "infonce@256": ("infonce", 256, "None"),
+              "infonce@256/G": ("infonce", 256, "16"), "dcl@16": ("dcl", 16, "None"),
+              "sogclr@16": ("sogclr", 16, "None")}
+
+
+def _runs(means: dict[str, dict[str, float]], own_scale: dict[str, float]) -> pd.DataFrame:
+    rows = []
+    for ds, arms in means.items():
+        for (arm, mean), s in itertools.product(arms.items(), SEEDS):
+            loss, bs, group = ARM_PARAMS[arm]
+            v = mean + SHARED[s] + own_scale[ds] * OWN[arm][s]
+            rows.append({"run_id": f"{ds}-{arm}-{s}", "kind": "cell", "status": "FINISHED", "section": "instrument",
+                         "cell_id": f"instrument/{ds}/{arm}-s{s}", "start_time": 1, "dataset": ds, "loss": loss,
+                         "batch_size": bs, "temperature": 0.1, "seed": s, "baseline": None,
+                         "params.neg_group": group, "params.mask_same_class": "False",
+                         **{f"metrics.{key}": v for key, _ in instrument.METRICS.values()}})
+    for ds, (name, mean) in itertools.product(means, (("random_init", 40.0), ("supervised", 70.0))):
+        for s in (0, 1):
+            rows.append({"run_id": f"{ds}-{name}-{s}", "kind": "baseline", "status": "FINISHED",
+                         "section": "baseline", "cell_id": f"baselines/{ds}/{name}-s{s}", "start_time": 1,
+                         "dataset": ds, "loss": None, "batch_size": np.nan, "temperature": np.nan, "seed": s,
+                         "baseline": name, **{f"metrics.{key}": mean + 0.3 * s for key, _ in
+                                              instrument.METRICS.values()}})
+    return pd.DataFrame(rows)
+
+
+DESIGN = {
+    # the penalty is all negatives: grouped loses what small loses, at the large batch's steps
+    "negatives": {"infonce@16": 58.0, "infonce@256": 60.0, "infonce@256/G": 58.0, "dcl@16": 60.0,
+                  "sogclr@16": 60.0},
+    "null": {arm: 60.0 for arm in OWN},
+}
+
+
+def _rows(own_scale=None):
+    own_scale = own_scale or {"negatives": 1.0, "null": 1.0}
+    runs = _runs(DESIGN, own_scale)
+    cells = runs[runs["kind"] == "cell"].assign(arm=lambda d: [instrument.arm_of(r) for _, r in d.iterrows()])
+    vals, base = instrument.arm_values(cells, 100.0 / 100.0), instrument._baseline_values(runs, 1.0)
+    return instrument.contrast_rows(vals, base, sorted(DESIGN)), runs
+
+
+def _by(rows, ds, name, metric="linear"):
+    return next(r for r in rows if r["dataset"] == ds and r["contrast"] == name and r["metric"] == metric)
+
+
+def test_a_penalty_of_negatives_is_found_and_attributed_to_the_negatives_part():
+    rows, _ = _rows()
+    small_large = _by(rows, "negatives", "small − large")
+    neg, steps = _by(rows, "negatives", "negatives part (grouped − large)"), _by(rows, "negatives",
+                                                                                  "steps part (small − grouped)")
+    assert small_large["diff"] == pytest.approx(-2.0, abs=0.1) and small_large["significant"]
+    assert neg["diff"] == pytest.approx(-2.0, abs=0.1) and neg["significant"]
+    assert steps["diff"] == pytest.approx(0.0, abs=0.1) and not steps["significant"]
+    # the decomposition is exact seed by seed
+    assert small_large["diff"] == pytest.approx(neg["diff"] + steps["diff"], abs=1e-9)
+    text = " ".join(instrument.findings(rows))
+    assert "negatives: a small-batch penalty" not in text  # the data set name is not part of the verdict
+    assert "On negatives (linear probe), InfoNCE small − large" in text and "a small-batch penalty" in text
+    assert "Its negatives part" in text and "significant" in text and "Its steps part" in text
+
+
+def test_a_null_with_tight_seeds_is_bounded_and_a_noisy_one_is_not():
+    rows, _ = _rows()
+    e = _by(rows, "null", "small − large")
+    assert not e["significant"] and e["bounded"] and e["hi"] - e["lo"] < 2 * instrument.BOUND
+    assert "bounds it below 0.5 points" in " ".join(instrument.findings(rows))
+    noisy, _ = _rows({"negatives": 1.0, "null": 40.0})
+    e = _by(noisy, "null", "small − large")
+    assert not e["significant"] and not e["bounded"] and e["mde"] > instrument.BOUND
+    assert "not bounded below 0.5 points (MDE at 80 % power" in " ".join(instrument.findings(noisy))
+
+
+def test_contrasts_are_holm_adjusted_within_one_probe_and_scaled_by_the_supervised_gap():
+    rows, _ = _rows()
+    lin = [r for r in rows if r["metric"] == "linear"]
+    assert len(lin) == 2 * 5  # two data sets x five contrasts (no oracle arm)
+    assert all(r["p_holm"] >= r["p"] for r in lin if np.isfinite(r["p"]))
+    assert {r["estimate"].family for r in lin} == {len([r for r in lin if r["estimate"].tested])}
+    r = _by(rows, "negatives", "small − large")
+    assert r["fraction_of_supervised_gap"] == pytest.approx(r["diff"] / 30.0)
+
+
+def test_the_section_writes_its_tables_figure_and_findings(tmp_path):
+    _, runs = _rows()
+    ctx = ReportContext(out_dir=tmp_path, tracking_uri="", experiment="x", reader=None, scale=1.0,
+                        papers=pd.DataFrame(), runs=runs)
+    out = instrument.build(runs, ctx)
+    names = {p.name for p in out.files}
+    assert {"instrument_arms.csv", "instrument_contrasts.md", "instrument_arms.png", "instrument_arms.svg", "instrument_contrasts.png"} <= names
+    assert any(s.startswith("Self-supervision on negatives (10 % labels") for s in out.findings)
+    assert "InfoNCE B=256, G=16" in (tmp_path / "tables" / "instrument_arms.md").read_text()
