@@ -39,7 +39,7 @@ def test_two_entries_of_one_size_without_a_control_collide_loudly():
 def test_the_instrument_arms_are_paired_by_seed_and_differ_only_in_their_control():
     got = _instrument_cells()
     for dataset in ("fashion_mnist", "fashion_mnist_pairs"):
-        for s in range(5):
+        for s in range(6):
             base = f"instrument/{dataset}/infonce/bs{{}}-t0.1-s{s}"
             small, large = got[base.format(16)], got[base.format(256)]
             grouped = got[base.format(256) + "-ng16"]
