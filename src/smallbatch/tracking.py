@@ -3,7 +3,15 @@
 One experiment per study, one run per cell.  A run is found again by its cell
 id and config hash (tags ``smallbatch.cell_id`` / ``smallbatch.cell_hash``), so
 a re-run of an unfinished cell resumes the same run and never duplicates it;
-a changed config (new hash) is a new run.
+a changed config (new hash) is a new run, and so is a pretraining rerun of a
+finished cell (a finished run is never flipped back to RUNNING).
+
+One trainer per cell per store: a pretraining leases its run (tag
+``smallbatch.lease``: its folder, host and PID, renewed as it logs) and a trainer
+writing into another folder is refused in one line while that lease is live
+(the folder's own lock, :class:`smallbatch.io.CellLock`, keeps two trainers of one
+folder apart).  A cell that fails once its run is open ends it FAILED with the
+error's first line as ``smallbatch.error``.
 
 Metrics are buffered and written with ``log_batch`` (one call costs about the
 same as one ``log_metric``: ~7 ms on SQLite, ~55 ms over HTTP).  After a resume
