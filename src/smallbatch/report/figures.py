@@ -26,10 +26,44 @@ def plot_style():
     return plt, sns, {"svg.hashsalt": "smallbatch", "figure.max_open_warning": 0}
 
 
-def palette(labels: Sequence[str]) -> dict:
-    import seaborn as sns
+#: one colour per loss in every figure of the report (Okabe–Ito, colour-blind safe), keyed by registry name
+LOSS_COLORS = {"infonce": "#0072B2", "flatnce": "#D55E00", "dcl": "#009E73", "dclw": "#CC79A7", "eqco": "#E69F00",
+               "sogclr": "#56B4E9"}
+#: colours for hues that are not losses (precision, budget, schedule), and for a loss not in LOSS_COLORS
+OTHER_COLORS = ("#000000", "#999999", "#882255", "#44AA99", "#117733", "#AA4499", "#DDCC77", "#332288")
+#: the baselines' reference lines: (line style, grey level)
+BASELINE_STYLE = {"raw_pixels": ("--", "#555555"), "random_init": (":", "#555555"), "supervised": ("-.", "#555555")}
 
-    return dict(zip(labels, sns.color_palette("tab10", max(len(labels), 1))))
+
+def _shade(color: str, k: int) -> tuple:
+    """The k-th variant of a loss's colour: the colour itself, then darker and lighter by turns."""
+    from matplotlib.colors import to_rgb
+
+    rgb = to_rgb(color)
+    if k == 0:
+        return rgb
+    f = 0.35 * ((k + 1) // 2) / max(1, (k + 1) // 2 + 1)
+    target = (0.0, 0.0, 0.0) if k % 2 else (1.0, 1.0, 1.0)
+    return tuple(c + (t - c) * min(f * 1.6, 0.6) for c, t in zip(rgb, target))
+
+
+def loss_palette(frame: pd.DataFrame) -> dict:
+    """{label: colour} for a frame's (loss, label) pairs: each label its loss's colour (:data:`LOSS_COLORS`),
+    a loss's further variants (another epochs or σ) in shades of it; the same label gets the same colour in
+    every figure."""
+    pairs = frame[["loss", "label"]].drop_duplicates()
+    out, seen = {}, {}
+    for loss, lab in sorted(zip(pairs["loss"], pairs["label"]), key=lambda p: (str(p[0]), str(p[1]))):
+        k = seen.get(loss, 0)
+        seen[loss] = k + 1
+        base = LOSS_COLORS.get(str(loss), OTHER_COLORS[len(seen) % len(OTHER_COLORS)])
+        out[lab] = _shade(base, k)
+    return out
+
+
+def palette(labels: Sequence[str]) -> dict:
+    """{value: colour} for a hue that is not a loss (:data:`OTHER_COLORS` in order)."""
+    return {lab: OTHER_COLORS[i % len(OTHER_COLORS)] for i, lab in enumerate(labels)}
 
 
 def mark_bad(ax, xs: Iterable[float], color) -> None:
@@ -97,3 +131,82 @@ def binned(h: pd.DataFrame, group: Sequence[str]) -> pd.DataFrame:
 def batch_order(h: pd.DataFrame) -> list[str]:
     """Batch sizes of ``h`` as sorted strings (a categorical hue)."""
     return [str(b) for b in sorted(h["batch_size"].astype(int).unique())]
+
+
+# --------------------------------------------------------------------------- seeds, means, intervals, baselines
+def seed_summary(values: pd.Series) -> tuple[float, float, float]:
+    """(mean, lower, upper) of a cell's seeds: the 95 % Student-t interval of the mean (NaN bounds for one seed)."""
+    from .evidence import t_interval
+
+    v = values.astype(float).to_numpy()
+    v = v[np.isfinite(v)]
+    if not len(v):
+        return math.nan, math.nan, math.nan
+    m = float(v.mean())
+    if len(v) < 2:
+        return m, math.nan, math.nan
+    lo, hi = t_interval(m, float(v.std(ddof=1)) / math.sqrt(len(v)), len(v) - 1)
+    return m, lo, hi
+
+
+def draw_seeds(ax, d: pd.DataFrame, x: str, y: str, labels: Sequence[str], pal: dict, log2: bool = True) -> list:
+    """Per label: every seed as a small point beside its x, the mean as a line with markers and its 95 %
+    interval as bars; labels are dodged apart on the (log) x axis so their seeds do not overlap.
+    Returns the values drawn (seeds and interval ends) for the y range."""
+    drawn, n = [], max(len(labels), 1)
+    for i, lab in enumerate(labels):
+        g = d[d["label"] == lab]
+        if g.empty:
+            continue
+        off = (i - (n - 1) / 2) * 0.06
+        rows = []
+        for xv, gx in g.groupby(x, sort=True):
+            m, lo, hi = seed_summary(gx[y])
+            xs = float(xv) * (2 ** off if log2 else 1) + (0 if log2 else off)
+            rows.append((xs, m, lo, hi))
+            ax.scatter([xs * (2 ** 0.02 if log2 else 1)] * len(gx), gx[y], s=9, color=pal[lab], alpha=0.45,
+                       linewidths=0, zorder=2)
+            drawn += list(gx[y].astype(float)) + [v for v in (lo, hi) if np.isfinite(v)]
+        xs, ms, los, his = (np.array(c, dtype=float) for c in zip(*rows))
+        ax.plot(xs, ms, "-o", color=pal[lab], ms=4, lw=1.4, label=lab, zorder=3)
+        ok = np.isfinite(los)
+        if ok.any():
+            ax.errorbar(xs[ok], ms[ok], yerr=[ms[ok] - los[ok], his[ok] - ms[ok]], fmt="none", ecolor=pal[lab],
+                        elinewidth=1.2, capsize=2.5, zorder=3)
+    return drawn
+
+
+def y_range(values: Sequence[float], min_span: float = 2.0) -> tuple[float, float]:
+    """Limits that hold every drawn value with a margin, at least ``min_span`` wide: a difference is shown against
+    the seeds' spread, never blown up by a tight zoom."""
+    v = np.asarray([x for x in values if np.isfinite(x)], dtype=float)
+    if not len(v):
+        return 0.0, 1.0
+    lo, hi = float(v.min()), float(v.max())
+    pad = max(0.08 * (hi - lo), 0.25)
+    lo, hi = lo - pad, hi + pad
+    if hi - lo < min_span:
+        c = (hi + lo) / 2
+        lo, hi = c - min_span / 2, c + min_span / 2
+    return lo, hi
+
+
+def baseline_lines(ax, base: dict[str, float]) -> None:
+    """A horizontal reference line per baseline inside the y range, labelled at the right; one outside the
+    range is named at the edge it lies beyond (with its value), so the range stays on the effect."""
+    lo, hi = ax.get_ylim()
+    above, below = [], []
+    for name, v in sorted(base.items()):
+        if not np.isfinite(v):
+            continue
+        ls, col = BASELINE_STYLE.get(name, ("--", "#555555"))
+        if lo <= v <= hi:
+            ax.axhline(v, ls=ls, lw=1.0, color=col, zorder=1)
+            ax.annotate(f"{name.replace('_', ' ')} {v:.1f}", (1.0, v), xycoords=("axes fraction", "data"),
+                        xytext=(3, 0), textcoords="offset points", va="center", fontsize=7, color=col)
+        else:
+            (above if v > hi else below).append(f"{name.replace('_', ' ')} {v:.1f}")
+    for items, y, va, arrow in ((above, 0.99, "top", "↑"), (below, 0.01, "bottom", "↓")):
+        if items:
+            ax.text(0.99, y, f"{arrow} " + ", ".join(items), transform=ax.transAxes, va=va, ha="right", fontsize=7,
+                    color="#555555")

@@ -7,15 +7,18 @@ import warnings
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
 import pandas as pd
 
 from ..losses import display_name
 from ..tracking import BAD_STATUSES
 from .aggregate import label_order
+from .baselines import baseline_table
 from .context import ReportContext
-from .figures import accuracy_long, batch_order, binned, history, mark_bad, palette, plot_style
+from .figures import (accuracy_long, baseline_lines, batch_order, binned, draw_seeds, history, loss_palette,
+                      mark_bad, plot_style, y_range)
 from .fmt import short, slug
-from .runs import METRIC_LABELS, METRICS
+from .runs import METRIC_LABELS, METRICS, param_num
 
 #: the losses each diagnostic figure draws (the DCL paper's Figure 1 is about SimCLR/InfoNCE's q_B)
 MI_LOSSES = ("infonce",)
@@ -24,38 +27,121 @@ ESS_LOSSES = ("infonce", "flatnce")
 Figure = tuple[list[Path], str]
 
 
+def _baselines(ctx: ReportContext, ds: str) -> dict[str, dict[str, float]]:
+    """{metric label: {baseline: mean top-1}} of a dataset's baselines in the store (raw pixels, random-init,
+    supervised where present)."""
+    t = baseline_table(ctx.runs, ctx.scale)
+    t = t[(t["dataset"] == ds) & np.isfinite(t["mean"].astype(float))]
+    return {METRIC_LABELS.get(m, m): dict(zip(g["baseline"], g["mean"].astype(float))) for m, g in t.groupby("metric")}
+
+
+def _facets(plt, nrow: int, ncol: int, extra_w: float = 0.3):
+    """A figure sized to its panels (3.2 × 2.6 in each) plus a legend column on the right."""
+    fig, axes = plt.subplots(nrow, ncol, figsize=(3.2 * ncol + extra_w, 2.6 * nrow + 0.5), squeeze=False,
+                             sharex="col")
+    return fig, axes
+
+
+def _legend(fig, axes, title: str) -> None:
+    seen: dict = {}
+    for ax in axes.flat:
+        for handle, lab in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(lab, handle)
+    fig.legend(list(seen.values()), list(seen.keys()), title=title, loc="center left", bbox_to_anchor=(1.0, 0.5),
+               frameon=False, fontsize=8, title_fontsize=9)
+
+
+def _log2_axis(ax, ticks: Sequence[int]) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(list(ticks))
+    ax.set_xticklabels([f"{t:,}" if t < 10_000 else f"{t / 1000:.0f}k" for t in ticks], fontsize=7)
+    ax.minorticks_off()
+
+
 def accuracy_figure(cells: pd.DataFrame, agg: pd.DataFrame, ds: str, ctx: ReportContext) -> Figure:
-    """Top-1 vs batch size per loss; one column per τ, one row per metric; ▽ where all seeds failed."""
-    data = accuracy_long(cells, ctx.scale, ["batch_size", "temperature"])
+    """Top-1 vs batch size per loss: seeds as points beside each mean, the mean's 95 % t interval, the baselines
+    as reference lines; one column per τ, one row per metric; ▽ where no seed gave a number."""
+    data = accuracy_long(cells, ctx.scale, ["batch_size", "temperature", "seed"])
     if data.empty:
         return [], f"_{ds}: no kNN/linear top-1 logged yet; accuracy figure skipped._\n"
-    data = data.assign(**{"batch size": data["batch_size"].astype(int), "τ": data["temperature"].map(short)})
     plt, sns, rc = plot_style()
-    labels = label_order(data)
-    pal = palette(labels)
+    labels, pal = label_order(data), loss_palette(cells)
     metrics = [METRIC_LABELS[m] for m in METRICS if METRIC_LABELS[m] in set(data["metric"])]
-    bss = sorted(int(b) for b in cells["batch_size"].unique())
+    taus = sorted(cells["temperature"].unique())
+    bss, base = sorted(int(b) for b in cells["batch_size"].unique()), _baselines(ctx, ds)
     with plt.rc_context(rc), sns.axes_style("whitegrid"):
-        g = sns.relplot(data=data, kind="line", x="batch size", y="top-1 (%)", hue="label", hue_order=labels,
-                        style="label", style_order=labels, markers=True, dashes=False, palette=pal,
-                        errorbar="sd", err_style="bars", col="τ",
-                        col_order=[short(t) for t in sorted(cells["temperature"].unique())], row="metric",
-                        row_order=metrics, height=3.0, aspect=1.25, facet_kws={"sharey": "row", "margin_titles": True})
-        for ax in g.axes.flat:
-            ax.set_xscale("log", base=2)
-            ax.set_xticks(bss)
-            ax.set_xticklabels([str(b) for b in bss])
-            ax.minorticks_off()
-        for _, r in agg[agg["state"].isin(BAD_STATUSES)].iterrows():
-            ax = g.axes_dict.get((METRIC_LABELS.get(r["metric"]), short(r["temperature"])))
-            if ax is not None:
-                mark_bad(ax, [int(r["batch_size"])], pal.get(r["label"], "k"))
-        g.set_titles(row_template="{row_name}", col_template="τ = {col_name}")
-        g.legend.set_title("loss")
-        g.figure.suptitle(f"{ds}: top-1 vs batch size (mean ± sd over seeds; ▽ on the x axis = "
-                          "no seed gave a number: diverged, collapsed or failed)", y=1.02)
-        files = ctx.save_figure(g.figure, f"accuracy_vs_batch_{slug(ds)}")
-    return files, f"**{ds}: accuracy vs batch size**\n\n" + ctx.figure_md(files, f"{ds} accuracy vs batch size")
+        fig, axes = _facets(plt, len(metrics), len(taus))
+        for i, m in enumerate(metrics):
+            drawn_row = []
+            for j, t in enumerate(taus):
+                ax = axes[i][j]
+                d = data[(data["metric"] == m) & (data["temperature"] == t)]
+                drawn_row += draw_seeds(ax, d, "batch_size", "top-1 (%)", labels, pal)
+                _log2_axis(ax, bss)
+                ax.set_xlim(bss[0] / 1.4, bss[-1] * 1.4)
+                ax.set_title(f"{m}, τ = {short(t)}", fontsize=9)
+                ax.set_xlabel("batch size" if i == len(metrics) - 1 else "")
+                ax.set_ylabel("top-1 (%)" if j == 0 else "")
+            for j, t in enumerate(taus):
+                ax = axes[i][j]
+                ax.set_ylim(*y_range(drawn_row))
+                baseline_lines(ax, base.get(m, {}))
+                for _, r in agg[agg["state"].isin(BAD_STATUSES) & (agg["temperature"] == t)
+                                & (agg["metric"].map(METRIC_LABELS) == m)].iterrows():
+                    mark_bad(ax, [int(r["batch_size"])], pal.get(r["label"], "k"))
+        _legend(fig, axes, "loss")
+        fig.suptitle(f"{ds}: top-1 vs batch size", fontsize=11)
+        fig.tight_layout(rect=(0, 0, 1, 0.97))
+        files = ctx.save_figure(fig, f"accuracy_vs_batch_{slug(ds)}")
+    return files, (f"**{ds}: accuracy vs batch size** (points: seeds; line: mean with its 95 % t interval; grey "
+                   "lines: baselines, named at the edge when outside the range; ▽ on the x axis: no seed gave a "
+                   "number)\n\n" + ctx.figure_md(files, f"{ds} accuracy vs batch size"))
+
+
+def _budget(cells: pd.DataFrame) -> pd.DataFrame:
+    """Each run's optimiser steps (``train/steps`` if logged, else epochs × ⌈images / B⌉) and images seen."""
+    b = cells["batch_size"].astype(float)
+    logged = cells.get("metrics.train/steps", pd.Series(np.nan, index=cells.index)).astype(float)
+    ep, n = param_num(cells, "epochs"), param_num(cells, "pretrain_images")
+    steps = logged.where(np.isfinite(logged), ep * np.ceil(n / b))
+    return cells.assign(steps=steps, images=steps * b)
+
+
+def steps_figure(cells: pd.DataFrame, agg: pd.DataFrame, ds: str, ctx: ReportContext) -> Figure:
+    """Top-1 against optimiser steps (the batch axis's confound): at a fixed number of epochs every batch size
+    sees the same images, and a small batch takes more steps for them."""
+    cells = _budget(cells)
+    cells = cells[np.isfinite(cells["steps"]) & (cells["steps"] > 0)]
+    data = accuracy_long(cells, ctx.scale, ["batch_size", "temperature", "seed", "steps", "images"]) if len(
+        cells) else pd.DataFrame()
+    if data.empty:
+        return [], f"_{ds}: no run logs its steps (train/steps, or epochs and pretrain_images); steps figure skipped._\n"
+    t = data["temperature"].value_counts().sort_index().idxmax()
+    data = data[data["temperature"] == t]
+    plt, sns, rc = plot_style()
+    labels, pal = label_order(data), loss_palette(cells)
+    metrics = [METRIC_LABELS[m] for m in METRICS if METRIC_LABELS[m] in set(data["metric"])]
+    base = _baselines(ctx, ds)
+    with plt.rc_context(rc), sns.axes_style("whitegrid"):
+        fig, axes = _facets(plt, 1, len(metrics))
+        for j, m in enumerate(metrics):
+            ax, d = axes[0][j], data[data["metric"] == m]
+            ax.set_ylim(*y_range(draw_seeds(ax, d, "steps", "top-1 (%)", labels, pal)))
+            _log2_axis(ax, sorted({int(v) for v in d["steps"].unique()}))
+            ax.tick_params(axis="x", labelrotation=45)
+            baseline_lines(ax, base.get(m, {}))
+            ax.set_title(m, fontsize=9)
+            ax.set_xlabel("optimiser steps (log scale)")
+            ax.set_ylabel("top-1 (%)" if j == 0 else "")
+        _legend(fig, axes, "loss")
+        fig.suptitle(f"{ds}: top-1 vs optimiser steps (τ = {short(t)})", fontsize=11)
+        fig.tight_layout(rect=(0, 0, 1, 0.95))
+        files = ctx.save_figure(fig, f"accuracy_vs_steps_{slug(ds)}")
+    seen = ", ".join(f"{lab} {int(v):,}" for lab, v in data.groupby("label", sort=False)["images"].median().items())
+    return files, (f"**{ds}: accuracy vs optimiser steps** (τ = {short(t)}; the largest batch size takes the fewest "
+                   "steps; at a fixed number of epochs every batch size sees the same images — images seen per run: "
+                   f"{seen}; points: seeds, line: mean with its 95 % t interval)\n\n"
+                   + ctx.figure_md(files, f"{ds} accuracy vs steps"))
 
 
 def _diagnostic(cells: pd.DataFrame, key: str, ctx: ReportContext, losses: Sequence[str]) -> pd.DataFrame:
@@ -142,4 +228,4 @@ def ess_figure(cells: pd.DataFrame, agg: pd.DataFrame, ds: str, ctx: ReportConte
                    + ", one line per batch size)\n\n" + ctx.figure_md(files, f"{ds} ESS"))
 
 
-FIGURES = (accuracy_figure, mi_fraction_figure, qb_figure, ess_figure)
+FIGURES = (accuracy_figure, steps_figure, mi_fraction_figure, qb_figure, ess_figure)

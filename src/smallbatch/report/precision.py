@@ -17,7 +17,7 @@ import pandas as pd
 
 from .aggregate import aggregate_cells, label_order, pivot, shown, sort_by_loss
 from .context import ReportContext, SectionOutput
-from .figures import accuracy_long, history, palette, plot_style
+from .figures import accuracy_long, history, loss_palette, plot_style
 from .fmt import finite, runs_count, sci, short, signed, slug
 from .precision_findings import gap_finding, gaps, grad_finding, grad_tau_finding, precision_order
 from .runs import METRIC_LABELS, METRICS, param, select_cells
@@ -151,7 +151,8 @@ def _top1_figure(cells: pd.DataFrame, ds: str, ctx: ReportContext) -> tuple[list
     metrics = [METRIC_LABELS[m] for m in METRICS if METRIC_LABELS[m] in set(data["metric"])]
     with plt.rc_context(rc), sns.axes_style("whitegrid"):
         g = sns.catplot(data=data, kind="point", x="precision", order=precision_order(cells["precision"]),
-                        y="top-1 (%)", hue="series", hue_order=series, palette=palette(series),
+                        y="top-1 (%)", hue="series", hue_order=series,
+                        palette={ser: loss_palette(data)[ser.split(", τ=")[0]] for ser in series},
                         dodge=0.3 if len(series) > 1 else False, errorbar="sd", markers="o", col="batch_size",
                         col_order=[int(b) for b in sorted(cells["batch_size"].unique())], row="metric",
                         row_order=metrics, height=3.0, aspect=1.1, sharey="row", margin_titles=True)
@@ -176,7 +177,7 @@ def _grad_figure(hist: pd.DataFrame, ds: str, ctx: ReportContext) -> tuple[list,
     with plt.rc_context(rc), sns.axes_style("whitegrid"), warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # seaborn 0.13 passes boxplot(vert=) to mpl 3.11
         g = sns.catplot(data=h, kind="box", x="B", order=[str(b) for b in sorted(h["batch_size"].astype(int).unique())],
-                        y="value", hue="label", hue_order=labels, palette=palette(labels), col="dtype",
+                        y="value", hue="label", hue_order=labels, palette=loss_palette(h), col="dtype",
                         col_order=[d for d in GRAD_KEYS if d in set(h["dtype"])], row="τ",
                         row_order=[short(t) for t in sorted(h["temperature"].unique())], height=3.0, aspect=1.2,
                         fliersize=2, log_scale=(False, True), sharey=False)

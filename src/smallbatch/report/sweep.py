@@ -13,7 +13,7 @@ import pandas as pd
 from ..tracking import BAD_STATUSES
 from .aggregate import label_order
 from .context import ReportContext
-from .figures import accuracy_long, mark_bad, palette, plot_style
+from .figures import accuracy_long, draw_seeds, loss_palette, mark_bad, plot_style, y_range
 from .fmt import finite, short, slug
 from .runs import METRIC_LABELS, METRICS
 
@@ -81,41 +81,49 @@ def sweep_figure(cells: pd.DataFrame, agg: pd.DataFrame, ds: str, ctx: ReportCon
                  base: int, stem: str, title: str, vline: float = math.nan) -> tuple[list[Path], str]:
     """Top-1 vs a swept value (log x) per loss; one column per metric, one row per other setting;
     ▽ where all seeds failed; a dashed line at ``vline`` (e.g. the number of images) when in range."""
-    data = accuracy_long(cells, ctx.scale, list(dict.fromkeys(["batch_size", "temperature", x])))
+    data = accuracy_long(cells, ctx.scale, list(dict.fromkeys(["batch_size", "temperature", "seed", x])))
     if data.empty:
         return [], f"_{ds}: no kNN/linear top-1 logged for the {stem} runs yet; figure skipped._\n"
     plt, sns, rc = plot_style()
     fixed = [c for c in ("batch_size", "temperature") if c != x]
     data["setting"] = _setting_text(data, fixed)
     agg = agg.assign(setting=_setting_text(agg, fixed))
-    labels = label_order(data)
-    pal = palette(labels)
+    labels, pal = label_order(data), loss_palette(data)
     xs = sorted(float(v) for v in cells[x].unique())
     shown_line = finite(vline) and xs[0] / 2 <= vline <= xs[-1] * 2
+    metrics = [METRIC_LABELS[m] for m in METRICS if METRIC_LABELS[m] in set(data["metric"])]
+    settings = sorted(data["setting"].unique())
     with plt.rc_context(rc), sns.axes_style("whitegrid"):
-        g = sns.relplot(data=data, kind="line", x=x, y="top-1 (%)", hue="label", hue_order=labels,
-                        style="label", style_order=labels, markers=True, dashes=False, palette=pal, errorbar="sd",
-                        err_style="bars", col="metric",
-                        col_order=[METRIC_LABELS[m] for m in METRICS if METRIC_LABELS[m] in set(data["metric"])],
-                        row="setting", row_order=sorted(data["setting"].unique()), height=3.0, aspect=1.3,
-                        facet_kws={"sharey": False, "margin_titles": True})
-        for ax in g.axes.flat:
-            ax.set_xscale("log", base=base)
-            ax.set_xticks(xs)
-            ax.set_xticklabels([short(v) for v in xs])
-            ax.minorticks_off()
-            if shown_line:
-                ax.axvline(vline, ls="--", lw=1, color="grey")
-        for _, r in agg[agg["state"].isin(BAD_STATUSES)].iterrows():
-            ax = g.axes_dict.get((r["setting"], METRIC_LABELS.get(r["metric"])))
-            if ax is not None:
-                mark_bad(ax, [float(r[x])], pal.get(r["label"], "k"))
-        g.set_titles(row_template="{row_name}", col_template="{col_name}")
-        g.set_axis_labels(xlabel, "top-1 (%)")
-        if g.legend is not None:
-            g.legend.set_title("loss")
-        extra_t = "; dashed line = number of pretraining images" if shown_line else ""
-        g.figure.suptitle(f"{ds}: {title} (mean ± sd over seeds; ▽ on the x axis = no seed gave a number: "
-                          f"diverged, collapsed or failed{extra_t})", y=1.02)
-        files = ctx.save_figure(g.figure, f"{stem}_{slug(ds)}")
-    return files, f"**{ds}: {title}**\n\n" + ctx.figure_md(files, f"{ds} {title}")
+        fig, axes = plt.subplots(len(settings), len(metrics), figsize=(3.4 * len(metrics) + 0.3,
+                                                                        2.7 * len(settings) + 0.5), squeeze=False)
+        for i, st in enumerate(settings):
+            for j, m in enumerate(metrics):
+                ax = axes[i][j]
+                d = data[(data["setting"] == st) & (data["metric"] == m)]
+                ax.set_ylim(*y_range(draw_seeds(ax, d, x, "top-1 (%)", labels, pal)))
+                ax.set_xscale("log", base=base)
+                ax.set_xticks(xs)
+                ax.set_xticklabels([short(v) for v in xs], fontsize=7)
+                ax.set_xlim(xs[0] / 1.5, xs[-1] * 1.5)
+                ax.minorticks_off()
+                if shown_line:
+                    ax.axvline(vline, ls="--", lw=1, color="grey")
+                ax.set_title(f"{m}, {st}", fontsize=9)
+                ax.set_xlabel(xlabel if i == len(settings) - 1 else "")
+                ax.set_ylabel("top-1 (%)" if j == 0 else "")
+                for _, r in agg[agg["state"].isin(BAD_STATUSES) & (agg["setting"] == st)
+                                & (agg["metric"].map(METRIC_LABELS) == m)].iterrows():
+                    mark_bad(ax, [float(r[x])], pal.get(r["label"], "k"))
+        seen: dict = {}
+        for ax in axes.flat:
+            for handle, lab in zip(*ax.get_legend_handles_labels()):
+                seen.setdefault(lab, handle)
+        fig.legend(list(seen.values()), list(seen), title="loss", loc="center left", bbox_to_anchor=(1.0, 0.5),
+                   frameon=False, fontsize=8, title_fontsize=9)
+        fig.suptitle(f"{ds}: {title}", fontsize=11)
+        fig.tight_layout(rect=(0, 0, 1, 0.95))
+        files = ctx.save_figure(fig, f"{stem}_{slug(ds)}")
+    extra_t = "; dashed line: the number of pretraining images" if shown_line else ""
+    return files, (f"**{ds}: {title}** (points: seeds; line: mean with its 95 % t interval; ▽ on the x axis: no "
+                   f"seed gave a number{extra_t})\n\n" + ctx.figure_md(files, f"{ds} {title}"))
+
