@@ -518,6 +518,51 @@ def test_flatnce_small_k_claim_can_fail(diff, spread, verdict):
     assert "not tested" in flatnce_small_k(pd.DataFrame(), failed)[0]
 
 
+class _FigureContext:
+    """What the MI figures need of a ReportContext: save PNG + SVG, link them."""
+
+    def __init__(self, out):
+        self.out = out
+
+    def save_figure(self, fig, stem):
+        import matplotlib.pyplot as plt
+
+        files = [self.out / f"{stem}.png", self.out / f"{stem}.svg"]
+        for f in files:
+            fig.savefig(f)
+        plt.close(fig)
+        return files
+
+    def figure_md(self, files, alt):
+        return f"![{alt}]({files[0].name})\n"
+
+
+def test_mi_figure_marks_extreme_values_and_failures_instead_of_clamping(tmp_path):
+    """A readout of -1.08e8 (an unbounded critic) is drawn at a marked edge with its value written,
+    not silently clamped; a failed run is a marker with its legend entry; PNG and SVG both written."""
+    import pandas as pd
+
+    from smallbatch.report import mi as report_mi
+
+    rows = []
+    for seed in (0, 1, 2):
+        for k in (4, 64):
+            for est in ("infonce", "flatnce"):
+                v = -1.08e8 if (est, k, seed) == ("flatnce", 4, 0) else 1.0 + 0.1 * seed
+                rows.append({"estimator": est, "critic": "separable", "K": k, "true_mi": 2.0, "seed": seed,
+                             "estimate": v, "variance": 0.01, "ceiling": math.log(k + 1), "dual_estimate": 1.0,
+                             "eval_k": 64, "estimate_eval_k": 1.2, "alpha": math.nan,
+                             "failed": (est, k, seed) == ("infonce", 64, 2)})
+    df = pd.DataFrame(rows)
+    a = report_mi.aggregate_mi(df)
+    files, md = report_mi._figure_vs_true(a, df, _FigureContext(tmp_path))
+    assert [f.suffix for f in files] == [".png", ".svg"] and all(f.stat().st_size > 0 for f in files)
+    assert "drawn on the dotted red line with their value written" in md
+    svg = files[1].read_text()
+    assert "-1.08e+08" in svg and "setup failure (no value)" in svg
+    assert a.loc[(a["estimator"] == "infonce") & (a["K"] == 64), "failed"].item() == 1
+
+
 def test_report_section_absent_without_mi_runs():
     import pandas as pd
 

@@ -173,14 +173,27 @@ def _offsets(estimators: list[str], step: float) -> dict:
     return {e: (i - mid) * step for i, e in enumerate(estimators)}
 
 
-def _draw_cells(ax, cells: pd.DataFrame, x: str, y: str, est: str, color, shift) -> None:
+def _draw_cells(ax, cells: pd.DataFrame, x: str, y: str, est: str, color, shift, clip_lo: float | None = None) -> None:
     """Seeds as small dots, their mean as a marker on a line, the 95 % t-interval as an error bar.
-    ``cells``: per-run rows of one estimator (failed ones left out); ``shift(x)`` offsets x."""
+    ``cells``: per-run rows of one estimator (failed ones left out); ``shift(x)`` offsets x.  Means and
+    intervals come from the values themselves; only the drawing stops at ``clip_lo``, where a seed or a
+    mean below it is drawn on the edge with its value written beside it (a marked clip)."""
+    def at(v: float) -> float:
+        return v if clip_lo is None or not np.isfinite(v) else max(v, clip_lo)
+
+    def mark(xv: float, v: float) -> None:
+        if clip_lo is not None and np.isfinite(v) and v < clip_lo:
+            ax.annotate(f"{v:.3g}", (xv, clip_lo), xytext=(3, 2), textcoords="offset points", fontsize=6,
+                        color=color, rotation=90, va="bottom", ha="left")
+
     stats = []
     for xv, g in cells.groupby(x, sort=True):
         m, lo, hi, _ = seed_interval(g[y])
-        stats.append((shift(xv), m, lo, hi))
-        ax.scatter([shift(xv)] * len(g), g[y], s=9, color=color, alpha=0.45, linewidths=0, zorder=3)
+        stats.append((shift(xv), at(m), at(lo), at(hi)))
+        ax.scatter([shift(xv)] * len(g), [at(v) for v in g[y]], s=9, color=color, alpha=0.45, linewidths=0,
+                   zorder=3)
+        for v in list(g[y]) + [m]:
+            mark(shift(xv), v)
     if not stats:
         return
     xs, ms, los, his = map(np.asarray, zip(*stats))
@@ -223,7 +236,8 @@ def _figure_vs_true(a: pd.DataFrame, df: pd.DataFrame, ctx: ReportContext) -> tu
     clip_lo = -1.0 if lo < -3.0 else None  # an extreme value is drawn at a marked edge, not silently clamped
     ylo = (clip_lo if clip_lo is not None else lo) - 0.4
     with plt.rc_context(rc):
-        fig, axes = plt.subplots(1, len(ks), figsize=(2.3 * len(ks) + 0.4, 3.3), sharey=True, squeeze=False)
+        fig, axes = plt.subplots(1, len(ks), figsize=(max(2.3 * len(ks) + 0.4, 7.5), 3.3), sharey=True,
+                                 squeeze=False)
         for k, ax in zip(ks, axes[0]):
             ax.plot([0, max(mis)], [0, max(mis)], color="black", lw=0.8, ls=":")
             ax.axhline(math.log(k + 1), color="grey", lw=1.0, ls="--")
@@ -234,14 +248,9 @@ def _figure_vs_true(a: pd.DataFrame, df: pd.DataFrame, ctx: ReportContext) -> tu
             fails = []
             for e in ests:
                 cells = runs[(runs["estimator"] == e) & (runs["K"] == k)]
-                ok = cells[~cells["failed"]]
-                shown = ok.assign(estimate=ok["estimate"].clip(lower=clip_lo)) if clip_lo is not None else ok
-                _draw_cells(ax, shown, "true_mi", "estimate", e, colors[e], lambda v, e=e: v + shift[e])
+                _draw_cells(ax, cells[~cells["failed"]], "true_mi", "estimate", e, colors[e],
+                            lambda v, e=e: v + shift[e], clip_lo)
                 fails += [v + shift[e] for v in cells.loc[cells["failed"], "true_mi"]]
-                if clip_lo is not None:
-                    for _, r in ok[ok["estimate"] < clip_lo].iterrows():
-                        ax.annotate(f"{r['estimate']:.3g}", (r["true_mi"] + shift[e], clip_lo), fontsize=6,
-                                    color=colors[e], rotation=90, va="bottom", ha="center")
             ax.set_ylim(ylo, hi + 0.6)
             _mark_failures(ax, fails, ylo)
             if clip_lo is not None:
@@ -291,7 +300,8 @@ def _figure_small_k(a: pd.DataFrame, df: pd.DataFrame, ctx: ReportContext) -> tu
     orc = df[(df["critic"] == "oracle") & (df["estimator"] == "infonce") & ~df["failed"]]
     good = runs[~runs["failed"]]
     with plt.rc_context(rc):
-        fig, axes = plt.subplots(1, len(mis), figsize=(2.9 * len(mis) + 0.4, 3.3), sharey=True, squeeze=False)
+        fig, axes = plt.subplots(1, len(mis), figsize=(max(2.9 * len(mis) + 0.4, 7.5), 3.3), sharey=True,
+                                 squeeze=False)
         for mi, ax in zip(mis, axes[0]):
             ax.axhline(math.log(eval_k + 1), color="grey", lw=1.0, ls="--")
             ax.axhline(mi, color="black", lw=0.8, ls=":")
