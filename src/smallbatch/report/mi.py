@@ -163,8 +163,12 @@ def _bias_cell(r: pd.Series) -> str:
 
 # --------------------------------------------------------------------------- figures
 def _colors() -> dict:
-    """One colour per estimator, the same in every MI figure."""
-    return palette(list(ESTIMATORS))
+    """One colour per estimator, the same in every MI figure: the loss's colour of the report's
+    other figures where :mod:`.figures` defines per-loss colours, else its generic palette."""
+    from . import figures
+
+    per_loss, generic = getattr(figures, "LOSS_COLORS", {}), palette(list(ESTIMATORS))
+    return {e: per_loss.get(e, generic[e]) for e in ESTIMATORS}
 
 
 def _offsets(estimators: list[str], step: float) -> dict:
