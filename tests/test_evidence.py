@@ -163,7 +163,12 @@ def test_describe_prints_interval_test_seeds_and_holm():
     e = holm([paired({0: 1.0, 1: 2.0, 2: 4.0}, {0: 0.0, 1: 0.0, 2: 0.0}),
               paired({0: -1.0, 1: -1.5, 2: -0.2}, {0: 0.0, 1: 0.0, 2: 0.0})])
     s = describe(e[1], "small − large")
-    assert s.startswith("small − large = -0.9 [") and "(paired t, 3 seeds, Holm p = " in s and s.endswith("of 2)")
+    assert s.startswith("small − large = -0.9 [") and "(paired t, 3 seeds, Holm p = " in s
+    # a null carries its minimum detectable effect; a significant difference does not need one
+    assert s.endswith(f"of 2; MDE at 80 % power = {e[1].mde:.1f})") and not e[1].significant
+    assert describe(e[1], null_mde=False).endswith("of 2)")
+    sig = paired({0: 3.0, 1: 3.1, 2: 2.9}, {0: 0.0, 1: 0.0, 2: 0.0})
+    assert sig.significant and "MDE" not in describe(sig)
     assert describe(paired({0: 1.0}, {0: 0.0})) == "+1.0 (untested: one seed)"
     assert describe(paired({0: 1.0, 1: 1.0}, {0: 0.0, 1: 0.0})).endswith("(untested: seed differences identical, "
                                                                         "no noise estimate)")

@@ -188,5 +188,5 @@ def test_precision_verdict_is_never_support_within_seed_noise():
     f = gap_finding(gaps(agg), agg, "d", "linear", 0.1)
     assert "fp64 closes 67% of the gap, most of it: our numbers neither support nor refute the hypothesis" in f
     # seed differences 5 and 3: t = 4 with one degree of freedom, p = 0.16, interval 4 ± 12.7
-    assert "is +4.0 [-8.7, +16.7] (paired t, 2 seeds, p = 0.16)" in f
+    assert "is +4.0 [-8.7, +16.7] (paired t, 2 seeds, p = 0.16; MDE at 80 % power = " in f
     assert "support the hypothesis" not in f.replace("neither support nor refute the hypothesis", "")

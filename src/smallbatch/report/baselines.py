@@ -7,6 +7,8 @@ import pandas as pd
 
 from .aggregate import aggregate_cells
 from .context import ReportContext, SectionOutput
+from .evidence import Estimate, describe, paired
+from .fmt import finite
 from .runs import METRIC_LABELS, METRICS, newest
 from .tables import markdown_table
 
@@ -19,7 +21,7 @@ def baseline_runs(runs: pd.DataFrame) -> pd.DataFrame:
 
 def baseline_table(runs: pd.DataFrame, scale: float) -> pd.DataFrame:
     """Mean top-1 per dataset x baseline x metric (see :func:`aggregate.aggregate_cells`)."""
-    agg = aggregate_cells(baseline_runs(runs), ["dataset", "baseline"], scale)
+    agg = aggregate_cells(baseline_runs(runs), ["dataset", "baseline"], scale, values=True)
     return agg.sort_values(["dataset", "metric", "baseline"], kind="stable").reset_index(drop=True)
 
 
@@ -45,6 +47,17 @@ def best_baselines(runs: pd.DataFrame, scale: float) -> dict[tuple[str, str], tu
             for ds, m, g in _ranked(baseline_table(runs, scale))}
 
 
+def _best_sentence(ds: str, m: str, g: pd.DataFrame) -> str:
+    """The highest baseline of a dataset and metric, and its lead over the next one with its test."""
+    s = f"Highest baseline on {ds} ({METRIC_LABELS.get(m, m)}): {g['baseline'].iloc[0]} at {g['mean'].iloc[0]:.1f}%"
+    if len(g) < 2:
+        return s + "."
+    a, b = g.iloc[0], g.iloc[1]
+    e = paired(a.get("values") or {}, b.get("values") or {})
+    e = e if finite(e.diff) else Estimate(diff=float(a["mean"]) - float(b["mean"]))
+    return s + f"; its lead over {b['baseline']} ({b['mean']:.1f}%) is {describe(e)}."
+
+
 def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
     b = baseline_runs(runs)
     out = SectionOutput("baselines", "Baselines: raw pixels and a random-init encoder", "")
@@ -65,7 +78,6 @@ def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
                             agg, [(None, pd.DataFrame(disp))],
                             note="mean ± sample std over seeds; pretraining gain tables are in the grid section")
     out.files += files
-    out.findings += [f"Best baseline on {ds} ({METRIC_LABELS.get(m, m)}): {g['baseline'].iloc[0]} "
-                     f"at {g['mean'].iloc[0]:.1f}%." for ds, m, g in _ranked(agg)]
+    out.findings += [_best_sentence(ds, m, g) for ds, m, g in _ranked(agg)]
     out.markdown = f"Baseline top-1: {ctx.table_links(files)}\n\n" + markdown_table(pd.DataFrame(disp))
     return out

@@ -128,6 +128,13 @@ def _smallest_batch(r0: pd.Series) -> list[str]:
             f"fixed τ: {support(better, e)}; {test}."]
 
 
+def _ci_text(r: pd.Series) -> str:
+    """The difference's 95 % paired-t interval, or why it has none."""
+    if finite(r.get("ci_low")):
+        return f"95 % paired-t interval [{signed(r['ci_low'])}, {signed(r['ci_high'])}]"
+    return "untested: fewer than two seeds with a spread"
+
+
 def _held(dyn: pd.DataFrame, where: dict) -> list[str]:
     """How far the schedule moved τ and how closely it held the ESS target at the smallest batch."""
     if not len(dyn) or "tau_min" not in dyn.columns:
@@ -149,7 +156,8 @@ def finding(eff: pd.DataFrame, dyn: pd.DataFrame, ds: str, m: str, label: str, t
     d = eff[(eff["dataset"] == ds) & (eff["metric"] == m) & (eff["label"] == label) & (eff["temperature"] == t)
             & (eff["schedule"] == sched)].sort_values("batch_size")
     parts = [f"at B={int(r['batch_size'])} the {sched} schedule changes top-1 by {r['scheduled_minus_fixed']:+.1f} "
-             f"points ({r['scheduled_mean']:.1f} vs {r['fixed_mean']:.1f})" if finite(r["scheduled_minus_fixed"]) else
+             f"points ({r['scheduled_mean']:.1f} vs {r['fixed_mean']:.1f}; {_ci_text(r)})"
+             if finite(r["scheduled_minus_fixed"]) else
              f"at B={int(r['batch_size'])} no comparison (scheduled: {r['scheduled_state']}, fixed: "
              f"{r['fixed_state']})" for _, r in d.iterrows()]
     s = [f"ESS schedule on {ds} ({label}, fixed τ={short(t)}, {METRIC_LABELS.get(m, m)}): {CLAIM}",

@@ -179,9 +179,10 @@ def mde(sd: float, n: int, power: float = POWER, alpha: float = ALPHA) -> float:
     return float(optimize.brentq(short_of, 0.0, hi, xtol=1e-10 * se))
 
 
-def describe(e: Estimate | None, what: str = "", nd: int = 1) -> str:
-    """``small − large = -0.4 [-1.2, +0.4] (paired t, 3 seeds, Holm p = 0.31 of 6)``; untested
-    contrasts say why (one seed, or identical seed differences)."""
+def describe(e: Estimate | None, what: str = "", nd: int = 1, null_mde: bool = True) -> str:
+    """``small − large = -0.4 [-1.2, +0.4] (paired t, 3 seeds, Holm p = 0.31 of 6; MDE at 80 % power = 1.1)``:
+    the minimum detectable effect is added to a null (a tested, non-significant paired contrast) unless
+    ``null_mde`` is False; untested contrasts say why (one seed, or identical seed differences)."""
     head = f"{what} = " if what else ""
     if e is None or not finite(e.diff):
         return f"{head}— (no value)"
@@ -193,7 +194,8 @@ def describe(e: Estimate | None, what: str = "", nd: int = 1) -> str:
     pt = p_text(e.p_adj)
     pt = pt if pt.startswith("<") else f"= {pt}"
     p = f"Holm p {pt} of {e.family}" if e.family > 1 else f"p {pt}"
-    return f"{head}{signed(e.diff, nd)} [{signed(e.lo, nd)}, {signed(e.hi, nd)}] ({e.test}, {seeds}, {p})"
+    mde_ = f"; {describe_mde(e, nd)}" if null_mde and not e.significant and describe_mde(e, nd) else ""
+    return f"{head}{signed(e.diff, nd)} [{signed(e.lo, nd)}, {signed(e.hi, nd)}] ({e.test}, {seeds}, {p}{mde_})"
 
 
 def describe_mde(e: Estimate | None, nd: int = 1) -> str:

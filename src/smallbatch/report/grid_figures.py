@@ -93,9 +93,10 @@ def accuracy_figure(cells: pd.DataFrame, agg: pd.DataFrame, ds: str, ctx: Report
         fig.suptitle(f"{ds}: top-1 vs batch size", fontsize=11)
         fig.tight_layout(rect=(0, 0, 1, 0.97))
         files = ctx.save_figure(fig, f"accuracy_vs_batch_{slug(ds)}")
+    bad = "; ▽ on the x axis: no seed gave a number" if agg["state"].isin(BAD_STATUSES).any() else ""
     return files, (f"**{ds}: accuracy vs batch size** (points: seeds; line: mean with its 95 % t interval; grey "
-                   "lines: baselines, named at the edge when outside the range; ▽ on the x axis: no seed gave a "
-                   "number)\n\n" + ctx.figure_md(files, f"{ds} accuracy vs batch size"))
+                   f"lines: baselines, named at the edge when outside the range{bad})\n\n"
+                   + ctx.figure_md(files, f"{ds} accuracy vs batch size"))
 
 
 def _budget(cells: pd.DataFrame) -> pd.DataFrame:

@@ -23,7 +23,7 @@ import pandas as pd
 from ..losses import loss_rank
 from ..tracking import BAD_STATUSES
 from .aggregate import NO_NUMBER
-from .evidence import Estimate, contrast, describe, describe_mde, holm, p_text
+from .evidence import Estimate, contrast, describe, holm, p_text
 from .fmt import finite, num, short, signed
 from .runs import METRIC_LABELS
 
@@ -160,10 +160,8 @@ def _ranking(ranked: list, bad: list, bmin: int, bmax: int) -> list[str]:
     if not e.tested:
         return lead + [("The other losses" if bad else "The losses") + " cannot be ranked by their dependence on "
                        f"batch size (|Δ|) at these seeds: the largest against the smallest, {describe(e, what)}."]
-    mde = describe_mde(e)
     return lead + [("The other losses'" if bad else "The losses'") + " dependence on batch size (|Δ|) is "
-                   f"indistinguishable at these seeds: the largest against the smallest, {describe(e, what)}"
-                   + (f"; {mde}." if mde else ".")]
+                   f"indistinguishable at these seeds: the largest against the smallest, {describe(e, what)}."]
 
 
 def dependence_finding(dep: pd.DataFrame, ds: str, m: str, t: float) -> str:
