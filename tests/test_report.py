@@ -441,3 +441,15 @@ def test_finding_sentence_ranks_only_with_a_test():
     one = _sentence({("infonce", 16): [68.0], ("infonce", 64): [73.0], ("flatnce", 16): [67.0],
                      ("flatnce", 64): [68.0]})
     assert "cannot be ranked" in one and "(untested: one seed)" in one and "**" not in one
+
+
+def test_numbers_are_rounded_once_without_negative_zero_or_float_noise():
+    from smallbatch.report import fmt, tables
+
+    assert fmt.signed(-0.04) == "+0.0" and fmt.num(-0.04) == "0.0" and fmt.signed(-0.06) == "-0.1"
+    assert fmt.num(86.94999814) == "86.9" and fmt.signed(2.25, 2) == "+2.25" and fmt.num(1234.5) == "1.23e+03"
+    assert fmt.csv_number(86.94999814) == "86.95" and fmt.csv_number(-0.0) == "0" and fmt.csv_number(1.99e-7) == "1.99e-07"
+    # the CSV writer and the Markdown/LaTeX cells use the same rule
+    assert tables.cell_text(86.94999814) == "86.95" and tables.cell_text(-0.0) == "0"
+    frame = pd.DataFrame({"x": [86.94999814, -0.0, 77.2]})
+    assert tables.markdown_table(frame).splitlines()[2:] == ["| 86.95 |", "| 0 |", "| 77.2 |"]

@@ -151,7 +151,7 @@ def _verdict(ds: str, by: dict[str, Estimate], mlabel: str) -> str:
     e = by.get("small − large")
     if e is None:
         return f"On {ds} the small−large contrast was not run."
-    head = f"On {ds} ({mlabel}), InfoNCE small − large {describe(e)}"
+    head = f"On {ds} ({mlabel}), InfoNCE small − large {describe(e, null_mde=False)}"  # its MDE: below
     if e.significant and e.diff < 0:
         s = [f"{head}: a small-batch penalty."]
         for part in ("negatives part (grouped − large)", "steps part (small − grouped)"):

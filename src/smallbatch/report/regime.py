@@ -23,7 +23,7 @@ import pandas as pd
 from ..tracking import BAD_STATUSES
 from .aggregate import aggregate_cells, label_order, pivot, sort_by_loss
 from .context import ReportContext, SectionOutput
-from .figures import accuracy_long, history, mark_bad, palette, plot_style
+from .figures import accuracy_long, draw_seeds, history, mark_bad, palette, plot_style, y_range
 from .fmt import num, runs_count, short, signed, slug
 from .papers import paper_gaps, paper_setting, run_setting
 from .regime_findings import (SETTING, dcl_finding, gap_summary, gap_text, length_finding, penalty_finding,
@@ -148,41 +148,56 @@ def _top1_figure(cells: pd.DataFrame, agg: pd.DataFrame, ctx: ReportContext, whe
     """Top-1 vs batch size (log2), one line per epoch budget, one panel per loss (row) x regime (column)."""
     ds, t, m = where
     lab = METRIC_LABELS.get(m, m)
-    data = accuracy_long(cells, ctx.scale, ["batch_size", "regime", "optimizer", "epochs"])
+    data = accuracy_long(cells, ctx.scale, ["batch_size", "regime", "optimizer", "epochs", "seed"])
     data = data[data["metric"] == lab] if len(data) else data
     if data.empty:
         return [], f"_{ds}, τ={short(t)}: no {lab} logged for the regime runs yet; figure skipped._\n"
     budgets = [f"{short(e)} epochs" for e in sorted(cells["epochs"].unique())]
-    data = data.assign(budget=data["epochs"].map(lambda e: f"{short(e)} epochs"))
+    data = data.assign(loss_label=data["label"], label=data["epochs"].map(lambda e: f"{short(e)} epochs"))
     regimes = regime_order(cells["regime"], cells["optimizer"])
+    losses = label_order(cells)
     pal, bss = palette(budgets), sorted(int(b) for b in cells["batch_size"].unique())
     plt, sns, rc = plot_style()
     with plt.rc_context(rc), sns.axes_style("whitegrid"):
-        g = sns.relplot(data=data, kind="line", x="batch_size", y="top-1 (%)", hue="budget", hue_order=budgets,
-                        style="budget", style_order=budgets, markers=True, dashes=False, palette=pal, errorbar="sd",
-                        err_style="bars", row="label", row_order=label_order(cells), col="regime", col_order=regimes,
-                        height=2.8, aspect=1.2, facet_kws={"sharey": "row", "margin_titles": True})
-        for ax in g.axes.flat:
-            ax.set_xscale("log", base=2)
-            ax.set_xticks(bss)
-            ax.set_xticklabels([str(b) for b in bss])
-            ax.minorticks_off()
+        fig, axes = plt.subplots(len(losses), len(regimes), figsize=(3.0 * len(regimes) + 0.3, 2.5 * len(losses) + 0.6),
+                                 squeeze=False, sharex=True)
         a = agg[agg["metric"] == m]
-        for _, r in a[a["state"].isin([*BAD_STATUSES, "partial"])].iterrows():
-            ax, color = g.axes_dict.get((r["label"], r["regime"])), pal.get(f"{short(r['epochs'])} epochs", "k")
-            if ax is not None and r["state"] == "partial":
-                _mark_partial(ax, int(r["batch_size"]), float(r["mean"]), color)
-            elif ax is not None:
-                mark_bad(ax, [int(r["batch_size"])], color)
-        g.set_titles(row_template="{row_name}", col_template="{col_name}")
-        g.set_axis_labels("batch size", f"{lab} (%)")
-        if g.legend is not None:
-            g.legend.set_title("training length")
-        g.figure.suptitle(f"{ds}, τ={short(t)}: {lab} vs batch size per training length and optimiser regime\n"
-                          "(mean ± sd over seeds; ▽ on the x axis = no seed gave a number; □ = some seeds diverged, "
-                          "collapsed or failed)", y=1.07)
-        files = ctx.save_figure(g.figure, f"regime_top1_{slug(ds)}_t{slug(short(t))}_{m}")
-    return files, (f"**{ds}, τ={short(t)}: {lab} vs batch size** (SimCLR Figure 9's analogue)\n\n"
+        for i, loss_lab in enumerate(losses):
+            drawn = []
+            for j, reg in enumerate(regimes):
+                ax = axes[i][j]
+                drawn += draw_seeds(ax, data[(data["loss_label"] == loss_lab) & (data["regime"] == reg)],
+                                    "batch_size", "top-1 (%)", budgets, pal)
+                ax.set_xscale("log", base=2)
+                ax.set_xticks(bss)
+                ax.set_xticklabels([str(b) for b in bss], fontsize=7)
+                ax.set_xlim(bss[0] / 1.4, bss[-1] * 1.4)
+                ax.minorticks_off()
+                ax.set_title(f"{loss_lab}, {reg}", fontsize=9)
+                ax.set_xlabel("batch size" if i == len(losses) - 1 else "")
+                ax.set_ylabel(f"{lab} (%)" if j == 0 else "")
+            for j, reg in enumerate(regimes):
+                ax = axes[i][j]
+                ax.set_ylim(*y_range(drawn))
+                for _, r in a[a["state"].isin([*BAD_STATUSES, "partial"]) & (a["label"] == loss_lab)
+                              & (a["regime"] == reg)].iterrows():
+                    color = pal.get(f"{short(r['epochs'])} epochs", "k")
+                    if r["state"] == "partial":
+                        _mark_partial(ax, int(r["batch_size"]), float(r["mean"]), color)
+                    else:
+                        mark_bad(ax, [int(r["batch_size"])], color)
+        seen: dict = {}
+        for ax in axes.flat:
+            for handle, name in zip(*ax.get_legend_handles_labels()):
+                seen.setdefault(name, handle)
+        fig.legend(list(seen.values()), list(seen), title="training length", loc="center left",
+                   bbox_to_anchor=(1.0, 0.5), frameon=False, fontsize=8, title_fontsize=9)
+        fig.suptitle(f"{ds}, τ={short(t)}: {lab} vs batch size", fontsize=11)
+        fig.tight_layout(rect=(0, 0, 1, 0.96))
+        files = ctx.save_figure(fig, f"regime_top1_{slug(ds)}_t{slug(short(t))}_{m}")
+    return files, (f"**{ds}, τ={short(t)}: {lab} vs batch size per training length and optimiser regime** (SimCLR "
+                   "Figure 9's analogue; points: seeds, line: mean with its 95 % t interval; ▽ on the x axis: no seed "
+                   "gave a number; □: some seeds diverged, collapsed or failed)\n\n"
                    + ctx.figure_md(files, f"{ds} {lab} vs batch size per regime"))
 
 
