@@ -162,9 +162,9 @@ def draw_seeds(ax, d: pd.DataFrame, x: str, y: str, labels: Sequence[str], pal: 
         rows = []
         for xv, gx in g.groupby(x, sort=True):
             m, lo, hi = seed_summary(gx[y])
-            xs = float(xv) * (2 ** off if log2 else 1) + (0 if log2 else off)
+            xs = float(xv) * 2 ** off if log2 else float(xv) + 2 * off
             rows.append((xs, m, lo, hi))
-            ax.scatter([xs * (2 ** 0.02 if log2 else 1)] * len(gx), gx[y], s=9, color=pal[lab], alpha=0.45,
+            ax.scatter([xs * 2 ** 0.025 if log2 else xs + 0.05] * len(gx), gx[y], s=9, color=pal[lab], alpha=0.5,
                        linewidths=0, zorder=2)
             drawn += list(gx[y].astype(float)) + [v for v in (lo, hi) if np.isfinite(v)]
         xs, ms, los, his = (np.array(c, dtype=float) for c in zip(*rows))

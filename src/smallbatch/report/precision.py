@@ -17,7 +17,7 @@ import pandas as pd
 
 from .aggregate import aggregate_cells, label_order, pivot, shown, sort_by_loss
 from .context import ReportContext, SectionOutput
-from .figures import accuracy_long, history, loss_palette, plot_style
+from .figures import accuracy_long, draw_seeds, history, loss_palette, plot_style, y_range
 from .fmt import finite, runs_count, sci, short, signed, slug
 from .precision_findings import gap_finding, gaps, grad_finding, grad_tau_finding, precision_order
 from .runs import METRIC_LABELS, METRICS, param, select_cells
@@ -140,30 +140,50 @@ def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
 
 
 def _top1_figure(cells: pd.DataFrame, ds: str, ctx: ReportContext) -> tuple[list, str]:
-    data = accuracy_long(cells, ctx.scale, ["batch_size", "temperature", "precision"])
+    """Top-1 per training precision: seeds as points beside each mean and its 95 % t interval; one panel per
+    metric (row) and batch size (column)."""
+    data = accuracy_long(cells, ctx.scale, ["batch_size", "temperature", "precision", "seed"])
     if data.empty:
         return [], f"_{ds}: no kNN/linear top-1 logged for the precision runs yet; figure skipped._\n"
     plt, sns, rc = plot_style()
     multi_t = data["temperature"].nunique() > 1
+    colours = loss_palette(data)
     data["series"] = [f"{lab}, τ={short(t)}" if multi_t else lab for lab, t in zip(data["label"], data["temperature"])]
     order = label_order(data)
     series = sorted(data["series"].unique(), key=lambda s: (order.index(s.split(", τ=")[0]), s))
+    pal = {ser: colours[ser.split(", τ=")[0]] for ser in series}
+    precs = precision_order(cells["precision"])
+    data = data.assign(label=data["series"], x=data["precision"].map({p: i for i, p in enumerate(precs)}))
     metrics = [METRIC_LABELS[m] for m in METRICS if METRIC_LABELS[m] in set(data["metric"])]
+    bss = [int(b) for b in sorted(cells["batch_size"].unique())]
     with plt.rc_context(rc), sns.axes_style("whitegrid"):
-        g = sns.catplot(data=data, kind="point", x="precision", order=precision_order(cells["precision"]),
-                        y="top-1 (%)", hue="series", hue_order=series,
-                        palette={ser: loss_palette(data)[ser.split(", τ=")[0]] for ser in series},
-                        dodge=0.3 if len(series) > 1 else False, errorbar="sd", markers="o", col="batch_size",
-                        col_order=[int(b) for b in sorted(cells["batch_size"].unique())], row="metric",
-                        row_order=metrics, height=3.0, aspect=1.1, sharey="row", margin_titles=True)
-        g.set_titles(row_template="{row_name}", col_template="batch size {col_name}")
-        if g.legend is not None:
-            g.legend.set_title("loss")
-        g.figure.suptitle(f"{ds}: top-1 vs training precision (mean ± sd over seeds; a missing point = "
-                          "diverged or not evaluated)", y=1.02)
-        files = ctx.save_figure(g.figure, f"precision_top1_{slug(ds)}")
-    return files, (f"**{ds}: top-1 vs precision** (one panel per batch size)\n\n"
-                   + ctx.figure_md(files, f"{ds} top-1 vs precision"))
+        fig, axes = plt.subplots(len(metrics), len(bss), figsize=(3.0 * len(bss) + 0.3, 2.6 * len(metrics) + 0.5),
+                                 squeeze=False)
+        for i, m in enumerate(metrics):
+            drawn = []
+            for j, b in enumerate(bss):
+                ax = axes[i][j]
+                drawn += draw_seeds(ax, data[(data["metric"] == m) & (data["batch_size"] == b)], "x", "top-1 (%)",
+                                    series, pal, log2=False)
+                ax.set_xticks(range(len(precs)))
+                ax.set_xticklabels(precs)
+                ax.set_xlim(-0.5, len(precs) - 0.5)
+                ax.set_title(f"{m}, batch size {b}", fontsize=9)
+                ax.set_xlabel("training precision" if i == len(metrics) - 1 else "")
+                ax.set_ylabel("top-1 (%)" if j == 0 else "")
+            for j in range(len(bss)):
+                axes[i][j].set_ylim(*y_range(drawn))
+        seen: dict = {}
+        for ax in axes.flat:
+            for handle, name in zip(*ax.get_legend_handles_labels()):
+                seen.setdefault(name, handle)
+        fig.legend(list(seen.values()), list(seen), title="loss", loc="center left", bbox_to_anchor=(1.0, 0.5),
+                   frameon=False, fontsize=8, title_fontsize=9)
+        fig.suptitle(f"{ds}: top-1 vs training precision", fontsize=11)
+        fig.tight_layout(rect=(0, 0, 1, 0.95))
+        files = ctx.save_figure(fig, f"precision_top1_{slug(ds)}")
+    return files, (f"**{ds}: top-1 vs precision** (points: seeds; line: mean with its 95 % t interval; a missing "
+                   "point: every seed diverged or is not evaluated)\n\n" + ctx.figure_md(files, f"{ds} top-1 vs precision"))
 
 
 def _grad_figure(hist: pd.DataFrame, ds: str, ctx: ReportContext) -> tuple[list, str]:
