@@ -28,7 +28,7 @@ from ..mi import CRITICS, ESTIMATORS
 from .aggregate import pivot
 from .context import ReportContext, SectionOutput
 from .fmt import num, short, signed
-from .figures import palette, plot_style
+from .figures import LOSS_COLORS, palette, plot_style
 from .mi_findings import CRITIC_NAMES, mi_findings, seed_interval
 from .runs import newest
 from .tables import markdown_table
@@ -163,12 +163,9 @@ def _bias_cell(r: pd.Series) -> str:
 
 # --------------------------------------------------------------------------- figures
 def _colors() -> dict:
-    """One colour per estimator, the same in every MI figure: the loss's colour of the report's
-    other figures where :mod:`.figures` defines per-loss colours, else its generic palette."""
-    from . import figures
-
-    per_loss, generic = getattr(figures, "LOSS_COLORS", {}), palette(list(ESTIMATORS))
-    return {e: per_loss.get(e, generic[e]) for e in ESTIMATORS}
+    """One colour per estimator: its loss's colour in every figure of the report (:data:`.figures.LOSS_COLORS`)."""
+    generic = palette(list(ESTIMATORS))
+    return {e: LOSS_COLORS.get(e, generic[e]) for e in ESTIMATORS}
 
 
 def _offsets(estimators: list[str], step: float) -> dict:
