@@ -537,6 +537,29 @@ def test_non_positive_epochs_raise(tmp_path, digits):
 
 
 # --------------------------------------------------------------------------- MoCo queue
+def test_momentum_encoder_is_the_ema_of_the_query_encoder_and_its_keys_are_queued():
+    """MoCo's update after a step: key = m * key + (1 - m) * query for every parameter, the
+    query encoder's buffers copied, this step's keys (normalised) queued with their images."""
+    from smallbatch.negatives import QueueNegatives
+
+    torch.manual_seed(0)
+    query = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    key = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    query(torch.randn(8, 4))  # running statistics of its own
+    before = [p.detach().clone() for p in key.parameters()]
+    src = QueueNegatives(key, size=16, dim=3, momentum=0.9, device=torch.device("cpu"), dtype=torch.float64)
+    z2 = torch.randn(5, 3, dtype=torch.float64)
+    src.after_step(query, z2, torch.arange(5))
+    for k0, k1, q in zip(before, key.parameters(), query.parameters()):  # measured: equal (the same float32
+        torch.testing.assert_close(k1, 0.9 * k0 + 0.1 * q.detach(), rtol=0, atol=1e-7)  # ops); one ulp allowed
+    for bk, bq in zip(key.buffers(), query.buffers()):
+        assert torch.equal(bk, bq)
+    keys, idx = src.queue.negatives()
+    assert torch.equal(idx.sort().values, torch.arange(5))
+    torch.testing.assert_close(keys[idx.argsort()], torch.nn.functional.normalize(z2, dim=1), rtol=0,
+                               atol=1e-15)  # measured 1.1e-16
+
+
 def test_queue_cell_trains_with_k_equal_to_queue_size(digits, queue_cell, queue_reference):
     res, _, logs = queue_reference
     q, bs = queue_cell["train"]["queue_size"], queue_cell["batch_size"]

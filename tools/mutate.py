@@ -47,7 +47,8 @@ TESTS = {
     "src/smallbatch/cells.py": ["tests/test_config.py"],
     "src/smallbatch/report/evidence.py": ["tests/test_evidence.py"],
     "src/smallbatch/gradcache.py": ["tests/test_gradcache.py"],
-    "src/smallbatch/negatives.py": ["tests/test_controls.py", "tests/test_train.py::test_queue_cell_trains_with_k_equal_to_queue_size"],
+    "src/smallbatch/negatives.py": ["tests/test_controls.py", "tests/test_train.py::test_queue_cell_trains_with_k_equal_to_queue_size",
+                                    "tests/test_train.py::test_momentum_encoder_is_the_ema_of_the_query_encoder_and_its_keys_are_queued"],
 }
 
 L, C, E, G, N = (f"src/smallbatch/{f}" for f in ("losses.py", "cells.py", "report/evidence.py", "gradcache.py",
