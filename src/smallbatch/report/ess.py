@@ -284,8 +284,9 @@ def schedule_figure(cells: pd.DataFrame, ds: str, ctx: ReportContext) -> tuple[l
         for i, name in enumerate(rows):
             for j, b in enumerate(bss):
                 _draw(axes[i][j], sns, frames, name, b, scheds, pal, multi, i == 0 and j == 0, j == 0)
-        fig.suptitle(f"{ds}: ESS-scheduled vs fixed temperature over training (mean ± sd over seeds)", y=1.02)
+        fig.suptitle(f"{ds}: ESS schedule vs fixed τ over training", y=1.02)
         fig.tight_layout()
         files = ctx.save_figure(fig, f"ess_schedule_{slug(ds)}")
-    return files, (f"**{ds}: ESS and τ over training** (`diag/ess`, dashed: `diag/ess_target`; `train/tau`)\n\n"
+    return files, (f"**{ds}: ESS and τ over training** (`diag/ess`, dashed: `diag/ess_target`; `train/tau`; mean ± sd "
+                   "over seeds)\n\n"
                    + ctx.figure_md(files, f"{ds} ESS schedule"))
