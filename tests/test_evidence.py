@@ -173,3 +173,19 @@ def test_describe_prints_interval_test_seeds_and_holm():
     assert describe(paired({0: 1.0, 1: 1.0}, {0: 0.0, 1: 0.0})).endswith("(untested: seed differences identical, "
                                                                         "no noise estimate)")
     assert "-0.0" not in describe(paired({0: -0.01, 1: 0.02, 2: -0.03}, {0: 0.0, 1: 0.0, 2: 0.0}))
+
+
+@pytest.mark.parametrize("mean", [1.5, -1.5])
+def test_t_interval_matches_scipy_and_needs_a_spread(mean):
+    lo, hi = evidence.t_interval(mean, 0.4, 3)
+    assert (lo, hi) == pytest.approx(stats.t.interval(0.95, 3, loc=mean, scale=0.4), rel=1e-12)
+    assert (lo > 0) == (mean > 0) and (hi < 0) == (mean < 0)      # ±1.5 with se 0.4: zero outside either way
+    wide = evidence.t_interval(mean, 0.6, 3)                     # t_{0.975,3} · 0.6 = 1.91 > 1.5: zero inside
+    assert wide[0] < 0 < wide[1]
+    for se, df in ((0.4, 0), (math.nan, 3), (0.4, math.nan)):
+        assert all(math.isnan(v) for v in evidence.t_interval(mean, se, df))
+
+
+def test_by_failure_names_its_ground():
+    assert evidence.by_failure(False, "x") == "our numbers do not support x (every seed of one arm failed)"
+    assert "within noise" not in evidence.by_failure(True, "x")
