@@ -112,7 +112,8 @@ def dependence_display(dep: pd.DataFrame) -> pd.DataFrame:
             row[f"drop@{int(c[7:])}"] = st if st in NO_NUMBER else ("" if st is None else num(r[c]))
         st, e = r["state_smallest"], r["estimate"]
         bs, bl = int(r["smallest_batch_size"]), int(r["largest_batch_size"])
-        head = f"Δ = B{bs} − B{bl}"
+        head = "Δ small − large"
+        row["B small→large"] = f"{bs}→{bl}" if bs != bl else f"{bs} only"
         if bs == bl:
             row[head], row["95 % CI"], row["Holm p"] = "—", "", ""
         elif finite(e.diff):
