@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Any, Iterable, Mapping, Sequence
 
 from .fmt import finite, num, signed
@@ -158,9 +159,11 @@ def holm(estimates: Iterable[Estimate | None]) -> list[Estimate | None]:
     return out
 
 
+@lru_cache(maxsize=4096)
 def mde(sd: float, n: int, power: float = POWER, alpha: float = ALPHA) -> float:
     """Smallest true mean difference a two-sided paired t test (level ``alpha``, ``n`` pairs,
-    sd of the differences ``sd``) detects with probability ``power``; NaN for n < 2 or no sd."""
+    sd of the differences ``sd``) detects with probability ``power``; NaN for n < 2 or no sd.  Cached: one root
+    search (~70 ms of noncentral-t evaluations) per distinct (sd, n)."""
     if not (finite(sd) and finite(n) and int(n) >= 2 and sd > 0):
         return math.nan
     from scipy import optimize, stats
@@ -194,7 +197,8 @@ def describe(e: Estimate | None, what: str = "", nd: int = 1, null_mde: bool = T
     pt = p_text(e.p_adj)
     pt = pt if pt.startswith("<") else f"= {pt}"
     p = f"Holm p {pt} of {e.family}" if e.family > 1 else f"p {pt}"
-    mde_ = f"; {describe_mde(e, nd)}" if null_mde and not e.significant and describe_mde(e, nd) else ""
+    m = describe_mde(e, nd) if null_mde and not e.significant else ""
+    mde_ = f"; {m}" if m else ""
     return f"{head}{signed(e.diff, nd)} [{signed(e.lo, nd)}, {signed(e.hi, nd)}] ({e.test}, {seeds}, {p}{mde_})"
 
 
