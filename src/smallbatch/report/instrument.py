@@ -258,7 +258,7 @@ def _figure(ctx: ReportContext, arms_long: pd.DataFrame) -> list:
             ax.set_xlabel("")
             ax.set_ylabel(f"{METRICS[metric][1]} top-1 (%)")
             ax.tick_params(axis="x", rotation=30, labelsize=8)
-        fig.suptitle("Instrument arms: seeds (points), mean and 95 % interval (bar)", fontsize=10)
+        fig.suptitle("Instrument arms\nseeds (points), mean and 95 % bootstrap interval (bar)", fontsize=10)
         fig.tight_layout()
     return ctx.save_figure(fig, "instrument_arms")
 
@@ -289,7 +289,7 @@ def _contrast_figure(ctx: ReportContext, rows: list[dict]) -> list:
             ax.invert_yaxis()
             ax.set_title(ds, fontsize=10)
             ax.set_xlabel(f"{METRICS[metric][1]}: small − large (points)")
-        fig.suptitle(f"Paired contrasts, 95 % intervals; grey: ± {num(BOUND)} points", fontsize=10)
+        fig.suptitle(f"Paired contrasts (95 % t intervals)\ngrey: ± {num(BOUND)} points", fontsize=10)
         fig.tight_layout()
     return ctx.save_figure(fig, "instrument_contrasts")
 
