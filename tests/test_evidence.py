@@ -189,3 +189,14 @@ def test_t_interval_matches_scipy_and_needs_a_spread(mean):
 def test_by_failure_names_its_ground():
     assert evidence.by_failure(False, "x") == "our numbers do not support x (every seed of one arm failed)"
     assert "within noise" not in evidence.by_failure(True, "x")
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_float_rounding_of_equal_seed_differences_is_no_spread(sign):
+    # 0.1 + 0.2 − 0.3 style noise: the seed differences are equal up to 1e-15, which must not read as a test
+    a = {0: sign * (0.1 + 0.2), 1: sign * 0.3}
+    assert a[0] != a[1]                                          # 0.30000000000000004 vs 0.3
+    e = paired(a, {0: 0.0, 1: 0.0})
+    assert not e.tested and e.sd == 0.0 and e.significant is None
+    near = paired({0: 80.3, 1: 80.3 + 1e-6}, {0: 70.0, 1: 70.0})   # a real (if tiny) spread is still tested
+    assert near.tested

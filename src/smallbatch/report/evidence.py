@@ -38,6 +38,9 @@ ALPHA = 0.05
 POWER = 0.8
 
 Values = Mapping[Any, float]
+#: a spread below this (relative to the difference, at least 1) is rounding noise of equal seed differences,
+#: not a noise estimate: accuracies resolve 0.01 points at best, so 1e-9 can only be float arithmetic
+SPREAD_TOL = 1e-9
 
 
 @dataclass(frozen=True)
@@ -122,13 +125,13 @@ def contrast(terms: Sequence[tuple[float, Values]]) -> Estimate:
         n = len(per_seed)
         d = sum(per_seed) / n
         sd = math.sqrt(sum((x - d) ** 2 for x in per_seed) / (n - 1))
-        if sd > 0:
+        if sd > SPREAD_TOL * max(1.0, abs(d)):
             return _t_test(d, sd / math.sqrt(n), n - 1, n, sd, "paired t")
-        return Estimate(diff=d, n=n, sd=sd)
+        return Estimate(diff=d, n=n, sd=0.0)
     if not all(len(v) >= 2 for _, v in cells):
         return Estimate(diff=diff, n=len(common))
     parts = [(c * c * _var(v) / len(v), len(v)) for c, v in cells]
-    if all(finite(w) for w, _ in parts) and sum(w for w, _ in parts) > 0:
+    if all(finite(w) for w, _ in parts) and math.sqrt(sum(w for w, _ in parts)) > SPREAD_TOL * max(1.0, abs(diff)):
         se2 = sum(w for w, _ in parts)
         df = se2 ** 2 / sum(w * w / (k - 1) for w, k in parts)
         return _t_test(diff, math.sqrt(se2), df, min(k for _, k in parts), math.nan, "Welch t")
