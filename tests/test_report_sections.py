@@ -114,7 +114,8 @@ def ksweep_design(flip: bool) -> list[dict]:
         for ki, (k, d) in enumerate(zip((4096, 256, 16), drop[loss])):
             pending = (loss, k) == ("dcl", 256)
             for seed in KS_SEEDS:
-                noise = 0.02 * ((seed * 7 + ki * 3 + li) % 5)  # differs by seed, K and loss: paired tests apply
+                # differs by seed, K and loss, so no two seeds' differences are equal: paired tests apply
+                noise = 0.02 * ((seed + 1) * (ki + 1) * (li + 2) % 7)
                 out.append({"loss": loss, "K": k, "seed": seed, "linear": base[loss] - d + noise, "pending": pending})
     return out
 
