@@ -200,3 +200,28 @@ def test_float_rounding_of_equal_seed_differences_is_no_spread(sign):
     assert not e.tested and e.sd == 0.0 and e.significant is None
     near = paired({0: 80.3, 1: 80.3 + 1e-6}, {0: 70.0, 1: 70.0})   # a real (if tiny) spread is still tested
     assert near.tested
+
+
+# --------------------------------------------------------------------------- boundaries the mutants found
+def test_an_adjusted_p_of_exactly_alpha_is_not_significant():
+    at = Estimate(diff=1.0, lo=0.0, hi=2.0, p=evidence.ALPHA, p_adj=evidence.ALPHA, n=3, sd=1.0, df=2,
+                  test="paired t")
+    below = Estimate(diff=1.0, lo=0.1, hi=1.9, p=0.049, p_adj=0.049, n=3, sd=1.0, df=2, test="paired t")
+    assert at.significant is False and at.within_noise is True
+    assert below.significant is True
+
+
+def test_two_shared_seeds_are_enough_for_a_paired_t():
+    e = paired({0: 1.0, 1: 3.0}, {0: 0.0, 1: 1.0})
+    ref = stats.ttest_rel([1.0, 3.0], [0.0, 1.0])
+    assert e.test == "paired t" and e.n == 2
+    assert e.p == pytest.approx(ref.pvalue, rel=1e-12)
+
+
+def test_mde_of_two_seeds_has_eighty_percent_power():
+    """One degree of freedom: the search's first bracket se*(t_crit + 4) is too narrow here."""
+    m = mde(1.0, 2)
+    nc, c = m / (1.0 / math.sqrt(2)), stats.t.ppf(0.975, 1)
+    lower = stats.nct.cdf(-c, 1, nc)  # NaN this far in the tail, where it is 0
+    assert stats.nct.sf(c, 1, nc) + (lower if np.isfinite(lower) else 0.0) == pytest.approx(0.8, abs=1e-8)
+    assert m > (c + 4.0) / math.sqrt(2)  # beyond the first bracket: the search had to widen it
