@@ -218,10 +218,11 @@ def test_two_shared_seeds_are_enough_for_a_paired_t():
     assert e.p == pytest.approx(ref.pvalue, rel=1e-12)
 
 
-def test_mde_of_two_seeds_has_eighty_percent_power():
-    """One degree of freedom: the search's first bracket se*(t_crit + 4) is too narrow here."""
-    m = mde(1.0, 2)
+def test_mde_beyond_the_first_search_bracket_still_has_its_power():
+    """Two seeds at 90 % power: the search's first bracket se*(t_crit + 4) holds only 81 % power
+    at one degree of freedom, so the bracket must widen for the root to be found."""
+    m = mde(1.0, 2, power=0.9)
     nc, c = m / (1.0 / math.sqrt(2)), stats.t.ppf(0.975, 1)
     lower = stats.nct.cdf(-c, 1, nc)  # NaN this far in the tail, where it is 0
-    assert stats.nct.sf(c, 1, nc) + (lower if np.isfinite(lower) else 0.0) == pytest.approx(0.8, abs=1e-8)
-    assert m > (c + 4.0) / math.sqrt(2)  # beyond the first bracket: the search had to widen it
+    assert stats.nct.sf(c, 1, nc) + (lower if np.isfinite(lower) else 0.0) == pytest.approx(0.9, abs=1e-8)
+    assert m > (c + 4.0) / math.sqrt(2)
