@@ -198,7 +198,8 @@ def control_problem(cell: dict) -> str | None:
     if tr.get("neg_group") and tr["queue_size"]:
         return "train.neg_group groups in-batch negatives; set queue_size: 0 or neg_group: null"
     if tr.get("bn_group") and tr["chunk_size"] and tr["bn_group"] != bs:
-        return "train.bn_group and train.chunk_size both set BatchNorm's groups; set one of them to null"
+        return ("train.bn_group normalises over groups of images, train.chunk_size over the whole batch; "
+                "set one of them to null")
     if tr.get("mask_same_class") and tr["devices"] > 1:
         return "train.mask_same_class runs on one process; set train.devices = 1"
     if tr["devices"] > 1 and cell["loss"] == "sogclr":
