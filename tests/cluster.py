@@ -612,3 +612,24 @@ def smoke_local(root: Path, tracking_uri: str | None = None, key: str = "smoke_l
                 "output": res.stdout, "wall_s": wall}
 
     return once(key, go)
+
+
+#: `python -c PAUSED_PRETRAIN MARKER STEP <smallbatch args>`: a real `smallbatch` process (cli.main in
+#: its own interpreter; each rank of a multi-process cell alike) that pauses after step STEP: it writes
+#: MARKER, then blocks reading one byte from stdin.  A test signals it while it waits, so no race
+#: decides where the signal lands.
+PAUSED_PRETRAIN = """
+import os, sys
+from pathlib import Path
+from smallbatch import cli, train
+marker, pause_at = Path(sys.argv[1]), int(sys.argv[2])
+real_step = train.one_step
+def one_step(t, idx, watch):
+    out = real_step(t, idx, watch)
+    if t.step == pause_at:
+        marker.write_text(str(t.step))
+        os.read(0, 1)  # until the test has signalled this process
+    return out
+train.one_step = one_step
+sys.exit(cli.main(sys.argv[3:]))
+"""

@@ -31,21 +31,6 @@ LOG_EVERY, PAUSE_AT = 4, 6  # the ranks compare flags at steps 4, 8, ...: the ag
 TRAIN = {"width": 4, "proj_hidden": 16, "proj_dim": 8, "log_every": LOG_EVERY, "precision": "fp64", "epochs": 1,
          "devices": 2}
 
-PAUSED_RANK = """
-import os, sys
-from pathlib import Path
-from smallbatch import cli, train
-marker, pause_at = Path(sys.argv[1]), int(sys.argv[2])
-real_step = train.one_step
-def one_step(t, idx, watch):
-    out = real_step(t, idx, watch)
-    if t.step == pause_at:
-        marker.write_text(str(t.step))
-        os.read(0, 1)  # until the test has signalled
-    return out
-train.one_step = one_step
-sys.exit(cli.main(sys.argv[3:]))
-"""
 
 
 def _config(root: Path) -> Path:
@@ -63,7 +48,7 @@ def _start(root: Path, port: int) -> list[subprocess.Popen]:
     for rank in range(2):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-        cmd = [sys.executable, "-c", PAUSED_RANK, str(root / f"paused{rank}"), str(PAUSE_AT), "pretrain",
+        cmd = [sys.executable, "-c", cluster.PAUSED_PRETRAIN, str(root / f"paused{rank}"), str(PAUSE_AT), "pretrain",
                "--config", str(cfg), "--cell-id", CELL, "--tracking-uri", "none", "--no-progress"]
         with open(root / f"stderr{rank}.txt", "w") as err:  # a file: no pipe to fill up
             procs.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err, env=env))

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import cluster
 from smallbatch import data, steps, train
 from smallbatch.cells import make_cell
 from smallbatch.config import load_config
@@ -174,32 +175,13 @@ def test_resume_after_crash_mid_epoch_is_bitwise_identical(tmp_path, digits, mai
     assert_same_weights(weights(tmp_path / "checkpoint.pt"), ref_w)
 
 
-# A real `smallbatch pretrain` process (cli.main in its own interpreter) that pauses after
-# step PAUSE_AT: it writes the marker file, then blocks reading one byte from stdin.  The
-# test signals it while it waits, so no race decides where the signal lands: SIGKILL finds
-# the epoch-end state of step `spe` on disk, SIGTERM is seen at the step it was sent at.
-PAUSED_PRETRAIN = """
-import os, sys
-from pathlib import Path
-from smallbatch import cli, train
-marker, pause_at = Path(sys.argv[1]), int(sys.argv[2])
-real_step = train.one_step
-def one_step(t, idx, watch):
-    out = real_step(t, idx, watch)
-    if t.step == pause_at:
-        marker.write_text(str(t.step))
-        os.read(0, 1)  # until the test has signalled this process
-    return out
-train.one_step = one_step
-sys.exit(cli.main(sys.argv[3:]))
-"""
 
 
 def _start(cell: dict, out: Path, cache: Path, pause_at: int) -> subprocess.Popen:
     out.mkdir(parents=True, exist_ok=True)
     cell_file = out / "cell.json"
     cell_file.write_text(json.dumps(cell))
-    cmd = [sys.executable, "-c", PAUSED_PRETRAIN, str(out / "paused"), str(pause_at), "pretrain",
+    cmd = [sys.executable, "-c", cluster.PAUSED_PRETRAIN, str(out / "paused"), str(pause_at), "pretrain",
            "--cell", str(cell_file), "--out", str(out), "--data-cache", str(cache), "--tracking-uri", "none",
            "--no-progress"]
     with open(out / "stdout.txt", "w") as so, open(out / "stderr.txt", "w") as se:  # files: no pipe to fill up

@@ -210,3 +210,13 @@ def baseline_lines(ax, base: dict[str, float]) -> None:
         if items:
             ax.text(0.99, y, f"{arrow} " + ", ".join(items), transform=ax.transAxes, va=va, ha="right", fontsize=7,
                     color="#555555")
+
+
+def shared_legend(fig, axes, title: str) -> None:
+    """One legend for all panels, right of the figure: each label once, in the order first drawn."""
+    seen: dict = {}
+    for ax in axes.flat:
+        for handle, lab in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(lab, handle)
+    fig.legend(list(seen.values()), list(seen), title=title, loc="center left", bbox_to_anchor=(1.0, 0.5),
+               frameon=False, fontsize=8, title_fontsize=9)

@@ -16,7 +16,7 @@ from .aggregate import label_order
 from .baselines import baseline_table
 from .context import ReportContext
 from .figures import (accuracy_long, baseline_lines, batch_order, binned, draw_seeds, history, loss_palette,
-                      mark_bad, plot_style, y_range)
+                      mark_bad, plot_style, shared_legend, y_range)
 from .fmt import short, slug
 from .runs import METRIC_LABELS, METRICS, param_num
 
@@ -40,15 +40,6 @@ def _facets(plt, nrow: int, ncol: int, extra_w: float = 0.3):
     fig, axes = plt.subplots(nrow, ncol, figsize=(3.2 * ncol + extra_w, 2.6 * nrow + 0.5), squeeze=False,
                              sharex="col")
     return fig, axes
-
-
-def _legend(fig, axes, title: str) -> None:
-    seen: dict = {}
-    for ax in axes.flat:
-        for handle, lab in zip(*ax.get_legend_handles_labels()):
-            seen.setdefault(lab, handle)
-    fig.legend(list(seen.values()), list(seen.keys()), title=title, loc="center left", bbox_to_anchor=(1.0, 0.5),
-               frameon=False, fontsize=8, title_fontsize=9)
 
 
 def _log2_axis(ax, ticks: Sequence[int]) -> None:
@@ -89,7 +80,7 @@ def accuracy_figure(cells: pd.DataFrame, agg: pd.DataFrame, ds: str, ctx: Report
                 for _, r in agg[agg["state"].isin(BAD_STATUSES) & (agg["temperature"] == t)
                                 & (agg["metric"].map(METRIC_LABELS) == m)].iterrows():
                     mark_bad(ax, [int(r["batch_size"])], pal.get(r["label"], "k"))
-        _legend(fig, axes, "loss")
+        shared_legend(fig, axes, "loss")
         fig.suptitle(f"{ds}: top-1 vs batch size", fontsize=11)
         fig.tight_layout(rect=(0, 0, 1, 0.97))
         files = ctx.save_figure(fig, f"accuracy_vs_batch_{slug(ds)}")
@@ -134,7 +125,7 @@ def steps_figure(cells: pd.DataFrame, agg: pd.DataFrame, ds: str, ctx: ReportCon
             ax.set_title(m, fontsize=9)
             ax.set_xlabel("optimiser steps (log scale)")
             ax.set_ylabel("top-1 (%)" if j == 0 else "")
-        _legend(fig, axes, "loss")
+        shared_legend(fig, axes, "loss")
         fig.suptitle(f"{ds}: top-1 vs optimiser steps (τ = {short(t)})", fontsize=11)
         fig.tight_layout(rect=(0, 0, 1, 0.95))
         files = ctx.save_figure(fig, f"accuracy_vs_steps_{slug(ds)}")

@@ -17,7 +17,7 @@ import pandas as pd
 
 from .aggregate import aggregate_cells, label_order, pivot, shown, sort_by_loss
 from .context import ReportContext, SectionOutput
-from .figures import accuracy_long, draw_seeds, history, loss_palette, plot_style, y_range
+from .figures import accuracy_long, draw_seeds, history, loss_palette, plot_style, shared_legend, y_range
 from .fmt import finite, runs_count, sci, short, signed, slug
 from .precision_findings import gap_finding, gaps, grad_finding, grad_tau_finding, precision_order
 from .runs import METRIC_LABELS, METRICS, param, select_cells
@@ -173,12 +173,7 @@ def _top1_figure(cells: pd.DataFrame, ds: str, ctx: ReportContext) -> tuple[list
                 ax.set_ylabel("top-1 (%)" if j == 0 else "")
             for j in range(len(bss)):
                 axes[i][j].set_ylim(*y_range(drawn))
-        seen: dict = {}
-        for ax in axes.flat:
-            for handle, name in zip(*ax.get_legend_handles_labels()):
-                seen.setdefault(name, handle)
-        fig.legend(list(seen.values()), list(seen), title="loss", loc="center left", bbox_to_anchor=(1.0, 0.5),
-                   frameon=False, fontsize=8, title_fontsize=9)
+        shared_legend(fig, axes, "loss")
         fig.suptitle(f"{ds}: top-1 vs training precision", fontsize=11)
         fig.tight_layout(rect=(0, 0, 1, 0.95))
         files = ctx.save_figure(fig, f"precision_top1_{slug(ds)}")

@@ -23,7 +23,7 @@ import pandas as pd
 from ..tracking import BAD_STATUSES
 from .aggregate import aggregate_cells, label_order, pivot, sort_by_loss
 from .context import ReportContext, SectionOutput
-from .figures import accuracy_long, draw_seeds, history, mark_bad, palette, plot_style, y_range
+from .figures import accuracy_long, draw_seeds, history, mark_bad, palette, plot_style, shared_legend, y_range
 from .fmt import num, runs_count, short, signed, slug
 from .papers import paper_gaps, paper_setting, run_setting
 from .regime_findings import (SETTING, dcl_finding, gap_summary, gap_text, length_finding, penalty_finding,
@@ -186,12 +186,7 @@ def _top1_figure(cells: pd.DataFrame, agg: pd.DataFrame, ctx: ReportContext, whe
                         _mark_partial(ax, int(r["batch_size"]), float(r["mean"]), color)
                     else:
                         mark_bad(ax, [int(r["batch_size"])], color)
-        seen: dict = {}
-        for ax in axes.flat:
-            for handle, name in zip(*ax.get_legend_handles_labels()):
-                seen.setdefault(name, handle)
-        fig.legend(list(seen.values()), list(seen), title="training length", loc="center left",
-                   bbox_to_anchor=(1.0, 0.5), frameon=False, fontsize=8, title_fontsize=9)
+        shared_legend(fig, axes, "training length")
         fig.suptitle(f"{ds}, τ={short(t)}: {lab} vs batch size", fontsize=11)
         fig.tight_layout(rect=(0, 0, 1, 0.96))
         files = ctx.save_figure(fig, f"regime_top1_{slug(ds)}_t{slug(short(t))}_{m}")

@@ -13,7 +13,7 @@ import pandas as pd
 from ..tracking import BAD_STATUSES
 from .aggregate import label_order
 from .context import ReportContext
-from .figures import accuracy_long, draw_seeds, loss_palette, mark_bad, plot_style, y_range
+from .figures import accuracy_long, draw_seeds, loss_palette, mark_bad, plot_style, shared_legend, y_range
 from .fmt import finite, short, slug
 from .runs import METRIC_LABELS, METRICS
 
@@ -114,12 +114,7 @@ def sweep_figure(cells: pd.DataFrame, agg: pd.DataFrame, ds: str, ctx: ReportCon
                 for _, r in agg[agg["state"].isin(BAD_STATUSES) & (agg["setting"] == st)
                                 & (agg["metric"].map(METRIC_LABELS) == m)].iterrows():
                     mark_bad(ax, [float(r[x])], pal.get(r["label"], "k"))
-        seen: dict = {}
-        for ax in axes.flat:
-            for handle, lab in zip(*ax.get_legend_handles_labels()):
-                seen.setdefault(lab, handle)
-        fig.legend(list(seen.values()), list(seen), title="loss", loc="center left", bbox_to_anchor=(1.0, 0.5),
-                   frameon=False, fontsize=8, title_fontsize=9)
+        shared_legend(fig, axes, "loss")
         fig.suptitle(f"{ds}: {title}", fontsize=11)
         fig.tight_layout(rect=(0, 0, 1, 0.95))
         files = ctx.save_figure(fig, f"{stem}_{slug(ds)}")
