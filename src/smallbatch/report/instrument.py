@@ -7,6 +7,11 @@ seed, the *arms*
 * InfoNCE at B = 256 with each anchor's negatives restricted to its group of G images
   (``grouped``, ``train.neg_group``): the large batch's steps with the small batch's K;
 * DCL and SogCLR at B = 16; optionally any arm with the oracle same-class mask;
+* the *fixed-steps budget*: InfoNCE at B = 16 stopped after the large batch's number of
+  optimiser steps (``train.steps``; the other arms share a fixed-epochs budget);
+* the *learning rate per batch size*: InfoNCE at B = 16 and 256 at further learning rates
+  (``train.lr``); the one with the best validation accuracy of the linear probe (a split of
+  the training data, never the test split) is each batch size's validated learning rate;
 
 with BatchNorm over groups of the same size in every arm (``train.bn_group``), so the
 arms differ only where their names say.  The decomposition, every term small − large
@@ -59,28 +64,60 @@ CONTRASTS = {
     "DCL@16 − InfoNCE@256": [(1.0, "dcl@16"), (-1.0, "infonce@256")],
     "SogCLR@16 − InfoNCE@256": [(1.0, "sogclr@16"), (-1.0, "infonce@256")],
     "oracle − plain, InfoNCE@16": [(1.0, "infonce@16/oracle"), (-1.0, "infonce@16")],
+    "small − large, equal steps": [(1.0, "infonce@16/S"), (-1.0, "infonce@256")],
 }
+#: the contrast made per data set from the learning rates chosen on the validation split
+VALIDATED_LR = "small − large, each at its validated lr"
+#: the metric the learning rate is chosen on: the linear probe's top-1 on the validation split
+VAL_METRIC = "linear/val_top1"
 
 
 def _is_set(v: Any) -> bool:
     return str(v).strip().lower() not in ("", "none", "nan", "null", "false", "0")
 
 
-def arm_of(row: pd.Series) -> str:
-    """``infonce@256/G`` (grouped negatives), ``infonce@16/oracle``, ``dcl@16``."""
+def base_lr(cells: pd.DataFrame) -> float | None:
+    """The study's common learning rate: the one most cells use (ties: the smaller)."""
+    if "params.lr" not in cells:
+        return None
+    lrs = pd.to_numeric(cells["params.lr"], errors="coerce").dropna()
+    if lrs.empty:
+        return None
+    counts = lrs.value_counts()
+    return float(min(counts.index[counts == counts.max()]))
+
+
+def arm_of(row: pd.Series, common_lr: float | None = None) -> str:
+    """``infonce@256/G`` (grouped negatives), ``infonce@16/oracle``, ``infonce@16/S`` (a
+    fixed number of steps), ``infonce@16/lr0.003`` (a learning rate other than
+    ``common_lr``), ``dcl@16``."""
     arm = f"{row['loss']}@{int(row['batch_size'])}"
     if _is_set(row.get("params.neg_group")):
         arm += "/G"
     if _is_set(row.get("params.mask_same_class")):
         arm += "/oracle"
+    if _is_set(row.get("params.steps")):
+        arm += "/S"
+    lr = pd.to_numeric(pd.Series([row.get("params.lr")]), errors="coerce").iloc[0]
+    if common_lr is not None and finite(lr) and not math.isclose(float(lr), common_lr):
+        arm += f"/lr{float(lr):g}"
     return arm
+
+
+def _mark_label(mark: str, group: Any) -> str:
+    if mark == "G":
+        return f", G={group}"
+    if mark == "S":
+        return ", equal steps"
+    if mark.startswith("lr"):
+        return f", lr {mark[2:]}"
+    return ", oracle mask"
 
 
 def arm_label(arm: str, group: Any) -> str:
     loss, rest = arm.split("@")
     size, *marks = rest.split("/")
-    extra = "".join(f", G={group}" if m == "G" else ", oracle mask" for m in marks)
-    return f"{display_name(loss)} B={size}{extra}"
+    return f"{display_name(loss)} B={size}{''.join(_mark_label(m, group) for m in marks)}"
 
 
 def _values(runs: pd.DataFrame, key: str, scale: float) -> dict[Any, float]:
@@ -125,13 +162,14 @@ def bounded(e: Estimate) -> bool:
     return e.tested and -BOUND <= e.lo and e.hi <= BOUND
 
 
-def contrast_rows(vals: dict, base: dict, datasets: list[str]) -> list[dict]:
-    """Every stated contrast of every data set and metric, Holm-adjusted within a metric."""
+def contrast_rows(vals: dict, base: dict, datasets: list[str], extra: dict | None = None) -> list[dict]:
+    """Every stated contrast of every data set and metric, Holm-adjusted within a metric;
+    ``extra``: data set -> {name: terms}, contrasts made for one data set (the validated lr)."""
     rows = []
     for m, (_, mlabel) in METRICS.items():
         fam, keys = [], []
         for ds in datasets:
-            for name, terms in CONTRASTS.items():
+            for name, terms in {**CONTRASTS, **(extra or {}).get(ds, {})}.items():
                 cells = [(c, vals.get((ds, arm, m), {})) for c, arm in terms]
                 if any(not v for _, v in cells):
                     continue
@@ -183,6 +221,71 @@ def findings(rows: list[dict]) -> list[str]:
             out.append(f"On {ds}, the small-batch fixes against InfoNCE at B=256 ({METRICS[primary][1]}, "
                        "each at B=16 − InfoNCE at B=256): " + "; ".join(fixes) + ".")
     return out
+
+
+def _lr_of(g: pd.DataFrame) -> float:
+    return float(pd.to_numeric(g["params.lr"], errors="coerce").iloc[0]) if "params.lr" in g else math.nan
+
+
+def lr_table(cells: pd.DataFrame, scale: float) -> pd.DataFrame:
+    """InfoNCE's plain arms (no G, S or oracle mark) per data set, batch size and learning
+    rate: the linear probe's validation and test top-1 (mean over seeds), and ``chosen``:
+    the best validation mean where a batch size was run at more than one learning rate."""
+    plain = cells[cells["arm"].str.fullmatch(r"infonce@\d+(/lr[^/]+)?")]
+    rows = []
+    for (ds, bs, arm), g in plain.groupby(["dataset", "batch_size", "arm"], sort=True):
+        val, test = _values(g, VAL_METRIC, scale), _values(g, "linear/top1", scale)
+        rows.append({"dataset": ds, "batch_size": int(bs), "arm": arm, "lr": _lr_of(g), "val_mean": _mean(val),
+                     "val_sd": _sd(val), "test_mean": _mean(test), "seeds": len(val), "chosen": False})
+    df = pd.DataFrame(rows)
+    for _, g in (df.groupby(["dataset", "batch_size"]) if len(df) else []):
+        if len(g) > 1 and g["val_mean"].notna().any():
+            df.loc[g["val_mean"].idxmax(), "chosen"] = True
+    return df
+
+
+def validated_contrasts(lrs: pd.DataFrame) -> dict[str, dict[str, list]]:
+    """data set -> {VALIDATED_LR: InfoNCE@16 at its chosen lr − InfoNCE@256 at its chosen lr},
+    where both batch sizes were run at more than one learning rate."""
+    out = {}
+    for ds, g in (lrs[lrs["chosen"]].groupby("dataset") if len(lrs) else []):
+        arms = dict(zip(g["batch_size"], g["arm"]))
+        if 16 in arms and 256 in arms:
+            out[ds] = {VALIDATED_LR: [(1.0, arms[16]), (-1.0, arms[256])]}
+    return out
+
+
+def control_findings(rows: list[dict], lrs: pd.DataFrame) -> list[str]:
+    """The controls on the primary metric: the fixed-steps budget, the oracle mask and the
+    learning rate chosen per batch size."""
+    primary = next(iter(METRICS))
+    mlabel, out = METRICS[primary][1], []
+    prim = [r for r in rows if r["metric"] == primary]
+    for ds in dict.fromkeys(r["dataset"] for r in prim):
+        by = {r["contrast"]: r["estimate"] for r in prim if r["dataset"] == ds}
+        if "small − large, equal steps" in by:
+            out.append(f"On {ds} ({mlabel}), at equal optimiser steps (InfoNCE B=16 stopped after B=256's steps) "
+                       f"small − large {describe(by['small − large, equal steps'])}.")
+        if "oracle − plain, InfoNCE@16" in by:
+            out.append(f"On {ds}, masking same-class negatives at B=16 (oracle − plain): "
+                       f"{describe(by['oracle − plain, InfoNCE@16'])}.")
+        chosen = lrs[(lrs["dataset"] == ds) & lrs["chosen"]] if len(lrs) else lrs
+        if VALIDATED_LR in by and len(chosen):
+            picks = ", ".join(f"B={b}: lr {lr:g}" for b, lr in zip(chosen["batch_size"], chosen["lr"]))
+            out.append(f"On {ds}, with the learning rate chosen on the validation split ({picks}), "
+                       f"small − large {describe(by[VALIDATED_LR])}.")
+    return out
+
+
+def _lr_display(lrs: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    blocks = []
+    for ds, g in lrs.groupby("dataset", sort=True):
+        t = pd.DataFrame({"batch size": g["batch_size"], "lr": [f"{x:g}" for x in g["lr"]],
+                          "validation top-1": [f"{num(m)} ± {num(s)}" for m, s in zip(g["val_mean"], g["val_sd"])],
+                          "test top-1": [num(x) for x in g["test_mean"]], "seeds": g["seeds"],
+                          "chosen": ["yes" if c else "" for c in g["chosen"]]})
+        blocks.append((f"{ds}: InfoNCE's linear probe by learning rate (mean ± sd over seeds, %)", t))
+    return blocks
 
 
 def ssl_vs_random(vals: dict, base: dict, datasets: list[str]) -> list[str]:
@@ -273,7 +376,7 @@ def _contrast_figure(ctx: ReportContext, rows: list[dict]) -> list:
     if d.empty:
         return []
     datasets = list(dict.fromkeys(d["dataset"]))
-    names = [n for n in CONTRASTS if n in set(d["contrast"])]
+    names = list(dict.fromkeys([n for n in CONTRASTS if n in set(d["contrast"])] + list(d["contrast"])))
     with plt.rc_context(rc), sns.axes_style("whitegrid"):
         fig, axes = plt.subplots(1, len(datasets), figsize=(4.6 * len(datasets), 0.45 * len(names) + 1.4),
                                  squeeze=False, sharey=True)
@@ -298,13 +401,15 @@ def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
     cells = select_cells(runs, SECTION, (), ctx.notes)
     if cells.empty:
         return None
-    cells = cells.assign(arm=[arm_of(r) for _, r in cells.iterrows()])
+    common = base_lr(cells)
+    cells = cells.assign(arm=[arm_of(r, common) for _, r in cells.iterrows()])
     out = SectionOutput(SECTION, "The instrument: small vs large batch, negatives vs steps", "",
                         run_ids=set(cells["run_id"]))
     vals, base = arm_values(cells, ctx.scale), _baseline_values(runs, ctx.scale)
     datasets = sorted(cells["dataset"].unique())
     arms = _arm_table(cells, vals)
-    rows = contrast_rows(vals, base, datasets)
+    lrs = lr_table(cells, ctx.scale)
+    rows = contrast_rows(vals, base, datasets, validated_contrasts(lrs))
     f_arms = ctx.write_table("instrument_arms", "Instrument arms: top-1 (%) by data set, arm and probe", arms,
                              _display(arms), note="mean ± sample sd over seeds")
     out.files += f_arms
@@ -316,6 +421,12 @@ def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
                                      "difference these seeds detect with 80 % power")
         out.files += f_con
         md.append(f"Contrasts: {ctx.table_links(f_con)}")
+        if len(lrs) and lrs["chosen"].any():
+            f_lr = ctx.write_table("instrument_lr", "Instrument: learning rate per batch size (InfoNCE)", lrs,
+                                   _lr_display(lrs), note="chosen: the best validation top-1 of the linear probe "
+                                                          "(a split of the training data, never the test split)")
+            out.files += f_lr
+            md.append(f"Learning rates: {ctx.table_links(f_lr)}")
         cfig = _contrast_figure(ctx, rows)
         if cfig:
             out.files += cfig
@@ -328,6 +439,6 @@ def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
         figs = _figure(ctx, long)
         out.files += figs
         md += ["", ctx.figure_md(figs, "instrument arms")]
-    out.findings += ssl_vs_random(vals, base, datasets) + findings(rows)
+    out.findings += ssl_vs_random(vals, base, datasets) + findings(rows) + control_findings(rows, lrs)
     out.markdown = "\n".join(md + [""] + [f"- {s}" for s in out.findings]) + "\n"
     return out
