@@ -30,6 +30,6 @@ for round in $(seq "$ROUNDS"); do
     tail -30 "/tmp/race_check.round$round.log"
     exit 1
   fi
-  echo "round $round passed in $(( $(date +%s) - start )) s, load $(cut -d' ' -f1-3 /proc/loadavg): $(tail -1 /tmp/race_check.round$round.log)"
+  echo "round $round passed in $(( $(date +%s) - start )) s, load $(cut -d' ' -f1-3 /proc/loadavg): $(grep -E "^[0-9]+ passed" /tmp/race_check.round$round.log | tail -1)"
 done
 echo "$ROUNDS of $ROUNDS rounds passed beside $HOGS busy processes"
