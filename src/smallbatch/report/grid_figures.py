@@ -152,12 +152,16 @@ def _tau_order(h: pd.DataFrame) -> list[str]:
 
 
 def _over_training(sns, h: pd.DataFrame, ylabel: str, **kw):
-    """A value over training (binned per run), one line per batch size, one panel per loss label x τ."""
+    """A value over training (binned per run), one panel per loss label x τ: each seed's run a
+    thin line, the mean over seeds a thick one, one colour per batch size."""
     hb = binned(h, ["label", "loss", "τ", "B", "batch_size"])
     border = batch_order(hb)
-    g = sns.relplot(data=hb, kind="line", x="progress", y="value", hue="B", hue_order=border,
-                    palette=sns.color_palette("viridis", len(border)), errorbar="sd", col="τ",
-                    col_order=_tau_order(hb), row="label", height=3.0, aspect=1.3, **kw)
+    pal = sns.color_palette("viridis", len(border))
+    g = sns.relplot(data=hb, kind="line", x="progress", y="value", hue="B", hue_order=border, palette=pal,
+                    errorbar=None, lw=2, col="τ", col_order=_tau_order(hb), row="label", height=3.0, aspect=1.3,
+                    **kw)
+    g.map_dataframe(sns.lineplot, x="progress", y="value", hue="B", hue_order=border, palette=pal,
+                    units="run_id", estimator=None, lw=0.7, alpha=0.45, legend=False)
     g.set_titles("{row_name} | τ = {col_name}")
     g.set_axis_labels("fraction of training (epoch / epochs)", ylabel)
     g.legend.set_title("batch size")
@@ -177,7 +181,7 @@ def mi_fraction_figure(cells: pd.DataFrame, agg: pd.DataFrame, ds: str, ctx: Rep
         g.figure.suptitle(f"{ds}: InfoNCE's MI estimate as a fraction of its ceiling log(K+1)", y=1.02)
         files = ctx.save_figure(g.figure, f"mi_fraction_{slug(ds)}")
     return files, (f"**{ds}: InfoNCE's MI bound saturation** (`{key}` over training, one line per batch size, "
-                   "mean ± sd over seeds)\n\n" + ctx.figure_md(files, f"{ds} MI fraction"))
+                   "thin: each seed, thick: their mean)\n\n" + ctx.figure_md(files, f"{ds} MI fraction"))
 
 
 def qb_figure(cells: pd.DataFrame, agg: pd.DataFrame, ds: str, ctx: ReportContext) -> Figure:
@@ -217,7 +221,7 @@ def ess_figure(cells: pd.DataFrame, agg: pd.DataFrame, ds: str, ctx: ReportConte
         g.figure.suptitle(f"{ds}: normalised effective sample size of the softmax weights over negatives", y=1.02)
         files = ctx.save_figure(g.figure, f"ess_{slug(ds)}")
     return files, (f"**{ds}: ESS over training** (`{key}`, " + ", ".join(display_name(x) for x in ESS_LOSSES)
-                   + ", one line per batch size)\n\n" + ctx.figure_md(files, f"{ds} ESS"))
+                   + ", one colour per batch size; thin: each seed, thick: their mean)\n\n" + ctx.figure_md(files, f"{ds} ESS"))
 
 
 FIGURES = (accuracy_figure, steps_figure, mi_fraction_figure, qb_figure, ess_figure)
