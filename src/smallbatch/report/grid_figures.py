@@ -180,7 +180,7 @@ def mi_fraction_figure(cells: pd.DataFrame, agg: pd.DataFrame, ds: str, ctx: Rep
             ax.axhline(1.0, ls="--", lw=1, color="grey")
         g.figure.suptitle(f"{ds}: InfoNCE's MI estimate as a fraction of its ceiling log(K+1)", y=1.02)
         files = ctx.save_figure(g.figure, f"mi_fraction_{slug(ds)}")
-    return files, (f"**{ds}: InfoNCE's MI bound saturation** (`{key}` over training, one line per batch size, "
+    return files, (f"**{ds}: InfoNCE's MI bound saturation** (`{key}` over training, one colour per batch size; "
                    "thin: each seed, thick: their mean)\n\n" + ctx.figure_md(files, f"{ds} MI fraction"))
 
 
