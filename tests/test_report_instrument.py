@@ -110,3 +110,52 @@ def test_the_section_writes_its_tables_figure_and_findings(tmp_path):
     assert {"instrument_arms.csv", "instrument_contrasts.md", "instrument_arms.png", "instrument_arms.svg", "instrument_contrasts.png"} <= names
     assert any(s.startswith("Self-supervision on negatives (10 % labels") for s in out.findings)
     assert "InfoNCE B=256, G=16" in (tmp_path / "tables" / "instrument_arms.md").read_text()
+
+
+def _control_runs() -> pd.DataFrame:
+    """One data set, 4 seeds: InfoNCE at B=16 and 256 at lr 1e-3 (the common one: most cells),
+    B=16 at lr 3e-4 (validation best at 16) and 3e-3, B=256 at 3e-3 (validation best at 256),
+    B=16 stopped at B=256's steps, B=16 with the oracle mask. Test top-1 = validation top-1 + 1."""
+    arms = {  # (batch size, lr, steps, oracle): validation mean
+        (16, 1e-3, None, False): 60.0, (256, 1e-3, None, False): 59.0, (16, 3e-4, None, False): 62.0,
+        (16, 3e-3, None, False): 58.0, (256, 3e-3, None, False): 61.0, (16, 1e-3, 195, False): 50.0,
+        (16, 1e-3, None, True): 60.5, (256, 1e-3, None, False, "G"): 59.0}
+    rows = []
+    for key, val in arms.items():
+        bs, lr, steps, oracle = key[:4]
+        for s in range(4):
+            v = val + SHARED[s] + 0.05 * OWN["infonce@16"][s]
+            rows.append({"run_id": f"{key}-{s}", "kind": "cell", "status": "FINISHED", "section": "instrument",
+                         "cell_id": f"instrument/ds/{key}-s{s}", "start_time": 1, "dataset": "ds", "loss": "infonce",
+                         "batch_size": bs, "temperature": 0.1, "seed": s, "baseline": None,
+                         "params.neg_group": "16" if len(key) > 4 else "None", "params.mask_same_class": str(oracle),
+                         "params.steps": str(steps), "params.lr": str(lr), f"metrics.{instrument.VAL_METRIC}": v,
+                         **{f"metrics.{k}": v + 1.0 for k, _ in instrument.METRICS.values()}})
+    return pd.DataFrame(rows)
+
+
+def test_controls_name_their_arms_choose_the_lr_on_validation_and_state_their_contrasts(tmp_path):
+    runs = _control_runs()
+    common = instrument.base_lr(runs)
+    assert common == pytest.approx(1e-3)
+    cells = runs.assign(arm=[instrument.arm_of(r, common) for _, r in runs.iterrows()])
+    assert set(cells["arm"]) == {"infonce@16", "infonce@256", "infonce@16/lr0.0003", "infonce@16/lr0.003",
+                                 "infonce@256/lr0.003", "infonce@16/S", "infonce@16/oracle", "infonce@256/G"}
+    lrs = instrument.lr_table(cells, 1.0)
+    chosen = lrs[lrs["chosen"]].set_index("batch_size")["arm"].to_dict()
+    assert chosen == {16: "infonce@16/lr0.0003", 256: "infonce@256/lr0.003"}  # the best validation, not test
+    assert instrument.validated_contrasts(lrs) == {
+        "ds": {instrument.VALIDATED_LR: [(1.0, "infonce@16/lr0.0003"), (-1.0, "infonce@256/lr0.003")]}}
+    vals = instrument.arm_values(cells, 1.0)
+    rows = instrument.contrast_rows(vals, {}, ["ds"], instrument.validated_contrasts(lrs))
+    assert _by(rows, "ds", instrument.VALIDATED_LR)["diff"] == pytest.approx(1.0, abs=0.05)
+    assert _by(rows, "ds", "small − large, equal steps")["diff"] == pytest.approx(-9.0, abs=0.05)
+    assert _by(rows, "ds", "oracle − plain, InfoNCE@16")["diff"] == pytest.approx(0.5, abs=0.05)
+    text = " ".join(instrument.control_findings(rows, lrs))
+    assert "at equal optimiser steps" in text and "B=16: lr 0.0003, B=256: lr 0.003" in text
+    assert "oracle − plain" in text
+    ctx = ReportContext(out_dir=tmp_path, tracking_uri="", experiment="x", reader=None, scale=1.0,
+                        papers=pd.DataFrame(), runs=runs)
+    out = instrument.build(runs, ctx)
+    assert "instrument_lr.csv" in {p.name for p in out.files}
+    assert "InfoNCE B=16, equal steps" in (tmp_path / "tables" / "instrument_arms.md").read_text()
