@@ -40,7 +40,7 @@ def study(tmp_path) -> Path:
         f"study: cli-test\nresults_dir: {tmp_path / 'results'}\n"
         "datasets: {digits: {}}\n"
         "train: {width: 4, proj_hidden: 16, proj_dim: 8, lr: 0.003, epochs: 1, log_every: 5}\n"
-        "eval: {knn_k: [5, 20], linear_epochs: 20}\n"
+        "eval: {knn_k: [5, 20], linear_iterations: 20}\n"
     )
     return cfg
 
@@ -211,7 +211,7 @@ def tracked(tmp_path_factory):
         f"study: cli-test\nresults_dir: {tmp / 'results'}\n"
         "datasets: {digits: {}}\n"
         "train: {width: 4, proj_hidden: 16, proj_dim: 8, lr: 0.003, epochs: 2, log_every: 5}\n"
-        "eval: {knn_k: [5, 20], linear_epochs: 20}\n"
+        "eval: {knn_k: [5, 20], linear_iterations: 20}\n"
     )
     uri = f"sqlite:///{tmp / 'm.db'}"
     common = ["--config", str(cfg), *CELL]

@@ -137,7 +137,7 @@ def _read_cell_file(path: Path, cfg: dict, baseline: bool) -> dict:
 def _cell_from_text(text: str, source: str, cfg: dict, baseline: bool) -> dict:
     """A cell from its JSON text; ValueError naming ``source`` and the first missing key, an
     id outside the id grammar, or a hash that is not the hash of the cell's settings."""
-    from .cells import baseline_cells, cell_hash, check_cell_id, make_cell
+    from .cells import baseline_cells, cell_hash, check_cell_id, make_cell, with_current_names
 
     try:
         cell = json.loads(text)
@@ -145,6 +145,7 @@ def _cell_from_text(text: str, source: str, cfg: dict, baseline: bool) -> dict:
         raise ValueError(f"{source} is not valid JSON ({exc.msg})") from None
     if not isinstance(cell, dict):
         raise ValueError(f"{source} must hold a JSON object (one cell), not a {type(cell).__name__}")
+    cell = with_current_names(cell)  # written before a setting was renamed: the same cell, the same hash
     dataset = next(iter(cfg["datasets"]))  # a reference cell of the same kind lists the keys
     if baseline:
         ref = next(iter(baseline_cells({**cfg, "baselines": True}).values()))

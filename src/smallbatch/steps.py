@@ -274,7 +274,7 @@ def _eval_on_features(kind: str, cell: dict, feats) -> dict:
                                           backend=backend))
     from . import probes  # the linear probe (L2 chosen on a validation split when asked) + few-label probes
 
-    return _percent(probes.linear_probes(tr_f, tr_y, te_f, te_y, epochs=ev["linear_epochs"], lr=ev["linear_lr"],
+    return _percent(probes.linear_probes(tr_f, tr_y, te_f, te_y, epochs=ev["linear_iterations"], lr=ev["linear_lr"],
                                          weight_decay=ev["linear_weight_decay"], seed=cell["seed"],
                                          optimizer=ev["linear_optimizer"], batch_size=ev["linear_batch_size"],
                                          tol=ev["linear_tol"], weight_decays=ev.get("linear_weight_decays"),
