@@ -414,6 +414,15 @@ def test_probe_flags_override_the_cell_eval_for_that_probe_only(tracked, tmp_pat
     assert "knn/top1_k3" not in after.data.metrics
 
 
+def test_one_weight_decay_replaces_the_cells_choice_among_several():
+    parse = cli.build_parser().parse_args
+    assert cli._eval_overrides("linear", parse(["linear", "--linear-weight-decay", "0.1"])) == \
+        {"linear_weight_decay": 0.1, "linear_weight_decays": None}
+    assert cli._eval_overrides("linear", parse(["linear", "--linear-weight-decays", "0.1", "1"])) == \
+        {"linear_weight_decays": [0.1, 1.0]}
+    assert cli._eval_overrides("knn", parse(["knn", "--knn-backend", "torch"])) == {}  # the same neighbours
+
+
 @pytest.mark.parametrize("argv,names", [
     (["knn", "--knn-k", "0"], ["--knn-k", "0"]),
     (["knn", "--knn-t", "-1"], ["--knn-t", "-1"]),

@@ -405,6 +405,8 @@ def _eval_overrides(kind: str, args) -> dict:
     schema = load_schema()["properties"]["eval"]["properties"] if given else {}
     for key, value in given.items():
         check_value(schema[key], value, "--" + key.replace("_", "-"))
+    if "linear_weight_decay" in given and "linear_weight_decays" not in given:
+        given["linear_weight_decays"] = None  # the one L2 asked for, not a choice among the cell's list
     return given
 
 
