@@ -175,7 +175,7 @@ HELP_TABLE = {
     "baseline": ({"--cell-json", "--cell-id", "--data-cache", "--tracking-uri", "--threads"},
                  {"--lr", "--optimizer", "--backbone", "--epochs", "--dataset", "--loss", "--knn-k"}),
     "export": ({"--cell-id", "--config", "--run-dir", "--checkpoint", "--out"},
-               {"--lr", "--backbone", "--tracking-uri", "--knn-k", "--device"}),
+               {"--lr", "--backbone", "--tracking-uri", "--knn-k", "--device", "--threads"}),
     "report": ({"--tracking-uri", "--experiment", "--out", "--config"}, {"--cell-id", "--lr", "--dataset"}),
     "cells": ({"--config", "--write", "--baselines"}, {"--cell-id", "--lr", "--tracking-uri"}),
 }

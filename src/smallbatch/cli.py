@@ -41,7 +41,7 @@ def resolve_cell(args, baseline: bool = False) -> tuple[dict, dict]:
     from .cells import expand_cells
     from .config import load_config
 
-    if args.threads is not None and args.threads < 1:
+    if getattr(args, "threads", None) is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1, not {args.threads}")
     if args.cell is not None or getattr(args, "cell_json", None) is not None:
         _refuse_ignored(args, "--cell" if args.cell is not None else "--cell-json", keep=("threads",))
@@ -50,7 +50,7 @@ def resolve_cell(args, baseline: bool = False) -> tuple[dict, dict]:
             cell = _read_cell_file(args.cell, cfg, baseline)
         else:
             cell = _cell_from_text(args.cell_json, "--cell-json", cfg, baseline)
-        if args.threads:
+        if getattr(args, "threads", None):
             cell["threads"] = args.threads
         return cell, cfg
     overrides = _train_overrides(args)
@@ -141,7 +141,7 @@ def _train_overrides(args) -> dict:
         v = getattr(args, k, None)
         if v is not None:
             overrides.setdefault("train", {})[k] = v
-    if args.threads:
+    if getattr(args, "threads", None):
         overrides["threads"] = args.threads
     if getattr(args, "data_root", None):
         overrides.setdefault("data", {})["root"] = args.data_root

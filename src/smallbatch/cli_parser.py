@@ -5,7 +5,8 @@ lists the flags that command uses and no others:
 ========================  ==========================================================
 parent                    flags
 ========================  ==========================================================
-``which cell``            --cell, --cell-json, --config, --cell-id, --threads
+``which cell``            --cell, --cell-json, --config, --cell-id
+``threads``               --threads (the commands that compute)
 ``stand-alone cell``      --dataset, --data-root, --loss, --batch-size, --temperature,
                           --seed, --loss-param (a cell named by its settings)
 ``training``              --epochs, --steps, --lr, --optimizer, --backbone, ... (pretrain)
@@ -28,6 +29,7 @@ from pathlib import Path
 DATASET_NAMES = ("fashion_mnist | fashion_mnist_pairs | fashion_mnist_triples | digits | cifar10 | cifar100 | "
                  "stl10 | imagefolder")
 DEVICES = ["auto", "cpu", "cuda"]
+FEATURES_HELP = "features from `smallbatch embed` (default: <cell folder>/features.npz)"
 #: the training overrides of a stand-alone or --cell-id cell: flag dest -> config key train.<dest>
 TRAIN_FLAGS = ("epochs", "steps", "precision", "lr", "lr_scaling", "optimizer", "backbone", "queue_size")
 #: a probe's evaluation overrides: flag dest -> the eval.<key> it overrides for this probe
@@ -47,7 +49,12 @@ def which_cell() -> argparse.ArgumentParser:
     g.add_argument("--cell-json", metavar="JSON", help="the cell itself as JSON (what the Snakemake rules pass)")
     g.add_argument("--config", type=Path, help="study config YAML (default values otherwise)")
     g.add_argument("--cell-id", help="id of a cell of --config, e.g. fashion_mnist/flatnce/bs32-t0.1-s0")
-    g.add_argument("--threads", type=int, help="CPU threads (default: config threads)")
+    return p
+
+
+def threads() -> argparse.ArgumentParser:
+    p = _parent()
+    p.add_argument("--threads", type=int, help="CPU threads (default: config threads)")
     return p
 
 
@@ -147,8 +154,8 @@ def build_parser(description: str = "") -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"smallbatch {_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    parents = {"which": which_cell(), "standalone": standalone_cell(), "training": training(), "knn": knn_probe(),
-               "linear": linear_probe(), "tracking": tracking(), "data": data_and_device()}
+    parents = {"which": which_cell(), "threads": threads(), "standalone": standalone_cell(), "training": training(),
+               "knn": knn_probe(), "linear": linear_probe(), "tracking": tracking(), "data": data_and_device()}
     add = _adder(sub, parents)
     _study_commands(add)
     _cell_commands(add)
@@ -193,7 +200,7 @@ def _study_commands(add) -> None:
 
 def _cell_commands(add) -> None:
     c = add("pretrain", "contrastive pretraining of one cell (resumes from its state.pt)",
-            "which", "standalone", "training", "tracking", "data")
+            "which", "standalone", "training", "threads", "tracking", "data")
     c.add_argument("--out", type=Path, help="cell folder (default results/runs/<id>)")
     c.add_argument("--restart", action="store_true", help="ignore (and overwrite) a saved state.pt, e.g. a corrupt one")
     c.add_argument("--no-progress", action="store_true")
@@ -201,12 +208,13 @@ def _cell_commands(add) -> None:
                    help="then evaluate the checkpoint in this process into <out>/evaluated/, which `smallbatch "
                         "evaluate` adopts (one process start-up less per cell; see smallbatch.prepared)")
 
-    c = add("embed", "frozen backbone features of the train and test splits -> .npz", "which", "standalone", "data")
+    c = add("embed", "frozen backbone features of the train and test splits -> .npz",
+            "which", "standalone", "threads", "data")
     c.add_argument("--checkpoint", type=Path)
     c.add_argument("--out", type=Path)
 
     c = add("evaluate", "embed + kNN + linear probe of one cell in one process, with the cell's eval settings "
-            "(what the workflow runs)", "which", "standalone", "tracking", "data")
+            "(what the workflow runs)", "which", "standalone", "threads", "tracking", "data")
     c.add_argument("--checkpoint", type=Path)
     c.add_argument("--out-dir", type=Path, help="where knn.json and linear.json go (default results/runs/<id>)")
     c.add_argument("--features", type=Path, help="also write the features to this .npz")
@@ -221,23 +229,25 @@ def _cell_commands(add) -> None:
 
 def _probe_commands(add) -> None:
     c = add("knn", "weighted kNN (InstDisc) on a cell's frozen features: faiss, or torch on a GPU without "
-            "faiss-gpu", "which", "standalone", "knn", "tracking")
-    c.add_argument("--features", type=Path, help="features from `smallbatch embed` (default: <cell folder>/features.npz)")
+            "faiss-gpu", "which", "standalone", "threads", "knn", "tracking")
+    c.add_argument("--features", type=Path, help=FEATURES_HELP)
     c.add_argument("--out", type=Path, help="result JSON (default: <cell folder>/knn.json)")
 
-    c = add("linear", "linear probe on a cell's frozen features", "which", "standalone", "linear", "tracking")
-    c.add_argument("--features", type=Path, help="features from `smallbatch embed` (default: <cell folder>/features.npz)")
+    c = add("linear", "linear probe on a cell's frozen features",
+            "which", "standalone", "threads", "linear", "tracking")
+    c.add_argument("--features", type=Path, help=FEATURES_HELP)
     c.add_argument("--out", type=Path, help="result JSON (default: <cell folder>/linear.json)")
 
     c = add("baseline", "raw-pixel or random-init encoder baseline (kNN + linear), named by --cell, --cell-json or "
-            "--config with --cell-id baselines/<dataset>/<kind>", "which", "tracking", "data")
+            "--config with --cell-id baselines/<dataset>/<kind>", "which", "threads", "tracking", "data")
     c.add_argument("--out", type=Path, help="result JSON (default: <results_dir>/<id>/result.json)")
 
 
 def _study_outputs(add) -> None:
     c = add("mi", "MI bounds on correlated Gaussians (experiments.mi); one MLflow run per row", "tracking")
     c.add_argument("--section", type=Path, help="JSON file with the experiments.mi section")
-    c.add_argument("--section-json", metavar="JSON", help="the experiments.mi section itself as JSON (what the workflow passes)")
+    c.add_argument("--section-json", metavar="JSON",
+                   help="the experiments.mi section itself as JSON (what the workflow passes)")
     c.add_argument("--config", type=Path, help="study config (its experiments.mi when --section is absent)")
     c.add_argument("--out", type=Path, default=Path("results/mi/results.json"), help="rows as JSON")
     c.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -28,7 +28,8 @@ from typing import Any
 
 PREFIX = "backbone."
 #: the project's backbones that are a torchvision model: name -> (torchvision constructor, CIFAR stem)
-TORCHVISION = {"resnet18_cifar": ("resnet18", True), "resnet50_cifar": ("resnet50", True), "resnet50": ("resnet50", False)}
+TORCHVISION = {"resnet18_cifar": ("resnet18", True), "resnet50_cifar": ("resnet50", True),
+               "resnet50": ("resnet50", False)}
 
 
 def backbone_state(model_state: dict[str, Any]) -> dict[str, Any]:
