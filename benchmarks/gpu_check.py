@@ -516,7 +516,7 @@ def cli_config(work: Path, plan: Plan, device: str) -> Path:
     if plan.quick:
         train = {"backbone": "small_cnn", "width": 8, "proj_hidden": 32, "proj_dim": 16, "precision": "fp32",
                  "optimizer": "adam", "lr": 0.001, "lr_scaling": "none", "epochs": 1, "warmup_epochs": 0.1}
-        extra = {"eval": {"knn_k": [5, 20], "linear_epochs": 10, "batch_size": 256}}
+        extra = {"eval": {"knn_k": [5, 20], "linear_iterations": 10, "batch_size": 256}}
     cfg = deep_merge(read_config_file(ROOT / "workflow/configs/cifar10.yaml"), {
         "study": "gpu-check", "results_dir": str(work / "results"), "device": device,
         "threads": 1 if device == "cpu" else 4, "data": {"root": str(work / "data")}, "train": train, **extra})

@@ -213,6 +213,10 @@ CASES = [
          ("prepare-data", "--dataset", "stl10", "--data-root", "{tmp}/data", "--download", "--out", "{tmp}/c.pt"),
          r"stl10: could not download STL-10 from http://ai\.stanford\.edu/~acoates/stl10/stl10_binary\.tar\.gz: "
          r"no network \(Name or service not known\); put the files under .*/data/stl10_binary/ \(.*\)", setup=no_network),
+    # --- renamed keys: the former name, one line naming the new one
+    Case("eval.linear_epochs (renamed eval.linear_iterations)", CELLS,
+         r"config key 'eval\.linear_epochs' is now 'eval\.linear_iterations' \(renamed; same meaning and values\): "
+         r"rename it in the config", {"c.yaml": STUDY + "eval: {linear_epochs: 40}\n"}),
     # --- cell files
     Case("--cell file holding {}", ("pretrain", "--tracking-uri", "none", "--cell", "{tmp}/cell.json"),
          r"cell file .*/cell\.json lacks the key 'id' of a cell \(and \d+ more\); write it with `smallbatch cells --write`",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -40,7 +41,7 @@ def study(tmp_path) -> Path:
         f"study: cli-test\nresults_dir: {tmp_path / 'results'}\n"
         "datasets: {digits: {}}\n"
         "train: {width: 4, proj_hidden: 16, proj_dim: 8, lr: 0.003, epochs: 1, log_every: 5}\n"
-        "eval: {knn_k: [5, 20], linear_epochs: 20}\n"
+        "eval: {knn_k: [5, 20], linear_iterations: 20}\n"
     )
     return cfg
 
@@ -155,6 +156,81 @@ def test_help_of_every_subcommand_lists_every_option(capsys, command):
             assert opt in out, f"{command} --help does not list {opt}"
 
 
+def _options(text: str) -> set[str]:
+    return set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", text))
+
+
+#: per subcommand: flags its --help must list, and flags of other concerns it must not
+HELP_TABLE = {
+    "pretrain": ({"--lr", "--epochs", "--optimizer", "--backbone", "--restart", "--cell-id", "--tracking-uri",
+                  "--data-cache"}, {"--knn-k", "--linear-iterations", "--checkpoint", "--features"}),
+    "embed": ({"--checkpoint", "--data-cache", "--device", "--cell-id", "--dataset"},
+              {"--lr", "--optimizer", "--backbone", "--epochs", "--knn-k", "--linear-iterations", "--tracking-uri"}),
+    "evaluate": ({"--checkpoint", "--out-dir", "--features", "--tracking-uri", "--data-cache"},
+                 {"--lr", "--optimizer", "--backbone", "--epochs", "--knn-k", "--linear-iterations"}),
+    "knn": ({"--knn-k", "--knn-t", "--knn-backend", "--features", "--cell-id", "--tracking-uri"},
+            {"--lr", "--optimizer", "--backbone", "--epochs", "--steps", "--linear-iterations", "--device"}),
+    "linear": ({"--linear-iterations", "--linear-weight-decay", "--linear-weight-decays", "--linear-optimizer",
+                "--features"}, {"--lr", "--optimizer", "--backbone", "--epochs", "--knn-k", "--knn-t", "--device"}),
+    "baseline": ({"--cell-json", "--cell-id", "--data-cache", "--tracking-uri", "--threads"},
+                 {"--lr", "--optimizer", "--backbone", "--epochs", "--dataset", "--loss", "--knn-k"}),
+    "export": ({"--cell-id", "--config", "--run-dir", "--checkpoint", "--out"},
+               {"--lr", "--backbone", "--tracking-uri", "--knn-k", "--device", "--threads"}),
+    "report": ({"--tracking-uri", "--experiment", "--out", "--config"}, {"--cell-id", "--lr", "--dataset"}),
+    "cells": ({"--config", "--write", "--baselines"}, {"--cell-id", "--lr", "--tracking-uri"}),
+}
+
+
+@pytest.mark.parametrize("command", sorted(HELP_TABLE))
+def test_help_of_a_subcommand_lists_its_own_flags_only(capsys, command):
+    with pytest.raises(SystemExit):
+        cli.main([command, "--help"])
+    shown = _options(capsys.readouterr().out)
+    must, must_not = HELP_TABLE[command]
+    assert must <= shown, f"{command} --help lacks {sorted(must - shown)}"
+    assert not must_not & shown, f"{command} --help shows {sorted(must_not & shown)}"
+
+
+@pytest.mark.parametrize("command", sorted(_subparsers()))
+def test_every_subcommand_says_what_it_does(capsys, command):
+    sp = _subparsers()[command]
+    assert sp.description and len(sp.description) > 20, command
+    with pytest.raises(SystemExit):
+        cli.main([command, "--help"])
+    assert sp.description.split()[0] in capsys.readouterr().out
+
+
+def test_version(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as ei:
+        cli.main(["--version"])
+    assert ei.value.code == 0
+    assert capsys.readouterr().out.strip() == f"smallbatch {version('smallbatch')}"
+
+
+def _rule_commands() -> list[tuple[str, str, set[str]]]:
+    """(rule, subcommand, the flags its shell line and its flag() params pass) of every
+    workflow rule that calls the CLI."""
+    rules = []
+    for smk in sorted((Path(__file__).resolve().parents[1] / "workflow" / "rules").glob("*.smk")):
+        for block in re.split(r"^rule ", smk.read_text(), flags=re.M)[1:]:
+            shell = "".join(re.findall(r'^\s*"(.*)"\s*$', block.split("shell:", 1)[-1], flags=re.M))
+            m = re.search(r"(?:smallbatch|\{params\.launch\}) ([a-z-]+)", shell)
+            if m and "shell:" in block:
+                flags = _options(shell) | set(re.findall(r'flag\("(--[a-z0-9-]+)"', block))
+                rules.append((block.split(":", 1)[0].strip(), m.group(1), flags))
+    return rules
+
+
+def test_every_flag_a_workflow_rule_passes_is_an_option_of_its_subcommand():
+    rules = _rule_commands()
+    assert {c for _, c, _ in rules} >= {"init-store", "prepare-data", "pretrain", "evaluate", "baseline", "report"}
+    for rule, command, flags in rules:
+        known = {o for a in _subparsers()[command]._actions for o in a.option_strings}
+        assert flags <= known, f"rule {rule}: smallbatch {command} has no {sorted(flags - known)}"
+
+
 def test_top_level_help_lists_every_subcommand(capsys):
     with pytest.raises(SystemExit) as ei:
         cli.main(["--help"])
@@ -211,7 +287,7 @@ def tracked(tmp_path_factory):
         f"study: cli-test\nresults_dir: {tmp / 'results'}\n"
         "datasets: {digits: {}}\n"
         "train: {width: 4, proj_hidden: 16, proj_dim: 8, lr: 0.003, epochs: 2, log_every: 5}\n"
-        "eval: {knn_k: [5, 20], linear_epochs: 20}\n"
+        "eval: {knn_k: [5, 20], linear_iterations: 20}\n"
     )
     uri = f"sqlite:///{tmp / 'm.db'}"
     common = ["--config", str(cfg), *CELL]
@@ -312,3 +388,48 @@ def test_resumed_run_has_one_value_per_step_for_every_metric(tracked):
         if len(steps) != len(set(steps)):
             dup[key] = sorted(s for s in set(steps) if steps.count(s) > 1)
     assert not dup, dup
+
+
+def test_probe_flags_override_the_cell_eval_for_that_probe_only(tracked, tmp_path):
+    """--knn-k / --linear-iterations: the probe on the cell's own features with other settings,
+    printed (and written to --out), neither logged to the cell's MLflow run nor written over
+    its knn.json / linear.json."""
+    run_dir, uri = tracked["run_dir"], tracked["uri"]
+    common = ["--tracking-uri", uri, "--cell", str(run_dir / "cell.json")]
+    own = {kind: (run_dir / f"{kind}.json").read_text() for kind in ("knn", "linear")}
+    client, (run,) = _mlflow_runs(uri, "cli-test")
+    rc, out, err = _in_process(["knn", *common, "--knn-k", "3", "--knn-t", "0.5", "--knn-backend", "torch",
+                                "--out", str(tmp_path / "k3.json")])
+    assert rc == 0, err
+    res = json.loads(out.strip().splitlines()[-1])
+    assert "knn/top1_k3" in res and "knn/top1_k5" not in res
+    assert json.loads((tmp_path / "k3.json").read_text()) == res
+    assert "eval.knn_k = [3], eval.knn_t = 0.5: not logged to MLflow" in err
+    rc, out, err = _in_process(["linear", *common, "--linear-iterations", "2", "--linear-weight-decay", "0.1"])
+    assert rc == 0, err
+    assert json.loads(out.strip().splitlines()[-1])["status"] == "finished" and "not written (no --out)" in err
+    assert {kind: (run_dir / f"{kind}.json").read_text() for kind in ("knn", "linear")} == own
+    client, (after,) = _mlflow_runs(uri, "cli-test")
+    assert after.data.metrics == run.data.metrics
+    assert "knn/top1_k3" not in after.data.metrics
+
+
+def test_one_weight_decay_replaces_the_cells_choice_among_several():
+    parse = cli.build_parser().parse_args
+    assert cli._eval_overrides("linear", parse(["linear", "--linear-weight-decay", "0.1"])) == \
+        {"linear_weight_decay": 0.1, "linear_weight_decays": None}
+    assert cli._eval_overrides("linear", parse(["linear", "--linear-weight-decays", "0.1", "1"])) == \
+        {"linear_weight_decays": [0.1, 1.0]}
+    assert cli._eval_overrides("knn", parse(["knn", "--knn-backend", "torch"])) == {}  # the same neighbours
+
+
+@pytest.mark.parametrize("argv,names", [
+    (["knn", "--knn-k", "0"], ["--knn-k", "0"]),
+    (["knn", "--knn-t", "-1"], ["--knn-t", "-1"]),
+    (["linear", "--linear-iterations", "0"], ["--linear-iterations", "0"]),
+    (["linear", "--linear-weight-decays", "-1"], ["--linear-weight-decays", "-1"]),
+])
+def test_bad_probe_flags_exit_2_with_one_line(capsys, study, argv, names):
+    line = error_line(capsys, [*argv, "--tracking-uri", "none", "--config", str(study), *CELL])
+    for n in names:
+        assert n in line, line

@@ -291,6 +291,25 @@ def test_keys_added_later_hash_at_their_default_as_if_absent():
         assert cell_hash(without) == base["hash"], f"{'.'.join(path)} at its default changes the hash"
 
 
+def test_a_renamed_key_keeps_the_hash_and_its_former_name_is_refused():
+    """A key marked ``x-renamed-from`` hashes under its former name, so a cell (and a cell
+    file written before the rename) keeps its hash and its finished results; a config that
+    still uses the former name stops with one line naming the new one."""
+    from smallbatch.cells import former_names, with_current_names
+
+    base = _digits_cell({})
+    renamed = [(s, new, old) for s, names in former_names().items() for new, old in names.items()]
+    assert ("eval", "linear_iterations", "linear_epochs") in renamed
+    for section, new, old in renamed:
+        before = {**base, section: {(old if k == new else k): v for k, v in base[section].items()}}
+        assert cell_hash(before) == base["hash"], f"renaming {section}.{old} changed the hash"
+        assert with_current_names(before) == base
+        with pytest.raises(ConfigError) as ei:
+            validate_config({**grid(), section: {old: base[section][new]}})
+        assert str(ei.value) == (f"config key '{section}.{old}' is now '{section}.{new}' (renamed; same meaning "
+                                 "and values): rename it in the config")
+
+
 @pytest.mark.parametrize("key", [k for k in NOT_IN_A_CELL if k not in ("experiments", "supervised_baseline")])
 def test_keys_outside_cells_leave_the_cell_as_it_is(key):
     node = load_schema()["properties"][key]

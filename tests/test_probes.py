@@ -117,7 +117,7 @@ def test_the_evaluation_step_writes_the_probes_in_percent(feats):
     from smallbatch.steps import _eval_on_features
 
     tr, ytr, te, yte = feats
-    ev = {"linear_epochs": 20, "linear_lr": None, "linear_weight_decay": 1e-3, "linear_optimizer": "lbfgs-precond",
+    ev = {"linear_iterations": 20, "linear_lr": None, "linear_weight_decay": 1e-3, "linear_optimizer": "lbfgs-precond",
           "linear_batch_size": None, "linear_tol": 1e-5, "linear_weight_decays": DECAYS, "linear_val_fraction": 0.1,
           "fewshot_fractions": [0.1], "fewshot_draws": 2}
     out = _eval_on_features("linear", {"eval": ev, "seed": 0, "device": "cpu"}, (tr, ytr, te, yte))

@@ -16,7 +16,7 @@ from smallbatch.supervised import supervised_schedule, train_supervised
 def _config(enabled=True, **extra):
     return validate_config({"datasets": {"digits": {}}, "grid": {"seeds": [0, 1]},
                             "supervised_baseline": {"enabled": enabled, "batch_size": 32},
-                            "train": {"width": 8, "epochs": 1, "lr": 0.003}, "eval": {"knn_k": [5], "linear_epochs": 20},
+                            "train": {"width": 8, "epochs": 1, "lr": 0.003}, "eval": {"knn_k": [5], "linear_iterations": 20},
                             **extra})
 
 

@@ -311,7 +311,7 @@ def test_a_study_with_hostile_names_runs_no_payload_and_writes_only_in_results_d
         "datasets": {"digits": {"train_subset": 256, "test_subset": 128}},
         "grid": {"losses": ["infonce"], "batch_sizes": [16, 32], "temperatures": [0.5], "seeds": [0]},
         "train": {**TINY, "steps": 6, "log_every": 2},
-        "eval": {"knn_k": [5], "linear_epochs": 5},
+        "eval": {"knn_k": [5], "linear_iterations": 5},
     }
     config = tmp_path / "hostile.yaml"
     config.write_text(json.dumps(cfg))  # JSON is YAML

@@ -40,20 +40,20 @@ NAME_KEYS = ("id", "hash")
 CELL_SECTIONS = {"train": ("train",), "eval": ("eval",), "dataset_options": ("datasets", "additionalProperties")}
 
 
-@functools.lru_cache(maxsize=1)
-def _marked(marker: str) -> dict[str, dict[str, Any]]:
+@functools.lru_cache(maxsize=None)
+def _marked(marker: str, field: str = "default") -> dict[str, dict[str, Any]]:
     """The schema's keys marked ``marker`` by cell section ("" for the cell's top level):
-    {section: {key: its default}}."""
+    {section: {key: its ``field`` (its default; ``marker``: the marker's value)}}."""
     from .config import load_schema
 
     props = load_schema()["properties"]
-    out = {"": {k: v.get("default") for k, v in props.items() if v.get(marker)}}
+    sections = {"": props}
     for section, path in CELL_SECTIONS.items():
         node = props
         for part in path:
             node = node[part]
-        out[section] = {k: v.get("default") for k, v in node.get("properties", {}).items() if v.get(marker)}
-    return out
+        sections[section] = node.get("properties", {})
+    return {section: {k: v.get(field) for k, v in keys.items() if v.get(marker)} for section, keys in sections.items()}
 
 
 def execution_keys() -> dict[str, frozenset[str]]:
@@ -74,14 +74,42 @@ def hashed_when_set() -> dict[str, dict[str, Any]]:
     return _marked("x-hash-when-set")
 
 
+def former_names() -> dict[str, dict[str, str]]:
+    """Renamed settings -- the schema's keys marked ``x-renamed-from: <former name>`` -- by
+    cell section: {key: its former name}.  The hash names a renamed key by its former name,
+    so a rename keeps every cell's hash (its finished results stay valid); a config that
+    still uses the former name is refused with one line naming the new one."""
+    return _marked("x-renamed-from", "x-renamed-from")
+
+
+def with_current_names(cell: dict) -> dict:
+    """``cell`` (e.g. a cell.json written before a rename) with its settings under their
+    current names (:func:`former_names`); its hash is unchanged by construction."""
+    out = dict(cell)
+    for section, names in former_names().items():
+        node = out if not section else out.get(section)
+        if not isinstance(node, dict):
+            continue
+        node = {**node}
+        for new, old in names.items():
+            if old in node and new not in node:
+                node[new] = node.pop(old)
+        if section:
+            out[section] = node
+        else:
+            out = node
+    return out
+
+
 def cell_hash(cell: dict) -> str:
     """Short hash of every setting of the cell except its execution settings
     (:func:`execution_keys`), the settings at a default that changes nothing
-    (:func:`hashed_when_set`) and its name (:data:`NAME_KEYS`)."""
-    skip, later = execution_keys(), hashed_when_set()
+    (:func:`hashed_when_set`) and its name (:data:`NAME_KEYS`); a renamed setting is
+    hashed under its former name (:func:`former_names`)."""
+    skip, later, former = execution_keys(), hashed_when_set(), former_names()
 
     def kept(section: str, items) -> dict:
-        return {k: v for k, v in items if k not in skip[section]
+        return {former[section].get(k, k): v for k, v in items if k not in skip[section]
                 and not (k in later[section] and v == later[section][k])}
 
     science = kept("", ((k, v) for k, v in cell.items() if k not in NAME_KEYS))

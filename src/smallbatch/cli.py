@@ -20,44 +20,10 @@ import math
 import sys
 from pathlib import Path
 
+from .cli_parser import EVAL_FLAGS, TRAIN_FLAGS
+
 EXIT_USAGE = 2
 EXIT_PREEMPTED = 143  # 128 + SIGTERM: SLURM / Snakemake may requeue or retry
-
-
-def _add_cell_args(p: argparse.ArgumentParser, train_flags: bool = True) -> None:
-    g = p.add_argument_group("which cell")
-    g.add_argument("--cell", type=Path, help="cell JSON file (as written by `smallbatch cells --write`)")
-    g.add_argument("--cell-json", metavar="JSON", help="the cell itself as JSON (what the Snakemake rules pass)")
-    g.add_argument("--config", type=Path, help="study config YAML (default values otherwise)")
-    g.add_argument("--cell-id", help="id of a cell of --config, e.g. fashion_mnist/flatnce/bs32-t0.1-s0")
-    s = p.add_argument_group("stand-alone cell (when neither --cell nor --cell-id is given)")
-    s.add_argument("--dataset", help="fashion_mnist | fashion_mnist_pairs | fashion_mnist_triples | digits | cifar10 | cifar100 | stl10 | imagefolder")
-    s.add_argument("--data-root", help="data root (default: config data.root)")
-    s.add_argument("--loss", help="infonce (ntxent, simclr) | flatnce | dcl | dclw | eqco")
-    s.add_argument("--batch-size", type=int, help="N images per step (2N views)")
-    s.add_argument("--temperature", type=float, help="tau > 0")
-    s.add_argument("--seed", type=int, default=None)
-    s.add_argument("--loss-param", action="append", default=[], metavar="KEY=VALUE",
-                   help="loss parameter, e.g. sigma=0.5 (dclw), alpha=256 (eqco), gamma=1 (flatnce)")
-    if train_flags:
-        s.add_argument("--epochs", type=float)
-        s.add_argument("--steps", type=int, help="fixed number of steps (overrides --epochs)")
-        s.add_argument("--precision", choices=["fp32", "bf16", "fp16", "fp64"])
-        s.add_argument("--lr", type=float, help="learning rate at batch 256, scaled to the batch size by --lr-scaling")
-        s.add_argument("--lr-scaling", choices=["none", "linear", "sqrt"])
-        s.add_argument("--optimizer", choices=["sgd", "lars", "adam"])
-        s.add_argument("--backbone", choices=["small_cnn", "resnet18_cifar", "resnet50_cifar", "resnet50"])
-        s.add_argument("--queue-size", type=int,
-                       help="0: in-batch negatives (K = 2N-2); >0: MoCo-style queue of that many keys (K)")
-        s.add_argument("--image-size", type=int)
-        s.add_argument("--train-subset", type=int)
-    s.add_argument("--threads", type=int, help="CPU threads (default: config threads)")
-
-
-def _add_tracking_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tracking-uri", help="MLflow URI (default: config tracking_uri, $MLFLOW_TRACKING_URI, "
-                   "else sqlite:///<results_dir>/mlflow.db); 'none' disables tracking")
-    p.add_argument("--experiment", help="MLflow experiment (default: config study)")
 
 
 def _coerce(v: str):
@@ -75,7 +41,7 @@ def resolve_cell(args, baseline: bool = False) -> tuple[dict, dict]:
     from .cells import expand_cells
     from .config import load_config
 
-    if args.threads is not None and args.threads < 1:
+    if getattr(args, "threads", None) is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1, not {args.threads}")
     if args.cell is not None or getattr(args, "cell_json", None) is not None:
         _refuse_ignored(args, "--cell" if args.cell is not None else "--cell-json", keep=("threads",))
@@ -84,7 +50,7 @@ def resolve_cell(args, baseline: bool = False) -> tuple[dict, dict]:
             cell = _read_cell_file(args.cell, cfg, baseline)
         else:
             cell = _cell_from_text(args.cell_json, "--cell-json", cfg, baseline)
-        if args.threads:
+        if getattr(args, "threads", None):
             cell["threads"] = args.threads
         return cell, cfg
     overrides = _train_overrides(args)
@@ -103,8 +69,6 @@ def resolve_cell(args, baseline: bool = False) -> tuple[dict, dict]:
     return _standalone_cell(args, overrides)
 
 
-#: the stand-alone flags that override the config's train settings
-TRAIN_FLAGS = ("epochs", "steps", "precision", "lr", "lr_scaling", "optimizer", "backbone", "queue_size")
 #: every flag of the stand-alone group (_add_cell_args), with its empty value
 STANDALONE_FLAGS = {"dataset": None, "data_root": None, "loss": None, "batch_size": None, "temperature": None,
                     "seed": None, "loss_param": [], **dict.fromkeys(TRAIN_FLAGS), "image_size": None,
@@ -137,7 +101,7 @@ def _read_cell_file(path: Path, cfg: dict, baseline: bool) -> dict:
 def _cell_from_text(text: str, source: str, cfg: dict, baseline: bool) -> dict:
     """A cell from its JSON text; ValueError naming ``source`` and the first missing key, an
     id outside the id grammar, or a hash that is not the hash of the cell's settings."""
-    from .cells import baseline_cells, cell_hash, check_cell_id, make_cell
+    from .cells import baseline_cells, cell_hash, check_cell_id, make_cell, with_current_names
 
     try:
         cell = json.loads(text)
@@ -145,6 +109,7 @@ def _cell_from_text(text: str, source: str, cfg: dict, baseline: bool) -> dict:
         raise ValueError(f"{source} is not valid JSON ({exc.msg})") from None
     if not isinstance(cell, dict):
         raise ValueError(f"{source} must hold a JSON object (one cell), not a {type(cell).__name__}")
+    cell = with_current_names(cell)  # written before a setting was renamed: the same cell, the same hash
     dataset = next(iter(cfg["datasets"]))  # a reference cell of the same kind lists the keys
     if baseline:
         ref = next(iter(baseline_cells({**cfg, "baselines": True}).values()))
@@ -176,9 +141,9 @@ def _train_overrides(args) -> dict:
         v = getattr(args, k, None)
         if v is not None:
             overrides.setdefault("train", {})[k] = v
-    if args.threads:
+    if getattr(args, "threads", None):
         overrides["threads"] = args.threads
-    if args.data_root:
+    if getattr(args, "data_root", None):
         overrides.setdefault("data", {})["root"] = args.data_root
     return overrides
 
@@ -244,6 +209,15 @@ def _tracking(args, cfg: dict) -> tuple[str | None, str]:
     if uri and uri.lower() == "none":
         uri = None
     return uri, args.experiment or cfg["study"]
+
+
+def cell_folder(args, cell: dict, cfg: dict) -> Path:
+    """The cell's folder: that of its --cell file when the file is the cell.json pretraining
+    wrote into it (``.../runs/<id>/cell.json``), else ``<results_dir>/runs/<id>``."""
+    own = ("runs", *cell["id"].split("/"))
+    if getattr(args, "cell", None) is not None and args.cell.parent.parts[-len(own):] == own:
+        return args.cell.parent
+    return Path(cfg["results_dir"]) / "runs" / cell["id"]
 
 
 # --------------------------------------------------------------------------- commands
@@ -315,7 +289,7 @@ def cmd_pretrain(args) -> int:
 
     cell, cfg = resolve_cell(args)
     uri, exp = _tracking(args, cfg)
-    out = args.out or Path(cfg["results_dir"]) / "runs" / cell["id"]
+    out = args.out or cell_folder(args, cell, cfg)
     res = run_pretrain(cell, out, tracking_uri=uri, experiment=exp, cache=args.data_cache,
                        restart=args.restart, progress=not args.no_progress, device=args.device,
                        evaluate_ahead=args.evaluate_ahead)
@@ -328,7 +302,7 @@ def cmd_embed(args) -> int:
     from .steps import run_embed
 
     cell, cfg = resolve_cell(args)
-    out_dir = Path(cfg["results_dir"]) / "runs" / cell["id"]
+    out_dir = cell_folder(args, cell, cfg)
     ckpt = args.checkpoint or out_dir / "checkpoint.pt"
     out = args.out or out_dir / "features.npz"
     res = run_embed(cell, ckpt, out, cache=args.data_cache, device=args.device)
@@ -345,11 +319,28 @@ def cmd_evaluate(args) -> int:
 
     cell, cfg = resolve_cell(args)
     uri, exp = _tracking(args, cfg)
-    out_dir = args.out_dir or Path(cfg["results_dir"]) / "runs" / cell["id"]
+    out_dir = args.out_dir or cell_folder(args, cell, cfg)
     ckpt = args.checkpoint or out_dir / "checkpoint.pt"
     res = run_evaluate(cell, ckpt, out_dir, tracking_uri=uri, experiment=exp, cache=args.data_cache,
                        device=args.device, features=args.features)
     print(json.dumps(res))
+    return 0
+
+
+def cmd_export(args) -> int:
+    from .export import export_backbone, summary
+
+    if args.run_dir is not None:  # the folder's checkpoint names its cell
+        given = [f for f in ("cell", "cell_json", "cell_id", "dataset", "loss") if getattr(args, f) is not None]
+        if given:
+            raise ValueError(f"--{given[0].replace('_', '-')} has no effect with --run-dir (its checkpoint names the "
+                             "cell); give one of them")
+        folder, cell = args.run_dir, None
+    else:
+        cell, cfg = resolve_cell(args)
+        folder = cell_folder(args, cell, cfg)
+    info = export_backbone(args.checkpoint or folder / "checkpoint.pt", args.out or folder / "backbone.pt", cell)
+    print(summary(info), end="")
     return 0
 
 
@@ -383,12 +374,40 @@ def _cmd_probe(kind: str, args) -> int:
 
     cell, cfg = resolve_cell(args)
     uri, exp = _tracking(args, cfg)
-    out_dir = Path(cfg["results_dir"]) / "runs" / cell["id"]
+    out_dir = cell_folder(args, cell, cfg)
     feats = args.features or out_dir / "features.npz"
     out = args.out or out_dir / f"{kind}.json"
-    res = run_probe(kind, cell, feats, out, tracking_uri=uri, experiment=exp)
+    overrides = _eval_overrides(kind, args)
+    if overrides:  # a look at other settings: the cell's own result and MLflow run keep the study's
+        cell, uri, out = {**cell, "eval": {**cell["eval"], **overrides}}, None, args.out
+        print(f"{cell['id']}: {kind} probe with " + ", ".join(f"eval.{k} = {v}" for k, v in overrides.items())
+              + ": not logged to MLflow" + ("" if out else ", not written (no --out)"), file=sys.stderr)
+    res = run_probe(kind, cell, feats, out, tracking_uri=uri, experiment=exp,
+                    knn_backend=getattr(args, "knn_backend", None))
     print(json.dumps(res))
     return 0
+
+
+def cmd_knn(args) -> int:
+    return _cmd_probe("knn", args)
+
+
+def cmd_linear(args) -> int:
+    return _cmd_probe("linear", args)
+
+
+def _eval_overrides(kind: str, args) -> dict:
+    """The probe's evaluation flags given (:data:`~smallbatch.cli_parser.EVAL_FLAGS`), each
+    checked against its eval key's schema: {eval key: value}."""
+    from .config import check_value, load_schema
+
+    given = {k: getattr(args, k) for k in EVAL_FLAGS[kind] if getattr(args, k, None) is not None}
+    schema = load_schema()["properties"]["eval"]["properties"] if given else {}
+    for key, value in given.items():
+        check_value(schema[key], value, "--" + key.replace("_", "-"))
+    if "linear_weight_decay" in given and "linear_weight_decays" not in given:
+        given["linear_weight_decays"] = None  # the one L2 asked for, not a choice among the cell's list
+    return given
 
 
 def cmd_baseline(args) -> int:
@@ -402,7 +421,7 @@ def cmd_baseline(args) -> int:
         cells = baseline_cells(cfg)
         if args.cell_id not in cells:
             raise ValueError(f"no baseline {args.cell_id!r}; baselines of this config: {', '.join(cells)}")
-        cell = cells[args.cell_id]
+        cell = {**cells[args.cell_id], **({"threads": args.threads} if args.threads else {})}
     from .steps import run_baseline
 
     uri, exp = _tracking(args, cfg)
@@ -472,119 +491,10 @@ def cmd_warm_server(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="smallbatch", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", required=True)
-    _study_commands(sub)
-    _cell_commands(sub)
-    _probe_commands(sub)
-    _study_outputs(sub)
-    return p
+    """The parser of every subcommand (:mod:`smallbatch.cli_parser`)."""
+    from .cli_parser import build_parser as build
 
-
-def _study_commands(sub) -> None:
-    c = sub.add_parser("cells", help="list the study's cells (and write their cell.json files)")
-    c.add_argument("--config", type=Path, default=Path("config.yaml"))
-    c.add_argument("--write", action="store_true", help="write results/runs/<id>/cell.json for every cell")
-    c.add_argument("--baselines", action="store_true", help="list the baseline cells too")
-    c.set_defaults(func=cmd_cells)
-
-    c = sub.add_parser("init-store", help="create the MLflow store's schema and the study's experiment once")
-    c.add_argument("--config", type=Path)
-    _add_tracking_args(c)
-    c.add_argument("--touch", type=Path, help="write this marker file when done (for the workflow)")
-    c.set_defaults(func=cmd_init_store)
-
-    c = sub.add_parser("prepare-data", help="load a data set through its real loader and cache it as one tensor file")
-    c.add_argument("--config", type=Path, help="study config (data.root, datasets.<name> options)")
-    c.add_argument("--dataset", required=True, help="fashion_mnist | fashion_mnist_pairs | fashion_mnist_triples | digits | cifar10 | cifar100 | stl10 | imagefolder")
-    c.add_argument("--data-root")
-    c.add_argument("--download", action="store_true", help="let torchvision download when files are missing")
-    c.add_argument("--image-size", type=int)
-    c.add_argument("--train-subset", type=int)
-    c.add_argument("--test-subset", type=int)
-    c.add_argument("--out", type=Path, required=True)
-    c.set_defaults(func=cmd_prepare_data)
-
-    c = sub.add_parser("config-reference", help="print the table of every config key (CONFIGURATION.md)")
-    c.set_defaults(func=cmd_config_reference)
-
-
-def _cell_commands(sub) -> None:
-    c = sub.add_parser("pretrain", help="contrastive pretraining of one cell (resumes from its state.pt)")
-    _add_cell_args(c)
-    _add_tracking_args(c)
-    c.add_argument("--out", type=Path, help="cell folder (default results/runs/<id>)")
-    c.add_argument("--data-cache", type=Path, help="data cache from `smallbatch prepare-data`")
-    c.add_argument("--device", choices=["auto", "cpu", "cuda"])
-    c.add_argument("--restart", action="store_true", help="ignore (and overwrite) a saved state.pt, e.g. a corrupt one")
-    c.add_argument("--no-progress", action="store_true")
-    c.add_argument("--evaluate-ahead", action="store_true",
-                   help="then evaluate the checkpoint in this process into <out>/evaluated/, which `smallbatch "
-                        "evaluate` adopts (one process start-up less per cell; see smallbatch.prepared)")
-    c.set_defaults(func=cmd_pretrain)
-
-    c = sub.add_parser("embed", help="frozen backbone features of the train and test splits -> .npz")
-    _add_cell_args(c)
-    c.add_argument("--checkpoint", type=Path)
-    c.add_argument("--out", type=Path)
-    c.add_argument("--data-cache", type=Path, help="data cache from `smallbatch prepare-data`")
-    c.add_argument("--device", choices=["auto", "cpu", "cuda"])
-    c.set_defaults(func=cmd_embed)
-
-    c = sub.add_parser("evaluate", help="embed + kNN + linear probe of one cell in one process (what the workflow runs)")
-    _add_cell_args(c)
-    _add_tracking_args(c)
-    c.add_argument("--checkpoint", type=Path)
-    c.add_argument("--out-dir", type=Path, help="where knn.json and linear.json go (default results/runs/<id>)")
-    c.add_argument("--features", type=Path, help="also write the features to this .npz")
-    c.add_argument("--data-cache", type=Path, help="data cache from `smallbatch prepare-data`")
-    c.add_argument("--device", choices=["auto", "cpu", "cuda"])
-    c.set_defaults(func=cmd_evaluate)
-
-
-def _probe_commands(sub) -> None:
-    for kind, helptext in (("knn", "weighted kNN (InstDisc): faiss, or torch on a GPU without faiss-gpu"),
-                           ("linear", "linear probe on frozen features")):
-        c = sub.add_parser(kind, help=helptext)
-        _add_cell_args(c)
-        _add_tracking_args(c)
-        c.add_argument("--features", type=Path)
-        c.add_argument("--out", type=Path)
-        c.set_defaults(func=lambda a, k=kind: _cmd_probe(k, a))
-
-    c = sub.add_parser("baseline", help="raw-pixel or random-init encoder baseline (kNN + linear)")
-    _add_cell_args(c)
-    _add_tracking_args(c)
-    c.add_argument("--out", type=Path)
-    c.add_argument("--data-cache", type=Path, help="data cache from `smallbatch prepare-data`")
-    c.add_argument("--device", choices=["auto", "cpu", "cuda"])
-    c.set_defaults(func=cmd_baseline)
-
-
-def _study_outputs(sub) -> None:
-    c = sub.add_parser("mi", help="MI bounds on correlated Gaussians (experiments.mi); one MLflow run per row")
-    c.add_argument("--section", type=Path, help="JSON file with the experiments.mi section")
-    c.add_argument("--section-json", metavar="JSON", help="the experiments.mi section itself as JSON (what the workflow passes)")
-    c.add_argument("--config", type=Path, help="study config (its experiments.mi when --section is absent)")
-    c.add_argument("--out", type=Path, default=Path("results/mi/results.json"), help="rows as JSON")
-    c.add_argument("--quiet", action="store_true", help="no progress bar")
-    _add_tracking_args(c)
-    c.set_defaults(func=cmd_mi)
-
-    c = sub.add_parser("warm-server", help="serve the workflow's jobs from one process that imported torch once "
-                       "(started by the workflow; smallbatch.warm)")
-    c.add_argument("--socket", required=True, help="Unix socket path to listen on")
-    c.add_argument("--watch-pid", type=int, help="stop when this process (Snakemake) has ended")
-    c.add_argument("--idle-timeout", type=float, default=3600.0, help="stop after this many seconds without a command")
-    c.set_defaults(func=cmd_warm_server)
-
-    c = sub.add_parser("report", help="rebuild every table and figure from the MLflow store alone")
-    c.add_argument("--config", type=Path)
-    c.add_argument("--tracking-uri")
-    c.add_argument("--experiment")
-    c.add_argument("--out", type=Path, default=Path("results/report"))
-    c.set_defaults(func=cmd_report)
+    return build(__doc__.split("\n\n")[0])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -602,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
     tune()  # every step's own process (or warm-server child): freed blocks stay for the next step
 
     try:
-        return int(args.func(args) or 0)
+        return int(globals()[args.func](args) or 0)
     except Preempted as exc:
         print(f"smallbatch: preempted: {exc}", file=sys.stderr)
         return EXIT_PREEMPTED

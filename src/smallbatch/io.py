@@ -5,7 +5,9 @@ fsyncs it, then moves it into place with ``os.replace``; a failed or interrupted
 leaves no partial file behind (the temporary file is removed) and never a file that
 looks finished.  Every file format of the pipeline (JSON results and cell files,
 ``torch.save`` checkpoints and states, ``.npz`` features, the data cache) goes through
-it, via :func:`write_json` / :func:`save_torch` or a ``write`` callback.
+it, via :func:`write_json` / :func:`save_torch` or a ``write`` callback.  A written file
+gets the permissions the user's umask gives a new file (``0666 & ~umask``: ``-rw-r--r--``
+under umask 022, so a group shares a study's results), not ``mkstemp``'s ``-rw-------``.
 
 :class:`CellLock` is the one-writer-per-cell guarantee: an OS-level ``flock`` on
 ``<cell folder>/.lock``, held for the life of the process that trains the cell and
@@ -43,16 +45,37 @@ def check_cell_id(cid: Any, source: str = "cell id") -> str:
     return cid
 
 
+#: where Linux shows a process's umask without changing it
+PROC_STATUS = "/proc/self/status"
+
+
+def current_umask(status: str = PROC_STATUS) -> int:
+    """The process's umask, read from ``status`` (Linux's ``Umask:`` line) without changing
+    it; where there is none, set and restored with :func:`os.umask` (a thread creating a file
+    in that instant would get umask 077: stricter, never looser)."""
+    try:
+        with open(status, encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> Path:
     """Call ``write(fh)`` on a temporary binary file next to ``path``, fsync it and move it
-    to ``path``.  The folder is created; on any error the temporary file is removed, and a
-    full disk is an OSError "no space left on device" naming ``path`` (torch.save's own
-    error for it names neither)."""
+    to ``path``, with the permissions ``open`` would give it (the umask's).  The folder is
+    created; on any error the temporary file is removed, and a full disk is an OSError
+    "no space left on device" naming ``path`` (torch.save's own error for it names neither)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
+            os.fchmod(fh.fileno(), 0o666 & ~current_umask())  # mkstemp's file is 0600 whatever the umask
             write(fh)
             fh.flush()
             os.fsync(fh.fileno())

@@ -262,19 +262,19 @@ def _percent(metrics: dict) -> dict:
     return {k: (100.0 * v if ("top1" in k or "top5" in k) else v) for k, v in metrics.items()}
 
 
-def _eval_on_features(kind: str, cell: dict, feats) -> dict:
+def _eval_on_features(kind: str, cell: dict, feats, knn_backend: str | None = None) -> dict:
     """kNN or linear probe; accuracies returned in percent."""
     from . import evaluate
 
     tr_f, tr_y, te_f, te_y = feats
     ev = cell["eval"]
-    backend = "faiss-cpu" if cell["device"] == "cpu" else "auto"  # a cpu study stays off a visible GPU
+    backend = knn_backend or ("faiss-cpu" if cell["device"] == "cpu" else "auto")  # a cpu study stays off a GPU
     if kind == "knn":
         return _percent(evaluate.knn_eval(tr_f, tr_y, te_f, te_y, ks=tuple(ev["knn_k"]), t=ev["knn_t"],
                                           backend=backend))
     from . import probes  # the linear probe (L2 chosen on a validation split when asked) + few-label probes
 
-    return _percent(probes.linear_probes(tr_f, tr_y, te_f, te_y, epochs=ev["linear_epochs"], lr=ev["linear_lr"],
+    return _percent(probes.linear_probes(tr_f, tr_y, te_f, te_y, epochs=ev["linear_iterations"], lr=ev["linear_lr"],
                                          weight_decay=ev["linear_weight_decay"], seed=cell["seed"],
                                          optimizer=ev["linear_optimizer"], batch_size=ev["linear_batch_size"],
                                          tol=ev["linear_tol"], weight_decays=ev.get("linear_weight_decays"),
@@ -292,35 +292,36 @@ def check_features_cell(meta: dict, cell: dict, path: Path) -> None:
                          f"(hash {meta['cell_hash']}, this config's is {cell['hash']})")
 
 
-def run_probe(kind: str, cell: dict, features: Path, out: Path, *, tracking_uri: str | None,
-              experiment: str) -> dict:
-    """kind = 'knn' | 'linear': evaluate the cell's frozen features file, write JSON, log to
-    the cell's run (once: a rerun does not log the same step again)."""
+def run_probe(kind: str, cell: dict, features: Path, out: Path | None, *, tracking_uri: str | None,
+              experiment: str, knn_backend: str | None = None) -> dict:
+    """kind = 'knn' | 'linear': evaluate the cell's frozen features file, write JSON (unless
+    ``out`` is None), log to the cell's run (once: a rerun does not log the same step again)."""
     from . import evaluate
 
     if kind in ("linear",):
         _threads(cell)
     tr_f, tr_y, te_f, te_y, meta = evaluate.load_features(features)
     check_features_cell(meta, cell, Path(features))
-    return _probe(kind, cell, (tr_f, tr_y, te_f, te_y), meta, out, tracking_uri, experiment)
+    return _probe(kind, cell, (tr_f, tr_y, te_f, te_y), meta, out, tracking_uri, experiment, knn_backend)
 
 
-def _probe(kind: str, cell: dict, feats, meta: dict, out: Path, uri: str | None, experiment: str) -> dict:
+def _probe(kind: str, cell: dict, feats, meta: dict, out: Path | None, uri: str | None, experiment: str,
+           knn_backend: str | None = None) -> dict:
     """One probe of features in memory: JSON result, MLflow metrics.  A kNN probe at chance
     level marks the cell *collapsed* (:mod:`smallbatch.health`)."""
     if meta.get("status") == "diverged":
         result = {"status": "diverged", "cell_id": cell["id"]}
+    else:
+        t0 = time.perf_counter()
+        metrics = _eval_on_features(kind, cell, feats, knn_backend)
+        numeric = {f"{kind}/{k}": float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
+        numeric[f"{kind}/seconds"] = time.perf_counter() - t0
+        status = _probe_status(kind, metrics, meta, feats[3], feats[1])
+        if uri:
+            _log_probe(cell, uri, experiment, numeric, status)
+        result = {"status": status, "cell_id": cell["id"], **numeric}
+    if out is not None:
         write_json(out, result)
-        return result
-    t0 = time.perf_counter()
-    metrics = _eval_on_features(kind, cell, feats)
-    numeric = {f"{kind}/{k}": float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
-    numeric[f"{kind}/seconds"] = time.perf_counter() - t0
-    status = _probe_status(kind, metrics, meta, feats[3], feats[1])
-    if uri:
-        _log_probe(cell, uri, experiment, numeric, status)
-    result = {"status": status, "cell_id": cell["id"], **numeric}
-    write_json(out, result)
     return result
 
 
