@@ -163,6 +163,8 @@ def make_cell(
         "device": cfg["device"],
         "threads": cfg["threads"],
     }
+    if any((cfg.get("tracking") or {}).values()):  # only when asked: a default cell's JSON is unchanged
+        cell["tracking"] = copy.deepcopy(cfg["tracking"])
     cell["hash"] = cell_hash(cell)
     return cell
 

@@ -142,6 +142,7 @@ def _pretrain_in(world, cell: dict, out_dir: Path, tracking_uri, experiment: str
             raise
         if run is not None:
             _log_pretrain_end(run, res)
+            _log_pretrain_artifacts(run, cell, out_dir)
     finally:
         if busy is None:
             lock.__exit__(None, None, None)
@@ -215,6 +216,25 @@ def _log_pretrain_end(run, res) -> None:
     run.set_status(res.status if res.status in tracking.BAD_STATUSES else "running")
     run.set_tags({tracking.TAG_PRETRAIN: res.status})
     run.flush()
+
+
+def _log_pretrain_artifacts(run, cell: dict, out_dir: Path) -> None:
+    """The cell's resolved config (``cell.json``), and its backbone's weights as a plain state
+    dict (``backbone.pt``, the keys without ``backbone.``) when ``tracking.log_checkpoint`` asks."""
+    import tempfile
+
+    run.log_artifact(out_dir / "cell.json")
+    if not (cell.get("tracking") or {}).get("log_checkpoint"):
+        return
+    import torch
+
+    from .checkpoint import load_checkpoint
+
+    model = load_checkpoint(out_dir / "checkpoint.pt", cell=cell, kind="checkpoint")["model"]
+    backbone = {k[len("backbone."):]: v for k, v in model.items() if k.startswith("backbone.")}
+    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".artifact-") as tmp:
+        torch.save(backbone, Path(tmp) / "backbone.pt")
+        run.log_artifact(Path(tmp) / "backbone.pt")
 
 
 # --------------------------------------------------------------------------- embed
@@ -317,10 +337,10 @@ def _probe(kind: str, cell: dict, feats, meta: dict, out: Path, uri: str | None,
     numeric = {f"{kind}/{k}": float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
     numeric[f"{kind}/seconds"] = time.perf_counter() - t0
     status = _probe_status(kind, metrics, meta, feats[3], feats[1])
-    if uri:
-        _log_probe(cell, uri, experiment, numeric, status)
     result = {"status": status, "cell_id": cell["id"], **numeric}
     write_json(out, result)
+    if uri:
+        _log_probe(cell, uri, experiment, numeric, status, out)
     return result
 
 
@@ -360,13 +380,15 @@ def _probe_status(kind: str, metrics: dict, meta: dict, te_y, tr_y) -> str:
     return "finished"
 
 
-def _log_probe(cell: dict, uri: str, experiment: str, numeric: dict, status: str) -> None:
+def _log_probe(cell: dict, uri: str, experiment: str, numeric: dict, status: str, out: Path) -> None:
+    """The probe's metrics (once) and its result file (``knn.json`` / ``linear.json``) as an artifact."""
     from . import tracking
 
     run = tracking.find_cell_run(uri, experiment, cell)
     run.skip_logged_steps(sorted(numeric))  # a rerun of the probe logs nothing twice
     run.log(numeric, 0)
     run.flush()
+    run.log_artifact(out)
     if status == "collapsed":
         run.set_status("collapsed")
     _maybe_finish(run)
