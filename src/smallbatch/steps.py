@@ -207,7 +207,7 @@ def _flush_quietly(run) -> None:
 def _log_pretrain_end(run, res) -> None:
     from . import tracking
 
-    final = {"train/wall_s": res.wall_s, "train/steps": res.steps, "train/images_per_s_mean": res.images_per_s}
+    final = {"train/wall_s": res.wall_s, "train/cpu_s": res.cpu_s, "train/steps": res.steps, "train/images_per_s_mean": res.images_per_s}
     final.update({f"train/{k}": v for k, v in res.health.items()})
     if res.status != "diverged":
         final["train/final_loss"] = res.final_loss
@@ -332,10 +332,11 @@ def _probe(kind: str, cell: dict, feats, meta: dict, out: Path, uri: str | None,
         result = {"status": "diverged", "cell_id": cell["id"]}
         write_json(out, result)
         return result
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     metrics = _eval_on_features(kind, cell, feats)
     numeric = {f"{kind}/{k}": float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
     numeric[f"{kind}/seconds"] = time.perf_counter() - t0
+    numeric[f"{kind}/cpu_s"] = time.process_time() - c0  # every thread's CPU time (the cost table)
     status = _probe_status(kind, metrics, meta, feats[3], feats[1])
     result = {"status": status, "cell_id": cell["id"], **numeric}
     write_json(out, result)

@@ -1,0 +1,97 @@
+"""What a cell's MLflow run keeps besides numbers, against a real SQLite store: the resolved
+config and the evaluation as artifacts (the backbone with ``tracking.log_checkpoint``), an
+artifact root that follows a moved study folder (read by the tracking module, and served by
+a real ``mlflow server`` started in the moved folder as ``mlflow ui`` is), the images-seen
+axis beside the optimiser step, the CPU seconds, and the experiment's description."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+import cluster
+from smallbatch import steps, tracking, train
+from smallbatch.cells import make_cell
+from smallbatch.checkpoint import load_checkpoint
+from smallbatch.config import load_config
+
+from test_reliability import TINY, cache  # noqa: F401 - fixture
+
+EXPERIMENT = "artifacts"
+ARTIFACTS = ["backbone.pt", "cell.json", "knn.json", "linear.json"]
+
+
+def digits_cell(**top) -> dict:
+    cfg = load_config(None, {"datasets": {"digits": {}}, "train": {**TINY, "epochs": 1}, **top})
+    return make_cell(cfg, dataset="digits", loss="infonce", loss_params={}, batch_size=32, temperature=0.5, seed=0)
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory, cache):
+    """One cell pretrained and evaluated into ``study/results`` (backbone logged); then the
+    study folder is moved.  (moved results folder, cell, run id, the trained model's weights)."""
+    root = tmp_path_factory.mktemp("study")
+    results = root / "study" / "results"
+    uri = f"sqlite:///{results / 'mlflow.db'}"
+    tracking.init_store(uri, EXPERIMENT, "config.yaml")
+    cell, out = digits_cell(tracking={"log_checkpoint": True}), results / "runs" / "cell"
+    steps.run_pretrain(cell, out, tracking_uri=uri, experiment=EXPERIMENT, cache=cache, progress=False)
+    steps.run_evaluate(cell, out / "checkpoint.pt", out, tracking_uri=uri, experiment=EXPERIMENT, cache=cache)
+    run_id = tracking.find_cell_run(uri, EXPERIMENT, cell).run_id
+    model = load_checkpoint(out / "checkpoint.pt")["model"]
+    shutil.move(root / "study", root / "moved")
+    return root / "moved" / "results", cell, run_id, model
+
+
+def test_log_checkpoint_is_an_execution_setting_outside_the_cell_hash():
+    plain, logged = digits_cell(), digits_cell(tracking={"log_checkpoint": True})
+    assert "tracking" not in plain  # a default cell's JSON is what it was before the key existed
+    assert logged["tracking"] == {"log_checkpoint": True} and logged["hash"] == plain["hash"]
+
+
+def test_a_moved_study_still_reads_its_artifacts(study, tmp_path):
+    results, cell, run_id, model = study
+    reader = tracking.StoreReader(f"sqlite:///{results / 'mlflow.db'}")
+    run = reader._client.get_run(run_id)
+    assert run.info.artifact_uri.startswith("mlflow-artifacts:/")  # no absolute path in the store
+    assert reader.artifacts(run_id) == ARTIFACTS
+    assert json.loads(reader.download_artifact(run_id, "cell.json", tmp_path).read_text()) == cell
+    knn = json.loads(reader.download_artifact(run_id, "knn.json", tmp_path).read_text())
+    assert knn["knn/top1"] == pytest.approx(run.data.metrics["knn/top1"])
+    # the backbone: a plain state dict that loads into a fresh backbone of the cell, strictly
+    weights = torch.load(reader.download_artifact(run_id, "backbone.pt", tmp_path), weights_only=True)
+    fresh = train.build_model(cell, 1, 8).backbone
+    fresh.load_state_dict(weights)
+    for k, v in fresh.state_dict().items():
+        assert torch.equal(v, model[f"backbone.{k}"]), k
+
+
+def test_mlflow_ui_started_in_the_moved_folder_serves_the_artifacts(study, tmp_path):
+    """``mlflow server`` with MLflow's default artifact destination, started where the store is
+    (as ``mlflow ui`` is): its proxy lists and downloads the run's artifacts."""
+    from mlflow.tracking import MlflowClient
+
+    results, cell, run_id, _ = study
+    with cluster.MlflowServer(results, artifacts=None) as server:
+        client = MlflowClient(tracking_uri=server.uri)
+        assert sorted(a.path for a in client.list_artifacts(run_id)) == ARTIFACTS
+        got = client.download_artifacts(run_id, "cell.json", str(tmp_path))
+        assert json.loads(Path(got).read_text())["id"] == cell["id"]
+
+
+def test_images_seen_and_cpu_seconds_are_logged_and_the_experiment_is_described(study):
+    results, cell, run_id, _ = study
+    reader = tracking.StoreReader(f"sqlite:///{results / 'mlflow.db'}")
+    seen = reader.history(run_id, "train/images_seen")
+    loss_steps = [s for s, _ in reader.history(run_id, "train/loss")]
+    assert seen and [s for s, _ in seen] == loss_steps  # beside the optimiser step, at the same steps
+    assert all(v == s * cell["batch_size"] for s, v in seen)
+    metrics = reader._client.get_run(run_id).data.metrics
+    assert metrics["train/cpu_s"] > 0 and metrics["knn/cpu_s"] >= 0 and metrics["linear/cpu_s"] > 0
+    exp_id, _ = reader.experiment(EXPERIMENT)
+    note = reader._client.get_experiment(exp_id).tags[tracking.TAG_NOTE]
+    assert f"**{EXPERIMENT}**" in note and "config.yaml" in note
