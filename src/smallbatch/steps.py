@@ -339,9 +339,10 @@ def _probe(kind: str, cell: dict, feats, meta: dict, out: Path, uri: str | None,
     numeric[f"{kind}/cpu_s"] = time.process_time() - c0  # every thread's CPU time (the cost table)
     status = _probe_status(kind, metrics, meta, feats[3], feats[1])
     result = {"status": status, "cell_id": cell["id"], **numeric}
-    write_json(out, result)
-    if uri:
-        _log_probe(cell, uri, experiment, numeric, status, out)
+    run = _log_probe(cell, uri, experiment, numeric, status) if uri else None
+    write_json(out, result)  # only once logged: a failing store leaves no result file
+    if run is not None:
+        run.log_artifact(out)
     return result
 
 
@@ -381,18 +382,18 @@ def _probe_status(kind: str, metrics: dict, meta: dict, te_y, tr_y) -> str:
     return "finished"
 
 
-def _log_probe(cell: dict, uri: str, experiment: str, numeric: dict, status: str, out: Path) -> None:
-    """The probe's metrics (once) and its result file (``knn.json`` / ``linear.json``) as an artifact."""
+def _log_probe(cell: dict, uri: str, experiment: str, numeric: dict, status: str):
+    """The probe's metrics, once; returns the run (its result file is logged as an artifact)."""
     from . import tracking
 
     run = tracking.find_cell_run(uri, experiment, cell)
     run.skip_logged_steps(sorted(numeric))  # a rerun of the probe logs nothing twice
     run.log(numeric, 0)
     run.flush()
-    run.log_artifact(out)
     if status == "collapsed":
         run.set_status("collapsed")
     _maybe_finish(run)
+    return run
 
 
 def _maybe_finish(run) -> None:
@@ -435,7 +436,7 @@ def run_baseline(cell: dict, out: Path, *, tracking_uri: str | None, experiment:
     else:
         raise ValueError(f"baseline must be raw_pixels, random_init or supervised, not {cell['baseline']!r}")
     feats = (tr_f, d.train_y.numpy(), te_f, d.test_y.numpy())
-    numeric = {}
+    numeric, run = {}, None
     for kind in ("knn", "linear"):
         m = _eval_on_features(kind, cell, feats)
         numeric.update({f"{kind}/{k}": float(v) for k, v in m.items() if isinstance(v, (int, float))})
@@ -449,5 +450,7 @@ def run_baseline(cell: dict, out: Path, *, tracking_uri: str | None, experiment:
         run.set_status("finished")
     result = {"status": "finished", "cell_id": cell["id"], **numeric}
     write_json(out, result)
+    if run is not None:
+        run.log_artifact(out)
     print(json.dumps(result), file=sys.stderr)
     return result
