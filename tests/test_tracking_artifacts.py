@@ -95,3 +95,24 @@ def test_images_seen_and_cpu_seconds_are_logged_and_the_experiment_is_described(
     exp_id, _ = reader.experiment(EXPERIMENT)
     note = reader._client.get_experiment(exp_id).tags[tracking.TAG_NOTE]
     assert f"**{EXPERIMENT}**" in note and "config.yaml" in note
+
+
+def test_the_report_is_its_own_run_and_later_reports_leave_it_out(study, tmp_path):
+    from smallbatch.report import build_report
+    from smallbatch.report.runs import load_runs
+
+    results, cell, run_id, _ = study
+    uri = f"sqlite:///{results / 'mlflow.db'}"
+    reader = tracking.StoreReader(uri)
+    for _ in range(2):  # built twice: the same report is the same run
+        build_report(uri, tmp_path / "report", experiment=EXPERIMENT, log_run=True)
+    exp_id, _ = reader.experiment(EXPERIMENT)
+    reports = [r for r in reader.runs(exp_id) if r["tags"][tracking.TAG_KIND] == tracking.KIND_REPORT]
+    assert len(reports) == 1 and reports[0]["status"] == "finished"
+    files = reader.artifacts(reports[0]["run_id"])
+    assert "index.md" in files and any(f.startswith("tables/") and f.endswith(".csv") for f in files)
+    assert any(f.startswith("figures/") and f.endswith(".png") for f in files)
+    got = reader.download_artifact(reports[0]["run_id"], "index.md", tmp_path / "dl")
+    assert got.read_text() == (tmp_path / "report" / "index.md").read_text()
+    runs, _ = load_runs(reader, EXPERIMENT)
+    assert list(runs["run_id"]) == [run_id]  # the report reads the cell, not its own run

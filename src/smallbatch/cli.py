@@ -457,7 +457,7 @@ def cmd_report(args) -> int:
     # Without --experiment/--config the report takes the store's only experiment.
     exp = args.experiment or (cfg["study"] if args.config else None)
     try:
-        index = build_report(uri, args.out, experiment=exp)
+        index = build_report(uri, args.out, experiment=exp, log_run=True)  # also a run of kind report
     except (PermissionError, FileExistsError, IsADirectoryError, NotADirectoryError) as exc:
         # e.g. a folder without write permission: one line, not a traceback
         raise ValueError(f"cannot write the report to {args.out}: {exc.strerror} ({exc.filename})") from None

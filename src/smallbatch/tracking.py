@@ -709,3 +709,24 @@ class StoreReader:
         return Path(self._call(f"downloading the artifact {path}", lambda: (
             repo.download_artifacts(path, str(dst)) if repo is not None
             else self._client.download_artifacts(run_id, path, str(dst)))))
+
+
+# --------------------------------------------------------------------------- the report's own run
+def log_report_run(uri: str, experiment: str, out_dir: str | Path, files: list[Path]) -> str:
+    """Log a built report as a run of kind ``report`` (run name ``report``): its files as
+    artifacts (``index.md``, ``tables/...``, ``figures/...``).  The run's hash is the files'
+    content: the same report built again is the same run, a changed one a new run.  Returns its id."""
+    import hashlib
+
+    out = Path(out_dir)
+    rels = sorted((Path(f).relative_to(out).as_posix(), Path(f)) for f in files)
+    digest = hashlib.sha1()
+    for rel, f in rels:
+        digest.update(rel.encode() + b"\0" + f.read_bytes())
+    cell = {"id": "report", "hash": digest.hexdigest()[:10], "experiment": "report"}
+    run = open_cell_run(uri, experiment, cell, kind=KIND_REPORT)
+    for rel, f in rels:
+        run.log_artifact(f, str(Path(rel).parent) if "/" in rel else None)
+    run.set_tags({TAG_NOTE: f"The study's report ({len(rels)} files): open `index.md` among the artifacts."})
+    run.set_status("finished")
+    return run.run_id
