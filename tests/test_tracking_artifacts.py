@@ -116,3 +116,22 @@ def test_the_report_is_its_own_run_and_later_reports_leave_it_out(study, tmp_pat
     assert got.read_text() == (tmp_path / "report" / "index.md").read_text()
     runs, _ = load_runs(reader, EXPERIMENT)
     assert list(runs["run_id"]) == [run_id]  # the report reads the cell, not its own run
+
+
+def test_the_cost_table_sums_each_cells_logged_seconds(study, tmp_path):
+    import pandas as pd
+
+    from smallbatch.report import build_report
+
+    results, cell, run_id, _ = study
+    uri = f"sqlite:///{results / 'mlflow.db'}"
+    build_report(uri, tmp_path / "report", experiment=EXPERIMENT)
+    m = tracking.StoreReader(uri)._client.get_run(run_id).data.metrics
+    per_run = pd.read_csv(tmp_path / "report" / "tables" / "cost_runs.csv")
+    row = per_run[per_run["cell_id"] == cell["id"]].iloc[0]
+    assert row["wall_s"] == pytest.approx(m["train/wall_s"] + m["knn/seconds"] + m["linear/seconds"], rel=1e-5)
+    assert row["cpu_s"] == pytest.approx(m["train/cpu_s"] + m["knn/cpu_s"] + m["linear/cpu_s"], rel=1e-5)
+    study_row = pd.read_csv(tmp_path / "report" / "tables" / "cost_study.csv").set_index("section").loc["study"]
+    assert study_row["runs"] == len(per_run) and study_row["cpu_h"] == pytest.approx(per_run["cpu_s"].sum() / 3600,
+                                                                                     rel=1e-5)
+    assert "## Cost: wall and CPU seconds" in (tmp_path / "report" / "index.md").read_text()

@@ -58,7 +58,7 @@ __all__ = [
 #: the report's sections in index.md's order: each a module of this package with
 #: ``build(runs, ctx) -> SectionOutput | None``.  A new section is a module plus its name here.
 SECTION_MODULES = ("grid", "instrument", "baselines", "diverged", "papers", "precision", "ksweep", "ess", "tsweep", "regime",
-                   "mi")
+                   "mi", "cost")
 SECTIONS = [import_module(f"{__name__}.{name}").build for name in SECTION_MODULES]
 
 
