@@ -38,7 +38,8 @@ def study(tmp_path_factory, cache):
     results = root / "study" / "results"
     uri = f"sqlite:///{results / 'mlflow.db'}"
     tracking.init_store(uri, EXPERIMENT, "config.yaml")
-    cell, out = digits_cell(tracking={"log_checkpoint": True}), results / "runs" / "cell"
+    cell = digits_cell(tracking={"log_checkpoint": True}, eval={"monitor_every": 1})
+    out = results / "runs" / "cell"
     steps.run_pretrain(cell, out, tracking_uri=uri, experiment=EXPERIMENT, cache=cache, progress=False)
     steps.run_evaluate(cell, out / "checkpoint.pt", out, tracking_uri=uri, experiment=EXPERIMENT, cache=cache)
     run_id = tracking.find_cell_run(uri, EXPERIMENT, cell).run_id
@@ -95,6 +96,15 @@ def test_images_seen_and_cpu_seconds_are_logged_and_the_experiment_is_described(
     exp_id, _ = reader.experiment(EXPERIMENT)
     note = reader._client.get_experiment(exp_id).tags[tracking.TAG_NOTE]
     assert f"**{EXPERIMENT}**" in note and "config.yaml" in note
+
+
+def test_the_knn_monitor_is_logged_at_each_epoch_end(study):
+    results, cell, run_id, _ = study
+    reader = tracking.StoreReader(f"sqlite:///{results / 'mlflow.db'}")
+    top1, epoch = reader.history(run_id, "monitor/knn_top1"), reader.history(run_id, "monitor/epoch")
+    steps_run = int(reader._client.get_run(run_id).data.metrics["train/steps"])
+    assert [s for s, _ in top1] == [s for s, _ in epoch] == [steps_run] and [v for _, v in epoch] == [1.0]
+    assert 20 < top1[0][1] <= 100  # well above chance (10 classes) after an epoch of digits
 
 
 def test_the_report_is_its_own_run_and_later_reports_leave_it_out(study, tmp_path):

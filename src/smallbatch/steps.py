@@ -133,7 +133,8 @@ def _pretrain_in(world, cell: dict, out_dir: Path, tracking_uri, experiment: str
         try:
             res = train.pretrain(cell, d.pretrain_x, d.mean, d.std, out_dir, log_fn=_log_fn(run, world, tracking_uri),
                                  before_save=_before_save(run), restart=restart, progress=progress,
-                                 meta={"run_id": run.run_id} if run else {}, world=world, labels=d.pretrain_y)
+                                 meta={"run_id": run.run_id} if run else {}, world=world, labels=d.pretrain_y,
+                                 at_epoch_end=_monitor(cell, d, world, run))
         except BaseException as exc:
             if not isinstance(exc, TrackingError):  # the store failing: not asked again (another timeout)
                 _flush_quietly(run)
@@ -149,6 +150,15 @@ def _pretrain_in(world, cell: dict, out_dir: Path, tracking_uri, experiment: str
     return {"cell_id": cell["id"], "status": res.status, "steps": res.steps, "epochs": res.epochs,
             "final_loss": res.final_loss, "wall_s": res.wall_s, "images_per_s": res.images_per_s,
             "processes": world.size, "rank": world.rank}
+
+
+def _monitor(cell: dict, d, world, run):
+    """The kNN monitor when ``eval.monitor_every`` asks and rank 0 logs somewhere (:mod:`smallbatch.monitor`)."""
+    if run is None or not world.is_main:
+        return None
+    from .monitor import knn_monitor
+
+    return knn_monitor(cell, d, world.device)
 
 
 def _log_fn(run, world, tracking_uri):

@@ -76,13 +76,16 @@ class Hooks:
     """How the caller watches a run: ``log_fn(metrics, step)``; ``before_save()`` runs
     before every state save (the tracker flushes there, so the store never lags behind
     ``state.pt``); ``meta`` is stored in the state (the MLflow run id);
-    ``stop_after_steps`` simulates a crash (tests)."""
+    ``stop_after_steps`` simulates a crash (tests); ``at_epoch_end(backbone, epoch)`` runs on
+    rank 0 at each epoch's end, before the state is saved, and returns metrics to log or None
+    (the kNN monitor, :mod:`smallbatch.monitor`)."""
 
     log_fn: Callable[[dict, int], None] | None = None
     before_save: Callable[[], None] | None = None
     meta: dict = field(default_factory=dict)
     stop_after_steps: int | None = None
     progress: bool = True
+    at_epoch_end: Callable[[torch.nn.Module, int], dict | None] | None = None
 
 
 @dataclass
@@ -139,7 +142,8 @@ def pretrain(cell: dict, images: torch.Tensor, mean, std, out_dir: Path, *,
              log_fn: Callable[[dict, int], None] | None = None, before_save: Callable[[], None] | None = None,
              device: str | torch.device = "auto", restart: bool = False, progress: bool = True,
              stop_after_steps: int | None = None, meta: dict | None = None,
-             world: World | None = None, labels: torch.Tensor | None = None) -> TrainResult:
+             world: World | None = None, labels: torch.Tensor | None = None,
+             at_epoch_end: Callable[[torch.nn.Module, int], dict | None] | None = None) -> TrainResult:
     """Pretrain the cell's encoder on ``images`` (uint8 N,C,H,W); write checkpoint.pt.
     See :class:`Hooks` for ``log_fn``, ``before_save``, ``meta`` and ``stop_after_steps``;
     ``restart`` ignores (and later overwrites) a saved state.  ``world``: this process's
@@ -150,7 +154,8 @@ def pretrain(cell: dict, images: torch.Tensor, mean, std, out_dir: Path, *,
     world = world or World(device=resolve_device(device))
     dev = world.device
     _validate(cell, images.shape[0], dev, world)
-    hooks = Hooks(log_fn, before_save, dict(meta or {}), stop_after_steps, progress and world.is_main)
+    hooks = Hooks(log_fn, before_save, dict(meta or {}), stop_after_steps, progress and world.is_main,
+                  at_epoch_end if world.is_main else None)
     with CellLock(out_dir, cell["id"]) if world.is_main else nullcontext_lock():
         t = build_training(cell, images, mean, std, dev, out_dir, world, labels)
         if not restart:
@@ -334,6 +339,8 @@ def run_loop(t: Training, hooks: Hooks, t_start: float) -> str:
                             hooks.log_fn(metrics, t.step)
                         if bar is not None:
                             bar.set_postfix(epoch=f"{t.step / t.steps_per_epoch:.2f}", loss=f"{_last_loss(t):.4f}")
+                if epoch_end and hooks.at_epoch_end is not None:
+                    _at_epoch_end(t, hooks)
                 if epoch_end or stop:
                     save(t, hooks, time.perf_counter() - t_start)
                 if stop:
@@ -344,6 +351,13 @@ def run_loop(t: Training, hooks: Hooks, t_start: float) -> str:
         if bar is not None:
             bar.close()
     return "finished"
+
+
+def _at_epoch_end(t: Training, hooks: Hooks) -> None:
+    """Rank 0's epoch-end hook (the kNN monitor); its metrics logged at this step."""
+    m = hooks.at_epoch_end(t.step_fn.model.backbone, t.step // t.steps_per_epoch)
+    if m and hooks.log_fn is not None:
+        hooks.log_fn(m, t.step)
 
 
 def _preempted(t: Training, signalled: bool) -> Preempted:
