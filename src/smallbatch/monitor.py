@@ -15,7 +15,7 @@ import time
 
 import torch
 
-#: images of the held-out queries and of the bank (measured: see benchmarks/results/knn_monitor.md)
+#: images of the held-out queries and of the bank (cost: benchmarks/results/2026-12-01-knn-monitor.md)
 QUERIES, BANK = 500, 2000
 _SEED_OFFSET = 0x6D6F6E  # the split's generator: apart from every training stream
 
