@@ -82,6 +82,12 @@ def test_mlflow_ui_started_in_the_moved_folder_serves_the_artifacts(study, tmp_p
         assert sorted(a.path for a in client.list_artifacts(run_id)) == ARTIFACTS
         got = client.download_artifacts(run_id, "cell.json", str(tmp_path))
         assert json.loads(Path(got).read_text())["id"] == cell["id"]
+        # a study logging over HTTP to that server: its artifacts land in the same folder
+        tracking.init_store(server.uri, "over-http")
+        run = tracking.open_cell_run(server.uri, "over-http", {"id": "c", "hash": "h"})
+        run.log_artifact(results / "runs" / "cell" / "cell.json")
+        assert tracking.StoreReader(server.uri).artifacts(run.run_id) == ["cell.json"]
+        assert list((results / "mlartifacts").glob(f"*/{run.run_id}/artifacts/cell.json"))
 
 
 def test_images_seen_and_cpu_seconds_are_logged_and_the_experiment_is_described(study):
