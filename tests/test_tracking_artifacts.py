@@ -50,8 +50,8 @@ def study(tmp_path_factory, cache):
 
 def test_log_checkpoint_is_an_execution_setting_outside_the_cell_hash():
     plain, logged = digits_cell(), digits_cell(tracking={"log_checkpoint": True})
-    assert "tracking" not in plain  # a default cell's JSON is what it was before the key existed
-    assert logged["tracking"] == {"log_checkpoint": True} and logged["hash"] == plain["hash"]
+    assert plain["tracking"] == {"log_checkpoint": False} and logged["tracking"] == {"log_checkpoint": True}
+    assert logged["hash"] == plain["hash"]
 
 
 def test_a_moved_study_still_reads_its_artifacts(study, tmp_path):

@@ -162,9 +162,8 @@ def make_cell(
         "eval": copy.deepcopy(cfg["eval"]),
         "device": cfg["device"],
         "threads": cfg["threads"],
+        "tracking": copy.deepcopy(cfg.get("tracking") or {}),  # execution settings: not in the hash
     }
-    if any((cfg.get("tracking") or {}).values()):  # only when asked: a default cell's JSON is unchanged
-        cell["tracking"] = copy.deepcopy(cfg["tracking"])
     cell["hash"] = cell_hash(cell)
     return cell
 
