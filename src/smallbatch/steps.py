@@ -217,7 +217,8 @@ def _flush_quietly(run) -> None:
 def _log_pretrain_end(run, res) -> None:
     from . import tracking
 
-    final = {"train/wall_s": res.wall_s, "train/cpu_s": res.cpu_s, "train/steps": res.steps, "train/images_per_s_mean": res.images_per_s}
+    final = {"train/wall_s": res.wall_s, "train/cpu_s": res.cpu_s, "train/steps": res.steps,
+             "train/images_per_s_mean": res.images_per_s}
     final.update({f"train/{k}": v for k, v in res.health.items()})
     if res.status != "diverged":
         final["train/final_loss"] = res.final_loss
