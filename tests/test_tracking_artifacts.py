@@ -59,6 +59,7 @@ def test_a_moved_study_still_reads_its_artifacts(study, tmp_path):
     reader = tracking.StoreReader(f"sqlite:///{results / 'mlflow.db'}")
     run = reader._client.get_run(run_id)
     assert run.info.artifact_uri.startswith("mlflow-artifacts:/")  # no absolute path in the store
+    assert {e.artifact_location.split(":")[0] for e in reader._experiments()} == {"mlflow-artifacts"}  # 'Default' too
     assert reader.artifacts(run_id) == ARTIFACTS
     assert json.loads(reader.download_artifact(run_id, "cell.json", tmp_path).read_text()) == cell
     knn = json.loads(reader.download_artifact(run_id, "knn.json", tmp_path).read_text())

@@ -280,7 +280,7 @@ def cmd_init_store(args) -> int:
     uri, exp = _tracking(args, cfg)
     if uri is None:
         raise ValueError("init-store needs a tracking URI")
-    eid = init_store(uri, exp)
+    eid = init_store(uri, exp, str(args.config) if args.config else None)  # the config names the study's description
     print(f"MLflow store {uri}: experiment '{exp}' (id {eid}) ready")
     if args.touch:
         args.touch.parent.mkdir(parents=True, exist_ok=True)

@@ -202,7 +202,19 @@ def get_or_create_experiment(uri: str, experiment: str, note: str | None = None)
 
 def init_store(uri: str, experiment: str, config: str | None = None) -> str:
     """Create the store's schema and the study's experiment (described: :func:`describe_study`)
-    once; return its id."""
+    once; return its id.  A new SQLite schema is made with the proxied artifact root, so even
+    MLflow's own 'Default' experiment names no absolute folder (the creator's ./mlruns)."""
+    db = _sqlite_file(uri)
+    if (db is not None and not uri.startswith("sqlite:///file:") and not tracking_uri_problem(uri)
+            and not Path(str(db).split("?", 1)[0]).exists()):
+        try:
+            _mlflow()
+            from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+            Path(str(db).split("?", 1)[0]).parent.mkdir(parents=True, exist_ok=True)
+            SqlAlchemyStore(uri, PROXIED_ROOT)
+        except Exception as exc:  # noqa: BLE001 - any store failure becomes one clear line
+            raise _wrap(uri, "opening the store", exc) from None
     return get_or_create_experiment(uri, experiment, describe_study(experiment, config))
 
 
