@@ -332,6 +332,7 @@ class CellRun:
         self._last_flush = time.monotonic()
         self._skip_through: dict[str, int] = {}
         self._lease: dict | None = None
+        self._artifact_uri: str | None = None
 
     # -- one writer per cell per store ---------------------------------------------
     def take_lease(self, folder: str | Path) -> None:
@@ -451,7 +452,9 @@ class CellRun:
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         """Copy the file ``path`` into the run's artifacts (under ``artifact_path``)."""
         try:
-            repo = local_artifacts(self.uri, self.client.get_run(self.run_id).info.artifact_uri)
+            if self._artifact_uri is None:  # asked once per run
+                self._artifact_uri = self.client.get_run(self.run_id).info.artifact_uri
+            repo = local_artifacts(self.uri, self._artifact_uri)
             if repo is not None:
                 repo.log_artifact(str(path), artifact_path)
             else:
