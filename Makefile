@@ -46,7 +46,7 @@ study: install data
 		dl="workflow/configs/download.yaml"; fi; \
 	$(BIN)/python -m snakemake --snakefile Snakefile --configfile $(CONFIG) $$dl --workflow-profile workflow/profiles/default \
 		--cores $(CORES) $(SNAKE_ARGS)
-	@echo "report: $$(pwd)/results/report/index.md   (browse runs: mlflow ui --backend-store-uri sqlite:///results/mlflow.db)"
+	@echo "report: $$(pwd)/results/report/index.md   (browse runs and artifacts: cd results && mlflow ui --backend-store-uri sqlite:///mlflow.db)"
 
 smoke: install
 	$(BIN)/python -m snakemake --snakefile Snakefile --configfile workflow/configs/smoke.yaml \

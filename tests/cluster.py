@@ -233,10 +233,13 @@ class MlflowServer:
     """``mlflow server`` on 127.0.0.1 with a SQLite backend and an artifact root.
 
     ``stop()`` and ``start()`` again keep the same port and store (the server
-    "goes away" and "comes back")."""
+    "goes away" and "comes back").  ``artifacts``: the ``--artifacts-destination`` folder in
+    ``root``; None leaves MLflow's default (``./mlartifacts``, in ``root``: ``mlflow ui`` as a
+    user starts it in a study's results folder)."""
 
-    def __init__(self, root: Path, port: int | None = None, workers: int = 1):
+    def __init__(self, root: Path, port: int | None = None, workers: int = 1, artifacts: str | None = "artifacts"):
         self.root = Path(root)
+        self.artifacts = artifacts
         self.root.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
         self.workers = workers
@@ -262,8 +265,9 @@ class MlflowServer:
         if self.proc is not None and self.proc.poll() is None:
             return self
         cmd = [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(self.port),
-               "--workers", str(self.workers), "--backend-store-uri", self.backend,
-               "--artifacts-destination", str(self.root / "artifacts")]
+               "--workers", str(self.workers), "--backend-store-uri", self.backend]
+        if self.artifacts is not None:
+            cmd += ["--artifacts-destination", str(self.root / self.artifacts)]
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(cmd, cwd=self.root, env=env_with_venv(), stdout=log,
                                          stderr=subprocess.STDOUT, start_new_session=True)

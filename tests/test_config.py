@@ -161,6 +161,7 @@ SETTING_SECTIONS = {("train",): ("train",), ("eval",): ("eval",), ("data",): ("d
                     ("datasets", "digits"): ("datasets", "additionalProperties")}
 #: a valid other value for settings whose generic one (_other_value) the config would refuse
 OTHER_VALUE = {
+    ("tracking",): {"log_checkpoint": True},
     ("train", "ess_schedule"): {"start": 0.9, "end": 0.3},
     ("datasets", "digits", "train_subset"): 500,
     ("datasets", "digits", "test_subset"): 200,

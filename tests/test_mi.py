@@ -425,7 +425,11 @@ def test_mi_step_logs_runs_and_report_section(tmp_path):
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name("study")
     runs = client.search_runs([exp.experiment_id])
-    assert len(runs) == 8
+    parents = [r for r in runs if r.data.tags["smallbatch.kind"] == "parent"]
+    runs = [r for r in runs if r not in parents]
+    assert len(runs) == 8 and len(parents) == 1  # the rows nested under one parent run, not beside the cells
+    assert parents[0].info.run_name == "mi" and parents[0].info.status == "FINISHED"
+    assert {r.data.tags.get("mlflow.parentRunId") for r in runs} == {parents[0].info.run_id}
     r0 = next(r for r in runs if r.data.tags["smallbatch.cell_id"] == "mi/eqco/separable/K4-mi6-s0")
     assert r0.data.tags["smallbatch.kind"] == "mi" and r0.data.tags["smallbatch.experiment"] == "mi"
     assert r0.data.tags["smallbatch.status"] == "finished"
@@ -444,7 +448,7 @@ def test_mi_step_logs_runs_and_report_section(tmp_path):
 
     # a re-run resumes the same runs and logs nothing twice
     mi_step.run_mi_step(section, out, uri, "study", progress=False)
-    assert len(client.search_runs([exp.experiment_id])) == 8
+    assert len(client.search_runs([exp.experiment_id])) == 8 + 1  # and the same parent
     assert len(client.get_metric_history(r0.info.run_id, "mi/train_estimate")) == 10
     assert len(client.get_metric_history(r0.info.run_id, "mi/estimate")) == 1
 
@@ -459,7 +463,7 @@ def test_mi_step_logs_runs_and_report_section(tmp_path):
         assert (tmp_path / "report" / "figures" / f"mi_estimate_vs_true.{suffix}").is_file()
     assert "figures/mi_estimate_vs_true.png" in text
     table = pd.read_csv(tables / "mi_bias_variance.csv")
-    assert len(table) == 8
+    assert len(table) == 8  # the report finds the nested rows, and reads no row from the parent
     t_row = table[(table["estimator"] == "eqco") & (table["critic"] == "separable") & (table["true_mi"] == 6)].iloc[0]
     assert t_row["estimate_mean"] == pytest.approx(row["estimate"])
     assert t_row["variance"] == pytest.approx(row["std"] ** 2)

@@ -16,7 +16,7 @@ from smallbatch import prepared, steps, tracking
 
 from test_reliability import EXPERIMENT, SMALLBATCH, _store, cache, digits_cell  # noqa: F401 - fixture
 
-TIMINGS = ("knn/seconds", "linear/seconds")
+TIMINGS = ("knn/seconds", "linear/seconds", "knn/cpu_s", "linear/cpu_s")
 
 
 def evaluate_cli(cell: dict, out: Path, uri: str, *extra: str) -> subprocess.CompletedProcess:

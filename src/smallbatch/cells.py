@@ -190,6 +190,7 @@ def make_cell(
         "eval": copy.deepcopy(cfg["eval"]),
         "device": cfg["device"],
         "threads": cfg["threads"],
+        "tracking": copy.deepcopy(cfg.get("tracking") or {}),  # execution settings: not in the hash
     }
     cell["hash"] = cell_hash(cell)
     return cell

@@ -254,7 +254,7 @@ def cmd_init_store(args) -> int:
     uri, exp = _tracking(args, cfg)
     if uri is None:
         raise ValueError("init-store needs a tracking URI")
-    eid = init_store(uri, exp)
+    eid = init_store(uri, exp, str(args.config) if args.config else None)  # the config names the study's description
     print(f"MLflow store {uri}: experiment '{exp}' (id {eid}) ready")
     if args.touch:
         args.touch.parent.mkdir(parents=True, exist_ok=True)
@@ -476,7 +476,7 @@ def cmd_report(args) -> int:
     # Without --experiment/--config the report takes the store's only experiment.
     exp = args.experiment or (cfg["study"] if args.config else None)
     try:
-        index = build_report(uri, args.out, experiment=exp)
+        index = build_report(uri, args.out, experiment=exp, log_run=True)  # also a run of kind report
     except (PermissionError, FileExistsError, IsADirectoryError, NotADirectoryError) as exc:
         # e.g. a folder without write permission: one line, not a traceback
         raise ValueError(f"cannot write the report to {args.out}: {exc.strerror} ({exc.filename})") from None

@@ -19,6 +19,9 @@ becomes one MLflow run of kind ``mi``:
   mi/estimate_eval_k, mi/std_eval_k, mi/train_final, mi/seconds``, and the
   training trace ``mi/train_estimate`` (window means, ``trace_points`` values
   per run);
+* tag ``mlflow.parentRunId``: the section's parent run (kind ``parent``, run name and
+  cell id ``mi``, hashed over the whole section), so the MLflow UI shows the rows
+  nested under one run instead of beside the cells;
 * status ``diverged`` for a row :func:`smallbatch.mi.failed` calls a setup failure
   (non-finite loss, or an unbounded critic's readout below 0), ``finished`` otherwise.
 
@@ -62,6 +65,13 @@ def cell_hash(section: dict, row: dict) -> str:
     return hashlib.sha1(blob.encode()).hexdigest()[:10]
 
 
+def parent_cell(section: dict) -> dict:
+    """The tracking cell of the section's parent run: every row's run is nested under it."""
+    settings = {k: v for k, v in section.items() if k not in ("enabled", "threads")}
+    blob = json.dumps(settings, sort_keys=True, default=str)
+    return {"id": "mi", "hash": hashlib.sha1(blob.encode()).hexdigest()[:10], "experiment": "mi"}
+
+
 def cell_of(section: dict, row: dict) -> dict:
     """The tracking cell of one row: ``{'id', 'hash', 'experiment': 'mi'}``."""
     return {"id": cell_id(row), "hash": cell_hash(section, row), "experiment": "mi"}
@@ -88,14 +98,16 @@ def run_mi_step(section: dict | None, out_path: str | Path, tracking_uri: str | 
     """Run the ``experiments.mi`` grid, log each row as an MLflow run (unless
     ``tracking_uri`` is None) and write ``{"section": ..., "rows": [...],
     "seconds": ...}`` to ``out_path`` atomically.  Returns that dict."""
+    from . import tracking
+
     sec = mi.validate_section(section)
     t0 = time.perf_counter()
+    parent = tracking.open_cell_run(tracking_uri, experiment, parent_cell(sec),
+                                    kind=tracking.KIND_PARENT) if tracking_uri else None
 
     def log_row(row: dict, trace: list[tuple[int, float]]) -> None:
-        from . import tracking
-
         run = tracking.open_cell_run(tracking_uri, experiment, cell_of(sec, row), kind="mi",
-                                     params=row_params(sec, row))
+                                     params=row_params(sec, row), parent=parent.run_id)
         if run.resumed:
             run.skip_logged_steps(["mi/train_estimate"] + [f"mi/{k}" for k in METRIC_KEYS])
         for step, value in trace:
@@ -105,6 +117,8 @@ def run_mi_step(section: dict | None, out_path: str | Path, tracking_uri: str | 
         run.set_status("diverged" if row.get("failed") else "finished")
 
     rows = mi.run_mi_experiment(sec, log_fn=log_row if tracking_uri else None, progress=progress)
+    if parent is not None:
+        parent.set_status("finished")
     result = {
         "section": sec,
         "rows": [{k: _json_safe(v) for k, v in r.items()} | {"cell_id": cell_id(r)} for r in rows],

@@ -133,7 +133,8 @@ def _pretrain_in(world, cell: dict, out_dir: Path, tracking_uri, experiment: str
         try:
             res = train.pretrain(cell, d.pretrain_x, d.mean, d.std, out_dir, log_fn=_log_fn(run, world, tracking_uri),
                                  before_save=_before_save(run), restart=restart, progress=progress,
-                                 meta={"run_id": run.run_id} if run else {}, world=world, labels=d.pretrain_y)
+                                 meta={"run_id": run.run_id} if run else {}, world=world, labels=d.pretrain_y,
+                                 at_epoch_end=_monitor(cell, d, world, run))
         except BaseException as exc:
             if not isinstance(exc, TrackingError):  # the store failing: not asked again (another timeout)
                 _flush_quietly(run)
@@ -142,12 +143,22 @@ def _pretrain_in(world, cell: dict, out_dir: Path, tracking_uri, experiment: str
             raise
         if run is not None:
             _log_pretrain_end(run, res)
+            _log_pretrain_artifacts(run, cell, out_dir, weights=res.status != "diverged")
     finally:
         if busy is None:
             lock.__exit__(None, None, None)
     return {"cell_id": cell["id"], "status": res.status, "steps": res.steps, "epochs": res.epochs,
             "final_loss": res.final_loss, "wall_s": res.wall_s, "images_per_s": res.images_per_s,
             "processes": world.size, "rank": world.rank}
+
+
+def _monitor(cell: dict, d, world, run):
+    """The kNN monitor when ``eval.monitor_every`` asks and rank 0 logs somewhere (:mod:`smallbatch.monitor`)."""
+    if run is None or not world.is_main:
+        return None
+    from .monitor import knn_monitor
+
+    return knn_monitor(cell, d, world.device)
 
 
 def _log_fn(run, world, tracking_uri):
@@ -206,7 +217,8 @@ def _flush_quietly(run) -> None:
 def _log_pretrain_end(run, res) -> None:
     from . import tracking
 
-    final = {"train/wall_s": res.wall_s, "train/steps": res.steps, "train/images_per_s_mean": res.images_per_s}
+    final = {"train/wall_s": res.wall_s, "train/cpu_s": res.cpu_s, "train/steps": res.steps,
+             "train/images_per_s_mean": res.images_per_s}
     final.update({f"train/{k}": v for k, v in res.health.items()})
     if res.status != "diverged":
         final["train/final_loss"] = res.final_loss
@@ -215,6 +227,22 @@ def _log_pretrain_end(run, res) -> None:
     run.set_status(res.status if res.status in tracking.BAD_STATUSES else "running")
     run.set_tags({tracking.TAG_PRETRAIN: res.status})
     run.flush()
+
+
+def _log_pretrain_artifacts(run, cell: dict, out_dir: Path, weights: bool = True) -> None:
+    """The cell's resolved config (``cell.json``), and its backbone's weights as a plain state
+    dict (``backbone.pt``, the keys without ``backbone.``) when ``tracking.log_checkpoint`` asks
+    and the cell did not diverge."""
+    import tempfile
+
+    run.log_artifact(out_dir / "cell.json")
+    if not weights or not (cell.get("tracking") or {}).get("log_checkpoint"):
+        return
+    from .export import export_backbone
+
+    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".artifact-") as tmp:
+        export_backbone(out_dir / "checkpoint.pt", Path(tmp) / "backbone.pt", cell=cell)  # `smallbatch export`'s file
+        run.log_artifact(Path(tmp) / "backbone.pt")
 
 
 # --------------------------------------------------------------------------- embed
@@ -311,17 +339,21 @@ def _probe(kind: str, cell: dict, feats, meta: dict, out: Path | None, uri: str 
     level marks the cell *collapsed* (:mod:`smallbatch.health`)."""
     if meta.get("status") == "diverged":
         result = {"status": "diverged", "cell_id": cell["id"]}
-    else:
-        t0 = time.perf_counter()
-        metrics = _eval_on_features(kind, cell, feats, knn_backend)
-        numeric = {f"{kind}/{k}": float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
-        numeric[f"{kind}/seconds"] = time.perf_counter() - t0
-        status = _probe_status(kind, metrics, meta, feats[3], feats[1])
-        if uri:
-            _log_probe(cell, uri, experiment, numeric, status)
-        result = {"status": status, "cell_id": cell["id"], **numeric}
+        if out is not None:
+            write_json(out, result)
+        return result
+    t0, c0 = time.perf_counter(), time.process_time()
+    metrics = _eval_on_features(kind, cell, feats, knn_backend)
+    numeric = {f"{kind}/{k}": float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
+    numeric[f"{kind}/seconds"] = time.perf_counter() - t0
+    numeric[f"{kind}/cpu_s"] = time.process_time() - c0  # every thread's CPU time (the cost table)
+    status = _probe_status(kind, metrics, meta, feats[3], feats[1])
+    result = {"status": status, "cell_id": cell["id"], **numeric}
+    run = _log_probe(cell, uri, experiment, numeric, status) if uri else None
     if out is not None:
-        write_json(out, result)
+        write_json(out, result)  # only once logged: a failing store leaves no result file
+        if run is not None:
+            run.log_artifact(out)
     return result
 
 
@@ -361,7 +393,8 @@ def _probe_status(kind: str, metrics: dict, meta: dict, te_y, tr_y) -> str:
     return "finished"
 
 
-def _log_probe(cell: dict, uri: str, experiment: str, numeric: dict, status: str) -> None:
+def _log_probe(cell: dict, uri: str, experiment: str, numeric: dict, status: str):
+    """The probe's metrics, once; returns the run (its result file is logged as an artifact)."""
     from . import tracking
 
     run = tracking.find_cell_run(uri, experiment, cell)
@@ -371,6 +404,7 @@ def _log_probe(cell: dict, uri: str, experiment: str, numeric: dict, status: str
     if status == "collapsed":
         run.set_status("collapsed")
     _maybe_finish(run)
+    return run
 
 
 def _maybe_finish(run) -> None:
@@ -413,7 +447,7 @@ def run_baseline(cell: dict, out: Path, *, tracking_uri: str | None, experiment:
     else:
         raise ValueError(f"baseline must be raw_pixels, random_init or supervised, not {cell['baseline']!r}")
     feats = (tr_f, d.train_y.numpy(), te_f, d.test_y.numpy())
-    numeric = {}
+    numeric, run = {}, None
     for kind in ("knn", "linear"):
         m = _eval_on_features(kind, cell, feats)
         numeric.update({f"{kind}/{k}": float(v) for k, v in m.items() if isinstance(v, (int, float))})
@@ -427,5 +461,7 @@ def run_baseline(cell: dict, out: Path, *, tracking_uri: str | None, experiment:
         run.set_status("finished")
     result = {"status": "finished", "cell_id": cell["id"], **numeric}
     write_json(out, result)
+    if run is not None:
+        run.log_artifact(out)
     print(json.dumps(result), file=sys.stderr)
     return result

@@ -134,21 +134,61 @@ def _wrap(uri: str, what: str, exc: Exception) -> TrackingError:
     return TrackingError(f"MLflow tracking store {uri} failed while {what}: {msg[:300]}")
 
 
-def _artifact_location(uri: str) -> str | None:
-    if uri.startswith("sqlite:///"):
-        db = Path(uri[len("sqlite:///"):]).resolve()
-        return (db.parent / "mlartifacts").as_uri()
-    return None
+#: where a SQLite store's artifacts live: this folder beside the database file.  A new experiment's
+#: artifact root is MLflow's proxied ``mlflow-artifacts:/<id>`` (what ``mlflow server`` gives one),
+#: never an absolute path: the tracking module resolves it against the store's own folder, and
+#: ``mlflow ui`` run in that folder serves it (its default ``--artifacts-destination`` is
+#: ``./mlartifacts``), so a moved or copied study folder still browses its artifacts
+ARTIFACTS_DIR = "mlartifacts"
+PROXIED_ROOT = "mlflow-artifacts:/"
+TAG_NOTE = "mlflow.note.content"  # the experiment's (and a run's) description in MLflow's UI
+TAG_PARENT = "mlflow.parentRunId"  # a nested run: the MLflow UI shows it under its parent
+#: runs that hold no result: the report's own runs, and the parents grouping a side experiment's rows
+KIND_REPORT, KIND_PARENT = "report", "parent"
+NON_RESULT_KINDS = (KIND_REPORT, KIND_PARENT)
 
 
-def get_or_create_experiment(uri: str, experiment: str) -> str:
+def artifacts_root(uri: str) -> Path | None:
+    """A SQLite store's artifact folder (beside the database, as its URI names it), else None."""
+    db = _sqlite_file(uri)
+    return None if db is None else Path(str(db).split("?", 1)[0]).parent / ARTIFACTS_DIR
+
+
+def describe_study(experiment: str, config: str | None = None) -> str:
+    """The experiment's description (tag ``mlflow.note.content``): the study, its config, what a run is."""
+    cfg = f" from the config `{config}`" if config else ""
+    return (f"smallbatch study **{experiment}**{cfg}: one run per cell (run name = cell id; tags "
+            f"`{TAG_CELL}`, `{TAG_HASH}`, `{TAG_KIND}` = cell | baseline | mi | {KIND_PARENT} | {KIND_REPORT}). "
+            "A cell's artifacts: its resolved config (`cell.json`), its evaluation (`knn.json`, `linear.json`), "
+            "its backbone when `tracking.log_checkpoint` is on. The side experiments' rows are nested under a "
+            f"parent run; the report is a run of kind `{KIND_REPORT}` with its tables and figures. Training "
+            "curves: x-axis `train/images_seen` or `epoch` compares batch sizes (the step is the optimiser's). "
+            f"Browse: `mlflow ui --backend-store-uri sqlite:///mlflow.db` in the folder holding the store "
+            f"(its artifacts are `./{ARTIFACTS_DIR}`).")
+
+
+def _create_experiment(client, uri: str, experiment: str, note: str) -> str:
+    from mlflow.entities import ExperimentTag
+
+    tags = [ExperimentTag(TAG_NOTE, note)]
+    if _sqlite_file(uri) is None:  # a server or another store: its own artifact root
+        return client.create_experiment(experiment, tags={TAG_NOTE: note})
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    # the store's default root, not an explicit location: MLflow makes an explicit one absolute
+    return SqlAlchemyStore(uri, PROXIED_ROOT).create_experiment(experiment, tags=tags)
+
+
+def get_or_create_experiment(uri: str, experiment: str, note: str | None = None) -> str:
     client = _client(uri)
     try:
         exp = client.get_experiment_by_name(experiment)
         if exp is not None:
+            if note and exp.tags.get(TAG_NOTE) != note:
+                client.set_experiment_tag(exp.experiment_id, TAG_NOTE, note)
             return exp.experiment_id
         try:
-            return client.create_experiment(experiment, artifact_location=_artifact_location(uri))
+            return _create_experiment(client, uri, experiment, note or describe_study(experiment))
         except Exception:
             exp = client.get_experiment_by_name(experiment)  # created by a parallel job
             if exp is None:
@@ -160,9 +200,39 @@ def get_or_create_experiment(uri: str, experiment: str) -> str:
         raise _wrap(uri, f"opening experiment '{experiment}'", exc) from None
 
 
-def init_store(uri: str, experiment: str) -> str:
-    """Create the store's schema and the study's experiment once; return its id."""
-    return get_or_create_experiment(uri, experiment)
+def init_store(uri: str, experiment: str, config: str | None = None) -> str:
+    """Create the store's schema and the study's experiment (described: :func:`describe_study`)
+    once; return its id.  A new SQLite schema is made with the proxied artifact root, so even
+    MLflow's own 'Default' experiment names no absolute folder (the creator's ./mlruns)."""
+    db = _sqlite_file(uri)
+    if (db is not None and not uri.startswith("sqlite:///file:") and not tracking_uri_problem(uri)
+            and not Path(str(db).split("?", 1)[0]).exists()):
+        try:
+            _mlflow()
+            from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+            Path(str(db).split("?", 1)[0]).parent.mkdir(parents=True, exist_ok=True)
+            SqlAlchemyStore(uri, PROXIED_ROOT)
+        except Exception as exc:  # noqa: BLE001 - any store failure becomes one clear line
+            raise _wrap(uri, "opening the store", exc) from None
+    return get_or_create_experiment(uri, experiment, describe_study(experiment, config))
+
+
+def local_artifacts(uri: str, artifact_uri: str):
+    """The artifact repository of a run whose root is proxied (``mlflow-artifacts:/...``) in a
+    SQLite store: the folder :func:`artifacts_root` holds, wherever the study folder now is;
+    None for any other root (MLflow's client resolves it)."""
+    from urllib.parse import urlparse
+
+    root = artifacts_root(uri)
+    if root is None or not artifact_uri.startswith("mlflow-artifacts:"):
+        return None
+    rel = Path(urlparse(artifact_uri).path.lstrip("/"))
+    if not rel.parts or ".." in rel.parts or rel.is_absolute():
+        raise TrackingError(f"MLflow store {uri}: artifact root {artifact_uri!r} is not a path inside {root}")
+    from mlflow.store.artifact.local_artifact_repo import LocalArtifactRepository
+
+    return LocalArtifactRepository(str((root / rel).resolve()))
 
 
 @functools.lru_cache(maxsize=None)
@@ -262,6 +332,7 @@ class CellRun:
         self._last_flush = time.monotonic()
         self._skip_through: dict[str, int] = {}
         self._lease: dict | None = None
+        self._artifact_uri: str | None = None
 
     # -- one writer per cell per store ---------------------------------------------
     def take_lease(self, folder: str | Path) -> None:
@@ -377,6 +448,22 @@ class CellRun:
         except Exception:  # noqa: BLE001 - keep the original error
             pass
 
+    # -- artifacts ---------------------------------------------------------------
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        """Copy the file ``path`` into the run's artifacts (under ``artifact_path``)."""
+        try:
+            if self._artifact_uri is None:  # asked once per run
+                self._artifact_uri = self.client.get_run(self.run_id).info.artifact_uri
+            repo = local_artifacts(self.uri, self._artifact_uri)
+            if repo is not None:
+                repo.log_artifact(str(path), artifact_path)
+            else:
+                self.client.log_artifact(self.run_id, str(path), artifact_path)
+        except TrackingError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise _wrap(self.uri, f"logging the artifact {Path(path).name}", exc) from None
+
     def _data(self, what: str):
         try:
             return self.client.get_run(self.run_id).data
@@ -411,21 +498,22 @@ def run_exists(client, uri: str, run_id: str) -> bool:
 
 def open_cell_run(uri: str, experiment: str, cell: dict, kind: str = "cell",
                   params: dict[str, str] | None = None, run_id: str | None = None,
-                  fresh: bool = False, lease: str | Path | None = None) -> CellRun:
+                  fresh: bool = False, lease: str | Path | None = None, parent: str | None = None) -> CellRun:
     """The cell's run: ``run_id`` when given (a resumed state's run; :class:`RunVanished`
     if the store lacks it), else the newest unfinished run of the same id and hash, else a
     new one (a pretraining never reopens a finished run: a rerun of a finished cell is a new run);
     ``fresh`` always creates a new run (a restarted cell: its history starts again).
     ``lease``: the folder a trainer writes into; the run is leased to it
-    (:meth:`CellRun.take_lease`: :class:`LeaseHeld` when another folder's trainer holds it)."""
-    run = _open_cell_run(uri, experiment, cell, kind, params, run_id, fresh)
+    (:meth:`CellRun.take_lease`: :class:`LeaseHeld` when another folder's trainer holds it).
+    ``parent``: the run id this one is nested under (tag ``mlflow.parentRunId``)."""
+    run = _open_cell_run(uri, experiment, cell, kind, params, run_id, fresh, parent)
     if lease is not None:
         run.take_lease(lease)
     return run
 
 
 def _open_cell_run(uri: str, experiment: str, cell: dict, kind: str, params: dict[str, str] | None,
-                   run_id: str | None, fresh: bool) -> CellRun:
+                   run_id: str | None, fresh: bool, parent: str | None = None) -> CellRun:
     exp_id = get_or_create_experiment(uri, experiment)
     client = _client(uri)
     if run_id is not None:
@@ -435,7 +523,10 @@ def _open_cell_run(uri: str, experiment: str, cell: dict, kind: str, params: dic
     try:
         runs = [] if fresh else _find_runs(client, exp_id, cell["id"], cell["hash"])
         if runs and (kind != "cell" or runs[0].info.status != "FINISHED"):
-            return CellRun(uri, runs[0].info.run_id, client, resumed=True, cell_id=cell["id"])
+            run = CellRun(uri, runs[0].info.run_id, client, resumed=True, cell_id=cell["id"])
+            if parent and runs[0].data.tags.get(TAG_PARENT) != parent:
+                run.set_tags({TAG_PARENT: parent})
+            return run
         tags = {
             TAG_CELL: cell["id"], TAG_HASH: cell["hash"], TAG_KIND: kind,
             TAG_EXPERIMENT: cell.get("experiment", "grid"), TAG_STATUS: "running",
@@ -443,6 +534,8 @@ def _open_cell_run(uri: str, experiment: str, cell: dict, kind: str, params: dic
         }
         if kind == "baseline":
             tags[TAG_BASELINE] = cell.get("baseline", "")
+        if parent:
+            tags[TAG_PARENT] = parent
         created = client.create_run(exp_id, run_name=cell["id"], tags=tags)
         run = CellRun(uri, created.info.run_id, client, resumed=False, cell_id=cell["id"])
         if params:
@@ -609,3 +702,46 @@ class StoreReader:
         """(step, value) of every logged value of metric ``key`` of one run."""
         hist = self._call(f"reading the history of {key}", lambda: self._client.get_metric_history(run_id, key))
         return [(m.step, m.value) for m in hist]
+
+    def _artifact_repo(self, run_id: str):
+        """(repo, None) for a proxied root in a SQLite store (:func:`local_artifacts`), else (None, client)."""
+        run = self._call(f"reading run {run_id}", lambda: self._client.get_run(run_id))
+        return local_artifacts(self.uri, run.info.artifact_uri)
+
+    def artifacts(self, run_id: str, path: str | None = None) -> list[str]:
+        """The artifact paths of a run (files, recursively) under ``path``."""
+        repo = self._artifact_repo(run_id)
+        lister = repo.list_artifacts if repo is not None else (lambda p: self._client.list_artifacts(run_id, p))
+        out: list[str] = []
+        for info in self._call("listing artifacts", lambda: lister(path)):
+            out += self.artifacts(run_id, info.path) if info.is_dir else [info.path]
+        return sorted(out)
+
+    def download_artifact(self, run_id: str, path: str, dst: str | Path) -> Path:
+        """Copy one artifact of a run into the folder ``dst``; return its local path."""
+        repo = self._artifact_repo(run_id)
+        Path(dst).mkdir(parents=True, exist_ok=True)
+        return Path(self._call(f"downloading the artifact {path}", lambda: (
+            repo.download_artifacts(path, str(dst)) if repo is not None
+            else self._client.download_artifacts(run_id, path, str(dst)))))
+
+
+# --------------------------------------------------------------------------- the report's own run
+def log_report_run(uri: str, experiment: str, out_dir: str | Path, files: list[Path]) -> str:
+    """Log a built report as a run of kind ``report`` (run name ``report``): its files as
+    artifacts (``index.md``, ``tables/...``, ``figures/...``).  The run's hash is the files'
+    content: the same report built again is the same run, a changed one a new run.  Returns its id."""
+    import hashlib
+
+    out = Path(out_dir)
+    rels = sorted((Path(f).relative_to(out).as_posix(), Path(f)) for f in files)
+    digest = hashlib.sha1()
+    for rel, f in rels:
+        digest.update(rel.encode() + b"\0" + f.read_bytes())
+    cell = {"id": "report", "hash": digest.hexdigest()[:10], "experiment": "report"}
+    run = open_cell_run(uri, experiment, cell, kind=KIND_REPORT)
+    for rel, f in rels:
+        run.log_artifact(f, str(Path(rel).parent) if "/" in rel else None)
+    run.set_tags({TAG_NOTE: f"The study's report ({len(rels)} files): open `index.md` among the artifacts."})
+    run.set_status("finished")
+    return run.run_id

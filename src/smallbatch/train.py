@@ -68,6 +68,7 @@ class TrainResult:
     wall_s: float
     images_per_s: float
     health: dict = field(default_factory=dict)
+    cpu_s: float = float("nan")  # CPU seconds of every process thread, over resumes (rank 0's)
 
 
 @dataclass
@@ -75,13 +76,16 @@ class Hooks:
     """How the caller watches a run: ``log_fn(metrics, step)``; ``before_save()`` runs
     before every state save (the tracker flushes there, so the store never lags behind
     ``state.pt``); ``meta`` is stored in the state (the MLflow run id);
-    ``stop_after_steps`` simulates a crash (tests)."""
+    ``stop_after_steps`` simulates a crash (tests); ``at_epoch_end(backbone, epoch)`` runs on
+    rank 0 at each epoch's end, before the state is saved, and returns metrics to log or None
+    (the kNN monitor, :mod:`smallbatch.monitor`)."""
 
     log_fn: Callable[[dict, int], None] | None = None
     before_save: Callable[[], None] | None = None
     meta: dict = field(default_factory=dict)
     stop_after_steps: int | None = None
     progress: bool = True
+    at_epoch_end: Callable[[torch.nn.Module, int], dict | None] | None = None
 
 
 @dataclass
@@ -103,6 +107,8 @@ class Training:
     peak_lr: float
     step: int = 0
     wall_before: float = 0.0
+    cpu_before: float = 0.0  # CPU seconds spent before a resume (the state's)
+    cpu_start: float = 0.0  # time.process_time() when this process began to train
     last_value: torch.Tensor | None = None
     finite: torch.Tensor | None = None
 
@@ -136,7 +142,8 @@ def pretrain(cell: dict, images: torch.Tensor, mean, std, out_dir: Path, *,
              log_fn: Callable[[dict, int], None] | None = None, before_save: Callable[[], None] | None = None,
              device: str | torch.device = "auto", restart: bool = False, progress: bool = True,
              stop_after_steps: int | None = None, meta: dict | None = None,
-             world: World | None = None, labels: torch.Tensor | None = None) -> TrainResult:
+             world: World | None = None, labels: torch.Tensor | None = None,
+             at_epoch_end: Callable[[torch.nn.Module, int], dict | None] | None = None) -> TrainResult:
     """Pretrain the cell's encoder on ``images`` (uint8 N,C,H,W); write checkpoint.pt.
     See :class:`Hooks` for ``log_fn``, ``before_save``, ``meta`` and ``stop_after_steps``;
     ``restart`` ignores (and later overwrites) a saved state.  ``world``: this process's
@@ -147,12 +154,13 @@ def pretrain(cell: dict, images: torch.Tensor, mean, std, out_dir: Path, *,
     world = world or World(device=resolve_device(device))
     dev = world.device
     _validate(cell, images.shape[0], dev, world)
-    hooks = Hooks(log_fn, before_save, dict(meta or {}), stop_after_steps, progress and world.is_main)
+    hooks = Hooks(log_fn, before_save, dict(meta or {}), stop_after_steps, progress and world.is_main,
+                  at_epoch_end if world.is_main else None)
     with CellLock(out_dir, cell["id"]) if world.is_main else nullcontext_lock():
         t = build_training(cell, images, mean, std, dev, out_dir, world, labels)
         if not restart:
             resume(t)
-        t_start = time.perf_counter()
+        t_start, t.cpu_start = time.perf_counter(), time.process_time()
         status = run_loop(t, hooks, t_start)
         return finish(t, status, time.perf_counter() - t_start)
 
@@ -277,6 +285,7 @@ def resume(t: Training) -> None:
     s.temperature.load_state_dict(st["temperature"])
     s.loss_fn.load_state_dict(st.get("loss", {}))  # SogCLR's u (a stateless loss: nothing)
     t.step, t.wall_before = int(st["step"]), float(st["wall_s"])
+    t.cpu_before = float(st.get("cpu_s", 0.0))  # a state written before CPU time was kept: from 0
     t.last_value = torch.tensor(float(st["last_loss"]), device=t.dev)
     if t.world.is_main:
         print(f"resuming {t.cell['id']} from step {t.step}/{t.total} ({t.state_path})", file=sys.stderr)
@@ -292,7 +301,7 @@ def save(t: Training, hooks: Hooks, elapsed: float) -> None:
     save_state(t.state_path, t.cell, model=s.model.state_dict(), optimizer=s.opt.state_dict(),
                **s.source.state_dict(), **s.state_dict(), temperature=s.temperature.state_dict(),
                loss=dict(s.loss_fn.state_dict()), step=t.step, last_loss=_last_loss(t), wall_s=t.wall_before + elapsed,
-               saved_on=t.dev.type, **hooks.meta)
+               cpu_s=_cpu_s(t), saved_on=t.dev.type, **hooks.meta)
 
 
 def _last_loss(t: Training) -> float:
@@ -330,6 +339,8 @@ def run_loop(t: Training, hooks: Hooks, t_start: float) -> str:
                             hooks.log_fn(metrics, t.step)
                         if bar is not None:
                             bar.set_postfix(epoch=f"{t.step / t.steps_per_epoch:.2f}", loss=f"{_last_loss(t):.4f}")
+                if epoch_end and hooks.at_epoch_end is not None:
+                    _at_epoch_end(t, hooks)
                 if epoch_end or stop:
                     save(t, hooks, time.perf_counter() - t_start)
                 if stop:
@@ -340,6 +351,13 @@ def run_loop(t: Training, hooks: Hooks, t_start: float) -> str:
         if bar is not None:
             bar.close()
     return "finished"
+
+
+def _at_epoch_end(t: Training, hooks: Hooks) -> None:
+    """Rank 0's epoch-end hook (the kNN monitor); its metrics logged at this step."""
+    m = hooks.at_epoch_end(t.step_fn.model.backbone, t.step // t.steps_per_epoch)
+    if m and hooks.log_fn is not None:
+        hooks.log_fn(m, t.step)
 
 
 def _preempted(t: Training, signalled: bool) -> Preempted:
@@ -422,7 +440,9 @@ def step_metrics(t: Training, out, update, window: list) -> dict:
     tau = float(out.tau)
     m = {"train/loss": loss, "train/infonce": infonce, "train/tau": tau,
          "train/lr": lr_at(t.step - 1, t.total, t.warmup, t.peak_lr),
-         "train/images_per_s": window[1] / max(now - window[0], 1e-9), "epoch": t.step / t.steps_per_epoch}
+         "train/images_per_s": window[1] / max(now - window[0], 1e-9), "epoch": t.step / t.steps_per_epoch,
+         # the x-axis that compares batch sizes (the step is the optimiser's: 16x more at batch 16 than 256)
+         "train/images_seen": float(t.step * t.cell["batch_size"])}
     window[0], window[1] = now, 0
     sc = out.scores
     m.update({f"diag/{k}": v for k, v in diagnostics(sc.pos, sc.neg, tau, neg_mask=sc.mask, z1=out.z1,
@@ -487,13 +507,19 @@ def finish(t: Training, status: str, elapsed: float) -> TrainResult:
             print(f"{t.cell['id']}: embeddings collapsed (effective rank {h['effective_rank']:.2f}, "
                   f"projection std {h['projection_std']:.2e}): cell recorded as collapsed", file=sys.stderr)
     final = _last_loss(t) if status != "diverged" else float("nan")
+    cpu = _cpu_s(t)
     c, size = t.images.shape[1], t.images.shape[-1]
     if t.world.is_main:
         save_checkpoint(t.out_dir / "checkpoint.pt", t.cell, model=s.model.state_dict(), status=status,
                         steps=t.step, epochs=t.step / t.steps_per_epoch, final_loss=final, wall_s=wall,
                         channels=c, image_size=size, mean=t.mean, std=t.std, health=h)
     return TrainResult(status=status, steps=t.step, epochs=t.step / t.steps_per_epoch, final_loss=final,
-                       wall_s=wall, images_per_s=t.step * t.cell["batch_size"] / max(wall, 1e-9), health=h)
+                       wall_s=wall, images_per_s=t.step * t.cell["batch_size"] / max(wall, 1e-9), health=h, cpu_s=cpu)
+
+
+def _cpu_s(t: Training) -> float:
+    """CPU seconds of this cell's training so far (this process's threads, and the runs it resumed)."""
+    return t.cpu_before + time.process_time() - t.cpu_start
 
 
 def _progress(total: int, initial: int, desc: str, enabled: bool):

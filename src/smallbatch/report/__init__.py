@@ -58,7 +58,7 @@ __all__ = [
 #: the report's sections in index.md's order: each a module of this package with
 #: ``build(runs, ctx) -> SectionOutput | None``.  A new section is a module plus its name here.
 SECTION_MODULES = ("grid", "instrument", "baselines", "diverged", "papers", "precision", "ksweep", "ess", "tsweep", "regime",
-                   "mi")
+                   "mi", "cost")
 SECTIONS = [import_module(f"{__name__}.{name}").build for name in SECTION_MODULES]
 
 
@@ -103,7 +103,7 @@ def _remove_stale(out: Path, written: list[Path]) -> None:
 
 
 def build_report(tracking_uri: str, out_dir: str | Path = "results/report", experiment: str | None = None,
-                 paper_csv: str | Path | None = None) -> Path:
+                 paper_csv: str | Path | None = None, log_run: bool = False) -> Path:
     """Rebuild every table and figure from the MLflow store; return the path of index.md.
 
     ``experiment`` is the MLflow experiment (the config's ``study``); None picks
@@ -111,7 +111,8 @@ def build_report(tracking_uri: str, out_dir: str | Path = "results/report", expe
     package's ``resources/paper_results.csv``.  Raises ValueError for an empty or
     missing experiment or an ``out_dir`` that is a file, and
     :class:`smallbatch.tracking.TrackingError` for a store that does not exist or
-    cannot be read; nothing is written then.
+    cannot be read; nothing is written then.  ``log_run``: also log the report as a run of
+    its experiment (:func:`smallbatch.tracking.log_report_run`), which later builds leave out.
     """
     out = Path(out_dir)
     _check_out_dir(out)
@@ -125,4 +126,19 @@ def build_report(tracking_uri: str, out_dir: str | Path = "results/report", expe
     index = out / "index.md"
     index.write_text(index_markdown(runs, ctx, outputs), encoding="utf-8")
     _remove_stale(out, [*ctx.written, index])
+    if log_run:
+        _log_run(str(tracking_uri), exp_name, out, [*ctx.written, index])
     return index
+
+
+def _log_run(uri: str, experiment: str, out: Path, files: list[Path]) -> None:
+    """The report as its own run; a store that takes no writes (read-only) is one line on
+    stderr: the report itself is written."""
+    import sys
+
+    from ..tracking import TrackingError, log_report_run
+
+    try:
+        log_report_run(uri, experiment, out, files)
+    except TrackingError as exc:
+        print(f"the report is written but not logged as a run: {exc}", file=sys.stderr)

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from ..losses import canonical_name, display_name, loss_param_names
-from ..tracking import TAG_BASELINE, TAG_CELL, TAG_EXPERIMENT, TAG_KIND
+from ..tracking import NON_RESULT_KINDS, TAG_BASELINE, TAG_CELL, TAG_EXPERIMENT, TAG_KIND
 from .fmt import ABSENT
 
 #: short metric name -> MLflow metric key of the final top-1 accuracy
@@ -64,12 +64,14 @@ def run_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
 
 
 def load_runs(reader, experiment: str | None) -> tuple[pd.DataFrame, str]:
-    """All active runs of one experiment (see :func:`run_frame`) and the experiment's name.
+    """All active runs of one experiment that hold results (see :func:`run_frame`) and the
+    experiment's name: the report's own runs and the parents grouping a side experiment's rows
+    (:data:`smallbatch.tracking.NON_RESULT_KINDS`) are left out.
 
     ValueError for a missing or empty experiment.
     """
     exp_id, name = reader.experiment(experiment)
-    records = reader.runs(exp_id)
+    records = [r for r in reader.runs(exp_id) if r["tags"].get(TAG_KIND) not in NON_RESULT_KINDS]
     if not records:
         raise ValueError(f"no runs in experiment {name!r} at URI {reader.uri!r}")
     return run_frame(records), name
