@@ -1,8 +1,9 @@
 """The command line: ``smallbatch <command>``; each command runs one step of one cell.
 
 A cell is named in one of four ways:
-  --cell-json '{...}'                    (the cell itself: what the Snakemake rules pass)
-  --cell results/runs/<id>/cell.json     (the copy pretraining writes into the cell's folder)
+  --cell-json '{...}'                    (the cell itself)
+  --cell results/runs/<id>/cell.json     (what the Snakemake rules pass: the workflow writes it when
+                                          the run starts, pretraining keeps a copy in the cell's folder)
   --config config.yaml --cell-id <id>    (a cell of a study, by its id)
   --dataset digits --loss flatnce --batch-size 32 --temperature 0.1 ...  (stand-alone)
 
