@@ -2,8 +2,10 @@
 
 Checks that the outputs hold real numbers, that MLflow has exactly one run per cell,
 that a rerun does nothing, that deleting one cell's output reruns that cell only, that
-changing one loss's config reruns exactly its cells, and that a bad config stops before
-any job with a message naming the key.
+changing one loss's config reruns exactly its cells, that a bad config stops before
+any job with a message naming the key, that `snakemake --lint` is clean, that a dry run
+prints one short command per job, that a moved study folder plans no job, and that
+`snakemake --report` holds the study's figures and tables with their captions.
 """
 
 from __future__ import annotations
