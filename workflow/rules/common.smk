@@ -211,6 +211,7 @@ def cell_file(wildcards, output):
 
 
 def out_dir(wildcards, output):
+    """The folder of the job's first output (derived, as cell_file)."""
     return os.path.dirname(output[0])
 
 

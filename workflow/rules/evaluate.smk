@@ -15,11 +15,11 @@ rule evaluate:
         knn=f"{R}/runs/{{cell}}/knn.json",
         linear=f"{R}/runs/{{cell}}/linear.json",
     params:
-        cell=lambda w, output: f"{os.path.dirname(output.knn)}/cell.json",
+        cell=cell_file,  # every output lies in the cell's folder
         hash=cell_hash,
         uri=STORE_URI,
         exp=EXPERIMENT,
-        out=lambda w, output: os.path.dirname(output.knn),
+        out=out_dir,
         features=lambda w, output: flag("--features", output[0] if KEEP_FEATURES else None),
     log:
         f"{R}/logs/evaluate/{{cell}}.log",
