@@ -6,6 +6,11 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
+# `snakemake --report report.html` after the study: this text, and every figure and table
+# the report rule marks (workflow/rules/report.smk)
+report: "workflow/report/workflow.rst"
+
+
 # config.yaml is the default (read in common.smk, which checks it first);
 # `--configfile other.yaml` replaces it.
 include: "workflow/rules/common.smk"
@@ -15,24 +20,10 @@ include: "workflow/rules/mi.smk"
 include: "workflow/rules/report.smk"
 
 
-# Warm start (smallbatch.warm): a local run serves its jobs from one process that has
-# imported torch, MLflow and faiss once; jobs on a cluster run as plain processes.
-WARM = {}
-
-
+# One run per results folder, the cells' settings files, and the warm-start server
+# (smallbatch.warm): all in common.smk, started here so that a dry run writes nothing.
 onstart:
-    lock_results_folder()  # one run per results folder (common.smk)
-    if config["warm_start"] and workflow.local_exec:
-        from smallbatch import warm
-
-        WARM["server"] = warm.start(f"{R}/logs/warm_server.log", THREADS)
-
-
-def stop_warm_server():
-    if WARM:
-        from smallbatch import warm
-
-        warm.stop(WARM.pop("server"))
+    start_run()
 
 
 onsuccess:

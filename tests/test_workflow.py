@@ -2,8 +2,10 @@
 
 Checks that the outputs hold real numbers, that MLflow has exactly one run per cell,
 that a rerun does nothing, that deleting one cell's output reruns that cell only, that
-changing one loss's config reruns exactly its cells, and that a bad config stops before
-any job with a message naming the key.
+changing one loss's config reruns exactly its cells, that a bad config stops before
+any job with a message naming the key, that `snakemake --lint` is clean, that a dry run
+prints one short command per job, that a moved study folder plans no job, and that
+`snakemake --report` holds the study's figures and tables with their captions.
 """
 
 from __future__ import annotations
@@ -28,14 +30,16 @@ BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.slow
 
 
-def snakemake(*args: str, results: Path, timeout: int = 600, configfile: Path = SMOKE,
-              extra_config: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+def snakemake(*args: str, results: Path | str, timeout: int = 600, configfile: Path = SMOKE,
+              extra_config: tuple[str, ...] = (), cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """Snakemake on the repository's Snakefile, run in ``cwd`` (its working directory, where
+    it keeps its metadata in .snakemake/), with results_dir ``results``."""
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     env.pop("MLFLOW_TRACKING_URI", None)
     cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"),
            "--configfile", str(configfile), "--workflow-profile", str(ROOT / "workflow/profiles/default"),
            "--config", f"results_dir={results}", *extra_config, *args]
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def planned_jobs(proc: subprocess.CompletedProcess) -> dict[str, int]:
@@ -263,3 +267,89 @@ def test_keep_features_writes_the_features_file(tmp_path):
     assert load_features(cell / "features.npz").meta["cell_id"] == "digits/infonce/bs16-t0.5-s0"
     proc = snakemake("-n", results=results, configfile=changed)
     assert proc.returncode == 0 and "Nothing to be done" in proc.stdout + proc.stderr, proc.stderr[-2000:]
+
+
+def test_lint_is_clean():
+    """`snakemake --lint` on the default config, from the repository root (as .ci/run runs it)."""
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "--lint", "--configfile", "config.yaml"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Lints for" not in proc.stdout + proc.stderr
+
+
+def test_a_dry_run_prints_one_short_line_per_job(tmp_path):
+    """Each job's command is one line naming its cell file, not the cell's settings: the job
+    reads <cell>/cell.json (written when the run starts), and the cell's hash, a param
+    outside the command line, still reruns a changed cell (see the test above)."""
+    proc = snakemake("-n", results=tmp_path / "results", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout + proc.stderr
+    commands = [line for line in out.splitlines() if line.startswith("Shell command: ") and line != "Shell command: None"]
+    jobs = planned_jobs(proc)
+    assert len(commands) == sum(n for rule, n in jobs.items() if rule != "all"), jobs
+    cells = [c for c in commands if " pretrain " in c or " evaluate " in c or " baseline " in c]
+    assert cells and all("--cell " in c and c.split("--cell ")[1].split()[0].endswith("/cell.json") for c in cells)
+    assert not any('"augment"' in c or "--cell-json" in c for c in commands)
+    # the longest, paths aside: a pretraining's (1,560 characters when it carried the cell's JSON)
+    assert max(len(c.replace(str(tmp_path / "results"), "R")) for c in commands) < 450
+
+
+def _tiny_study(folder: Path) -> Path:
+    """A one-cell study (no baselines, no MI) in working directory ``folder``, whose
+    results_dir is the relative `results` (the layout of a clone running `make study`)."""
+    import yaml
+
+    cfg = yaml.safe_load(SMOKE.read_text())
+    cfg["grid"].update(losses=["infonce"], batch_sizes=[16])
+    cfg["train"].update(steps=4, log_every=2)
+    cfg.update(baselines=False, results_dir="results")
+    cfg.setdefault("experiments", {})["mi"] = {"enabled": False}
+    folder.mkdir()
+    config = folder / "study.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    return config
+
+
+def test_a_moved_study_folder_plans_no_job(tmp_path):
+    """A finished study's folder (its results and Snakemake's metadata in .snakemake/)
+    copied elsewhere with its files' times (cp -a, rsync -a, mv) plans nothing there: no
+    param holds where the folder lay (the SQLite URI, the cell's folder and file are derived
+    from the jobs' files), whether results_dir stays relative or names the new place."""
+    import shutil
+
+    first = tmp_path / "first"
+    config = _tiny_study(first)
+    proc = snakemake("--cores", "2", "--quiet", results="results", configfile=config, cwd=first)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (first / ".snakemake" / "metadata").is_dir() and (first / "results" / "report" / "index.md").is_file()
+    proc = snakemake("-n", results="results", configfile=config, cwd=first)
+    assert "Nothing to be done" in proc.stdout + proc.stderr, proc.stdout[-3000:]
+
+    moved = tmp_path / "moved"
+    shutil.copytree(first, moved, symlinks=True)  # copy2: the files keep their times
+    for results in ("results", moved / "results"):
+        proc = snakemake("-n", results=results, configfile=moved / "study.yaml", cwd=moved)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert "Nothing to be done" in proc.stdout + proc.stderr, (results, planned_jobs(proc), proc.stdout[-3000:])
+    shutil.rmtree(first)  # nothing of the moved copy points back at the first folder
+    proc = snakemake("-n", results="results", configfile=moved / "study.yaml", cwd=moved)
+    assert "Nothing to be done" in proc.stdout + proc.stderr, proc.stdout[-3000:]
+
+
+def test_snakemake_report_shows_the_figures_and_tables_with_captions(study, tmp_path):
+    """`snakemake --report report.html` after the study: every figure (PNG) and table (CSV)
+    of the report folder is in it, with its caption (workflow/report/*.rst)."""
+    html = tmp_path / "report.html"
+    proc = snakemake("--report", str(html), results=study, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    text = html.read_text()
+    figures = sorted(p.stem for p in (study / "report" / "figures").glob("*.png"))
+    tables = sorted(p.stem for p in (study / "report" / "tables").glob("*.csv"))
+    assert len(figures) >= 4 and tables
+    for name in figures:
+        assert f"{name}.png" in text, name
+    for name in tables:
+        assert f"{name}.csv" in text, name
+    # the captions, rendered: a figure's and a table's own sentence, the study's name
+    assert "Top-1 accuracy against batch size" in text and "Top-1 accuracy per loss and batch size" in text
+    assert "smallbatch-smoke" in text

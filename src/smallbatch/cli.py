@@ -1,8 +1,9 @@
 """The command line: ``smallbatch <command>``; each command runs one step of one cell.
 
 A cell is named in one of four ways:
-  --cell-json '{...}'                    (the cell itself: what the Snakemake rules pass)
-  --cell results/runs/<id>/cell.json     (the copy pretraining writes into the cell's folder)
+  --cell-json '{...}'                    (the cell itself)
+  --cell results/runs/<id>/cell.json     (what the Snakemake rules pass: the workflow writes it when
+                                          the run starts, pretraining keeps a copy in the cell's folder)
   --config config.yaml --cell-id <id>    (a cell of a study, by its id)
   --dataset digits --loss flatnce --batch-size 32 --temperature 0.1 ...  (stand-alone)
 
@@ -347,13 +348,14 @@ def cmd_export(args) -> int:
 def _adopt_prepared(args) -> dict | None:
     """The evaluation its pretraining process ran ahead (``pretrain --evaluate-ahead``),
     adopted without importing torch or MLflow (:mod:`smallbatch.prepared`) — for the
-    workflow's form of the command only: ``--cell-json``, ``--out-dir``, ``--tracking-uri``
-    and ``--experiment`` given, no ``--device`` or ``--features``."""
-    if None in (args.cell_json, args.out_dir, args.tracking_uri, args.experiment) or args.device or args.features:
+    workflow's form of the command only: ``--cell`` (or ``--cell-json``), ``--out-dir``,
+    ``--tracking-uri`` and ``--experiment`` given, no ``--device`` or ``--features``."""
+    if None in (args.out_dir, args.tracking_uri, args.experiment) or args.device or args.features:
         return None
     try:
-        cell = json.loads(args.cell_json)
-    except json.JSONDecodeError:
+        text = args.cell_json if args.cell_json is not None else args.cell.read_text() if args.cell else None
+        cell = json.loads(text) if text is not None else None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None  # resolve_cell says what is wrong with it
     if not isinstance(cell, dict) or "id" not in cell:
         return None

@@ -73,7 +73,7 @@ def run_pretrain(cell: dict, out_dir: Path, *, tracking_uri: str | None, experim
     out_dir = Path(out_dir)
     with World.from_env(device=device or cell["device"]) as world:
         if world.is_main:
-            _record_cell(cell, out_dir / "cell.json")
+            record_cell(cell, out_dir / "cell.json")
         res = _pretrain_in(world, cell, out_dir, tracking_uri, experiment, cache, restart, progress)
         alone = world.size == 1
     if evaluate_ahead and alone:
@@ -102,7 +102,7 @@ def _evaluate_ahead(cell: dict, out_dir: Path, uri: str | None, experiment: str,
     return True
 
 
-def _record_cell(cell: dict, path: Path) -> None:
+def record_cell(cell: dict, path: Path) -> None:
     """The cell's settings next to its outputs (for reruns by hand: ``--cell <path>``),
     rewritten only when they change."""
     from .io import json_text

@@ -9,6 +9,7 @@
 # checks every rule file for it.
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -98,6 +99,41 @@ def lock_results_folder():
     RUN_LOCK["fd"] = fd
 
 
+def write_cell_files():
+    """Every cell's and baseline's settings as <its folder>/cell.json (what `smallbatch cells
+    --write` writes), rewritten only when they change: the jobs read their cell from it.
+    Called once the run holds the results folder (onstart), so a dry run writes nothing."""
+    from smallbatch.steps import record_cell
+
+    for cid, cell in CELLS.items():
+        record_cell(cell, Path(cell_dir(cid)) / "cell.json")
+    for bid, cell in BASELINES.items():
+        record_cell(cell, Path(R) / bid / "cell.json")
+
+
+# Warm start (smallbatch.warm): a local run serves its jobs from one process that has
+# imported torch, MLflow and faiss once; jobs on a cluster run as plain processes.
+WARM = {}
+
+
+def start_run():
+    """onstart: hold the results folder, write the cells' files, start the warm server."""
+    lock_results_folder()
+    write_cell_files()
+    if config["warm_start"] and workflow.local_exec:
+        from smallbatch import warm
+
+        WARM["server"] = warm.start(f"{R}/logs/warm_server.log", THREADS)
+
+
+def stop_warm_server():
+    """onsuccess / onerror."""
+    if WARM:
+        from smallbatch import warm
+
+        warm.stop(WARM.pop("server"))
+
+
 def gpu_study():
     """Do the cells train on GPUs?  device cuda; or device auto where torch sees a GPU, or
     where jobs go to a cluster (a GPU cluster's login node often has none)."""
@@ -156,14 +192,43 @@ def cell_of(wildcards):
         raise WorkflowError(f"unknown cell {wildcards.cell!r}: not in the config's grid")
 
 
-def cell_json(wildcards):
-    """The cell's settings, passed to its jobs on the command line (a changed cell changes
-    this param, and Snakemake's params trigger reruns the cell's jobs)."""
-    return json.dumps(cell_of(wildcards), sort_keys=True)
+def cell_hash(wildcards):
+    """The hash of the cell's settings (smallbatch.cells.cell_hash), a param of its jobs: a
+    changed cell changes it, and Snakemake's params trigger reruns the cell's jobs.  The
+    job reads the cell itself from its cell.json (write_cell_files), so the shell line
+    stays one short line."""
+    return cell_of(wildcards)["hash"]
 
 
-def baseline_json(wildcards):
-    return json.dumps(BASELINES[f"baselines/{wildcards.dataset}/{wildcards.kind}"], sort_keys=True)
+def baseline_hash(wildcards):
+    return BASELINES[f"baselines/{wildcards.dataset}/{wildcards.kind}"]["hash"]
+
+
+def cell_file(wildcards, output):
+    """<the job's folder>/cell.json, next to its first output.  Derived from the output (so
+    Snakemake leaves it out of the params it compares: a moved study does not rerun)."""
+    return f"{os.path.dirname(output[0])}/cell.json"
+
+
+def out_dir(wildcards, output):
+    """The folder of the job's first output (derived, as cell_file)."""
+    return os.path.dirname(output[0])
+
+
+def tracking_uri_at(marker):
+    """The tracking URI of a store whose marker file (init_store's output) is ``marker``: the
+    default SQLite store is <results_dir>/mlflow.db wherever the results folder now lies."""
+    return resolve_tracking_uri({**config, "results_dir": os.path.dirname(marker)})
+
+
+# The tracking URI as a rule param.  An explicit one (config tracking_uri, else
+# $MLFLOW_TRACKING_URI: config.resolve_tracking_uri's order) is a plain value: pointing the
+# study at another store reruns it.  The default SQLite file is derived from the path of
+# the store's marker (input.store; init_store's output), which Snakemake's params trigger
+# leaves out, so a copied or moved study folder plans no job.
+EXPLICIT_URI = bool(config.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI"))
+STORE_URI = TRACKING_URI if EXPLICIT_URI else (lambda wildcards, input: tracking_uri_at(input.store))
+STORE_URI_OF_OUTPUT = TRACKING_URI if EXPLICIT_URI else (lambda wildcards, output: tracking_uri_at(output[0]))
 
 
 def pretrain_priority(wildcards):

@@ -9,16 +9,18 @@ rule evaluate:
     input:
         ckpt=f"{R}/runs/{{cell}}/checkpoint.pt",
         data=data_cache,
+        store=f"{R}/mlflow.ready",
     output:
         *EVAL_FEATURES,
         knn=f"{R}/runs/{{cell}}/knn.json",
         linear=f"{R}/runs/{{cell}}/linear.json",
     params:
-        cell=cell_json,
-        uri=TRACKING_URI,
+        cell=cell_file,  # every output lies in the cell's folder
+        hash=cell_hash,
+        uri=STORE_URI,
         exp=EXPERIMENT,
-        out=lambda w: cell_dir(w.cell),
-        features=lambda w: flag("--features", f"{cell_dir(w.cell)}/features.npz" if KEEP_FEATURES else None),
+        out=out_dir,
+        features=lambda w, output: flag("--features", output[0] if KEEP_FEATURES else None),
     log:
         f"{R}/logs/evaluate/{{cell}}.log",
     threads: THREADS
@@ -30,7 +32,7 @@ rule evaluate:
     conda:
         conda_env
     shell:
-        "smallbatch evaluate --cell-json {params.cell:q} --checkpoint {input.ckpt:q} --data-cache {input.data:q} "
+        "smallbatch evaluate --cell {params.cell:q} --checkpoint {input.ckpt:q} --data-cache {input.data:q} "
         "--out-dir {params.out:q} {params.features:q} --tracking-uri {params.uri:q} --experiment {params.exp:q} "
         "--threads {threads:q} > {log:q} 2>&1"
 
@@ -42,8 +44,9 @@ rule baseline:
     output:
         f"{R}/baselines/{{dataset}}/{{kind}}/result.json",
     params:
-        cell=baseline_json,
-        uri=TRACKING_URI,
+        cell=cell_file,  # <baseline>/cell.json (common.smk: write_cell_files)
+        hash=baseline_hash,
+        uri=STORE_URI,
         exp=EXPERIMENT,
     log:
         f"{R}/logs/baseline/{{dataset}}/{{kind}}.log",
@@ -54,5 +57,5 @@ rule baseline:
     conda:
         conda_env
     shell:
-        "smallbatch baseline --cell-json {params.cell:q} --data-cache {input.data:q} --out {output:q} "
+        "smallbatch baseline --cell {params.cell:q} --data-cache {input.data:q} --out {output:q} "
         "--tracking-uri {params.uri:q} --experiment {params.exp:q} --threads {threads:q} > {log:q} 2>&1"

@@ -3,7 +3,7 @@
 # K negatives per anchor).  CPU only, a few minutes; one MLflow run (kind 'mi')
 # per row of the grid.  Switch it on with `experiments: {mi: {enabled: true}}`;
 # every other key of the section is optional (defaults: the config schema, experiments.mi).
-# Needs R, TRACKING_URI, EXPERIMENT, conda_env from common.smk.
+# Needs R, STORE_URI, EXPERIMENT, conda_env from common.smk.
 
 MI_SECTION = dict((config.get("experiments") or {}).get("mi") or {})
 MI_ENABLED = bool(MI_SECTION.get("enabled", False))
@@ -21,7 +21,7 @@ rule mi_bench:
         MI_RESULTS,
     params:
         section=json.dumps(MI_SECTION, sort_keys=True),
-        uri=TRACKING_URI,
+        uri=STORE_URI,
         exp=EXPERIMENT,
     log:
         f"{R}/logs/mi/mi_bench.log",

@@ -11,7 +11,7 @@ rule init_store:
     output:
         f"{R}/mlflow.ready",
     params:
-        uri=TRACKING_URI,
+        uri=STORE_URI_OF_OUTPUT,
         exp=EXPERIMENT,
     log:
         f"{R}/logs/init_store.log",
@@ -54,13 +54,16 @@ rule pretrain:
     output:
         f"{R}/runs/{{cell}}/checkpoint.pt",
     params:
-        cell=cell_json,
-        uri=TRACKING_URI,
+        cell=cell_file,  # the job reads its cell from <cell>/cell.json (common.smk: write_cell_files)
+        hash=cell_hash,  # not on the command line: a changed cell changes this param, which reruns it
+        uri=STORE_URI,
         exp=EXPERIMENT,
-        out=lambda w: cell_dir(w.cell),
+        out=out_dir,
         launch=lambda w: launch_command(devices(w)),  # shell-safe by construction (common.smk)
         # one process: evaluate in it too, for the evaluate job to adopt (smallbatch.prepared)
         ahead=lambda w: flag("--evaluate-ahead", devices(w) == 1 and not KEEP_FEATURES),
+        # each of the cell's processes gets its share of the job's threads
+        threads=lambda w, threads: max(1, threads // devices(w)),
     log:
         f"{R}/logs/pretrain/{{cell}}.log",
     threads: lambda w: THREADS * devices(w)
@@ -78,5 +81,6 @@ rule pretrain:
     conda:
         conda_env
     shell:
-        "{params.launch} pretrain --cell-json {params.cell:q} --data-cache {input.data:q} --out {params.out:q} "
-        "{params.ahead:q} --tracking-uri {params.uri:q} --experiment {params.exp:q} --threads {THREADS:q} > {log:q} 2>&1"
+        "{params.launch} pretrain --cell {params.cell:q} --data-cache {input.data:q} --out {params.out:q} "
+        "{params.ahead:q} --tracking-uri {params.uri:q} --experiment {params.exp:q} --threads {params.threads:q} "
+        "> {log:q} 2>&1"

@@ -1,4 +1,6 @@
-# The papers' tables and figures, rebuilt from the MLflow store alone.
+# The papers' tables and figures, rebuilt from the MLflow store alone.  Its outputs are
+# marked for Snakemake's own report (`snakemake --report report.html`, after the study):
+# every figure (PNG) and table (CSV) of results/report with a caption from workflow/report/.
 
 
 rule report:
@@ -6,12 +8,17 @@ rule report:
         CELL_OUTPUTS,
         BASELINE_OUTPUTS,
         MI_OUTPUTS,
+        store=f"{R}/mlflow.ready",
     output:
-        REPORT_INDEX,
+        index=report(REPORT_INDEX, caption="../report/findings.rst", category="Findings"),
+        figures=report(directory(f"{R}/report/figures"), patterns=["{name}.png"],
+                       caption="../report/figure.rst", category="Figures"),
+        tables=report(directory(f"{R}/report/tables"), patterns=["{name}.csv"],
+                      caption="../report/table.rst", category="Tables"),
     params:
-        uri=TRACKING_URI,
+        uri=STORE_URI,
         exp=EXPERIMENT,
-        out=f"{R}/report",
+        out=out_dir,
     log:
         f"{R}/logs/report.log",
     resources:
@@ -20,4 +27,6 @@ rule report:
     conda:
         conda_env
     shell:
-        "smallbatch report --tracking-uri {params.uri:q} --experiment {params.exp:q} --out {params.out:q} > {log:q} 2>&1"
+        # a study without figures (or tables) still has its (empty) folder
+        "smallbatch report --tracking-uri {params.uri:q} --experiment {params.exp:q} --out {params.out:q} > {log:q} 2>&1 "
+        "&& mkdir -p {output.figures:q} {output.tables:q}"
