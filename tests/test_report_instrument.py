@@ -77,14 +77,15 @@ def test_a_penalty_of_negatives_is_found_and_attributed_to_the_negatives_part():
     text = " ".join(instrument.findings(rows))
     assert "negatives: a small-batch penalty" not in text  # the data set name is not part of the verdict
     assert "On negatives (linear probe), InfoNCE small − large" in text and "a small-batch penalty" in text
-    assert "Its negatives part" in text and "significant" in text and "Its steps part" in text
+    assert "its negatives part" in text and "— significant" in text and "its steps part" in text
 
 
 def test_a_null_with_tight_seeds_is_bounded_and_a_noisy_one_is_not():
     rows, _ = _rows()
     e = _by(rows, "null", "small − large")
     assert not e["significant"] and e["bounded"] and e["hi"] - e["lo"] < 2 * instrument.BOUND
-    assert "bounds it below 0.5 points" in " ".join(instrument.findings(rows))
+    text = " ".join(instrument.findings(rows))
+    assert "bounds it below 0.5 points" in text and "its negatives part" in text and "— bounded below 0.5 points" in text
     noisy, _ = _rows({"negatives": 1.0, "null": 40.0})
     e = _by(noisy, "null", "small − large")
     assert not e["significant"] and not e["bounded"] and e["mde"] > instrument.BOUND

@@ -185,26 +185,33 @@ def contrast_rows(vals: dict, base: dict, datasets: list[str], extra: dict | Non
     return rows
 
 
+def _part(name: str, e: Estimate) -> str:
+    if e.significant:
+        verdict = "significant"
+    elif bounded(e):
+        verdict = f"bounded below {num(BOUND)} points"
+    else:
+        verdict = "within noise, not bounded"
+    return f"its {name.split(' (')[0]} {describe(e)} — {verdict}"
+
+
 def _verdict(ds: str, by: dict[str, Estimate], mlabel: str) -> str:
     e = by.get("small − large")
     if e is None:
         return f"On {ds} the small−large contrast was not run."
     head = f"On {ds} ({mlabel}), InfoNCE small − large {describe(e, null_mde=False)}"  # its MDE: below
     if e.significant and e.diff < 0:
-        s = [f"{head}: a small-batch penalty."]
-        for part in ("negatives part (grouped − large)", "steps part (small − grouped)"):
-            if part in by:
-                p = by[part]
-                s.append(f"Its {part.split(' (')[0]}: {describe(p)}"
-                         f"{' — significant' if p.significant else ' — within noise'}.")
-        return " ".join(s)
-    if e.significant:
-        return f"{head}: the small batch is ahead, no penalty."
-    if bounded(e):
-        return f"{head}: no penalty, and the interval bounds it below {num(BOUND)} points."
-    mde = describe_mde(e)
-    return (f"{head}: within noise but not bounded below {num(BOUND)} points"
-            f"{f' ({mde})' if mde else ''}; more seeds are needed to tell.")
+        head += ": a small-batch penalty"
+    elif e.significant:
+        head += ": the small batch is ahead, no penalty"
+    elif bounded(e):
+        head += f": no penalty, and the interval bounds it below {num(BOUND)} points"
+    else:
+        mde = describe_mde(e)
+        head += f": within noise but not bounded below {num(BOUND)} points{f' ({mde})' if mde else ''}"
+    parts = [_part(p, by[p]) for p in ("negatives part (grouped − large)", "steps part (small − grouped)")
+             if p in by]
+    return head + ("; " + "; ".join(parts) if parts else "") + "."
 
 
 def findings(rows: list[dict]) -> list[str]:
