@@ -354,20 +354,22 @@ def _figure(ctx: ReportContext, arms_long: pd.DataFrame) -> list:
     metric = next(iter(METRICS))
     d = arms_long[arms_long["metric"] == metric]
     datasets = sorted(d["dataset"].unique())
+    n_arms = d["label"].nunique()
     with plt.rc_context(rc), sns.axes_style("whitegrid"):
-        fig, axes = plt.subplots(1, len(datasets), figsize=(4.2 * len(datasets), 3.6), squeeze=False)
+        fig, axes = plt.subplots(1, len(datasets), figsize=(4.4 * len(datasets) + 1.6, 0.32 * n_arms + 1.6),
+                                 squeeze=False, sharey=True)
+        order = list(dict.fromkeys(d.sort_values(["loss", "batch_size", "label"])["label"]))
+        pal = {lab: LOSS_COLORS.get(loss, "#777777") for loss, lab in zip(d["loss"], d["label"])}
         for ax, ds in zip(axes[0], datasets):
             g = d[d["dataset"] == ds]
-            order = list(dict.fromkeys(g.sort_values(["loss", "batch_size", "label"])["label"]))
-            pal = {lab: LOSS_COLORS.get(loss, "#777777") for loss, lab in zip(g["loss"], g["label"])}
-            sns.stripplot(data=g, x="label", y="value", hue="label", order=order, palette=pal, ax=ax,
-                          size=4, alpha=0.6, jitter=0.15, legend=False)
-            sns.pointplot(data=g, x="label", y="value", order=order, errorbar=("ci", 95), color="black",
-                          linestyle="none", markers="_", markersize=14, ax=ax)
+            sns.stripplot(data=g, y="label", x="value", hue="label", order=order, palette=pal, ax=ax,
+                          size=4, alpha=0.6, jitter=0.15, legend=False, orient="h")
+            sns.pointplot(data=g, y="label", x="value", order=order, errorbar=("ci", 95), color="black",
+                          linestyle="none", markers="|", markersize=14, ax=ax, orient="h")
             ax.set_title(ds, fontsize=10)
-            ax.set_xlabel("")
-            ax.set_ylabel(f"{METRICS[metric][1]} top-1 (%)")
-            ax.tick_params(axis="x", rotation=30, labelsize=8)
+            ax.set_ylabel("")
+            ax.set_xlabel(f"{METRICS[metric][1]} top-1 (%)")
+            ax.tick_params(axis="y", labelsize=8)
         fig.suptitle("Instrument arms\nseeds (points), mean and 95 % bootstrap interval (bar)", fontsize=10)
         fig.tight_layout()
     return ctx.save_figure(fig, "instrument_arms")
