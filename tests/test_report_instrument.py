@@ -110,6 +110,10 @@ def test_the_section_writes_its_tables_figure_and_findings(tmp_path):
     names = {p.name for p in out.files}
     assert {"instrument_arms.csv", "instrument_contrasts.md", "instrument_arms.png", "instrument_arms.svg", "instrument_contrasts.png"} <= names
     assert any(s.startswith("Self-supervision on negatives (10 % labels") for s in out.findings)
+    ssl = pd.read_csv(tmp_path / "tables" / "instrument_ssl.csv")
+    row = ssl[(ssl["dataset"] == "negatives") & (ssl["metric"] == "linear") & (ssl["baseline"] == "random_init")]
+    # InfoNCE@256 = 60 + seed noise, random-init 40.0/40.3 over two seeds: the Welch difference of the means
+    assert row["diff"].iloc[0] == pytest.approx(60.0 + np.mean(SHARED) + np.mean(OWN["infonce@256"]) - 40.15)
     assert "InfoNCE B=256, G=16" in (tmp_path / "tables" / "instrument_arms.md").read_text()
 
 

@@ -295,21 +295,46 @@ def _lr_display(lrs: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     return blocks
 
 
-def ssl_vs_random(vals: dict, base: dict, datasets: list[str]) -> list[str]:
-    """Does self-supervision learn here? InfoNCE@256's 10 %-label probe against the random-init encoder
-    (unpaired: Welch t over their seeds), and as a fraction of supervised − random-init."""
-    out = []
-    for ds in datasets:
-        ssl, rnd = vals.get((ds, "infonce@256", "labels10"), {}), base.get((ds, "random_init", "labels10"), {})
-        if not ssl or not rnd:
+def ssl_rows(vals: dict, base: dict, datasets: list[str]) -> list[dict]:
+    """Does self-supervision learn here? InfoNCE@256 against the random-init encoder and raw
+    pixels on every probe (unpaired: Welch t over their seeds; raw pixels: one run, no test),
+    and as a fraction of supervised − random-init."""
+    rows = []
+    for ds, m, ref in ((ds, m, ref) for ds in datasets for m in METRICS for ref in ("random_init", "raw_pixels")):
+        ssl, other = vals.get((ds, "infonce@256", m), {}), base.get((ds, ref, m), {})
+        if not ssl or not other:
             continue
-        e = contrast([(1.0, ssl), (-1.0, {f"r{k}": v for k, v in rnd.items()})])
-        sup = base.get((ds, "supervised", "labels10"), {})
-        frac = gap_fraction(_mean(ssl), _mean(rnd), _mean(sup)) if sup else math.nan
+        e = contrast([(1.0, ssl), (-1.0, {f"r{k}": v for k, v in other.items()})])
+        sup, rnd = base.get((ds, "supervised", m), {}), base.get((ds, "random_init", m), {})
+        frac = gap_fraction(_mean(ssl), _mean(rnd), _mean(sup)) if sup and rnd and ref == "random_init" else math.nan
+        rows.append({"dataset": ds, "metric": m, "metric_label": METRICS[m][1], "baseline": ref, "ssl": _mean(ssl),
+                     "reference": _mean(other), "diff": e.diff, "lo": e.lo, "hi": e.hi, "p": e.p, "test": e.test,
+                     "fraction_of_supervised_gap": frac, "estimate": e})
+    return rows
+
+
+def ssl_vs_random(rows: list[dict]) -> list[str]:
+    """The 10 %-label probe's rows against the random-init encoder, as sentences."""
+    out = []
+    for r in rows:
+        if r["metric"] != "labels10" or r["baseline"] != "random_init":
+            continue
+        frac = r["fraction_of_supervised_gap"]
         where = f"; {num(100 * frac, 0)} % of the way from random-init to supervised" if finite(frac) else ""
-        out.append(f"Self-supervision on {ds} (10 % labels, InfoNCE B=256 − random-init encoder): "
-                   f"{describe(e)}{where}.")
+        out.append(f"Self-supervision on {r['dataset']} (10 % labels, InfoNCE B=256 − random-init encoder): "
+                   f"{describe(r['estimate'])}{where}.")
     return out
+
+
+def _ssl_display(rows: list[dict]) -> list[tuple[str, pd.DataFrame]]:
+    df = pd.DataFrame(rows)
+    t = pd.DataFrame({"data set": df["dataset"], "probe": df["metric_label"], "baseline": df["baseline"],
+                      "InfoNCE B=256": [num(x) for x in df["ssl"]], "baseline top-1": [num(x) for x in df["reference"]],
+                      "difference [95 % CI]": [f"{num(d, 2)} [{num(lo, 2)}, {num(hi, 2)}]" if finite(lo) else num(d, 2)
+                                               for d, lo, hi in zip(df["diff"], df["lo"], df["hi"])],
+                      "of supervised gap": [f"{num(100 * f, 0)} %" if finite(f) else "—"
+                                            for f in df["fraction_of_supervised_gap"]]})
+    return [("InfoNCE B=256 against the baselines (Welch t over seeds; raw pixels: one run, untested)", t)]
 
 
 def _arm_table(cells: pd.DataFrame, vals: dict) -> pd.DataFrame:
@@ -448,6 +473,13 @@ def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
         figs = _figure(ctx, long)
         out.files += figs
         md += ["", ctx.figure_md(figs, "instrument arms")]
-    out.findings += ssl_vs_random(vals, base, datasets) + findings(rows) + control_findings(rows, lrs)
+    ssl = ssl_rows(vals, base, datasets)
+    if ssl:
+        f_ssl = ctx.write_table("instrument_ssl", "Instrument: does self-supervision learn? (points)",
+                                pd.DataFrame(ssl).drop(columns="estimate"), _ssl_display(ssl),
+                                note="fraction: (InfoNCE − random-init) / (supervised − random-init)")
+        out.files += f_ssl
+        md.append(f"Self-supervision against the baselines: {ctx.table_links(f_ssl)}")
+    out.findings += ssl_vs_random(ssl) + findings(rows) + control_findings(rows, lrs)
     out.markdown = "\n".join(md + [""] + [f"- {s}" for s in out.findings]) + "\n"
     return out
