@@ -23,14 +23,14 @@ WARM = {}
 onstart:
     lock_results_folder()  # one run per results folder (common.smk)
     if config["warm_start"] and workflow.local_exec:
-        from smallbatch import warm
+        from smallbatch.pipeline import warm
 
         WARM["server"] = warm.start(f"{R}/logs/warm_server.log", THREADS)
 
 
 def stop_warm_server():
     if WARM:
-        from smallbatch import warm
+        from smallbatch.pipeline import warm
 
         warm.stop(WARM.pop("server"))
 

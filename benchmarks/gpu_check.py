@@ -29,7 +29,7 @@ a broken CUDA context in one keeps the others' numbers; the script exits 1 if an
    exact ties, checked) by the GPU backend (faiss-gpu if it sees the GPU, else torch on
    CUDA) and the CPU backend (faiss-cpu if installed, else torch on the CPU): identical
    neighbours (fraction), identical accuracies, the time of each.
-5. cli -- two cells (InfoNCE, DCL) end to end through ``python -m smallbatch.cli`` on a
+5. cli -- two cells (InfoNCE, DCL) end to end through ``python -m smallbatch`` on a
    generated CIFAR-10 (``synthetic.write_cifar10``: 5,000 + 1,000 32x32 images in the real
    ``cifar-10-batches-py`` pickles, the class drawn as the stripes' orientation):
    ``prepare-data`` (torchvision's md5 comparison skipped: generated files cannot match
@@ -275,7 +275,8 @@ def section_syncs(args, plan: Plan):
     import throughput
     import torch
 
-    from smallbatch import synthetic, train
+    from smallbatch import synthetic
+    from smallbatch.training import loop as train
 
     _threads(args.device)
     images, mean, std = synthetic.random_images(plan.images, 1, 16)
@@ -309,9 +310,9 @@ def _loop_steps(t, n: int) -> None:
     """``n`` steps as the training loop runs them between two logging steps."""
     import torch
 
-    from smallbatch import train
+    from smallbatch.training import loop as train
 
-    bs = t.cell["batch_size"]
+    bs = t.cell.batch_size
     perm = torch.randperm(t.images.shape[0], device=t.dev)
     for _ in range(n):
         pos = t.step % t.steps_per_epoch
@@ -441,17 +442,17 @@ def _knn_side(feats, ks, backend: str, device: str | None) -> dict:
     small warm-up call: CUDA context, cuBLAS handles)."""
     import torch
 
-    from smallbatch import evaluate
+    from smallbatch.evaluation import knn
 
     tr, ytr, te, yte = feats
-    evaluate.knn_search(tr[:64], te[:8], 4, backend=backend, device=device)
+    knn.knn_search(tr[:64], te[:8], 4, backend=backend, device=device)
     t0 = time.perf_counter()
-    sims, idx = evaluate.knn_search(tr, te, max(ks), backend=backend, device=device)
+    sims, idx = knn.knn_search(tr, te, max(ks), backend=backend, device=device)
     idx = idx.cpu().numpy()  # waits for the device
     search_s = time.perf_counter() - t0
     sims = sims.cpu().numpy()
     t0 = time.perf_counter()
-    metrics = evaluate.knn_eval(tr, ytr, te, yte, ks=ks, t=0.1, backend=backend, device=device)
+    metrics = knn.knn_eval(tr, ytr, te, yte, ks=ks, t=0.1, backend=backend, device=device)
     eval_s = time.perf_counter() - t0
     name = backend if device is None else f"{backend} on {torch.device(device)}"
     return {"backend": name, "idx": idx, "sims": sims, "search_s": search_s, "eval_s": eval_s, "metrics": metrics}
@@ -461,9 +462,9 @@ def _exact_ties(feats, k: int, backend: str, device: str | None) -> int:
     """Test rows whose k+1 most similar train rows include two equal similarities."""
     import numpy as np
 
-    from smallbatch import evaluate
+    from smallbatch.evaluation import knn
 
-    sims, _ = evaluate.knn_search(feats[0], feats[2], k + 1, backend=backend, device=device)
+    sims, _ = knn.knn_search(feats[0], feats[2], k + 1, backend=backend, device=device)
     return int((np.diff(sims.cpu().numpy(), axis=1) == 0).any(axis=1).sum())
 
 
@@ -509,7 +510,7 @@ def cli_config(work: Path, plan: Plan, device: str) -> Path:
     """cifar10.yaml with a short budget (quick: a tiny small_cnn) and this run's folders."""
     import yaml
 
-    from smallbatch.config import deep_merge, read_config_file
+    from smallbatch.pipeline.config import deep_merge, read_config_file
 
     train = {"epochs": 10, "warmup_epochs": 1}
     extra = {}
@@ -528,7 +529,7 @@ def cli_config(work: Path, plan: Plan, device: str) -> Path:
 def _cli(argv: list[str], without_md5: bool = False) -> tuple[dict, float]:
     """(the JSON a ``smallbatch`` command printed last, its seconds); RuntimeError with its
     error when it fails."""
-    entry = [__file__, "--cli-without-md5"] if without_md5 else ["-m", "smallbatch.cli"]
+    entry = [__file__, "--cli-without-md5"] if without_md5 else ["-m", "smallbatch"]
     t0 = time.perf_counter()
     out = subprocess.run([sys.executable, *entry, *argv], capture_output=True, text=True, timeout=600)
     seconds = time.perf_counter() - t0
@@ -542,7 +543,8 @@ def cli_without_md5(argv: list[str]) -> int:
     """``smallbatch ARGV`` with torchvision's CIFAR md5 comparison skipped (generated files)."""
     import torchvision.datasets.cifar as cifar
 
-    from smallbatch import cli, synthetic
+    from smallbatch.pipeline import cli
+    from smallbatch import synthetic
 
     cifar.check_integrity = synthetic.existence_only_check
     return cli.main(argv)
@@ -595,7 +597,7 @@ def section_main(args) -> int:
 
 
 def orchestrate(args) -> int:
-    from smallbatch.train import resolve_device
+    from smallbatch.training.loop import resolve_device
 
     try:
         args.device = resolve_device(args.device).type

@@ -1,4 +1,4 @@
-"""kNN evaluation speed: faiss and torch (smallbatch.evaluate) vs scikit-learn brute force, one run.
+"""kNN evaluation speed: faiss and torch (smallbatch.evaluation.knn) vs scikit-learn brute force, one run.
 
 All sides find the k=200 nearest train features (cosine) of every test feature, on the
 same random features and the same number of threads; the scikit-learn side uses
@@ -56,7 +56,7 @@ def _time_sides(args, tr, ytr, te, yte, ks, k_search, dev, sync):
     from sklearn.neighbors import NearestNeighbors
     from threadpoolctl import threadpool_limits
 
-    from smallbatch.evaluate import _faiss_search, _l2_normalize, _torch_search, knn_eval
+    from smallbatch.evaluation.knn import _faiss_search, _l2_normalize, _torch_search, knn_eval
 
     times: dict[str, list[float]] = {k: [] for k in ("faiss_search", "torch_search", "sk_search",
                                                      "faiss_full", "torch_full", "sk_full")}
@@ -107,7 +107,7 @@ def main() -> None:
     import faiss
     import torch
 
-    from smallbatch.evaluate import _resolve_knn_backend
+    from smallbatch.evaluation.knn import _resolve_knn_backend
     from smallbatch.synthetic import clustered_features
 
     torch.set_num_threads(args.threads)

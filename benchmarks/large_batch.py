@@ -5,7 +5,7 @@ optimiser step) of the default study's model (``small_cnn`` width 32, 4x4 poolin
 projection head 128 -> 64, float32) on a batch of N images at 28 px:
 
 * **whole** -- one forward of the 2N views with a graph, as ``train.py`` does today;
-* **chunked** -- ``smallbatch.gradcache.cached_backward`` with chunks of C images
+* **chunked** -- ``smallbatch.training.gradcache.cached_backward`` with chunks of C images
   (2C views per forward), the path ``train.chunk_size`` takes: BatchNorm statistics
   found layer by layer without graph, embeddings, loss and its gradient on all
   embeddings, the statistics' adjoints layer by layer, then each chunk re-run with graph.
@@ -55,12 +55,16 @@ def run_variant(args) -> None:
     """The child: one step of ``args.variant``; prints a JSON line, saves the gradient."""
     from contextlib import nullcontext
 
-    from smallbatch.gradcache import cached_backward, eval_batchnorm
+    from smallbatch.training.gradcache import cached_backward, eval_batchnorm
     from smallbatch.losses import build_loss
 
     torch.set_num_threads(args.threads)
     model = _model(args).train()
-    loss = build_loss(args.loss, 0.1)
+    loss_fn = build_loss(args.loss)
+
+    def loss(z1, z2):
+        return loss_fn(z1, z2, temperature=0.1)
+
     g = torch.Generator().manual_seed(1)
     shape = (args.batch, 1, args.image_size, args.image_size)
     v1, v2 = torch.randn(shape, generator=g), torch.randn(shape, generator=g)

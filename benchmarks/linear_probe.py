@@ -1,6 +1,6 @@
 """Linear-probe solvers side by side on real features files (``features.npz``), one run.
 
-For every file, each solver runs the whole probe of ``smallbatch.evaluate.linear_eval``
+For every file, each solver runs the whole probe of ``smallbatch.evaluation.linear.linear_eval``
 (standardise, fit, score) on one thread, the solvers one after the other per file (so load
 from other processes hits both), and the table gives per solver:
 
@@ -33,7 +33,7 @@ def _probe(fs, c, optimizer, epochs, tol, weight_decay, repeat):
     """The probe of linear_eval, timed; returns seconds, metrics, fit, float64 train tensors."""
     import torch
 
-    from smallbatch.evaluate import _linear_probe
+    from smallbatch.evaluation.linear import _linear_probe
 
     best = None
     for _ in range(repeat):
@@ -51,7 +51,7 @@ def _exact(fit, tensors, weight_decay):
     """Float64 objective, gradient norm and test predictions at the fit's weights."""
     import torch
 
-    from smallbatch.evaluate import _softmax_loss_grad
+    from smallbatch.evaluation.linear import _softmax_loss_grad
 
     xtr, ytr, xte, _ = tensors
     x = xtr.double()
@@ -65,7 +65,7 @@ def _exact(fit, tensors, weight_decay):
 def _warm_up() -> None:
     """One tiny probe per solver first: one-time costs (lazy imports, first allocations) are
     paid by every probe process alike and are not what the table compares."""
-    from smallbatch.evaluate import linear_eval
+    from smallbatch.evaluation.linear import linear_eval
 
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(64, 8)).astype(np.float32), np.arange(64) % 4
@@ -125,7 +125,7 @@ def main() -> None:
 
     import torch
 
-    from smallbatch.evaluate import load_features
+    from smallbatch.evaluation.embed import load_features
 
     torch.set_num_threads(args.threads)
     _warm_up()

@@ -29,7 +29,8 @@ import math
 
 import torch
 
-from smallbatch.losses import build_loss, diagnostics, in_batch_scores, queue_scores
+from smallbatch.losses import build_loss, in_batch_scores, queue_scores
+from smallbatch.diagnostics import diagnostics
 
 
 def saturated_views(n: int, d: int, spread: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -53,7 +54,7 @@ def gradient(name: str, tau: float, z1, z2, queue, dtype: torch.dtype) -> torch.
         l = torch.logsumexp((neg - pos[:, None]) / tau, dim=1)
         (torch.sigmoid(l).detach() * l).mean().backward()
     else:
-        build_loss(name, tau).from_scores(pos, neg, mask).loss.backward()
+        build_loss(name).from_scores(pos, neg, mask, temperature=tau).loss.backward()
     return torch.cat([a.grad.flatten(), b.grad.flatten()]).double()
 
 

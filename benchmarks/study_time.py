@@ -114,7 +114,7 @@ def work_times(results: Path) -> dict[tuple[str, str], float]:
     ``knn``, ``linear`` for revisions with one job per step)."""
     import torch
 
-    from smallbatch.prepared import EVAL_DIR
+    from smallbatch.pipeline.prepared import EVAL_DIR
 
     work = defaultdict(float)
     for ck in results.glob("runs/**/checkpoint.pt"):

@@ -6,7 +6,7 @@ Adam, on the same uint8 images, with the same augmentation recipe
 (``gray_small``: random resized crop (0.2, 1), flip, brightness/contrast jitter
 0.4 with p=0.8):
 
-* **batched** -- ``smallbatch.train.pretrain`` itself: the whole uint8 tensor on the
+* **batched** -- ``smallbatch.training.loop.pretrain`` itself: the whole uint8 tensor on the
   device, a batch indexed per step, two views drawn per sample by ``BatchAugment``,
   one forward pass over the 2N views.  Its rate is read from the loop's own
   ``train/images_per_s`` metric over the second half of the run (``log_every`` =
@@ -56,8 +56,8 @@ import torch
 
 
 def _cell(dataset: str, batch_size: int, steps: int, width: int, temperature: float) -> dict:
-    from smallbatch.cells import make_cell
-    from smallbatch.config import load_config
+    from smallbatch.pipeline.cells import make_cell
+    from smallbatch.pipeline.config import load_config
 
     cfg = load_config(None, {
         "datasets": {dataset: {}},
@@ -71,7 +71,7 @@ def _cell(dataset: str, batch_size: int, steps: int, width: int, temperature: fl
 
 def batched_rate(cell: dict, images: torch.Tensor, mean, std) -> float:
     """images/s of train.pretrain over its second ``log_every`` window."""
-    from smallbatch import train
+    from smallbatch.training import loop as train
 
     logs: list[tuple[int, dict]] = []
     with tempfile.TemporaryDirectory() as out:
@@ -122,7 +122,7 @@ def simclr_transform(size: int, mean, std):
 
 def per_sample_rate(cell: dict, images: torch.Tensor, mean, std, steps: int, workers: int) -> float:
     """images/s of a per-sample DataLoader pipeline with the same model, loss and optimiser."""
-    from smallbatch import train
+    from smallbatch.training import loop as train
     from smallbatch.losses import build_loss
 
     torch.manual_seed(0)
@@ -130,7 +130,7 @@ def per_sample_rate(cell: dict, images: torch.Tensor, mean, std, steps: int, wor
     size = images.shape[-1]
     model = train.build_model(cell, images.shape[1], size)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, weight_decay=cell["train"]["weight_decay"])
-    loss_fn = build_loss("infonce", cell["temperature"])
+    loss_fn = build_loss("infonce")
     ds = PerSampleImages(images, simclr_transform(size, mean, std))
     loader = torch.utils.data.DataLoader(ds, batch_size=bs, shuffle=True, drop_last=True, num_workers=workers,
                                          persistent_workers=workers > 0)
@@ -139,7 +139,7 @@ def per_sample_rate(cell: dict, images: torch.Tensor, mean, std, steps: int, wor
     while done < 2 * steps:
         for v1, v2 in loader:
             z = model(torch.cat([v1, v2]))
-            out = loss_fn(z[:bs], z[bs:])
+            out = loss_fn(z[:bs], z[bs:], temperature=cell["temperature"])
             opt.zero_grad(set_to_none=True)
             out.loss.backward()
             opt.step()
@@ -162,8 +162,8 @@ def study_cell(batch_size: int, compile_step: bool, device: str, dataset: str = 
     """The InfoNCE cell of a study at ``batch_size``, eager or compiled: the default study's
     (config.yaml: small_cnn, 16 px) or, for ``cifar10``, cifar10.yaml's (resnet18_cifar,
     SimCLR augmentations, LARS, bf16); ``train``: more train settings (e.g. precision)."""
-    from smallbatch.cells import make_cell
-    from smallbatch.config import load_config
+    from smallbatch.pipeline.cells import make_cell
+    from smallbatch.pipeline.config import load_config
 
     root = Path(__file__).resolve().parents[1]
     cfg = load_config(root / STUDY_CONFIGS[dataset], {"train": {"compile": compile_step, **train}, "device": device})
@@ -175,7 +175,7 @@ def step_rate(cell: dict, images, mean, std, steps: int, ready=None) -> tuple[fl
     """(images/s over ``steps`` steps, seconds of building + the first two steps: the
     compile time when the step is compiled).  ``ready()``, when given, runs between the
     two (a barrier, so that cells sharing a device time the same window)."""
-    from smallbatch import train
+    from smallbatch.training import loop as train
 
     t0 = time.perf_counter()
     dev = train.resolve_device(cell["device"])

@@ -625,7 +625,8 @@ def smoke_local(root: Path, tracking_uri: str | None = None, key: str = "smoke_l
 PAUSED_PRETRAIN = """
 import os, sys
 from pathlib import Path
-from smallbatch import cli, train
+from smallbatch.pipeline import cli
+from smallbatch.training import loop as train
 marker, pause_at = Path(sys.argv[1]), int(sys.argv[2])
 real_step = train.one_step
 def one_step(t, idx, watch):

@@ -1,4 +1,4 @@
-"""The allocator's settings (smallbatch.allocator): freed activation-sized blocks stay in the
+"""The allocator's settings (smallbatch.pipeline.allocator): freed activation-sized blocks stay in the
 heap, so a step no longer faults their pages in again; every command sets them."""
 
 import json
@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from smallbatch import allocator
+from smallbatch.pipeline import allocator
 
 _FAULTS = textwrap.dedent("""
     import json, resource, sys
@@ -44,7 +44,7 @@ def test_tuned_heap_keeps_freed_blocks():
 
 
 def test_every_command_tunes(monkeypatch, capsys):
-    from smallbatch import cli
+    from smallbatch.pipeline import cli
 
     calls = []
     monkeypatch.setattr(allocator, "tune", lambda: calls.append(1) or True)

@@ -1,7 +1,7 @@
 """Bad inputs a user meets, in one table: each must stop with ONE line naming the problem.
 
 Every row is (case, how to trigger it, a regex of the whole line expected).  The command line runs
-in-process (``smallbatch.cli.main``, fast): exit status 2, exactly one stderr line
+in-process (``smallbatch.pipeline.cli.main``, fast): exit status 2, exactly one stderr line
 ``smallbatch: error: <expected>``, no traceback anywhere.  The rows marked ``snakemake``
 run ``python -m snakemake -n`` in a real process (seconds each, marked slow): it must fail
 before any job, and apart from Snakemake's own frame (the profile line, ``WorkflowError in
@@ -25,7 +25,7 @@ from typing import Callable
 
 import pytest
 
-from smallbatch import cli
+from smallbatch.pipeline import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = str(ROOT / "workflow" / "configs" / "smoke.yaml")
@@ -80,8 +80,8 @@ def existing_store(tmp: Path, mp: pytest.MonkeyPatch) -> None:
 def cell_file_without(key: str | None) -> Callable:
     """A real cell file of the one-cell study, without ``key``."""
     def write(tmp: Path, mp: pytest.MonkeyPatch) -> None:
-        from smallbatch.cells import expand_cells
-        from smallbatch.config import load_config
+        from smallbatch.pipeline.cells import expand_cells
+        from smallbatch.pipeline.config import load_config
 
         (tmp / "c.yaml").write_text(STUDY)
         cell = next(iter(expand_cells(load_config(tmp / "c.yaml")).values()))

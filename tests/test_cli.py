@@ -1,6 +1,6 @@
 """Tests of the command line (``smallbatch ...``).
 
-Most commands run in-process through ``smallbatch.cli.main`` (it returns the exit
+Most commands run in-process through ``smallbatch.pipeline.cli.main`` (it returns the exit
 code and prints what the console script prints); two tests start the real
 console script to check the process's own exit status and stderr.
 """
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from smallbatch import cli
+from smallbatch.pipeline import cli
 
 SMALLBATCH = Path(sys.executable).with_name("smallbatch")
 CELL = ["--dataset", "digits", "--loss", "infonce", "--batch-size", "32", "--temperature", "0.5"]
@@ -106,7 +106,7 @@ def test_corrupt_checkpoint_passed_to_embed(capsys, tmp_path, study):
 
 
 def test_truncated_features_passed_to_knn(capsys, tmp_path, study):
-    from smallbatch.evaluate import save_features
+    from smallbatch.evaluation.embed import save_features
 
     f = tmp_path / "features.npz"
     rng = np.random.default_rng(0)
@@ -277,8 +277,8 @@ def tracked(tmp_path_factory):
     """One stand-alone digits cell through the whole pipeline, tracked in a fresh SQLite store:
     init-store; knn before pretraining (an error); pretrain crashed 7 steps into epoch 2 and
     resumed; embed; knn; linear; knn again.  Returns what each step said and where things are."""
-    from smallbatch import train
-    from smallbatch.evaluate import save_features
+    from smallbatch.training import loop as train
+    from smallbatch.evaluation.embed import save_features
 
     tmp = tmp_path_factory.mktemp("tracked")
     old_threads = torch.get_num_threads()

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from smallbatch import train
-from smallbatch.cells import make_cell
-from smallbatch.config import load_config
+from smallbatch.training import loop as train
+from smallbatch.pipeline.cells import make_cell
+from smallbatch.pipeline.config import load_config
 from smallbatch.losses import REGISTRY
-from smallbatch.optim import make_optimizer, optimizer_step
+from smallbatch.training.optim import make_optimizer, optimizer_step
 
 TINY = {"width": 4, "proj_hidden": 16, "proj_dim": 8}
 
@@ -47,8 +47,8 @@ def _explain_step(t, images):
     fwd = torch._dynamo.explain(t.step_fn.forward)(images[idx], u, idx)
     out = t.step_fn.forward(images[idx], u, idx)
     out.loss.backward()
-    tr = t.cell["train"]  # the optimiser as a compiled step builds it (not CPU Adam's fused kernel)
-    opt = make_optimizer(t.step_fn.model.parameters(), tr["optimizer"], 0.01, tr["momentum"], tr["weight_decay"],
+    tr = t.cell.train  # the optimiser as a compiled step builds it (not CPU Adam's fused kernel)
+    opt = make_optimizer(t.step_fn.model.parameters(), tr.optimizer, 0.01, tr.momentum, tr.weight_decay,
                          compiled=True)
     upd = torch._dynamo.explain(optimizer_step)(opt)
     return fwd, upd

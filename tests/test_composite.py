@@ -132,7 +132,7 @@ def test_cache_round_trip_keeps_the_sources(fashion_root, tmp_path):
 
 
 def test_config_accepts_composites_and_checks_their_root(tmp_path):
-    from smallbatch.config import ConfigError, check_data_roots, validate_config
+    from smallbatch.pipeline.config import ConfigError, check_data_roots, validate_config
 
     cfg = validate_config({"datasets": {"fashion_mnist_pairs": {"image_size": 16, "train_subset": 1000}},
                            "data": {"root": str(tmp_path / "nowhere")}})
@@ -144,14 +144,14 @@ def test_config_accepts_composites_and_checks_their_root(tmp_path):
 
 
 def test_the_schema_lists_every_registered_data_set():
-    from smallbatch.config import load_schema
+    from smallbatch.pipeline.schema import load_schema
 
     assert set(load_schema()["properties"]["datasets"]["propertyNames"]["enum"]) == set(data_mod.DATASETS)
     assert data_mod.base_dataset("fashion_mnist_triples") == "fashion_mnist" == data_mod.base_dataset("fashion_mnist")
 
 
 def test_prepare_data_caches_composites_for_the_workflow(fashion_root, tmp_path, capsys):
-    from smallbatch.cli import main
+    from smallbatch.pipeline.cli import main
 
     root, _ = fashion_root
     out = tmp_path / "cache" / "fashion_mnist_pairs.pt"

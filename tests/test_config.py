@@ -1,5 +1,5 @@
-"""Tests of the study configuration (``smallbatch.config``) and its expansion into cells
-(``smallbatch.cells``): defaults, one-line errors naming the key, cell ids and hashes."""
+"""Tests of the study configuration (``smallbatch.pipeline.config``) and its expansion into cells
+(``smallbatch.pipeline.cells``): defaults, one-line errors naming the key, cell ids and hashes."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from smallbatch.cells import cell_hash, expand_cells, flat_params, make_cell, negatives_per_anchor
-from smallbatch.config import ConfigError, load_config, load_schema, validate_config
+from smallbatch.pipeline.cells import cell_hash, expand_cells, flat_params, make_cell, negatives_per_anchor
+from smallbatch.pipeline.config import ConfigError, load_config, validate_config
+from smallbatch.pipeline.schema import load_schema
+from loss_at_tau import at_tau
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -125,7 +127,7 @@ def test_default_config_expands_to_the_full_grid():
         assert cell["id"] == cid and m.group(1) == cell["dataset"]
         assert int(m.group(3)) == cell["batch_size"] and float(m.group(4)) == cell["temperature"]
         assert int(m.group(5)) == cell["seed"] and m.group(2).split("-")[0] == cell["loss"]
-    from smallbatch.cells import loss_label
+    from smallbatch.pipeline.cells import loss_label
 
     ds = next(iter(cfg["datasets"]))
     sigma = cfg["loss_params"]["dclw"]["sigma"]
@@ -296,7 +298,7 @@ def test_a_renamed_key_keeps_the_hash_and_its_former_name_is_refused():
     """A key marked ``x-renamed-from`` hashes under its former name, so a cell (and a cell
     file written before the rename) keeps its hash and its finished results; a config that
     still uses the former name stops with one line naming the new one."""
-    from smallbatch.cells import former_names, with_current_names
+    from smallbatch.pipeline.cells import former_names, with_current_names
 
     base = _digits_cell({})
     renamed = [(s, new, old) for s, names in former_names().items() for new, old in names.items()]
@@ -348,7 +350,7 @@ def test_every_axis_of_the_grid_changes_the_hash():
 
 def test_the_hash_tests_cover_every_part_of_a_cell():
     """Each part of a cell is changed by one of the tests above (the cell's own name aside)."""
-    from smallbatch.cells import NAME_KEYS
+    from smallbatch.pipeline.cells import NAME_KEYS
 
     base = _digits_cell({})
     covered = {p[0] if p[0] in ("device", "threads") else {"data": "data_root", "datasets": "dataset_options"}.get(
@@ -464,7 +466,7 @@ def test_schema_loss_names_and_parameters_come_from_the_registry():
 def test_a_new_loss_needs_only_the_registry(monkeypatch):
     """Adding a loss is one class in losses.py: the config schema, cells, labels and
     build_loss pick it up from the registry (no other file lists loss names)."""
-    from smallbatch import config as config_mod
+    from smallbatch.pipeline import schema as schema_mod
     from smallbatch import losses
 
     class Toy(losses.DCL):
@@ -480,19 +482,19 @@ def test_a_new_loss_needs_only_the_registry(monkeypatch):
 
     monkeypatch.setitem(losses.REGISTRY, "toy", Toy)
     monkeypatch.setitem(losses.LOSSES, "toy", Toy)
-    monkeypatch.setattr(config_mod, "_SCHEMA_CACHE", {})
+    monkeypatch.setattr(schema_mod, "_SCHEMA_CACHE", {})
     cfg = validate_config(grid(losses=["infonce", {"name": "toy", "beta": [2.0, 3.0]}]))
     cells = expand_cells(cfg)
     assert set(cells) == {"digits/infonce/bs16-t0.1-s0", "digits/toy-beta2/bs16-t0.1-s0", "digits/toy-beta3/bs16-t0.1-s0"}
     assert cfg["loss_params"]["toy"] == {"beta": 2.0}
-    assert losses.build_loss("toy", 0.1, beta=3.0).beta == 3.0
+    assert at_tau(losses.build_loss("toy", beta=3.0), 0.1).beta == 3.0
     assert losses.display_name("toy") == "Toy"
     with pytest.raises(ConfigError, match="beta"):
         validate_config(grid(losses=[{"name": "toy", "beta": -1}]))
 
 
 def test_loss_label_names_only_non_default_parameters():
-    from smallbatch.cells import loss_label
+    from smallbatch.pipeline.cells import loss_label
 
     assert loss_label("flatnce", {"gamma": 1.0}) == "flatnce"
     assert loss_label("flatnce", {"gamma": 2.0}) == "flatnce-gamma2"
@@ -555,7 +557,7 @@ def test_the_large_batch_study_fits_its_devices():
 def test_the_configuration_reference_is_generated_from_the_schema():
     """CONFIGURATION.md is `smallbatch config-reference`'s output: every key with its
     default and its description, so the reference cannot drift from the schema."""
-    from smallbatch.config import reference_markdown, reference_rows
+    from smallbatch.pipeline.config import reference_markdown, reference_rows
 
     doc = Path(__file__).resolve().parents[1] / "CONFIGURATION.md"
     assert doc.read_text() == reference_markdown(), "regenerate: smallbatch config-reference > CONFIGURATION.md"
@@ -567,7 +569,7 @@ def test_the_configuration_reference_is_generated_from_the_schema():
 def test_default_config_validated_once_and_copied(monkeypatch):
     """load_config(None) validates the empty config once per process (the warm server does it
     before it forks) and hands out copies: a caller's change never reaches the next caller."""
-    from smallbatch import config as C
+    from smallbatch.pipeline import config as C
 
     first = C.load_config(None)
     calls = []

@@ -19,13 +19,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from smallbatch import train
-from smallbatch.cells import expand_cells, make_cell
-from smallbatch.config import ConfigError, load_config
-from smallbatch.ghostbn import GhostBatchNorm, ghost_batchnorm
+from smallbatch.training import loop as train
+from smallbatch.pipeline.cells import expand_cells, make_cell
+from smallbatch.pipeline.config import ConfigError, load_config
+from smallbatch.training.ghostbn import GhostBatchNorm, ghost_batchnorm
 from smallbatch.losses import REGISTRY, build_loss, grouped_in_batch_scores, in_batch_columns, in_batch_scores
 from smallbatch.models import ContrastiveModel, build_backbone
-from smallbatch.negatives import InBatch, in_batch_mask
+from smallbatch.training.negatives import InBatch, in_batch_mask
+from loss_at_tau import at_tau
 
 N, D, TAU = 8, 5, 0.3
 
@@ -37,11 +38,11 @@ def _views(n: int = N, seed: int = 0):
 
 def _rows_loss(name, pos, neg, mask):
     """Per-anchor loss rows (with their gradient) of loss ``name``; SogCLR: its gamma = 1 form."""
-    loss = build_loss(name, TAU)
+    loss = at_tau(build_loss(name), TAU)
     p, n, m = pos, neg, mask
-    from smallbatch.losses import _prepare_scores
+    from smallbatch.losses import prepare_scores
 
-    p, n, m = _prepare_scores(p, n, m)
+    p, n, m = prepare_scores(p, n, m)
     return loss._rows(p, n, m, TAU, None)[0]
 
 
@@ -54,7 +55,7 @@ def test_one_group_of_the_whole_batch_is_the_ungrouped_loss(name):
     assert mask is None and gneg.shape == neg.shape
     torch.testing.assert_close(gpos, pos, rtol=0, atol=1e-15)
     torch.testing.assert_close(gneg, neg, rtol=0, atol=1e-15)
-    loss = build_loss(name, TAU)
+    loss = at_tau(build_loss(name), TAU)
     a, b = loss.from_scores(pos, neg), loss.from_scores(gpos, gneg)
     torch.testing.assert_close(b.loss, a.loss, rtol=1e-14, atol=1e-14)
     torch.testing.assert_close(b.value, a.value, rtol=1e-14, atol=1e-14)
@@ -95,8 +96,8 @@ def test_each_groups_loss_is_the_loss_of_that_group_alone(name, group):
 def test_grouped_loss_is_the_mean_of_the_groups_losses():
     z1, z2 = _views()
     pos, neg, _ = grouped_in_batch_scores(z1, z2, 4)
-    whole = build_loss("infonce", TAU).from_scores(pos, neg).loss
-    parts = [build_loss("infonce", TAU)(z1[s], z2[s]).loss for s in (slice(0, 4), slice(4, 8))]
+    whole = at_tau(build_loss("infonce"), TAU).from_scores(pos, neg).loss
+    parts = [at_tau(build_loss("infonce"), TAU)(z1[s], z2[s]).loss for s in (slice(0, 4), slice(4, 8))]
     assert float(whole) == pytest.approx(float(sum(parts) / 2), rel=1e-13)
 
 
@@ -142,7 +143,7 @@ def test_same_class_negatives_do_not_count(name):
     outs = []
     for fill in (0.0, 0.99):
         n = neg.masked_fill(~mask, fill).requires_grad_(True)
-        out = build_loss(name, TAU).from_scores(pos, n, mask)
+        out = at_tau(build_loss(name), TAU).from_scores(pos, n, mask)
         (g,) = torch.autograd.grad(out.loss, n)
         assert (g[~mask] == 0).all()
         outs.append((out.loss.detach(), out.value))
@@ -167,7 +168,7 @@ def test_all_distinct_labels_are_the_plain_loss(name):
     pos, neg, _ = in_batch_scores(z1, z2)
     mask = in_batch_mask(N, torch.arange(N) * 7)
     assert mask.all()
-    a, b = build_loss(name, TAU).from_scores(pos, neg), build_loss(name, TAU).from_scores(pos, neg, mask)
+    a, b = at_tau(build_loss(name), TAU).from_scores(pos, neg), at_tau(build_loss(name), TAU).from_scores(pos, neg, mask)
     assert torch.equal(a.loss, b.loss) and torch.equal(a.value, b.value)
 
 
@@ -346,14 +347,14 @@ def test_the_oracle_masks_same_class_keys_of_a_queue(tmp_path):
 
 
 def test_the_gradient_norms_of_a_grouped_cell_are_measured_on_its_grouped_scores(tmp_path):
-    from smallbatch.losses import embedding_grad_norm
+    from smallbatch.diagnostics import embedding_grad_norm
 
     images = (torch.rand(64, 1, 8, 8, generator=torch.Generator().manual_seed(0)) * 255).to(torch.uint8)
     t = train.build_training(_cell(neg_group=4), images, [0.5], [0.2], torch.device("cpu"), tmp_path)
     out, _ = train.one_step(t, torch.arange(8), watch=False)
     m = train.mechanism_metrics(t, out, None)
-    grouped = embedding_grad_norm(build_loss("dcl", 1.0), out.z1, out.z2,
-                                  lambda a, b: grouped_in_batch_scores(a, b, 4), out.tau)
-    whole = embedding_grad_norm(build_loss("dcl", 1.0), out.z1, out.z2, None, out.tau)
+    grouped = embedding_grad_norm(build_loss("dcl"), out.z1, out.z2, lambda a, b: grouped_in_batch_scores(a, b, 4),
+                                  temperature=out.tau)
+    whole = embedding_grad_norm(build_loss("dcl"), out.z1, out.z2, None, temperature=out.tau)
     assert m["diag/grad_norm_dcl"] == pytest.approx(float(grouped), rel=1e-6)
     assert float(whole) != pytest.approx(float(grouped), rel=1e-3)

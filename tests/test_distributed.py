@@ -1,4 +1,4 @@
-"""Data-parallel training is the 1-process training: smallbatch.distributed with real gloo
+"""Data-parallel training is the 1-process training: smallbatch.training.distributed with real gloo
 processes on the CPU, in float64.
 
 One spawn of 2 processes (``torch.multiprocessing``, torchrun's environment variables,
@@ -32,7 +32,7 @@ import torch.multiprocessing as mp
 
 import cluster
 from smallbatch.augment import AugmentConfig, BatchAugment
-from smallbatch.distributed import (
+from smallbatch.training.distributed import (
     GlobalBatchNorm,
     World,
     any_over_processes,
@@ -46,9 +46,11 @@ from smallbatch.distributed import (
     sync_batchnorm,
     unwrap,
 )
-from smallbatch.losses import REGISTRY, MomentumQueue, batch_positives, build_loss, in_batch_scores, queue_scores
+from smallbatch.losses import REGISTRY, batch_positives, build_loss, in_batch_scores, queue_scores
+from smallbatch.training.negatives import MomentumQueue
 from smallbatch.models import ContrastiveModel, build_backbone
-from smallbatch.train import make_optimizer
+from smallbatch.training.loop import make_optimizer
+from loss_at_tau import at_tau
 
 torch.set_num_threads(1)
 
@@ -59,7 +61,7 @@ LOSS_PARAMS = {"eqco": {"alpha": 4.0}, "dclw": {"sigma": 0.5}, "flatnce": {"gamm
 
 # --------------------------------------------------------------------------- shared helpers (also test_gradcache)
 def make_loss(name: str):
-    return build_loss(name, 0.2, **LOSS_PARAMS.get(name, {}))
+    return at_tau(build_loss(name, **LOSS_PARAMS.get(name, {})), 0.2)
 
 
 def make_model(seed: int = 0) -> ContrastiveModel:
@@ -412,7 +414,7 @@ def test_one_process_cells_spread_over_a_nodes_gpus(tmp_path):
     import subprocess
     import sys
 
-    code = ("import sys, time; from smallbatch.distributed import claim_gpu; "
+    code = ("import sys, time; from smallbatch.training.distributed import claim_gpu; "
             f"print(claim_gpu(4, slots_dir={str(tmp_path)!r}), flush=True); sys.stdin.read()")
     procs = []
     try:

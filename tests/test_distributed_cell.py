@@ -92,7 +92,7 @@ def test_a_preempted_two_process_cell_resumes_on_one(tmp_path, one_process):
     on ONE process and ends at the uninterrupted run's weights."""
     cfg = study(tmp_path / "c.yaml", tmp_path / "results", devices=2, epochs=30)
     out = tmp_path / "results" / "runs" / CELL
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "smallbatch.cli",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "smallbatch",
            "pretrain", "--config", str(cfg), "--cell-id", CELL, "--tracking-uri", "none", "--no-progress"]
     with open(tmp_path / "torchrun.log", "w") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env())

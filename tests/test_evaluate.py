@@ -10,16 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from smallbatch.evaluate import (
-    embed,
-    knn_eval,
-    knn_predict,
-    knn_search,
-    linear_eval,
-    load_features,
-    raw_pixel_features,
-    save_features,
-)
+from smallbatch.evaluation.embed import embed, load_features, raw_pixel_features, save_features
+from smallbatch.evaluation.knn import knn_eval, knn_predict, knn_search
+from smallbatch.evaluation.linear import linear_eval
 from smallbatch.models import build_backbone
 
 
@@ -222,7 +215,7 @@ def test_torch_search_returns_faiss_neighbours(exact_case, k: int) -> None:
 
 
 def test_torch_search_chunks_merge_to_the_same_neighbours(exact_case) -> None:
-    from smallbatch.evaluate import _torch_search
+    from smallbatch.evaluation.knn import _torch_search
 
     tr, _, te, _, _ = exact_case
     whole = _torch_search(tr, te, 30, torch.device("cpu"), batch_size=64, train_chunk=10_000)
@@ -262,22 +255,22 @@ def test_torch_search_orders_equal_similarities_by_index() -> None:
 def test_auto_backend_choice(monkeypatch) -> None:
     import faiss
 
-    from smallbatch import evaluate
+    from smallbatch.evaluation import knn
 
     def choose(faiss_gpus: int, cuda: bool):
         monkeypatch.setattr(faiss, "get_num_gpus", lambda: faiss_gpus, raising=False)
         monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
-        return evaluate._resolve_knn_backend("auto", None)
+        return knn._resolve_knn_backend("auto", None)
 
     assert choose(1, True) == ("faiss-gpu", None)
     assert choose(0, True) == ("torch", torch.device("cuda"))
     assert choose(0, False) == ("faiss-cpu", None)
-    assert evaluate._resolve_knn_backend("faiss-cpu", None) == ("faiss-cpu", None)  # explicit overrides
-    assert evaluate._resolve_knn_backend("torch", "cpu") == ("torch", torch.device("cpu"))
+    assert knn._resolve_knn_backend("faiss-cpu", None) == ("faiss-cpu", None)  # explicit overrides
+    assert knn._resolve_knn_backend("torch", "cpu") == ("torch", torch.device("cpu"))
     monkeypatch.setitem(sys.modules, "faiss", None)  # faiss not installed
-    assert evaluate._resolve_knn_backend("auto", None) == ("torch", torch.device("cpu"))
+    assert knn._resolve_knn_backend("auto", None) == ("torch", torch.device("cpu"))
     with pytest.raises(ValueError, match="backend='faiss-cpu' needs faiss"):
-        evaluate._resolve_knn_backend("faiss-cpu", None)
+        knn._resolve_knn_backend("faiss-cpu", None)
 
 
 # ----------------------------------------------------------------------------- linear probe
@@ -345,7 +338,7 @@ def _probe_minimum(xtr, ytr, xte, c: int, weight_decay: float):
     on linear_eval's standardisation: (minimum, test predictions)."""
     from scipy.optimize import minimize
 
-    from smallbatch.evaluate import _standardise
+    from smallbatch.evaluation.linear import _standardise
 
     xs, xt = (a.double().numpy() for a in _standardise(xtr, xte, torch.device("cpu")))
     onehot = np.eye(c)[ytr]
@@ -562,16 +555,16 @@ def test_save_features_rejects_bad_input(tmp_path: Path) -> None:
     assert not any(tmp_path.iterdir())
 
 
-def test_importing_evaluate_does_not_import_faiss() -> None:
-    code = "import sys, smallbatch.evaluate; sys.exit('faiss' in sys.modules)"
+def test_importing_the_probes_does_not_import_faiss() -> None:
+    code = "import sys, smallbatch.evaluation.knn, smallbatch.evaluation.linear; sys.exit('faiss' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
 def test_status_features_file_round_trips_meta_with_no_rows(tmp_path):
-    from smallbatch import evaluate as ev
+    from smallbatch.evaluation import embed
 
-    path = ev.save_status_features(tmp_path / "f.npz", {"status": "diverged", "cell_id": "x"})
-    fs = ev.load_features(path)
+    path = embed.save_status_features(tmp_path / "f.npz", {"status": "diverged", "cell_id": "x"})
+    fs = embed.load_features(path)
     assert fs.train_f.shape == (0, 1) and fs.test_y.shape == (0,)
     assert fs.meta == {"status": "diverged", "cell_id": "x"}
     assert not list(tmp_path.glob(".*tmp"))

@@ -7,11 +7,12 @@ import math
 import pytest
 import torch
 
-from smallbatch.cells import expand_cells
-from smallbatch.config import ConfigError, load_config
-from smallbatch.losses import diagnostics, in_batch_scores
-from smallbatch.temperature import EssTemperature
-from smallbatch.temperature import ess_of as _ess_of
+from smallbatch.pipeline.cells import expand_cells
+from smallbatch.pipeline.config import ConfigError, load_config
+from smallbatch.diagnostics import diagnostics
+from smallbatch.losses import in_batch_scores
+from smallbatch.training.temperature import EssTemperature
+from smallbatch.training.temperature import ess_of as _ess_of
 
 
 def ess_of(neg, tau, mask):
@@ -114,8 +115,8 @@ def test_side_experiment_bad_train_key():
 
 def test_ess_scheduled_training_follows_target(tmp_path):
     from smallbatch import data as D
-    from smallbatch.cells import make_cell
-    from smallbatch.train import pretrain
+    from smallbatch.pipeline.cells import make_cell
+    from smallbatch.training.loop import pretrain
 
     torch.set_num_threads(1)
     cfg = load_config(None, {"datasets": {"digits": {}}, "train": {"width": 4, "proj_hidden": 16, "proj_dim": 8,

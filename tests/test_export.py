@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from smallbatch import cli
-from smallbatch.checkpoint import load_checkpoint, save_checkpoint
-from smallbatch.export import export_backbone, how_to_load
+from smallbatch.pipeline import cli
+from smallbatch.training.checkpoint import load_checkpoint, save_checkpoint
+from smallbatch.pipeline.export import export_backbone, how_to_load
 from smallbatch.models import ContrastiveModel, build_backbone
 
 CELL_ID = "digits/infonce/bs32-t0.5-s0"
@@ -57,7 +57,7 @@ def loading_lines(printed: str) -> str:
 
 def reference_backbone(checkpoint: Path) -> torch.nn.Module:
     """The backbone as the project's embed step builds it from the checkpoint."""
-    from smallbatch.train import build_model
+    from smallbatch.training.loop import build_model
 
     ck = load_checkpoint(checkpoint, kind="checkpoint")
     model = build_model(ck["cell"], ck["channels"], ck["image_size"])

@@ -287,7 +287,8 @@ class _Explodes:
 def test_partial_writes_never_replace_a_finished_file(tmp_path):
     """The file writers write to a temp file and rename: a write that fails half way
     leaves the finished file as it was (and a new file absent), never a truncated one."""
-    from smallbatch import data, train
+    from smallbatch import data
+    from smallbatch.training import loop as train
     from smallbatch.io import save_torch
 
     ckpt = tmp_path / "checkpoint.pt"

@@ -195,7 +195,7 @@ def test_the_full_plans_cells_are_valid_cells_of_the_study_configs(tmp_path):
     (cifar10.yaml's resnet18_cifar at 1024 in bf16 too) and the CLI's two cells."""
     import throughput
 
-    from smallbatch import cli
+    from smallbatch.pipeline import cli
 
     plan = gpu_check.make_plan(quick=False)
     for model, bs, prec, compiled in gpu_check.throughput_cases(plan):

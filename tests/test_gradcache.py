@@ -1,4 +1,4 @@
-"""Gradient caching (smallbatch.gradcache) gives the whole batch's gradient with BatchNorm
+"""Gradient caching (smallbatch.training.gradcache) gives the whole batch's gradient with BatchNorm
 in training mode, in float64 on the CPU, with a small_cnn + projection head:
 
 * train-mode BatchNorm: chunked == one forward of the whole batch (statistics over the
@@ -22,9 +22,10 @@ import torch
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-from smallbatch.distributed import World, data_parallel, mean_over_processes, sync_batchnorm
-from smallbatch.gradcache import cached_backward, chunk_slices, eval_batchnorm
-from smallbatch.losses import REGISTRY, MomentumQueue
+from smallbatch.training.distributed import World, data_parallel, mean_over_processes, sync_batchnorm
+from smallbatch.training.gradcache import cached_backward, chunk_slices, eval_batchnorm
+from smallbatch.losses import REGISTRY
+from smallbatch.training.negatives import MomentumQueue
 from test_distributed import (
     TOL,
     assert_results,
@@ -255,9 +256,10 @@ def test_bad_views_are_refused():
 # --------------------------------------------------------------------------- the training step
 def _train_step_updates(chunk_size, queue_size: int, steps: int = 3):
     """``steps`` real training steps (fp64, digits, batch 16) of train.build_training's parts."""
-    from smallbatch import data, train
-    from smallbatch.cells import make_cell
-    from smallbatch.config import load_config
+    from smallbatch import data
+    from smallbatch.training import loop as train
+    from smallbatch.pipeline.cells import make_cell
+    from smallbatch.pipeline.config import load_config
 
     cfg = load_config(None, {"datasets": {"digits": {}},
                              "train": {"width": 4, "proj_hidden": 16, "proj_dim": 8, "lr": 0.05, "precision": "fp64",

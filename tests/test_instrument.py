@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from smallbatch import cells, config
+from smallbatch.pipeline import cells, config
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -11,23 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from smallbatch.losses import (
-    DCL,
-    DCLW,
-    LOSSES,
-    EqCo,
-    FlatNCE,
-    InfoNCE,
-    LossOutput,
-    MomentumQueue,
-    REGISTRY,
-    batch_positives,
-    build_loss,
-    diagnostics,
-    in_batch_scores,
-    loss_param_names,
-    queue_scores,
-)
+from smallbatch.losses import DCL, DCLW, LOSSES, EqCo, FlatNCE, InfoNCE, LossOutput, REGISTRY, batch_positives, build_loss, in_batch_scores, loss_param_names, queue_scores
+from smallbatch.training.negatives import MomentumQueue
+from smallbatch.diagnostics import diagnostics
+from loss_at_tau import at_tau
 
 torch.set_num_threads(1)
 
@@ -123,7 +110,7 @@ CASES = [
 @pytest.mark.parametrize("n,d,tau", CASES)
 def test_in_batch_loss_matches_loop_reference(name, n, d, tau):
     z1, z2 = _views(n, d, seed=n * 1000 + d)
-    out = build_loss(name, tau)(z1, z2)
+    out = at_tau(build_loss(name), tau)(z1, z2)
     ref = ref_loss(name, ref_in_batch(z1.numpy(), z2.numpy()), tau)
     assert isinstance(out, LossOutput)
     assert out.loss.dtype == torch.float64 and out.loss.dim() == 0
@@ -145,7 +132,7 @@ def test_in_batch_loss_matches_loop_reference(name, n, d, tau):
 @pytest.mark.parametrize("n,d,tau", [(2, 1, 0.05), (9, 16, 0.5), (33, 128, 0.1)])
 def test_parameterised_losses_match_loop_reference(name, params, n, d, tau):
     z1, z2 = _views(n, d, seed=7 + n)
-    out = build_loss(name, tau, **params)(z1, z2)
+    out = at_tau(build_loss(name, **params), tau)(z1, z2)
     ref = ref_loss(name, ref_in_batch(z1.numpy(), z2.numpy()), tau, **params)
     assert out.value.item() == pytest.approx(ref, rel=1e-10, abs=1e-10)
 
@@ -157,7 +144,7 @@ def test_queue_loss_matches_loop_reference(name, n, m, d, tau):
     q = torch.randn(n, d, generator=g, dtype=torch.float64)
     k = q + 0.5 * torch.randn(n, d, generator=g, dtype=torch.float64)
     queue = torch.randn(m, d, generator=g, dtype=torch.float64)
-    out = build_loss(name, tau)(q, k, queue=queue)
+    out = at_tau(build_loss(name), tau)(q, k, queue=queue)
     ref = ref_loss(name, ref_queue(q.numpy(), k.numpy(), queue.numpy()), tau)
     assert out.value.item() == pytest.approx(ref, rel=1e-10, abs=1e-10)
 
@@ -176,7 +163,7 @@ def test_masked_queue_matches_reference_with_per_row_k(name, params):
     pos, neg, mask = queue_scores(q, k, queue, q_index, queue_index)
     ks = mask.sum(1).tolist()
     assert ks == [19, 21, 21, 23, 22]
-    out = build_loss(name, tau, **params).from_scores(pos, neg, mask)
+    out = at_tau(build_loss(name, **params), tau).from_scores(pos, neg, mask)
     ref = ref_loss(name, ref_queue(q.numpy(), k.numpy(), queue.numpy(), q_index, queue_index), tau, **params)
     assert out.value.item() == pytest.approx(ref, rel=1e-10)
 
@@ -205,7 +192,7 @@ def test_gradient_matches_finite_differences(name, params, n, d, tau):
     z1, z2 = _views(n, d, seed=11 * n + d)
     a = z1.clone().requires_grad_()
     b = z2.clone().requires_grad_()
-    build_loss(name, tau, **params)(a, b).loss.backward()
+    at_tau(build_loss(name, **params), tau)(a, b).loss.backward()
     x1, x2 = z1.numpy().copy(), z2.numpy().copy()
     weights = None
     if name == "dclw":  # DCLW's weights are computed on detached similarities: hold them fixed
@@ -225,7 +212,7 @@ def test_queue_gradient_matches_finite_differences():
     queue = torch.randn(7, 4, generator=g, dtype=torch.float64)
     qi, ui = torch.tensor([0, 1, 2]), torch.tensor([0, 3, 1, 4, 5, 6, 0])
     qq = q.clone().requires_grad_()
-    build_loss("eqco", 0.2, alpha=2.0)(qq, k, queue=queue, q_index=qi, queue_index=ui).loss.backward()
+    at_tau(build_loss("eqco", alpha=2.0), 0.2)(qq, k, queue=queue, q_index=qi, queue_index=ui).loss.backward()
     xq = q.numpy().copy()
     (gq,) = _fd_grad(lambda: ref_loss("eqco", ref_queue(xq, k.numpy(), queue.numpy(), qi, ui), 0.2, alpha=2.0), [xq])
     np.testing.assert_allclose(qq.grad.numpy(), gq, rtol=1e-5, atol=1e-8)
@@ -237,10 +224,10 @@ def test_queue_gradient_matches_finite_differences():
 def test_collinear_closed_forms_in_batch(n, tau):
     z = torch.ones(n, 3, dtype=torch.float64) * torch.arange(1, n + 1, dtype=torch.float64)[:, None]
     k = 2 * n - 2
-    assert build_loss("infonce", tau)(z, z).value.item() == pytest.approx(math.log(2 * n - 1), rel=1e-12)
-    assert build_loss("flatnce", tau)(z, z).value.item() == pytest.approx(math.log(k), rel=1e-12, abs=1e-12)
-    assert build_loss("dcl", tau)(z, z).value.item() == pytest.approx(math.log(k), rel=1e-12, abs=1e-12)
-    assert build_loss("eqco", tau, alpha=3.0)(z, z).value.item() == pytest.approx(math.log(4.0), rel=1e-12)
+    assert at_tau(build_loss("infonce"), tau)(z, z).value.item() == pytest.approx(math.log(2 * n - 1), rel=1e-12)
+    assert at_tau(build_loss("flatnce"), tau)(z, z).value.item() == pytest.approx(math.log(k), rel=1e-12, abs=1e-12)
+    assert at_tau(build_loss("dcl"), tau)(z, z).value.item() == pytest.approx(math.log(k), rel=1e-12, abs=1e-12)
+    assert at_tau(build_loss("eqco", alpha=3.0), tau)(z, z).value.item() == pytest.approx(math.log(4.0), rel=1e-12)
     pos, neg, mask = in_batch_scores(z, z)
     d = diagnostics(pos, neg, tau, mask)
     assert d["mi_estimate"] == pytest.approx(0.0, abs=1e-12)
@@ -254,13 +241,13 @@ def test_collinear_closed_form_queue(m):
     q = torch.ones(4, 2, dtype=torch.float64)
     queue = MomentumQueue(size=m, dim=2, dtype=torch.float64)
     queue.enqueue(3 * torch.ones(m, 2, dtype=torch.float64), torch.arange(10, 10 + m))
-    out = build_loss("infonce", 0.1)(q, q, queue=queue, q_index=torch.arange(4))
+    out = at_tau(build_loss("infonce"), 0.1)(q, q, queue=queue, q_index=torch.arange(4))
     assert len(queue) == m
     assert out.value.item() == pytest.approx(math.log(m + 1), rel=1e-12)
     # masking r entries of a row leaves K = M - r: InfoNCE = log(M - r + 1)
     if m > 1:
         queue.enqueue(torch.ones(1, 2, dtype=torch.float64), torch.tensor([0]))
-        out = build_loss("infonce", 0.1)(q[:1], q[:1], queue=queue, q_index=torch.tensor([0]))
+        out = at_tau(build_loss("infonce"), 0.1)(q[:1], q[:1], queue=queue, q_index=torch.tensor([0]))
         assert out.value.item() == pytest.approx(math.log(m), rel=1e-12)
 
 
@@ -274,7 +261,7 @@ def _grads(loss, z1, z2, **kw):
 @pytest.mark.parametrize("n,d,tau", [(2, 3, 0.05), (8, 16, 0.1), (17, 64, 1.0)])
 def test_flatnce_gradient_equals_dcl_gradient(n, d, tau):
     z1, z2 = _views(n, d, seed=n)
-    torch.testing.assert_close(_grads(FlatNCE(tau), z1, z2), _grads(DCL(tau), z1, z2), rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(_grads(at_tau(FlatNCE(), tau), z1, z2), _grads(at_tau(DCL(), tau), z1, z2), rtol=1e-12, atol=1e-14)
 
 
 @pytest.mark.parametrize("n,d,tau", [(2, 3, 0.5), (8, 16, 0.1), (17, 64, 1.0)])
@@ -286,9 +273,9 @@ def test_flatnce_with_positive_among_negatives_has_infonce_gradient(n, d, tau):
         a, b = z1.clone().requires_grad_(), z2.clone().requires_grad_()
         pos, neg, _ = in_batch_scores(a, b)
         if which == "flat+pos":
-            out = FlatNCE(tau).from_scores(pos, torch.cat([pos[:, None], neg], dim=1))
+            out = at_tau(FlatNCE(), tau).from_scores(pos, torch.cat([pos[:, None], neg], dim=1))
         else:
-            out = InfoNCE(tau).from_scores(pos, neg)
+            out = at_tau(InfoNCE(), tau).from_scores(pos, neg)
         out.loss.backward()
         grads.append(torch.cat([a.grad.flatten(), b.grad.flatten()]))
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-10, atol=1e-14)
@@ -296,17 +283,17 @@ def test_flatnce_with_positive_among_negatives_has_infonce_gradient(n, d, tau):
 
 def test_dclw_tends_to_dcl_as_sigma_grows():
     z1, z2 = _views(6, 8, seed=2)
-    g_dcl = _grads(DCL(0.1), z1, z2)
-    errs = [float((_grads(DCLW(0.1, sigma=s), z1, z2) - g_dcl).norm() / g_dcl.norm()) for s in (0.5, 10.0, 1e3, 1e6)]
+    g_dcl = _grads(at_tau(DCL(), 0.1), z1, z2)
+    errs = [float((_grads(at_tau(DCLW(sigma=s), 0.1), z1, z2) - g_dcl).norm() / g_dcl.norm()) for s in (0.5, 10.0, 1e3, 1e6)]
     assert all(e1 > e2 for e1, e2 in zip(errs, errs[1:])), errs
     assert errs[-1] < 1e-6 and errs[0] > 1e-3, errs
-    torch.testing.assert_close(_grads(DCLW(0.1, sigma=math.inf), z1, z2), g_dcl)
-    assert DCLW(0.1, sigma=1e6)(z1, z2).value.item() == pytest.approx(DCL(0.1)(z1, z2).value.item(), rel=1e-6)
+    torch.testing.assert_close(_grads(at_tau(DCLW(sigma=math.inf), 0.1), z1, z2), g_dcl)
+    assert at_tau(DCLW(sigma=1e6), 0.1)(z1, z2).value.item() == pytest.approx(at_tau(DCL(), 0.1)(z1, z2).value.item(), rel=1e-6)
 
 
 def test_dclw_weights_mean_one_and_favour_hard_positives():
     pos = torch.tensor([0.9, 0.5, 0.1, -0.2], dtype=torch.float64)
-    w = DCLW(0.1, sigma=0.5).weights(pos)
+    w = at_tau(DCLW(sigma=0.5), 0.1).weights(pos)
     assert w.mean().item() == pytest.approx(1.0)
     assert torch.all(w[1:] > w[:-1])
 
@@ -315,30 +302,30 @@ def test_dclw_weights_mean_one_and_favour_hard_positives():
 def test_eqco_with_alpha_k_equals_infonce(tau):
     z1, z2 = _views(7, 10, seed=3)
     k = 2 * 7 - 2
-    v_info = InfoNCE(tau)(z1, z2)
-    for eq in (EqCo(tau, alpha=float(k)), EqCo(tau)):
+    v_info = at_tau(InfoNCE(), tau)(z1, z2)
+    for eq in (at_tau(EqCo(alpha=float(k)), tau), at_tau(EqCo(), tau)):
         out = eq(z1, z2)
         assert out.value.item() == pytest.approx(v_info.value.item(), rel=1e-12)
-        torch.testing.assert_close(_grads(eq, z1, z2), _grads(InfoNCE(tau), z1, z2), rtol=1e-10, atol=1e-14)
+        torch.testing.assert_close(_grads(eq, z1, z2), _grads(at_tau(InfoNCE(), tau), z1, z2), rtol=1e-10, atol=1e-14)
     # alpha != K differs
-    assert EqCo(tau, alpha=1.0)(z1, z2).value.item() < v_info.value.item()
+    assert at_tau(EqCo(alpha=1.0), tau)(z1, z2).value.item() < v_info.value.item()
 
 
 def test_holder_gamma_one_is_flatnce_and_gamma_limits():
     z1, z2 = _views(6, 5, seed=4)
-    assert FlatNCE(0.2).gamma == 1.0
+    assert at_tau(FlatNCE(), 0.2).gamma == 1.0
     # gamma = 1 takes its own branch (plain logsumexp); the general Hoelder formula just beside it
     # gives the same gradient: measured max difference 1.7e-10 at gamma = 1 + 1e-9 (it is the
     # family's own change with gamma, linear in the step), held to 1e-9
-    torch.testing.assert_close(_grads(FlatNCE(0.2, gamma=1.0), z1, z2), _grads(FlatNCE(0.2, gamma=1.0 + 1e-9), z1, z2),
+    torch.testing.assert_close(_grads(at_tau(FlatNCE(gamma=1.0), 0.2), z1, z2), _grads(at_tau(FlatNCE(gamma=1.0 + 1e-9), 0.2), z1, z2),
                                rtol=0, atol=1e-9)
     # gamma -> 1 continuously, gamma -> 0 tends to the geometric-mean limit
-    v1 = FlatNCE(0.2)(z1, z2).value.item()
-    assert FlatNCE(0.2, gamma=1.0 + 1e-7)(z1, z2).value.item() == pytest.approx(v1, rel=1e-6)
-    v0 = FlatNCE(0.2, gamma=0.0)(z1, z2).value.item()
-    assert FlatNCE(0.2, gamma=1e-7)(z1, z2).value.item() == pytest.approx(v0, rel=1e-5)
+    v1 = at_tau(FlatNCE(), 0.2)(z1, z2).value.item()
+    assert at_tau(FlatNCE(gamma=1.0 + 1e-7), 0.2)(z1, z2).value.item() == pytest.approx(v1, rel=1e-6)
+    v0 = at_tau(FlatNCE(gamma=0.0), 0.2)(z1, z2).value.item()
+    assert at_tau(FlatNCE(gamma=1e-7), 0.2)(z1, z2).value.item() == pytest.approx(v0, rel=1e-5)
     # power means are ordered in gamma
-    vals = [FlatNCE(0.2, gamma=g)(z1, z2).value.item() for g in (0.0, 0.5, 1.0, 2.0, 8.0)]
+    vals = [at_tau(FlatNCE(gamma=g), 0.2)(z1, z2).value.item() for g in (0.0, 0.5, 1.0, 2.0, 8.0)]
     assert all(a < b for a, b in zip(vals, vals[1:])), vals
 
 
@@ -346,7 +333,7 @@ def test_holder_gamma_one_is_flatnce_and_gamma_limits():
 @pytest.mark.parametrize("name", NAMES)
 def test_symmetric_in_the_two_views(name):
     z1, z2 = _views(9, 12, seed=9)
-    loss = build_loss(name, 0.1)
+    loss = at_tau(build_loss(name), 0.1)
     o12, o21 = loss(z1, z2), loss(z2, z1)
     assert o12.value.item() == pytest.approx(o21.value.item(), rel=1e-12)
     g12 = _grads(loss, z1, z2).view(2, -1)
@@ -358,7 +345,7 @@ def test_symmetric_in_the_two_views(name):
 def test_invariant_to_permuting_the_batch(name):
     z1, z2 = _views(11, 6, seed=10)
     perm = torch.randperm(11, generator=torch.Generator().manual_seed(0))
-    loss = build_loss(name, 0.3)
+    loss = at_tau(build_loss(name), 0.3)
     assert loss(z1, z2).value.item() == pytest.approx(loss(z1[perm], z2[perm]).value.item(), rel=1e-12)
     g = _grads(loss, z1, z2).view(2, 11, 6)
     gp = _grads(loss, z1[perm], z2[perm]).view(2, 11, 6)
@@ -390,7 +377,7 @@ def test_losses_of_disjoint_anchor_sets_average_to_the_whole_batch(name):
     gradient w.r.t. every embedding (DCLW's weights use the whole batch's positives)."""
     z1, z2 = _views(6, 5, seed=2)
     a, b = z1.clone().requires_grad_(True), z2.clone().requires_grad_(True)
-    loss = build_loss(name, 0.2)
+    loss = at_tau(build_loss(name), 0.2)
     whole = loss(a, b).loss
     g_whole = torch.autograd.grad(whole, (a, b))
     n = z1.shape[0]
@@ -410,12 +397,10 @@ def test_losses_of_disjoint_anchor_sets_average_to_the_whole_batch(name):
 def test_a_temperature_tensor_equals_the_float(name):
     z1, z2 = _views(4, 3, seed=3)
     pos, neg, mask = in_batch_scores(z1, z2)
-    loss = build_loss(name, 0.3)
+    loss = at_tau(build_loss(name), 0.3)
     a = loss.from_scores(pos, neg, mask)
-    b = build_loss(name, 1.0).from_scores(pos, neg, mask, temperature=torch.tensor(0.3, dtype=torch.float64))
+    b = at_tau(build_loss(name), 1.0).from_scores(pos, neg, mask, temperature=torch.tensor(0.3, dtype=torch.float64))
     assert torch.equal(a.loss, b.loss) and torch.equal(a.value, b.value) and torch.equal(a.infonce, b.infonce)
-    with pytest.raises(ValueError, match="0-d float tensor"):
-        loss.from_scores(pos, neg, mask, temperature=torch.tensor([0.3]))
 
 
 # --------------------------------------------------------------------------- queue
@@ -454,8 +439,8 @@ def test_queue_longer_than_dataset_masks_old_keys_of_the_same_image():
         assert own.sum() >= 3 and not mask[i][own].any() and mask[i][~own].all()
     # unmasked, the stale own keys look like near-perfect "negatives" (cos ~ 1)
     assert neg[~mask].min() > 0.99
-    masked = InfoNCE(0.1)(images, images, queue=qu, q_index=q_idx).value.item()
-    unmasked = InfoNCE(0.1)(images, images, queue=qu).value.item()
+    masked = at_tau(InfoNCE(), 0.1)(images, images, queue=qu, q_index=q_idx).value.item()
+    unmasked = at_tau(InfoNCE(), 0.1)(images, images, queue=qu).value.item()
     assert unmasked > masked + 1.0
 
 
@@ -528,7 +513,7 @@ def test_diagnostics_ess_bounds_and_masks():
     assert d["mi_ceiling"] == pytest.approx((math.log(6) + 15 * math.log(31)) / 16)
     assert d["neg_cos"] == pytest.approx(float(neg[mask].mean()), rel=1e-6)
     for name in NAMES:  # works for any loss's (pos, neg, mask); the loss's infonce field agrees
-        out = build_loss(name, 0.1).from_scores(pos, neg, mask)
+        out = at_tau(build_loss(name), 0.1).from_scores(pos, neg, mask)
         assert out.infonce.item() == pytest.approx(d["infonce"], rel=1e-6)
 
 
@@ -540,18 +525,18 @@ def test_registry_names_aliases_and_params():
     assert loss_param_names("eqco") == {"alpha": None}
     assert loss_param_names("flatnce") == {"gamma": 1.0}
     assert loss_param_names("infonce") == {} and loss_param_names("dcl") == {}
-    loss = build_loss("DCLW", 0.2, sigma=2.0)
-    assert isinstance(loss, DCLW) and loss.sigma == 2.0 and loss.temperature == 0.2 and loss.name == "dclw"
-    assert build_loss("eqco", 0.1).alpha is None and build_loss("eqco", 0.1, alpha=64).alpha == 64.0
-    assert build_loss("simclr", 0.5).params() == {"temperature": 0.5}
+    loss = build_loss("DCLW", sigma=2.0)
+    assert isinstance(loss, DCLW) and loss.sigma == 2.0 and loss.name == "dclw" and not hasattr(loss, "temperature")
+    assert build_loss("eqco").alpha is None and build_loss("eqco", alpha=64).alpha == 64.0
+    assert build_loss("simclr").params() == {} and build_loss("dclw").params() == {"sigma": 0.5}
     with pytest.raises(ValueError, match="unknown loss 'barlow'.*allowed: .*dclw"):
-        build_loss("barlow", 0.1)
+        build_loss("barlow")
     with pytest.raises(ValueError, match="unknown loss"):
         loss_param_names("nope")
     with pytest.raises(ValueError, match=r"unknown parameter\(s\) \['sigma'\] for loss 'eqco'; allowed: alpha"):
-        build_loss("eqco", 0.1, sigma=1.0)
+        build_loss("eqco", sigma=1.0)
     with pytest.raises(ValueError, match="unknown parameter"):
-        build_loss("infonce", 0.1, gamma=2.0)
+        build_loss("infonce", gamma=2.0)
 
 
 # --------------------------------------------------------------------------- bad input
@@ -559,34 +544,32 @@ def test_registry_names_aliases_and_params():
 def test_bad_inputs_raise_value_error_naming_the_argument(name):
     z = torch.randn(4, 8)
     with pytest.raises(ValueError, match="z1/z2 batch size must be >= 2"):
-        build_loss(name, 0.1)(z[:1], z[:1])
-    for tau in (0.0, -0.1, float("nan"), float("inf"), "hot"):
-        with pytest.raises(ValueError, match="temperature"):
-            build_loss(name, tau)
+        at_tau(build_loss(name), 0.1)(z[:1], z[:1])
+    # (τ is the caller's, checked once where a cell is made: tests/test_config.py)
     with pytest.raises(ValueError, match="z1 and z2 must have the same shape"):
-        build_loss(name, 0.1)(z, torch.randn(4, 7))
+        at_tau(build_loss(name), 0.1)(z, torch.randn(4, 7))
     with pytest.raises(ValueError, match="z1 and z2 must have the same shape"):
-        build_loss(name, 0.1)(z, torch.randn(5, 8))
+        at_tau(build_loss(name), 0.1)(z, torch.randn(5, 8))
     with pytest.raises(ValueError, match=r"z1 must have shape \(N, D\)"):
-        build_loss(name, 0.1)(z[0], z[0])
+        at_tau(build_loss(name), 0.1)(z[0], z[0])
     with pytest.raises(ValueError, match="queue has dimension 7 but q/k have dimension 8"):
-        build_loss(name, 0.1)(z, z, queue=torch.randn(10, 7))
+        at_tau(build_loss(name), 0.1)(z, z, queue=torch.randn(10, 7))
     with pytest.raises(ValueError, match="queue is empty"):
-        build_loss(name, 0.1)(z, z, queue=MomentumQueue(10, 8))
+        at_tau(build_loss(name), 0.1)(z, z, queue=MomentumQueue(10, 8))
     with pytest.raises(ValueError, match="queue_index is required"):
-        build_loss(name, 0.1)(z, z, queue=torch.randn(10, 8), q_index=torch.arange(4))
+        at_tau(build_loss(name), 0.1)(z, z, queue=torch.randn(10, 8), q_index=torch.arange(4))
     with pytest.raises(ValueError, match="neg_mask leaves anchors without any valid negative"):
-        build_loss(name, 0.1)(z, z, queue=torch.randn(2, 8), q_index=torch.arange(4), queue_index=torch.tensor([1, 1]))
+        at_tau(build_loss(name), 0.1)(z, z, queue=torch.randn(2, 8), q_index=torch.arange(4), queue_index=torch.tensor([1, 1]))
 
 
 def test_bad_parameters_and_queue_inputs():
     for bad in (0.0, -1.0):
         with pytest.raises(ValueError, match="sigma must be > 0"):
-            DCLW(0.1, sigma=bad)
+            at_tau(DCLW(sigma=bad), 0.1)
         with pytest.raises(ValueError, match="alpha must be a positive finite number or None"):
-            EqCo(0.1, alpha=bad)
+            at_tau(EqCo(alpha=bad), 0.1)
     with pytest.raises(ValueError, match="gamma must be a finite number >= 0"):
-        FlatNCE(0.1, gamma=-1.0)
+        at_tau(FlatNCE(gamma=-1.0), 0.1)
     with pytest.raises(ValueError, match="size must be >= 1"):
         MomentumQueue(0, 4)
     with pytest.raises(ValueError, match="dim must be >= 1"):
@@ -597,13 +580,11 @@ def test_bad_parameters_and_queue_inputs():
     with pytest.raises(ValueError, match="indices must have one entry per key"):
         qu.enqueue(torch.randn(2, 3), torch.arange(3))
     with pytest.raises(ValueError, match="neg must have one row per anchor"):
-        InfoNCE(0.1).from_scores(torch.zeros(3), torch.zeros(4, 2))
+        at_tau(InfoNCE(), 0.1).from_scores(torch.zeros(3), torch.zeros(4, 2))
     with pytest.raises(ValueError, match="neg_mask must be a bool tensor"):
-        InfoNCE(0.1).from_scores(torch.zeros(3), torch.zeros(3, 2), torch.ones(3, 3, dtype=torch.bool))
+        at_tau(InfoNCE(), 0.1).from_scores(torch.zeros(3), torch.zeros(3, 2), torch.ones(3, 3, dtype=torch.bool))
     with pytest.raises(ValueError, match="q_index/queue_index are only meaningful"):
-        InfoNCE(0.1)(torch.randn(3, 2), torch.randn(3, 2), q_index=torch.arange(3))
-    with pytest.raises(ValueError, match="temperature"):
-        diagnostics(torch.zeros(2), torch.zeros(2, 2), 0.0)
+        at_tau(InfoNCE(), 0.1)(torch.randn(3, 2), torch.randn(3, 2), q_index=torch.arange(3))
 
 
 # --------------------------------------------------------------------------- DCL's mechanism
@@ -623,29 +604,29 @@ def test_infonce_gradient_is_dcls_times_the_coupling_factor(n, cos, tau):
     """DCL (Yeh et al.): InfoNCE's gradient is DCL's times q_B = 1 - softmax_pos.  On a batch
     where every anchor has the same q_B the ratio of the embedding-gradient norms is q_B,
     which is what training logs (diag/grad_ratio_infonce_dcl next to diag/qb_mean)."""
-    from smallbatch.losses import embedding_grad_norm
+    from smallbatch.diagnostics import embedding_grad_norm
 
     z1, z2 = _equal_coupling_batch(n, cos)
     k = 2 * n - 2
     q = 1 - math.exp(cos / tau) / (math.exp(cos / tau) + k)
-    g_info = embedding_grad_norm(InfoNCE(tau), z1, z2)
-    g_dcl = embedding_grad_norm(DCL(tau), z1, z2)
+    g_info = embedding_grad_norm(InfoNCE(), z1, z2, temperature=tau)
+    g_dcl = embedding_grad_norm(DCL(), z1, z2, temperature=tau)
     assert float(g_info / g_dcl) == pytest.approx(q, rel=1e-12)
     pos, neg, mask = in_batch_scores(z1, z2)
     assert diagnostics(pos, neg, tau, mask)["qb_mean"] == pytest.approx(q, rel=1e-12)
     # FlatNCE's gradient is DCL's (the paper's identity), so its norm is too
-    assert float(embedding_grad_norm(FlatNCE(tau), z1, z2)) == pytest.approx(float(g_dcl), rel=1e-12)
+    assert float(embedding_grad_norm(FlatNCE(), z1, z2, temperature=tau)) == pytest.approx(float(g_dcl), rel=1e-12)
 
 
 def test_the_ratio_is_not_q_b_when_anchors_differ():
     """With unequal q_B the norm ratio is a weighted mean of the anchors' q_B: between
     their extremes, but not their plain mean (the identity is per anchor)."""
-    from smallbatch.losses import embedding_grad_norm
+    from smallbatch.diagnostics import embedding_grad_norm
 
     z1, z2 = _views(12, 6, seed=4)
     pos, neg, mask = in_batch_scores(z1, z2)
     x_p, x_n = pos / 0.1, neg / 0.1
     qs = 1 - torch.exp(x_p - torch.logsumexp(torch.cat([x_p[:, None], x_n], 1), 1))
-    ratio = float(embedding_grad_norm(InfoNCE(0.1), z1, z2) / embedding_grad_norm(DCL(0.1), z1, z2))
+    ratio = float(embedding_grad_norm(InfoNCE(), z1, z2, temperature=0.1) / embedding_grad_norm(DCL(), z1, z2, temperature=0.1))
     assert float(qs.min()) <= ratio <= float(qs.max())
     assert ratio != pytest.approx(float(qs.mean()), rel=1e-6)

@@ -27,7 +27,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from smallbatch.losses import MomentumQueue, build_loss, diagnostics, in_batch_scores
+from smallbatch.training.negatives import MomentumQueue
+from smallbatch.losses import build_loss, in_batch_scores
+from smallbatch.diagnostics import diagnostics
+from loss_at_tau import at_tau
 
 torch.set_num_threads(1)
 U32 = 2.0 ** -24
@@ -51,7 +54,7 @@ def grad(name: str, tau: float, z1, z2, dtype) -> torch.Tensor:
         l = torch.logsumexp((neg - pos[:, None]) / tau, dim=1)
         (torch.sigmoid(l).detach() * l).mean().backward()
     else:
-        build_loss(name, tau)(a, b).loss.backward()
+        at_tau(build_loss(name), tau)(a, b).loss.backward()
     return torch.cat([a.grad.flatten(), b.grad.flatten()]).double()
 
 
@@ -111,7 +114,7 @@ def test_positive_pull_is_exactly_zero_in_float32_when_qb_below_roundoff():
         for dt in (torch.float32, torch.float64):
             pos, neg, _ = in_batch_scores(z1.to(dt), z2.to(dt))
             pos = pos.detach().requires_grad_()
-            build_loss(name, tau).from_scores(pos, neg).loss.backward()
+            at_tau(build_loss(name), tau).from_scores(pos, neg).loss.backward()
             res[name, dt] = pos.grad.double()
     msg = f"d/ds_pos: {({f'{n}/{d}': g.tolist() for (n, d), g in res.items()})}"
     assert torch.all(res["infonce", torch.float32] == 0), msg
@@ -167,7 +170,7 @@ def test_half_precision_inputs_are_finite_at_small_tau(dtype, name):
     On a random batch the half-input gradient matches float64 on the same (rounded) inputs to the
     half type's precision; on a saturated batch everything stays finite."""
     g = torch.Generator().manual_seed(0)
-    loss = build_loss(name, 0.01)
+    loss = at_tau(build_loss(name), 0.01)
     # random (unsaturated) batch: compare with float64 on the same rounded inputs
     h1 = (torch.randn(8, 32, generator=g) * 10).to(dtype)
     h2 = (torch.randn(8, 32, generator=g) * 10).to(dtype)
@@ -210,10 +213,10 @@ def test_float64_is_never_downcast_and_float32_not_upcast():
         pos, neg, _ = in_batch_scores(z1.to(dt), z2.to(dt))
         assert pos.dtype == dt and neg.dtype == dt
         for name in ("infonce", "flatnce", "dcl", "dclw", "eqco"):
-            out = build_loss(name, 0.1)(z1.to(dt), z2.to(dt))
+            out = at_tau(build_loss(name), 0.1)(z1.to(dt), z2.to(dt))
             assert out.loss.dtype == dt and out.value.dtype == dt
     # a float32 queue with float64 queries computes in float64
-    out = build_loss("infonce", 0.1)(z1, z2, queue=torch.randn(5, 128))
+    out = at_tau(build_loss("infonce"), 0.1)(z1, z2, queue=torch.randn(5, 128))
     assert out.loss.dtype == torch.float64
     # mixed half/float32 views compute in float32
     assert in_batch_scores(z1.half(), z2.float())[0].dtype == torch.float32

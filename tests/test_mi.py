@@ -1,4 +1,4 @@
-"""Tests of the correlated-Gaussian MI benchmark (smallbatch.mi, mi_step, the report's mi section)."""
+"""Tests of the correlated-Gaussian MI benchmark (smallbatch.mi.toy, mi_step, the report's mi section)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from smallbatch import mi
+from smallbatch.mi import toy as mi
+from smallbatch.pipeline.mi_job import validate_section
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -241,9 +242,9 @@ def test_an_estimator_that_diverges_together_stops_as_it_would_alone(monkeypatch
         calls = {"n": 0}
 
         class Failing:
-            def from_scores(self, pos, neg):
+            def from_scores(self, pos, neg, *, temperature):
                 calls["n"] += 1
-                out = loss.from_scores(pos, neg)
+                out = loss.from_scores(pos, neg, temperature=temperature)
                 if calls["n"] > 5:
                     out.loss = out.loss * float("nan")
                 return out
@@ -332,15 +333,15 @@ def test_eval_k_readout_is_not_capped_by_the_training_k():
     (lambda: mi.train_estimator("eqco", "separable", 4, 2.0, 4, 1, 1e-3, 0), "alpha"),
     (lambda: mi.SeparableCritic(0), "d"),
     (lambda: mi.SeparableCritic(3, temperature=0), "critic_temperature"),
-    (lambda: mi.validate_section({"critic_temperature": -1}), "critic_temperature"),
-    (lambda: mi.validate_section({"eval_k": 0}), "eval_k"),
-    (lambda: mi.validate_section({"dim": 0}), "dim"),
-    (lambda: mi.validate_section({"ks": [4, 0]}), "ks"),
-    (lambda: mi.validate_section({"mi_values": [2, -1]}), "mi_values"),
-    (lambda: mi.validate_section({"estimators": ["infonce", "dcl"]}), "estimators"),
-    (lambda: mi.validate_section({"critics": ["bilinear"]}), "critics"),
-    (lambda: mi.validate_section({"eqco_alpha": 0}), "eqco_alpha"),
-    (lambda: mi.validate_section({"stepz": 3}), "stepz"),
+    (lambda: validate_section({"critic_temperature": -1}), "critic_temperature"),
+    (lambda: validate_section({"eval_k": 0}), "eval_k"),
+    (lambda: validate_section({"dim": 0}), "dim"),
+    (lambda: validate_section({"ks": [4, 0]}), "ks"),
+    (lambda: validate_section({"mi_values": [2, -1]}), "mi_values"),
+    (lambda: validate_section({"estimators": ["infonce", "dcl"]}), "estimators"),
+    (lambda: validate_section({"critics": ["bilinear"]}), "critics"),
+    (lambda: validate_section({"eqco_alpha": 0}), "eqco_alpha"),
+    (lambda: validate_section({"stepz": 3}), "stepz"),
 ])
 def test_bad_input_names_the_argument(call, word):
     with pytest.raises(ValueError, match=word):
@@ -348,34 +349,34 @@ def test_bad_input_names_the_argument(call, word):
 
 
 def test_concat_max_k_restricts_the_grid():
-    sec = mi.validate_section({"ks": [4, 64, 1024], "critics": ["separable", "concat"], "concat_max_k": 64,
+    sec = validate_section({"ks": [4, 64, 1024], "critics": ["separable", "concat"], "concat_max_k": 64,
                                "estimators": ["infonce"], "mi_values": [2], "seeds": [0]})
     keys = [(r["critic"], r["K"]) for r in mi.grid(sec)]
     assert keys == [("separable", 4), ("separable", 64), ("separable", 1024), ("concat", 4), ("concat", 64)]
     with pytest.raises(ValueError, match="concat_max_k"):
-        mi.validate_section({"concat_max_k": 0})
+        validate_section({"concat_max_k": 0})
 
 
 def test_validate_section_fills_the_schemas_defaults():
-    from smallbatch.config import load_schema
+    from smallbatch.pipeline.schema import load_schema
 
     props = load_schema()["properties"]["experiments"]["properties"]["mi"]["properties"]
-    sec = mi.validate_section({"ks": [16], "enabled": True})
+    sec = validate_section({"ks": [16], "enabled": True})
     assert sec["ks"] == [16] and sec["enabled"] is True
     assert sec["dim"] == props["dim"]["default"] == 20
     assert sec["eqco_alpha"] == float(props["eqco_alpha"]["default"])
-    assert mi.validate_section(None)["mi_values"] == [2.0, 4.0, 6.0, 8.0, 10.0]
+    assert validate_section(None)["mi_values"] == [2.0, 4.0, 6.0, 8.0, 10.0]
     # by default the learned critics' scores are bounded (FlatNCE's critic diverges unbounded) and
     # every setting has three seeds, so that the findings have seed intervals
-    assert mi.validate_section(None)["critic_temperature"] == 0.05
-    assert len(mi.validate_section(None)["seeds"]) >= 3
-    assert mi.validate_section({"critic_temperature": None})["critic_temperature"] is None
+    assert validate_section(None)["critic_temperature"] == 0.05
+    assert len(validate_section(None)["seeds"]) >= 3
+    assert validate_section({"critic_temperature": None})["critic_temperature"] is None
     with pytest.raises(ValueError, match="experiments.mi.ks"):
-        mi.validate_section({"ks": 16})  # a list, as the schema says
+        validate_section({"ks": 16})  # a list, as the schema says
 
 
 def test_the_schemas_estimators_and_critics_are_the_benchmarks():
-    from smallbatch.config import load_schema
+    from smallbatch.pipeline.schema import load_schema
 
     props = load_schema()["properties"]["experiments"]["properties"]["mi"]["properties"]
     assert tuple(props["estimators"]["items"]["enum"]) == mi.ESTIMATORS
@@ -391,7 +392,7 @@ TINY = {
 
 
 def test_run_mi_experiment_rows():
-    rows = mi.run_mi_experiment(TINY, progress=False)
+    rows = mi.run_mi_experiment(validate_section(TINY), progress=False)
     assert len(rows) == 3 * 2 * 2 * 2
     for r in rows:
         assert r["eval_k"] == 64 and r["estimate_eval_k"] <= math.log(65) + 1e-6
@@ -411,7 +412,8 @@ def test_mi_step_logs_runs_and_report_section(tmp_path):
     import pandas as pd
     from mlflow.tracking import MlflowClient
 
-    from smallbatch import mi_step, report
+    from smallbatch.pipeline import mi_job as mi_step
+    from smallbatch import report
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     out = tmp_path / "mi" / "results.json"
@@ -442,7 +444,7 @@ def test_mi_step_logs_runs_and_report_section(tmp_path):
     hist = client.get_metric_history(r0.info.run_id, "mi/train_estimate")
     assert sorted(m.step for m in hist) == [4 * i for i in range(1, 11)]
     # the hash changes with a setting that changes the numbers, not with the grid lists
-    sec = mi.validate_section(section)
+    sec = validate_section(section)
     assert mi_step.cell_hash(sec, row) == mi_step.cell_hash(dict(sec, ks=[4, 16], seeds=[0, 1]), row)
     assert mi_step.cell_hash(sec, row) != mi_step.cell_hash(dict(sec, steps=41), row)
 
@@ -480,7 +482,7 @@ def test_mi_step_logs_runs_and_report_section(tmp_path):
 
 def test_seed_interval_is_the_student_t_interval():
     """mean ± t_{0.975, n-1} sd/sqrt(n) (evidence.t_interval), against the numbers by hand (t_{0.975, 2} = 4.3027)."""
-    from smallbatch.report.mi_findings import seed_interval
+    from smallbatch.report.sections.mi_findings import seed_interval
 
     mean, lo, hi, n = seed_interval([1.0, 2.0, 3.0, float("nan")])
     half = 4.302652729749464 * 1.0 / math.sqrt(3)
@@ -512,7 +514,7 @@ def test_flatnce_small_k_claim_can_fail(diff, spread, verdict):
     worse, or within noise; the sentence quotes the paired difference and its interval."""
     import pandas as pd
 
-    from smallbatch.report.mi_findings import flatnce_small_k
+    from smallbatch.report.sections.mi_findings import flatnce_small_k
 
     sent, claim = flatnce_small_k(pd.DataFrame(), _small_k_runs(diff, spread))
     assert claim["verdict"].startswith(verdict)
@@ -546,7 +548,7 @@ def test_mi_figure_marks_extreme_values_and_failures_instead_of_clamping(tmp_pat
     not silently clamped; a failed run is a marker with its legend entry; PNG and SVG both written."""
     import pandas as pd
 
-    from smallbatch.report import mi as report_mi
+    from smallbatch.report.sections import mi as report_mi
 
     rows = []
     for seed in (0, 1, 2):
@@ -570,7 +572,7 @@ def test_mi_figure_marks_extreme_values_and_failures_instead_of_clamping(tmp_pat
 def test_report_section_absent_without_mi_runs():
     import pandas as pd
 
-    from smallbatch.report import mi as report_mi
+    from smallbatch.report.sections import mi as report_mi
 
     runs = pd.DataFrame({"kind": ["cell"], "run_id": ["r"], "cell_id": ["c"], "start_time": [0],
                          "status": ["finished"]})

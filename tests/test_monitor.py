@@ -1,4 +1,4 @@
-"""The kNN monitor (smallbatch.monitor) on real training runs of the digits data set: a
+"""The kNN monitor (smallbatch.evaluation.monitor) on real training runs of the digits data set: a
 curve every ``eval.monitor_every`` epochs, from training images only, and the very same
 weights as a run without it (an execution setting, outside the cell's hash)."""
 
@@ -7,15 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from smallbatch import data, train
-from smallbatch.monitor import KnnMonitor, knn_monitor
+from smallbatch import data
+from smallbatch.training import loop as train
+from smallbatch.evaluation.monitor import KnnMonitor, knn_monitor
 
 from test_train import assert_same_weights, digits_cell, one_thread, run, weights  # noqa: F401 - fixture
-
-
-@pytest.fixture(scope="module")
-def digits(tmp_path_factory):
-    return data.load_dataset("digits", tmp_path_factory.mktemp("digits_root"))
 
 
 def test_the_monitor_logs_every_nth_epoch_and_trains_the_same_weights(tmp_path, digits):

@@ -1,5 +1,5 @@
 """An eager optimiser step reads nothing back to the host, for every optimiser of the
-study: each one's CUDA code path (smallbatch.optim.build_optimizer with ``cuda=True``:
+study: each one's CUDA code path (smallbatch.training.optim.build_optimizer with ``cuda=True``:
 SGD and LARS on foreach kernels, Adam ``capturable`` + foreach) runs on CPU tensors while
 a dispatch mode counts ``aten::item`` / ``aten::_local_scalar_dense`` (what a ``.item()``
 or a Python branch on a device tensor becomes: on a GPU, a copy and a synchronisation).
@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from smallbatch import optim
+from smallbatch.training import optim
 from smallbatch.models import ContrastiveModel, build_backbone
 
 HOST_READS = {"aten::item", "aten::_local_scalar_dense"}

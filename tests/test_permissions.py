@@ -28,7 +28,7 @@ def mode(path: Path) -> int:
 
 
 def _features(path: Path) -> None:
-    from smallbatch.evaluate import save_features
+    from smallbatch.evaluation.embed import save_features
 
     rng = np.random.default_rng(0)
     save_features(path, rng.normal(size=(6, 3)).astype(np.float32), rng.integers(0, 2, 6),
@@ -36,7 +36,7 @@ def _features(path: Path) -> None:
 
 
 def _checkpoint(path: Path) -> None:
-    from smallbatch.checkpoint import save_checkpoint
+    from smallbatch.training.checkpoint import save_checkpoint
 
     save_checkpoint(path, {"id": "digits/infonce/bs2-t1-s0", "hash": "0123456789"}, model={"w": torch.ones(2)})
 

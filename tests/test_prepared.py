@@ -1,5 +1,5 @@
 """The evaluation a cell's pretraining process runs ahead (``pretrain --evaluate-ahead``)
-and the evaluate step's adoption of it (smallbatch.prepared): the same files and MLflow
+and the evaluate step's adoption of it (smallbatch.pipeline.prepared): the same files and MLflow
 metrics as a separate evaluation, adopted only for the same checkpoint, cell and store."""
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from smallbatch import prepared, steps, tracking
+from smallbatch.pipeline import prepared, jobs as steps
+from smallbatch import tracking
 
-from test_reliability import EXPERIMENT, SMALLBATCH, _store, cache, digits_cell  # noqa: F401 - fixture
+from test_reliability import EXPERIMENT, SMALLBATCH, _store, digits_cell
 
 TIMINGS = ("knn/seconds", "linear/seconds", "knn/cpu_s", "linear/cpu_s")
 
@@ -67,7 +68,7 @@ def test_the_evaluate_step_adopts_the_files_without_torch(ahead):
         assert (out / f"{kind}.json").read_bytes() == (prepared.eval_dir(out) / f"{kind}.json").read_bytes()
         assert summary[kind] == json.loads((out / f"{kind}.json").read_text())
     # the fast path imports neither torch nor mlflow
-    code = ("import sys; from smallbatch import cli; sys.argv = ['smallbatch'] + sys.argv[1:]; rc = cli.main();"
+    code = ("import sys; from smallbatch.pipeline import cli; sys.argv = ['smallbatch'] + sys.argv[1:]; rc = cli.main();"
             "assert 'torch' not in sys.modules and 'mlflow' not in sys.modules, 'imported'; sys.exit(rc)")
     args = ["evaluate", "--cell-json", json.dumps(cell), "--checkpoint", str(out / "checkpoint.pt"),
             "--out-dir", str(out), "--tracking-uri", uri, "--experiment", EXPERIMENT]

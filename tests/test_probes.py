@@ -1,4 +1,4 @@
-"""smallbatch.probes: the validated linear probe, few-label probes and gap fractions."""
+"""smallbatch.evaluation.probes: the validated linear probe, few-label probes and gap fractions."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from smallbatch import probes
-from smallbatch.evaluate import fit_linear, linear_eval, linear_top1, standardise
+from smallbatch.evaluation import probes
+from smallbatch.evaluation.linear import fit_linear, linear_eval, linear_top1, standardise
 from smallbatch.synthetic import clustered_features
 
 DECAYS = [1e-3, 1e-1, 10.0]
@@ -114,7 +114,7 @@ def test_gap_fraction_places_a_value_between_random_init_and_supervised():
 
 
 def test_the_evaluation_step_writes_the_probes_in_percent(feats):
-    from smallbatch.steps import _eval_on_features
+    from smallbatch.pipeline.jobs import _eval_on_features
 
     tr, ytr, te, yte = feats
     ev = {"linear_iterations": 20, "linear_lr": None, "linear_weight_decay": 1e-3, "linear_optimizer": "lbfgs-precond",

@@ -3,7 +3,7 @@ own) or to both: every process stops at the same agreed step, rank 0 saves that 
 state, every process exits 143 after the save, none dies in a collective, and only rank 0
 says it saved.
 
-Each rank is the real CLI (``python -c`` around ``smallbatch.cli.main``, with torchrun's
+Each rank is the real CLI (``python -c`` around ``smallbatch.pipeline.cli.main``, with torchrun's
 environment variables, gloo on the CPU), paused after step PAUSE_AT: it writes a marker
 file and blocks reading stdin.  The test signals the chosen ranks while both are paused,
 then lets them go, so where the signal lands is decided by events, not by timing.
@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 import cluster
-from smallbatch.checkpoint import load_checkpoint
+from smallbatch.training.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.slow
 

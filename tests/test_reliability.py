@@ -17,9 +17,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from smallbatch import data, steps, train, tracking
-from smallbatch.cells import make_cell
-from smallbatch.config import load_config
+from smallbatch import data, tracking
+from smallbatch.pipeline import jobs as steps
+from smallbatch.training import loop as train
+from smallbatch.pipeline.cells import make_cell
+from smallbatch.pipeline.config import load_config
 from smallbatch.errors import CheckpointError
 
 SMALLBATCH = Path(sys.executable).with_name("smallbatch")
@@ -30,13 +32,6 @@ EXPERIMENT = "reliability"
 def digits_cell(**train_opts) -> dict:
     cfg = load_config(None, {"datasets": {"digits": {}}, "train": {**TINY, **train_opts}})
     return make_cell(cfg, dataset="digits", loss="infonce", loss_params={}, batch_size=32, temperature=0.5, seed=0)
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("cache") / "digits.pt"
-    data.save_cache(data.load_dataset("digits", None), path)
-    return path
 
 
 def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -247,7 +242,7 @@ def test_a_healthy_cell_is_not_called_collapsed(tmp_path, cache):
 
 
 def test_chance_level_rule():
-    from smallbatch.health import at_chance
+    from smallbatch.training.health import at_chance
 
     assert at_chance(10.0, 2000, 10) and at_chance(8.3, 2000, 10) and at_chance(11.3, 2000, 10)
     assert not at_chance(11.5, 2000, 10) and not at_chance(80.0, 2000, 10)
@@ -255,7 +250,7 @@ def test_chance_level_rule():
 
 
 def test_effective_rank_from_the_gram_matrix_equals_the_svd_definition():
-    from smallbatch.health import effective_rank
+    from smallbatch.training.health import effective_rank
 
     torch.manual_seed(0)
     for shape in ((64, 200), (300, 40)):

@@ -21,7 +21,7 @@ from report_store import StoreBuilder
 
 from smallbatch import report
 from smallbatch.losses import display_name
-from smallbatch.report import grid_findings
+from smallbatch.report.sections import grid_findings
 from smallbatch.report.figures import fraction_done
 
 ALL_LOSSES = ("infonce", "flatnce", "dcl")
@@ -82,12 +82,6 @@ def build_grid(b: StoreBuilder, dataset: str, losses, bss, temps, seeds, slopes,
 
 STEEP = {"infonce": 2.5, "flatnce": 0.0, "dcl": 1.0, "eqco": 1.0}
 FLIPPED = {"infonce": 0.0, "flatnce": 2.5, "dcl": 1.0, "eqco": 1.0}
-
-
-@pytest.fixture(scope="module")
-def store_uri(tmp_path_factory):
-    """One SQLite store for the module (creating MLflow's schema takes seconds); one experiment per case."""
-    return f"sqlite:///{tmp_path_factory.mktemp('store') / 'mlflow.db'}"
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from smallbatch.report import instrument
+from smallbatch.report.sections import instrument
 from smallbatch.report.context import ReportContext
 
 SEEDS = range(5)

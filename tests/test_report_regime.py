@@ -23,9 +23,9 @@ from report_store import StoreBuilder
 from scipy import stats
 
 from smallbatch import report
-from smallbatch.report import regime_findings
+from smallbatch.report.sections import regime_findings
 from smallbatch.report.evidence import Estimate
-from smallbatch.report.papers import load_papers
+from smallbatch.report.sections.papers import load_papers
 
 STEPS = 6
 REGIMES = {"adam": {"optimizer": "adam", "lr": 0.001, "lr_scaling": "none"},

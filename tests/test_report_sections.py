@@ -20,7 +20,8 @@ from scipy import stats
 
 from smallbatch import report
 from smallbatch.losses import display_name
-from smallbatch.report import ess, evidence, ksweep, precision_findings, sweep, tsweep
+from smallbatch.report.sections import ess, ksweep, precision_findings, sweep, tsweep
+from smallbatch.report import evidence
 
 N_IMAGES = 1797
 STEPS = 6
@@ -180,11 +181,6 @@ def build_case(uri: str, name: str, flip: bool) -> dict:
                   _final(v) if v is not None else {}, {"epoch": _epochs()},
                   status="finished" if v is not None else "diverged")
     return {"prec": prec, "ks": ks, "ess": ess, "ts": ts}
-
-
-@pytest.fixture(scope="module")
-def store_uri(tmp_path_factory):
-    return f"sqlite:///{tmp_path_factory.mktemp('store') / 'mlflow.db'}"
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["paper-claims-hold", "flipped"])

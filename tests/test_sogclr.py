@@ -12,10 +12,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from smallbatch import train
-from smallbatch.cells import expand_cells, make_cell
-from smallbatch.config import ConfigError, load_config, load_schema
+from smallbatch.training import loop as train
+from smallbatch.pipeline.cells import expand_cells, make_cell
+from smallbatch.pipeline.config import ConfigError, load_config
+from smallbatch.pipeline.schema import load_schema
 from smallbatch.losses import REGISTRY, SogCLR, build_loss, display_name, in_batch_scores
+from loss_at_tau import at_tau
 
 TAU = 0.3
 
@@ -67,7 +69,7 @@ def _grads(fn, z1, z2):
 def test_sogclr_is_gcloss_v1_over_two_tau_step_after_step(gamma):
     """Three steps over images seen and unseen: loss and gradient are GCLoss_v1's / (2 tau),
     and u is GCLoss_v1's, entry by entry."""
-    loss = SogCLR(TAU, gamma=gamma)
+    loss = at_tau(SogCLR(gamma=gamma), TAU)
     loss.init_state(12, dtype=torch.float64)
     u: dict = {}
     batches = [torch.tensor([3, 7, 1, 9, 0]), torch.tensor([7, 3, 9, 0, 1]), torch.tensor([1, 0, 3, 7, 9])]
@@ -88,7 +90,7 @@ def test_a_batch_mixing_new_and_seen_images_starts_each_new_image_from_its_batch
     """The one documented difference from GCLoss_v1 (whose whole-batch test would give the
     new images u = gamma g): u = 0 means 'never seen' per image."""
     gamma = 0.7
-    loss = SogCLR(TAU, gamma=gamma)
+    loss = at_tau(SogCLR(gamma=gamma), TAU)
     loss.init_state(10, dtype=torch.float64)
     u_ours: dict = {}
     u_libauc: dict = {}
@@ -111,14 +113,14 @@ def test_gamma_one_is_dcl_whatever_u_held_before():
     z1, z2 = _views(6, 5, seed=3)
     idx = torch.arange(6)
     pos, neg, _ = in_batch_scores(z1, z2)
-    fresh, used = SogCLR(TAU, gamma=1.0), SogCLR(TAU, gamma=1.0)
+    fresh, used = at_tau(SogCLR(gamma=1.0), TAU), at_tau(SogCLR(gamma=1.0), TAU)
     for lo in (fresh, used):
         lo.init_state(6, dtype=torch.float64)
     w1, w2 = _views(6, 5, seed=99)
     ours(used, w1, w2, idx)  # an earlier step with other embeddings
-    _, g_dcl = _grads(lambda a, b: build_loss("dcl", TAU)(a, b), z1, z2)
-    dcl_value = build_loss("dcl", TAU)(z1, z2).value
-    for lo in (fresh, used, SogCLR(TAU, gamma=1.0)):  # the last: no index, no state
+    _, g_dcl = _grads(lambda a, b: at_tau(build_loss("dcl"), TAU)(a, b), z1, z2)
+    dcl_value = at_tau(build_loss("dcl"), TAU)(z1, z2).value
+    for lo in (fresh, used, at_tau(SogCLR(gamma=1.0), TAU)):  # the last: no index, no state
         call = (lambda a, b: ours(lo, a, b, idx)) if lo.log_u.numel() else (lambda a, b: lo(a, b))
         _, g = _grads(call, z1, z2)
         for gd, go in zip(g_dcl, g):
@@ -129,14 +131,14 @@ def test_gamma_one_is_dcl_whatever_u_held_before():
 
 
 def test_calls_without_index_change_nothing_and_are_the_gamma_one_form():
-    loss = SogCLR(TAU, gamma=0.5)
+    loss = at_tau(SogCLR(gamma=0.5), TAU)
     loss.init_state(8, dtype=torch.float64)
     z1, z2 = _views(4, 3, seed=5)
     ours(loss, z1, z2, torch.arange(4))
     before = loss.log_u.clone()
     out = loss(z1, z2)  # diagnostics, gradient-norm and rounding-error measurements call it so
     assert torch.equal(loss.log_u, before)
-    one = SogCLR(TAU, gamma=1.0)(z1, z2)
+    one = at_tau(SogCLR(gamma=1.0), TAU)(z1, z2)
     assert torch.equal(out.loss, one.loss) and torch.equal(out.value, one.value)
 
 
@@ -150,7 +152,7 @@ def test_masked_negatives_do_not_enter_u_or_the_gradient():
     idx = torch.stack([torch.arange(4), torch.arange(4)])
     res = []
     for fill in (0.0, 0.9):
-        loss = SogCLR(TAU, gamma=0.6)
+        loss = at_tau(SogCLR(gamma=0.6), TAU)
         loss.init_state(4, dtype=torch.float64)
         n = neg.masked_fill(~mask, fill).requires_grad_(True)
         out = loss.from_scores(pos, n, mask, index=idx)
@@ -165,7 +167,7 @@ def test_masked_negatives_do_not_enter_u_or_the_gradient():
 
 def test_queue_anchors_index_is_one_view():
     """MoCo: the N queries are the anchors; index (1, N)."""
-    loss = SogCLR(TAU, gamma=0.5)
+    loss = at_tau(SogCLR(gamma=0.5), TAU)
     loss.init_state(10, dtype=torch.float64)
     g = torch.Generator().manual_seed(1)
     pos, neg = torch.rand(3, dtype=torch.float64, generator=g), torch.rand(3, 7, dtype=torch.float64, generator=g)
@@ -175,13 +177,13 @@ def test_queue_anchors_index_is_one_view():
     with pytest.raises(ValueError, match=r"index must be \(V, N\)"):
         loss.from_scores(pos, neg, index=torch.tensor([4, 0, 9]))
     with pytest.raises(ValueError, match="init_state"):
-        SogCLR(TAU).from_scores(pos, neg, index=torch.tensor([[4, 0, 9]]))
+        at_tau(SogCLR(), TAU).from_scores(pos, neg, index=torch.tensor([[4, 0, 9]]))
 
 
 @pytest.mark.parametrize("bad", [0, -0.1, 1.5, float("nan"), "x"])
 def test_bad_gamma_is_one_line(bad):
     with pytest.raises(ValueError, match=r"gamma must be in \(0, 1\]"):
-        build_loss("sogclr", 0.1, gamma=bad)
+        at_tau(build_loss("sogclr", gamma=bad), 0.1)
 
 
 def test_sogclr_is_in_the_registry_schema_cells_and_labels():
@@ -240,7 +242,7 @@ def test_resume_restores_u_and_ends_bitwise_like_an_uninterrupted_run(tmp_path, 
 
 
 def test_a_tiny_sogclr_cell_trains_through_the_command_line(tmp_path):
-    from smallbatch import cli
+    from smallbatch.pipeline import cli
 
     out = tmp_path / "cell"
     rc = cli.main(["pretrain", "--dataset", "digits", "--loss", "sogclr", "--loss-param", "gamma=0.5",

@@ -1,4 +1,4 @@
-"""The supervised upper bound (smallbatch.supervised) and its baseline cells."""
+"""The supervised upper bound (smallbatch.evaluation.supervised) and its baseline cells."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import json
 import pytest
 import torch
 
-from smallbatch.cells import baseline_cells
-from smallbatch.config import validate_config
+from smallbatch.pipeline.cells import baseline_cells
+from smallbatch.pipeline.config import validate_config
 from smallbatch.data import load_dataset
-from smallbatch.supervised import supervised_schedule, train_supervised
+from smallbatch.evaluation.supervised import supervised_schedule, train_supervised
 
 
 def _config(enabled=True, **extra):
@@ -52,7 +52,8 @@ def test_training_is_seeded_and_learns_the_labels():
     # 10 epochs with a crop that keeps most of an 8 px digit
     cell = {**cell, "train": {**cell["train"], "epochs": 10}, "augment": {"crop_scale": [0.5, 1.0]}}
     a = train_supervised(cell, d.train_x, d.train_y, 10, d.mean, d.std)
-    from smallbatch.evaluate import embed, linear_eval
+    from smallbatch.evaluation.embed import embed
+    from smallbatch.evaluation.linear import linear_eval
 
     feats = [embed(a, x, d.mean, d.std) for x in (d.train_x, d.test_x)]
     trained = linear_eval(feats[0], d.train_y, feats[1], d.test_y, epochs=20)["top1"]
@@ -66,7 +67,7 @@ def test_training_is_seeded_and_learns_the_labels():
 
 
 def test_run_baseline_evaluates_the_supervised_backbone_with_the_same_probes(tmp_path):
-    from smallbatch.steps import run_baseline
+    from smallbatch.pipeline.jobs import run_baseline
 
     out = tmp_path / "result.json"
     res = run_baseline(_digits_cell(), out, tracking_uri=None, experiment="x")

@@ -14,12 +14,14 @@ import pytest
 import torch
 
 import cluster
-from smallbatch import steps, tracking, train
-from smallbatch.cells import make_cell
-from smallbatch.checkpoint import load_checkpoint
-from smallbatch.config import load_config
+from smallbatch.pipeline import jobs as steps
+from smallbatch import tracking
+from smallbatch.training import loop as train
+from smallbatch.pipeline.cells import make_cell
+from smallbatch.training.checkpoint import load_checkpoint
+from smallbatch.pipeline.config import load_config
 
-from test_reliability import TINY, cache  # noqa: F401 - fixture
+from test_reliability import TINY
 
 EXPERIMENT = "artifacts"
 ARTIFACTS = ["backbone.pt", "cell.json", "knn.json", "linear.json"]

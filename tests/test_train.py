@@ -1,4 +1,4 @@
-"""Tests of the pretraining loop (``smallbatch.train``) on the real digits data set.
+"""Tests of the pretraining loop (``smallbatch.training.loop``) on the real digits data set.
 
 Every run here is a real (tiny) training run on CPU: small_cnn of width 4, a
 16-8 projection head, the digits images that ship with scikit-learn.  Tracking
@@ -26,9 +26,12 @@ import pytest
 import torch
 
 import cluster
-from smallbatch import data, steps, train
-from smallbatch.cells import make_cell
-from smallbatch.config import load_config
+from smallbatch import data
+from smallbatch.cell import Cell
+from smallbatch.pipeline import jobs as steps
+from smallbatch.training import loop as train
+from smallbatch.pipeline.cells import make_cell
+from smallbatch.pipeline.config import load_config
 from smallbatch.errors import CheckpointError
 
 SMALLBATCH = Path(sys.executable).with_name("smallbatch")
@@ -71,11 +74,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(old)
-
-
-@pytest.fixture(scope="module")
-def digits(tmp_path_factory):
-    return data.load_dataset("digits", tmp_path_factory.mktemp("digits_root"))
 
 
 # the cells the equivalence tests share (4 and 3 epochs: long enough to kill mid-run)
@@ -305,8 +303,8 @@ def test_nan_loss_mid_run_ends_cell_as_diverged(tmp_path, digits, monkeypatch):
     real_build = train.build_loss
     k = 50
 
-    def build_nan_at_k(name, temperature, **params):
-        loss = real_build(name, temperature, **params)
+    def build_nan_at_k(name, **params):
+        loss = real_build(name, **params)
         calls = {"n": 0}
         orig = loss.from_scores
 
@@ -447,7 +445,7 @@ def test_cpu_adam_is_fused_and_steps_like_the_reference_adam():
     """The CPU Adam is torch's fused kernel (one pass over all parameters): after 50 steps with
     weight decay and a changing rate its parameters equal the single-tensor Adam's to float
     rounding, and a float64 run of it equals the reference to 1e-12."""
-    from smallbatch.optim import make_optimizer, set_lr
+    from smallbatch.training.optim import make_optimizer, set_lr
 
     for dtype, tol in ((torch.float32, 1e-5), (torch.float64, 1e-12)):
         torch.manual_seed(0)
@@ -497,8 +495,6 @@ def test_lars_step_matches_hand_computation():
 # --------------------------------------------------------------------------- bad input
 @pytest.mark.parametrize("kw,n_images,arg", [
     (dict(batch_size=1), None, "batch_size"),
-    (dict(temperature=0.0), None, "temperature"),
-    (dict(temperature=-0.5), None, "temperature"),
     (dict(batch_size=32), 20, "batch_size"),
 ])
 def test_bad_cells_raise_value_error_naming_the_argument(tmp_path, digits, kw, n_images, arg):
@@ -522,7 +518,7 @@ def test_non_positive_epochs_raise(tmp_path, digits):
 def test_momentum_encoder_is_the_ema_of_the_query_encoder_and_its_keys_are_queued():
     """MoCo's update after a step: key = m * key + (1 - m) * query for every parameter, the
     query encoder's buffers copied, this step's keys (normalised) queued with their images."""
-    from smallbatch.negatives import QueueNegatives
+    from smallbatch.training.negatives import QueueNegatives
 
     torch.manual_seed(0)
     query = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
@@ -596,7 +592,7 @@ def test_bf16_autocast_does_not_reach_the_scores_or_the_loss(tmp_path, digits):
     out = t.step_fn.forward(t.images[idx], u, idx)
     assert out.z1.dtype == torch.float32 and out.scores.neg.dtype == torch.float32
     pos, neg, mask = in_batch_scores(out.z1, out.z2)
-    ref = t.step_fn.loss_fn.from_scores(pos, neg, mask)
+    ref = t.step_fn.loss_fn.from_scores(pos, neg, mask, temperature=cell["temperature"])
     assert torch.equal(out.scores.neg, neg) and torch.equal(out.loss.detach(), ref.loss)
     with torch.autocast("cpu", dtype=torch.bfloat16):  # what the old step did: the guard is real
         assert in_batch_scores(out.z1, out.z2)[1].dtype == torch.bfloat16
@@ -631,7 +627,7 @@ def test_a_state_saved_on_cuda_resumes_on_a_cpu_only_machine(tmp_path, digits, m
 
 def test_fp16_skipped_steps_are_counted(tmp_path):
     """The GradScaler skips an update whose gradients overflow; the step counts it."""
-    from smallbatch.trainstep import TrainStep
+    from smallbatch.training.step import TrainStep
 
     w = torch.nn.Parameter(torch.ones(3))
     opt = torch.optim.SGD([w], lr=0.1)
@@ -646,13 +642,13 @@ def test_fp16_skipped_steps_are_counted(tmp_path):
 def test_tf32_and_determinism_are_explicit_settings(tmp_path, digits, monkeypatch):
     import os
 
-    from smallbatch.cells import flat_params
-    from smallbatch.trainstep import configure_backends
+    from smallbatch.pipeline.cells import flat_params
+    from smallbatch.training.step import configure_backends
 
     cell = digits_cell(epochs=1, tf32=True)
-    configure_backends(cell["train"], torch.device("cpu"))
+    configure_backends(Cell.of(cell).train, torch.device("cpu"))
     assert torch.backends.cuda.matmul.allow_tf32 and torch.get_float32_matmul_precision() == "high"
-    configure_backends(digits_cell(epochs=1)["train"], torch.device("cpu"))
+    configure_backends(Cell.of(digits_cell(epochs=1)).train, torch.device("cpu"))
     assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
     assert torch.get_float32_matmul_precision() == "highest"
     p = flat_params(cell)
@@ -663,16 +659,16 @@ def test_tf32_and_determinism_are_explicit_settings(tmp_path, digits, monkeypatc
     det = digits_cell(epochs=1, deterministic=True)
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     try:
-        configure_backends(digits_cell(epochs=1)["train"], torch.device("cuda"))
+        configure_backends(Cell.of(digits_cell(epochs=1)).train, torch.device("cuda"))
         assert not torch.backends.cudnn.deterministic and torch.backends.cudnn.benchmark  # autotuned when not asked
         assert not torch.are_deterministic_algorithms_enabled() and "CUBLAS_WORKSPACE_CONFIG" not in os.environ
-        configure_backends(det["train"], torch.device("cuda"))
+        configure_backends(Cell.of(det).train, torch.device("cuda"))
         assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
         assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
         assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
     finally:
         torch.use_deterministic_algorithms(False)
-        configure_backends(digits_cell(epochs=1)["train"], torch.device("cpu"))
+        configure_backends(Cell.of(digits_cell(epochs=1)).train, torch.device("cpu"))
     assert not torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark  # the CPU: neither
     assert flat_params(det)["deterministic"] == "True"
     assert det["hash"] == digits_cell(epochs=1)["hash"]  # how it runs, not what it computes

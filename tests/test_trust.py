@@ -13,7 +13,7 @@ stop with, or the recovery it must end in.
   ``--cell-id`` or ``--cell-json`` run ignores, an unusable results_dir, an MI section that
   is not a mapping, a hand-edited cell file) stop with one line.
 
-Commands run in-process (``smallbatch.cli.main``) unless a row needs a real process.
+Commands run in-process (``smallbatch.pipeline.cli.main``) unless a row needs a real process.
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from smallbatch import cli, data
-from smallbatch.cells import cell_hash, make_cell
-from smallbatch.config import load_config
+from smallbatch.pipeline import cli
+from smallbatch import data
+from smallbatch.pipeline.cells import cell_hash, make_cell
+from smallbatch.pipeline.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -45,13 +46,6 @@ def tiny_cell(**train) -> dict:
 
 def with_id(cell: dict, cid: str) -> dict:
     return {**cell, "id": cid}  # the id is not part of the hash: only the grammar can refuse it
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("cache") / "digits.pt"
-    data.save_cache(data.load_dataset("digits", None), path)
-    return path
 
 
 def one_line(capsys, argv: list[str]) -> str:
@@ -453,7 +447,7 @@ def test_rerunning_a_finished_cell_never_reopens_its_run(tmp_path, cache, store)
 # --------------------------------------------------------------------------- the warm-start server
 SERVER = """
 import json, sys
-from smallbatch import cli, warm
+from smallbatch.pipeline import cli, warm
 
 def report_threads(argv):  # the job: which thread counts its libraries run with
     import numpy  # noqa: F401  (imported by the server already)
@@ -463,9 +457,8 @@ def report_threads(argv):  # the job: which thread counts its libraries run with
 
 if sys.argv[2] == "threads":
     import numpy  # noqa: F401  (OpenBLAS sizes its pool from this process's OMP_NUM_THREADS=2)
-    cli.main = report_threads
 warm.PRELOAD = ()  # nothing heavy: these tests are about the protocol
-sys.exit(warm.serve(sys.argv[1], None, 120))
+sys.exit(warm.serve(sys.argv[1], report_threads if sys.argv[2] == "threads" else cli.main, None, 120))
 """
 
 
@@ -505,7 +498,7 @@ def wait_for(event, proc=None, what: str = "", limit: float = 120.0) -> None:
 def test_a_stopped_server_lets_the_job_run_by_itself_and_never_starts_it_later(serve, monkeypatch):
     import signal
 
-    from smallbatch import warm
+    from smallbatch.pipeline import warm
 
     proc, path, log = serve()
     os.kill(proc.pid, signal.SIGSTOP)
@@ -579,7 +572,7 @@ def _only_its_own_user(serve, folder: Path) -> None:
         try:
             os.setgid(65534)
             os.setuid(65534)
-            from smallbatch import warm
+            from smallbatch.pipeline import warm
 
             os.environ[warm.ENV] = str(path)
             code = 0 if warm.delegate(["config-reference"]) is None else 3

@@ -1,4 +1,4 @@
-"""The warm-start server (smallbatch.warm): a command handed to it runs in a forked child
+"""The warm-start server (smallbatch.pipeline.warm): a command handed to it runs in a forked child
 exactly as in its own process -- the same checkpoint bit for bit, output, exit status --
 signals to the client reach the child, a vanished client stops its child, and without a
 server (or in a multi-process worker) the command runs in its own process."""
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from smallbatch import warm
+from smallbatch.pipeline import warm
 
 SMALLBATCH = Path(sys.executable).parent / "smallbatch"
 CELL = ["--tracking-uri", "none", "--dataset", "digits", "--loss", "dcl", "--batch-size", "32",
@@ -134,11 +134,11 @@ def test_preload_entry_calls_its_function(monkeypatch):
     """``module:function`` in the preload list imports the module and calls the function (the
     default config is validated in the server, once, for every child); a missing module is
     skipped."""
-    from smallbatch import config as C
+    from smallbatch.pipeline import config as C
 
     calls = []
     monkeypatch.setattr(C, "load_config", lambda: calls.append(1))
-    warm._import("smallbatch.config:load_config")
+    warm._import("smallbatch.pipeline.config:load_config")
     warm._import("no_such_module_for_smallbatch:anything")
     assert calls == [1]
-    assert "smallbatch.config:load_config" in warm.PRELOAD
+    assert "smallbatch.pipeline.config:load_config" in warm.PRELOAD

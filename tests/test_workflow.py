@@ -77,8 +77,8 @@ def _runs(results: Path) -> pd.DataFrame:
 
 
 def test_every_cell_has_real_numbers_in_mlflow_and_files(study):
-    from smallbatch.cells import expand_cells
-    from smallbatch.config import load_config
+    from smallbatch.pipeline.cells import expand_cells
+    from smallbatch.pipeline.config import load_config
 
     cfg = load_config(SMOKE)
     cells = expand_cells(cfg)
@@ -104,7 +104,7 @@ def test_every_cell_has_real_numbers_in_mlflow_and_files(study):
 
 
 def test_jobs_ran_in_the_warm_server_which_stopped_with_the_run(study):
-    """A local run hands its jobs to the warm-start server (smallbatch.warm), one child per
+    """A local run hands its jobs to the warm-start server (smallbatch.pipeline.warm), one child per
     job, each exiting 0; Snakemake's onsuccess stops it and its socket is gone."""
     log = (study / "logs" / "warm_server.log").read_text().splitlines()
     socket_path = next(line.split(" ready on ")[1] for line in log if " ready on " in line)
@@ -177,8 +177,8 @@ def test_changing_one_loss_config_reruns_exactly_its_cells(study, tmp_path):
     jobs = planned_jobs(proc)
     # flatnce's two cells get new ids (flatnce-gamma2): two new pretrainings, infonce untouched
     assert jobs.get("pretrain") == 2, jobs
-    from smallbatch.cells import expand_cells
-    from smallbatch.config import load_config
+    from smallbatch.pipeline.cells import expand_cells
+    from smallbatch.pipeline.config import load_config
 
     flatnce = sorted(c for c in expand_cells(load_config(changed)) if "/flatnce" in c)
     assert len(flatnce) == 2 and all("/flatnce-gamma2/" in c for c in flatnce), flatnce
@@ -186,8 +186,8 @@ def test_changing_one_loss_config_reruns_exactly_its_cells(study, tmp_path):
 
 
 def test_default_config_lists_every_cell():
-    from smallbatch.cells import expand_cells
-    from smallbatch.config import load_config
+    from smallbatch.pipeline.cells import expand_cells
+    from smallbatch.pipeline.config import load_config
 
     n = len(expand_cells(load_config(ROOT / "config.yaml")))
     proc = snakemake("-n", results=Path("/tmp/smallbatch-dryrun-default"), configfile=ROOT / "config.yaml",
@@ -258,7 +258,7 @@ def test_keep_features_writes_the_features_file(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     cell = results / "runs" / "digits" / "infonce" / "bs16-t0.5-s0"
     assert (cell / "knn.json").exists() and (cell / "linear.json").exists() and (cell / "features.npz").exists()
-    from smallbatch.evaluate import load_features
+    from smallbatch.evaluation.embed import load_features
 
     assert load_features(cell / "features.npz").meta["cell_id"] == "digits/infonce/bs16-t0.5-s0"
     proc = snakemake("-n", results=results, configfile=changed)

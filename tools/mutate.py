@@ -44,15 +44,15 @@ class Mutant:
 #: the fast tests that guard each file (files missing at the commit are left out)
 TESTS = {
     "src/smallbatch/losses.py": ["tests/test_losses.py", "tests/test_losses_precision.py"],
-    "src/smallbatch/cells.py": ["tests/test_config.py"],
+    "src/smallbatch/pipeline/cells.py": ["tests/test_config.py"],
     "src/smallbatch/report/evidence.py": ["tests/test_evidence.py"],
-    "src/smallbatch/gradcache.py": ["tests/test_gradcache.py"],
-    "src/smallbatch/negatives.py": ["tests/test_controls.py", "tests/test_train.py::test_queue_cell_trains_with_k_equal_to_queue_size",
+    "src/smallbatch/training/gradcache.py": ["tests/test_gradcache.py"],
+    "src/smallbatch/training/negatives.py": ["tests/test_controls.py", "tests/test_train.py::test_queue_cell_trains_with_k_equal_to_queue_size",
                                     "tests/test_train.py::test_momentum_encoder_is_the_ema_of_the_query_encoder_and_its_keys_are_queued"],
 }
 
-L, C, E, G, N = (f"src/smallbatch/{f}" for f in ("losses.py", "cells.py", "report/evidence.py", "gradcache.py",
-                                                   "negatives.py"))
+L, C, E, G, N = (f"src/smallbatch/{f}" for f in ("losses.py", "pipeline/cells.py", "report/evidence.py",
+                                                   "training/gradcache.py", "training/negatives.py"))
 MUTANTS = [
     # losses: the formulas, the scores, the mask
     Mutant(L, "    logits = torch.cat([xp[:, None], xn], dim=1)\n    return torch.logsumexp(logits, dim=1) - xp",
@@ -64,15 +64,15 @@ MUTANTS = [
            "z = F.normalize(torch.cat([z1, z2], dim=0).to(dt), dim=0)", "scores: normalised over the batch axis"),
     Mutant(L, 'x.masked_fill(~neg_mask, float("-inf"))', 'x.masked_fill(neg_mask, float("-inf"))',
            "mask: the valid negatives removed instead of the invalid"),
-    Mutant(L, "rows = torch.logsumexp(_masked(neg / tau, neg_mask), dim=1) - pos / tau",
-           "rows = torch.logsumexp(_masked(neg / tau, neg_mask), dim=1) - pos",
+    Mutant(L, "rows = torch.logsumexp(masked(neg / tau, neg_mask), dim=1) - pos / tau",
+           "rows = torch.logsumexp(masked(neg / tau, neg_mask), dim=1) - pos",
            "DCL: the positive not divided by tau"),
     Mutant(L, "return 2.0 - p.shape[0] * torch.softmax(p / self.sigma, dim=0)",
            "return 1.0 - p.shape[0] * torch.softmax(p / self.sigma, dim=0)", "DCLW weights: 1 - ... (mean 0)"),
     Mutant(L, "xn = xn + torch.log(self.alpha / k)[:, None]", "xn = xn + torch.log(k / self.alpha)[:, None]",
            "EqCo: K/alpha instead of alpha/K"),
-    Mutant(L, "l = (torch.logsumexp(_masked(g * x, neg_mask), dim=1) - logk) / g + logk",
-           "l = (torch.logsumexp(_masked(g * x, neg_mask), dim=1) - logk) / g - logk",
+    Mutant(L, "l = (torch.logsumexp(masked(g * x, neg_mask), dim=1) - logk) / g + logk",
+           "l = (torch.logsumexp(masked(g * x, neg_mask), dim=1) - logk) / g - logk",
            "FlatNCE Hoelder: - log K instead of +"),
     Mutant(L, "x = (neg - pos[:, None]) / tau", "x = (neg - pos[:, None]) * tau", "FlatNCE: logits times tau"),
     Mutant(L, "return LossOutput(loss=loss_rows.mean(),", "return LossOutput(loss=loss_rows.sum(),",

@@ -39,15 +39,16 @@ section reported are counted in index.md, never silently dropped.
 
 from __future__ import annotations
 
-from importlib import import_module
 from pathlib import Path
 
 from ..tracking import StoreReader
 from .aggregate import aggregate_cells
 from .context import ReportContext, SectionOutput
 from .index import index_markdown
-from .papers import load_papers
+from .sections.papers import load_papers
 from .runs import METRICS, accuracy_scale, load_runs
+from .sections import (baselines, cost, diverged, ess, grid, instrument, ksweep, mi, papers, precision, regime,
+                       tsweep)
 from .tables import latex_table, markdown_table, tex_escape
 
 __all__ = [
@@ -55,11 +56,10 @@ __all__ = [
     "SECTION_MODULES", "METRICS", "load_papers", "markdown_table", "latex_table", "tex_escape",
 ]
 
-#: the report's sections in index.md's order: each a module of this package with
-#: ``build(runs, ctx) -> SectionOutput | None``.  A new section is a module plus its name here.
-SECTION_MODULES = ("grid", "instrument", "baselines", "diverged", "papers", "precision", "ksweep", "ess", "tsweep", "regime",
-                   "mi", "cost")
-SECTIONS = [import_module(f"{__name__}.{name}").build for name in SECTION_MODULES]
+#: the report's sections in index.md's order: each a module of :mod:`.sections` with
+#: ``build(runs, ctx) -> SectionOutput | None``.  A new section is a module plus its entry here.
+SECTION_MODULES = (grid, instrument, baselines, diverged, papers, precision, ksweep, ess, tsweep, regime, mi, cost)
+SECTIONS = [section.build for section in SECTION_MODULES]
 
 
 #: the files the last build wrote (paths relative to the report folder, one a line): the
