@@ -9,7 +9,7 @@ per-step histories, final kNN/linear top-1 in percent).
 the papers; diverged and failed runs; precision; ksweep; ess; tsweep; mi).  The
 report built from it is committed under ``tests/fixtures/report_golden/``
 (tables and index.md, run ids replaced by ``run-NNN``) and
-``tests/test_report_golden.py`` rebuilds both and compares bytes.
+``tests/report/test_report_golden.py`` rebuilds both and compares bytes.
 
 Regenerate the golden files (only when a change of the report's output is
 intended, in its own commit that says which bytes changed and why)::

@@ -43,12 +43,12 @@ class Mutant:
 
 #: the fast tests that guard each file (files missing at the commit are left out)
 TESTS = {
-    "src/smallbatch/losses.py": ["tests/test_losses.py", "tests/test_losses_precision.py"],
-    "src/smallbatch/pipeline/cells.py": ["tests/test_config.py"],
-    "src/smallbatch/report/evidence.py": ["tests/test_evidence.py"],
-    "src/smallbatch/training/gradcache.py": ["tests/test_gradcache.py"],
-    "src/smallbatch/training/negatives.py": ["tests/test_controls.py", "tests/test_train.py::test_queue_cell_trains_with_k_equal_to_queue_size",
-                                    "tests/test_train.py::test_momentum_encoder_is_the_ema_of_the_query_encoder_and_its_keys_are_queued"],
+    "src/smallbatch/losses.py": ["tests/core/test_losses.py", "tests/core/test_losses_precision.py"],
+    "src/smallbatch/pipeline/cells.py": ["tests/pipeline/test_config.py"],
+    "src/smallbatch/report/evidence.py": ["tests/report/test_evidence.py"],
+    "src/smallbatch/training/gradcache.py": ["tests/training/test_gradcache.py"],
+    "src/smallbatch/training/negatives.py": ["tests/training/test_controls.py", "tests/training/test_train.py::test_queue_cell_trains_with_k_equal_to_queue_size",
+                                    "tests/training/test_train.py::test_momentum_encoder_is_the_ema_of_the_query_encoder_and_its_keys_are_queued"],
 }
 
 L, C, E, G, N = (f"src/smallbatch/{f}" for f in ("losses.py", "pipeline/cells.py", "report/evidence.py",

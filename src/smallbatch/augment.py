@@ -278,7 +278,7 @@ def _axis_aligned_grid(sx: torch.Tensor, tx: torch.Tensor, sy: torch.Tensor, ty:
     y' = sy y + ty on a ``side`` x ``side`` output, ``(B, side, side, 2)``: a crop + flip
     has no shear, so two products and sums per row/column instead of affine_grid's batched
     (B, side², 3) x (3, 2) product (a quarter of a batch-16 augmentation on the CPU; the
-    same floats as affine_grid's, checked in tests/test_augment.py)."""
+    same floats as affine_grid's, checked in tests/core/test_augment.py)."""
     base = torch.linspace(-1.0, 1.0, side, dtype=sx.dtype, device=sx.device) * (side - 1) / side  # as affine_grid
     b = sx.shape[0]
     gx = (base.view(1, 1, side) * sx.view(b, 1, 1) + tx.view(b, 1, 1)).expand(b, side, side)

@@ -672,7 +672,7 @@ class SogCLR(ContrastiveLoss):
     ``w_rj = K_r softmax_j(s_rj/tau)`` and the gradient of ``L_r`` is exactly DCL's,
     with ``value_r = DCL_r - log K_r``, whatever ``u`` held before.
 
-    Against GCLoss_v1 (checked in float64 by ``tests/test_sogclr.py``): GCLoss_v1's loss
+    Against GCLoss_v1 (checked in float64 by ``tests/core/test_sogclr.py``): GCLoss_v1's loss
     (scores not divided by tau, summed over the two views, averaged over N images) is
     ``2 tau`` times this one (averaged over the 2N anchors) — same ``u``, same weights,
     gradient scaled by ``2 tau``.  Two choices of ours: ``u`` is stored as ``log u``

@@ -533,7 +533,7 @@ def reference_markdown() -> str:
     head = ("# Configuration reference\n\n"
             "Generated from `workflow/schemas/config.schema.yaml` (and the loss registry in "
             "`smallbatch.losses`) by `smallbatch config-reference > CONFIGURATION.md`; "
-            "`tests/test_config.py` fails when this file and the schema differ.\n\n"
+            "`tests/pipeline/test_config.py` fails when this file and the schema differ.\n\n"
             "| key | default | meaning |\n|---|---|---|\n")
     cell = lambda s: s.replace("|", "\\|")  # noqa: E731
     return head + "".join(f"| `{k}` | {('`' + cell(d) + '`') if d else ''} | {cell(m)} |\n"

@@ -33,8 +33,8 @@ holds only the thread that forked; the libraries' pools start again in the child
 and the child sizes them from the *job's* environment (:func:`apply_thread_env`: OpenBLAS,
 MKL and OpenMP through threadpoolctl, torch's intra-op pool through
 ``torch.set_num_threads``), so ``OMP_NUM_THREADS=1`` in a job means one BLAS thread even
-though the server imported numpy with two (tests/test_trust.py).  Each child computes as a
-fresh process would (tests/test_warm.py: bit-identical checkpoints).
+though the server imported numpy with two (tests/pipeline/test_trust.py).  Each child computes as a
+fresh process would (tests/pipeline/test_warm.py: bit-identical checkpoints).
 
 Protocol: the client sends 8 bytes (the request's length) with its descriptors 0, 1, 2
 attached (SCM_RIGHTS), then the request as JSON ``{argv, cwd, env}``.  The server answers

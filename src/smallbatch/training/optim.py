@@ -12,7 +12,7 @@ setting it is an asynchronous copy, not a host synchronisation.  :class:`SGD` an
 :class:`LARS` update all parameters with ``torch._foreach_*`` kernels (a few launches per
 step, not a Python loop of kernels per parameter), multiplying by the rate tensor on the
 device; Adam on CUDA is torch's ``capturable`` foreach Adam.  So an eager step reads
-nothing back to the host with any of the three (``tests/test_optim_sync.py`` counts the
+nothing back to the host with any of the three (``tests/training/test_optim_sync.py`` counts the
 reads of each one's CUDA code path).
 """
 
@@ -130,7 +130,7 @@ def make_optimizer(params, name: str, lr: float, momentum: float, weight_decay: 
     """SGD (momentum), LARS or Adam with the rate as a 0-d float32 tensor on ``device``
     (Adam on CUDA is ``capturable``: its step counter stays on the device too; on the CPU it
     is torch's fused kernel: one pass over all parameters, 0.84 vs 2.16 ms per step of the
-    default cell's model, the same update up to float rounding -- tests/test_train.py --
+    default cell's model, the same update up to float rounding -- tests/training/test_train.py --
     except for a ``compiled`` step, where the compiler takes the plain update into its graph
     and cannot take the fused kernel)."""
     if name not in OPTIMIZERS:

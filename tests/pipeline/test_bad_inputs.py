@@ -27,7 +27,7 @@ import pytest
 
 from smallbatch.pipeline import cli
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SMOKE = str(ROOT / "workflow" / "configs" / "smoke.yaml")
 BIN = Path(sys.executable).parent
 

@@ -4,7 +4,7 @@ through Snakemake, preempted by SIGTERM and resumed on another number of process
 The cell is a tiny digits cell in float64 (DCLW: its weights need the whole batch's
 positives; Adam; BatchNorm over the global batch), so "the same as one process" can be
 held to ~1e-9 after many steps: the arithmetic differs only in the order of sums.
-(``tests/test_distributed.py`` proves the pieces: losses, gradients, optimiser steps.)
+(``tests/training/test_distributed.py`` proves the pieces: losses, gradients, optimiser steps.)
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import yaml
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 CELL = "digits/dclw/bs32-t0.5-s0"
 TRAIN = {"width": 4, "proj_hidden": 16, "proj_dim": 8, "log_every": 4, "precision": "fp64", "epochs": 3}

@@ -15,7 +15,7 @@ from smallbatch.pipeline.config import ConfigError, load_config, validate_config
 from smallbatch.pipeline.schema import load_schema
 from loss_at_tau import at_tau
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def grid(**kw) -> dict:
@@ -546,7 +546,7 @@ def test_a_batch_size_entry_carries_the_train_keys_that_size_needs():
 
 
 def test_the_large_batch_study_fits_its_devices():
-    cfg = load_config(Path(__file__).resolve().parents[1] / "workflow" / "configs" / "large_batch.yaml")
+    cfg = load_config(Path(__file__).resolve().parents[2] / "workflow" / "configs" / "large_batch.yaml")
     cells = expand_cells(cfg)
     assert len(cells) == 60
     by_size = {c["batch_size"]: (c["train"]["devices"], c["train"]["chunk_size"]) for c in cells.values()}
@@ -559,7 +559,7 @@ def test_the_configuration_reference_is_generated_from_the_schema():
     default and its description, so the reference cannot drift from the schema."""
     from smallbatch.pipeline.config import reference_markdown, reference_rows
 
-    doc = Path(__file__).resolve().parents[1] / "CONFIGURATION.md"
+    doc = Path(__file__).resolve().parents[2] / "CONFIGURATION.md"
     assert doc.read_text() == reference_markdown(), "regenerate: smallbatch config-reference > CONFIGURATION.md"
     rows = {k: (d, m) for k, d, m in reference_rows()}
     assert all(m for _, m in rows.values()), [k for k, (_, m) in rows.items() if not m]

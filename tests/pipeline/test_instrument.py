@@ -10,7 +10,7 @@ import yaml
 
 from smallbatch.pipeline import cells, config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _instrument_cells() -> dict[str, dict]:

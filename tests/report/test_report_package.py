@@ -136,7 +136,7 @@ def test_collapsed_cells_are_shown_beside_diverged_ones(tmp_path):
 
 # --------------------------------------------------------------------------- one noise rule
 def test_paired_interval_and_the_verdict_wording():
-    # the helpers themselves are tested in tests/test_evidence.py; here: the wording every section shares
+    # the helpers themselves are tested in tests/report/test_evidence.py; here: the wording every section shares
     clear = evidence.paired({0: -2.0, 1: -2.1, 2: -1.9}, {0: 0.0, 1: 0.0, 2: 0.0})
     noisy = evidence.paired({0: -2.0, 1: 1.0, 2: -0.5}, {0: 0.0, 1: 0.0, 2: 0.0})
     assert clear.significant is True and noisy.within_noise is True

@@ -545,7 +545,7 @@ def test_bad_inputs_raise_value_error_naming_the_argument(name):
     z = torch.randn(4, 8)
     with pytest.raises(ValueError, match="z1/z2 batch size must be >= 2"):
         at_tau(build_loss(name), 0.1)(z[:1], z[:1])
-    # (τ is the caller's, checked once where a cell is made: tests/test_config.py)
+    # (τ is the caller's, checked once where a cell is made: tests/pipeline/test_config.py)
     with pytest.raises(ValueError, match="z1 and z2 must have the same shape"):
         at_tau(build_loss(name), 0.1)(z, torch.randn(4, 7))
     with pytest.raises(ValueError, match="z1 and z2 must have the same shape"):

@@ -213,7 +213,7 @@ def _rule_commands() -> list[tuple[str, str, set[str]]]:
     """(rule, subcommand, the flags its shell line and its flag() params pass) of every
     workflow rule that calls the CLI."""
     rules = []
-    for smk in sorted((Path(__file__).resolve().parents[1] / "workflow" / "rules").glob("*.smk")):
+    for smk in sorted((Path(__file__).resolve().parents[2] / "workflow" / "rules").glob("*.smk")):
         for block in re.split(r"^rule ", smk.read_text(), flags=re.M)[1:]:
             shell = "".join(re.findall(r'^\s*"(.*)"\s*$', block.split("shell:", 1)[-1], flags=re.M))
             m = re.search(r"(?:smallbatch|\{params\.launch\}) ([a-z-]+)", shell)

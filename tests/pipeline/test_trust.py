@@ -34,7 +34,7 @@ from smallbatch import data
 from smallbatch.pipeline.cells import cell_hash, make_cell
 from smallbatch.pipeline.config import load_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 TINY = {"width": 4, "proj_hidden": 16, "proj_dim": 8, "log_every": 5, "steps": 3}
 
