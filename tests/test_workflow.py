@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
 from cluster import job_resources
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,13 +27,26 @@ BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.slow
 
 
-def snakemake(*args: str, results: Path, timeout: int = 600, configfile: Path = SMOKE,
-              extra_config: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+def snakemake(
+    *args: str, results: Path, timeout: int = 600, configfile: Path = SMOKE, extra_config: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess:
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     env.pop("MLFLOW_TRACKING_URI", None)
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"),
-           "--configfile", str(configfile), "--workflow-profile", str(ROOT / "workflow/profiles/default"),
-           "--config", f"results_dir={results}", *extra_config, *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(ROOT / "Snakefile"),
+        "--configfile",
+        str(configfile),
+        "--workflow-profile",
+        str(ROOT / "workflow/profiles/default"),
+        "--config",
+        f"results_dir={results}",
+        *extra_config,
+        *args,
+    ]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -190,8 +202,7 @@ def test_default_config_lists_every_cell():
     from smallbatch.pipeline.config import load_config
 
     n = len(expand_cells(load_config(ROOT / "config.yaml")))
-    proc = snakemake("-n", results=Path("/tmp/smallbatch-dryrun-default"), configfile=ROOT / "config.yaml",
-                     timeout=300)
+    proc = snakemake("-n", results=Path("/tmp/smallbatch-dryrun-default"), configfile=ROOT / "config.yaml", timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     jobs = planned_jobs(proc)
     assert jobs["pretrain"] == n and jobs["evaluate"] == n
@@ -216,7 +227,9 @@ def test_gpu_cells_ask_for_gpus_and_share_them(tmp_path):
     res = job_resources(proc.stdout)
     assert all("gres=gpu:1" in r and "gpu_permille=250" in r for r in res["pretrain"]), res["pretrain"]
     assert all("gres=gpu:1" in r for r in res["evaluate"])
-    assert all("gres" not in r and "gpu" not in r for rule in ("report", "baseline", "mi_bench") for r in res.get(rule, []))
+    assert all(
+        "gres" not in r and "gpu" not in r for rule in ("report", "baseline", "mi_bench") for r in res.get(rule, [])
+    )
     import yaml
 
     cfg = yaml.safe_load(SMOKE.read_text())
@@ -226,16 +239,20 @@ def test_gpu_cells_ask_for_gpus_and_share_them(tmp_path):
     proc = snakemake("-n", results=tmp_path / "two", configfile=two, extra_config=("device=cuda",), timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     res = job_resources(proc.stdout)
-    assert all("gres=gpu:2" in r and "gpu_permille=2000" in r and "tasks=2" in r and "mpi=srun" in r
-               for r in res["pretrain"]), res["pretrain"]
+    assert all(
+        "gres=gpu:2" in r and "gpu_permille=2000" in r and "tasks=2" in r and "mpi=srun" in r for r in res["pretrain"]
+    ), res["pretrain"]
 
 
-@pytest.mark.parametrize("override, key", [
-    ("grid={losses: [infonce, flatnc]}", "grid.losses[1]"),
-    ("grid={batch_sizes: [1, 16]}", "grid.batch_sizes[0]"),
-    ("grid={temperatures: [-0.1]}", "grid.temperatures[0]"),
-    ("grid={batchsizes: [16]}", "grid.batchsizes"),
-])
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("grid={losses: [infonce, flatnc]}", "grid.losses[1]"),
+        ("grid={batch_sizes: [1, 16]}", "grid.batch_sizes[0]"),
+        ("grid={temperatures: [-0.1]}", "grid.temperatures[0]"),
+        ("grid={batchsizes: [16]}", "grid.batchsizes"),
+    ],
+)
 def test_bad_config_stops_before_any_job(tmp_path, override, key):
     proc = snakemake("-n", results=tmp_path, extra_config=(override,), timeout=300)
     assert proc.returncode != 0

@@ -58,8 +58,24 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(args.keep) if args.keep else Path(tmp) / "cell"
         env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-        cmd = [sys.executable, "-m", "smallbatch", "pretrain", "--config", args.config, "--cell-id", args.cell_id,
-               "--tracking-uri", "none", "--no-progress", "--threads", "1", "--restart", "--out", str(out)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "smallbatch",
+            "pretrain",
+            "--config",
+            args.config,
+            "--cell-id",
+            args.cell_id,
+            "--tracking-uri",
+            "none",
+            "--no-progress",
+            "--threads",
+            "1",
+            "--restart",
+            "--out",
+            str(out),
+        ]
         subprocess.run(cmd, check=True, env=env, cwd=REPO, stdout=subprocess.DEVNULL)
         for name in ("checkpoint.pt", "state.pt"):
             if (out / name).exists():

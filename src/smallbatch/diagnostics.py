@@ -12,8 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .losses import (ContrastiveLoss, check_views, compute_dtype, in_batch_scores, masked,
-                     prepare_scores, row_counts)
+from .losses import ContrastiveLoss, check_views, compute_dtype, in_batch_scores, masked, prepare_scores, row_counts
 
 
 def effective_sample_size(neg: Tensor, temperature: float | Tensor, neg_mask: Tensor | None = None) -> Tensor:
@@ -25,8 +24,15 @@ def effective_sample_size(neg: Tensor, temperature: float | Tensor, neg_mask: Te
     return 1.0 / (k * (w * w).sum(dim=1))
 
 
-def embedding_grad_norm(loss: "ContrastiveLoss", z1: Tensor, z2: Tensor, scores=None, *,
-                        temperature: float | Tensor, through_z2: bool = True) -> Tensor:
+def embedding_grad_norm(
+    loss: "ContrastiveLoss",
+    z1: Tensor,
+    z2: Tensor,
+    scores=None,
+    *,
+    temperature: float | Tensor,
+    through_z2: bool = True,
+) -> Tensor:
     """``||d loss / d(z1, z2)||`` of one batch: the gradient w.r.t. the embeddings only, no
     backward through a network (DCL's mechanism is a factor on exactly this gradient).
 
@@ -43,12 +49,14 @@ def embedding_grad_norm(loss: "ContrastiveLoss", z1: Tensor, z2: Tensor, scores=
     return torch.sqrt(sum((g.double() ** 2).sum() for g in grads))
 
 
-def grad_rel_error(loss: "ContrastiveLoss", z1: Tensor, z2: Tensor, dtype: torch.dtype,
-                   temperature: float | Tensor) -> float:
+def grad_rel_error(
+    loss: "ContrastiveLoss", z1: Tensor, z2: Tensor, dtype: torch.dtype, temperature: float | Tensor
+) -> float:
     """Relative error ``||g_dtype - g_fp64|| / ||g_fp64||`` of the in-batch loss gradient
     w.r.t. one batch's embeddings when they are held in ``dtype`` (the loss computes half
     types in float32, as training does): the rounding error FlatNCE blames for InfoNCE's
     collapse.  0 when the fp64 gradient is 0."""
+
     def grad(dt):
         a = z1.detach().to(dt).requires_grad_(True)
         b = z2.detach().to(dt).requires_grad_(True)
@@ -130,6 +138,7 @@ def diagnostics(
 def _alignment_uniformity(pos: Tensor, neg_vals: Tensor, z1: Tensor | None, z2: Tensor | None) -> tuple[float, float]:
     """Wang & Isola's alignment and uniformity (see :func:`diagnostics`): from the views
     when given, else from the scores (alignment 2 - 2 s_p, uniformity over the negatives)."""
+
     def from_scores(s: Tensor) -> float:
         return float(torch.logsumexp(-2.0 * (2 - 2 * s), 0) - math.log(s.numel()))
 

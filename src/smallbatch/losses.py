@@ -34,6 +34,7 @@ Conventions used throughout
 * Losses use ``logsumexp`` everywhere; a row without any valid negative is a
   ``ValueError``.
 """
+
 from __future__ import annotations
 
 import math
@@ -274,7 +275,9 @@ def queue_scores(
             queue_index = idx
         queue = keys
     if not isinstance(queue, Tensor) or queue.dim() != 2:
-        raise ValueError(f"queue must be a (M, D) tensor or a MomentumQueue, got {getattr(queue, 'shape', type(queue))}")
+        raise ValueError(
+            f"queue must be a (M, D) tensor or a MomentumQueue, got {getattr(queue, 'shape', type(queue))}"
+        )
     if queue.shape[0] < 1:
         raise ValueError("queue is empty: enqueue keys before using queue negatives")
     if queue.shape[1] != q.shape[1]:
@@ -294,7 +297,9 @@ def queue_scores(
         if q_index.shape[0] != q.shape[0]:
             raise ValueError(f"q_index must have one entry per query ({q.shape[0]}), got {q_index.shape[0]}")
         if queue_index.shape[0] != queue.shape[0]:
-            raise ValueError(f"queue_index must have one entry per queued key ({queue.shape[0]}), got {queue_index.shape[0]}")
+            raise ValueError(
+                f"queue_index must have one entry per queued key ({queue.shape[0]}), got {queue_index.shape[0]}"
+            )
         mask = q_index[:, None] != queue_index[None, :]
     return pos, neg, mask
 
@@ -382,9 +387,17 @@ class ContrastiveLoss(torch.nn.Module):
             pos, neg, mask = queue_scores(z1, z2, queue, q_index, queue_index)
         return self.from_scores(pos, neg, mask, temperature=temperature)
 
-    def from_scores(self, pos: Tensor, neg: Tensor, neg_mask: Tensor | None = None, *,
-                    temperature: float | Tensor, batch_pos: Tensor | None = None,
-                    check: bool = True, index: Tensor | None = None) -> LossOutput:
+    def from_scores(
+        self,
+        pos: Tensor,
+        neg: Tensor,
+        neg_mask: Tensor | None = None,
+        *,
+        temperature: float | Tensor,
+        batch_pos: Tensor | None = None,
+        check: bool = True,
+        index: Tensor | None = None,
+    ) -> LossOutput:
         """Loss from scores ``pos (B,)``, ``neg (B, K)``, ``neg_mask (B, K)`` (True = valid).
 
         ``temperature``: τ of this call -- a float, or a 0-d tensor when it changes per step
@@ -409,8 +422,9 @@ class ContrastiveLoss(torch.nn.Module):
             info = _infonce_rows(pos.detach(), neg.detach(), neg_mask, tau).mean()
         return LossOutput(loss=loss_rows.mean(), value=value_rows.detach().mean(), infonce=info)
 
-    def _rows(self, pos: Tensor, neg: Tensor, neg_mask: Tensor | None, tau: float | Tensor,
-              batch_pos: Tensor | None) -> tuple[Tensor, Tensor]:
+    def _rows(
+        self, pos: Tensor, neg: Tensor, neg_mask: Tensor | None, tau: float | Tensor, batch_pos: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
         """``(loss_rows, value_rows)``, one entry per anchor (see :meth:`from_scores`)."""
         raise NotImplementedError
 
@@ -421,8 +435,9 @@ class ContrastiveLoss(torch.nn.Module):
     def init_state(self, n_images: int, device: Any = None, dtype: torch.dtype = torch.float32) -> None:
         """Allocate the per-image state of a training set of ``n_images`` (stateless: nothing)."""
 
-    def _rows_at(self, pos: Tensor, neg: Tensor, neg_mask: Tensor | None, tau: float | Tensor,
-                 index: Tensor) -> tuple[Tensor, Tensor]:  # pragma: no cover - stateful losses override
+    def _rows_at(
+        self, pos: Tensor, neg: Tensor, neg_mask: Tensor | None, tau: float | Tensor, index: Tensor
+    ) -> tuple[Tensor, Tensor]:  # pragma: no cover - stateful losses override
         raise NotImplementedError
 
 
@@ -505,8 +520,14 @@ class FlatNCE(ContrastiveLoss):
     display = "FlatNCE"
     paper = "Chen et al. 2021 (FlatNCE)"
     paper_pattern = r"flatnce"
-    param_schema = {"gamma": {"type": "number", "exclusiveMinimum": 0, "default": 1.0,
-                              "description": "Hölder-mean exponent (1 = FlatNCE)"}}
+    param_schema = {
+        "gamma": {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "default": 1.0,
+            "description": "Hölder-mean exponent (1 = FlatNCE)",
+        }
+    }
 
     def _check_param(self, key, value):
         g = float(value)
@@ -573,8 +594,14 @@ class DCLW(ContrastiveLoss):
     display = "DCLW"
     paper = "Yeh et al. 2021 (DCLW)"
     paper_pattern = r"dclw"
-    param_schema = {"sigma": {"type": "number", "exclusiveMinimum": 0, "default": 0.5,
-                              "description": "width of the von Mises-Fisher weights of the positives (inf = DCL)"}}
+    param_schema = {
+        "sigma": {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "default": 0.5,
+            "description": "width of the von Mises-Fisher weights of the positives (inf = DCL)",
+        }
+    }
 
     def _check_param(self, key, value):
         s = float(value)
@@ -623,8 +650,14 @@ class EqCo(ContrastiveLoss):
     display = "EqCo"
     paper = "Zhu et al. 2020 (EqCo)"
     paper_pattern = r"eqco|simo"
-    param_schema = {"alpha": {"type": ["number", "null"], "exclusiveMinimum": 0, "default": 256,
-                              "description": "the negatives' term is scaled by alpha/K (null: alpha = K, i.e. InfoNCE)"}}
+    param_schema = {
+        "alpha": {
+            "type": ["number", "null"],
+            "exclusiveMinimum": 0,
+            "default": 256,
+            "description": "the negatives' term is scaled by alpha/K (null: alpha = K, i.e. InfoNCE)",
+        }
+    }
 
     def _check_param(self, key, value):
         if value is None:
@@ -699,8 +732,15 @@ class SogCLR(ContrastiveLoss):
     display = "SogCLR"
     paper = "Yuan et al. 2022 (SogCLR)"
     paper_pattern = r"sogclr"
-    param_schema = {"gamma": {"type": "number", "exclusiveMinimum": 0, "maximum": 1, "default": 0.9,
-                              "description": "SogCLR: weight of the batch in u's moving average (1 = no memory: DCL's gradient)"}}
+    param_schema = {
+        "gamma": {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "maximum": 1,
+            "default": 0.9,
+            "description": "SogCLR: weight of the batch in u's moving average (1 = no memory: DCL's gradient)",
+        }
+    }
     stateful = True
 
     def __init__(self, **params: Any) -> None:
@@ -728,8 +768,9 @@ class SogCLR(ContrastiveLoss):
         return torch.logsumexp(masked(neg.detach() / tau, neg_mask), dim=1) - torch.log(row_counts(neg, neg_mask))
 
     @staticmethod
-    def _weighted(pos: Tensor, neg: Tensor, neg_mask: Tensor | None, tau: float | Tensor,
-                  log_u: Tensor) -> tuple[Tensor, Tensor]:
+    def _weighted(
+        pos: Tensor, neg: Tensor, neg_mask: Tensor | None, tau: float | Tensor, log_u: Tensor
+    ) -> tuple[Tensor, Tensor]:
         xp, xn = pos / tau, neg / tau
         w = torch.exp(masked(xn.detach(), neg_mask) - log_u[:, None])  # masked entries: weight 0
         rows = -xp + (w * xn).sum(dim=1) / row_counts(neg, neg_mask)
@@ -763,7 +804,8 @@ class SogCLR(ContrastiveLoss):
 REGISTRY: dict[str, type[ContrastiveLoss]] = {cls.name: cls for cls in (InfoNCE, FlatNCE, DCL, DCLW, EqCo, SogCLR)}
 #: every accepted name (canonical names and aliases) -> the loss class
 LOSSES: dict[str, type[ContrastiveLoss]] = {
-    **REGISTRY, **{alias: cls for cls in REGISTRY.values() for alias in cls.aliases}
+    **REGISTRY,
+    **{alias: cls for cls in REGISTRY.values() for alias in cls.aliases},
 }
 
 
@@ -817,9 +859,13 @@ def config_schema() -> dict[str, Any]:
     parameter may be a value or a list of values to sweep)."""
     loss_params, scalars = {}, {}
     for name, cls in REGISTRY.items():
-        loss_params[name] = {"type": "object", "default": {}, "additionalProperties": False,
-                             "description": f"{cls.display} ({cls.paper})",
-                             "properties": {k: dict(v) for k, v in cls.param_schema.items()}}
+        loss_params[name] = {
+            "type": "object",
+            "default": {},
+            "additionalProperties": False,
+            "description": f"{cls.display} ({cls.paper})",
+            "properties": {k: dict(v) for k, v in cls.param_schema.items()},
+        }
         for key, sch in cls.param_schema.items():
             scalar = {k: v for k, v in sch.items() if k != "default"}
             if scalar not in scalars.setdefault(key, []):

@@ -29,7 +29,9 @@ def _gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-@pytest.mark.parametrize("recipe,channels,size", [("simclr", 3, 32), ("gray_small", 1, 16), ("simclr", 1, 16), ("gray_small", 3, 16)])
+@pytest.mark.parametrize(
+    "recipe,channels,size", [("simclr", 3, 32), ("gray_small", 1, 16), ("simclr", 1, 16), ("gray_small", 3, 16)]
+)
 def test_output_shape_dtype_and_finite(recipe, channels, size):
     aug = BatchAugment(AugmentConfig(recipe=recipe), size, channels, [0.5] * channels, [0.25] * channels)
     x = _images(16, channels, 28)
@@ -70,8 +72,15 @@ def test_same_generator_seed_gives_same_views_and_another_seed_does_not():
 
 def test_full_crop_without_other_transforms_is_the_normalised_input():
     x = _images(6, 3, 20)
-    cfg = AugmentConfig(recipe="simclr", crop_scale=(1.0, 1.0), crop_ratio=(1.0, 1.0), flip_p=0.0,
-                        jitter_p=0.0, grayscale_p=0.0, blur_p=0.0)
+    cfg = AugmentConfig(
+        recipe="simclr",
+        crop_scale=(1.0, 1.0),
+        crop_ratio=(1.0, 1.0),
+        flip_p=0.0,
+        jitter_p=0.0,
+        grayscale_p=0.0,
+        blur_p=0.0,
+    )
     out = BatchAugment(cfg, 20, 3, MEAN3, STD3)(x, _gen(0))
     torch.testing.assert_close(out, normalize(x, MEAN3, STD3), atol=1e-5, rtol=0)
     none = BatchAugment(AugmentConfig(recipe="none"), 20, 3, MEAN3, STD3)(x, _gen(0))

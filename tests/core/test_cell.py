@@ -14,8 +14,18 @@ from smallbatch.pipeline.config import load_config
 
 @pytest.fixture(scope="module")
 def cells():
-    cfg = load_config(None, {"datasets": {"digits": {}}, "grid": {"losses": ["infonce", {"name": "dclw", "sigma": 2.0}],
-                                                                  "batch_sizes": [16], "temperatures": [0.1], "seeds": [0]}})
+    cfg = load_config(
+        None,
+        {
+            "datasets": {"digits": {}},
+            "grid": {
+                "losses": ["infonce", {"name": "dclw", "sigma": 2.0}],
+                "batch_sizes": [16],
+                "temperatures": [0.1],
+                "seeds": [0],
+            },
+        },
+    )
     return list(expand_cells(cfg).values())
 
 

@@ -4,7 +4,6 @@ the real IDX format (tiny, random pixels) and read by the real loader."""
 
 from __future__ import annotations
 
-import gzip
 import struct
 from pathlib import Path
 
@@ -30,7 +29,9 @@ def _write_fashion(root: Path) -> dict[str, np.ndarray]:
         images = np.broadcast_to((np.arange(n) + offset).astype(np.uint8)[:, None, None], (n, 28, 28)).copy()
         labels = (np.arange(n) * 7) % 10
         (raw / f"{split}-images-idx3-ubyte").write_bytes(struct.pack(">IIII", 2051, n, 28, 28) + images.tobytes())
-        (raw / f"{split}-labels-idx1-ubyte").write_bytes(struct.pack(">II", 2049, n) + labels.astype(np.uint8).tobytes())
+        (raw / f"{split}-labels-idx1-ubyte").write_bytes(
+            struct.pack(">II", 2049, n) + labels.astype(np.uint8).tobytes()
+        )
         arrays[split] = (images, labels)
     return arrays
 
@@ -106,8 +107,9 @@ def test_each_strip_is_its_source_image_resized():
     images = torch.randint(0, 256, (5, 1, 28, 28), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
     out = tile_images(images, np.array([[4, 1]]), size=28)  # strips of 14 x 28
     for strip, src in ((out[0, 0, :14], 4), (out[0, 0, 14:], 1)):
-        expected = torch.nn.functional.interpolate(images[src : src + 1].float(), size=(14, 28), mode="bilinear",
-                                                   antialias=True, align_corners=False)
+        expected = torch.nn.functional.interpolate(
+            images[src : src + 1].float(), size=(14, 28), mode="bilinear", antialias=True, align_corners=False
+        )
         assert torch.equal(strip, expected.round().clamp(0, 255).to(torch.uint8)[0, 0])
 
 
@@ -134,8 +136,12 @@ def test_cache_round_trip_keeps_the_sources(fashion_root, tmp_path):
 def test_config_accepts_composites_and_checks_their_root(tmp_path):
     from smallbatch.pipeline.config import ConfigError, check_data_roots, validate_config
 
-    cfg = validate_config({"datasets": {"fashion_mnist_pairs": {"image_size": 16, "train_subset": 1000}},
-                           "data": {"root": str(tmp_path / "nowhere")}})
+    cfg = validate_config(
+        {
+            "datasets": {"fashion_mnist_pairs": {"image_size": 16, "train_subset": 1000}},
+            "data": {"root": str(tmp_path / "nowhere")},
+        }
+    )
     if not data_mod.DEBIAN_FASHION_MNIST.is_dir():
         with pytest.raises(ConfigError, match="FashionMNIST/raw"):
             check_data_roots(cfg)
@@ -155,8 +161,26 @@ def test_prepare_data_caches_composites_for_the_workflow(fashion_root, tmp_path,
 
     root, _ = fashion_root
     out = tmp_path / "cache" / "fashion_mnist_pairs.pt"
-    assert main(["prepare-data", "--dataset", "fashion_mnist_pairs", "--data-root", str(root), "--image-size", "8",
-                 "--train-subset", "40", "--test-subset", "20", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "prepare-data",
+                "--dataset",
+                "fashion_mnist_pairs",
+                "--data-root",
+                str(root),
+                "--image-size",
+                "8",
+                "--train-subset",
+                "40",
+                "--test-subset",
+                "20",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     cached = load_cache(out)
     assert cached.train_x.shape == (40, 1, 8, 8) and cached.test_x.shape == (20, 1, 8, 8) and cached.num_classes == 100
     assert '"train": 40' in capsys.readouterr().out

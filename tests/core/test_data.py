@@ -74,7 +74,9 @@ def test_cifar100_loads_fine_labels(tmp_path, monkeypatch):
     train, test = cifar_images(50, rng), cifar_images(20, rng)
     fine = [i % 100 for i in range(50)]
     write_pickle(folder / "train", {"data": train.reshape(50, -1), "fine_labels": fine, "coarse_labels": [0] * 50})
-    write_pickle(folder / "test", {"data": test.reshape(20, -1), "fine_labels": list(range(20)), "coarse_labels": [0] * 20})
+    write_pickle(
+        folder / "test", {"data": test.reshape(20, -1), "fine_labels": list(range(20)), "coarse_labels": [0] * 20}
+    )
     write_pickle(folder / "meta", {"fine_label_names": [f"c{i}" for i in range(100)], "coarse_label_names": ["x"] * 20})
     data = load_dataset("cifar100", tmp_path, image_size=16)
     assert data.num_classes == 100
@@ -291,8 +293,10 @@ def test_split_sizes_table_matches_the_loader_and_subsets_beyond_it_are_one_line
     assert data_mod.SPLIT_SIZES["digits"] == {"train": len(full.train_x), "test": len(full.test_x)}
     assert data_mod.pretrain_images("digits") == 1437 and data_mod.pretrain_images("digits", 100) == 100
     assert data_mod.pretrain_images("stl10") == 100000 and data_mod.pretrain_images("imagefolder", 100) is None
-    for kwargs, message in (({"train_subset": 1438}, "train_subset = 1438 is larger than the 1,437 train images"),
-                            ({"test_subset": 361}, "test_subset = 361 is larger than the 360 test images")):
+    for kwargs, message in (
+        ({"train_subset": 1438}, "train_subset = 1438 is larger than the 1,437 train images"),
+        ({"test_subset": 361}, "test_subset = 361 is larger than the 360 test images"),
+    ):
         with pytest.raises(ValueError) as info:
             load_dataset("digits", None, **kwargs)
         assert _one_line(info.value).startswith(message + " of digits ("), info.value
@@ -344,8 +348,17 @@ def test_cache_round_trip_keeps_everything(tmp_path):
 
 def test_cache_keeps_a_separate_pretraining_set(tmp_path):
     data = load_dataset("digits", "unused")
-    other = ImageData(data.name, data.train_x, data.train_y, data.test_x, data.test_y,
-                      data.train_x[:10].clone(), 10, data.mean, data.std)
+    other = ImageData(
+        data.name,
+        data.train_x,
+        data.train_y,
+        data.test_x,
+        data.test_y,
+        data.train_x[:10].clone(),
+        10,
+        data.mean,
+        data.std,
+    )
     back = load_cache(save_cache(other, tmp_path / "c.pt"))
     assert back.pretrain_x.shape[0] == 10 and back.pretrain_x is not back.train_x
 
@@ -400,14 +413,25 @@ def test_missing_root_names_root_and_layout(tmp_path, name):
         load_dataset(name, root)
     message = _one_line(info.value)
     assert str(root) in message
-    expected = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python", "stl10": "stl10_binary",
-                "imagefolder": "train/<class>"}[name]
+    expected = {
+        "cifar10": "cifar-10-batches-py",
+        "cifar100": "cifar-100-python",
+        "stl10": "stl10_binary",
+        "imagefolder": "train/<class>",
+    }[name]
     assert expected in message
 
 
-@pytest.mark.parametrize("kwargs,arg", [({"image_size": 0}, "image_size"), ({"image_size": 2.5}, "image_size"),
-                                        ({"train_subset": -3}, "train_subset"), ({"test_subset": True}, "test_subset"),
-                                        ({"seed": "one"}, "seed")])
+@pytest.mark.parametrize(
+    "kwargs,arg",
+    [
+        ({"image_size": 0}, "image_size"),
+        ({"image_size": 2.5}, "image_size"),
+        ({"train_subset": -3}, "train_subset"),
+        ({"test_subset": True}, "test_subset"),
+        ({"seed": "one"}, "seed"),
+    ],
+)
 def test_bad_options_raise_value_error_naming_the_argument(kwargs, arg):
     with pytest.raises(ValueError, match=arg):
         load_dataset("digits", "unused", **kwargs)

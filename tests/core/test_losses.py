@@ -3,6 +3,7 @@
 References: InfoNCE/NT-Xent (SimCLR, Chen et al. 2020), FlatNCE (Chen et al. 2021),
 DCL/DCLW (Yeh et al. 2021), EqCo (Zhu et al. 2020), alignment/uniformity (Wang & Isola 2020).
 """
+
 from __future__ import annotations
 
 import math
@@ -10,11 +11,25 @@ import math
 import numpy as np
 import pytest
 import torch
-
-from smallbatch.losses import DCL, DCLW, LOSSES, EqCo, FlatNCE, InfoNCE, LossOutput, REGISTRY, batch_positives, build_loss, in_batch_scores, loss_param_names, queue_scores
-from smallbatch.training.negatives import MomentumQueue
-from smallbatch.diagnostics import diagnostics
 from loss_at_tau import at_tau
+
+from smallbatch.diagnostics import diagnostics
+from smallbatch.losses import (
+    DCL,
+    DCLW,
+    LOSSES,
+    REGISTRY,
+    EqCo,
+    FlatNCE,
+    InfoNCE,
+    LossOutput,
+    batch_positives,
+    build_loss,
+    in_batch_scores,
+    loss_param_names,
+    queue_scores,
+)
+from smallbatch.training.negatives import MomentumQueue
 
 torch.set_num_threads(1)
 
@@ -126,8 +141,15 @@ def test_in_batch_loss_matches_loop_reference(name, n, d, tau):
 
 @pytest.mark.parametrize(
     "name,params",
-    [("dclw", {"sigma": 0.1}), ("dclw", {"sigma": 2.0}), ("eqco", {"alpha": 1.0}), ("eqco", {"alpha": 256.0}),
-     ("flatnce", {"gamma": 0.0}), ("flatnce", {"gamma": 0.5}), ("flatnce", {"gamma": 3.0})],
+    [
+        ("dclw", {"sigma": 0.1}),
+        ("dclw", {"sigma": 2.0}),
+        ("eqco", {"alpha": 1.0}),
+        ("eqco", {"alpha": 256.0}),
+        ("flatnce", {"gamma": 0.0}),
+        ("flatnce", {"gamma": 0.5}),
+        ("flatnce", {"gamma": 3.0}),
+    ],
 )
 @pytest.mark.parametrize("n,d,tau", [(2, 1, 0.05), (9, 16, 0.5), (33, 128, 0.1)])
 def test_parameterised_losses_match_loop_reference(name, params, n, d, tau):
@@ -149,8 +171,18 @@ def test_queue_loss_matches_loop_reference(name, n, m, d, tau):
     assert out.value.item() == pytest.approx(ref, rel=1e-10, abs=1e-10)
 
 
-@pytest.mark.parametrize("name,params", [("infonce", {}), ("flatnce", {}), ("flatnce", {"gamma": 2.0}), ("dcl", {}),
-                                         ("dclw", {}), ("eqco", {}), ("eqco", {"alpha": 16.0})])
+@pytest.mark.parametrize(
+    "name,params",
+    [
+        ("infonce", {}),
+        ("flatnce", {}),
+        ("flatnce", {"gamma": 2.0}),
+        ("dcl", {}),
+        ("dclw", {}),
+        ("eqco", {}),
+        ("eqco", {"alpha": 16.0}),
+    ],
+)
 def test_masked_queue_matches_reference_with_per_row_k(name, params):
     """Own-index masking: each row's K differs; EqCo's alpha/K and Hölder's log K use the row's own K."""
     g = torch.Generator().manual_seed(3)
@@ -185,8 +217,17 @@ def _fd_grad(f, arrays, h=1e-6):
     return grads
 
 
-@pytest.mark.parametrize("name,params", [("infonce", {}), ("flatnce", {}), ("flatnce", {"gamma": 2.5}), ("dcl", {}),
-                                         ("dclw", {"sigma": 0.3}), ("eqco", {"alpha": 4.0})])
+@pytest.mark.parametrize(
+    "name,params",
+    [
+        ("infonce", {}),
+        ("flatnce", {}),
+        ("flatnce", {"gamma": 2.5}),
+        ("dcl", {}),
+        ("dclw", {"sigma": 0.3}),
+        ("eqco", {"alpha": 4.0}),
+    ],
+)
 @pytest.mark.parametrize("n,d,tau", [(2, 1, 0.5), (3, 4, 0.1), (4, 3, 1.0)])
 def test_gradient_matches_finite_differences(name, params, n, d, tau):
     z1, z2 = _views(n, d, seed=11 * n + d)
@@ -261,7 +302,9 @@ def _grads(loss, z1, z2, **kw):
 @pytest.mark.parametrize("n,d,tau", [(2, 3, 0.05), (8, 16, 0.1), (17, 64, 1.0)])
 def test_flatnce_gradient_equals_dcl_gradient(n, d, tau):
     z1, z2 = _views(n, d, seed=n)
-    torch.testing.assert_close(_grads(at_tau(FlatNCE(), tau), z1, z2), _grads(at_tau(DCL(), tau), z1, z2), rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(
+        _grads(at_tau(FlatNCE(), tau), z1, z2), _grads(at_tau(DCL(), tau), z1, z2), rtol=1e-12, atol=1e-14
+    )
 
 
 @pytest.mark.parametrize("n,d,tau", [(2, 3, 0.5), (8, 16, 0.1), (17, 64, 1.0)])
@@ -284,11 +327,15 @@ def test_flatnce_with_positive_among_negatives_has_infonce_gradient(n, d, tau):
 def test_dclw_tends_to_dcl_as_sigma_grows():
     z1, z2 = _views(6, 8, seed=2)
     g_dcl = _grads(at_tau(DCL(), 0.1), z1, z2)
-    errs = [float((_grads(at_tau(DCLW(sigma=s), 0.1), z1, z2) - g_dcl).norm() / g_dcl.norm()) for s in (0.5, 10.0, 1e3, 1e6)]
+    errs = [
+        float((_grads(at_tau(DCLW(sigma=s), 0.1), z1, z2) - g_dcl).norm() / g_dcl.norm()) for s in (0.5, 10.0, 1e3, 1e6)
+    ]
     assert all(e1 > e2 for e1, e2 in zip(errs, errs[1:])), errs
     assert errs[-1] < 1e-6 and errs[0] > 1e-3, errs
     torch.testing.assert_close(_grads(at_tau(DCLW(sigma=math.inf), 0.1), z1, z2), g_dcl)
-    assert at_tau(DCLW(sigma=1e6), 0.1)(z1, z2).value.item() == pytest.approx(at_tau(DCL(), 0.1)(z1, z2).value.item(), rel=1e-6)
+    assert at_tau(DCLW(sigma=1e6), 0.1)(z1, z2).value.item() == pytest.approx(
+        at_tau(DCL(), 0.1)(z1, z2).value.item(), rel=1e-6
+    )
 
 
 def test_dclw_weights_mean_one_and_favour_hard_positives():
@@ -317,8 +364,12 @@ def test_holder_gamma_one_is_flatnce_and_gamma_limits():
     # gamma = 1 takes its own branch (plain logsumexp); the general Hoelder formula just beside it
     # gives the same gradient: measured max difference 1.7e-10 at gamma = 1 + 1e-9 (it is the
     # family's own change with gamma, linear in the step), held to 1e-9
-    torch.testing.assert_close(_grads(at_tau(FlatNCE(gamma=1.0), 0.2), z1, z2), _grads(at_tau(FlatNCE(gamma=1.0 + 1e-9), 0.2), z1, z2),
-                               rtol=0, atol=1e-9)
+    torch.testing.assert_close(
+        _grads(at_tau(FlatNCE(gamma=1.0), 0.2), z1, z2),
+        _grads(at_tau(FlatNCE(gamma=1.0 + 1e-9), 0.2), z1, z2),
+        rtol=0,
+        atol=1e-9,
+    )
     # gamma -> 1 continuously, gamma -> 0 tends to the geometric-mean limit
     v1 = at_tau(FlatNCE(), 0.2)(z1, z2).value.item()
     assert at_tau(FlatNCE(gamma=1.0 + 1e-7), 0.2)(z1, z2).value.item() == pytest.approx(v1, rel=1e-6)
@@ -459,8 +510,20 @@ def test_diagnostics_against_loop_reference():
     tau = 0.2
     pos, neg, mask = in_batch_scores(z1, z2)
     d = diagnostics(pos, neg, tau, mask, z1=z1, z2=z2)
-    assert set(d) == {"infonce", "mi_estimate", "mi_ceiling", "mi_fraction", "ess", "qb_mean", "qb_cv",
-                      "alignment", "uniformity", "pos_cos", "neg_cos", "k"}
+    assert set(d) == {
+        "infonce",
+        "mi_estimate",
+        "mi_ceiling",
+        "mi_fraction",
+        "ess",
+        "qb_mean",
+        "qb_cv",
+        "alignment",
+        "uniformity",
+        "pos_cos",
+        "neg_cos",
+        "k",
+    }
     assert all(type(v) is float for v in d.values())
     rows = ref_in_batch(z1.numpy(), z2.numpy())
     k = len(rows[0][1])
@@ -559,7 +622,9 @@ def test_bad_inputs_raise_value_error_naming_the_argument(name):
     with pytest.raises(ValueError, match="queue_index is required"):
         at_tau(build_loss(name), 0.1)(z, z, queue=torch.randn(10, 8), q_index=torch.arange(4))
     with pytest.raises(ValueError, match="neg_mask leaves anchors without any valid negative"):
-        at_tau(build_loss(name), 0.1)(z, z, queue=torch.randn(2, 8), q_index=torch.arange(4), queue_index=torch.tensor([1, 1]))
+        at_tau(build_loss(name), 0.1)(
+            z, z, queue=torch.randn(2, 8), q_index=torch.arange(4), queue_index=torch.tensor([1, 1])
+        )
 
 
 def test_bad_parameters_and_queue_inputs():
@@ -627,6 +692,8 @@ def test_the_ratio_is_not_q_b_when_anchors_differ():
     pos, neg, mask = in_batch_scores(z1, z2)
     x_p, x_n = pos / 0.1, neg / 0.1
     qs = 1 - torch.exp(x_p - torch.logsumexp(torch.cat([x_p[:, None], x_n], 1), 1))
-    ratio = float(embedding_grad_norm(InfoNCE(), z1, z2, temperature=0.1) / embedding_grad_norm(DCL(), z1, z2, temperature=0.1))
+    ratio = float(
+        embedding_grad_norm(InfoNCE(), z1, z2, temperature=0.1) / embedding_grad_norm(DCL(), z1, z2, temperature=0.1)
+    )
     assert float(qs.min()) <= ratio <= float(qs.max())
     assert ratio != pytest.approx(float(qs.mean()), rel=1e-6)

@@ -22,18 +22,19 @@ negatives near cos 0), float32-vs-float64 relative error of d loss / d(z1, z2):
 The assertions below are written from these measurements (with margins), and each
 failure message prints the errors.  ``benchmarks/loss_precision.py`` prints the full table.
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
-
-from smallbatch.training.negatives import MomentumQueue
-from smallbatch.losses import build_loss, in_batch_scores
-from smallbatch.diagnostics import diagnostics
 from loss_at_tau import at_tau
 
+from smallbatch.diagnostics import diagnostics
+from smallbatch.losses import build_loss, in_batch_scores
+from smallbatch.training.negatives import MomentumQueue
+
 torch.set_num_threads(1)
-U32 = 2.0 ** -24
+U32 = 2.0**-24
 
 
 def saturated_views(n: int, d: int = 128, spread: float = 0.05, seed: int = 0):
@@ -79,17 +80,23 @@ def errors(k: int, tau: float, spread: float = 0.05) -> dict[str, float]:
 
 
 def _msg(k, tau, e) -> str:
-    return (f"K={k} tau={tau} q_B={e['qb']:.2e}: float32-vs-float64 gradient rel. error InfoNCE={e['infonce']:.2e} "
-            f"FlatNCE={e['flatnce']:.2e} DCL={e['dcl']:.2e}; vs exact: InfoNCE32={e['infonce32_exact']:.2e} "
-            f"InfoNCE64={e['infonce64_exact']:.2e}")
+    return (
+        f"K={k} tau={tau} q_B={e['qb']:.2e}: float32-vs-float64 gradient rel. error InfoNCE={e['infonce']:.2e} "
+        f"FlatNCE={e['flatnce']:.2e} DCL={e['dcl']:.2e}; vs exact: InfoNCE32={e['infonce32_exact']:.2e} "
+        f"InfoNCE64={e['infonce64_exact']:.2e}"
+    )
 
 
 @pytest.mark.parametrize("tau", [0.2, 0.5, 1.0])
 def test_exact_reference_is_infonce_gradient(tau):
     """The reference used below: grad InfoNCE_i = q_B,i * grad FlatNCE_i (FlatNCE paper), q_B = sigmoid(l)."""
     z1, z2 = saturated_views(5, spread=0.3)
-    torch.testing.assert_close(grad("exact_infonce", tau, z1, z2, torch.float64),
-                               grad("infonce", tau, z1, z2, torch.float64), rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(
+        grad("exact_infonce", tau, z1, z2, torch.float64),
+        grad("infonce", tau, z1, z2, torch.float64),
+        rtol=1e-12,
+        atol=1e-15,
+    )
 
 
 @pytest.mark.parametrize("k", [2, 6, 30])
@@ -116,7 +123,7 @@ def test_positive_pull_is_exactly_zero_in_float32_when_qb_below_roundoff():
             pos = pos.detach().requires_grad_()
             at_tau(build_loss(name), tau).from_scores(pos, neg).loss.backward()
             res[name, dt] = pos.grad.double()
-    msg = f"d/ds_pos: {({f'{n}/{d}': g.tolist() for (n, d), g in res.items()})}"
+    msg = f"d/ds_pos: { ({f'{n}/{d}': g.tolist() for (n, d), g in res.items()}) }"
     assert torch.all(res["infonce", torch.float32] == 0), msg
     assert torch.all(res["infonce", torch.float64] < 0), msg  # float64 still sees the pull (~ -1.3e-8)
     expected = torch.full((4,), -1.0 / (tau * 4), dtype=torch.float64)
@@ -156,7 +163,7 @@ def test_extreme_saturation_float64_infonce_saturates_too():
     tau, k = 0.02, 6
     e = errors(k, tau)
     msg = _msg(k, tau, e)
-    assert e["qb"] < 2.0 ** -53, msg
+    assert e["qb"] < 2.0**-53, msg
     assert e["infonce"] < 1e-4, msg
     assert e["infonce32_exact"] > 1e-2 and e["infonce64_exact"] > 1e-2, msg
     assert e["flatnce"] < 1e-5, msg

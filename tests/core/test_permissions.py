@@ -31,8 +31,14 @@ def _features(path: Path) -> None:
     from smallbatch.evaluation.embed import save_features
 
     rng = np.random.default_rng(0)
-    save_features(path, rng.normal(size=(6, 3)).astype(np.float32), rng.integers(0, 2, 6),
-                  rng.normal(size=(4, 3)).astype(np.float32), rng.integers(0, 2, 4), {"status": "finished"})
+    save_features(
+        path,
+        rng.normal(size=(6, 3)).astype(np.float32),
+        rng.integers(0, 2, 6),
+        rng.normal(size=(4, 3)).astype(np.float32),
+        rng.integers(0, 2, 4),
+        {"status": "finished"},
+    )
 
 
 def _checkpoint(path: Path) -> None:

@@ -6,18 +6,17 @@ through the real entry points."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from loss_at_tau import at_tau
 
-from smallbatch.training import loop as train
+from smallbatch.losses import REGISTRY, SogCLR, build_loss, display_name, in_batch_scores
 from smallbatch.pipeline.cells import expand_cells, make_cell
 from smallbatch.pipeline.config import ConfigError, load_config
 from smallbatch.pipeline.schema import load_schema
-from smallbatch.losses import REGISTRY, SogCLR, build_loss, display_name, in_batch_scores
-from loss_at_tau import at_tau
+from smallbatch.training import loop as train
 
 TAU = 0.3
 
@@ -190,11 +189,24 @@ def test_sogclr_is_in_the_registry_schema_cells_and_labels():
     assert "sogclr" in REGISTRY and display_name("sogclr") == "SogCLR"
     schema = load_schema()
     assert schema["properties"]["loss_params"]["properties"]["sogclr"]["properties"]["gamma"]["default"] == 0.9
-    cfg = load_config(None, {"datasets": {"digits": {}}, "grid": {
-        "losses": ["sogclr", {"name": "sogclr", "gamma": [1.0, 0.5]}, {"name": "flatnce", "gamma": 2.0}],
-        "batch_sizes": [16], "temperatures": [0.1], "seeds": [0]}})
-    assert set(expand_cells(cfg)) == {"digits/sogclr/bs16-t0.1-s0", "digits/sogclr-gamma1/bs16-t0.1-s0",
-                                      "digits/sogclr-gamma0.5/bs16-t0.1-s0", "digits/flatnce-gamma2/bs16-t0.1-s0"}
+    cfg = load_config(
+        None,
+        {
+            "datasets": {"digits": {}},
+            "grid": {
+                "losses": ["sogclr", {"name": "sogclr", "gamma": [1.0, 0.5]}, {"name": "flatnce", "gamma": 2.0}],
+                "batch_sizes": [16],
+                "temperatures": [0.1],
+                "seeds": [0],
+            },
+        },
+    )
+    assert set(expand_cells(cfg)) == {
+        "digits/sogclr/bs16-t0.1-s0",
+        "digits/sogclr-gamma1/bs16-t0.1-s0",
+        "digits/sogclr-gamma0.5/bs16-t0.1-s0",
+        "digits/flatnce-gamma2/bs16-t0.1-s0",
+    }
     with pytest.raises(ConfigError, match="gamma"):
         load_config(None, {"datasets": {"digits": {}}, "grid": {"losses": [{"name": "sogclr", "gamma": 2.0}]}})
 
@@ -212,8 +224,9 @@ def digits():
 
 def _cell(**train_opts):
     cfg = load_config(None, {"datasets": {"digits": {}}, "train": {**TINY, **train_opts}})
-    return make_cell(cfg, dataset="digits", loss="sogclr", loss_params={"gamma": 0.8}, batch_size=32,
-                     temperature=0.5, seed=0)
+    return make_cell(
+        cfg, dataset="digits", loss="sogclr", loss_params={"gamma": 0.8}, batch_size=32, temperature=0.5, seed=0
+    )
 
 
 def test_resume_restores_u_and_ends_bitwise_like_an_uninterrupted_run(tmp_path, digits):
@@ -225,8 +238,7 @@ def test_resume_restores_u_and_ends_bitwise_like_an_uninterrupted_run(tmp_path, 
     spe = digits.pretrain_x.shape[0] // 32
 
     def run(out, **kw):
-        return train.pretrain(cell, digits.pretrain_x, digits.mean, digits.std, out, device="cpu",
-                              progress=False, **kw)
+        return train.pretrain(cell, digits.pretrain_x, digits.mean, digits.std, out, device="cpu", progress=False, **kw)
 
     ref = run(tmp_path / "ref")
     with pytest.raises(KeyboardInterrupt):
@@ -245,9 +257,30 @@ def test_a_tiny_sogclr_cell_trains_through_the_command_line(tmp_path):
     from smallbatch.pipeline import cli
 
     out = tmp_path / "cell"
-    rc = cli.main(["pretrain", "--dataset", "digits", "--loss", "sogclr", "--loss-param", "gamma=0.5",
-                   "--batch-size", "32", "--temperature", "0.5", "--steps", "6", "--tracking-uri", "none", "--no-progress",
-                   "--out", str(out), "--threads", "1"])
+    rc = cli.main(
+        [
+            "pretrain",
+            "--dataset",
+            "digits",
+            "--loss",
+            "sogclr",
+            "--loss-param",
+            "gamma=0.5",
+            "--batch-size",
+            "32",
+            "--temperature",
+            "0.5",
+            "--steps",
+            "6",
+            "--tracking-uri",
+            "none",
+            "--no-progress",
+            "--out",
+            str(out),
+            "--threads",
+            "1",
+        ]
+    )
     assert rc in (0, None)
     ck = train.load_checkpoint(out / "checkpoint.pt")
     assert ck["status"] == "finished" and ck["cell"]["loss"] == "sogclr" and ck["cell"]["loss_params"] == {"gamma": 0.5}

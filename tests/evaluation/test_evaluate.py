@@ -15,7 +15,6 @@ from smallbatch.evaluation.knn import knn_eval, knn_predict, knn_search
 from smallbatch.evaluation.linear import linear_eval
 from smallbatch.models import build_backbone
 
-
 # ----------------------------------------------------------------------------- kNN reference
 
 
@@ -352,8 +351,13 @@ def _probe_minimum(xtr, ytr, xte, c: int, weight_decay: float):
         g = (p - onehot) / len(ytr)
         return loss, np.concatenate([(g.T @ xs + weight_decay * w).ravel(), g.sum(0)])
 
-    res = minimize(fun, np.zeros(c * (xs.shape[1] + 1)), jac=True, method="L-BFGS-B",
-                   options=dict(maxiter=20_000, maxfun=40_000, gtol=1e-12, ftol=1e-15))
+    res = minimize(
+        fun,
+        np.zeros(c * (xs.shape[1] + 1)),
+        jac=True,
+        method="L-BFGS-B",
+        options=dict(maxiter=20_000, maxfun=40_000, gtol=1e-12, ftol=1e-15),
+    )
     w, b = res.x[: c * xs.shape[1]].reshape(c, -1), res.x[c * xs.shape[1] :]
     return res.fun, (xt @ w.T + b).argmax(1)
 
@@ -387,8 +391,10 @@ def test_preconditioning_is_what_converges_fast() -> None:
     it get 50x closer to the minimum than 20 of plain L-BFGS (measured: 2.7e-4 vs 1.7e-2)."""
     xtr, ytr, xte, _ = _ill_conditioned()
     minimum, _ = _probe_minimum(xtr, ytr, xte, 5, 1e-3)
-    gap = {opt: linear_eval(xtr, ytr, xtr, ytr, epochs=20, tol=0.0, optimizer=opt)["train_loss"] - minimum
-           for opt in ("lbfgs", "lbfgs-precond")}
+    gap = {
+        opt: linear_eval(xtr, ytr, xtr, ytr, epochs=20, tol=0.0, optimizer=opt)["train_loss"] - minimum
+        for opt in ("lbfgs", "lbfgs-precond")
+    }
     assert 0 < 10 * gap["lbfgs-precond"] < gap["lbfgs"]
 
 

@@ -42,11 +42,13 @@ def test_the_weight_decay_is_chosen_without_the_test_set_and_refitted_on_all_tra
     tr, ytr, te, yte = feats
     a = probes.linear_probes(tr, ytr, te, yte, weight_decays=DECAYS, epochs=30)
     rng = np.random.default_rng(0)
-    b = probes.linear_probes(tr, ytr, rng.standard_normal(te.shape).astype(np.float32), rng.permutation(yte),
-                             weight_decays=DECAYS, epochs=30)
+    b = probes.linear_probes(
+        tr, ytr, rng.standard_normal(te.shape).astype(np.float32), rng.permutation(yte), weight_decays=DECAYS, epochs=30
+    )
     assert a["weight_decay"] == b["weight_decay"]  # other test rows, same choice
-    assert {k: v for k, v in a.items() if k.startswith("val_top1")} == \
-        {k: v for k, v in b.items() if k.startswith("val_top1")}
+    assert {k: v for k, v in a.items() if k.startswith("val_top1")} == {
+        k: v for k, v in b.items() if k.startswith("val_top1")
+    }
     best = max(DECAYS, key=lambda wd: (a[f"val_top1_wd{wd:g}"], wd))
     assert a["weight_decay"] == best and a["val_top1"] == a[f"val_top1_wd{best:g}"]
     x, xte = standardise(tr, te)
@@ -63,8 +65,9 @@ def test_the_best_validation_score_wins():
 
 def test_few_label_probes_report_mean_and_sd_of_their_draws(feats):
     tr, ytr, te, yte = feats
-    out = probes.linear_probes(tr, ytr, te, yte, weight_decays=DECAYS, fewshot_fractions=[0.05], fewshot_draws=3,
-                               epochs=30)
+    out = probes.linear_probes(
+        tr, ytr, te, yte, weight_decays=DECAYS, fewshot_fractions=[0.05], fewshot_draws=3, epochs=30
+    )
     x, xte = standardise(tr, te)
     y, yt = torch.from_numpy(ytr), torch.from_numpy(yte)
     fit_rows, val_rows = probes.validation_split(ytr, 0.1, 0)
@@ -72,24 +75,27 @@ def test_few_label_probes_report_mean_and_sd_of_their_draws(feats):
     for draw in range(3):
         rows = probes.balanced_subset(ytr, fit_rows, 0.05, np.random.default_rng([0, 50000, draw]))
         assert not np.isin(rows, val_rows).any()
-        scores = {wd: linear_top1(f, x[val_rows], y[val_rows])
-                  for wd, f in ((wd, fit_linear(x[rows], y[rows], 5, wd, 30)) for wd in DECAYS)}
+        scores = {
+            wd: linear_top1(f, x[val_rows], y[val_rows])
+            for wd, f in ((wd, fit_linear(x[rows], y[rows], 5, wd, 30)) for wd in DECAYS)
+        }
         best = max(scores, key=lambda wd: (scores[wd], wd))
         tops.append(linear_top1(fit_linear(x[rows], y[rows], 5, best, 30), xte, yt))
     assert out["labels5pct_top1_mean"] == pytest.approx(np.mean(tops))
     assert out["labels5pct_top1_sd"] == pytest.approx(np.std(tops, ddof=1))
     assert out["labels5pct_labels"] == len(rows)
-    again = probes.linear_probes(tr, ytr, te, yte, weight_decays=DECAYS, fewshot_fractions=[0.05], fewshot_draws=3,
-                                 epochs=30)
+    again = probes.linear_probes(
+        tr, ytr, te, yte, weight_decays=DECAYS, fewshot_fractions=[0.05], fewshot_draws=3, epochs=30
+    )
     assert again == out
 
 
 def test_without_a_decay_list_the_probe_is_the_plain_linear_eval(feats):
     tr, ytr, te, yte = feats
-    assert probes.linear_probes(tr, ytr, te, yte, weight_decay=1e-2, epochs=20) == \
-        linear_eval(tr, ytr, te, yte, weight_decay=1e-2, epochs=20)
-    few = probes.linear_probes(tr, ytr, te, yte, weight_decay=1e-2, epochs=20, fewshot_fractions=[0.1],
-                               fewshot_draws=1)
+    assert probes.linear_probes(tr, ytr, te, yte, weight_decay=1e-2, epochs=20) == linear_eval(
+        tr, ytr, te, yte, weight_decay=1e-2, epochs=20
+    )
+    few = probes.linear_probes(tr, ytr, te, yte, weight_decay=1e-2, epochs=20, fewshot_fractions=[0.1], fewshot_draws=1)
     assert few["labels10pct_weight_decay"] == 1e-2 and few["labels10pct_top1_sd"] == 0.0
 
 
@@ -102,8 +108,12 @@ def test_validated_probes_refuse_another_solver(feats):
 
 
 def test_fraction_tags():
-    assert [probes.fraction_tag(f) for f in (0.01, 0.1, 0.005, 1.0)] == \
-        ["labels1pct", "labels10pct", "labels0.5pct", "labels100pct"]
+    assert [probes.fraction_tag(f) for f in (0.01, 0.1, 0.005, 1.0)] == [
+        "labels1pct",
+        "labels10pct",
+        "labels0.5pct",
+        "labels100pct",
+    ]
 
 
 def test_gap_fraction_places_a_value_between_random_init_and_supervised():
@@ -117,12 +127,22 @@ def test_the_evaluation_step_writes_the_probes_in_percent(feats):
     from smallbatch.pipeline.jobs import _eval_on_features
 
     tr, ytr, te, yte = feats
-    ev = {"linear_iterations": 20, "linear_lr": None, "linear_weight_decay": 1e-3, "linear_optimizer": "lbfgs-precond",
-          "linear_batch_size": None, "linear_tol": 1e-5, "linear_weight_decays": DECAYS, "linear_val_fraction": 0.1,
-          "fewshot_fractions": [0.1], "fewshot_draws": 2}
+    ev = {
+        "linear_iterations": 20,
+        "linear_lr": None,
+        "linear_weight_decay": 1e-3,
+        "linear_optimizer": "lbfgs-precond",
+        "linear_batch_size": None,
+        "linear_tol": 1e-5,
+        "linear_weight_decays": DECAYS,
+        "linear_val_fraction": 0.1,
+        "fewshot_fractions": [0.1],
+        "fewshot_draws": 2,
+    }
     out = _eval_on_features("linear", {"eval": ev, "seed": 0, "device": "cpu"}, (tr, ytr, te, yte))
-    raw = probes.linear_probes(tr, ytr, te, yte, weight_decays=DECAYS, fewshot_fractions=[0.1], fewshot_draws=2,
-                               epochs=20)
+    raw = probes.linear_probes(
+        tr, ytr, te, yte, weight_decays=DECAYS, fewshot_fractions=[0.1], fewshot_draws=2, epochs=20
+    )
     assert out["top1"] == pytest.approx(100 * raw["top1"])
     assert out["labels10pct_top1_mean"] == pytest.approx(100 * raw["labels10pct_top1_mean"])
     assert out["weight_decay"] == raw["weight_decay"] and out["labels10pct_labels"] == raw["labels10pct_labels"]

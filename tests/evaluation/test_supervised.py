@@ -7,17 +7,23 @@ import json
 import pytest
 import torch
 
-from smallbatch.pipeline.cells import baseline_cells
-from smallbatch.pipeline.config import validate_config
 from smallbatch.data import load_dataset
 from smallbatch.evaluation.supervised import supervised_schedule, train_supervised
+from smallbatch.pipeline.cells import baseline_cells
+from smallbatch.pipeline.config import validate_config
 
 
 def _config(enabled=True, **extra):
-    return validate_config({"datasets": {"digits": {}}, "grid": {"seeds": [0, 1]},
-                            "supervised_baseline": {"enabled": enabled, "batch_size": 32},
-                            "train": {"width": 8, "epochs": 1, "lr": 0.003}, "eval": {"knn_k": [5], "linear_iterations": 20},
-                            **extra})
+    return validate_config(
+        {
+            "datasets": {"digits": {}},
+            "grid": {"seeds": [0, 1]},
+            "supervised_baseline": {"enabled": enabled, "batch_size": 32},
+            "train": {"width": 8, "epochs": 1, "lr": 0.003},
+            "eval": {"knn_k": [5], "linear_iterations": 20},
+            **extra,
+        }
+    )
 
 
 def test_supervised_baselines_are_cells_per_seed_only_when_enabled():

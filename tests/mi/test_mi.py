@@ -28,7 +28,7 @@ def test_true_mi_closed_form():
     # d independent coordinate pairs: MI adds up
     assert mi.true_mi(0.9, 20) == pytest.approx(20 * mi.true_mi(0.9, 1), rel=1e-12)
     # strongly correlated pairs carry a lot of information
-    assert mi.true_mi(0.999, 1) == pytest.approx(-0.5 * math.log(1 - 0.999 ** 2), rel=1e-12)
+    assert mi.true_mi(0.999, 1) == pytest.approx(-0.5 * math.log(1 - 0.999**2), rel=1e-12)
 
 
 @pytest.mark.parametrize("d", [1, 5, 20])
@@ -212,8 +212,9 @@ def _alike(together: mi.TrainResult, alone: mi.TrainResult) -> None:
     a, b = (c.group_scores(x[None], y[None])[0] for c in (together.critic, alone.critic))
     torch.testing.assert_close(a - a.mean(1, keepdim=True), b - b.mean(1, keepdim=True), rtol=0, atol=1e-3)
     rho = mi.rho_for_mi(3.0, 4)
-    assert mi.evaluate_estimator("infonce", together.critic, 8, rho, 4, 2, 0, anchors=32)["estimate"] == \
-        pytest.approx(mi.evaluate_estimator("infonce", alone.critic, 8, rho, 4, 2, 0, anchors=32)["estimate"], abs=2e-4)
+    assert mi.evaluate_estimator("infonce", together.critic, 8, rho, 4, 2, 0, anchors=32)["estimate"] == pytest.approx(
+        mi.evaluate_estimator("infonce", alone.critic, 8, rho, 4, 2, 0, anchors=32)["estimate"], abs=2e-4
+    )
 
 
 def test_estimators_trained_together_equal_each_trained_alone():
@@ -248,6 +249,7 @@ def test_an_estimator_that_diverges_together_stops_as_it_would_alone(monkeypatch
                 if calls["n"] > 5:
                     out.loss = out.loss * float("nan")
                 return out
+
         return Failing()
 
     monkeypatch.setattr(mi, "estimator_loss", failing)
@@ -314,43 +316,54 @@ def test_eval_k_readout_is_not_capped_by_the_training_k():
 
 
 # --------------------------------------------------------------------------- bad input
-@pytest.mark.parametrize("call, word", [
-    (lambda: mi.true_mi(1.0, 3), "rho"),
-    (lambda: mi.true_mi(-1.0, 3), "rho"),
-    (lambda: mi.true_mi(1.5, 3), "rho"),
-    (lambda: mi.true_mi(0.5, 0), "d"),
-    (lambda: mi.rho_for_mi(-1.0, 3), "mi"),
-    (lambda: mi.rho_for_mi(2.0, 0), "d"),
-    (lambda: mi.sample_correlated_gaussians(4, 3, 1.0), "rho"),
-    (lambda: mi.sample_correlated_gaussians(4, 0, 0.5), "d"),
-    (lambda: mi.sample_correlated_gaussians(0, 3, 0.5), "n"),
-    (lambda: mi.mi_ceiling("infonce", 0), "K"),
-    (lambda: mi.mi_ceiling("eqco", 4), "alpha"),
-    (lambda: mi.mi_ceiling("nce", 4), "estimator"),
-    (lambda: mi.train_estimator("infonce", "separable", 0, 2.0, 4, 1, 1e-3, 0), "K"),
-    (lambda: mi.train_estimator("infonce", "separable", 4, 2.0, 0, 1, 1e-3, 0), "d"),
-    (lambda: mi.train_estimator("infonce", "mlp", 4, 2.0, 4, 1, 1e-3, 0), "critic"),
-    (lambda: mi.train_estimator("eqco", "separable", 4, 2.0, 4, 1, 1e-3, 0), "alpha"),
-    (lambda: mi.SeparableCritic(0), "d"),
-    (lambda: mi.SeparableCritic(3, temperature=0), "critic_temperature"),
-    (lambda: validate_section({"critic_temperature": -1}), "critic_temperature"),
-    (lambda: validate_section({"eval_k": 0}), "eval_k"),
-    (lambda: validate_section({"dim": 0}), "dim"),
-    (lambda: validate_section({"ks": [4, 0]}), "ks"),
-    (lambda: validate_section({"mi_values": [2, -1]}), "mi_values"),
-    (lambda: validate_section({"estimators": ["infonce", "dcl"]}), "estimators"),
-    (lambda: validate_section({"critics": ["bilinear"]}), "critics"),
-    (lambda: validate_section({"eqco_alpha": 0}), "eqco_alpha"),
-    (lambda: validate_section({"stepz": 3}), "stepz"),
-])
+@pytest.mark.parametrize(
+    "call, word",
+    [
+        (lambda: mi.true_mi(1.0, 3), "rho"),
+        (lambda: mi.true_mi(-1.0, 3), "rho"),
+        (lambda: mi.true_mi(1.5, 3), "rho"),
+        (lambda: mi.true_mi(0.5, 0), "d"),
+        (lambda: mi.rho_for_mi(-1.0, 3), "mi"),
+        (lambda: mi.rho_for_mi(2.0, 0), "d"),
+        (lambda: mi.sample_correlated_gaussians(4, 3, 1.0), "rho"),
+        (lambda: mi.sample_correlated_gaussians(4, 0, 0.5), "d"),
+        (lambda: mi.sample_correlated_gaussians(0, 3, 0.5), "n"),
+        (lambda: mi.mi_ceiling("infonce", 0), "K"),
+        (lambda: mi.mi_ceiling("eqco", 4), "alpha"),
+        (lambda: mi.mi_ceiling("nce", 4), "estimator"),
+        (lambda: mi.train_estimator("infonce", "separable", 0, 2.0, 4, 1, 1e-3, 0), "K"),
+        (lambda: mi.train_estimator("infonce", "separable", 4, 2.0, 0, 1, 1e-3, 0), "d"),
+        (lambda: mi.train_estimator("infonce", "mlp", 4, 2.0, 4, 1, 1e-3, 0), "critic"),
+        (lambda: mi.train_estimator("eqco", "separable", 4, 2.0, 4, 1, 1e-3, 0), "alpha"),
+        (lambda: mi.SeparableCritic(0), "d"),
+        (lambda: mi.SeparableCritic(3, temperature=0), "critic_temperature"),
+        (lambda: validate_section({"critic_temperature": -1}), "critic_temperature"),
+        (lambda: validate_section({"eval_k": 0}), "eval_k"),
+        (lambda: validate_section({"dim": 0}), "dim"),
+        (lambda: validate_section({"ks": [4, 0]}), "ks"),
+        (lambda: validate_section({"mi_values": [2, -1]}), "mi_values"),
+        (lambda: validate_section({"estimators": ["infonce", "dcl"]}), "estimators"),
+        (lambda: validate_section({"critics": ["bilinear"]}), "critics"),
+        (lambda: validate_section({"eqco_alpha": 0}), "eqco_alpha"),
+        (lambda: validate_section({"stepz": 3}), "stepz"),
+    ],
+)
 def test_bad_input_names_the_argument(call, word):
     with pytest.raises(ValueError, match=word):
         call()
 
 
 def test_concat_max_k_restricts_the_grid():
-    sec = validate_section({"ks": [4, 64, 1024], "critics": ["separable", "concat"], "concat_max_k": 64,
-                               "estimators": ["infonce"], "mi_values": [2], "seeds": [0]})
+    sec = validate_section(
+        {
+            "ks": [4, 64, 1024],
+            "critics": ["separable", "concat"],
+            "concat_max_k": 64,
+            "estimators": ["infonce"],
+            "mi_values": [2],
+            "seeds": [0],
+        }
+    )
     keys = [(r["critic"], r["K"]) for r in mi.grid(sec)]
     assert keys == [("separable", 4), ("separable", 64), ("separable", 1024), ("concat", 4), ("concat", 64)]
     with pytest.raises(ValueError, match="concat_max_k"):
@@ -385,9 +398,21 @@ def test_the_schemas_estimators_and_critics_are_the_benchmarks():
 
 # --------------------------------------------------------------------------- pipeline step + report
 TINY = {
-    "dim": 4, "mi_values": [1, 6], "ks": [4, 64], "estimators": ["infonce", "flatnce", "eqco"],
-    "critics": ["separable", "oracle"], "steps": 40, "lr": 5e-3, "hidden": 16, "embed": 8,
-    "anchors": 32, "max_pairs": 1024, "eval_batches": 2, "trace_points": 10, "eqco_alpha": 1024, "seeds": [0],
+    "dim": 4,
+    "mi_values": [1, 6],
+    "ks": [4, 64],
+    "estimators": ["infonce", "flatnce", "eqco"],
+    "critics": ["separable", "oracle"],
+    "steps": 40,
+    "lr": 5e-3,
+    "hidden": 16,
+    "embed": 8,
+    "anchors": 32,
+    "max_pairs": 1024,
+    "eval_batches": 2,
+    "trace_points": 10,
+    "eqco_alpha": 1024,
+    "seeds": [0],
 }
 
 
@@ -412,8 +437,8 @@ def test_mi_step_logs_runs_and_report_section(tmp_path):
     import pandas as pd
     from mlflow.tracking import MlflowClient
 
-    from smallbatch.pipeline import mi_job as mi_step
     from smallbatch import report
+    from smallbatch.pipeline import mi_job as mi_step
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     out = tmp_path / "mi" / "results.json"
@@ -501,14 +526,27 @@ def _small_k_runs(flat_minus_nce: float, spread: float):
         for k in (4, 1024):
             nce = 3.0 + (0.5 if k == 1024 else 0.0) + 0.1 * seed
             for est, v in (("infonce", nce), ("flatnce", nce + flat_minus_nce + spread * (seed - 1))):
-                rows.append({"estimator": est, "critic": "separable", "K": k, "true_mi": 6.0, "seed": seed,
-                             "estimate": 1.0, "estimate_eval_k": v, "eval_k": 1024, "failed": False,
-                             "dual_estimate": 2.0})
+                rows.append(
+                    {
+                        "estimator": est,
+                        "critic": "separable",
+                        "K": k,
+                        "true_mi": 6.0,
+                        "seed": seed,
+                        "estimate": 1.0,
+                        "estimate_eval_k": v,
+                        "eval_k": 1024,
+                        "failed": False,
+                        "dual_estimate": 2.0,
+                    }
+                )
     return pd.DataFrame(rows)
 
 
-@pytest.mark.parametrize("diff, spread, verdict", [
-    (0.3, 0.01, "supported"), (-0.3, 0.01, "not supported"), (0.01, 0.5, "neither supported nor refuted")])
+@pytest.mark.parametrize(
+    "diff, spread, verdict",
+    [(0.3, 0.01, "supported"), (-0.3, 0.01, "not supported"), (0.01, 0.5, "neither supported nor refuted")],
+)
 def test_flatnce_small_k_claim_can_fail(diff, spread, verdict):
     """The FlatNCE verdict follows the seed interval of FlatNCE − InfoNCE at the smallest K: better,
     worse, or within noise; the sentence quotes the paired difference and its interval."""
@@ -555,10 +593,23 @@ def test_mi_figure_marks_extreme_values_and_failures_instead_of_clamping(tmp_pat
         for k in (4, 64):
             for est in ("infonce", "flatnce"):
                 v = -1.08e8 if (est, k, seed) == ("flatnce", 4, 0) else 1.0 + 0.1 * seed
-                rows.append({"estimator": est, "critic": "separable", "K": k, "true_mi": 2.0, "seed": seed,
-                             "estimate": v, "variance": 0.01, "ceiling": math.log(k + 1), "dual_estimate": 1.0,
-                             "eval_k": 64, "estimate_eval_k": 1.2, "alpha": math.nan,
-                             "failed": (est, k, seed) == ("infonce", 64, 2)})
+                rows.append(
+                    {
+                        "estimator": est,
+                        "critic": "separable",
+                        "K": k,
+                        "true_mi": 2.0,
+                        "seed": seed,
+                        "estimate": v,
+                        "variance": 0.01,
+                        "ceiling": math.log(k + 1),
+                        "dual_estimate": 1.0,
+                        "eval_k": 64,
+                        "estimate_eval_k": 1.2,
+                        "alpha": math.nan,
+                        "failed": (est, k, seed) == ("infonce", 64, 2),
+                    }
+                )
     df = pd.DataFrame(rows)
     a = report_mi.aggregate_mi(df)
     files, md = report_mi._figure_vs_true(a, df, _FigureContext(tmp_path))
@@ -574,6 +625,7 @@ def test_report_section_absent_without_mi_runs():
 
     from smallbatch.report.sections import mi as report_mi
 
-    runs = pd.DataFrame({"kind": ["cell"], "run_id": ["r"], "cell_id": ["c"], "start_time": [0],
-                         "status": ["finished"]})
+    runs = pd.DataFrame(
+        {"kind": ["cell"], "run_id": ["r"], "cell_id": ["c"], "start_time": [0], "status": ["finished"]}
+    )
     assert report_mi.build(runs, ctx=None) is None

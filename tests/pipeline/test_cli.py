@@ -59,16 +59,31 @@ def error_line(capsys, argv: list[str]) -> str:
 
 
 # --------------------------------------------------------------------------- bad input
-@pytest.mark.parametrize("argv,names", [
-    (["--dataset", "digits", "--loss", "infonse", "--batch-size", "32", "--temperature", "0.5"], ["infonse", "flatnce"]),
-    (["--dataset", "digits", "--loss", "infonce", "--batch-size", "1", "--temperature", "0.5"], ["--batch-size", "1"]),
-    (["--dataset", "digits", "--loss", "infonce", "--batch-size", "32", "--temperature", "0"], ["--temperature"]),
-    (["--dataset", "digits", "--loss", "infonce", "--batch-size", "32", "--temperature", "-0.1"], ["--temperature", "-0.1"]),
-    (["--dataset", "mnist", "--loss", "infonce", "--batch-size", "32", "--temperature", "0.5"], ["mnist", "digits"]),
-    (CELL + ["--epochs", "-1"], ["epochs", "-1"]),
-    (CELL + ["--loss-param", "sigma=0.5"], ["sigma", "infonce"]),
-    (["--dataset", "digits"], ["--loss", "--batch-size", "--temperature"]),
-])
+@pytest.mark.parametrize(
+    "argv,names",
+    [
+        (
+            ["--dataset", "digits", "--loss", "infonse", "--batch-size", "32", "--temperature", "0.5"],
+            ["infonse", "flatnce"],
+        ),
+        (
+            ["--dataset", "digits", "--loss", "infonce", "--batch-size", "1", "--temperature", "0.5"],
+            ["--batch-size", "1"],
+        ),
+        (["--dataset", "digits", "--loss", "infonce", "--batch-size", "32", "--temperature", "0"], ["--temperature"]),
+        (
+            ["--dataset", "digits", "--loss", "infonce", "--batch-size", "32", "--temperature", "-0.1"],
+            ["--temperature", "-0.1"],
+        ),
+        (
+            ["--dataset", "mnist", "--loss", "infonce", "--batch-size", "32", "--temperature", "0.5"],
+            ["mnist", "digits"],
+        ),
+        (CELL + ["--epochs", "-1"], ["epochs", "-1"]),
+        (CELL + ["--loss-param", "sigma=0.5"], ["sigma", "infonce"]),
+        (["--dataset", "digits"], ["--loss", "--batch-size", "--temperature"]),
+    ],
+)
 def test_bad_cell_arguments_exit_2_with_one_line(capsys, tmp_path, argv, names):
     line = error_line(capsys, ["pretrain", "--tracking-uri", "none", "--out", str(tmp_path / "o"), *argv])
     for n in names:
@@ -79,8 +94,26 @@ def test_bad_cell_arguments_exit_2_with_one_line(capsys, tmp_path, argv, names):
 def test_missing_data_root_names_the_dataset_and_root(capsys, tmp_path):
     root = tmp_path / "empty_root"
     root.mkdir()
-    line = error_line(capsys, ["pretrain", "--tracking-uri", "none", "--out", str(tmp_path / "o"), "--dataset", "cifar10",
-                               "--data-root", str(root), "--loss", "infonce", "--batch-size", "32", "--temperature", "0.5"])
+    line = error_line(
+        capsys,
+        [
+            "pretrain",
+            "--tracking-uri",
+            "none",
+            "--out",
+            str(tmp_path / "o"),
+            "--dataset",
+            "cifar10",
+            "--data-root",
+            str(root),
+            "--loss",
+            "infonce",
+            "--batch-size",
+            "32",
+            "--temperature",
+            "0.5",
+        ],
+    )
     assert "cifar10" in line and str(root) in line and "download" in line
 
 
@@ -91,16 +124,19 @@ def test_typo_in_config_file(capsys, tmp_path, study):
 
 
 def test_unknown_cell_id(capsys, study):
-    line = error_line(capsys, ["pretrain", "--tracking-uri", "none", "--config", str(study),
-                               "--cell-id", "digits/infonce/bs32-t0.5-s9"])
+    line = error_line(
+        capsys,
+        ["pretrain", "--tracking-uri", "none", "--config", str(study), "--cell-id", "digits/infonce/bs32-t0.5-s9"],
+    )
     assert "digits/infonce/bs32-t0.5-s9" in line
 
 
 def test_corrupt_checkpoint_passed_to_embed(capsys, tmp_path, study):
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"\x80\x04 not a torch file")
-    line = error_line(capsys, ["embed", "--config", str(study), *CELL, "--checkpoint", str(bad),
-                               "--out", str(tmp_path / "f.npz")])
+    line = error_line(
+        capsys, ["embed", "--config", str(study), *CELL, "--checkpoint", str(bad), "--out", str(tmp_path / "f.npz")]
+    )
     assert str(bad) in line
     assert not (tmp_path / "f.npz").exists()
 
@@ -110,20 +146,57 @@ def test_truncated_features_passed_to_knn(capsys, tmp_path, study):
 
     f = tmp_path / "features.npz"
     rng = np.random.default_rng(0)
-    save_features(f, rng.normal(size=(50, 8)).astype(np.float32), rng.integers(0, 3, 50),
-                  rng.normal(size=(20, 8)).astype(np.float32), rng.integers(0, 3, 20), {"status": "finished"})
+    save_features(
+        f,
+        rng.normal(size=(50, 8)).astype(np.float32),
+        rng.integers(0, 3, 50),
+        rng.normal(size=(20, 8)).astype(np.float32),
+        rng.integers(0, 3, 20),
+        {"status": "finished"},
+    )
     blob = f.read_bytes()
     f.write_bytes(blob[: len(blob) // 2])
-    line = error_line(capsys, ["knn", "--tracking-uri", "none", "--config", str(study), *CELL,
-                               "--features", str(f), "--out", str(tmp_path / "knn.json")])
+    line = error_line(
+        capsys,
+        [
+            "knn",
+            "--tracking-uri",
+            "none",
+            "--config",
+            str(study),
+            *CELL,
+            "--features",
+            str(f),
+            "--out",
+            str(tmp_path / "knn.json"),
+        ],
+    )
     assert str(f) in line
     assert not (tmp_path / "knn.json").exists()
 
 
 def test_real_process_exit_status_and_single_stderr_line(tmp_path):
-    p = subprocess.run([str(SMALLBATCH), "pretrain", "--tracking-uri", "none", "--out", str(tmp_path),
-                        "--dataset", "digits", "--loss", "infonce", "--batch-size", "32", "--temperature", "0"],
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [
+            str(SMALLBATCH),
+            "pretrain",
+            "--tracking-uri",
+            "none",
+            "--out",
+            str(tmp_path),
+            "--dataset",
+            "digits",
+            "--loss",
+            "infonce",
+            "--batch-size",
+            "32",
+            "--temperature",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 2
     assert p.stderr.strip().splitlines() == ["smallbatch: error: --temperature must be a finite number > 0, not 0.0"]
     assert p.stdout == ""
@@ -138,9 +211,24 @@ def _subparsers() -> dict[str, argparse.ArgumentParser]:
 
 # Options whose name (or whose listed choices) says what they do.
 SELF_EXPLANATORY = {
-    "--seed", "--epochs", "--precision", "--lr-scaling", "--optimizer", "--backbone", "--device", "--no-progress",
-    "--out", "--config", "--data-root", "--image-size", "--train-subset", "--test-subset", "--checkpoint",
-    "--features", "--experiment", "--tracking-uri",
+    "--seed",
+    "--epochs",
+    "--precision",
+    "--lr-scaling",
+    "--optimizer",
+    "--backbone",
+    "--device",
+    "--no-progress",
+    "--out",
+    "--config",
+    "--data-root",
+    "--image-size",
+    "--train-subset",
+    "--test-subset",
+    "--checkpoint",
+    "--features",
+    "--experiment",
+    "--tracking-uri",
 }
 
 
@@ -162,20 +250,34 @@ def _options(text: str) -> set[str]:
 
 #: per subcommand: flags its --help must list, and flags of other concerns it must not
 HELP_TABLE = {
-    "pretrain": ({"--lr", "--epochs", "--optimizer", "--backbone", "--restart", "--cell-id", "--tracking-uri",
-                  "--data-cache"}, {"--knn-k", "--linear-iterations", "--checkpoint", "--features"}),
-    "embed": ({"--checkpoint", "--data-cache", "--device", "--cell-id", "--dataset"},
-              {"--lr", "--optimizer", "--backbone", "--epochs", "--knn-k", "--linear-iterations", "--tracking-uri"}),
-    "evaluate": ({"--checkpoint", "--out-dir", "--features", "--tracking-uri", "--data-cache"},
-                 {"--lr", "--optimizer", "--backbone", "--epochs", "--knn-k", "--linear-iterations"}),
-    "knn": ({"--knn-k", "--knn-t", "--knn-backend", "--features", "--cell-id", "--tracking-uri"},
-            {"--lr", "--optimizer", "--backbone", "--epochs", "--steps", "--linear-iterations", "--device"}),
-    "linear": ({"--linear-iterations", "--linear-weight-decay", "--linear-weight-decays", "--linear-optimizer",
-                "--features"}, {"--lr", "--optimizer", "--backbone", "--epochs", "--knn-k", "--knn-t", "--device"}),
-    "baseline": ({"--cell-json", "--cell-id", "--data-cache", "--tracking-uri", "--threads"},
-                 {"--lr", "--optimizer", "--backbone", "--epochs", "--dataset", "--loss", "--knn-k"}),
-    "export": ({"--cell-id", "--config", "--run-dir", "--checkpoint", "--out"},
-               {"--lr", "--backbone", "--tracking-uri", "--knn-k", "--device", "--threads"}),
+    "pretrain": (
+        {"--lr", "--epochs", "--optimizer", "--backbone", "--restart", "--cell-id", "--tracking-uri", "--data-cache"},
+        {"--knn-k", "--linear-iterations", "--checkpoint", "--features"},
+    ),
+    "embed": (
+        {"--checkpoint", "--data-cache", "--device", "--cell-id", "--dataset"},
+        {"--lr", "--optimizer", "--backbone", "--epochs", "--knn-k", "--linear-iterations", "--tracking-uri"},
+    ),
+    "evaluate": (
+        {"--checkpoint", "--out-dir", "--features", "--tracking-uri", "--data-cache"},
+        {"--lr", "--optimizer", "--backbone", "--epochs", "--knn-k", "--linear-iterations"},
+    ),
+    "knn": (
+        {"--knn-k", "--knn-t", "--knn-backend", "--features", "--cell-id", "--tracking-uri"},
+        {"--lr", "--optimizer", "--backbone", "--epochs", "--steps", "--linear-iterations", "--device"},
+    ),
+    "linear": (
+        {"--linear-iterations", "--linear-weight-decay", "--linear-weight-decays", "--linear-optimizer", "--features"},
+        {"--lr", "--optimizer", "--backbone", "--epochs", "--knn-k", "--knn-t", "--device"},
+    ),
+    "baseline": (
+        {"--cell-json", "--cell-id", "--data-cache", "--tracking-uri", "--threads"},
+        {"--lr", "--optimizer", "--backbone", "--epochs", "--dataset", "--loss", "--knn-k"},
+    ),
+    "export": (
+        {"--cell-id", "--config", "--run-dir", "--checkpoint", "--out"},
+        {"--lr", "--backbone", "--tracking-uri", "--knn-k", "--device", "--threads"},
+    ),
     "report": ({"--tracking-uri", "--experiment", "--out", "--config"}, {"--cell-id", "--lr", "--dataset"}),
     "cells": ({"--config", "--write", "--baselines"}, {"--cell-id", "--lr", "--tracking-uri"}),
 }
@@ -277,8 +379,8 @@ def tracked(tmp_path_factory):
     """One stand-alone digits cell through the whole pipeline, tracked in a fresh SQLite store:
     init-store; knn before pretraining (an error); pretrain crashed 7 steps into epoch 2 and
     resumed; embed; knn; linear; knn again.  Returns what each step said and where things are."""
-    from smallbatch.training import loop as train
     from smallbatch.evaluation.embed import save_features
+    from smallbatch.training import loop as train
 
     tmp = tmp_path_factory.mktemp("tracked")
     old_threads = torch.get_num_threads()
@@ -296,11 +398,17 @@ def tracked(tmp_path_factory):
 
     rng = np.random.default_rng(0)
     early = tmp / "early.npz"
-    save_features(early, rng.normal(size=(40, 4)).astype(np.float32), rng.integers(0, 2, 40),
-                  rng.normal(size=(10, 4)).astype(np.float32), rng.integers(0, 2, 10),
-                  {"status": "finished", "cell_id": "digits/infonce/bs32-t0.5-s0"})
-    steps["early-knn"] = _in_process(["knn", "--tracking-uri", uri, *common, "--features", str(early),
-                                      "--out", str(tmp / "early.json")])
+    save_features(
+        early,
+        rng.normal(size=(40, 4)).astype(np.float32),
+        rng.integers(0, 2, 40),
+        rng.normal(size=(10, 4)).astype(np.float32),
+        rng.integers(0, 2, 10),
+        {"status": "finished", "cell_id": "digits/infonce/bs32-t0.5-s0"},
+    )
+    steps["early-knn"] = _in_process(
+        ["knn", "--tracking-uri", uri, *common, "--features", str(early), "--out", str(tmp / "early.json")]
+    )
 
     from smallbatch.data import load_dataset
 
@@ -328,8 +436,14 @@ def tracked(tmp_path_factory):
     n_before = len(runs)
     steps["knn-again"] = _in_process(["knn", "--tracking-uri", uri, *common])
     torch.set_num_threads(old_threads)
-    return {"uri": uri, "steps": steps, "crashed": crashed, "runs_before_rerun": n_before, "spe": spe,
-            "run_dir": tmp / "results" / "runs" / "digits" / "infonce" / "bs32-t0.5-s0"}
+    return {
+        "uri": uri,
+        "steps": steps,
+        "crashed": crashed,
+        "runs_before_rerun": n_before,
+        "spe": spe,
+        "run_dir": tmp / "results" / "runs" / "digits" / "infonce" / "bs32-t0.5-s0",
+    }
 
 
 def test_probe_before_pretraining_names_the_missing_run(tracked):
@@ -361,16 +475,30 @@ def test_standalone_cell_pipeline_logs_one_mlflow_run(tracked):
     tags, params, metrics = run.data.tags, run.data.params, run.data.metrics
     assert tags["smallbatch.cell_id"] == "digits/infonce/bs32-t0.5-s0" and tags["smallbatch.kind"] == "cell"
     assert tags["smallbatch.status"] == "finished" and run.info.status == "FINISHED"
-    for key, value in {"dataset": "digits", "loss": "infonce", "batch_size": "32", "temperature": "0.5",
-                       "negatives": "62", "epochs": "2", "precision": "fp32"}.items():
+    for key, value in {
+        "dataset": "digits",
+        "loss": "infonce",
+        "batch_size": "32",
+        "temperature": "0.5",
+        "negatives": "62",
+        "epochs": "2",
+        "precision": "fp32",
+    }.items():
         assert params.get(key) == value, key
     history = client.get_metric_history(run.info.run_id, "train/loss")
     steps_logged = [m.step for m in history]
     assert len(history) > 1 and len(steps_logged) == len(set(steps_logged))
     assert max(steps_logged) == summary["steps"]
     assert all(math.isfinite(m.value) for m in history)
-    for key in ("diag/mi_estimate", "diag/ess", "diag/alignment", "diag/uniformity", "train/lr",
-                "train/final_loss", "train/wall_s"):
+    for key in (
+        "diag/mi_estimate",
+        "diag/ess",
+        "diag/alignment",
+        "diag/uniformity",
+        "train/lr",
+        "train/final_loss",
+        "train/wall_s",
+    ):
         assert key in metrics, key
     for key in ("knn/top1", "knn/top5", "linear/top1", "linear/top5"):
         chance = 100.0 * int(key[-1]) / 10  # percent: a top-k guess among 10 classes is right k times in 10
@@ -398,8 +526,9 @@ def test_probe_flags_override_the_cell_eval_for_that_probe_only(tracked, tmp_pat
     common = ["--tracking-uri", uri, "--cell", str(run_dir / "cell.json")]
     own = {kind: (run_dir / f"{kind}.json").read_text() for kind in ("knn", "linear")}
     client, (run,) = _mlflow_runs(uri, "cli-test")
-    rc, out, err = _in_process(["knn", *common, "--knn-k", "3", "--knn-t", "0.5", "--knn-backend", "torch",
-                                "--out", str(tmp_path / "k3.json")])
+    rc, out, err = _in_process(
+        ["knn", *common, "--knn-k", "3", "--knn-t", "0.5", "--knn-backend", "torch", "--out", str(tmp_path / "k3.json")]
+    )
     assert rc == 0, err
     res = json.loads(out.strip().splitlines()[-1])
     assert "knn/top1_k3" in res and "knn/top1_k5" not in res
@@ -416,19 +545,25 @@ def test_probe_flags_override_the_cell_eval_for_that_probe_only(tracked, tmp_pat
 
 def test_one_weight_decay_replaces_the_cells_choice_among_several():
     parse = cli.build_parser().parse_args
-    assert cli._eval_overrides("linear", parse(["linear", "--linear-weight-decay", "0.1"])) == \
-        {"linear_weight_decay": 0.1, "linear_weight_decays": None}
-    assert cli._eval_overrides("linear", parse(["linear", "--linear-weight-decays", "0.1", "1"])) == \
-        {"linear_weight_decays": [0.1, 1.0]}
+    assert cli._eval_overrides("linear", parse(["linear", "--linear-weight-decay", "0.1"])) == {
+        "linear_weight_decay": 0.1,
+        "linear_weight_decays": None,
+    }
+    assert cli._eval_overrides("linear", parse(["linear", "--linear-weight-decays", "0.1", "1"])) == {
+        "linear_weight_decays": [0.1, 1.0]
+    }
     assert cli._eval_overrides("knn", parse(["knn", "--knn-backend", "torch"])) == {}  # the same neighbours
 
 
-@pytest.mark.parametrize("argv,names", [
-    (["knn", "--knn-k", "0"], ["--knn-k", "0"]),
-    (["knn", "--knn-t", "-1"], ["--knn-t", "-1"]),
-    (["linear", "--linear-iterations", "0"], ["--linear-iterations", "0"]),
-    (["linear", "--linear-weight-decays", "-1"], ["--linear-weight-decays", "-1"]),
-])
+@pytest.mark.parametrize(
+    "argv,names",
+    [
+        (["knn", "--knn-k", "0"], ["--knn-k", "0"]),
+        (["knn", "--knn-t", "-1"], ["--knn-t", "-1"]),
+        (["linear", "--linear-iterations", "0"], ["--linear-iterations", "0"]),
+        (["linear", "--linear-weight-decays", "-1"], ["--linear-weight-decays", "-1"]),
+    ],
+)
 def test_bad_probe_flags_exit_2_with_one_line(capsys, study, argv, names):
     line = error_line(capsys, [*argv, "--tracking-uri", "none", "--config", str(study), *CELL])
     for n in names:

@@ -9,11 +9,11 @@ import re
 from pathlib import Path
 
 import pytest
+from loss_at_tau import at_tau
 
 from smallbatch.pipeline.cells import cell_hash, expand_cells, flat_params, make_cell, negatives_per_anchor
 from smallbatch.pipeline.config import ConfigError, load_config, validate_config
 from smallbatch.pipeline.schema import load_schema
-from loss_at_tau import at_tau
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -41,7 +41,10 @@ def test_defaults_are_filled_from_the_schema():
 def test_dataset_options_defaults_and_user_values_kept():
     cfg = validate_config({"datasets": {"digits": {"train_subset": 500}}, "train": {"epochs": 2}})
     assert cfg["datasets"]["digits"] == {"train_subset": 500, "image_size": None, "test_subset": None, "root": None}
-    assert cfg["train"]["epochs"] == 2 and cfg["train"]["lr"] == load_schema()["properties"]["train"]["properties"]["lr"]["default"]
+    assert (
+        cfg["train"]["epochs"] == 2
+        and cfg["train"]["lr"] == load_schema()["properties"]["train"]["properties"]["lr"]["default"]
+    )
 
 
 def test_load_config_file_and_overrides(tmp_path):
@@ -65,25 +68,28 @@ def test_missing_and_invalid_config_files(tmp_path):
 
 
 # --------------------------------------------------------------------------- errors
-@pytest.mark.parametrize("cfg,key,extra", [
-    ({"grid": {"losses": ["infonse"]}}, "grid.losses[0]", "flatnce"),           # unknown loss: allowed values listed
-    ({"grid": {"losses": [{"name": "flatnse"}]}}, "grid.losses[0].name", "flatnce"),
-    ({"grid": {"batch_sizes": [16, 1]}}, "grid.batch_sizes[1]", ">= 2"),
-    ({"grid": {"temperatures": [-0.1]}}, "grid.temperatures[0]", "> 0"),
-    ({"grid": {"temperatures": [0]}}, "grid.temperatures[0]", "> 0"),
-    ({"grid": {"losses": [{"name": "dclw", "sigma": [0.5, -1]}]}}, "grid.losses[0].sigma", "> 0"),
-    ({"train": {"precision": "fp8"}}, "train.precision", "fp64"),
-    ({"train": {"epochs": -1}}, "train.epochs", "> 0"),
-    ({"train": {"lr_scaling": "cubic"}}, "train.lr_scaling", "sqrt"),
-    ({"datasets": {"mnist": {}}}, "mnist", "fashion_mnist"),                       # unknown dataset
-    ({"device": "tpu"}, "device", "cuda"),
-    ({"threads": 0}, "threads", ">= 1"),
-    ({"augment": {"crop_scal": [0.2, 1.0]}}, "augment.crop_scal", "crop_scale"),   # augment typo
-    ({"augment": {"recipe": "simclrr"}}, "augment", "simclr"),
-    ({"augment": {"crop_scale": [0.9, 0.2]}}, "augment", "crop_scale"),
-    ({"train": {"ess_schedule": {"start": 0.9}}}, "train.ess_schedule", "end"),
-    ({"train": {"ess_schedule": {"start": 1.5, "end": 0.3}}}, "train.ess_schedule.start", "<= 1"),
-])
+@pytest.mark.parametrize(
+    "cfg,key,extra",
+    [
+        ({"grid": {"losses": ["infonse"]}}, "grid.losses[0]", "flatnce"),  # unknown loss: allowed values listed
+        ({"grid": {"losses": [{"name": "flatnse"}]}}, "grid.losses[0].name", "flatnce"),
+        ({"grid": {"batch_sizes": [16, 1]}}, "grid.batch_sizes[1]", ">= 2"),
+        ({"grid": {"temperatures": [-0.1]}}, "grid.temperatures[0]", "> 0"),
+        ({"grid": {"temperatures": [0]}}, "grid.temperatures[0]", "> 0"),
+        ({"grid": {"losses": [{"name": "dclw", "sigma": [0.5, -1]}]}}, "grid.losses[0].sigma", "> 0"),
+        ({"train": {"precision": "fp8"}}, "train.precision", "fp64"),
+        ({"train": {"epochs": -1}}, "train.epochs", "> 0"),
+        ({"train": {"lr_scaling": "cubic"}}, "train.lr_scaling", "sqrt"),
+        ({"datasets": {"mnist": {}}}, "mnist", "fashion_mnist"),  # unknown dataset
+        ({"device": "tpu"}, "device", "cuda"),
+        ({"threads": 0}, "threads", ">= 1"),
+        ({"augment": {"crop_scal": [0.2, 1.0]}}, "augment.crop_scal", "crop_scale"),  # augment typo
+        ({"augment": {"recipe": "simclrr"}}, "augment", "simclr"),
+        ({"augment": {"crop_scale": [0.9, 0.2]}}, "augment", "crop_scale"),
+        ({"train": {"ess_schedule": {"start": 0.9}}}, "train.ess_schedule", "end"),
+        ({"train": {"ess_schedule": {"start": 1.5, "end": 0.3}}}, "train.ess_schedule.start", "<= 1"),
+    ],
+)
 def test_bad_values_give_one_line_naming_the_key(cfg, key, extra):
     with pytest.raises(ConfigError) as ei:
         validate_config(cfg)
@@ -92,15 +98,18 @@ def test_bad_values_give_one_line_naming_the_key(cfg, key, extra):
     assert key in msg and extra in msg, msg
 
 
-@pytest.mark.parametrize("cfg,bad,suggestion", [
-    ({"studdy": "x"}, "'studdy'", "study"),
-    ({"trian": {"epochs": 1}}, "'trian'", "train"),
-    ({"grid": {"batch_size": [16]}}, "'grid.batch_size'", "batch_sizes"),
-    ({"train": {"epoch": 3}}, "'train.epoch'", "epochs"),
-    ({"datasets": {"digits": {"image_sze": 8}}}, "'datasets.digits.image_sze'", "image_size"),
-    ({"grid": {"losses": [{"name": "dclw", "sigmaa": 1}]}}, "'grid.losses[0].sigmaa'", "sigma"),
-    ({"train": {"ess_schedule": {"start": 0.9, "end": 0.3, "rat": 1}}}, "'train.ess_schedule.rat'", "rate"),
-])
+@pytest.mark.parametrize(
+    "cfg,bad,suggestion",
+    [
+        ({"studdy": "x"}, "'studdy'", "study"),
+        ({"trian": {"epochs": 1}}, "'trian'", "train"),
+        ({"grid": {"batch_size": [16]}}, "'grid.batch_size'", "batch_sizes"),
+        ({"train": {"epoch": 3}}, "'train.epoch'", "epochs"),
+        ({"datasets": {"digits": {"image_sze": 8}}}, "'datasets.digits.image_sze'", "image_size"),
+        ({"grid": {"losses": [{"name": "dclw", "sigmaa": 1}]}}, "'grid.losses[0].sigmaa'", "sigma"),
+        ({"train": {"ess_schedule": {"start": 0.9, "end": 0.3, "rat": 1}}}, "'train.ess_schedule.rat'", "rate"),
+    ],
+)
 def test_typos_get_did_you_mean(cfg, bad, suggestion):
     with pytest.raises(ConfigError) as ei:
         validate_config(cfg)
@@ -118,7 +127,9 @@ def test_default_config_expands_to_the_full_grid():
     cfg = load_config(REPO / "config.yaml")
     cells = expand_cells(cfg)
     g = cfg["grid"]
-    expected = len(cfg["datasets"]) * len(g["losses"]) * len(g["batch_sizes"]) * len(g["temperatures"]) * len(g["seeds"])
+    expected = (
+        len(cfg["datasets"]) * len(g["losses"]) * len(g["batch_sizes"]) * len(g["temperatures"]) * len(g["seeds"])
+    )
     assert len(cells) == expected
     pattern = re.compile(r"^(\w+)/([a-z]+(?:-[a-z]+[0-9.e+-]+)*)/bs(\d+)-t([0-9.e-]+)-s(\d+)$")
     for cid, cell in cells.items():
@@ -131,8 +142,10 @@ def test_default_config_expands_to_the_full_grid():
 
     ds = next(iter(cfg["datasets"]))
     sigma = cfg["loss_params"]["dclw"]["sigma"]
-    for cid in (f"{ds}/infonce/bs{g['batch_sizes'][0]}-t{g['temperatures'][0]:g}-s{g['seeds'][0]}",
-                f"{ds}/{loss_label('dclw', {'sigma': sigma})}/bs{g['batch_sizes'][-1]}-t{g['temperatures'][-1]:g}-s{g['seeds'][-1]}"):
+    for cid in (
+        f"{ds}/infonce/bs{g['batch_sizes'][0]}-t{g['temperatures'][0]:g}-s{g['seeds'][0]}",
+        f"{ds}/{loss_label('dclw', {'sigma': sigma})}/bs{g['batch_sizes'][-1]}-t{g['temperatures'][-1]:g}-s{g['seeds'][-1]}",
+    ):
         assert cid in cells, cid
     hashes = [c["hash"] for c in cells.values()]
     assert len(set(hashes)) == len(hashes)
@@ -156,11 +169,24 @@ def _one_cell(overrides: dict) -> dict:
 # --------------------------------------------------------------------------- the hash, key by key from the schema
 #: the config's top-level keys that no cell carries: where results go, what runs around the
 #: cells, the side experiments' own lists (their cells are made by make_cell like the grid's)
-NOT_IN_A_CELL = ("study", "tracking_uri", "results_dir", "baselines", "keep_features", "warm_start",
-                 "cells_per_gpu", "experiments", "supervised_baseline")  # the last: baseline cells' only
+NOT_IN_A_CELL = (
+    "study",
+    "tracking_uri",
+    "results_dir",
+    "baselines",
+    "keep_features",
+    "warm_start",
+    "cells_per_gpu",
+    "experiments",
+    "supervised_baseline",
+)  # the last: baseline cells' only
 #: sections a cell carries key by key: config path of the section -> its schema node's path
-SETTING_SECTIONS = {("train",): ("train",), ("eval",): ("eval",), ("data",): ("data",),
-                    ("datasets", "digits"): ("datasets", "additionalProperties")}
+SETTING_SECTIONS = {
+    ("train",): ("train",),
+    ("eval",): ("eval",),
+    ("data",): ("data",),
+    ("datasets", "digits"): ("datasets", "additionalProperties"),
+}
 #: a valid other value for settings whose generic one (_other_value) the config would refuse
 OTHER_VALUE = {
     ("tracking",): {"log_checkpoint": True},
@@ -223,7 +249,9 @@ def _other_value(path: tuple, node: dict, value):
         return value + 1
     if isinstance(value, float):
         other = value * 2 if value else 0.5
-        return value / 2 if other > min(node.get("maximum", math.inf), node.get("exclusiveMaximum", math.inf)) else other
+        return (
+            value / 2 if other > min(node.get("maximum", math.inf), node.get("exclusiveMaximum", math.inf)) else other
+        )
     if isinstance(value, str):
         return value + "-other"
     if isinstance(value, list):
@@ -309,8 +337,10 @@ def test_a_renamed_key_keeps_the_hash_and_its_former_name_is_refused():
         assert with_current_names(before) == base
         with pytest.raises(ConfigError) as ei:
             validate_config({**grid(), section: {old: base[section][new]}})
-        assert str(ei.value) == (f"config key '{section}.{old}' is now '{section}.{new}' (renamed; same meaning "
-                                 "and values): rename it in the config")
+        assert str(ei.value) == (
+            f"config key '{section}.{old}' is now '{section}.{new}' (renamed; same meaning "
+            "and values): rename it in the config"
+        )
 
 
 @pytest.mark.parametrize("key", [k for k in NOT_IN_A_CELL if k not in ("experiments", "supervised_baseline")])
@@ -330,21 +360,37 @@ def test_every_augmentation_parameter_changes_the_hash():
     base = _digits_cell({})
     for f in dataclasses.fields(AugmentConfig):
         default = RECIPES["gray_small"].get(f.name, f.default)
-        value = ("simclr" if f.name == "recipe" else [default[0] / 2, default[1]] if isinstance(default, (list, tuple))
-                 else default + 1 if isinstance(default, int) and not isinstance(default, bool)
-                 else default / 2 if default else 0.1)
+        value = (
+            "simclr"
+            if f.name == "recipe"
+            else [default[0] / 2, default[1]]
+            if isinstance(default, (list, tuple))
+            else default + 1
+            if isinstance(default, int) and not isinstance(default, bool)
+            else default / 2
+            if default
+            else 0.1
+        )
         other = _digits_cell({"augment": {f.name: value}})
         assert other["id"] == base["id"] and other["hash"] != base["hash"], f"augment.{f.name}"
 
 
 def test_every_axis_of_the_grid_changes_the_hash():
     """What the grid varies (and the experiment a cell belongs to) is part of the hash too."""
-    cfg = validate_config(grid(losses=["infonce", "dcl"], batch_sizes=[16, 32], temperatures=[0.1, 0.5],
-                               seeds=[0, 1]) | {"datasets": {"digits": {}, "fashion_mnist": {}}})
+    cfg = validate_config(
+        grid(losses=["infonce", "dcl"], batch_sizes=[16, 32], temperatures=[0.1, 0.5], seeds=[0, 1])
+        | {"datasets": {"digits": {}, "fashion_mnist": {}}}
+    )
     axes = dict(dataset="digits", loss="infonce", loss_params={}, batch_size=16, temperature=0.1, seed=0)
     base = make_cell(cfg, **axes)
-    for key, value in (("dataset", "fashion_mnist"), ("loss", "dcl"), ("batch_size", 32), ("temperature", 0.5),
-                       ("seed", 1), ("experiment", "tsweep")):
+    for key, value in (
+        ("dataset", "fashion_mnist"),
+        ("loss", "dcl"),
+        ("batch_size", 32),
+        ("temperature", 0.5),
+        ("seed", 1),
+        ("experiment", "tsweep"),
+    ):
         assert make_cell(cfg, **{**axes, key: value})["hash"] != base["hash"], key
 
 
@@ -353,10 +399,21 @@ def test_the_hash_tests_cover_every_part_of_a_cell():
     from smallbatch.pipeline.cells import NAME_KEYS
 
     base = _digits_cell({})
-    covered = {p[0] if p[0] in ("device", "threads") else {"data": "data_root", "datasets": "dataset_options"}.get(
-        p[0], p[0]) for p, _ in SETTINGS}
-    covered |= {"download", "augment", "dataset", "loss", "batch_size", "temperature", "seed", "experiment",
-                "negatives"}  # data.download, the augmentation test, the axes (negatives: 2N-2)
+    covered = {
+        p[0] if p[0] in ("device", "threads") else {"data": "data_root", "datasets": "dataset_options"}.get(p[0], p[0])
+        for p, _ in SETTINGS
+    }
+    covered |= {
+        "download",
+        "augment",
+        "dataset",
+        "loss",
+        "batch_size",
+        "temperature",
+        "seed",
+        "experiment",
+        "negatives",
+    }  # data.download, the augmentation test, the axes (negatives: 2N-2)
     assert set(base) - set(NAME_KEYS) == covered
 
 
@@ -370,9 +427,13 @@ def test_hash_changes_with_loss_parameters_and_id_names_them():
 
 # --------------------------------------------------------------------------- grid features
 def test_per_loss_overrides_expand_and_restrict():
-    cfg = validate_config(grid(losses=["infonce", {"name": "dclw", "sigma": [0.5, 2]},
-                                       {"name": "flatnce", "batch_sizes": [64]}],
-                               batch_sizes=[16, 32], temperatures=[0.1, 0.5]))
+    cfg = validate_config(
+        grid(
+            losses=["infonce", {"name": "dclw", "sigma": [0.5, 2]}, {"name": "flatnce", "batch_sizes": [64]}],
+            batch_sizes=[16, 32],
+            temperatures=[0.1, 0.5],
+        )
+    )
     cells = expand_cells(cfg)
     by_loss: dict[str, list[dict]] = {}
     for c in cells.values():
@@ -386,7 +447,9 @@ def test_per_loss_overrides_expand_and_restrict():
 
 
 def test_loss_params_defaults_and_grid_entry_override():
-    cfg = validate_config(grid(losses=["dclw", {"name": "dclw", "sigma": 2.0}]) | {"loss_params": {"dclw": {"sigma": 0.3}}})
+    cfg = validate_config(
+        grid(losses=["dclw", {"name": "dclw", "sigma": 2.0}]) | {"loss_params": {"dclw": {"sigma": 0.3}}}
+    )
     cells = expand_cells(cfg)
     assert set(cells) == {"digits/dclw-sigma0.3/bs16-t0.1-s0", "digits/dclw-sigma2/bs16-t0.1-s0"}
 
@@ -433,8 +496,20 @@ def test_disabled_grid_has_no_cells():
 def test_flat_params_has_the_documented_keys():
     cell = _one_cell({"grid": {**grid()["grid"], "losses": [{"name": "dclw", "sigma": 0.5}]}})
     p = flat_params(cell)
-    for key in ("dataset", "loss", "batch_size", "temperature", "seed", "precision", "lr_scaling", "epochs",
-                "negatives", "queue_size", "loss.sigma", "backbone"):
+    for key in (
+        "dataset",
+        "loss",
+        "batch_size",
+        "temperature",
+        "seed",
+        "precision",
+        "lr_scaling",
+        "epochs",
+        "negatives",
+        "queue_size",
+        "loss.sigma",
+        "backbone",
+    ):
         assert key in p, key
     assert p["loss.sigma"] == "0.5" and p["negatives"] == "30" and p["batch_size"] == "16"
     assert all(isinstance(v, str) and len(v) <= 500 for v in p.values())
@@ -466,8 +541,8 @@ def test_schema_loss_names_and_parameters_come_from_the_registry():
 def test_a_new_loss_needs_only_the_registry(monkeypatch):
     """Adding a loss is one class in losses.py: the config schema, cells, labels and
     build_loss pick it up from the registry (no other file lists loss names)."""
-    from smallbatch.pipeline import schema as schema_mod
     from smallbatch import losses
+    from smallbatch.pipeline import schema as schema_mod
 
     class Toy(losses.DCL):
         """A toy loss for this test: DCL with a scaled positive."""
@@ -485,7 +560,11 @@ def test_a_new_loss_needs_only_the_registry(monkeypatch):
     monkeypatch.setattr(schema_mod, "_SCHEMA_CACHE", {})
     cfg = validate_config(grid(losses=["infonce", {"name": "toy", "beta": [2.0, 3.0]}]))
     cells = expand_cells(cfg)
-    assert set(cells) == {"digits/infonce/bs16-t0.1-s0", "digits/toy-beta2/bs16-t0.1-s0", "digits/toy-beta3/bs16-t0.1-s0"}
+    assert set(cells) == {
+        "digits/infonce/bs16-t0.1-s0",
+        "digits/toy-beta2/bs16-t0.1-s0",
+        "digits/toy-beta3/bs16-t0.1-s0",
+    }
     assert cfg["loss_params"]["toy"] == {"beta": 2.0}
     assert at_tau(losses.build_loss("toy", beta=3.0), 0.1).beta == 3.0
     assert losses.display_name("toy") == "Toy"
@@ -534,13 +613,17 @@ def test_a_batch_size_entry_carries_the_train_keys_that_size_needs():
     batch not divisible by its devices, stop with one line naming the cell."""
     cfg = validate_config(grid(batch_sizes=[16, {"size": 64, "train": {"devices": 2, "chunk_size": 16}}]))
     cells = expand_cells(cfg)
-    assert [(c["batch_size"], c["train"]["devices"], c["train"]["chunk_size"]) for c in cells.values()] == \
-        [(16, 1, None), (64, 2, 16)]
+    assert [(c["batch_size"], c["train"]["devices"], c["train"]["chunk_size"]) for c in cells.values()] == [
+        (16, 1, None),
+        (64, 2, 16),
+    ]
     assert list(cells)[1].endswith("/bs64-t0.1-s0")
-    for bad, msg in (({"size": 64, "train": {"devices": "two"}}, r"'train.devices' = 'two' has the wrong type"),
-                     ({"size": 63, "train": {"devices": 2}}, "not a multiple of train.devices = 2"),
-                     ({"size": 64, "train": {"devicez": 2}}, r"unknown config key 'train.devicez'"),
-                     ({"size": 1}, r"grid.batch_sizes\[0\]")):
+    for bad, msg in (
+        ({"size": 64, "train": {"devices": "two"}}, r"'train.devices' = 'two' has the wrong type"),
+        ({"size": 63, "train": {"devices": 2}}, "not a multiple of train.devices = 2"),
+        ({"size": 64, "train": {"devicez": 2}}, r"unknown config key 'train.devicez'"),
+        ({"size": 1}, r"grid.batch_sizes\[0\]"),
+    ):
         with pytest.raises(ConfigError, match=msg):
             validate_config(grid(batch_sizes=[bad]))
 
@@ -550,8 +633,14 @@ def test_the_large_batch_study_fits_its_devices():
     cells = expand_cells(cfg)
     assert len(cells) == 60
     by_size = {c["batch_size"]: (c["train"]["devices"], c["train"]["chunk_size"]) for c in cells.values()}
-    assert by_size == {256: (1, None), 512: (1, None), 1024: (1, None), 2048: (1, None), 4096: (1, 1024),
-                       8192: (8, None)}
+    assert by_size == {
+        256: (1, None),
+        512: (1, None),
+        1024: (1, None),
+        2048: (1, None),
+        4096: (1, 1024),
+        8192: (8, None),
+    }
 
 
 def test_the_configuration_reference_is_generated_from_the_schema():

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from smallbatch.pipeline import cli
-from smallbatch.training.checkpoint import load_checkpoint, save_checkpoint
-from smallbatch.pipeline.export import export_backbone, how_to_load
 from smallbatch.models import ContrastiveModel, build_backbone
+from smallbatch.pipeline import cli
+from smallbatch.pipeline.export import export_backbone, how_to_load
+from smallbatch.training.checkpoint import load_checkpoint, save_checkpoint
 
 CELL_ID = "digits/infonce/bs32-t0.5-s0"
 CELL = ["--dataset", "digits", "--loss", "infonce", "--batch-size", "32", "--temperature", "0.5"]
@@ -34,8 +34,10 @@ def trained(tmp_path_factory):
     """A tiny digits cell pretrained (one epoch) and exported, under umask 022."""
     tmp = tmp_path_factory.mktemp("export")
     cfg = tmp / "study.yaml"
-    cfg.write_text(f"study: export-test\nresults_dir: {tmp / 'results'}\ndatasets: {{digits: {{}}}}\n"
-                   "train: {width: 4, proj_hidden: 16, proj_dim: 8, lr: 0.003, epochs: 1, log_every: 5}\n")
+    cfg.write_text(
+        f"study: export-test\nresults_dir: {tmp / 'results'}\ndatasets: {{digits: {{}}}}\n"
+        "train: {width: 4, proj_hidden: 16, proj_dim: 8, lr: 0.003, epochs: 1, log_every: 5}\n"
+    )
     threads, mask = torch.get_num_threads(), os.umask(0o022)
     try:
         rc, _, err = run(["pretrain", "--tracking-uri", "none", "--no-progress", "--config", str(cfg), *CELL])
@@ -45,8 +47,13 @@ def trained(tmp_path_factory):
     finally:
         os.umask(mask)
         torch.set_num_threads(threads)
-    return {"tmp": tmp, "cfg": cfg, "out": tmp / "bb.pt", "printed": printed,
-            "run_dir": tmp / "results" / "runs" / CELL_ID}
+    return {
+        "tmp": tmp,
+        "cfg": cfg,
+        "out": tmp / "bb.pt",
+        "printed": printed,
+        "run_dir": tmp / "results" / "runs" / CELL_ID,
+    }
 
 
 def loading_lines(printed: str) -> str:
@@ -71,7 +78,7 @@ def test_export_is_a_plain_state_dict_of_the_backbone(trained):
     assert all(isinstance(v, torch.Tensor) for v in state.values())
     assert not any(k.startswith(("backbone.", "head.")) for k in state)
     ck = load_checkpoint(trained["run_dir"] / "checkpoint.pt", kind="checkpoint")
-    assert set(state) == {k[len("backbone."):] for k in ck["model"] if k.startswith("backbone.")}
+    assert set(state) == {k[len("backbone.") :] for k in ck["model"] if k.startswith("backbone.")}
 
 
 def test_the_printed_lines_load_it_into_a_fresh_backbone_with_the_same_features(trained):
@@ -117,8 +124,16 @@ def test_a_resnet_loads_into_torchvisions_model(tmp_path, trained, name, channel
             if isinstance(m, torch.nn.BatchNorm2d):
                 m.running_mean.uniform_(-0.1, 0.1)
                 m.running_var.uniform_(0.5, 1.5)
-    save_checkpoint(tmp_path / "checkpoint.pt", cell, model=model.state_dict(), status="finished",
-                    channels=channels, image_size=32, mean=[0.5] * channels, std=[0.25] * channels)
+    save_checkpoint(
+        tmp_path / "checkpoint.pt",
+        cell,
+        model=model.state_dict(),
+        status="finished",
+        channels=channels,
+        image_size=32,
+        mean=[0.5] * channels,
+        std=[0.25] * channels,
+    )
     info = export_backbone(tmp_path / "checkpoint.pt", tmp_path / "bb.pt")
     assert info["feat_dim"] == dim
     scope: dict = {}
@@ -141,17 +156,50 @@ def error_line(argv: list[str]) -> str:
 def test_refusals_are_one_line(tmp_path, trained):
     cfg, run_dir = str(trained["cfg"]), str(trained["run_dir"])
     assert "--cell-id has no effect with --run-dir" in error_line(
-        ["export", "--run-dir", run_dir, "--cell-id", CELL_ID, "--out", str(tmp_path / "x.pt")])
+        ["export", "--run-dir", run_dir, "--cell-id", CELL_ID, "--out", str(tmp_path / "x.pt")]
+    )
     other = "digits/infonce/bs16-t0.5-s0"
-    line = error_line(["export", "--config", cfg, "--dataset", "digits", "--loss", "infonce", "--batch-size", "16",
-                       "--temperature", "0.5", "--checkpoint", str(trained["run_dir"] / "checkpoint.pt"),
-                       "--out", str(tmp_path / "x.pt")])
+    line = error_line(
+        [
+            "export",
+            "--config",
+            cfg,
+            "--dataset",
+            "digits",
+            "--loss",
+            "infonce",
+            "--batch-size",
+            "16",
+            "--temperature",
+            "0.5",
+            "--checkpoint",
+            str(trained["run_dir"] / "checkpoint.pt"),
+            "--out",
+            str(tmp_path / "x.pt"),
+        ]
+    )
     assert CELL_ID in line and other in line
     ck = load_checkpoint(trained["run_dir"] / "checkpoint.pt", kind="checkpoint")
-    save_checkpoint(tmp_path / "diverged.pt", ck["cell"], model=ck["model"], status="diverged",
-                    channels=ck["channels"], image_size=ck["image_size"])
-    assert "diverged" in error_line(["export", "--run-dir", str(tmp_path), "--checkpoint",
-                                     str(tmp_path / "diverged.pt"), "--out", str(tmp_path / "x.pt")])
-    assert "does not exist" in error_line(["export", "--run-dir", str(tmp_path / "none"),
-                                           "--out", str(tmp_path / "x.pt")])
+    save_checkpoint(
+        tmp_path / "diverged.pt",
+        ck["cell"],
+        model=ck["model"],
+        status="diverged",
+        channels=ck["channels"],
+        image_size=ck["image_size"],
+    )
+    assert "diverged" in error_line(
+        [
+            "export",
+            "--run-dir",
+            str(tmp_path),
+            "--checkpoint",
+            str(tmp_path / "diverged.pt"),
+            "--out",
+            str(tmp_path / "x.pt"),
+        ]
+    )
+    assert "does not exist" in error_line(
+        ["export", "--run-dir", str(tmp_path / "none"), "--out", str(tmp_path / "x.pt")]
+    )
     assert not (tmp_path / "x.pt").exists()

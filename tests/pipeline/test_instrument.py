@@ -19,9 +19,17 @@ def _instrument_cells() -> dict[str, dict]:
 
 
 def test_a_batch_entry_control_names_the_cell_and_sets_only_its_key():
-    cfg = config.load_config(None, overrides={
-        "grid": {"losses": ["infonce"], "batch_sizes": [16, {"size": 16, "train": {"neg_group": 8}}],
-                 "temperatures": [0.1], "seeds": [0]}})
+    cfg = config.load_config(
+        None,
+        overrides={
+            "grid": {
+                "losses": ["infonce"],
+                "batch_sizes": [16, {"size": 16, "train": {"neg_group": 8}}],
+                "temperatures": [0.1],
+                "seeds": [0],
+            }
+        },
+    )
     got = cells.expand_cells(cfg)
     plain, grouped = got["fashion_mnist/infonce/bs16-t0.1-s0"], got["fashion_mnist/infonce/bs16-t0.1-s0-ng8"]
     assert grouped["train"]["neg_group"] == 8 and plain["train"]["neg_group"] is None
@@ -31,9 +39,17 @@ def test_a_batch_entry_control_names_the_cell_and_sets_only_its_key():
 def test_two_entries_of_one_size_without_a_control_collide_loudly():
     """chunk_size keeps the id (it changes how, not what): two such entries are refused, never merged."""
     with pytest.raises(config.ConfigError, match="share the id"):
-        config.load_config(None, overrides={
-            "grid": {"losses": ["infonce"], "batch_sizes": [16, {"size": 16, "train": {"chunk_size": 8}}],
-                     "temperatures": [0.1], "seeds": [0]}})
+        config.load_config(
+            None,
+            overrides={
+                "grid": {
+                    "losses": ["infonce"],
+                    "batch_sizes": [16, {"size": 16, "train": {"chunk_size": 8}}],
+                    "temperatures": [0.1],
+                    "seeds": [0],
+                }
+            },
+        )
 
 
 def test_the_instrument_arms_are_paired_by_seed_and_differ_only_in_their_control():
@@ -52,6 +68,7 @@ def test_the_instrument_arms_are_paired_by_seed_and_differ_only_in_their_control
             drop = {"id", "hash", "batch_size", "negatives", "train"}
             same = lambda c: {k: v for k, v in c.items() if k not in drop}  # noqa: E731
             assert same(large) == same(grouped)
-            assert {k: v for k, v in large["train"].items() if k != "neg_group"} == \
-                   {k: v for k, v in grouped["train"].items() if k != "neg_group"}
+            assert {k: v for k, v in large["train"].items() if k != "neg_group"} == {
+                k: v for k, v in grouped["train"].items() if k != "neg_group"
+            }
     assert len({c["hash"] for c in got.values()}) == len(got)

@@ -11,21 +11,39 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from smallbatch.pipeline import prepared, jobs as steps
-from smallbatch import tracking
-
 from test_reliability import EXPERIMENT, SMALLBATCH, _store, digits_cell
+
+from smallbatch import tracking
+from smallbatch.pipeline import jobs as steps
+from smallbatch.pipeline import prepared
 
 TIMINGS = ("knn/seconds", "linear/seconds", "knn/cpu_s", "linear/cpu_s")
 
 
 def evaluate_cli(cell: dict, out: Path, uri: str, *extra: str) -> subprocess.CompletedProcess:
     """`smallbatch evaluate` as the workflow's evaluate rule calls it."""
-    return subprocess.run([str(SMALLBATCH), "evaluate", "--cell-json", json.dumps(cell), "--checkpoint",
-                           str(out / "checkpoint.pt"), "--out-dir", str(out), "--tracking-uri", uri,
-                           "--experiment", EXPERIMENT, "--threads", "1", *extra],
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [
+            str(SMALLBATCH),
+            "evaluate",
+            "--cell-json",
+            json.dumps(cell),
+            "--checkpoint",
+            str(out / "checkpoint.pt"),
+            "--out-dir",
+            str(out),
+            "--tracking-uri",
+            uri,
+            "--experiment",
+            EXPERIMENT,
+            "--threads",
+            "1",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def untimed(path: Path) -> dict:
@@ -37,8 +55,9 @@ def ahead(tmp_path_factory, cache):
     """One cell pretrained with --evaluate-ahead into a fresh store."""
     root = tmp_path_factory.mktemp("ahead")
     cell, out, uri = digits_cell(epochs=1), root / "cell", _store(root / "mlflow.db")
-    res = steps.run_pretrain(cell, out, tracking_uri=uri, experiment=EXPERIMENT, cache=cache, progress=False,
-                             evaluate_ahead=True)
+    res = steps.run_pretrain(
+        cell, out, tracking_uri=uri, experiment=EXPERIMENT, cache=cache, progress=False, evaluate_ahead=True
+    )
     assert res["evaluated_ahead"] is True
     return cell, out, uri
 
@@ -47,8 +66,9 @@ def test_the_evaluation_ahead_equals_a_separate_evaluation_and_is_logged_once(ah
     cell, out, uri = ahead
     files = prepared.eval_dir(out)
     assert sorted(p.name for p in files.iterdir()) == ["knn.json", "linear.json", prepared.STAMP]
-    separate = steps.run_evaluate(cell, out / "checkpoint.pt", tmp_path, tracking_uri=uri, experiment=EXPERIMENT,
-                                  cache=cache)
+    separate = steps.run_evaluate(
+        cell, out / "checkpoint.pt", tmp_path, tracking_uri=uri, experiment=EXPERIMENT, cache=cache
+    )
     for kind in prepared.PROBES:  # the same numbers (only the probes' timings differ)
         assert untimed(files / f"{kind}.json") == untimed(tmp_path / f"{kind}.json")
         assert separate[kind]["status"] == "finished"
@@ -68,10 +88,23 @@ def test_the_evaluate_step_adopts_the_files_without_torch(ahead):
         assert (out / f"{kind}.json").read_bytes() == (prepared.eval_dir(out) / f"{kind}.json").read_bytes()
         assert summary[kind] == json.loads((out / f"{kind}.json").read_text())
     # the fast path imports neither torch nor mlflow
-    code = ("import sys; from smallbatch.pipeline import cli; sys.argv = ['smallbatch'] + sys.argv[1:]; rc = cli.main();"
-            "assert 'torch' not in sys.modules and 'mlflow' not in sys.modules, 'imported'; sys.exit(rc)")
-    args = ["evaluate", "--cell-json", json.dumps(cell), "--checkpoint", str(out / "checkpoint.pt"),
-            "--out-dir", str(out), "--tracking-uri", uri, "--experiment", EXPERIMENT]
+    code = (
+        "import sys; from smallbatch.pipeline import cli; sys.argv = ['smallbatch'] + sys.argv[1:]; rc = cli.main();"
+        "assert 'torch' not in sys.modules and 'mlflow' not in sys.modules, 'imported'; sys.exit(rc)"
+    )
+    args = [
+        "evaluate",
+        "--cell-json",
+        json.dumps(cell),
+        "--checkpoint",
+        str(out / "checkpoint.pt"),
+        "--out-dir",
+        str(out),
+        "--tracking-uri",
+        uri,
+        "--experiment",
+        EXPERIMENT,
+    ]
     res = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
 
@@ -119,9 +152,12 @@ def test_a_failed_evaluation_ahead_leaves_the_pretraining_done(tmp_path, cache, 
 
     monkeypatch.setattr(steps, "run_evaluate", broken)
     cell, out = digits_cell(epochs=0.5), tmp_path / "cell"
-    res = steps.run_pretrain(cell, out, tracking_uri=None, experiment=EXPERIMENT, cache=cache, progress=False,
-                             evaluate_ahead=True)
+    res = steps.run_pretrain(
+        cell, out, tracking_uri=None, experiment=EXPERIMENT, cache=cache, progress=False, evaluate_ahead=True
+    )
     assert res["status"] == "finished" and res["evaluated_ahead"] is False
     assert (out / "checkpoint.pt").is_file() and not (prepared.eval_dir(out) / prepared.STAMP).exists()
-    assert "the evaluation ahead failed (RuntimeError: disk full); the evaluate step will run it" in \
-        capsys.readouterr().err
+    assert (
+        "the evaluation ahead failed (RuntimeError: disk full); the evaluate step will run it"
+        in capsys.readouterr().err
+    )

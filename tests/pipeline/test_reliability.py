@@ -18,11 +18,11 @@ import pytest
 import torch
 
 from smallbatch import data, tracking
+from smallbatch.errors import CheckpointError
 from smallbatch.pipeline import jobs as steps
-from smallbatch.training import loop as train
 from smallbatch.pipeline.cells import make_cell
 from smallbatch.pipeline.config import load_config
-from smallbatch.errors import CheckpointError
+from smallbatch.training import loop as train
 
 SMALLBATCH = Path(sys.executable).with_name("smallbatch")
 TINY = {"width": 4, "proj_hidden": 16, "proj_dim": 8, "log_every": 5}
@@ -41,8 +41,22 @@ def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 def start_pretrain(cell: dict, out: Path, cache: Path, uri: str = "none", *extra: str) -> subprocess.Popen:
     out.mkdir(parents=True, exist_ok=True)
     (out / "cell.json").write_text(json.dumps(cell))
-    cmd = [str(SMALLBATCH), "pretrain", "--cell", str(out / "cell.json"), "--out", str(out), "--data-cache",
-           str(cache), "--tracking-uri", uri, "--experiment", EXPERIMENT, "--no-progress", *extra]
+    cmd = [
+        str(SMALLBATCH),
+        "pretrain",
+        "--cell",
+        str(out / "cell.json"),
+        "--out",
+        str(out),
+        "--data-cache",
+        str(cache),
+        "--tracking-uri",
+        uri,
+        "--experiment",
+        EXPERIMENT,
+        "--no-progress",
+        *extra,
+    ]
     log = out.parent / f"{out.name}.{time.monotonic_ns()}.stderr"
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log, "w"), text=True)
     proc.log = log
@@ -82,8 +96,19 @@ def test_a_second_trainer_of_a_cell_stops_at_once_naming_the_holder(tmp_path, ca
         # stopped, it keeps its lock and cannot finish however slow the second one is to start;
         # a second trainer that waited for the lock instead of stopping would wait forever (timeout)
         first.send_signal(signal.SIGSTOP)
-        second = cli("pretrain", "--cell", str(out / "cell.json"), "--out", str(out), "--data-cache", str(cache),
-                     "--tracking-uri", "none", "--no-progress", timeout=300)
+        second = cli(
+            "pretrain",
+            "--cell",
+            str(out / "cell.json"),
+            "--out",
+            str(out),
+            "--data-cache",
+            str(cache),
+            "--tracking-uri",
+            "none",
+            "--no-progress",
+            timeout=300,
+        )
         assert second.returncode == 2
         line = one_error_line(second.stderr)
         assert cell["id"] in line and f"process {first.pid}" in line, line
@@ -124,14 +149,39 @@ def test_a_run_that_vanished_from_the_store_stops_the_cell_in_one_line(tmp_path,
     proc.wait()
     db.unlink()
     _store(db)
-    res = cli("pretrain", "--cell", str(out / "cell.json"), "--out", str(out), "--data-cache", str(cache),
-              "--tracking-uri", uri, "--experiment", EXPERIMENT, "--no-progress")
+    res = cli(
+        "pretrain",
+        "--cell",
+        str(out / "cell.json"),
+        "--out",
+        str(out),
+        "--data-cache",
+        str(cache),
+        "--tracking-uri",
+        uri,
+        "--experiment",
+        EXPERIMENT,
+        "--no-progress",
+    )
     assert res.returncode == 2
     line = one_error_line(res.stderr)
     assert "not in the MLflow store" in line and "--restart" in line and "state.pt" in line, line
     assert not (out / "checkpoint.pt").exists()
-    res = cli("pretrain", "--cell", str(out / "cell.json"), "--out", str(out), "--data-cache", str(cache),
-              "--tracking-uri", uri, "--experiment", EXPERIMENT, "--no-progress", "--restart")
+    res = cli(
+        "pretrain",
+        "--cell",
+        str(out / "cell.json"),
+        "--out",
+        str(out),
+        "--data-cache",
+        str(cache),
+        "--tracking-uri",
+        uri,
+        "--experiment",
+        EXPERIMENT,
+        "--no-progress",
+        "--restart",
+    )
     assert res.returncode == 0, res.stderr[-1500:]
     run = tracking.find_cell_run(uri, EXPERIMENT, cell)
     steps_logged = [m.step for m in run.client.get_metric_history(run.run_id, "train/loss")]
@@ -168,8 +218,9 @@ def test_rerunning_a_probe_logs_its_metrics_once(tmp_path, cache):
     steps.run_embed(cell, out / "checkpoint.pt", out / "features.npz", cache=cache)
     for _ in range(2):
         for kind in ("knn", "linear"):
-            steps.run_probe(kind, cell, out / "features.npz", out / f"{kind}.json", tracking_uri=uri,
-                            experiment=EXPERIMENT)
+            steps.run_probe(
+                kind, cell, out / "features.npz", out / f"{kind}.json", tracking_uri=uri, experiment=EXPERIMENT
+            )
     run = tracking.find_cell_run(uri, EXPERIMENT, cell)
     for key in ("knn/top1", "linear/top1", "knn/seconds"):
         assert len(run.client.get_metric_history(run.run_id, key)) == 1, key
@@ -181,8 +232,15 @@ def test_rerunning_a_probe_logs_its_metrics_once(tmp_path, cache):
 def two_cells(tmp_path_factory, cache):
     root = tmp_path_factory.mktemp("two")
     cells = {"a": digits_cell(epochs=1)}
-    cells["b"] = make_cell(load_config(None, {"datasets": {"digits": {}}, "train": {**TINY, "epochs": 0.5}}),
-                           dataset="digits", loss="dcl", loss_params={}, batch_size=32, temperature=0.5, seed=0)
+    cells["b"] = make_cell(
+        load_config(None, {"datasets": {"digits": {}}, "train": {**TINY, "epochs": 0.5}}),
+        dataset="digits",
+        loss="dcl",
+        loss_params={},
+        batch_size=32,
+        temperature=0.5,
+        seed=0,
+    )
     for name, cell in cells.items():
         steps.run_pretrain(cell, root / name, tracking_uri=None, experiment="x", cache=cache, progress=False)
         steps.run_embed(cell, root / name / "checkpoint.pt", root / name / "features.npz", cache=cache)
@@ -200,16 +258,34 @@ def test_embed_refuses_another_cells_checkpoint_and_a_state(two_cells, cache, tm
     with pytest.raises(CheckpointError, match="another config"):
         steps.run_embed(other_config, root / "a" / "checkpoint.pt", tmp_path / "f.npz", cache=cache)
     assert not (tmp_path / "f.npz").exists()
-    res = cli("embed", "--cell", str(root / "a" / "cell.json"), "--checkpoint", str(root / "b" / "checkpoint.pt"),
-              "--data-cache", str(cache), "--out", str(tmp_path / "g.npz"))
+    res = cli(
+        "embed",
+        "--cell",
+        str(root / "a" / "cell.json"),
+        "--checkpoint",
+        str(root / "b" / "checkpoint.pt"),
+        "--data-cache",
+        str(cache),
+        "--out",
+        str(tmp_path / "g.npz"),
+    )
     assert res.returncode == 2 and "belongs to cell" in one_error_line(res.stderr)
 
 
 def test_probes_refuse_another_cells_features(two_cells, tmp_path):
     root, cells = two_cells
     for kind in ("knn", "linear"):
-        res = cli(kind, "--cell", str(root / "a" / "cell.json"), "--features", str(root / "b" / "features.npz"),
-                  "--out", str(tmp_path / f"{kind}.json"), "--tracking-uri", "none")
+        res = cli(
+            kind,
+            "--cell",
+            str(root / "a" / "cell.json"),
+            "--features",
+            str(root / "b" / "features.npz"),
+            "--out",
+            str(tmp_path / f"{kind}.json"),
+            "--tracking-uri",
+            "none",
+        )
         assert res.returncode == 2
         assert "holds the features of cell 'digits/dcl/bs32-t0.5-s0'" in one_error_line(res.stderr)
         assert not (tmp_path / f"{kind}.json").exists()
@@ -228,7 +304,9 @@ def test_a_cell_that_collapses_without_a_nan_is_recorded_as_collapsed(tmp_path, 
     assert ck["status"] == "collapsed" and ck["health"]["projection_std"] < 1e-3
     steps.run_embed(cell, out / "checkpoint.pt", out / "features.npz", cache=cache)
     knn = steps.run_probe("knn", cell, out / "features.npz", out / "knn.json", tracking_uri=uri, experiment=EXPERIMENT)
-    lin = steps.run_probe("linear", cell, out / "features.npz", out / "lin.json", tracking_uri=uri, experiment=EXPERIMENT)
+    lin = steps.run_probe(
+        "linear", cell, out / "features.npz", out / "lin.json", tracking_uri=uri, experiment=EXPERIMENT
+    )
     assert knn["status"] == lin["status"] == "collapsed" and knn["knn/top1"] < 15
     run = tracking.find_cell_run(uri, EXPERIMENT, cell)
     assert run.tags()[tracking.TAG_STATUS] == "collapsed"

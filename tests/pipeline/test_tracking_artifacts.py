@@ -10,18 +10,17 @@ import json
 import shutil
 from pathlib import Path
 
+import cluster
 import pytest
 import torch
-
-import cluster
-from smallbatch.pipeline import jobs as steps
-from smallbatch import tracking
-from smallbatch.training import loop as train
-from smallbatch.pipeline.cells import make_cell
-from smallbatch.training.checkpoint import load_checkpoint
-from smallbatch.pipeline.config import load_config
-
 from test_reliability import TINY
+
+from smallbatch import tracking
+from smallbatch.pipeline import jobs as steps
+from smallbatch.pipeline.cells import make_cell
+from smallbatch.pipeline.config import load_config
+from smallbatch.training import loop as train
+from smallbatch.training.checkpoint import load_checkpoint
 
 EXPERIMENT = "artifacts"
 ARTIFACTS = ["backbone.pt", "cell.json", "knn.json", "linear.json"]
@@ -151,6 +150,7 @@ def test_the_cost_table_sums_each_cells_logged_seconds(study, tmp_path):
     assert row["wall_s"] == pytest.approx(m["train/wall_s"] + m["knn/seconds"] + m["linear/seconds"], rel=1e-5)
     assert row["cpu_s"] == pytest.approx(m["train/cpu_s"] + m["knn/cpu_s"] + m["linear/cpu_s"], rel=1e-5)
     study_row = pd.read_csv(tmp_path / "report" / "tables" / "cost_study.csv").set_index("section").loc["study"]
-    assert study_row["runs"] == len(per_run) and study_row["cpu_h"] == pytest.approx(per_run["cpu_s"].sum() / 3600,
-                                                                                     rel=1e-5)
+    assert study_row["runs"] == len(per_run) and study_row["cpu_h"] == pytest.approx(
+        per_run["cpu_s"].sum() / 3600, rel=1e-5
+    )
     assert "## Cost: wall and CPU seconds" in (tmp_path / "report" / "index.md").read_text()

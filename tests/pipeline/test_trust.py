@@ -29,8 +29,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from smallbatch.pipeline import cli
 from smallbatch import data
+from smallbatch.pipeline import cli
 from smallbatch.pipeline.cells import cell_hash, make_cell
 from smallbatch.pipeline.config import load_config
 
@@ -55,7 +55,7 @@ def one_line(capsys, argv: list[str]) -> str:
     lines = [ln for ln in err.strip().splitlines() if ln.strip()]
     assert rc == 2 and len(lines) == 1 and "Traceback" not in err, (rc, err[-2000:])
     assert lines[0].startswith("smallbatch: error: "), lines
-    return lines[0][len("smallbatch: error: "):]
+    return lines[0][len("smallbatch: error: ") :]
 
 
 class Payload:
@@ -94,80 +94,168 @@ def test_every_placeholder_of_every_rule_is_shell_quoted():
 @dataclass(frozen=True)
 class Row:
     name: str
-    argv: tuple[str, ...]          # {tmp} is the test's folder, {cell} a tiny cell's JSON, {cache} the data cache
-    expect: str                    # regex of the line after "smallbatch: error: "
+    argv: tuple[str, ...]  # {tmp} is the test's folder, {cell} a tiny cell's JSON, {cache} the data cache
+    expect: str  # regex of the line after "smallbatch: error: "
     files: dict[str, str] = field(default_factory=dict)
-    cell: dict | None = None       # the cell {cell} stands for (default: tiny_cell())
+    cell: dict | None = None  # the cell {cell} stands for (default: tiny_cell())
 
 
 STUDY_YAML = "datasets: {digits: {}}\ngrid: {losses: [infonce], batch_sizes: [16], temperatures: [0.5], seeds: [0]}\n"
 CELL_ID = "digits/infonce/bs16-t0.5-s0"
 BY_ID = ("pretrain", "--tracking-uri", "none", "--config", "{tmp}/c.yaml", "--cell-id", CELL_ID)
-BY_JSON = ("pretrain", "--tracking-uri", "none", "--out", "{tmp}/out", "--data-cache", "{cache}", "--cell-json", "{cell}")
+BY_JSON = (
+    "pretrain",
+    "--tracking-uri",
+    "none",
+    "--out",
+    "{tmp}/out",
+    "--data-cache",
+    "{cache}",
+    "--cell-json",
+    "{cell}",
+)
 NOT_AN_ID = r"is not a cell id \(segments of letters, digits and _ \. = \+ - joined by single '/', none empty or starting with a dot\); use an id `smallbatch cells` lists"
 
 ROWS = [
     # --- a cell id is never a path outside results_dir
-    *(Row(f"--cell-json id {cid!r}", BY_JSON, rf"--cell-json: id {re.escape(repr(cid))} {NOT_AN_ID}",
-          cell=with_id(tiny_cell(), cid))
-      for cid in ("../../../../escape_cell", "/tmp/abs_cell", "digits//infonce", "digits/./x", "digits/../x",
-                  ".hidden/x", "digits/x/", "dig its/x", "digits/x\n")),
-    Row("--cell file whose id climbs out", ("pretrain", "--tracking-uri", "none", "--cell", "{tmp}/cell.json"),
+    *(
+        Row(
+            f"--cell-json id {cid!r}",
+            BY_JSON,
+            rf"--cell-json: id {re.escape(repr(cid))} {NOT_AN_ID}",
+            cell=with_id(tiny_cell(), cid),
+        )
+        for cid in (
+            "../../../../escape_cell",
+            "/tmp/abs_cell",
+            "digits//infonce",
+            "digits/./x",
+            "digits/../x",
+            ".hidden/x",
+            "digits/x/",
+            "dig its/x",
+            "digits/x\n",
+        )
+    ),
+    Row(
+        "--cell file whose id climbs out",
+        ("pretrain", "--tracking-uri", "none", "--cell", "{tmp}/cell.json"),
         rf"cell file .*/cell\.json: id '\.\./escape' {NOT_AN_ID}",
-        {"cell.json": json.dumps(with_id(tiny_cell(), "../escape"))}),
+        {"cell.json": json.dumps(with_id(tiny_cell(), "../escape"))},
+    ),
     # --- a cell file is checked against its own hash
-    Row("--cell-json edited by hand (epochs)", BY_JSON,
+    Row(
+        "--cell-json edited by hand (epochs)",
+        BY_JSON,
         r"--cell-json: cell digits/infonce/bs16-t0\.5-s0 says hash '\w+' but its settings hash to '\w+' "
         r"\(edited by hand\?\); write it again with `smallbatch cells --write`, or change the config instead",
-        cell={**tiny_cell(), "train": {**tiny_cell()["train"], "epochs": 7}}),
+        cell={**tiny_cell(), "train": {**tiny_cell()["train"], "epochs": 7}},
+    ),
     # --- flags a run that names its cell would ignore
-    *(Row(f"{' '.join(extra)} with --cell-id", (*BY_ID, *extra),
-          rf"{re.escape(extra[0])} has no effect with --cell-id \(the cell's settings come from the config\); leave it out, "
-          r"or set it in the config, or name a stand-alone cell without --cell-id",
-          {"c.yaml": STUDY_YAML})
-      for extra in (("--image-size", "8"), ("--train-subset", "100"), ("--seed", "3"), ("--loss-param", "sigma=1"),
-                    ("--dataset", "digits"), ("--batch-size", "32"))),
-    Row("--threads 0 with --cell-id", (*BY_ID, "--threads", "0"), r"--threads must be >= 1, not 0", {"c.yaml": STUDY_YAML}),
-    Row("--epochs with --cell-json", (*BY_JSON, "--epochs", "3"),
-        r"--epochs has no effect with --cell-json \(the cell's settings come from the cell\); leave it out, .*"),
+    *(
+        Row(
+            f"{' '.join(extra)} with --cell-id",
+            (*BY_ID, *extra),
+            rf"{re.escape(extra[0])} has no effect with --cell-id \(the cell's settings come from the config\); leave it out, "
+            r"or set it in the config, or name a stand-alone cell without --cell-id",
+            {"c.yaml": STUDY_YAML},
+        )
+        for extra in (
+            ("--image-size", "8"),
+            ("--train-subset", "100"),
+            ("--seed", "3"),
+            ("--loss-param", "sigma=1"),
+            ("--dataset", "digits"),
+            ("--batch-size", "32"),
+        )
+    ),
+    Row(
+        "--threads 0 with --cell-id",
+        (*BY_ID, "--threads", "0"),
+        r"--threads must be >= 1, not 0",
+        {"c.yaml": STUDY_YAML},
+    ),
+    Row(
+        "--epochs with --cell-json",
+        (*BY_JSON, "--epochs", "3"),
+        r"--epochs has no effect with --cell-json \(the cell's settings come from the cell\); leave it out, .*",
+    ),
     # --- config values that used to pass
-    Row("a key given twice", ("cells", "--config", "{tmp}/c.yaml"),
+    Row(
+        "a key given twice",
+        ("cells", "--config", "{tmp}/c.yaml"),
         r"config file .*/c\.yaml has the key 'train' twice in one mapping \(line 3 and line 4\); "
-        r"YAML would keep only the second: merge them", {"c.yaml": STUDY_YAML + "train: {epochs: 1}\ntrain: {epochs: 2}\n"}),
-    Row("another loss's parameter on a loss entry", ("cells", "--config", "{tmp}/c.yaml"),
+        r"YAML would keep only the second: merge them",
+        {"c.yaml": STUDY_YAML + "train: {epochs: 1}\ntrain: {epochs: 2}\n"},
+    ),
+    Row(
+        "another loss's parameter on a loss entry",
+        ("cells", "--config", "{tmp}/c.yaml"),
         r"config key 'grid\.losses\[0\]\.alpha' is not a parameter of dclw; its parameters: sigma",
-        {"c.yaml": "datasets: {digits: {}}\ngrid: {losses: [{name: dclw, alpha: 3}]}\n"}),
-    Row("results_dir ~/x", ("cells", "--config", "{tmp}/c.yaml"),
+        {"c.yaml": "datasets: {digits: {}}\ngrid: {losses: [{name: dclw, alpha: 3}]}\n"},
+    ),
+    Row(
+        "results_dir ~/x",
+        ("cells", "--config", "{tmp}/c.yaml"),
         r"config key 'results_dir' = '~/x' starts with '~', which nothing expands here; write the full path .*",
-        {"c.yaml": STUDY_YAML + "results_dir: ~/x\n"}),
-    Row("results_dir empty", ("cells", "--config", "{tmp}/c.yaml"),
+        {"c.yaml": STUDY_YAML + "results_dir: ~/x\n"},
+    ),
+    Row(
+        "results_dir empty",
+        ("cells", "--config", "{tmp}/c.yaml"),
         r"config key 'results_dir' = '' is empty; name the results folder, e.g\. results",
-        {"c.yaml": STUDY_YAML + "results_dir: ''\n"}),
-    Row("results_dir with braces", ("cells", "--config", "{tmp}/c.yaml"),
+        {"c.yaml": STUDY_YAML + "results_dir: ''\n"},
+    ),
+    Row(
+        "results_dir with braces",
+        ("cells", "--config", "{tmp}/c.yaml"),
         r"config key 'results_dir' = 'r\{x\}' holds '\{', '\}', which a results path may not hold .*",
-        {"c.yaml": STUDY_YAML + "results_dir: 'r{x}'\n"}),
+        {"c.yaml": STUDY_YAML + "results_dir: 'r{x}'\n"},
+    ),
     # --- extreme but legal values
-    *(Row(f"temperature {tau}", ("cells", "--config", "{tmp}/c.yaml"),
-          rf"cell 'digits/infonce/bs16-t{re.escape(f'{float(tau):g}')}-s0': temperature τ = {re.escape(f'{float(tau):g}')} is outside \[0\.001, 100\], where the losses "
-          r"stop being meaningful \(s/τ overflows, or every logit is ~0\); choose a τ in that range",
-          {"c.yaml": f"datasets: {{digits: {{}}}}\ngrid: {{losses: [infonce], batch_sizes: [16], temperatures: [{tau}]}}\n"})
-      for tau in ("1.0e-9", "1.0e+9")),
-    Row("--cell-json whose k is above the train set", BY_JSON,
+    *(
+        Row(
+            f"temperature {tau}",
+            ("cells", "--config", "{tmp}/c.yaml"),
+            rf"cell 'digits/infonce/bs16-t{re.escape(f'{float(tau):g}')}-s0': temperature τ = {re.escape(f'{float(tau):g}')} is outside \[0\.001, 100\], where the losses "
+            r"stop being meaningful \(s/τ overflows, or every logit is ~0\); choose a τ in that range",
+            {
+                "c.yaml": f"datasets: {{digits: {{}}}}\ngrid: {{losses: [infonce], batch_sizes: [16], temperatures: [{tau}]}}\n"
+            },
+        )
+        for tau in ("1.0e-9", "1.0e+9")
+    ),
+    Row(
+        "--cell-json whose k is above the train set",
+        BY_JSON,
         r"--cell-json: cell digits/infonce/bs16-t0\.5-s0: eval\.knn_k = 5000 is more than the 1,437 train images of "
         r"digits the kNN probe votes over; use k <= 1437",
-        cell=(lambda c: {**c, "hash": cell_hash(c)})({**tiny_cell(), "eval": {**tiny_cell()["eval"], "knn_k": [5000]}})),
-    Row("knn_k above the train set", ("cells", "--config", "{tmp}/c.yaml"),
+        cell=(lambda c: {**c, "hash": cell_hash(c)})({**tiny_cell(), "eval": {**tiny_cell()["eval"], "knn_k": [5000]}}),
+    ),
+    Row(
+        "knn_k above the train set",
+        ("cells", "--config", "{tmp}/c.yaml"),
         r"cell 'digits/infonce/bs16-t0\.5-s0': eval\.knn_k = 100000 is more than the 400 train images of digits the "
         r"kNN probe votes over; use k <= 400",
-        {"c.yaml": STUDY_YAML.replace("digits: {}", "digits: {train_subset: 400}") + "eval: {knn_k: [5, 100000]}\n"}),
-    Row("mi --section-json '[]'", ("mi", "--section-json", "[]", "--tracking-uri", "none", "--out", "{tmp}/mi.json"),
-        r"--section-json must hold a JSON object \(the experiments\.mi section\), not a list"),
-    Row("mi --section file holding a number", ("mi", "--section", "{tmp}/s.json", "--tracking-uri", "none",
-                                               "--out", "{tmp}/mi.json"),
-        r"section file .*/s\.json must hold a JSON object \(the experiments\.mi section\), not a int", {"s.json": "3\n"}),
-    Row("an unknown tracking scheme", ("init-store", "--tracking-uri", "foo://bar", "--experiment", "x"),
+        {"c.yaml": STUDY_YAML.replace("digits: {}", "digits: {train_subset: 400}") + "eval: {knn_k: [5, 100000]}\n"},
+    ),
+    Row(
+        "mi --section-json '[]'",
+        ("mi", "--section-json", "[]", "--tracking-uri", "none", "--out", "{tmp}/mi.json"),
+        r"--section-json must hold a JSON object \(the experiments\.mi section\), not a list",
+    ),
+    Row(
+        "mi --section file holding a number",
+        ("mi", "--section", "{tmp}/s.json", "--tracking-uri", "none", "--out", "{tmp}/mi.json"),
+        r"section file .*/s\.json must hold a JSON object \(the experiments\.mi section\), not a int",
+        {"s.json": "3\n"},
+    ),
+    Row(
+        "an unknown tracking scheme",
+        ("init-store", "--tracking-uri", "foo://bar", "--experiment", "x"),
         r"MLflow tracking store foo://bar: MLflow has no tracking store for the scheme 'foo'; use sqlite:///PATH, "
-        r"http\(s\)://HOST:PORT, postgresql://, mysql://, mssql:// or databricks"),
+        r"http\(s\)://HOST:PORT, postgresql://, mysql://, mssql:// or databricks",
+    ),
 ]
 
 
@@ -188,35 +276,80 @@ def test_bad_input_stops_with_one_line_and_writes_nothing(row, tmp_path, cache, 
 # --------------------------------------------------------------------------- files that would run code
 def write_payload(path: Path, marker: Path, kind: str, cell: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"kind": kind, "cell_id": cell["id"], "cell_hash": cell["hash"], "version": 2, "step": 1,
-                "model": Payload(marker)}, path)
+    torch.save(
+        {
+            "kind": kind,
+            "cell_id": cell["id"],
+            "cell_hash": cell["hash"],
+            "version": 2,
+            "step": 1,
+            "model": Payload(marker),
+        },
+        path,
+    )
 
 
 PICKLES = [
-    ("state.pt read by pretrain", "out/state.pt", "state", BY_JSON,
-     r"checkpoint .*/out/state\.pt holds objects other than tensors and plain values \(.*\); refused, as loading it "
-     r"could run code; rerun with --restart to start the cell afresh \(it overwrites state\.pt\), or delete the file"),
-    ("checkpoint.pt read by evaluate", "out/checkpoint.pt", "checkpoint",
-     ("evaluate", "--tracking-uri", "none", "--device", "cpu", "--checkpoint", "{tmp}/out/checkpoint.pt",
-      "--out-dir", "{tmp}/out", "--data-cache", "{cache}", "--cell-json", "{cell}"),
-     r"checkpoint .*/out/checkpoint\.pt holds objects other than tensors and plain values \(.*\); refused, as "
-     r"loading it could run code"),
-    ("checkpoint.pt read by embed", "out/checkpoint.pt", "checkpoint",
-     ("embed", "--checkpoint", "{tmp}/out/checkpoint.pt", "--out", "{tmp}/out/f.npz", "--data-cache", "{cache}",
-      "--cell-json", "{cell}"),
-     r"checkpoint .*/out/checkpoint\.pt holds objects other than tensors and plain values \(.*\); refused, as "
-     r"loading it could run code"),
+    (
+        "state.pt read by pretrain",
+        "out/state.pt",
+        "state",
+        BY_JSON,
+        r"checkpoint .*/out/state\.pt holds objects other than tensors and plain values \(.*\); refused, as loading it "
+        r"could run code; rerun with --restart to start the cell afresh \(it overwrites state\.pt\), or delete the file",
+    ),
+    (
+        "checkpoint.pt read by evaluate",
+        "out/checkpoint.pt",
+        "checkpoint",
+        (
+            "evaluate",
+            "--tracking-uri",
+            "none",
+            "--device",
+            "cpu",
+            "--checkpoint",
+            "{tmp}/out/checkpoint.pt",
+            "--out-dir",
+            "{tmp}/out",
+            "--data-cache",
+            "{cache}",
+            "--cell-json",
+            "{cell}",
+        ),
+        r"checkpoint .*/out/checkpoint\.pt holds objects other than tensors and plain values \(.*\); refused, as "
+        r"loading it could run code",
+    ),
+    (
+        "checkpoint.pt read by embed",
+        "out/checkpoint.pt",
+        "checkpoint",
+        (
+            "embed",
+            "--checkpoint",
+            "{tmp}/out/checkpoint.pt",
+            "--out",
+            "{tmp}/out/f.npz",
+            "--data-cache",
+            "{cache}",
+            "--cell-json",
+            "{cell}",
+        ),
+        r"checkpoint .*/out/checkpoint\.pt holds objects other than tensors and plain values \(.*\); refused, as "
+        r"loading it could run code",
+    ),
 ]
 
 
 @pytest.mark.parametrize("name,rel,kind,argv,expect", PICKLES, ids=[p[0] for p in PICKLES])
-def test_a_crafted_pickle_is_refused_and_its_payload_never_runs(name, rel, kind, argv, expect, tmp_path, cache,
-                                                                capsys):
+def test_a_crafted_pickle_is_refused_and_its_payload_never_runs(name, rel, kind, argv, expect, tmp_path, cache, capsys):
     cell = tiny_cell()
     marker = tmp_path / "PWNED"
     write_payload(tmp_path / rel, marker, kind, cell)
-    argv = [a.replace("{tmp}", str(tmp_path)).replace("{cache}", str(cache)).replace("{cell}", json.dumps(cell))
-            for a in argv]
+    argv = [
+        a.replace("{tmp}", str(tmp_path)).replace("{cache}", str(cache)).replace("{cell}", json.dumps(cell))
+        for a in argv
+    ]
     line = one_line(capsys, argv)
     assert re.fullmatch(expect, line), line
     assert not marker.exists(), "the pickle's payload ran"
@@ -224,8 +357,10 @@ def test_a_crafted_pickle_is_refused_and_its_payload_never_runs(name, rel, kind,
 
 def test_a_truncated_state_names_restart_and_restart_recovers(tmp_path, cache, capsys):
     cell = tiny_cell()
-    argv = [a.replace("{tmp}", str(tmp_path)).replace("{cache}", str(cache)).replace("{cell}", json.dumps(cell))
-            for a in BY_JSON]
+    argv = [
+        a.replace("{tmp}", str(tmp_path)).replace("{cache}", str(cache)).replace("{cell}", json.dumps(cell))
+        for a in BY_JSON
+    ]
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "state.pt").write_bytes(b"PK\x03\x04 cut short")
     line = one_line(capsys, argv)
@@ -240,11 +375,16 @@ def test_a_lock_that_is_a_symlink_is_refused_and_its_target_untouched(tmp_path, 
     victim.write_text("my thesis\n")
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / ".lock").symlink_to(victim)
-    argv = [a.replace("{tmp}", str(tmp_path)).replace("{cache}", str(cache)).replace("{cell}", json.dumps(tiny_cell()))
-            for a in BY_JSON]
+    argv = [
+        a.replace("{tmp}", str(tmp_path)).replace("{cache}", str(cache)).replace("{cell}", json.dumps(tiny_cell()))
+        for a in BY_JSON
+    ]
     line = one_line(capsys, argv)
-    assert re.fullmatch(r"the lock of cell .*, .*/out/\.lock, is a symbolic link; refused \(a lock is never a link\): "
-                        r"remove the link", line), line
+    assert re.fullmatch(
+        r"the lock of cell .*, .*/out/\.lock, is a symbolic link; refused \(a lock is never a link\): "
+        r"remove the link",
+        line,
+    ), line
     assert victim.read_text() == "my thesis\n"
 
 
@@ -301,7 +441,9 @@ def test_a_study_with_hostile_names_runs_no_payload_and_writes_only_in_results_d
         "results_dir": str(results),
         "tracking_uri": f"sqlite:///{results}/{HOSTILE.format(n=3)}.db",
         "data": {"root": str(results / HOSTILE.format(n=4))},
-        "device": "cpu", "threads": 1, "baselines": False,
+        "device": "cpu",
+        "threads": 1,
+        "baselines": False,
         "datasets": {"digits": {"train_subset": 256, "test_subset": 128}},
         "grid": {"losses": ["infonce"], "batch_sizes": [16, 32], "temperatures": [0.5], "seeds": [0]},
         "train": {**TINY, "steps": 6, "log_every": 2},
@@ -312,9 +454,27 @@ def test_a_study_with_hostile_names_runs_no_payload_and_writes_only_in_results_d
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     env.pop("MLFLOW_TRACKING_URI", None)
     top_before = set(os.listdir(ROOT))
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"),
-                           "--configfile", str(config), "--workflow-profile", str(ROOT / "workflow/profiles/default"),
-                           "--cores", "2", "--quiet"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "--snakefile",
+            str(ROOT / "Snakefile"),
+            "--configfile",
+            str(config),
+            "--workflow-profile",
+            str(ROOT / "workflow/profiles/default"),
+            "--cores",
+            "2",
+            "--quiet",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert (results / "report" / "index.md").is_file()
     assert list(base.iterdir()) == [results], "a job wrote next to results_dir"
@@ -346,16 +506,31 @@ def dead_pid() -> int:
 
 
 def pretrain_argv(tmp: Path, cache: Path, uri: str, experiment: str, cell: dict, out: str = "out") -> list[str]:
-    return ["pretrain", "--cell-json", json.dumps(cell), "--out", str(tmp / out), "--data-cache", str(cache),
-            "--tracking-uri", uri, "--experiment", experiment, "--no-progress"]
+    return [
+        "pretrain",
+        "--cell-json",
+        json.dumps(cell),
+        "--out",
+        str(tmp / out),
+        "--data-cache",
+        str(cache),
+        "--tracking-uri",
+        uri,
+        "--experiment",
+        experiment,
+        "--no-progress",
+    ]
 
 
 LEASES = [  # (who holds the cell's run, refused?)
     ("a live trainer of another folder on this host", lambda out: {"folder": "/elsewhere", "pid": os.getpid()}, True),
     ("another host's trainer, renewed just now", lambda out: {"folder": "/elsewhere", "host": "node-7"}, True),
     ("a dead trainer of another folder", lambda out: {"folder": "/elsewhere", "pid": dead_pid()}, False),
-    ("another host's trainer, silent for an hour", lambda out: {"folder": "/elsewhere", "host": "node-7",
-                                                                "at": __import__("time").time() - 3600}, False),
+    (
+        "another host's trainer, silent for an hour",
+        lambda out: {"folder": "/elsewhere", "host": "node-7", "at": __import__("time").time() - 3600},
+        False,
+    ),
     ("this folder's own earlier trainer (its lock decides)", lambda out: {"folder": str(out.resolve())}, False),
 ]
 
@@ -376,9 +551,12 @@ def test_one_trainer_per_cell_per_store(name, holder, refused, tmp_path, cache, 
     argv = pretrain_argv(tmp_path, cache, store, experiment, cell)
     if refused:
         line = one_line(capsys, argv)
-        assert re.fullmatch(rf"cell {cell['id']} is being trained into the MLflow store {re.escape(store)} from another "
-                            rf"folder, /elsewhere \(process \d+ on [\w.-]+, seen \d+ s ago\); one trainer per cell per "
-                            r"store: let it finish, or give this study its own store or experiment", line), line
+        assert re.fullmatch(
+            rf"cell {cell['id']} is being trained into the MLflow store {re.escape(store)} from another "
+            rf"folder, /elsewhere \(process \d+ on [\w.-]+, seen \d+ s ago\); one trainer per cell per "
+            r"store: let it finish, or give this study its own store or experiment",
+            line,
+        ), line
         assert run.metrics() == {} and json.loads(run.tags()[tracking.TAG_LEASE]) == lease
     else:
         assert cli.main(argv) == 0
@@ -397,13 +575,19 @@ def test_the_same_cell_in_two_folders_against_one_store_refuses_the_second(tmp_p
     from smallbatch import tracking
 
     cell = tiny_cell(steps=100000)
-    first = subprocess.Popen([str(BIN / "smallbatch"), *pretrain_argv(tmp_path, cache, store, "two-folders", cell, "a")],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        [str(BIN / "smallbatch"), *pretrain_argv(tmp_path, cache, store, "two-folders", cell, "a")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         lease = ""
         while not lease:  # the event: a's lease is in the store
-            assert first.poll() is None and time.monotonic() < deadline, first.stderr.read() if first.poll() else "timeout"
+            assert first.poll() is None and time.monotonic() < deadline, (
+                first.stderr.read() if first.poll() else "timeout"
+            )
             runs = tracking.count_cell_runs(store, "two-folders", cell["id"])
             if runs:
                 lease = tracking.find_cell_run(store, "two-folders", cell).tags().get(tracking.TAG_LEASE, "")
@@ -470,10 +654,14 @@ def serve(tmp_path):
 
     def start(mode: str = "plain", folder: Path | None = None):
         path, log = (folder or tmp_path) / "s.sock", tmp_path / "server.log"
-        env = {**{k: v for k, v in os.environ.items() if k != "SMALLBATCH_WARM"}, "OMP_NUM_THREADS": "2",
-               "OPENBLAS_NUM_THREADS": "2"}
-        proc = subprocess.Popen([sys.executable, "-c", SERVER, str(path), mode], stdout=open(log, "w"),
-                                stderr=subprocess.STDOUT, env=env)
+        env = {
+            **{k: v for k, v in os.environ.items() if k != "SMALLBATCH_WARM"},
+            "OMP_NUM_THREADS": "2",
+            "OPENBLAS_NUM_THREADS": "2",
+        }
+        proc = subprocess.Popen(
+            [sys.executable, "-c", SERVER, str(path), mode], stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env
+        )
         started.append(proc)
         wait_for(lambda: "ready on" in log.read_text(), proc, "the server to be ready")
         return proc, path, log
@@ -508,20 +696,37 @@ def test_a_stopped_server_lets_the_job_run_by_itself_and_never_starts_it_later(s
         assert warm.delegate(["config-reference"]) is None  # None: "run it here"
     finally:
         os.kill(proc.pid, signal.SIGCONT)
-    wait_for(lambda: "gave up waiting before its command started: not started" in log.read_text(), proc,
-             "the server to drop the abandoned request")
+    wait_for(
+        lambda: "gave up waiting before its command started: not started" in log.read_text(),
+        proc,
+        "the server to drop the abandoned request",
+    )
     assert not re.search(r"child \d+ started", log.read_text())
 
 
 def test_a_sigkilled_servers_child_stops_with_it_and_the_client_says_so_in_one_line(serve, tmp_path, cache):
-    import signal
 
     proc, path, log = serve()
     cell = tiny_cell(steps=10**6)
-    client = subprocess.Popen([str(BIN / "smallbatch"), "pretrain", "--cell-json", json.dumps(cell), "--out",
-                               str(tmp_path / "out"), "--data-cache", str(cache), "--tracking-uri", "none",
-                               "--no-progress"], env={**os.environ, "SMALLBATCH_WARM": str(path)},
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    client = subprocess.Popen(
+        [
+            str(BIN / "smallbatch"),
+            "pretrain",
+            "--cell-json",
+            json.dumps(cell),
+            "--out",
+            str(tmp_path / "out"),
+            "--data-cache",
+            str(cache),
+            "--tracking-uri",
+            "none",
+            "--no-progress",
+        ],
+        env={**os.environ, "SMALLBATCH_WARM": str(path)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_for(lambda: " started: smallbatch pretrain" in log.read_text(), client, "the child to start")
         child = int(re.search(r"child (\d+) started", log.read_text()).group(1))
@@ -542,8 +747,9 @@ def test_a_jobs_thread_settings_reach_blas_the_server_imported(serve, tmp_path, 
     """The server imported numpy with OMP_NUM_THREADS=2; a job asking for 1 runs BLAS on 1."""
     proc, path, log = serve("threads")
     env = {**os.environ, "SMALLBATCH_WARM": str(path), "OMP_NUM_THREADS": omp, "OPENBLAS_NUM_THREADS": omp}
-    res = subprocess.run([str(BIN / "smallbatch"), "config-reference"], env=env, capture_output=True, text=True,
-                         timeout=120)
+    res = subprocess.run(
+        [str(BIN / "smallbatch"), "config-reference"], env=env, capture_output=True, text=True, timeout=120
+    )
     assert res.returncode == 0, res.stderr
     assert " started: smallbatch config-reference" in log.read_text(), "the job did not run in the server"
     threads = json.loads(res.stdout)
@@ -591,7 +797,11 @@ class StatvfsFull:
 
 DISK_FULL = [  # (how the write fails, is the disk full?)
     ("ENOSPC from a plain write", OSError(28, "No space left on device"), False),
-    ("torch.save's error on a full file system", RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64"), True),
+    (
+        "torch.save's error on a full file system",
+        RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64"),
+        True,
+    ),
 ]
 
 
@@ -635,8 +845,13 @@ def test_a_stopped_tracking_server_fails_the_step_in_one_line(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_HTTP_REQUEST")}
     t0 = time.monotonic()
     try:
-        res = subprocess.run([str(BIN / "smallbatch"), "init-store", "--tracking-uri", uri, "--experiment", "x"],
-                             capture_output=True, text=True, timeout=120, env=env)  # a hang guard
+        res = subprocess.run(
+            [str(BIN / "smallbatch"), "init-store", "--tracking-uri", uri, "--experiment", "x"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )  # a hang guard
     finally:
         silent.close()
     print(f"a silent tracking server failed the step after {time.monotonic() - t0:.1f} s")
@@ -647,11 +862,22 @@ def test_a_stopped_tracking_server_fails_the_step_in_one_line(tmp_path):
 
 # --------------------------------------------------------------------------- inputs checked against their cell
 CACHES = [  # (the cache's load_dataset options, the cell's dataset options, the line expected or None: trains)
-    ({"image_size": 16}, {}, r"data cache .*/digits\.pt holds image_size 16, not this cell's image_size None; "
-                             r"delete it to rebuild, or give the cell its own --data-cache"),
-    ({}, {"train_subset": 400}, r"data cache .*/digits\.pt holds train_subset None, not this cell's train_subset 400; .*"),
-    ({"train_subset": 400, "test_subset": 100}, {"train_subset": 400, "test_subset": 200},
-     r"data cache .*/digits\.pt holds test_subset 100, not this cell's test_subset 200; .*"),
+    (
+        {"image_size": 16},
+        {},
+        r"data cache .*/digits\.pt holds image_size 16, not this cell's image_size None; "
+        r"delete it to rebuild, or give the cell its own --data-cache",
+    ),
+    (
+        {},
+        {"train_subset": 400},
+        r"data cache .*/digits\.pt holds train_subset None, not this cell's train_subset 400; .*",
+    ),
+    (
+        {"train_subset": 400, "test_subset": 100},
+        {"train_subset": 400, "test_subset": 200},
+        r"data cache .*/digits\.pt holds test_subset 100, not this cell's test_subset 200; .*",
+    ),
     ({"train_subset": 400}, {"train_subset": 400}, None),
 ]
 
@@ -702,19 +928,34 @@ ADOPTIONS = [  # (what happened to the evaluation ahead, the evaluate step's res
 
 
 @pytest.mark.parametrize("name,change,expect", ADOPTIONS, ids=[a[0] for a in ADOPTIONS])
-def test_evaluate_adopts_only_the_stamped_files_of_a_run_the_store_holds(name, change, expect, ahead, tmp_path,
-                                                                         cache, capsys):
+def test_evaluate_adopts_only_the_stamped_files_of_a_run_the_store_holds(
+    name, change, expect, ahead, tmp_path, cache, capsys
+):
     root, cell = ahead
     work, uri = root / "out", f"sqlite:///{root / 'mlflow.db'}"
     if change:
         change(work, cell, uri)
-    argv = ["evaluate", "--cell-json", json.dumps(cell), "--checkpoint", str(work / "checkpoint.pt"), "--out-dir",
-            str(work), "--data-cache", str(cache), "--tracking-uri", uri, "--experiment", "ahead"]
+    argv = [
+        "evaluate",
+        "--cell-json",
+        json.dumps(cell),
+        "--checkpoint",
+        str(work / "checkpoint.pt"),
+        "--out-dir",
+        str(work),
+        "--data-cache",
+        str(cache),
+        "--tracking-uri",
+        uri,
+        "--experiment",
+        "ahead",
+    ]
     if expect.startswith("no MLflow run"):
         assert cli.main(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()
-        assert err[0].endswith("not adopted (the store " + uri + " no longer holds the cell's run with its probes' "
-                               "metrics); evaluating"), err
+        assert err[0].endswith(
+            "not adopted (the store " + uri + " no longer holds the cell's run with its probes' metrics); evaluating"
+        ), err
         assert len(err) == 2 and re.fullmatch("smallbatch: error: " + expect, err[1]), err
         assert not (work / "knn.json").exists()
         return
@@ -737,25 +978,53 @@ def test_a_second_snakemake_run_on_a_results_folder_stops_before_any_job(tmp_pat
     log.parent.mkdir(parents=True)
     log.write_text("the first run's log\n")
     config = tmp_path / "c.yaml"
-    config.write_text(json.dumps({"study": "two-runs", "results_dir": str(results), "device": "cpu",
-                                  "baselines": False, "datasets": {"digits": {}},
-                                  "grid": {"losses": ["infonce"], "batch_sizes": [16], "temperatures": [0.5],
-                                           "seeds": [0]}}))
+    config.write_text(
+        json.dumps(
+            {
+                "study": "two-runs",
+                "results_dir": str(results),
+                "device": "cpu",
+                "baselines": False,
+                "datasets": {"digits": {}},
+                "grid": {"losses": ["infonce"], "batch_sizes": [16], "temperatures": [0.5], "seeds": [0]},
+            }
+        )
+    )
     fd = os.open(results / ".snakemake-run.lock", os.O_RDWR | os.O_CREAT)
     fcntl.flock(fd, fcntl.LOCK_EX)  # the first run holds the folder
     os.write(fd, b"4242\n")
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     env.pop("MLFLOW_TRACKING_URI", None)
     try:
-        res = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"),
-                              "--configfile", str(config), "--workflow-profile", str(ROOT / "workflow/profiles/default"),
-                              "--cores", "1", "--directory", str(tmp_path)],
-                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        res = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "snakemake",
+                "--snakefile",
+                str(ROOT / "Snakefile"),
+                "--configfile",
+                str(config),
+                "--workflow-profile",
+                str(ROOT / "workflow/profiles/default"),
+                "--cores",
+                "1",
+                "--directory",
+                str(tmp_path),
+            ],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     finally:
         os.close(fd)
     out = res.stdout + res.stderr
     assert res.returncode != 0
-    assert f"results folder {results} is in use by another Snakemake run (process 4242); wait for it to finish, " \
-           "or give this run another results_dir" in out, out[-3000:]
+    assert (
+        f"results folder {results} is in use by another Snakemake run (process 4242); wait for it to finish, "
+        "or give this run another results_dir" in out
+    ), out[-3000:]
     assert log.read_text() == "the first run's log\n"
     assert not (results / "mlflow.ready").exists()

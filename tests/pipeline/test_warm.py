@@ -19,8 +19,20 @@ import torch
 from smallbatch.pipeline import warm
 
 SMALLBATCH = Path(sys.executable).parent / "smallbatch"
-CELL = ["--tracking-uri", "none", "--dataset", "digits", "--loss", "dcl", "--batch-size", "32",
-        "--temperature", "0.5", "--threads", "1"]
+CELL = [
+    "--tracking-uri",
+    "none",
+    "--dataset",
+    "digits",
+    "--loss",
+    "dcl",
+    "--batch-size",
+    "32",
+    "--temperature",
+    "0.5",
+    "--threads",
+    "1",
+]
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +69,9 @@ def test_a_command_in_a_child_is_the_command_in_its_own_process(server, tmp_path
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])  # bit for bit
     assert a["final_loss"] == b["final_loss"] and a["steps"] == b["steps"]
     out_a, out_b = (json.loads(p.stdout.strip().splitlines()[-1]) for p in (served, plain))
-    assert {k: v for k, v in out_a.items() if k not in ("wall_s", "images_per_s")} == \
-           {k: v for k, v in out_b.items() if k not in ("wall_s", "images_per_s")}
+    assert {k: v for k, v in out_a.items() if k not in ("wall_s", "images_per_s")} == {
+        k: v for k, v in out_b.items() if k not in ("wall_s", "images_per_s")
+    }
     assert "digits/dcl/bs32-t0.5-s0" in served.stderr  # the progress bar reached the client's stderr
 
 
@@ -75,8 +88,13 @@ def _start_long(server, out: Path) -> tuple[subprocess.Popen, int]:
     handler installed: the loop writes state.pt (at each epoch end) only inside that handler's
     scope, so the first state.pt is the event waited for.  Returns the client and the step of
     that first state."""
-    proc = subprocess.Popen([str(SMALLBATCH), "pretrain", *CELL, "--epochs", "200", "--out", str(out)],
-                            env=server["env"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [str(SMALLBATCH), "pretrain", *CELL, "--epochs", "200", "--out", str(out)],
+        env=server["env"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 300  # a hang guard, not a race: nothing happens to the child meanwhile
     while not (out / "state.pt").exists():
         assert proc.poll() is None, proc.communicate()[1][-2000:]
@@ -123,8 +141,12 @@ def test_without_a_server_or_in_a_worker_the_command_runs_itself(server, tmp_pat
 def test_the_server_stops_with_the_process_it_watches(tmp_path):
     sock = tmp_path / "s"
     watched = subprocess.Popen(["sleep", "2"])
-    server = subprocess.Popen([str(SMALLBATCH), "warm-server", "--socket", str(sock), "--watch-pid", str(watched.pid)],
-                              stdout=subprocess.PIPE, text=True, env={k: v for k, v in os.environ.items() if k != warm.ENV})
+    server = subprocess.Popen(
+        [str(SMALLBATCH), "warm-server", "--socket", str(sock), "--watch-pid", str(watched.pid)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != warm.ENV},
+    )
     watched.wait()
     out, _ = server.communicate(timeout=60)
     assert server.returncode == 0 and "ready" in out and not sock.exists()

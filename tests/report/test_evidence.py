@@ -33,11 +33,11 @@ def test_paired_interval_and_p_match_scipy(sign):
 
 
 def test_paired_pairs_by_seed_not_by_position():
-    a = {1: 10.0, 0: 0.0, 2: 20.0}                 # same per-seed offset +1 but a shuffled order
-    b = {0: -1.0, 2: 19.0, 1: 9.0, 7: 100.0}       # a seed b alone has is left out
+    a = {1: 10.0, 0: 0.0, 2: 20.0}  # same per-seed offset +1 but a shuffled order
+    b = {0: -1.0, 2: 19.0, 1: 9.0, 7: 100.0}  # a seed b alone has is left out
     e = paired(a, b)
     assert e.n == 3 and e.diff == pytest.approx(1.0)
-    assert not e.tested and e.sd == 0.0            # identical seed differences: no noise estimate
+    assert not e.tested and e.sd == 0.0  # identical seed differences: no noise estimate
 
 
 @pytest.mark.parametrize("diff", [2.0, -2.0])
@@ -49,14 +49,14 @@ def test_significance_on_both_sides_of_alpha(diff):
         s = abs(diff) * math.sqrt(3) / crit * factor
         e = paired({0: diff - s, 1: diff, 2: diff + s}, {0: 0.0, 1: 0.0, 2: 0.0})
         assert e.significant is expect and e.within_noise is (not expect)
-        assert (e.lo > 0 or e.hi < 0) is expect           # the interval excludes zero exactly when p < α
+        assert (e.lo > 0 or e.hi < 0) is expect  # the interval excludes zero exactly when p < α
         assert (e.p < evidence.ALPHA) is expect
 
 
 def test_fewer_than_two_pairs_is_untested():
     e = paired({0: 1.0}, {0: 0.0})
     assert not e.tested and e.significant is None and e.within_noise is None and e.diff == 1.0
-    assert math.isnan(paired({0: 1.0}, {1: 0.0}).diff) is False     # the means still differ by 1
+    assert math.isnan(paired({0: 1.0}, {1: 0.0}).diff) is False  # the means still differ by 1
     assert math.isnan(paired({}, {0: 1.0}).diff)
 
 
@@ -68,12 +68,12 @@ def test_welch_when_no_two_seeds_are_shared_matches_scipy(shift):
     e = paired(a, b)
     ref = stats.ttest_ind(list(a.values()), list(b.values()), equal_var=False)
     va, vb = np.var(list(a.values()), ddof=1) / 3, np.var(list(b.values()), ddof=1) / 4
-    df = (va + vb) ** 2 / (va ** 2 / 2 + vb ** 2 / 3)
+    df = (va + vb) ** 2 / (va**2 / 2 + vb**2 / 3)
     h = stats.t.ppf(0.975, df) * math.sqrt(va + vb)
     assert e.test == "Welch t" and e.df == pytest.approx(df)
     assert e.p == pytest.approx(ref.pvalue, rel=1e-10)
     assert (e.lo, e.hi) == pytest.approx((e.diff - h, e.diff + h))
-    assert math.isnan(e.mde)                           # the MDE is stated for paired contrasts only
+    assert math.isnan(e.mde)  # the MDE is stated for paired contrasts only
 
 
 def test_difference_of_differences_is_paired_per_seed():
@@ -97,8 +97,13 @@ def test_holm_matches_the_step_down_definition_and_skips_untested():
     # a p that passes alone fails in its family: the boundary moves with the family size
     alone = Estimate(diff=-0.5, p=0.02, p_adj=0.02, test="paired t", n=3, sd=1.0)
     assert alone.significant is True
-    fam = holm([alone, Estimate(diff=0.1, p=0.9, p_adj=0.9, test="paired t", n=3, sd=1.0),
-                Estimate(diff=0.1, p=0.5, p_adj=0.5, test="paired t", n=3, sd=1.0)])
+    fam = holm(
+        [
+            alone,
+            Estimate(diff=0.1, p=0.9, p_adj=0.9, test="paired t", n=3, sd=1.0),
+            Estimate(diff=0.1, p=0.5, p_adj=0.5, test="paired t", n=3, sd=1.0),
+        ]
+    )
     assert fam[0].p_adj == pytest.approx(0.06) and fam[0].significant is False
     assert holm([])[:] == []
 
@@ -115,12 +120,12 @@ def test_mde_has_exactly_eighty_percent_power(sd, n):
     m = mde(sd, n)
     assert _power(m, sd, n) == pytest.approx(0.8, abs=1e-8)
     assert _power(0.97 * m, sd, n) < 0.8 < _power(1.03 * m, sd, n)
-    assert m == pytest.approx(sd * mde(1.0, n))           # scales with the sd of the differences
+    assert m == pytest.approx(sd * mde(1.0, n))  # scales with the sd of the differences
 
 
 def test_mde_against_the_normal_approximation_and_a_simulation():
     # the z-test's (z_.975 + z_.8) sd / sqrt(n) is the large-n limit, and a t test needs more
-    z = (stats.norm.ppf(0.975) + stats.norm.ppf(0.8))
+    z = stats.norm.ppf(0.975) + stats.norm.ppf(0.8)
     assert z / 10 < mde(1.0, 100) < 1.01 * z / 10
     assert mde(1.0, 10) > z / math.sqrt(10)
     rng = np.random.default_rng(0)
@@ -160,8 +165,12 @@ def test_untested_never_supports():
 
 
 def test_describe_prints_interval_test_seeds_and_holm():
-    e = holm([paired({0: 1.0, 1: 2.0, 2: 4.0}, {0: 0.0, 1: 0.0, 2: 0.0}),
-              paired({0: -1.0, 1: -1.5, 2: -0.2}, {0: 0.0, 1: 0.0, 2: 0.0})])
+    e = holm(
+        [
+            paired({0: 1.0, 1: 2.0, 2: 4.0}, {0: 0.0, 1: 0.0, 2: 0.0}),
+            paired({0: -1.0, 1: -1.5, 2: -0.2}, {0: 0.0, 1: 0.0, 2: 0.0}),
+        ]
+    )
     s = describe(e[1], "small − large")
     assert s.startswith("small − large = -0.9 [") and "(paired t, 3 seeds, Holm p = " in s
     # a null carries its minimum detectable effect; a significant difference does not need one
@@ -170,8 +179,9 @@ def test_describe_prints_interval_test_seeds_and_holm():
     sig = paired({0: 3.0, 1: 3.1, 2: 2.9}, {0: 0.0, 1: 0.0, 2: 0.0})
     assert sig.significant and "MDE" not in describe(sig)
     assert describe(paired({0: 1.0}, {0: 0.0})) == "+1.0 (untested: one seed)"
-    assert describe(paired({0: 1.0, 1: 1.0}, {0: 0.0, 1: 0.0})).endswith("(untested: seed differences identical, "
-                                                                        "no noise estimate)")
+    assert describe(paired({0: 1.0, 1: 1.0}, {0: 0.0, 1: 0.0})).endswith(
+        "(untested: seed differences identical, no noise estimate)"
+    )
     assert "-0.0" not in describe(paired({0: -0.01, 1: 0.02, 2: -0.03}, {0: 0.0, 1: 0.0, 2: 0.0}))
 
 
@@ -179,8 +189,8 @@ def test_describe_prints_interval_test_seeds_and_holm():
 def test_t_interval_matches_scipy_and_needs_a_spread(mean):
     lo, hi = evidence.t_interval(mean, 0.4, 3)
     assert (lo, hi) == pytest.approx(stats.t.interval(0.95, 3, loc=mean, scale=0.4), rel=1e-12)
-    assert (lo > 0) == (mean > 0) and (hi < 0) == (mean < 0)      # ±1.5 with se 0.4: zero outside either way
-    wide = evidence.t_interval(mean, 0.6, 3)                     # t_{0.975,3} · 0.6 = 1.91 > 1.5: zero inside
+    assert (lo > 0) == (mean > 0) and (hi < 0) == (mean < 0)  # ±1.5 with se 0.4: zero outside either way
+    wide = evidence.t_interval(mean, 0.6, 3)  # t_{0.975,3} · 0.6 = 1.91 > 1.5: zero inside
     assert wide[0] < 0 < wide[1]
     for se, df in ((0.4, 0), (math.nan, 3), (0.4, math.nan)):
         assert all(math.isnan(v) for v in evidence.t_interval(mean, se, df))
@@ -195,17 +205,16 @@ def test_by_failure_names_its_ground():
 def test_float_rounding_of_equal_seed_differences_is_no_spread(sign):
     # 0.1 + 0.2 − 0.3 style noise: the seed differences are equal up to 1e-15, which must not read as a test
     a = {0: sign * (0.1 + 0.2), 1: sign * 0.3}
-    assert a[0] != a[1]                                          # 0.30000000000000004 vs 0.3
+    assert a[0] != a[1]  # 0.30000000000000004 vs 0.3
     e = paired(a, {0: 0.0, 1: 0.0})
     assert not e.tested and e.sd == 0.0 and e.significant is None
-    near = paired({0: 80.3, 1: 80.3 + 1e-6}, {0: 70.0, 1: 70.0})   # a real (if tiny) spread is still tested
+    near = paired({0: 80.3, 1: 80.3 + 1e-6}, {0: 70.0, 1: 70.0})  # a real (if tiny) spread is still tested
     assert near.tested
 
 
 # --------------------------------------------------------------------------- boundaries the mutants found
 def test_an_adjusted_p_of_exactly_alpha_is_not_significant():
-    at = Estimate(diff=1.0, lo=0.0, hi=2.0, p=evidence.ALPHA, p_adj=evidence.ALPHA, n=3, sd=1.0, df=2,
-                  test="paired t")
+    at = Estimate(diff=1.0, lo=0.0, hi=2.0, p=evidence.ALPHA, p_adj=evidence.ALPHA, n=3, sd=1.0, df=2, test="paired t")
     below = Estimate(diff=1.0, lo=0.1, hi=1.9, p=0.049, p_adj=0.049, n=3, sd=1.0, df=2, test="paired t")
     assert at.significant is False and at.within_noise is True
     assert below.significant is True

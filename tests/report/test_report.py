@@ -15,14 +15,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from scipy import stats
-
 from report_store import StoreBuilder
+from scipy import stats
 
 from smallbatch import report
 from smallbatch.losses import display_name
-from smallbatch.report.sections import grid_findings
 from smallbatch.report.figures import fraction_done
+from smallbatch.report.sections import grid_findings
 
 ALL_LOSSES = ("infonce", "flatnce", "dcl")
 
@@ -37,9 +36,21 @@ def _acc(loss: str, bs: int, t: float, seed: int, metric: str, slopes: dict[str,
 
 
 def _cell_params(dataset: str, loss: str, bs: int, t: float, seed: int) -> dict:
-    return {"dataset": dataset, "loss": loss, "batch_size": bs, "temperature": t, "seed": seed,
-            "negatives": 2 * bs - 2, "precision": "fp32", "lr_scaling": "sqrt", "epochs": 20,
-            "backbone": "small_cnn", "queue_size": 0, "image_size": 8, "loss.sigma": 0.5 if loss == "dclw" else None}
+    return {
+        "dataset": dataset,
+        "loss": loss,
+        "batch_size": bs,
+        "temperature": t,
+        "seed": seed,
+        "negatives": 2 * bs - 2,
+        "precision": "fp32",
+        "lr_scaling": "sqrt",
+        "epochs": 20,
+        "backbone": "small_cnn",
+        "queue_size": 0,
+        "image_size": 8,
+        "loss.sigma": 0.5 if loss == "dclw" else None,
+    }
 
 
 def _history(loss: str, bs: int, seed: int, steps: int = 12) -> dict:
@@ -54,8 +65,19 @@ def _history(loss: str, bs: int, seed: int, steps: int = 12) -> dict:
     }
 
 
-def build_grid(b: StoreBuilder, dataset: str, losses, bss, temps, seeds, slopes, *,
-               diverged: set = frozenset(), skip_linear: set = frozenset(), history: bool = True) -> list[dict]:
+def build_grid(
+    b: StoreBuilder,
+    dataset: str,
+    losses,
+    bss,
+    temps,
+    seeds,
+    slopes,
+    *,
+    diverged: set = frozenset(),
+    skip_linear: set = frozenset(),
+    history: bool = True,
+) -> list[dict]:
     """Grid runs; returns the designed values [{loss, bs, t, seed, status, knn, linear}]."""
     design = []
     for loss in losses:
@@ -74,8 +96,13 @@ def build_grid(b: StoreBuilder, dataset: str, losses, bss, temps, seeds, slopes,
                             vals["linear"] = math.nan
                     else:
                         vals = {"knn": math.nan, "linear": math.nan}
-                    b.run(cid, status=status, params=_cell_params(dataset, loss, bs, t, seed), final=final,
-                          history=_history(loss, bs, seed) if history else None)
+                    b.run(
+                        cid,
+                        status=status,
+                        params=_cell_params(dataset, loss, bs, t, seed),
+                        final=final,
+                        history=_history(loss, bs, seed) if history else None,
+                    )
                     design.append({"loss": loss, "bs": bs, "t": t, "seed": seed, "status": status, **vals})
     return design
 
@@ -90,35 +117,45 @@ def main_store(store_uri, tmp_path_factory):
     d = tmp_path_factory.mktemp("main")
     b = StoreBuilder(uri)
     # an older run of a cell that a newer run supersedes (changed config): must not count
-    b.run("digits/infonce/bs16-t0.1-s0", params=_cell_params("digits", "infonce", 16, 0.1, 0),
-          final={"knn/top1": 1.0, "linear/top1": 1.0})
+    b.run(
+        "digits/infonce/bs16-t0.1-s0",
+        params=_cell_params("digits", "infonce", 16, 0.1, 0),
+        final={"knn/top1": 1.0, "linear/top1": 1.0},
+    )
     diverged = {("dcl", 16, 0.5, 0), ("dcl", 16, 0.5, 1), ("infonce", 64, 0.5, 1)}
     design = build_grid(b, "digits", ALL_LOSSES, (16, 64, 256), (0.1, 0.5), (0, 1), STEEP, diverged=diverged)
     # EqCo: one seed, two batch sizes, linear probe not run yet at batch 256
-    design += build_grid(b, "digits", ("eqco",), (16, 256), (0.1,), (0,), STEEP,
-                         skip_linear={("eqco", 256, 0.1, 0)})
+    design += build_grid(b, "digits", ("eqco",), (16, 256), (0.1,), (0,), STEEP, skip_linear={("eqco", 256, 0.1, 0)})
     base = {("raw_pixels", 0): (71.0, 74.0), ("random_init", 0): (60.0, 76.5), ("random_init", 1): (61.0, 75.5)}
     for (name, seed), (knn, lin) in base.items():
-        b.run(f"baselines/digits/{name}-s{seed}", kind="baseline", section="baseline", baseline=name,
-              params={"dataset": "digits", "baseline": name, "seed": seed}, final={"knn/top1": knn,
-                                                                                  "linear/top1": lin})
+        b.run(
+            f"baselines/digits/{name}-s{seed}",
+            kind="baseline",
+            section="baseline",
+            baseline=name,
+            params={"dataset": "digits", "baseline": name, "seed": seed},
+            final={"knn/top1": knn, "linear/top1": lin},
+        )
     b.run("mi/gauss-k16", kind="mi", section="mi", params={"k": 16}, final={"mi/true": 1.0})
-    b.run("custom/digits/infonce/bs16-t0.1-s0-fp64", section="custom",
-          params={**_cell_params("digits", "infonce", 16, 0.1, 0), "precision": "fp64"},
-          final={"knn/top1": 50.0})
+    b.run(
+        "custom/digits/infonce/bs16-t0.1-s0-fp64",
+        section="custom",
+        params={**_cell_params("digits", "infonce", 16, 0.1, 0), "precision": "fp64"},
+        final={"knn/top1": 50.0},
+    )
     out = d / "report"
     t0 = time.perf_counter()
     index = report.build_report(uri, out, experiment="smallbatch")
     seconds = time.perf_counter() - t0
     print(f"\nreport build: {seconds:.2f} s for {len(b.logged)} runs")
-    return {"uri": uri, "out": out, "index": index, "design": pd.DataFrame(design), "base": base,
-            "seconds": seconds}
+    return {"uri": uri, "out": out, "index": index, "design": pd.DataFrame(design), "base": base, "seconds": seconds}
 
 
 def _expected(design: pd.DataFrame, metric: str) -> pd.DataFrame:
     g = design[design["status"] == "finished"].dropna(subset=[metric])
     return g.groupby(["loss", "t", "bs"])[metric].agg(
-        mean="mean", std=lambda v: float(np.std(v, ddof=1)) if len(v) > 1 else math.nan, n="count")
+        mean="mean", std=lambda v: float(np.std(v, ddof=1)) if len(v) > 1 else math.nan, n="count"
+    )
 
 
 def test_files_exist_and_index_links_resolve(main_store):
@@ -233,8 +270,10 @@ def test_findings_name_the_least_dependent_loss(main_store):
     n_cells = len(main_store["design"].groupby(["loss", "t", "bs"]))
     beat = int((exp_all["mean"] > 76.0).sum())
     line = next(ln for ln in text.splitlines() if "grid cells have a mean above the best baseline's linear" in ln)
-    assert line.startswith(f"- On digits, {beat} of {n_cells} grid cells have a mean above the best baseline's "
-                           "linear top-1 (random_init, 76.0%)")
+    assert line.startswith(
+        f"- On digits, {beat} of {n_cells} grid cells have a mean above the best baseline's "
+        "linear top-1 (random_init, 76.0%)"
+    )
     # each cell tested against random_init's seeds (paired by seed), Holm over the tested cells
     base = {0: 76.5, 1: 75.5}
     d = main_store["design"].dropna(subset=["linear"]).groupby(["loss", "t", "bs"])
@@ -258,15 +297,13 @@ def test_default_experiment_and_training_fraction(main_store):
     from smallbatch.tracking import StoreReader
 
     assert StoreReader(main_store["uri"]).experiment(None)[1] == "smallbatch"
-    runs = pd.DataFrame({"metrics.epoch": [10.0, 20.0, math.nan, 5.0],
-                         "params.epochs": ["20", "20", "20", None]})
+    runs = pd.DataFrame({"metrics.epoch": [10.0, 20.0, math.nan, 5.0], "params.epochs": ["20", "20", "20", None]})
     assert fraction_done(runs).tolist() == [0.5, 1.0, 1.0, 1.0]
 
 
 def test_diverged_runs_listed(main_store):
     d = pd.read_csv(main_store["out"] / "tables" / "diverged_runs.csv")
-    assert sorted(d["cell_id"]) == ["digits/dcl/bs16-t0.5-s0", "digits/dcl/bs16-t0.5-s1",
-                                    "digits/infonce/bs64-t0.5-s1"]
+    assert sorted(d["cell_id"]) == ["digits/dcl/bs16-t0.5-s0", "digits/dcl/bs16-t0.5-s1", "digits/infonce/bs64-t0.5-s1"]
     assert set(d["status"]) == {"diverged"}
 
 
@@ -278,8 +315,13 @@ def test_paper_tables_carry_sources_status_and_note(main_store):
     assert {"paper", "source", "status", "note", "paper_note", "value"} <= set(rep.columns)
     assert (rep["source"] == src["source"]).all()
     # one plain status per row; the CSV's qualifications kept as a stated fact in status_note
-    assert set(rep["status"]) <= {"checked against the source", "derived from the source", "third-party number",
-                                  "checked against the authors' code README", "unconfirmed"}
+    assert set(rep["status"]) <= {
+        "checked against the source",
+        "derived from the source",
+        "third-party number",
+        "checked against the authors' code README",
+        "unconfirmed",
+    }
     likely = src["status"].str.contains("likely")
     assert (rep.loc[likely, "status_note"] == "the source does not state the batch size; 256 is assumed").all()
     assert rep.loc[src["status"] == "third-party", "produced_by"].str.startswith("third-party").all()
@@ -294,25 +336,37 @@ def test_paper_tables_carry_sources_status_and_note(main_store):
     side = pd.read_csv(out / "papers_vs_ours_gap.csv")
     assert side["note"].str.contains("differ from ours").all()
     # SimCLR Table B.1, 100 epochs, linear lr scaling: 256 -> 8192 recomputed from the CSV
-    q = src[(src["method"] == "SimCLR (NT-Xent)") & (src["epochs"] == 100)
-            & (src["lr_scaling"] == "linear: lr=0.3*bs/256")]
+    q = src[
+        (src["method"] == "SimCLR (NT-Xent)") & (src["epochs"] == 100) & (src["lr_scaling"] == "linear: lr=0.3*bs/256")
+    ]
     expected_gap = q.loc[q["batch_size"].idxmin(), "value"] - q.loc[q["batch_size"].idxmax(), "value"]
-    simclr = side[(side["who"] == "paper") & (side["method"] == "SimCLR (NT-Xent)") & (side["epochs"].astype(str) == "100")
-                  & (side["lr_scaling"] == "linear: lr=0.3*bs/256")]
+    simclr = side[
+        (side["who"] == "paper")
+        & (side["method"] == "SimCLR (NT-Xent)")
+        & (side["epochs"].astype(str) == "100")
+        & (side["lr_scaling"] == "linear: lr=0.3*bs/256")
+    ]
     assert len(simclr) == 1 and simclr["gap_small_minus_large"].iloc[0] == pytest.approx(expected_gap)
     assert simclr["family"].iloc[0] == "infonce" and simclr["status"].iloc[0] == "checked against the source"
     assert simclr["produced_by"].iloc[0] == "paper table (Table B.1 (= Figure 9))"
     # a third-party reproduction is labelled as one, never as the paper's number
     third = side[side["source"].astype(str).str.startswith("third-party reproduction")]
-    assert len(third) and (third["produced_by"] == "third-party reproduction "
-                           "(raminnakhli/Decoupled-Contrastive-Learning)").all()
+    assert (
+        len(third)
+        and (third["produced_by"] == "third-party reproduction (raminnakhli/Decoupled-Contrastive-Learning)").all()
+    )
     assert (third["status"] == "third-party number").all()
     assert not side["status"].astype(str).str.contains("likely").any()
     exp = _expected(main_store["design"], "linear")["mean"]
-    ours = side[(side["who"] == "ours") & (side["family"] == "flatnce") & (side["temperature"] == 0.1)
-                & (side["metric"] == "linear top-1")]
-    assert ours["gap_small_minus_large"].iloc[0] == pytest.approx(exp[("flatnce", 0.1, 16)]
-                                                                  - exp[("flatnce", 0.1, 256)])
+    ours = side[
+        (side["who"] == "ours")
+        & (side["family"] == "flatnce")
+        & (side["temperature"] == 0.1)
+        & (side["metric"] == "linear top-1")
+    ]
+    assert ours["gap_small_minus_large"].iloc[0] == pytest.approx(
+        exp[("flatnce", 0.1, 16)] - exp[("flatnce", 0.1, 256)]
+    )
     assert ours["gap_ci_low"].iloc[0] < ours["gap_small_minus_large"].iloc[0] < ours["gap_ci_high"].iloc[0]
     assert set(side[side["who"] == "paper"]["family"]) >= {"infonce", "dcl", "dclw"}
     gap_md = (out / "papers_vs_ours_gap.md").read_text()
@@ -330,8 +384,12 @@ def test_flipped_data_flips_the_finding(store_uri, tmp_path, monkeypatch):
     # no per-step histories here: the history figures are skipped, and index.md says so
     build_grid(b, "digits", ALL_LOSSES, (32, 128), (0.1,), (0, 1), FLIPPED, history=False)
     build_grid(b, "digits", ("infonce", "flatnce"), (32,), (0.2,), (0,), FLIPPED, history=False)
-    b.run("custom/digits/infonce/bs32-t0.1-s0-fp64", section="custom",
-          params={**_cell_params("digits", "infonce", 32, 0.1, 0), "precision": "fp64"}, final={"knn/top1": 50.0})
+    b.run(
+        "custom/digits/infonce/bs32-t0.1-s0-fp64",
+        section="custom",
+        params={**_cell_params("digits", "infonce", 32, 0.1, 0), "precision": "fp64"},
+        final={"knn/top1": 50.0},
+    )
     index = report.build_report(uri, tmp_path / "rep", experiment="flipped")
     text = index.read_text()
     assert "1 of experiment 'custom' (kind 'cell')" in text
@@ -354,8 +412,14 @@ def test_flipped_data_flips_the_finding(store_uri, tmp_path, monkeypatch):
         r = runs[runs["section"] == "custom"]
         agg = report.aggregate_cells(r, ["loss", "batch_size", "params.precision"], ctx.scale)
         files = ctx.write_table("precision", "Precision", agg)
-        return report.SectionOutput("precision", "Precision study", ctx.table_links(files), files,
-                                    [f"{len(r)} precision run(s)."], set(r["run_id"]))
+        return report.SectionOutput(
+            "precision",
+            "Precision study",
+            ctx.table_links(files),
+            files,
+            [f"{len(r)} precision run(s)."],
+            set(r["run_id"]),
+        )
 
     monkeypatch.setattr(report, "SECTIONS", [*report.SECTIONS, precision_section])
     report.build_report(uri, tmp_path / "rep", experiment="flipped")
@@ -398,42 +462,84 @@ def _synthetic_runs(values: dict[tuple[str, int], list[float]]) -> pd.DataFrame:
     rows = []
     for (loss, bs), vals in values.items():
         for seed, v in enumerate(vals):
-            rows.append({"run_id": f"{loss}{bs}{seed}", "status": "finished", "dataset": "d", "loss": loss,
-                         "label": display_name(loss), "batch_size": bs, "temperature": 0.1, "seed": seed,
-                         "metrics.linear/top1": v})
+            rows.append(
+                {
+                    "run_id": f"{loss}{bs}{seed}",
+                    "status": "finished",
+                    "dataset": "d",
+                    "loss": loss,
+                    "label": display_name(loss),
+                    "batch_size": bs,
+                    "temperature": 0.1,
+                    "seed": seed,
+                    "metrics.linear/top1": v,
+                }
+            )
     return pd.DataFrame(rows)
 
 
 def _sentence(values) -> str:
-    agg = report.aggregate_cells(_synthetic_runs(values), ["dataset", "temperature", "loss", "label", "batch_size"],
-                                 1.0, {"linear": "linear/top1"}, values=True)
+    agg = report.aggregate_cells(
+        _synthetic_runs(values),
+        ["dataset", "temperature", "loss", "label", "batch_size"],
+        1.0,
+        {"linear": "linear/top1"},
+        values=True,
+    )
     return grid_findings.dependence_finding(grid_findings.dependence(agg), "d", "linear", 0.1)
 
 
 def test_finding_sentence_ranks_only_with_a_test():
     # equal changes: no ranking, the largest pair is called indistinguishable with its MDE
-    tie = _sentence({("infonce", 16): [70.0, 72.0, 71.0], ("infonce", 64): [75.0, 77.0, 75.5],
-                     ("flatnce", 16): [60.0, 62.0, 61.2], ("flatnce", 64): [65.0, 67.0, 66.5]})
+    tie = _sentence(
+        {
+            ("infonce", 16): [70.0, 72.0, 71.0],
+            ("infonce", 64): [75.0, 77.0, 75.5],
+            ("flatnce", 16): [60.0, 62.0, 61.2],
+            ("flatnce", 64): [65.0, 67.0, 66.5],
+        }
+    )
     assert "**" not in tie and "indistinguishable at these seeds" in tie and "MDE at 80 % power = " in tie
     assert "InfoNCE = -4.8 [" in tie and "FlatNCE = -5.1 [" in tie and "|Δ FlatNCE| − |Δ InfoNCE| = +0.3 [" in tie
     # the small batch ahead: a positive Δ, the same sign convention (small − large)
-    small_best = _sentence({("infonce", 16): [75.0, 77.0, 76.0], ("infonce", 64): [70.0, 72.0, 71.5],
-                            ("flatnce", 16): [65.0, 67.0, 66.0], ("flatnce", 64): [64.0, 66.0, 64.6]})
+    small_best = _sentence(
+        {
+            ("infonce", 16): [75.0, 77.0, 76.0],
+            ("infonce", 64): [70.0, 72.0, 71.5],
+            ("flatnce", 16): [65.0, 67.0, 66.0],
+            ("flatnce", 64): [64.0, 66.0, 64.6],
+        }
+    )
     assert "InfoNCE = +4.8 [" in small_best and "FlatNCE = +1.1 [" in small_best
     # FlatNCE −1.0, DCL −1.5, InfoNCE −5.0 with little seed noise in the changes: a ranking with its test
-    clear = _sentence({("infonce", 16): [68.0, 72.0, 70.1], ("infonce", 64): [73.0, 77.0, 75.3],
-                       ("flatnce", 16): [67.0, 71.0, 69.1], ("flatnce", 64): [68.0, 72.0, 70.0],
-                       ("dcl", 16): [66.5, 70.5, 68.6], ("dcl", 64): [68.0, 72.0, 70.0]})
+    clear = _sentence(
+        {
+            ("infonce", 16): [68.0, 72.0, 70.1],
+            ("infonce", 64): [73.0, 77.0, 75.3],
+            ("flatnce", 16): [67.0, 71.0, 69.1],
+            ("flatnce", 64): [68.0, 72.0, 70.0],
+            ("dcl", 16): [66.5, 70.5, 68.6],
+            ("dcl", 64): [68.0, 72.0, 70.0],
+        }
+    )
     assert "**InfoNCE** depends most on batch size and **FlatNCE** least" in clear
     assert "|Δ InfoNCE| − |Δ FlatNCE| = +4.1 [" in clear and "(paired t, 3 seeds, Holm p = " in clear
     # the same means with noisy seed differences: not ranked
-    noisy = _sentence({("infonce", 16): [68.0, 72.0, 70.0], ("infonce", 64): [71.0, 79.0, 75.0],
-                       ("flatnce", 16): [67.0, 71.0, 69.0], ("flatnce", 64): [70.0, 70.0, 70.0],
-                       ("dcl", 16): [66.5, 70.5, 68.5], ("dcl", 64): [68.0, 72.0, 70.0]})
+    noisy = _sentence(
+        {
+            ("infonce", 16): [68.0, 72.0, 70.0],
+            ("infonce", 64): [71.0, 79.0, 75.0],
+            ("flatnce", 16): [67.0, 71.0, 69.0],
+            ("flatnce", 64): [70.0, 70.0, 70.0],
+            ("dcl", 16): [66.5, 70.5, 68.5],
+            ("dcl", 64): [68.0, 72.0, 70.0],
+        }
+    )
     assert "**" not in noisy and "indistinguishable at these seeds" in noisy and "MDE at 80 % power" in noisy
     # one seed: nothing is tested, nothing ranked
-    one = _sentence({("infonce", 16): [68.0], ("infonce", 64): [73.0], ("flatnce", 16): [67.0],
-                     ("flatnce", 64): [68.0]})
+    one = _sentence(
+        {("infonce", 16): [68.0], ("infonce", 64): [73.0], ("flatnce", 16): [67.0], ("flatnce", 64): [68.0]}
+    )
     assert "cannot be ranked" in one and "(untested: one seed)" in one and "**" not in one
 
 
@@ -442,7 +548,9 @@ def test_numbers_are_rounded_once_without_negative_zero_or_float_noise():
 
     assert fmt.signed(-0.04) == "+0.0" and fmt.num(-0.04) == "0.0" and fmt.signed(-0.06) == "-0.1"
     assert fmt.num(86.94999814) == "86.9" and fmt.signed(2.25, 2) == "+2.25" and fmt.num(1234.5) == "1.23e+03"
-    assert fmt.csv_number(86.94999814) == "86.95" and fmt.csv_number(-0.0) == "0" and fmt.csv_number(1.99e-7) == "1.99e-07"
+    assert (
+        fmt.csv_number(86.94999814) == "86.95" and fmt.csv_number(-0.0) == "0" and fmt.csv_number(1.99e-7) == "1.99e-07"
+    )
     # the CSV writer and the Markdown/LaTeX cells use the same rule
     assert tables.cell_text(86.94999814) == "86.95" and tables.cell_text(-0.0) == "0"
     frame = pd.DataFrame({"x": [86.94999814, -0.0, 77.2]})

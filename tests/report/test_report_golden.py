@@ -20,13 +20,21 @@ from report_store import GOLDEN, build_golden_report
 def test_report_matches_golden_files(tmp_path):
     got = build_golden_report(tmp_path)
     # bytes decoded, not read_text(), which would turn a \r\n into \n and hide a change of line ends
-    want = {p.relative_to(GOLDEN).as_posix(): p.read_bytes().decode("utf-8")
-            for p in sorted(GOLDEN.rglob("*")) if p.is_file()}
+    want = {
+        p.relative_to(GOLDEN).as_posix(): p.read_bytes().decode("utf-8")
+        for p in sorted(GOLDEN.rglob("*"))
+        if p.is_file()
+    }
     assert sorted(got) == sorted(want), "the report writes other tables than the golden files"
     differ = [name for name in want if got[name] != want[name]]
     if differ:
         first = differ[0]
-        diff = "\n".join(list(difflib.unified_diff(want[first].splitlines(), got[first].splitlines(),
-                                                   "golden/" + first, "built/" + first, lineterm=""))[:40])
+        diff = "\n".join(
+            list(
+                difflib.unified_diff(
+                    want[first].splitlines(), got[first].splitlines(), "golden/" + first, "built/" + first, lineterm=""
+                )
+            )[:40]
+        )
         raise AssertionError(f"{len(differ)} file(s) differ from the golden files: {differ}\n{diff}")
     assert (tmp_path / "report" / "figures" / "accuracy_vs_batch_digits.png").stat().st_size > 0

@@ -9,18 +9,26 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from smallbatch.report.sections import instrument
 from smallbatch.report.context import ReportContext
+from smallbatch.report.sections import instrument
 
 SEEDS = range(5)
 #: per-seed noise shared by every arm of one seed (pairing removes it) plus a little of each arm's own
 SHARED = [0.9, -1.1, 0.4, -0.3, 0.1]
-OWN = {"infonce@16": [0.05, -0.04, 0.02, -0.03, 0.0], "infonce@256": [-0.02, 0.03, 0.0, 0.04, -0.05],
-       "infonce@256/G": [0.01, 0.02, -0.04, 0.0, 0.01], "dcl@16": [0.0, 0.03, -0.02, 0.01, -0.02],
-       "sogclr@16": [0.02, -0.01, 0.0, -0.03, 0.02]}
-ARM_PARAMS = {"infonce@16": ("infonce", 16, "None"), "infonce@256": ("infonce", 256, "None"),
-              "infonce@256/G": ("infonce", 256, "16"), "dcl@16": ("dcl", 16, "None"),
-              "sogclr@16": ("sogclr", 16, "None")}
+OWN = {
+    "infonce@16": [0.05, -0.04, 0.02, -0.03, 0.0],
+    "infonce@256": [-0.02, 0.03, 0.0, 0.04, -0.05],
+    "infonce@256/G": [0.01, 0.02, -0.04, 0.0, 0.01],
+    "dcl@16": [0.0, 0.03, -0.02, 0.01, -0.02],
+    "sogclr@16": [0.02, -0.01, 0.0, -0.03, 0.02],
+}
+ARM_PARAMS = {
+    "infonce@16": ("infonce", 16, "None"),
+    "infonce@256": ("infonce", 256, "None"),
+    "infonce@256/G": ("infonce", 256, "16"),
+    "dcl@16": ("dcl", 16, "None"),
+    "sogclr@16": ("sogclr", 16, "None"),
+}
 
 
 def _runs(means: dict[str, dict[str, float]], own_scale: dict[str, float]) -> pd.DataFrame:
@@ -29,25 +37,50 @@ def _runs(means: dict[str, dict[str, float]], own_scale: dict[str, float]) -> pd
         for (arm, mean), s in itertools.product(arms.items(), SEEDS):
             loss, bs, group = ARM_PARAMS[arm]
             v = mean + SHARED[s] + own_scale[ds] * OWN[arm][s]
-            rows.append({"run_id": f"{ds}-{arm}-{s}", "kind": "cell", "status": "FINISHED", "section": "instrument",
-                         "cell_id": f"instrument/{ds}/{arm}-s{s}", "start_time": 1, "dataset": ds, "loss": loss,
-                         "batch_size": bs, "temperature": 0.1, "seed": s, "baseline": None,
-                         "params.neg_group": group, "params.mask_same_class": "False",
-                         **{f"metrics.{key}": v for key, _ in instrument.METRICS.values()}})
+            rows.append(
+                {
+                    "run_id": f"{ds}-{arm}-{s}",
+                    "kind": "cell",
+                    "status": "FINISHED",
+                    "section": "instrument",
+                    "cell_id": f"instrument/{ds}/{arm}-s{s}",
+                    "start_time": 1,
+                    "dataset": ds,
+                    "loss": loss,
+                    "batch_size": bs,
+                    "temperature": 0.1,
+                    "seed": s,
+                    "baseline": None,
+                    "params.neg_group": group,
+                    "params.mask_same_class": "False",
+                    **{f"metrics.{key}": v for key, _ in instrument.METRICS.values()},
+                }
+            )
     for ds, (name, mean) in itertools.product(means, (("random_init", 40.0), ("supervised", 70.0))):
         for s in (0, 1):
-            rows.append({"run_id": f"{ds}-{name}-{s}", "kind": "baseline", "status": "FINISHED",
-                         "section": "baseline", "cell_id": f"baselines/{ds}/{name}-s{s}", "start_time": 1,
-                         "dataset": ds, "loss": None, "batch_size": np.nan, "temperature": np.nan, "seed": s,
-                         "baseline": name, **{f"metrics.{key}": mean + 0.3 * s for key, _ in
-                                              instrument.METRICS.values()}})
+            rows.append(
+                {
+                    "run_id": f"{ds}-{name}-{s}",
+                    "kind": "baseline",
+                    "status": "FINISHED",
+                    "section": "baseline",
+                    "cell_id": f"baselines/{ds}/{name}-s{s}",
+                    "start_time": 1,
+                    "dataset": ds,
+                    "loss": None,
+                    "batch_size": np.nan,
+                    "temperature": np.nan,
+                    "seed": s,
+                    "baseline": name,
+                    **{f"metrics.{key}": mean + 0.3 * s for key, _ in instrument.METRICS.values()},
+                }
+            )
     return pd.DataFrame(rows)
 
 
 DESIGN = {
     # the penalty is all negatives: grouped loses what small loses, at the large batch's steps
-    "negatives": {"infonce@16": 58.0, "infonce@256": 60.0, "infonce@256/G": 58.0, "dcl@16": 60.0,
-                  "sogclr@16": 60.0},
+    "negatives": {"infonce@16": 58.0, "infonce@256": 60.0, "infonce@256/G": 58.0, "dcl@16": 60.0, "sogclr@16": 60.0},
     "null": {arm: 60.0 for arm in OWN},
 }
 
@@ -67,8 +100,10 @@ def _by(rows, ds, name, metric="linear"):
 def test_a_penalty_of_negatives_is_found_and_attributed_to_the_negatives_part():
     rows, _ = _rows()
     small_large = _by(rows, "negatives", "small − large")
-    neg, steps = _by(rows, "negatives", "negatives part (grouped − large)"), _by(rows, "negatives",
-                                                                                  "steps part (small − grouped)")
+    neg, steps = (
+        _by(rows, "negatives", "negatives part (grouped − large)"),
+        _by(rows, "negatives", "steps part (small − grouped)"),
+    )
     assert small_large["diff"] == pytest.approx(-2.0, abs=0.1) and small_large["significant"]
     assert neg["diff"] == pytest.approx(-2.0, abs=0.1) and neg["significant"]
     assert steps["diff"] == pytest.approx(0.0, abs=0.1) and not steps["significant"]
@@ -103,11 +138,18 @@ def test_contrasts_are_holm_adjusted_within_one_probe_and_scaled_by_the_supervis
 
 def test_the_section_writes_its_tables_figure_and_findings(tmp_path):
     _, runs = _rows()
-    ctx = ReportContext(out_dir=tmp_path, tracking_uri="", experiment="x", reader=None, scale=1.0,
-                        papers=pd.DataFrame(), runs=runs)
+    ctx = ReportContext(
+        out_dir=tmp_path, tracking_uri="", experiment="x", reader=None, scale=1.0, papers=pd.DataFrame(), runs=runs
+    )
     out = instrument.build(runs, ctx)
     names = {p.name for p in out.files}
-    assert {"instrument_arms.csv", "instrument_contrasts.md", "instrument_arms.png", "instrument_arms.svg", "instrument_contrasts.png"} <= names
+    assert {
+        "instrument_arms.csv",
+        "instrument_contrasts.md",
+        "instrument_arms.png",
+        "instrument_arms.svg",
+        "instrument_contrasts.png",
+    } <= names
     assert any(s.startswith("Self-supervision on negatives (10 % labels") for s in out.findings)
     assert "InfoNCE B=256, G=16" in (tmp_path / "tables" / "instrument_arms.md").read_text()
 
@@ -117,20 +159,42 @@ def _control_runs() -> pd.DataFrame:
     B=16 at lr 3e-4 (validation best at 16) and 3e-3, B=256 at 3e-3 (validation best at 256),
     B=16 stopped at B=256's steps, B=16 with the oracle mask. Test top-1 = validation top-1 + 1."""
     arms = {  # (batch size, lr, steps, oracle): validation mean
-        (16, 1e-3, None, False): 60.0, (256, 1e-3, None, False): 59.0, (16, 3e-4, None, False): 62.0,
-        (16, 3e-3, None, False): 58.0, (256, 3e-3, None, False): 61.0, (16, 1e-3, 195, False): 50.0,
-        (16, 1e-3, None, True): 60.5, (256, 1e-3, None, False, "G"): 59.0}
+        (16, 1e-3, None, False): 60.0,
+        (256, 1e-3, None, False): 59.0,
+        (16, 3e-4, None, False): 62.0,
+        (16, 3e-3, None, False): 58.0,
+        (256, 3e-3, None, False): 61.0,
+        (16, 1e-3, 195, False): 50.0,
+        (16, 1e-3, None, True): 60.5,
+        (256, 1e-3, None, False, "G"): 59.0,
+    }
     rows = []
     for key, val in arms.items():
         bs, lr, steps, oracle = key[:4]
         for s in range(4):
             v = val + SHARED[s] + 0.05 * OWN["infonce@16"][s]
-            rows.append({"run_id": f"{key}-{s}", "kind": "cell", "status": "FINISHED", "section": "instrument",
-                         "cell_id": f"instrument/ds/{key}-s{s}", "start_time": 1, "dataset": "ds", "loss": "infonce",
-                         "batch_size": bs, "temperature": 0.1, "seed": s, "baseline": None,
-                         "params.neg_group": "16" if len(key) > 4 else "None", "params.mask_same_class": str(oracle),
-                         "params.steps": str(steps), "params.lr": str(lr), f"metrics.{instrument.VAL_METRIC}": v,
-                         **{f"metrics.{k}": v + 1.0 for k, _ in instrument.METRICS.values()}})
+            rows.append(
+                {
+                    "run_id": f"{key}-{s}",
+                    "kind": "cell",
+                    "status": "FINISHED",
+                    "section": "instrument",
+                    "cell_id": f"instrument/ds/{key}-s{s}",
+                    "start_time": 1,
+                    "dataset": "ds",
+                    "loss": "infonce",
+                    "batch_size": bs,
+                    "temperature": 0.1,
+                    "seed": s,
+                    "baseline": None,
+                    "params.neg_group": "16" if len(key) > 4 else "None",
+                    "params.mask_same_class": str(oracle),
+                    "params.steps": str(steps),
+                    "params.lr": str(lr),
+                    f"metrics.{instrument.VAL_METRIC}": v,
+                    **{f"metrics.{k}": v + 1.0 for k, _ in instrument.METRICS.values()},
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -139,13 +203,22 @@ def test_controls_name_their_arms_choose_the_lr_on_validation_and_state_their_co
     common = instrument.base_lr(runs)
     assert common == pytest.approx(1e-3)
     cells = runs.assign(arm=[instrument.arm_of(r, common) for _, r in runs.iterrows()])
-    assert set(cells["arm"]) == {"infonce@16", "infonce@256", "infonce@16/lr0.0003", "infonce@16/lr0.003",
-                                 "infonce@256/lr0.003", "infonce@16/S", "infonce@16/oracle", "infonce@256/G"}
+    assert set(cells["arm"]) == {
+        "infonce@16",
+        "infonce@256",
+        "infonce@16/lr0.0003",
+        "infonce@16/lr0.003",
+        "infonce@256/lr0.003",
+        "infonce@16/S",
+        "infonce@16/oracle",
+        "infonce@256/G",
+    }
     lrs = instrument.lr_table(cells, 1.0)
     chosen = lrs[lrs["chosen"]].set_index("batch_size")["arm"].to_dict()
     assert chosen == {16: "infonce@16/lr0.0003", 256: "infonce@256/lr0.003"}  # the best validation, not test
     assert instrument.validated_contrasts(lrs) == {
-        "ds": {instrument.VALIDATED_LR: [(1.0, "infonce@16/lr0.0003"), (-1.0, "infonce@256/lr0.003")]}}
+        "ds": {instrument.VALIDATED_LR: [(1.0, "infonce@16/lr0.0003"), (-1.0, "infonce@256/lr0.003")]}
+    }
     vals = instrument.arm_values(cells, 1.0)
     rows = instrument.contrast_rows(vals, {}, ["ds"], instrument.validated_contrasts(lrs))
     assert _by(rows, "ds", instrument.VALIDATED_LR)["diff"] == pytest.approx(1.0, abs=0.05)
@@ -154,8 +227,9 @@ def test_controls_name_their_arms_choose_the_lr_on_validation_and_state_their_co
     text = " ".join(instrument.control_findings(rows, lrs))
     assert "at equal optimiser steps" in text and "B=16: lr 0.0003, B=256: lr 0.003" in text
     assert "oracle − plain" in text
-    ctx = ReportContext(out_dir=tmp_path, tracking_uri="", experiment="x", reader=None, scale=1.0,
-                        papers=pd.DataFrame(), runs=runs)
+    ctx = ReportContext(
+        out_dir=tmp_path, tracking_uri="", experiment="x", reader=None, scale=1.0, papers=pd.DataFrame(), runs=runs
+    )
     out = instrument.build(runs, ctx)
     assert "instrument_lr.csv" in {p.name for p in out.files}
     assert "InfoNCE B=16, equal steps" in (tmp_path / "tables" / "instrument_arms.md").read_text()

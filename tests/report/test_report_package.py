@@ -30,8 +30,9 @@ PACKAGE = Path(report.__file__).parent
 def _report_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(PACKAGE.parent.parent), env.get("PYTHONPATH", "")])
-    return subprocess.run([sys.executable, "-m", "smallbatch", "report", *args], capture_output=True,
-                          text=True, timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "smallbatch", "report", *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 def _one_error_line(res: subprocess.CompletedProcess) -> str:
@@ -54,15 +55,21 @@ def _closed_port() -> int:
 # --------------------------------------------------------------------------- bad input: one line
 def test_mistyped_sqlite_path_names_the_path_and_creates_nothing(tmp_path):
     db = tmp_path / "typo" / "mlflow.db"
-    line = _one_error_line(_report_cli("--tracking-uri", f"sqlite:///{db}", "--experiment", "x",
-                                       "--out", str(tmp_path / "rep")))
+    line = _one_error_line(
+        _report_cli("--tracking-uri", f"sqlite:///{db}", "--experiment", "x", "--out", str(tmp_path / "rep"))
+    )
     assert f"{db} does not exist" in line
     assert not (tmp_path / "typo").exists() and not (tmp_path / "rep").exists()
 
 
-@pytest.mark.parametrize("kind, expected", [("folder", "is a folder, not an SQLite database file"),
-                                            ("random", "is not an SQLite database"),
-                                            ("empty", "is empty")])
+@pytest.mark.parametrize(
+    "kind, expected",
+    [
+        ("folder", "is a folder, not an SQLite database file"),
+        ("random", "is not an SQLite database"),
+        ("empty", "is empty"),
+    ],
+)
 def test_a_file_that_is_no_store_is_one_line(tmp_path, kind, expected):
     db = tmp_path / "mlflow.db"
     if kind == "folder":
@@ -80,8 +87,9 @@ def test_out_naming_an_existing_file_is_one_line(tmp_path):
     out.write_text("not a folder")
     line = _one_error_line(_report_cli("--tracking-uri", f"sqlite:///{tmp_path / 'none.db'}", "--out", str(out)))
     assert f"report folder {out} is a file, not a folder" in line
-    line = _one_error_line(_report_cli("--tracking-uri", f"sqlite:///{tmp_path / 'none.db'}",
-                                       "--out", str(out / "sub")))
+    line = _one_error_line(
+        _report_cli("--tracking-uri", f"sqlite:///{tmp_path / 'none.db'}", "--out", str(out / "sub"))
+    )
     assert f"{out} is a file" in line
 
 
@@ -107,16 +115,26 @@ def test_stopped_server_fails_fast_with_one_line(tmp_path):
 def test_collapsed_cells_are_shown_beside_diverged_ones(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     b = StoreBuilder(uri, "collapse")
-    status = {("flatnce", 16, 0): "collapsed", ("flatnce", 16, 1): "collapsed", ("infonce", 16, 1): "collapsed",
-              ("infonce", 64, 1): "diverged", ("dcl", 64, 1): "diverged", ("dcl", 64, 2): "collapsed"}
+    status = {
+        ("flatnce", 16, 0): "collapsed",
+        ("flatnce", 16, 1): "collapsed",
+        ("infonce", 16, 1): "collapsed",
+        ("infonce", 64, 1): "diverged",
+        ("dcl", 64, 1): "diverged",
+        ("dcl", 64, 2): "collapsed",
+    }
     for loss in ("infonce", "flatnce", "dcl"):
         for bs in (16, 64):
-            for seed in ((0, 1, 2) if (loss, bs) == ("dcl", 64) else (0, 1)):
+            for seed in (0, 1, 2) if (loss, bs) == ("dcl", 64) else (0, 1):
                 st = status.get((loss, bs, seed), "finished")
-                b.run(f"digits/{loss}/bs{bs}-t0.1-s{seed}", status=st,
-                      params={"dataset": "digits", "loss": loss, "batch_size": bs, "temperature": 0.1, "seed": seed},
-                      final={"knn/top1": 70.0 + seed, "linear/top1": 75.0 + seed} if st == "finished" else
-                      {"train/loss": 0.0})
+                b.run(
+                    f"digits/{loss}/bs{bs}-t0.1-s{seed}",
+                    status=st,
+                    params={"dataset": "digits", "loss": loss, "batch_size": bs, "temperature": 0.1, "seed": seed},
+                    final={"knn/top1": 70.0 + seed, "linear/top1": 75.0 + seed}
+                    if st == "finished"
+                    else {"train/loss": 0.0},
+                )
     index = report.build_report(uri, tmp_path / "rep", experiment="collapse")
     tables = tmp_path / "rep" / "tables"
     bad = pd.read_csv(tables / "diverged_runs.csv").set_index("cell_id")["status"]
@@ -143,8 +161,9 @@ def test_paired_interval_and_the_verdict_wording():
     for holds in (True, False):
         assert "neither support nor refute" in evidence.support(holds, noisy)
         assert ("our numbers support" in evidence.support(holds, clear)) == holds
-    assert evidence.support(True, None, "the hypothesis") == \
-        "our numbers cannot test the hypothesis (no noise estimate)"
+    assert (
+        evidence.support(True, None, "the hypothesis") == "our numbers cannot test the hypothesis (no noise estimate)"
+    )
 
 
 # --------------------------------------------------------------------------- layers
@@ -172,13 +191,37 @@ def test_precision_verdict_is_never_support_within_seed_noise():
     from smallbatch.report.aggregate import aggregate_cells
     from smallbatch.report.sections.precision_findings import gap_finding, gaps
 
-    values = {("flatnce", "fp32"): (79.0, 81.0), ("flatnce", "fp64"): (79.0, 81.0),
-              ("infonce", "fp32"): (70.0, 78.0), ("infonce", "fp64"): (75.0, 81.0)}
-    runs = pd.DataFrame([{"run_id": f"{lo}{p}{s}", "status": "finished", "dataset": "d", "loss": lo, "label": lo,
-                          "batch_size": 16, "temperature": 0.1, "precision": p, "metrics.linear/top1": v, "seed": s}
-                         for (lo, p), vals in values.items() for s, v in enumerate(vals)])
-    agg = aggregate_cells(runs, ["dataset", "temperature", "loss", "label", "batch_size", "precision"], 1.0,
-                          {"linear": "linear/top1"}, values=True)
+    values = {
+        ("flatnce", "fp32"): (79.0, 81.0),
+        ("flatnce", "fp64"): (79.0, 81.0),
+        ("infonce", "fp32"): (70.0, 78.0),
+        ("infonce", "fp64"): (75.0, 81.0),
+    }
+    runs = pd.DataFrame(
+        [
+            {
+                "run_id": f"{lo}{p}{s}",
+                "status": "finished",
+                "dataset": "d",
+                "loss": lo,
+                "label": lo,
+                "batch_size": 16,
+                "temperature": 0.1,
+                "precision": p,
+                "metrics.linear/top1": v,
+                "seed": s,
+            }
+            for (lo, p), vals in values.items()
+            for s, v in enumerate(vals)
+        ]
+    )
+    agg = aggregate_cells(
+        runs,
+        ["dataset", "temperature", "loss", "label", "batch_size", "precision"],
+        1.0,
+        {"linear": "linear/top1"},
+        values=True,
+    )
     f = gap_finding(gaps(agg), agg, "d", "linear", 0.1)
     assert "fp64 closes 67% of the gap, most of it: our numbers neither support nor refute the hypothesis" in f
     # seed differences 5 and 3: t = 4 with one degree of freedom, p = 0.16, interval 4 ± 12.7

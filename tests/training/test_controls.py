@@ -18,15 +18,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from loss_at_tau import at_tau
 
-from smallbatch.training import loop as train
-from smallbatch.pipeline.cells import expand_cells, make_cell
-from smallbatch.pipeline.config import ConfigError, load_config
-from smallbatch.training.ghostbn import GhostBatchNorm, ghost_batchnorm
 from smallbatch.losses import REGISTRY, build_loss, grouped_in_batch_scores, in_batch_columns, in_batch_scores
 from smallbatch.models import ContrastiveModel, build_backbone
+from smallbatch.pipeline.cells import expand_cells, make_cell
+from smallbatch.pipeline.config import ConfigError, load_config
+from smallbatch.training import loop as train
+from smallbatch.training.ghostbn import GhostBatchNorm, ghost_batchnorm
 from smallbatch.training.negatives import InBatch, in_batch_mask
-from loss_at_tau import at_tau
 
 N, D, TAU = 8, 5, 0.3
 
@@ -63,7 +63,7 @@ def test_one_group_of_the_whole_batch_is_the_ungrouped_loss(name):
 
 def _group_rows(rows: torch.Tensor, g: int, group: int) -> torch.Tensor:
     """Group g's 2G anchors among the batch's 2N rows (view 1 of its images, then view 2)."""
-    return torch.cat([rows[g * group:(g + 1) * group], rows[N + g * group:N + (g + 1) * group]])
+    return torch.cat([rows[g * group : (g + 1) * group], rows[N + g * group : N + (g + 1) * group]])
 
 
 @pytest.mark.parametrize("name", [n for n in REGISTRY if n != "dclw"])
@@ -168,7 +168,10 @@ def test_all_distinct_labels_are_the_plain_loss(name):
     pos, neg, _ = in_batch_scores(z1, z2)
     mask = in_batch_mask(N, torch.arange(N) * 7)
     assert mask.all()
-    a, b = at_tau(build_loss(name), TAU).from_scores(pos, neg), at_tau(build_loss(name), TAU).from_scores(pos, neg, mask)
+    a, b = (
+        at_tau(build_loss(name), TAU).from_scores(pos, neg),
+        at_tau(build_loss(name), TAU).from_scores(pos, neg, mask),
+    )
     assert torch.equal(a.loss, b.loss) and torch.equal(a.value, b.value)
 
 
@@ -179,8 +182,9 @@ def test_the_oracle_needs_labelled_pretraining_images(tmp_path):
         train.build_training(cell, images, [0.5], [0.2], torch.device("cpu"), tmp_path)
     t = train.build_training(cell, images, [0.5], [0.2], torch.device("cpu"), tmp_path, labels=torch.arange(64) % 10)
     assert torch.equal(t.step_fn.source.labels, torch.arange(64) % 10)
-    plain = train.build_training(_cell(), images, [0.5], [0.2], torch.device("cpu"), tmp_path,
-                                 labels=torch.arange(64) % 10)
+    plain = train.build_training(
+        _cell(), images, [0.5], [0.2], torch.device("cpu"), tmp_path, labels=torch.arange(64) % 10
+    )
     assert plain.step_fn.source.labels is None  # labels reach the mask only when asked
 
 
@@ -193,8 +197,9 @@ def _net(seed: int = 0) -> ContrastiveModel:
 
 def _batch(n: int = N):
     g = torch.Generator().manual_seed(1)
-    return torch.randn(n, 1, 8, 8, generator=g, dtype=torch.float64), torch.randn(n, 1, 8, 8, generator=g,
-                                                                                 dtype=torch.float64)
+    return torch.randn(n, 1, 8, 8, generator=g, dtype=torch.float64), torch.randn(
+        n, 1, 8, 8, generator=g, dtype=torch.float64
+    )
 
 
 def _grads(model):
@@ -273,8 +278,16 @@ TINY = {"width": 2, "proj_hidden": 8, "proj_dim": 4}
 def _cell(batch_size: int = 8, loss: str = "infonce", **train_opts):
     """A cell with ``train_opts`` set as an override (so also a combination validation refuses)."""
     cfg = load_config(None, {"datasets": {"digits": {}}, "train": TINY})
-    return make_cell(cfg, dataset="digits", loss=loss, loss_params={}, batch_size=batch_size, temperature=0.2, seed=0,
-                     train_overrides=train_opts)
+    return make_cell(
+        cfg,
+        dataset="digits",
+        loss=loss,
+        loss_params={},
+        batch_size=batch_size,
+        temperature=0.2,
+        seed=0,
+        train_overrides=train_opts,
+    )
 
 
 def test_the_two_budgets_and_a_learning_rate_per_batch_size(tmp_path):
@@ -283,9 +296,19 @@ def test_the_two_budgets_and_a_learning_rate_per_batch_size(tmp_path):
     epochs = train.build_training(_cell(epochs=2), images, [0.5], [0.2], dev, tmp_path)
     steps = train.build_training(_cell(epochs=2, steps=5), images, [0.5], [0.2], dev, tmp_path)
     assert (epochs.total, steps.total) == (2 * 64 // 8, 5)
-    cfg = load_config(None, {"datasets": {"digits": {}}, "train": TINY, "grid": {
-        "losses": ["infonce"], "temperatures": [0.1], "seeds": [0],
-        "batch_sizes": [{"size": 16, "train": {"lr": 3e-4}}, {"size": 256, "train": {"lr": 2e-3}}]}})
+    cfg = load_config(
+        None,
+        {
+            "datasets": {"digits": {}},
+            "train": TINY,
+            "grid": {
+                "losses": ["infonce"],
+                "temperatures": [0.1],
+                "seeds": [0],
+                "batch_sizes": [{"size": 16, "train": {"lr": 3e-4}}, {"size": 256, "train": {"lr": 2e-3}}],
+            },
+        },
+    )
     cells = expand_cells(cfg)
     assert {c["batch_size"]: c["train"]["lr"] for c in cells.values()} == {16: 3e-4, 256: 2e-3}
     small = next(c for c in cells.values() if c["batch_size"] == 16)
@@ -294,30 +317,56 @@ def test_the_two_budgets_and_a_learning_rate_per_batch_size(tmp_path):
 
 
 def test_every_control_is_an_axis_with_its_own_cell_id_and_hash():
-    cfg = load_config(None, {"datasets": {"digits": {}}, "train": TINY, "grid": {
-        "losses": ["infonce"], "temperatures": [0.1], "seeds": [0], "batch_sizes": [256],
-        "axes": {"neg_group": [None, 16], "bn_group": [16], "mask_same_class": [False, True],
-                 "steps": [None, 300], "lr": [1e-3, 3e-3]}}})
+    cfg = load_config(
+        None,
+        {
+            "datasets": {"digits": {}},
+            "train": TINY,
+            "grid": {
+                "losses": ["infonce"],
+                "temperatures": [0.1],
+                "seeds": [0],
+                "batch_sizes": [256],
+                "axes": {
+                    "neg_group": [None, 16],
+                    "bn_group": [16],
+                    "mask_same_class": [False, True],
+                    "steps": [None, 300],
+                    "lr": [1e-3, 3e-3],
+                },
+            },
+        },
+    )
     cells = expand_cells(cfg)
     assert len(cells) == 16 and len({c["hash"] for c in cells.values()}) == 16
     assert "digits/infonce/bs256-t0.1-s0-bn16-lr0.001" in cells
     c = cells["digits/infonce/bs256-t0.1-s0-bn16-lr0.003-oracle-ng16-st300"]
-    assert (c["train"]["neg_group"], c["train"]["bn_group"], c["train"]["mask_same_class"], c["train"]["steps"],
-            c["train"]["lr"]) == (16, 16, True, 300, 3e-3)
+    assert (
+        c["train"]["neg_group"],
+        c["train"]["bn_group"],
+        c["train"]["mask_same_class"],
+        c["train"]["steps"],
+        c["train"]["lr"],
+    ) == (16, 16, True, 300, 3e-3)
     with pytest.raises(ConfigError, match="neg_group"):
         load_config(None, {"datasets": {"digits": {}}, "grid": {"axes": {"neg_group": [1]}}})
 
 
 # --------------------------------------------------------------------------- one graph
-@pytest.mark.parametrize("loss,opts", [
-    ("infonce", {"neg_group": 4, "bn_group": 4, "mask_same_class": True}),
-    ("sogclr", {"neg_group": 4, "mask_same_class": True}),
-], ids=["infonce-controls", "sogclr-controls"])
+@pytest.mark.parametrize(
+    "loss,opts",
+    [
+        ("infonce", {"neg_group": 4, "bn_group": 4, "mask_same_class": True}),
+        ("sogclr", {"neg_group": 4, "mask_same_class": True}),
+    ],
+    ids=["infonce-controls", "sogclr-controls"],
+)
 def test_the_step_with_every_control_is_one_graph(loss, opts, tmp_path):
     torch.set_num_threads(1)
     images = (torch.rand(64, 1, 8, 8, generator=torch.Generator().manual_seed(0)) * 255).to(torch.uint8)
-    t = train.build_training(_cell(loss=loss, **opts), images, [0.5], [0.25], torch.device("cpu"), tmp_path,
-                             labels=torch.arange(64) % 10)
+    t = train.build_training(
+        _cell(loss=loss, **opts), images, [0.5], [0.25], torch.device("cpu"), tmp_path, labels=torch.arange(64) % 10
+    )
     idx = torch.arange(8) * 3
     u = t.step_fn.aug.draw(16, torch.Generator().manual_seed(0))
     before = copy.deepcopy(t.step_fn.loss_fn.state_dict())
@@ -331,8 +380,9 @@ def test_the_step_with_every_control_is_one_graph(loss, opts, tmp_path):
 def test_the_oracle_masks_same_class_keys_of_a_queue(tmp_path):
     images = torch.zeros(64, 1, 8, 8, dtype=torch.uint8)
     labels = torch.arange(64) % 4
-    t = train.build_training(_cell(queue_size=16, mask_same_class=True), images, [0.5], [0.2], torch.device("cpu"),
-                             tmp_path, labels=labels)
+    t = train.build_training(
+        _cell(queue_size=16, mask_same_class=True), images, [0.5], [0.2], torch.device("cpu"), tmp_path, labels=labels
+    )
     src = t.step_fn.source
     g = torch.Generator().manual_seed(0)
     z1, z2 = torch.randn(8, 4, generator=g), torch.randn(8, 4, generator=g)
@@ -353,8 +403,9 @@ def test_the_gradient_norms_of_a_grouped_cell_are_measured_on_its_grouped_scores
     t = train.build_training(_cell(neg_group=4), images, [0.5], [0.2], torch.device("cpu"), tmp_path)
     out, _ = train.one_step(t, torch.arange(8), watch=False)
     m = train.mechanism_metrics(t, out, None)
-    grouped = embedding_grad_norm(build_loss("dcl"), out.z1, out.z2, lambda a, b: grouped_in_batch_scores(a, b, 4),
-                                  temperature=out.tau)
+    grouped = embedding_grad_norm(
+        build_loss("dcl"), out.z1, out.z2, lambda a, b: grouped_in_batch_scores(a, b, 4), temperature=out.tau
+    )
     whole = embedding_grad_norm(build_loss("dcl"), out.z1, out.z2, None, temperature=out.tau)
     assert m["diag/grad_norm_dcl"] == pytest.approx(float(grouped), rel=1e-6)
     assert float(whole) != pytest.approx(float(grouped), rel=1e-3)

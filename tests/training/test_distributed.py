@@ -16,6 +16,7 @@ reports relative differences, which the tests then hold to 1e-10.
 
 Launchers' environments (torchrun, srun) are checked without processes.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -26,12 +27,15 @@ import traceback
 from pathlib import Path
 from typing import Callable
 
+import cluster
 import pytest
 import torch
 import torch.multiprocessing as mp
+from loss_at_tau import at_tau
 
-import cluster
 from smallbatch.augment import AugmentConfig, BatchAugment
+from smallbatch.losses import REGISTRY, batch_positives, build_loss, in_batch_scores, queue_scores
+from smallbatch.models import ContrastiveModel, build_backbone
 from smallbatch.training.distributed import (
     GlobalBatchNorm,
     World,
@@ -46,11 +50,8 @@ from smallbatch.training.distributed import (
     sync_batchnorm,
     unwrap,
 )
-from smallbatch.losses import REGISTRY, batch_positives, build_loss, in_batch_scores, queue_scores
-from smallbatch.training.negatives import MomentumQueue
-from smallbatch.models import ContrastiveModel, build_backbone
 from smallbatch.training.loop import make_optimizer
-from loss_at_tau import at_tau
+from smallbatch.training.negatives import MomentumQueue
 
 torch.set_num_threads(1)
 
@@ -87,7 +88,7 @@ def embed(model, views, parts: int = 1):
     """``model(cat(views))`` over ``parts`` consecutive groups of images, each forwarded on
     its own (parts = P: BatchNorm statistics per process share), split per view."""
     n = views[0].shape[0] // parts
-    out = [model(torch.cat([v[i * n:(i + 1) * n] for v in views])).chunk(len(views)) for i in range(parts)]
+    out = [model(torch.cat([v[i * n : (i + 1) * n] for v in views])).chunk(len(views)) for i in range(parts)]
     return tuple(torch.cat([o[j] for o in out]) for j in range(len(views)))
 
 
@@ -121,8 +122,9 @@ def bn_buffers(model) -> list[torch.Tensor]:
 
 
 def _spawned(rank: int, size: int, port: int, out: str, checks: str) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK=str(rank),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     torch.set_num_threads(1)
     module, name = checks.split(":")
     results = {}
@@ -138,8 +140,9 @@ def _spawned(rank: int, size: int, port: int, out: str, checks: str) -> None:
 def run_spawned(checks: str, out: Path, size: int = 2, timeout: float = 600) -> list[dict]:
     """Run ``module:function``'s checks ``[(name, fn(world) -> dict)]`` on ``size`` gloo
     processes; each rank's ``{name: result}``.  A hung process fails after ``timeout``."""
-    ctx = mp.start_processes(_spawned, args=(size, cluster.free_port(), str(out), checks), nprocs=size,
-                             join=False, start_method="spawn")
+    ctx = mp.start_processes(
+        _spawned, args=(size, cluster.free_port(), str(out), checks), nprocs=size, join=False, start_method="spawn"
+    )
     deadline = time.monotonic() + timeout
     while not ctx.join(timeout=2):
         if time.monotonic() > deadline:
@@ -170,11 +173,13 @@ def check_in_batch(world: World, name: str, sync_bn: bool) -> dict:
     a, b = ddp(torch.cat([world.shard(v1), world.shard(v2)])).chunk(2)
     mine = share_in_batch_loss(loss, a, b, world)
     mine.loss.backward()
-    res = {"embeddings": rel(gather(torch.cat([a, b], 1)), torch.cat([z1, z2], 1)),
-           "loss": rel(mean_over_processes(mine.loss), out.loss),
-           "value": rel(mean_over_processes(mine.value), out.value),
-           "infonce": rel(mean_over_processes(mine.infonce), out.infonce),
-           "grad": rel(grads(model), grads(ref))}
+    res = {
+        "embeddings": rel(gather(torch.cat([a, b], 1)), torch.cat([z1, z2], 1)),
+        "loss": rel(mean_over_processes(mine.loss), out.loss),
+        "value": rel(mean_over_processes(mine.value), out.value),
+        "infonce": rel(mean_over_processes(mine.infonce), out.infonce),
+        "grad": rel(grads(model), grads(ref)),
+    }
     if sync_bn:
         res["bn_running_stats"] = rel(bn_buffers(model), bn_buffers(ref))
     return res
@@ -211,12 +216,16 @@ def check_queue(world: World, name: str, sync_bn: bool) -> dict:
     mine.loss.backward()
     queue.enqueue(gather(km), gather(world.shard(idx)))
     same_slots = torch.equal(queue.indices, queue_ref.indices) and (queue.ptr, queue.count) == (
-        queue_ref.ptr, queue_ref.count)
-    return {"loss": rel(mean_over_processes(mine.loss), out.loss),
-            "value": rel(mean_over_processes(mine.value), out.value),
-            "grad": rel(grads(model), grads(ref)),
-            "queue_keys": rel(queue.keys, queue_ref.keys),
-            "queue_slots_differ": 0.0 if same_slots else 1.0}
+        queue_ref.ptr,
+        queue_ref.count,
+    )
+    return {
+        "loss": rel(mean_over_processes(mine.loss), out.loss),
+        "value": rel(mean_over_processes(mine.value), out.value),
+        "grad": rel(grads(model), grads(ref)),
+        "queue_keys": rel(queue.keys, queue_ref.keys),
+        "queue_slots_differ": 0.0 if same_slots else 1.0,
+    }
 
 
 def check_steps(world: World, opt_name: str) -> dict:
@@ -240,14 +249,19 @@ def check_steps(world: World, opt_name: str) -> dict:
     def state(o):
         return [t.double() for s in o.state_dict()["state"].values() for t in s.values() if torch.is_tensor(t)]
 
-    return {"update": rel([p.detach() - w for p, w in zip(model.parameters(), w0)],
-                          [p.detach() - w for p, w in zip(ref.parameters(), w0)]),
-            "bn_running_stats": rel(bn_buffers(model), bn_buffers(ref)),
-            "optimizer_state": rel(state(opt), state(opt_ref))}
+    return {
+        "update": rel(
+            [p.detach() - w for p, w in zip(model.parameters(), w0)],
+            [p.detach() - w for p, w in zip(ref.parameters(), w0)],
+        ),
+        "bn_running_stats": rel(bn_buffers(model), bn_buffers(ref)),
+        "optimizer_state": rel(state(opt), state(opt_ref)),
+    }
 
 
 def check_gather(world: World) -> dict:
     """gather_with_grad: forward = cat in rank order; backward = sum over processes, own rows."""
+
     def x_of(r):
         return torch.arange(6, dtype=torch.float64).reshape(3, 2) + 10 * r
 
@@ -259,9 +273,11 @@ def check_gather(world: World) -> dict:
     (y * w_of(world.rank)).sum().backward()
     rows = slice(3 * world.rank, 3 * world.rank + 3)
     want = sum(w_of(r)[rows] for r in range(world.size))
-    return {"forward": rel(y, torch.cat([x_of(r) for r in range(world.size)])),
-            "backward": rel(x.grad, want),
-            "gather_indices": float(not torch.equal(gather(torch.arange(3) + 3 * world.rank), torch.arange(6)))}
+    return {
+        "forward": rel(y, torch.cat([x_of(r) for r in range(world.size)])),
+        "backward": rel(x.grad, want),
+        "gather_indices": float(not torch.equal(gather(torch.arange(3) + 3 * world.rank), torch.arange(6))),
+    }
 
 
 def check_global_batch(world: World) -> dict:
@@ -274,18 +290,27 @@ def check_global_batch(world: World) -> dict:
     views = aug(images[idx], torch.Generator().manual_seed(4))
     mine, my_idx = world.shard(views), world.shard(idx)
     rows = gather(world.anchor_rows(N_IMAGES // world.size))
-    return {"views": rel(gather(mine), views),
-            "indices": float(not torch.equal(gather(my_idx), idx)),
-            "anchor_rows": float(not torch.equal(rows.sort().values, torch.arange(2 * N_IMAGES)))}
+    return {
+        "views": rel(gather(mine), views),
+        "indices": float(not torch.equal(gather(my_idx), idx)),
+        "anchor_rows": float(not torch.equal(rows.sort().values, torch.arange(2 * N_IMAGES))),
+    }
 
 
 def check_world(world: World) -> dict:
-    ok = (world.size == 2 and world.backend == "gloo" and world.device == torch.device("cpu")
-          and world.is_main == (world.rank == 0) and initialized())
-    return {"world": 0.0 if ok else 1.0,
-            "mean": rel(mean_over_processes(torch.tensor(float(world.rank))), torch.tensor(0.5)),
-            "any_true": float(not any_over_processes(world.rank == 1)),
-            "any_false": float(any_over_processes(False))}
+    ok = (
+        world.size == 2
+        and world.backend == "gloo"
+        and world.device == torch.device("cpu")
+        and world.is_main == (world.rank == 0)
+        and initialized()
+    )
+    return {
+        "world": 0.0 if ok else 1.0,
+        "mean": rel(mean_over_processes(torch.tensor(float(world.rank))), torch.tensor(0.5)),
+        "any_true": float(not any_over_processes(world.rank == 1)),
+        "any_false": float(any_over_processes(False)),
+    }
 
 
 def checks() -> list[tuple[str, Callable[[World], dict]]]:
@@ -357,16 +382,30 @@ def test_shares_of_a_global_batch():
 
 
 def test_torchrun_environment():
-    env = {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "MASTER_ADDR": "10.0.0.2", "MASTER_PORT": "29400",
-           "SLURM_PROCID": "0", "SLURM_NTASKS": "2"}  # torchrun inside an srun step: torchrun's wins
+    env = {
+        "RANK": "3",
+        "WORLD_SIZE": "8",
+        "LOCAL_RANK": "1",
+        "MASTER_ADDR": "10.0.0.2",
+        "MASTER_PORT": "29400",
+        "SLURM_PROCID": "0",
+        "SLURM_NTASKS": "2",
+    }  # torchrun inside an srun step: torchrun's wins
     launch = launch_from_env(env)
     assert (launch.launcher, launch.rank, launch.size, launch.local_rank) == ("torchrun", 3, 8, 1)
     assert (launch.master_addr, launch.master_port) == ("10.0.0.2", 29400)
 
 
 def test_srun_environment():
-    env = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_JOB_ID": "4242",
-           "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": "gpu[07-10],cpu1", "SLURM_LAUNCH_NODE_IPADDR": "10.1.1.9"}
+    env = {
+        "SLURM_PROCID": "5",
+        "SLURM_NTASKS": "8",
+        "SLURM_LOCALID": "1",
+        "SLURM_JOB_ID": "4242",
+        "SLURM_STEP_ID": "0",
+        "SLURM_JOB_NODELIST": "gpu[07-10],cpu1",
+        "SLURM_LAUNCH_NODE_IPADDR": "10.1.1.9",
+    }
     launch = launch_from_env(env)
     assert (launch.launcher, launch.rank, launch.size, launch.local_rank) == ("srun", 5, 8, 1)
     assert launch.master_addr == "gpu07" and launch.master_port == 10000 + (4242 * 64) % 20000
@@ -381,8 +420,16 @@ def test_srun_environment():
     assert launch_from_env({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}).launcher == "none"
 
 
-@pytest.mark.parametrize("nodelist, host", [("n1", "n1"), ("n1,n2", "n1"), ("gpu[03-05,07],cpu1", "gpu03"),
-                                            ("rack[2-3]-node[010-020]", "rack2-node010"), ("a[9],b", "a9")])
+@pytest.mark.parametrize(
+    "nodelist, host",
+    [
+        ("n1", "n1"),
+        ("n1,n2", "n1"),
+        ("gpu[03-05,07],cpu1", "gpu03"),
+        ("rack[2-3]-node[010-020]", "rack2-node010"),
+        ("a[9],b", "a9"),
+    ],
+)
 def test_first_host_of_a_slurm_node_list(nodelist, host):
     assert first_host(nodelist) == host
 
@@ -414,8 +461,10 @@ def test_one_process_cells_spread_over_a_nodes_gpus(tmp_path):
     import subprocess
     import sys
 
-    code = ("import sys, time; from smallbatch.training.distributed import claim_gpu; "
-            f"print(claim_gpu(4, slots_dir={str(tmp_path)!r}), flush=True); sys.stdin.read()")
+    code = (
+        "import sys, time; from smallbatch.training.distributed import claim_gpu; "
+        f"print(claim_gpu(4, slots_dir={str(tmp_path)!r}), flush=True); sys.stdin.read()"
+    )
     procs = []
     try:
         for _ in range(8):

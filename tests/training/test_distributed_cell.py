@@ -30,9 +30,16 @@ TRAIN = {"width": 4, "proj_hidden": 16, "proj_dim": 8, "log_every": 4, "precisio
 
 
 def study(path: Path, results: Path, devices: int, **train) -> Path:
-    cfg = {"study": "ddp-cell", "results_dir": str(results), "device": "cpu", "datasets": {"digits": {}},
-           "grid": {"losses": ["dclw"], "batch_sizes": [32], "temperatures": [0.5], "seeds": [0]},
-           "train": {**TRAIN, **train, "devices": devices}, "baselines": False, "experiments": {"mi": {"enabled": False}}}
+    cfg = {
+        "study": "ddp-cell",
+        "results_dir": str(results),
+        "device": "cpu",
+        "datasets": {"digits": {}},
+        "grid": {"losses": ["dclw"], "batch_sizes": [32], "temperatures": [0.5], "seeds": [0]},
+        "train": {**TRAIN, **train, "devices": devices},
+        "baselines": False,
+        "experiments": {"mi": {"enabled": False}},
+    }
     path.write_text(yaml.safe_dump(cfg))
     return path
 
@@ -56,9 +63,23 @@ def one_process(tmp_path_factory):
     """The cell trained by one process (the reference)."""
     root = tmp_path_factory.mktemp("one")
     cfg = study(root / "c.yaml", root / "results", devices=1)
-    res = subprocess.run([str(BIN / "smallbatch"), "pretrain", "--config", str(cfg), "--cell-id", CELL,
-                          "--tracking-uri", "none", "--no-progress"], capture_output=True, text=True, env=env(),
-                         timeout=600)
+    res = subprocess.run(
+        [
+            str(BIN / "smallbatch"),
+            "pretrain",
+            "--config",
+            str(cfg),
+            "--cell-id",
+            CELL,
+            "--tracking-uri",
+            "none",
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        env=env(),
+        timeout=600,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     return weights(root / "results" / "runs" / CELL / "checkpoint.pt")
 
@@ -67,8 +88,20 @@ def test_two_processes_through_snakemake_equal_one_and_log_one_run(tmp_path, one
     """`snakemake --cores 2` launches the cell with torchrun on 2 processes: one MLflow run
     (rank 0 logs), a loss history with one value per step, the 1-process weights."""
     cfg = study(tmp_path / "c.yaml", tmp_path / "results", devices=2)
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"), "--directory", str(tmp_path),
-           "--configfile", str(cfg), "--cores", "2", "--quiet"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(ROOT / "Snakefile"),
+        "--directory",
+        str(tmp_path),
+        "--configfile",
+        str(cfg),
+        "--cores",
+        "2",
+        "--quiet",
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     log = (tmp_path / "results" / "logs" / "pretrain" / f"{CELL}.log").read_text()
@@ -92,8 +125,23 @@ def test_a_preempted_two_process_cell_resumes_on_one(tmp_path, one_process):
     on ONE process and ends at the uninterrupted run's weights."""
     cfg = study(tmp_path / "c.yaml", tmp_path / "results", devices=2, epochs=30)
     out = tmp_path / "results" / "runs" / CELL
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "smallbatch",
-           "pretrain", "--config", str(cfg), "--cell-id", CELL, "--tracking-uri", "none", "--no-progress"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        "-m",
+        "smallbatch",
+        "pretrain",
+        "--config",
+        str(cfg),
+        "--cell-id",
+        CELL,
+        "--tracking-uri",
+        "none",
+        "--no-progress",
+    ]
     with open(tmp_path / "torchrun.log", "w") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env())
     try:
@@ -112,15 +160,43 @@ def test_a_preempted_two_process_cell_resumes_on_one(tmp_path, one_process):
     saved = torch.load(out / "state.pt", weights_only=False)
     assert 0 < saved["step"] < 30 * (1437 // 32)
     one = study(tmp_path / "one.yaml", tmp_path / "results", devices=1, epochs=30)
-    res = subprocess.run([str(BIN / "smallbatch"), "pretrain", "--config", str(one), "--cell-id", CELL,
-                          "--tracking-uri", "none", "--no-progress"], capture_output=True, text=True, env=env(),
-                         timeout=900)
+    res = subprocess.run(
+        [
+            str(BIN / "smallbatch"),
+            "pretrain",
+            "--config",
+            str(one),
+            "--cell-id",
+            CELL,
+            "--tracking-uri",
+            "none",
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        env=env(),
+        timeout=900,
+    )
     assert res.returncode == 0 and f"from step {saved['step']}/" in res.stderr, res.stderr[-2000:]
     ref_root = tmp_path / "ref"
     ref = study(tmp_path / "ref.yaml", ref_root, devices=1, epochs=30)
-    res = subprocess.run([str(BIN / "smallbatch"), "pretrain", "--config", str(ref), "--cell-id", CELL,
-                          "--tracking-uri", "none", "--no-progress"], capture_output=True, text=True, env=env(),
-                         timeout=900)
+    res = subprocess.run(
+        [
+            str(BIN / "smallbatch"),
+            "pretrain",
+            "--config",
+            str(ref),
+            "--cell-id",
+            CELL,
+            "--tracking-uri",
+            "none",
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        env=env(),
+        timeout=900,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     assert_close_weights(weights(out / "checkpoint.pt"), weights(ref_root / "runs" / CELL / "checkpoint.pt"))
     assert json.loads(res.stdout.strip().splitlines()[-1])["status"] == "finished"

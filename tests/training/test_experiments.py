@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-from smallbatch.pipeline.cells import expand_cells
-from smallbatch.pipeline.config import ConfigError, load_config
 from smallbatch.diagnostics import diagnostics
 from smallbatch.losses import in_batch_scores
+from smallbatch.pipeline.cells import expand_cells
+from smallbatch.pipeline.config import ConfigError, load_config
 from smallbatch.training.temperature import EssTemperature
 from smallbatch.training.temperature import ess_of as _ess_of
 
@@ -71,28 +71,55 @@ def test_ess_target_schedule_moves_from_start_to_end():
     assert ctl.target(500) == pytest.approx(0.3)
 
 
-@pytest.mark.parametrize("kwargs, name", [({"start": 0.0, "end": 0.5}, "start"), ({"start": 0.5, "end": 1.5}, "end"),
-                                          ({"start": 0.5, "end": 0.5, "rate": 0}, "rate")])
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        ({"start": 0.0, "end": 0.5}, "start"),
+        ({"start": 0.5, "end": 1.5}, "end"),
+        ({"start": 0.5, "end": 0.5, "rate": 0}, "rate"),
+    ],
+)
 def test_ess_bad_input(kwargs, name):
     with pytest.raises(ValueError, match=name):
         EssTemperature(total_steps=10, tau0=0.1, **kwargs)
 
 
 def test_side_experiment_cells():
-    cfg = load_config(None, {
-        "datasets": {"digits": {}},
-        "grid": {"enabled": False},
-        "experiments": {
-            "precision": {"enabled": True, "losses": ["infonce", "flatnce"], "batch_sizes": [16],
-                          "temperatures": [0.1], "seeds": [0], "axes": {"precision": ["fp64", "fp32", "bf16"]},
-                          "train": {"grad_error_every": 5}},
-            "ksweep": {"enabled": True, "losses": ["infonce", {"name": "eqco", "alpha": 64}], "batch_sizes": [32],
-                       "temperatures": [0.1], "seeds": [0], "axes": {"queue_size": [16, 256]}},
-            "ess": {"enabled": True, "losses": ["flatnce"], "batch_sizes": [16], "temperatures": [0.1], "seeds": [0],
-                    "axes": {"ess_schedule": [None, {"start": 0.9, "end": 0.3}]}},
-            "tsweep": {"enabled": False},
+    cfg = load_config(
+        None,
+        {
+            "datasets": {"digits": {}},
+            "grid": {"enabled": False},
+            "experiments": {
+                "precision": {
+                    "enabled": True,
+                    "losses": ["infonce", "flatnce"],
+                    "batch_sizes": [16],
+                    "temperatures": [0.1],
+                    "seeds": [0],
+                    "axes": {"precision": ["fp64", "fp32", "bf16"]},
+                    "train": {"grad_error_every": 5},
+                },
+                "ksweep": {
+                    "enabled": True,
+                    "losses": ["infonce", {"name": "eqco", "alpha": 64}],
+                    "batch_sizes": [32],
+                    "temperatures": [0.1],
+                    "seeds": [0],
+                    "axes": {"queue_size": [16, 256]},
+                },
+                "ess": {
+                    "enabled": True,
+                    "losses": ["flatnce"],
+                    "batch_sizes": [16],
+                    "temperatures": [0.1],
+                    "seeds": [0],
+                    "axes": {"ess_schedule": [None, {"start": 0.9, "end": 0.3}]},
+                },
+                "tsweep": {"enabled": False},
+            },
         },
-    })
+    )
     cells = expand_cells(cfg)
     ids = set(cells)
     assert "precision/digits/infonce/bs16-t0.1-s0-fp64" in ids
@@ -119,14 +146,26 @@ def test_ess_scheduled_training_follows_target(tmp_path):
     from smallbatch.training.loop import pretrain
 
     torch.set_num_threads(1)
-    cfg = load_config(None, {"datasets": {"digits": {}}, "train": {"width": 4, "proj_hidden": 16, "proj_dim": 8,
-                                                                   "steps": 12, "log_every": 1,
-                                                                   "ess_schedule": {"start": 0.8, "end": 0.4}}})
+    cfg = load_config(
+        None,
+        {
+            "datasets": {"digits": {}},
+            "train": {
+                "width": 4,
+                "proj_hidden": 16,
+                "proj_dim": 8,
+                "steps": 12,
+                "log_every": 1,
+                "ess_schedule": {"start": 0.8, "end": 0.4},
+            },
+        },
+    )
     cell = make_cell(cfg, dataset="digits", loss="flatnce", loss_params={}, batch_size=16, temperature=0.1, seed=0)
     d = D.load_dataset("digits", tmp_path)
     logged = []
-    res = pretrain(cell, d.pretrain_x, d.mean, d.std, tmp_path / "run", log_fn=lambda m, s: logged.append((s, m)),
-                   progress=False)
+    res = pretrain(
+        cell, d.pretrain_x, d.mean, d.std, tmp_path / "run", log_fn=lambda m, s: logged.append((s, m)), progress=False
+    )
     assert res.status == "finished"
     for step, m in logged:
         # ESS logged after the step's update is measured on the same batch the tau was solved for

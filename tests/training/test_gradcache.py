@@ -15,17 +15,11 @@ in training mode, in float64 on the CPU, with a small_cnn + projection head:
   global batch's statistics) and without (each process's own), gradients all-reduced
   once per step (the other chunks under no_sync).
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
-from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
-from smallbatch.training.distributed import World, data_parallel, mean_over_processes, sync_batchnorm
-from smallbatch.training.gradcache import cached_backward, chunk_slices, eval_batchnorm
-from smallbatch.losses import REGISTRY
-from smallbatch.training.negatives import MomentumQueue
 from test_distributed import (
     TOL,
     assert_results,
@@ -40,6 +34,13 @@ from test_distributed import (
     share_in_batch_loss,
     share_queue_loss,
 )
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+from smallbatch.losses import REGISTRY
+from smallbatch.training.distributed import World, data_parallel, mean_over_processes, sync_batchnorm
+from smallbatch.training.gradcache import cached_backward, chunk_slices, eval_batchnorm
+from smallbatch.training.negatives import MomentumQueue
 
 torch.set_num_threads(1)
 
@@ -129,11 +130,15 @@ class _Residual(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.main = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
-                                  nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4))
+        self.main = nn.Sequential(
+            nn.Conv2d(1, 4, 3, padding=1),
+            nn.BatchNorm2d(4),
+            nn.ReLU(),
+            nn.Conv2d(4, 4, 3, padding=1),
+            nn.BatchNorm2d(4),
+        )
         self.short = nn.Sequential(nn.Conv2d(1, 4, 1), nn.BatchNorm2d(4))
-        self.head = nn.Sequential(nn.Flatten(), nn.Linear(4 * 64, 16), nn.BatchNorm1d(16), nn.ReLU(),
-                                  nn.Linear(16, 8))
+        self.head = nn.Sequential(nn.Flatten(), nn.Linear(4 * 64, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 8))
 
     def forward(self, x):
         out = self.main(x)
@@ -257,14 +262,27 @@ def test_bad_views_are_refused():
 def _train_step_updates(chunk_size, queue_size: int, steps: int = 3):
     """``steps`` real training steps (fp64, digits, batch 16) of train.build_training's parts."""
     from smallbatch import data
-    from smallbatch.training import loop as train
     from smallbatch.pipeline.cells import make_cell
     from smallbatch.pipeline.config import load_config
+    from smallbatch.training import loop as train
 
-    cfg = load_config(None, {"datasets": {"digits": {}},
-                             "train": {"width": 4, "proj_hidden": 16, "proj_dim": 8, "lr": 0.05, "precision": "fp64",
-                                       "optimizer": "sgd", "chunk_size": chunk_size, "queue_size": queue_size,
-                                       "steps": steps}})
+    cfg = load_config(
+        None,
+        {
+            "datasets": {"digits": {}},
+            "train": {
+                "width": 4,
+                "proj_hidden": 16,
+                "proj_dim": 8,
+                "lr": 0.05,
+                "precision": "fp64",
+                "optimizer": "sgd",
+                "chunk_size": chunk_size,
+                "queue_size": queue_size,
+                "steps": steps,
+            },
+        },
+    )
     cell = make_cell(cfg, dataset="digits", loss="dclw", loss_params={}, batch_size=16, temperature=0.5, seed=0)
     d = data.load_dataset("digits", None)
     t = train.build_training(cell, d.pretrain_x[:64], d.mean, d.std, torch.device("cpu"), out_dir=None)
@@ -310,8 +328,11 @@ def check_in_batch(world: World, name: str, sync_bn: bool) -> dict:
     views = (world.shard(v1), world.shard(v2))
     out, _ = cached_backward(ddp, views, lambda a, b: share_in_batch_loss(loss, a, b, world), 2)
     chunked_calls = calls[0]
-    res = {"loss": rel(mean_over_processes(out.loss), out_ref.loss), "grad": rel(grads(model), grads(ref)),
-           "allreduces_beyond_one_step": 0.0}
+    res = {
+        "loss": rel(mean_over_processes(out.loss), out_ref.loss),
+        "grad": rel(grads(model), grads(ref)),
+        "allreduces_beyond_one_step": 0.0,
+    }
     if sync_bn:
         res["bn_running_stats"] = rel(bn_buffers(model), bn_buffers(ref))
         model.zero_grad()
@@ -333,10 +354,14 @@ def check_queue(world: World, name: str) -> dict:
     out_ref.loss.backward()
     model = sync_batchnorm(make_model(), world)
     km, my_idx = world.shard(k), world.shard(idx)
-    out, _ = cached_backward(data_parallel(model, world), (world.shard(v1),),
-                             lambda q: share_queue_loss(loss, q, km, _queue(), my_idx), 2)
-    return {"loss": rel(mean_over_processes(out.loss), out_ref.loss), "grad": rel(grads(model), grads(ref)),
-            "bn_running_stats": rel(bn_buffers(model), bn_buffers(ref))}
+    out, _ = cached_backward(
+        data_parallel(model, world), (world.shard(v1),), lambda q: share_queue_loss(loss, q, km, _queue(), my_idx), 2
+    )
+    return {
+        "loss": rel(mean_over_processes(out.loss), out_ref.loss),
+        "grad": rel(grads(model), grads(ref)),
+        "bn_running_stats": rel(bn_buffers(model), bn_buffers(ref)),
+    }
 
 
 def checks():

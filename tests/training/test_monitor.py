@@ -6,12 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from smallbatch import data
-from smallbatch.training import loop as train
-from smallbatch.evaluation.monitor import KnnMonitor, knn_monitor
-
 from test_train import assert_same_weights, digits_cell, one_thread, run, weights  # noqa: F401 - fixture
+
+from smallbatch.evaluation.monitor import KnnMonitor, knn_monitor
 
 
 def test_the_monitor_logs_every_nth_epoch_and_trains_the_same_weights(tmp_path, digits):
@@ -20,8 +17,13 @@ def test_the_monitor_logs_every_nth_epoch_and_trains_the_same_weights(tmp_path, 
     assert watched["hash"] == cell["hash"]
     logs: list[tuple[int, dict]] = []
     run(cell, digits, tmp_path / "off")
-    run(watched, digits, tmp_path / "on", log_fn=lambda m, s: logs.append((s, m)),
-        at_epoch_end=knn_monitor(watched, digits, torch.device("cpu")))
+    run(
+        watched,
+        digits,
+        tmp_path / "on",
+        log_fn=lambda m, s: logs.append((s, m)),
+        at_epoch_end=knn_monitor(watched, digits, torch.device("cpu")),
+    )
     assert_same_weights(weights(tmp_path / "off" / "checkpoint.pt"), weights(tmp_path / "on" / "checkpoint.pt"))
     spe = digits.pretrain_x.shape[0] // cell["batch_size"]
     points = [(s, m) for s, m in logs if "monitor/knn_top1" in m]
@@ -30,8 +32,7 @@ def test_the_monitor_logs_every_nth_epoch_and_trains_the_same_weights(tmp_path, 
 
 
 def test_the_held_out_split_is_training_images_apart_from_the_bank(digits):
-    mon = KnnMonitor(digits.train_x, digits.train_y, digits.mean, digits.std, every=1, k=5, t=0.1, seed=0,
-                     device="cpu")
+    mon = KnnMonitor(digits.train_x, digits.train_y, digits.mean, digits.std, every=1, k=5, t=0.1, seed=0, device="cpu")
     flat = digits.train_x.flatten(1)
     rows = {tuple(r.tolist()): i for i, r in enumerate(flat)}
     q = {rows[tuple(r.tolist())] for r in mon.xq.flatten(1)}
@@ -43,5 +44,6 @@ def test_the_held_out_split_is_training_images_apart_from_the_bank(digits):
 @pytest.mark.parametrize("every", [-1, 1.5, True])
 def test_a_bad_period_is_refused_naming_the_key(digits, every):
     with pytest.raises(ValueError, match="monitor_every"):
-        KnnMonitor(digits.train_x, digits.train_y, digits.mean, digits.std, every=every, k=5, t=0.1, seed=0,
-                   device="cpu")
+        KnnMonitor(
+            digits.train_x, digits.train_y, digits.mean, digits.std, every=every, k=5, t=0.1, seed=0, device="cpu"
+        )

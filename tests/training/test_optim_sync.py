@@ -5,14 +5,15 @@ a dispatch mode counts ``aten::item`` / ``aten::_local_scalar_dense`` (what a ``
 or a Python branch on a device tensor becomes: on a GPU, a copy and a synchronisation).
 torch's own SGD with the same tensor rate is the positive control: it reads it every step.
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from smallbatch.training import optim
 from smallbatch.models import ContrastiveModel, build_backbone
+from smallbatch.training import optim
 
 HOST_READS = {"aten::item", "aten::_local_scalar_dense"}
 STEPS = 3
@@ -62,8 +63,9 @@ def test_the_cuda_code_path_of_each_optimiser_reads_nothing_back(name, capturabl
 
 
 def test_the_counter_sees_torchs_sgd_read_its_tensor_rate():
-    reads = _reads_per_step(lambda params, lr: torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=1e-4,
-                                                               foreach=True))
+    reads = _reads_per_step(
+        lambda params, lr: torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=1e-4, foreach=True)
+    )
     assert reads >= 1
 
 

@@ -18,25 +18,38 @@ import sys
 import time
 from pathlib import Path
 
+import cluster
 import pytest
 import yaml
 
-import cluster
 from smallbatch.training.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.slow
 
 CELL = "digits/dclw/bs32-t0.5-s0"
 LOG_EVERY, PAUSE_AT = 4, 6  # the ranks compare flags at steps 4, 8, ...: the agreed step is 8
-TRAIN = {"width": 4, "proj_hidden": 16, "proj_dim": 8, "log_every": LOG_EVERY, "precision": "fp64", "epochs": 1,
-         "devices": 2}
-
+TRAIN = {
+    "width": 4,
+    "proj_hidden": 16,
+    "proj_dim": 8,
+    "log_every": LOG_EVERY,
+    "precision": "fp64",
+    "epochs": 1,
+    "devices": 2,
+}
 
 
 def _config(root: Path) -> Path:
-    cfg = {"study": "rank-signals", "results_dir": str(root / "results"), "device": "cpu", "datasets": {"digits": {}},
-           "grid": {"losses": ["dclw"], "batch_sizes": [32], "temperatures": [0.5], "seeds": [0]},
-           "train": TRAIN, "baselines": False, "experiments": {"mi": {"enabled": False}}}
+    cfg = {
+        "study": "rank-signals",
+        "results_dir": str(root / "results"),
+        "device": "cpu",
+        "datasets": {"digits": {}},
+        "grid": {"losses": ["dclw"], "batch_sizes": [32], "temperatures": [0.5], "seeds": [0]},
+        "train": TRAIN,
+        "baselines": False,
+        "experiments": {"mi": {"enabled": False}},
+    }
     path = root / "c.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -46,10 +59,29 @@ def _start(root: Path, port: int) -> list[subprocess.Popen]:
     cfg = _config(root)
     procs = []
     for rank in range(2):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-        cmd = [sys.executable, "-c", cluster.PAUSED_PRETRAIN, str(root / f"paused{rank}"), str(PAUSE_AT), "pretrain",
-               "--config", str(cfg), "--cell-id", CELL, "--tracking-uri", "none", "--no-progress"]
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "LOCAL_RANK": str(rank),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+        cmd = [
+            sys.executable,
+            "-c",
+            cluster.PAUSED_PRETRAIN,
+            str(root / f"paused{rank}"),
+            str(PAUSE_AT),
+            "pretrain",
+            "--config",
+            str(cfg),
+            "--cell-id",
+            CELL,
+            "--tracking-uri",
+            "none",
+            "--no-progress",
+        ]
         with open(root / f"stderr{rank}.txt", "w") as err:  # a file: no pipe to fill up
             procs.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err, env=env))
     return procs
@@ -87,8 +119,14 @@ def preempted(tmp_path_factory) -> dict:
                 except (OSError, subprocess.TimeoutExpired):
                     p.kill()
                     p.wait()
-    return {name: ([p.returncode for p in procs[name]],
-                   [(roots[name] / f"stderr{r}.txt").read_text() for r in range(2)], roots[name]) for name in cases}
+    return {
+        name: (
+            [p.returncode for p in procs[name]],
+            [(roots[name] / f"stderr{r}.txt").read_text() for r in range(2)],
+            roots[name],
+        )
+        for name in cases
+    }
 
 
 @pytest.mark.parametrize("case", ["rank0", "rank1", "all"])

@@ -22,17 +22,17 @@ import sys
 import time
 from pathlib import Path
 
+import cluster
 import pytest
 import torch
 
-import cluster
 from smallbatch import data
 from smallbatch.cell import Cell
+from smallbatch.errors import CheckpointError
 from smallbatch.pipeline import jobs as steps
-from smallbatch.training import loop as train
 from smallbatch.pipeline.cells import make_cell
 from smallbatch.pipeline.config import load_config
-from smallbatch.errors import CheckpointError
+from smallbatch.training import loop as train
 
 SMALLBATCH = Path(sys.executable).with_name("smallbatch")
 
@@ -40,12 +40,25 @@ SMALLBATCH = Path(sys.executable).with_name("smallbatch")
 TINY = {"width": 4, "proj_hidden": 16, "proj_dim": 8, "lr": 3e-3, "log_every": 10}
 
 
-def digits_cell(loss: str = "infonce", batch_size: int = 32, temperature: float = 0.5, seed: int = 0,
-                loss_params: dict | None = None, **train_opts) -> dict:
+def digits_cell(
+    loss: str = "infonce",
+    batch_size: int = 32,
+    temperature: float = 0.5,
+    seed: int = 0,
+    loss_params: dict | None = None,
+    **train_opts,
+) -> dict:
     """A resolved digits cell, built the way the study builds cells (config -> make_cell)."""
     cfg = load_config(None, {"datasets": {"digits": {}}, "train": {**TINY, **train_opts}})
-    return make_cell(cfg, dataset="digits", loss=loss, loss_params=loss_params or {},
-                     batch_size=batch_size, temperature=temperature, seed=seed)
+    return make_cell(
+        cfg,
+        dataset="digits",
+        loss=loss,
+        loss_params=loss_params or {},
+        batch_size=batch_size,
+        temperature=temperature,
+        seed=seed,
+    )
 
 
 def run(cell: dict, d, out: Path, **kw) -> train.TrainResult:
@@ -120,7 +133,9 @@ def test_digits_cell_trains_and_writes_checkpoint(digits, main_cell, reference_r
     res, out, logs = reference_run
     spe = steps_per_epoch(main_cell, digits)
     every = main_cell["train"]["log_every"]
-    assert res.status == "finished" and res.steps == MAIN["epochs"] * spe and res.epochs == pytest.approx(MAIN["epochs"])
+    assert (
+        res.status == "finished" and res.steps == MAIN["epochs"] * spe and res.epochs == pytest.approx(MAIN["epochs"])
+    )
     ck = train.load_checkpoint(out / "checkpoint.pt")
     assert ck["status"] == "finished" and ck["steps"] == res.steps and ck["cell"]["hash"] == main_cell["hash"]
     assert ck["final_loss"] == res.final_loss == logs[-1][1]["train/loss"]
@@ -138,8 +153,16 @@ def test_digits_cell_trains_and_writes_checkpoint(digits, main_cell, reference_r
     m = logs[-1][1]
     assert m["diag/k"] == main_cell["negatives"] == 2 * 32 - 2
     assert m["diag/mi_ceiling"] == pytest.approx(math.log(2 * 32 - 1), rel=1e-6)
-    for key in ("diag/ess", "diag/alignment", "diag/uniformity", "diag/qb_mean", "diag/mi_estimate",
-                "train/images_per_s", "train/lr", "epoch"):
+    for key in (
+        "diag/ess",
+        "diag/alignment",
+        "diag/uniformity",
+        "diag/qb_mean",
+        "diag/mi_estimate",
+        "train/images_per_s",
+        "train/lr",
+        "epoch",
+    ):
         assert math.isfinite(m[key]), key
     assert m["epoch"] == pytest.approx(MAIN["epochs"])
 
@@ -173,15 +196,27 @@ def test_resume_after_crash_mid_epoch_is_bitwise_identical(tmp_path, digits, mai
     assert_same_weights(weights(tmp_path / "checkpoint.pt"), ref_w)
 
 
-
-
 def _start(cell: dict, out: Path, cache: Path, pause_at: int) -> subprocess.Popen:
     out.mkdir(parents=True, exist_ok=True)
     cell_file = out / "cell.json"
     cell_file.write_text(json.dumps(cell))
-    cmd = [sys.executable, "-c", cluster.PAUSED_PRETRAIN, str(out / "paused"), str(pause_at), "pretrain",
-           "--cell", str(cell_file), "--out", str(out), "--data-cache", str(cache), "--tracking-uri", "none",
-           "--no-progress"]
+    cmd = [
+        sys.executable,
+        "-c",
+        cluster.PAUSED_PRETRAIN,
+        str(out / "paused"),
+        str(pause_at),
+        "pretrain",
+        "--cell",
+        str(cell_file),
+        "--out",
+        str(out),
+        "--data-cache",
+        str(cache),
+        "--tracking-uri",
+        "none",
+        "--no-progress",
+    ]
     with open(out / "stdout.txt", "w") as so, open(out / "stderr.txt", "w") as se:  # files: no pipe to fill up
         return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=so, stderr=se)
 
@@ -195,8 +230,11 @@ def interrupted(tmp_path_factory, digits, main_cell, queue_cell):
     root = tmp_path_factory.mktemp("interrupted")
     cache = root / "digits_cache.pt"
     data.save_cache(digits, cache)
-    plan = {"kill": (main_cell, signal.SIGKILL), "kill_queue": (queue_cell, signal.SIGKILL),
-            "term": (main_cell, signal.SIGTERM)}
+    plan = {
+        "kill": (main_cell, signal.SIGKILL),
+        "kill_queue": (queue_cell, signal.SIGKILL),
+        "term": (main_cell, signal.SIGTERM),
+    }
     pause = {name: steps_per_epoch(cell, digits) + 3 for name, (cell, _) in plan.items()}
     procs = {name: _start(cell, root / name, cache, pause[name]) for name, (cell, _) in plan.items()}
     out = {name: {"dir": root / name, "paused_at": pause[name], "state_before": None, "rc": None} for name in plan}
@@ -289,8 +327,9 @@ def test_embed_and_probes_of_a_diverged_cell_write_diverged_outputs(tmp_path, di
     res = steps.run_embed(cell, tmp_path / "checkpoint.pt", tmp_path / "features.npz")
     assert res["status"] == "diverged"
     for kind in ("knn", "linear"):
-        out = steps.run_probe(kind, cell, tmp_path / "features.npz", tmp_path / f"{kind}.json",
-                              tracking_uri=None, experiment="x")
+        out = steps.run_probe(
+            kind, cell, tmp_path / "features.npz", tmp_path / f"{kind}.json", tracking_uri=None, experiment="x"
+        )
         assert out["status"] == "diverged"
         assert json.loads((tmp_path / f"{kind}.json").read_text())["status"] == "diverged"
 
@@ -410,11 +449,19 @@ def test_fp16_on_cpu_is_refused(tmp_path, digits):
 
 
 # --------------------------------------------------------------------------- lr rules
-@pytest.mark.parametrize("rule,bs,expected", [
-    ("linear", 256, 0.3), ("linear", 512, 0.6), ("linear", 16, 0.3 / 16),
-    ("sqrt", 256, 0.3), ("sqrt", 1024, 0.6), ("sqrt", 64, 0.15),
-    ("none", 16, 0.3), ("none", 4096, 0.3),
-])
+@pytest.mark.parametrize(
+    "rule,bs,expected",
+    [
+        ("linear", 256, 0.3),
+        ("linear", 512, 0.6),
+        ("linear", 16, 0.3 / 16),
+        ("sqrt", 256, 0.3),
+        ("sqrt", 1024, 0.6),
+        ("sqrt", 64, 0.15),
+        ("none", 16, 0.3),
+        ("none", 4096, 0.3),
+    ],
+)
 def test_scaled_lr(rule, bs, expected):
     assert train.scaled_lr(0.3, bs, rule) == pytest.approx(expected, rel=1e-12)
 
@@ -468,8 +515,8 @@ def test_cpu_adam_is_fused_and_steps_like_the_reference_adam():
 
 
 def test_lars_step_matches_hand_computation():
-    w = torch.nn.Parameter(torch.tensor([[3.0, 4.0]], dtype=torch.float64))   # 2-D: adapted and decayed
-    b = torch.nn.Parameter(torch.tensor([1.0, -2.0], dtype=torch.float64))    # 1-D: plain SGD + momentum
+    w = torch.nn.Parameter(torch.tensor([[3.0, 4.0]], dtype=torch.float64))  # 2-D: adapted and decayed
+    b = torch.nn.Parameter(torch.tensor([1.0, -2.0], dtype=torch.float64))  # 1-D: plain SGD + momentum
     opt = train.LARS([w, b], lr=0.5, momentum=0.9, weight_decay=0.1, eta=0.01)
 
     w.grad = torch.tensor([[0.6, 0.8]], dtype=torch.float64)
@@ -493,10 +540,13 @@ def test_lars_step_matches_hand_computation():
 
 
 # --------------------------------------------------------------------------- bad input
-@pytest.mark.parametrize("kw,n_images,arg", [
-    (dict(batch_size=1), None, "batch_size"),
-    (dict(batch_size=32), 20, "batch_size"),
-])
+@pytest.mark.parametrize(
+    "kw,n_images,arg",
+    [
+        (dict(batch_size=1), None, "batch_size"),
+        (dict(batch_size=32), 20, "batch_size"),
+    ],
+)
 def test_bad_cells_raise_value_error_naming_the_argument(tmp_path, digits, kw, n_images, arg):
     cell = digits_cell(epochs=1, **kw)
     x = digits.pretrain_x if n_images is None else digits.pretrain_x[:n_images]
@@ -534,8 +584,9 @@ def test_momentum_encoder_is_the_ema_of_the_query_encoder_and_its_keys_are_queue
         assert torch.equal(bk, bq)
     keys, idx = src.queue.negatives()
     assert torch.equal(idx.sort().values, torch.arange(5))
-    torch.testing.assert_close(keys[idx.argsort()], torch.nn.functional.normalize(z2, dim=1), rtol=0,
-                               atol=1e-15)  # measured 1.1e-16
+    torch.testing.assert_close(
+        keys[idx.argsort()], torch.nn.functional.normalize(z2, dim=1), rtol=0, atol=1e-15
+    )  # measured 1.1e-16
 
 
 def test_queue_cell_trains_with_k_equal_to_queue_size(digits, queue_cell, queue_reference):

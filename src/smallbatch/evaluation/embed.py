@@ -24,7 +24,6 @@ from torch import nn
 from smallbatch.augment import normalize
 from smallbatch.io import atomic_write
 
-
 # ----------------------------------------------------------------------------- helpers
 
 
@@ -133,9 +132,7 @@ def embed(
     """
     x = as_uint8_images(x_uint8)
     if len(mean) != x.shape[1] or len(std) != x.shape[1]:
-        raise ValueError(
-            f"mean/std must have one entry per channel ({x.shape[1]}), got {len(mean)} and {len(std)}"
-        )
+        raise ValueError(f"mean/std must have one entry per channel ({x.shape[1]}), got {len(mean)} and {len(std)}")
     if any(s <= 0 for s in std):
         raise ValueError(f"std must be positive, got {tuple(std)}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -232,8 +229,9 @@ def _write_features(path: Path, tr, ytr, te, yte, meta: dict) -> Path:
         meta_json = json.dumps(meta, sort_keys=True)
     except TypeError as exc:
         raise ValueError(f"meta must be JSON-serialisable: {exc}") from exc
-    return atomic_write(path, lambda fh: np.savez(fh, train_f=tr, train_y=ytr, test_f=te, test_y=yte,
-                                                 meta_json=np.array(meta_json)))
+    return atomic_write(
+        path, lambda fh: np.savez(fh, train_f=tr, train_y=ytr, test_f=te, test_y=yte, meta_json=np.array(meta_json))
+    )
 
 
 def load_features(path: str | Path) -> FeatureSet:

@@ -16,9 +16,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-
 from smallbatch.evaluation.embed import check_features, check_labels, check_num_classes, check_pair, rowwise_float32
-
 
 KNN_BACKENDS = ("auto", "faiss-cpu", "faiss-gpu", "torch")
 TORCH_TRAIN_CHUNK = 65536  # train rows per similarity block of the torch search
@@ -28,8 +26,10 @@ def _import_faiss(backend: str):
     try:
         import faiss  # lazy: a GPU build initialises CUDA on import
     except ImportError:
-        raise ValueError(f"backend={backend!r} needs faiss, which is not installed: pip install -e '.[cpu]' "
-                         "(or '.[gpu]'), or use backend='torch'") from None
+        raise ValueError(
+            f"backend={backend!r} needs faiss, which is not installed: pip install -e '.[cpu]' "
+            "(or '.[gpu]'), or use backend='torch'"
+        ) from None
     return faiss
 
 
@@ -49,8 +49,9 @@ def _resolve_knn_backend(backend: str, device: Any) -> tuple[str, torch.device |
         return backend, None
     if backend == "faiss-gpu":
         if _faiss_gpus(_import_faiss(backend)) == 0:
-            raise ValueError("backend='faiss-gpu' but faiss sees no GPU (faiss.get_num_gpus() == 0); "
-                             "use backend='auto' or 'torch'")
+            raise ValueError(
+                "backend='faiss-gpu' but faiss sees no GPU (faiss.get_num_gpus() == 0); use backend='auto' or 'torch'"
+            )
         return backend, None
     try:
         import faiss
@@ -85,7 +86,11 @@ def _faiss_search(
 
 
 def _torch_search(
-    train: np.ndarray, test: np.ndarray, k: int, device: torch.device, batch_size: int,
+    train: np.ndarray,
+    test: np.ndarray,
+    k: int,
+    device: torch.device,
+    batch_size: int,
     train_chunk: int = TORCH_TRAIN_CHUNK,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The same exact inner-product top-k as :func:`_faiss_search`, by matmul + ``torch.topk``

@@ -9,9 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
-
 from smallbatch.evaluation.embed import check_features, check_pair, mean_std, rowwise_float32
-
 
 LINEAR_OPTIMIZERS = ("lbfgs-precond", "lbfgs", "adam")
 
@@ -91,8 +89,16 @@ def _precond_factor(x: torch.Tensor, mu: float, rows: int) -> torch.Tensor:
 
 def _lbfgs(params: list[torch.Tensor], lr: float, max_iter: int, max_eval: int | None = None) -> torch.optim.LBFGS:
     """The probe's L-BFGS: history 20, strong-Wolfe line search (max_eval None: 1.25 * max_iter)."""
-    return torch.optim.LBFGS(params, lr=lr, max_iter=max_iter, max_eval=max_eval, history_size=20,
-                             tolerance_grad=1e-9, tolerance_change=1e-12, line_search_fn="strong_wolfe")
+    return torch.optim.LBFGS(
+        params,
+        lr=lr,
+        max_iter=max_iter,
+        max_eval=max_eval,
+        history_size=20,
+        tolerance_grad=1e-9,
+        tolerance_change=1e-12,
+        line_search_fn="strong_wolfe",
+    )
 
 
 def _fit_lbfgs_precond(x, y, c, epochs, lr, weight_decay, tol) -> LinearFit:
@@ -259,8 +265,21 @@ def linear_eval(
     """
     tr, ytr, te, yte, c = check_pair(train_f, train_y, test_f, test_y, num_classes)
     lr = _check_linear_args(epochs, optimizer, lr, weight_decay, batch_size, tol)
-    return _linear_probe(tr, ytr, te, yte, c, optimizer=optimizer, epochs=epochs, lr=lr, weight_decay=weight_decay,
-                         batch_size=batch_size, seed=seed, tol=tol, device=torch.device(device))[0]
+    return _linear_probe(
+        tr,
+        ytr,
+        te,
+        yte,
+        c,
+        optimizer=optimizer,
+        epochs=epochs,
+        lr=lr,
+        weight_decay=weight_decay,
+        batch_size=batch_size,
+        seed=seed,
+        tol=tol,
+        device=torch.device(device),
+    )[0]
 
 
 def standardise(train_f: Any, test_f: Any, device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
@@ -272,8 +291,9 @@ def standardise(train_f: Any, test_f: Any, device: str | torch.device = "cpu") -
     return _standardise(tr, te, torch.device(device))
 
 
-def fit_linear(x: torch.Tensor, y: torch.Tensor, num_classes: int, weight_decay: float, epochs: int = 100,
-               tol: float = 1e-5) -> LinearFit:
+def fit_linear(
+    x: torch.Tensor, y: torch.Tensor, num_classes: int, weight_decay: float, epochs: int = 100, tol: float = 1e-5
+) -> LinearFit:
     """The default probe's fit ('lbfgs-precond', :func:`linear_eval`) on rows already
     standardised (:func:`standardise`): ``y`` int64 labels on ``x``'s device."""
     _check_linear_args(epochs, "lbfgs-precond", None, weight_decay, None, tol)

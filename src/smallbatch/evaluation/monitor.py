@@ -23,15 +23,30 @@ _SEED_OFFSET = 0x6D6F6E  # the split's generator: apart from every training stre
 class KnnMonitor:
     """``monitor(backbone, epoch)`` -> the metrics of a due epoch (every ``every``-th), else None."""
 
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, mean, std, *, every: int, k: int, t: float,
-                 seed: int, device, queries: int = QUERIES, bank: int = BANK):
+    def __init__(
+        self,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        mean,
+        std,
+        *,
+        every: int,
+        k: int,
+        t: float,
+        seed: int,
+        device,
+        queries: int = QUERIES,
+        bank: int = BANK,
+    ):
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise ValueError(f"eval.monitor_every must be a whole number of epochs >= 1 (0 or null: off), not {every!r}")
+            raise ValueError(
+                f"eval.monitor_every must be a whole number of epochs >= 1 (0 or null: off), not {every!r}"
+            )
         n = images.shape[0]
         n_q = min(queries, n // 5)
         n_b = min(bank, n - n_q)
         perm = torch.randperm(n, generator=torch.Generator().manual_seed(int(seed) + _SEED_OFFSET))
-        q, b = perm[:n_q], perm[n_q:n_q + n_b]
+        q, b = perm[:n_q], perm[n_q : n_q + n_b]
         self.xq, self.yq, self.xb, self.yb = images[q], labels[q].numpy(), images[b], labels[b].numpy()
         self.mean, self.std, self.every, self.k, self.t, self.device = mean, std, every, k, t, device
 
@@ -49,8 +64,11 @@ class KnnMonitor:
         fb = embed(backbone, self.xb, self.mean, self.std, batch_size=256, device=self.device)
         fq = embed(backbone, self.xq, self.mean, self.std, batch_size=256, device=self.device)
         top1 = knn_eval(fb, self.yb, fq, self.yq, ks=(self.k,), t=self.t, backend="torch", device=self.device)["top1"]
-        return {"monitor/knn_top1": 100.0 * top1, "monitor/epoch": float(epoch),
-                "monitor/seconds": time.perf_counter() - t0}
+        return {
+            "monitor/knn_top1": 100.0 * top1,
+            "monitor/epoch": float(epoch),
+            "monitor/seconds": time.perf_counter() - t0,
+        }
 
 
 def knn_monitor(cell: dict, data, device) -> KnnMonitor | None:
@@ -60,5 +78,14 @@ def knn_monitor(cell: dict, data, device) -> KnnMonitor | None:
     every = ev.get("monitor_every") or 0
     if not every or data.train_y is None:
         return None
-    return KnnMonitor(data.train_x, data.train_y, data.mean, data.std, every=every, k=min(ev["knn_k"]),
-                      t=ev["knn_t"], seed=cell["seed"], device=device)
+    return KnnMonitor(
+        data.train_x,
+        data.train_y,
+        data.mean,
+        data.std,
+        every=every,
+        k=min(ev["knn_k"]),
+        t=ev["knn_t"],
+        seed=cell["seed"],
+        device=device,
+    )

@@ -37,8 +37,15 @@ from ..data import stratified_subset
 from .embed import check_pair
 from .linear import _linear_metrics, fit_linear, linear_eval, linear_top1, standardise
 
-__all__ = ["validation_split", "balanced_subset", "fraction_tag", "validated_linear_probe", "few_label_probes",
-           "linear_probes", "gap_fraction"]
+__all__ = [
+    "validation_split",
+    "balanced_subset",
+    "fraction_tag",
+    "validated_linear_probe",
+    "few_label_probes",
+    "linear_probes",
+    "gap_fraction",
+]
 
 
 def validation_split(labels: np.ndarray, fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -63,8 +70,9 @@ def balanced_subset(labels: np.ndarray, rows: np.ndarray, fraction: float, rng: 
     picked = []
     for cls in np.unique(labels):
         members = rows[labels == cls]
-        picked.append(rng.choice(members, size=min(len(members), max(1, round(fraction * len(members)))),
-                                 replace=False))
+        picked.append(
+            rng.choice(members, size=min(len(members), max(1, round(fraction * len(members)))), replace=False)
+        )
     return np.sort(np.concatenate(picked))
 
 
@@ -93,8 +101,9 @@ def _check_decays(weight_decays: Sequence[float]) -> list[float]:
     return decays
 
 
-def validated_linear_probe(x, y, xte, yte, c: int, fit_rows, val_rows, weight_decays: Sequence[float],
-                           epochs: int = 100, tol: float = 1e-5) -> dict[str, float]:
+def validated_linear_probe(
+    x, y, xte, yte, c: int, fit_rows, val_rows, weight_decays: Sequence[float], epochs: int = 100, tol: float = 1e-5
+) -> dict[str, float]:
     """Step 3 of the protocol on standardised tensors: the weight decay chosen on the
     validation rows, then refitted on every training row and scored on the test rows."""
     best, _, scores = _choose(x, y, c, fit_rows, val_rows, _check_decays(weight_decays), epochs, tol)
@@ -105,9 +114,21 @@ def validated_linear_probe(x, y, xte, yte, c: int, fit_rows, val_rows, weight_de
     return out
 
 
-def few_label_probes(x, y, xte, yte, c: int, fit_rows, val_rows, fractions: Sequence[float], draws: int,
-                     weight_decays: Sequence[float], epochs: int = 100, tol: float = 1e-5,
-                     seed: int = 0) -> dict[str, float]:
+def few_label_probes(
+    x,
+    y,
+    xte,
+    yte,
+    c: int,
+    fit_rows,
+    val_rows,
+    fractions: Sequence[float],
+    draws: int,
+    weight_decays: Sequence[float],
+    epochs: int = 100,
+    tol: float = 1e-5,
+    seed: int = 0,
+) -> dict[str, float]:
     """Step 4 of the protocol: per fraction, ``<tag>_top1_mean`` / ``_sd`` (sample sd; 0 for
     one draw) over the draws, ``<tag>_labels`` (labelled rows per draw) and
     ``<tag>_weight_decay`` (the median of the chosen ones)."""
@@ -131,11 +152,25 @@ def few_label_probes(x, y, xte, yte, c: int, fit_rows, val_rows, fractions: Sequ
     return out
 
 
-def linear_probes(train_f: Any, train_y: Any, test_f: Any, test_y: Any, *, weight_decay: float = 1e-3,
-                  weight_decays: Sequence[float] | None = None, val_fraction: float = 0.1,
-                  fewshot_fractions: Sequence[float] = (), fewshot_draws: int = 5, epochs: int = 100,
-                  tol: float = 1e-5, seed: int = 0, split_seed: int = 0, num_classes: int | None = None,
-                  device: str | torch.device = "cpu", **linear_kwargs: Any) -> dict[str, float]:
+def linear_probes(
+    train_f: Any,
+    train_y: Any,
+    test_f: Any,
+    test_y: Any,
+    *,
+    weight_decay: float = 1e-3,
+    weight_decays: Sequence[float] | None = None,
+    val_fraction: float = 0.1,
+    fewshot_fractions: Sequence[float] = (),
+    fewshot_draws: int = 5,
+    epochs: int = 100,
+    tol: float = 1e-5,
+    seed: int = 0,
+    split_seed: int = 0,
+    num_classes: int | None = None,
+    device: str | torch.device = "cpu",
+    **linear_kwargs: Any,
+) -> dict[str, float]:
     """The protocol of the module docstring; accuracies as fractions. ``split_seed`` draws
     the validation split and the labelled sets (keep it fixed so every cell of a study is
     probed alike); ``seed`` is :func:`~smallbatch.evaluation.linear.linear_eval`'s (Adam's shuffle).
@@ -148,14 +183,30 @@ def linear_probes(train_f: Any, train_y: Any, test_f: Any, test_y: Any, *, weigh
     tr, ytr, te, yte, c = check_pair(train_f, train_y, test_f, test_y, num_classes)
     fractions = [float(f) for f in fewshot_fractions]
     solver = linear_kwargs.get("optimizer", "lbfgs-precond")
-    if (weight_decays is not None or fractions) and (solver != "lbfgs-precond" or linear_kwargs.get("lr") not in
-                                                     (None, 1.0) or linear_kwargs.get("batch_size") is not None):
-        raise ValueError(f"linear_weight_decays and fewshot_fractions use the lbfgs-precond probe at lr 1 on the "
-                         f"full batch; got linear_optimizer {solver!r}, linear_lr {linear_kwargs.get('lr')!r}, "
-                         f"linear_batch_size {linear_kwargs.get('batch_size')!r}")
+    if (weight_decays is not None or fractions) and (
+        solver != "lbfgs-precond"
+        or linear_kwargs.get("lr") not in (None, 1.0)
+        or linear_kwargs.get("batch_size") is not None
+    ):
+        raise ValueError(
+            f"linear_weight_decays and fewshot_fractions use the lbfgs-precond probe at lr 1 on the "
+            f"full batch; got linear_optimizer {solver!r}, linear_lr {linear_kwargs.get('lr')!r}, "
+            f"linear_batch_size {linear_kwargs.get('batch_size')!r}"
+        )
     if weight_decays is None:
-        out = linear_eval(tr, ytr, te, yte, epochs=epochs, weight_decay=weight_decay, tol=tol, seed=seed,
-                          num_classes=c, device=device, **linear_kwargs)
+        out = linear_eval(
+            tr,
+            ytr,
+            te,
+            yte,
+            epochs=epochs,
+            weight_decay=weight_decay,
+            tol=tol,
+            seed=seed,
+            num_classes=c,
+            device=device,
+            **linear_kwargs,
+        )
         if not fractions:
             return out
     x, xte = standardise(tr, te, device)
@@ -164,8 +215,11 @@ def linear_probes(train_f: Any, train_y: Any, test_f: Any, test_y: Any, *, weigh
     decays = [weight_decay] if weight_decays is None else list(weight_decays)
     if weight_decays is not None:
         out = validated_linear_probe(x, yt, xte, ytt, c, fit_rows, val_rows, decays, epochs, tol)
-    out.update(few_label_probes(x, yt, xte, ytt, c, fit_rows, val_rows, fractions, fewshot_draws, decays,
-                                epochs, tol, split_seed))
+    out.update(
+        few_label_probes(
+            x, yt, xte, ytt, c, fit_rows, val_rows, fractions, fewshot_draws, decays, epochs, tol, split_seed
+        )
+    )
     return out
 
 

@@ -23,8 +23,8 @@ import torch
 from torch import nn
 
 from ..augment import AugmentConfig, BatchAugment
-from ..training.checkpoint import StepRandom
 from ..models import build_backbone
+from ..training.checkpoint import StepRandom
 from ..training.optim import lr_at, make_optimizer, scaled_lr, set_lr
 
 __all__ = ["train_supervised", "supervised_schedule"]
@@ -33,16 +33,25 @@ __all__ = ["train_supervised", "supervised_schedule"]
 def supervised_schedule(train: dict, n_images: int, batch_size: int) -> tuple[int, int, int, float]:
     """(steps per epoch, total steps, warm-up steps, peak rate) of the cells' schedule."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 2 <= batch_size <= n_images:
-        raise ValueError(f"the supervised baseline's batch_size must be an integer in [2, {n_images}] "
-                         f"(the training images), got {batch_size!r}")
+        raise ValueError(
+            f"the supervised baseline's batch_size must be an integer in [2, {n_images}] "
+            f"(the training images), got {batch_size!r}"
+        )
     spe = n_images // batch_size
     total = int(train["steps"]) if train.get("steps") else max(1, math.ceil(float(train["epochs"]) * spe))
     warmup = int(round(float(train["warmup_epochs"]) * spe))
     return spe, total, warmup, scaled_lr(float(train["lr"]), batch_size, train["lr_scaling"])
 
 
-def train_supervised(cell: dict, images: torch.Tensor, labels: torch.Tensor, num_classes: int, mean, std,
-                     device: torch.device | str = "cpu") -> nn.Module:
+def train_supervised(
+    cell: dict,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    num_classes: int,
+    mean,
+    std,
+    device: torch.device | str = "cpu",
+) -> nn.Module:
     """The cell's backbone trained with cross-entropy (module docstring); returns it (on
     ``device``). ``cell`` needs ``train``, ``augment``, ``seed`` and ``batch_size``;
     ``images`` uint8 ``(N, C, H, W)``, ``labels`` int64 ``(N,)``."""
@@ -66,7 +75,7 @@ def train_supervised(cell: dict, images: torch.Tensor, labels: torch.Tensor, num
         pos = step % spe
         if perm is None or pos == 0:
             perm = torch.randperm(n, generator=rng.generator("permutation", step // spe), device=dev)
-        idx = perm[pos * bs:(pos + 1) * bs]
+        idx = perm[pos * bs : (pos + 1) * bs]
         x = x_all[idx]
         views = aug.apply(x, aug.draw(bs, rng.generator("augment", step), dev))
         set_lr(opt, lr_at(step, total, warmup, peak))
@@ -75,6 +84,5 @@ def train_supervised(cell: dict, images: torch.Tensor, labels: torch.Tensor, num
         loss.backward()
         opt.step()
     if not math.isfinite(float(loss.detach())):
-        raise ValueError(f"the supervised baseline {cell.get('id', '')} diverged (loss {float(loss)}); "
-                         "lower train.lr")
+        raise ValueError(f"the supervised baseline {cell.get('id', '')} diverged (loss {float(loss)}); lower train.lr")
     return backbone.eval()

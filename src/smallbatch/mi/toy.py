@@ -152,6 +152,7 @@ __all__ = [
 ESTIMATORS: tuple[str, ...] = ("infonce", "flatnce", "eqco")
 CRITICS: tuple[str, ...] = ("separable", "concat", "oracle")
 
+
 # --------------------------------------------------------------------------- analytic part
 def _check_dim(d: Any, name: str = "d") -> int:
     if isinstance(d, bool) or not isinstance(d, (int,)) and not (isinstance(d, float) and d.is_integer()):
@@ -280,8 +281,9 @@ class SeparableCritic(nn.Module):
     FlatNCE's official code and of the image experiments); ``None``: the unbounded dot
     product."""
 
-    def __init__(self, d: int, hidden: int = 64, embed: int = 32, layers: int = 2,
-                 temperature: float | None = None) -> None:
+    def __init__(
+        self, d: int, hidden: int = 64, embed: int = 32, layers: int = 2, temperature: float | None = None
+    ) -> None:
         super().__init__()
         d = _check_dim(d)
         hidden, embed = _check_width(hidden, "hidden"), _check_width(embed, "embed")
@@ -338,7 +340,7 @@ class ConcatCritic(nn.Module):
 
     def _halves(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         w = self.first.weight
-        return x @ w[:, : self.d].T + self.first.bias, y @ w[:, self.d:].T
+        return x @ w[:, : self.d].T + self.first.bias, y @ w[:, self.d :].T
 
     def forward(self, x: Tensor, y: Tensor) -> Tensor:
         """Scores of matching rows: ``x, y (..., d) -> (...)`` (``h(cat[x, y])``)."""
@@ -372,8 +374,16 @@ class GaussianRatioCritic(nn.Module):
         return log_density_ratio(xa[:, :, None, :], y[:, idx, :], self.rho)
 
 
-def build_critic(name: str, d: int, *, hidden: int = 64, embed: int = 32, layers: int = 2,
-                 rho: float | None = None, temperature: float | None = None) -> nn.Module:
+def build_critic(
+    name: str,
+    d: int,
+    *,
+    hidden: int = 64,
+    embed: int = 32,
+    layers: int = 2,
+    rho: float | None = None,
+    temperature: float | None = None,
+) -> nn.Module:
     """``separable`` | ``concat`` | ``oracle`` (the oracle needs ``rho``; ``temperature``
     bounds the learned critics' scores, see :class:`SeparableCritic`)."""
     key = str(name).strip().lower()
@@ -562,8 +572,14 @@ def train_estimator(
             opt.step()
             sched.step()
         trace.append(float(_estimate_from_output(key, out, k, alpha)))
-    return TrainResult(trace=trace, critic=critic, seconds=time.perf_counter() - t0,
-                       diverged=diverged, steps=len(trace), extra={"train_anchors": a_train})
+    return TrainResult(
+        trace=trace,
+        critic=critic,
+        seconds=time.perf_counter() - t0,
+        diverged=diverged,
+        steps=len(trace),
+        extra={"train_anchors": a_train},
+    )
 
 
 def _check_training(K, d, true_mi_value, steps, lr) -> tuple[int, int, float, int, float]:
@@ -577,8 +593,9 @@ def _check_training(K, d, true_mi_value, steps, lr) -> tuple[int, int, float, in
     return k, d, rho_for_mi(mi, d), steps, lr
 
 
-def _new_critic(name: str, seed: int, d: int, rho: float, hidden: int, embed: int, layers: int,
-                temperature: float | None = None) -> nn.Module:
+def _new_critic(
+    name: str, seed: int, d: int, rho: float, hidden: int, embed: int, layers: int, temperature: float | None = None
+) -> nn.Module:
     """The critic ``name`` initialised from ``seed`` (the same start for every estimator, K and MI)."""
     torch.manual_seed(_stable_seed("critic", seed, name))
     return build_critic(name, d, hidden=hidden, embed=embed, layers=layers, rho=rho, temperature=temperature)
@@ -593,8 +610,11 @@ def _adam(params: list[Tensor], lr: float, steps: int):
     if not params:
         return None, None
     opt = torch.optim.Adam(params, lr=lr, foreach=True)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * s / steps))) \
-        if steps > 0 else None
+    sched = (
+        torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * s / steps)))
+        if steps > 0
+        else None
+    )
     return opt, sched
 
 
@@ -651,10 +671,24 @@ class _StackedSeparable(nn.Module):
                 lin.bias.copy_(b[0])
 
 
-def train_estimators(estimators: Sequence[str], critic: str, K: int, true_mi: float, d: int,  # noqa: F811
-                     steps: int, lr: float, seed: int, *, alpha: float | None = None, anchors: int = 128,
-                     max_pairs: int | None = 8192, hidden: int = 64, embed: int = 32,
-                     layers: int = 2, temperature: float | None = None) -> list[TrainResult]:
+def train_estimators(
+    estimators: Sequence[str],
+    critic: str,
+    K: int,
+    true_mi: float,
+    d: int,  # noqa: F811
+    steps: int,
+    lr: float,
+    seed: int,
+    *,
+    alpha: float | None = None,
+    anchors: int = 128,
+    max_pairs: int | None = 8192,
+    hidden: int = 64,
+    embed: int = 32,
+    layers: int = 2,
+    temperature: float | None = None,
+) -> list[TrainResult]:
     """:func:`train_estimator` for several estimators of one (critic, K, MI, seed) at once.
 
     They start from the same critic and draw the same batches, so for the separable critic
@@ -668,8 +702,10 @@ def train_estimators(estimators: Sequence[str], critic: str, K: int, true_mi: fl
     k, d, rho, steps, lr = _check_training(K, d, true_mi, steps, lr)
     critics = [_new_critic(critic, seed, d, rho, hidden, embed, layers, temperature) for _ in keys]
     if len(keys) < 2 or not isinstance(critics[0], SeparableCritic):
-        return [train_estimator(e, c, K, true_mi, d, steps, lr, seed, alpha=alpha, anchors=anchors,
-                                max_pairs=max_pairs) for e, c in zip(keys, critics)]
+        return [
+            train_estimator(e, c, K, true_mi, d, steps, lr, seed, alpha=alpha, anchors=anchors, max_pairs=max_pairs)
+            for e, c in zip(keys, critics)
+        ]
     stacked = _StackedSeparable(critics)
     gen, losses = _train_generator(seed, k, true_mi, d), [estimator_loss(key, alpha) for key in keys]
     opt, sched = _adam(list(stacked.parameters()), lr, steps)
@@ -679,7 +715,11 @@ def train_estimators(estimators: Sequence[str], critic: str, K: int, true_mi: fl
     for _ in range(steps):
         x, y = _sample_groups(k, anchors, d, rho, gen)
         s = stacked.group_scores(x[:, :anchors], y).reshape(len(keys), -1, k + 1)
-        outs = {m: losses[m].from_scores(s[m, :, 0], s[m, :, 1:], temperature=SCORE_TAU) for m in range(len(keys)) if m not in stopped}
+        outs = {
+            m: losses[m].from_scores(s[m, :, 0], s[m, :, 1:], temperature=SCORE_TAU)
+            for m in range(len(keys))
+            if m not in stopped
+        }
         for m in [m for m, out in outs.items() if not bool(torch.isfinite(out.loss))]:
             stopped[m] = stacked.state_of(m)
             del outs[m]
@@ -694,8 +734,17 @@ def train_estimators(estimators: Sequence[str], critic: str, K: int, true_mi: fl
     seconds = (time.perf_counter() - t0) / len(keys)
     for m, c in enumerate(critics):
         _StackedSeparable.load_into(c, stopped.get(m) or stacked.state_of(m))
-    return [TrainResult(trace=traces[m], critic=c, seconds=seconds, diverged=m in stopped, steps=len(traces[m]),
-                        extra={"train_anchors": train_anchors(k, anchors, None)}) for m, c in enumerate(critics)]
+    return [
+        TrainResult(
+            trace=traces[m],
+            critic=c,
+            seconds=seconds,
+            diverged=m in stopped,
+            steps=len(traces[m]),
+            extra={"train_anchors": train_anchors(k, anchors, None)},
+        )
+        for m, c in enumerate(critics)
+    ]
 
 
 @torch.no_grad()
@@ -737,9 +786,12 @@ def evaluate_estimator(
         dual.append(float(dual_estimate(pos, neg)))
     e, du = torch.tensor(est, dtype=torch.float64), torch.tensor(dual, dtype=torch.float64)
     out = {
-        "estimates": est, "duals": dual,
-        "estimate": float(e.mean()), "std": float(e.std(unbiased=False)),
-        "dual_estimate": float(du.mean()), "dual_std": float(du.std(unbiased=False)),
+        "estimates": est,
+        "duals": dual,
+        "estimate": float(e.mean()),
+        "std": float(e.std(unbiased=False)),
+        "dual_estimate": float(du.mean()),
+        "dual_std": float(du.std(unbiased=False)),
     }
     if eval_k is not None:
         out.update(eval_k_estimate(critic, eval_k, r, d, batches, seed, anchors=anchors))
@@ -747,8 +799,9 @@ def evaluate_estimator(
 
 
 @torch.no_grad()
-def eval_k_estimate(critic: nn.Module, eval_k: int, rho: float, d: int, batches: int, seed: int, *,
-                    anchors: int = 128) -> dict[str, float]:
+def eval_k_estimate(
+    critic: nn.Module, eval_k: int, rho: float, d: int, batches: int, seed: int, *, anchors: int = 128
+) -> dict[str, float]:
     """The critic's InfoNCE bound with ``eval_k`` negatives per anchor on ``batches`` fresh
     batches: ``{'estimate_eval_k': mean, 'std_eval_k': population std}``.
 
@@ -777,7 +830,7 @@ def _thin(trace: Sequence[float], points: int) -> list[tuple[int, float]]:
     w = max(1, math.ceil(n / points))
     out = []
     for start in range(0, n, w):
-        chunk = trace[start:start + w]
+        chunk = trace[start : start + w]
         out.append((start + len(chunk), float(sum(chunk) / len(chunk))))
     return out
 
@@ -817,28 +870,44 @@ def _row(sec: dict, key: dict, res: TrainResult, oracle_eval_k: dict) -> dict:
     est, k, mi, d = key["estimator"], key["K"], key["true_mi"], sec["dim"]
     rho, alpha = rho_for_mi(mi, d), (sec["eqco_alpha"] if key["estimator"] == "eqco" else None)
     eval_k = sec["eval_k"] if sec.get("eval_k") is not None else max(sec["ks"])
-    ev = evaluate_estimator(est, res.critic, k, rho, d, sec["eval_batches"], key["seed"], alpha=alpha,
-                            anchors=sec["anchors"])
+    ev = evaluate_estimator(
+        est, res.critic, k, rho, d, sec["eval_batches"], key["seed"], alpha=alpha, anchors=sec["anchors"]
+    )
     if isinstance(res.critic, GaussianRatioCritic):
         cached = (key["seed"], float(mi), eval_k)
         if cached not in oracle_eval_k:
-            oracle_eval_k[cached] = eval_k_estimate(res.critic, eval_k, rho, d, sec["eval_batches"], key["seed"],
-                                                    anchors=sec["anchors"])
+            oracle_eval_k[cached] = eval_k_estimate(
+                res.critic, eval_k, rho, d, sec["eval_batches"], key["seed"], anchors=sec["anchors"]
+            )
         ev.update(oracle_eval_k[cached])
     else:
-        ev.update(eval_k_estimate(res.critic, eval_k, rho, d, sec["eval_batches"], key["seed"],
-                                  anchors=sec["anchors"]))
-    tail = res.trace[-max(1, len(res.trace) // 10):] if res.trace else []
+        ev.update(eval_k_estimate(res.critic, eval_k, rho, d, sec["eval_batches"], key["seed"], anchors=sec["anchors"]))
+    tail = res.trace[-max(1, len(res.trace) // 10) :] if res.trace else []
     return {
-        **key, "dim": d, "rho": rho, "alpha": alpha,
-        "estimate": ev["estimate"], "std": ev["std"], "variance": ev["std"] ** 2,
-        "bias": ev["estimate"] - mi, "ceiling": mi_ceiling(est, k, alpha),
-        "dual_estimate": ev["dual_estimate"], "dual_std": ev["dual_std"],
-        "eval_k": eval_k, "estimate_eval_k": ev["estimate_eval_k"], "std_eval_k": ev["std_eval_k"],
+        **key,
+        "dim": d,
+        "rho": rho,
+        "alpha": alpha,
+        "estimate": ev["estimate"],
+        "std": ev["std"],
+        "variance": ev["std"] ** 2,
+        "bias": ev["estimate"] - mi,
+        "ceiling": mi_ceiling(est, k, alpha),
+        "dual_estimate": ev["dual_estimate"],
+        "dual_std": ev["dual_std"],
+        "eval_k": eval_k,
+        "estimate_eval_k": ev["estimate_eval_k"],
+        "std_eval_k": ev["std_eval_k"],
         "train_final": float(sum(tail) / len(tail)) if tail else None,
-        "steps": res.steps, "diverged": res.diverged, "failed": failed(res.diverged, ev["estimate"], _bounded(res.critic)),
-        "anchors": sec["anchors"], "train_anchors": res.extra["train_anchors"],
-        "hidden": sec["hidden"], "embed": sec["embed"], "layers": sec["layers"], "lr": sec["lr"],
+        "steps": res.steps,
+        "diverged": res.diverged,
+        "failed": failed(res.diverged, ev["estimate"], _bounded(res.critic)),
+        "anchors": sec["anchors"],
+        "train_anchors": res.extra["train_anchors"],
+        "hidden": sec["hidden"],
+        "embed": sec["embed"],
+        "layers": sec["layers"],
+        "lr": sec["lr"],
         "critic_temperature": sec["critic_temperature"],
         "seconds": res.seconds + time.perf_counter() - t0,
     }
@@ -859,11 +928,14 @@ def _bounded(critic: nn.Module) -> bool:
 
 
 def _print_row(i: int, n: int, row: dict) -> None:
-    print(f"[mi {i}/{n}] {row['estimator']:8s} {row['critic']:9s} K={row['K']:<5d} I={row['true_mi']:g}: "
-          f"estimate {row['estimate']:.3f} ± {row['std']:.3f} (ceiling {row['ceiling']:.2f}, "
-          f"dual {row['dual_estimate']:.2f}, at K={row['eval_k']} {row['estimate_eval_k']:.2f}) "
-          f"{row['seconds']:.1f}s{' SETUP FAILURE' if row['failed'] else ''}",
-          file=sys.stderr, flush=True)
+    print(
+        f"[mi {i}/{n}] {row['estimator']:8s} {row['critic']:9s} K={row['K']:<5d} I={row['true_mi']:g}: "
+        f"estimate {row['estimate']:.3f} ± {row['std']:.3f} (ceiling {row['ceiling']:.2f}, "
+        f"dual {row['dual_estimate']:.2f}, at K={row['eval_k']} {row['estimate_eval_k']:.2f}) "
+        f"{row['seconds']:.1f}s{' SETUP FAILURE' if row['failed'] else ''}",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def run_mi_experiment(
@@ -899,11 +971,23 @@ def run_mi_experiment(
         for group in _same_data(keys):
             first = group[0]
             alpha = sec["eqco_alpha"] if "eqco" in [g["estimator"] for g in group] else None
-            results = train_estimators([g["estimator"] for g in group], first["critic"], first["K"],
-                                       first["true_mi"], sec["dim"], sec["steps"], sec["lr"], first["seed"],
-                                       alpha=alpha, anchors=sec["anchors"], max_pairs=sec["max_pairs"],
-                                       hidden=sec["hidden"], embed=sec["embed"], layers=sec["layers"],
-                                       temperature=sec["critic_temperature"])
+            results = train_estimators(
+                [g["estimator"] for g in group],
+                first["critic"],
+                first["K"],
+                first["true_mi"],
+                sec["dim"],
+                sec["steps"],
+                sec["lr"],
+                first["seed"],
+                alpha=alpha,
+                anchors=sec["anchors"],
+                max_pairs=sec["max_pairs"],
+                hidden=sec["hidden"],
+                embed=sec["embed"],
+                layers=sec["layers"],
+                temperature=sec["critic_temperature"],
+            )
             for key, res in zip(group, results):
                 rows.append(_row(sec, key, res, oracle_eval_k))
                 if log_fn is not None:

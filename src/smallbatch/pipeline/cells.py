@@ -22,8 +22,18 @@ from typing import Any, Callable, Iterable
 from ..io import check_cell_id  # noqa: F401  (the one id check; import-light, for the CLI's fast paths)
 from ..losses import canonical_name, loss_param_names
 
-AXIS_ABBREV = {"precision": "", "lr_scaling": "lr", "epochs": "ep", "optimizer": "", "queue_size": "q", "lr": "lr",
-               "steps": "st", "neg_group": "ng", "bn_group": "bn", "mask_same_class": "oracle"}
+AXIS_ABBREV = {
+    "precision": "",
+    "lr_scaling": "lr",
+    "epochs": "ep",
+    "optimizer": "",
+    "queue_size": "q",
+    "lr": "lr",
+    "steps": "st",
+    "neg_group": "ng",
+    "bn_group": "bn",
+    "mask_same_class": "oracle",
+}
 
 
 def _fmt(v: Any) -> str:
@@ -109,8 +119,11 @@ def cell_hash(cell: dict) -> str:
     skip, later, former = execution_keys(), hashed_when_set(), former_names()
 
     def kept(section: str, items) -> dict:
-        return {former[section].get(k, k): v for k, v in items if k not in skip[section]
-                and not (k in later[section] and v == later[section][k])}
+        return {
+            former[section].get(k, k): v
+            for k, v in items
+            if k not in skip[section] and not (k in later[section] and v == later[section][k])
+        }
 
     science = kept("", ((k, v) for k, v in cell.items() if k not in NAME_KEYS))
     for section in CELL_SECTIONS:
@@ -149,8 +162,9 @@ def _loss_variants(entry: Any, cfg: dict) -> list[tuple[str, dict, dict]]:
 def loss_label(name: str, params: dict) -> str:
     """``name`` plus the parameters that differ from the paper's default, e.g. ``eqco-alpha256``."""
     defaults = loss_param_names(name)
-    return name + "".join(f"-{k}{_fmt(v)}" for k, v in sorted(params.items())
-                          if v is not None and (k not in defaults or v != defaults[k]))
+    return name + "".join(
+        f"-{k}{_fmt(v)}" for k, v in sorted(params.items()) if v is not None and (k not in defaults or v != defaults[k])
+    )
 
 
 def make_cell(
@@ -171,7 +185,9 @@ def make_cell(
     train.update(train_overrides or {})
     dopts = copy.deepcopy(cfg["datasets"][dataset])
     prefix = "" if experiment == "grid" else f"{experiment}/"
-    cid = f"{prefix}{dataset}/{loss_label(loss, loss_params)}/bs{batch_size}-t{_fmt(float(temperature))}-s{seed}{suffix}"
+    cid = (
+        f"{prefix}{dataset}/{loss_label(loss, loss_params)}/bs{batch_size}-t{_fmt(float(temperature))}-s{seed}{suffix}"
+    )
     cell = {
         "id": cid,
         "experiment": experiment,
@@ -255,8 +271,15 @@ def _section_grid(cfg: dict, section: str, sec: dict) -> Iterable[dict]:
                     for entry_bs, t, s in itertools.product(bss, tss, sss):
                         bs, bs_train, bs_suffix = _batch_entry(entry_bs)
                         yield make_cell(
-                            cfg, dataset=dataset, loss=loss, loss_params=params, batch_size=bs,
-                            temperature=t, seed=s, experiment=section, train_overrides={**tov, **bs_train},
+                            cfg,
+                            dataset=dataset,
+                            loss=loss,
+                            loss_params=params,
+                            batch_size=bs,
+                            temperature=t,
+                            seed=s,
+                            experiment=section,
+                            train_overrides={**tov, **bs_train},
                             suffix=bs_suffix + suffix,
                         )
 
@@ -278,7 +301,8 @@ def _side_cells(name: str) -> Callable[[dict], Iterable[dict]]:
 # Side experiments register a function cfg -> iterable of cells here.
 SIDE_EXPERIMENTS = ("precision", "ksweep", "ess", "tsweep", "regime", "instrument")
 SECTION_CELLS: dict[str, Callable[[dict], Iterable[dict]]] = {
-    "grid": _grid_cells, **{name: _side_cells(name) for name in SIDE_EXPERIMENTS}
+    "grid": _grid_cells,
+    **{name: _side_cells(name) for name in SIDE_EXPERIMENTS},
 }
 
 

@@ -64,15 +64,27 @@ def resolve_cell(args, baseline: bool = False) -> tuple[dict, dict]:
             import difflib
 
             near = difflib.get_close_matches(args.cell_id, list(cells), n=3)
-            raise ValueError(f"no cell {args.cell_id!r} in {args.config}" + (f"; did you mean {', '.join(near)}?" if near else ""))
+            raise ValueError(
+                f"no cell {args.cell_id!r} in {args.config}" + (f"; did you mean {', '.join(near)}?" if near else "")
+            )
         return cells[args.cell_id], cfg
     return _standalone_cell(args, overrides)
 
 
 #: every flag of the stand-alone group (_add_cell_args), with its empty value
-STANDALONE_FLAGS = {"dataset": None, "data_root": None, "loss": None, "batch_size": None, "temperature": None,
-                    "seed": None, "loss_param": [], **dict.fromkeys(TRAIN_FLAGS), "image_size": None,
-                    "train_subset": None, "threads": None}
+STANDALONE_FLAGS = {
+    "dataset": None,
+    "data_root": None,
+    "loss": None,
+    "batch_size": None,
+    "temperature": None,
+    "seed": None,
+    "loss_param": [],
+    **dict.fromkeys(TRAIN_FLAGS),
+    "image_size": None,
+    "train_subset": None,
+    "threads": None,
+}
 
 
 def _refuse_ignored(args, mode: str, keep: tuple[str, ...]) -> None:
@@ -81,9 +93,11 @@ def _refuse_ignored(args, mode: str, keep: tuple[str, ...]) -> None:
     for name, empty in STANDALONE_FLAGS.items():
         if name not in keep and getattr(args, name, empty) != empty:
             flag = "--" + name.replace("_", "-")
-            raise ValueError(f"{flag} has no effect with {mode} (the cell's settings come from "
-                             f"{'the config' if mode == '--cell-id' else 'the cell'}); leave it out, or set it "
-                             f"in the config, or name a stand-alone cell without {mode}")
+            raise ValueError(
+                f"{flag} has no effect with {mode} (the cell's settings come from "
+                f"{'the config' if mode == '--cell-id' else 'the cell'}); leave it out, or set it "
+                f"in the config, or name a stand-alone cell without {mode}"
+            )
 
 
 def _read_cell_file(path: Path, cfg: dict, baseline: bool) -> dict:
@@ -118,14 +132,18 @@ def _cell_from_text(text: str, source: str, cfg: dict, baseline: bool) -> dict:
     missing = [k for k in ref if k not in cell]
     if missing:
         kind = "baseline cell" if baseline else "cell"
-        raise ValueError(f"{source} lacks the key {missing[0]!r} of a {kind}"
-                         + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
-                         + "; write it with `smallbatch cells --write`")
+        raise ValueError(
+            f"{source} lacks the key {missing[0]!r} of a {kind}"
+            + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+            + "; write it with `smallbatch cells --write`"
+        )
     check_cell_id(cell["id"], f"{source}: id")
     if cell_hash(cell) != cell["hash"]:
-        raise ValueError(f"{source}: cell {cell['id']} says hash {cell['hash']!r} but its settings hash to "
-                         f"{cell_hash(cell)!r} (edited by hand?); write it again with `smallbatch cells --write`, "
-                         "or change the config instead")
+        raise ValueError(
+            f"{source}: cell {cell['id']} says hash {cell['hash']!r} but its settings hash to "
+            f"{cell_hash(cell)!r} (edited by hand?); write it again with `smallbatch cells --write`, "
+            "or change the config instead"
+        )
     if not baseline:  # the checks a config's cells get (an extreme tau, a k above the train set, ...)
         from .config import _cell_problem
 
@@ -152,14 +170,16 @@ def _standalone_cell(args, overrides: dict) -> tuple[dict, dict]:
     """A cell from --dataset, --loss, --batch-size, --temperature ...: the flags are checked
     first (messages name them), then the config is validated with the cell as its only
     grid cell, so the study's checks (data set size, warm-up, the loss's own) apply to it."""
+    from ..losses import canonical_name
     from .cells import make_cell
     from .config import deep_merge, load_config, validate_config
-    from ..losses import canonical_name
 
     missing = [f for f in ("dataset", "loss", "batch_size", "temperature") if getattr(args, f) is None]
     if missing:
-        raise ValueError("name a cell: --cell FILE, or --config with --cell-id, or give "
-                         + ", ".join("--" + m.replace("_", "-") for m in missing))
+        raise ValueError(
+            "name a cell: --cell FILE, or --config with --cell-id, or give "
+            + ", ".join("--" + m.replace("_", "-") for m in missing)
+        )
     name = canonical_name(args.loss)  # ValueError naming the allowed losses
     if args.batch_size < 2:
         raise ValueError(f"--batch-size must be >= 2 (a batch of 1 has no negatives), not {args.batch_size}")
@@ -171,21 +191,32 @@ def _standalone_cell(args, overrides: dict) -> tuple[dict, dict]:
     base = load_config(args.config) if args.config else {}
     # the study's other data sets and side experiments stay out of a stand-alone cell
     overrides["datasets"] = {args.dataset: {**base.get("datasets", {}).get(args.dataset, {}), **ds_opts}}
-    overrides["grid"] = {"losses": [{"name": name, **given}], "batch_sizes": [args.batch_size],
-                         "temperatures": [args.temperature], "seeds": [seed]}
+    overrides["grid"] = {
+        "losses": [{"name": name, **given}],
+        "batch_sizes": [args.batch_size],
+        "temperatures": [args.temperature],
+        "seeds": [seed],
+    }
     raw = deep_merge({k: v for k, v in base.items() if k not in ("datasets", "experiments", "grid")}, overrides)
     cfg = validate_config(raw)
     params = {**cfg.get("loss_params", {}).get(name, {}), **given}
-    cell = make_cell(cfg, dataset=args.dataset, loss=name, loss_params=params, batch_size=args.batch_size,
-                     temperature=args.temperature, seed=seed)
+    cell = make_cell(
+        cfg,
+        dataset=args.dataset,
+        loss=name,
+        loss_params=params,
+        batch_size=args.batch_size,
+        temperature=args.temperature,
+        seed=seed,
+    )
     return cell, cfg
 
 
 def _loss_params(name: str, pairs: list[str]) -> dict:
     """--loss-param KEY=VALUE pairs, each checked against the loss's parameter schema."""
+    from ..losses import loss_param_names
     from .config import check_value
     from .schema import load_schema
-    from ..losses import loss_param_names
 
     allowed = loss_param_names(name)
     schema = load_schema()["properties"]["loss_params"]["properties"][name]["properties"]
@@ -195,7 +226,9 @@ def _loss_params(name: str, pairs: list[str]) -> dict:
             raise ValueError(f"--loss-param must be KEY=VALUE, not {kv!r}")
         k, v = kv.split("=", 1)
         if k not in allowed:
-            raise ValueError(f"--loss-param {k!r} is not a parameter of {name}; allowed: {', '.join(allowed) or 'none'}")
+            raise ValueError(
+                f"--loss-param {k!r} is not a parameter of {name}; allowed: {', '.join(allowed) or 'none'}"
+            )
         params[k] = _coerce(v)
         check_value(schema[k], params[k], f"--loss-param {k}")
     return params
@@ -216,7 +249,7 @@ def cell_folder(args, cell: dict, cfg: dict) -> Path:
     """The cell's folder: that of its --cell file when the file is the cell.json pretraining
     wrote into it (``.../runs/<id>/cell.json``), else ``<results_dir>/runs/<id>``."""
     own = ("runs", *cell["id"].split("/"))
-    if getattr(args, "cell", None) is not None and args.cell.parent.parts[-len(own):] == own:
+    if getattr(args, "cell", None) is not None and args.cell.parent.parts[-len(own) :] == own:
         return args.cell.parent
     return Path(cfg["results_dir"]) / "runs" / cell["id"]
 
@@ -230,8 +263,8 @@ def cmd_cells(args) -> int:
     cells = expand_cells(cfg)
     base = baseline_cells(cfg)
     if args.write:
-        from .config import check_results_dir
         from ..io import write_json
+        from .config import check_results_dir
 
         check_results_dir(cfg)
 
@@ -248,8 +281,8 @@ def cmd_cells(args) -> int:
 
 
 def cmd_init_store(args) -> int:
-    from .config import load_config
     from ..tracking import init_store
+    from .config import load_config
 
     cfg = load_config(args.config) if args.config else load_config(None)
     uri, exp = _tracking(args, cfg)
@@ -277,9 +310,12 @@ def cmd_prepare_data(args) -> int:
 
     if args.dataset not in DATASETS:
         raise ValueError(f"--dataset {args.dataset!r} is not known; allowed: {', '.join(DATASETS)}")
-    cell = {"dataset": args.dataset, "dataset_options": ds,
-            "data_root": args.data_root or ds.get("root") or cfg["data"]["root"],
-            "download": args.download or cfg["data"]["download"]}
+    cell = {
+        "dataset": args.dataset,
+        "dataset_options": ds,
+        "data_root": args.data_root or ds.get("root") or cfg["data"]["root"],
+        "download": args.download or cfg["data"]["download"],
+    }
     info = prepare_data(cell, args.out)
     print(json.dumps(info))
     return 0
@@ -291,9 +327,17 @@ def cmd_pretrain(args) -> int:
     cell, cfg = resolve_cell(args)
     uri, exp = _tracking(args, cfg)
     out = args.out or cell_folder(args, cell, cfg)
-    res = run_pretrain(cell, out, tracking_uri=uri, experiment=exp, cache=args.data_cache,
-                       restart=args.restart, progress=not args.no_progress, device=args.device,
-                       evaluate_ahead=args.evaluate_ahead)
+    res = run_pretrain(
+        cell,
+        out,
+        tracking_uri=uri,
+        experiment=exp,
+        cache=args.data_cache,
+        restart=args.restart,
+        progress=not args.no_progress,
+        device=args.device,
+        evaluate_ahead=args.evaluate_ahead,
+    )
     if res.pop("rank", 0) == 0:  # one summary per cell, however many processes trained it
         print(json.dumps(res))
     return 0
@@ -322,8 +366,16 @@ def cmd_evaluate(args) -> int:
     uri, exp = _tracking(args, cfg)
     out_dir = args.out_dir or cell_folder(args, cell, cfg)
     ckpt = args.checkpoint or out_dir / "checkpoint.pt"
-    res = run_evaluate(cell, ckpt, out_dir, tracking_uri=uri, experiment=exp, cache=args.data_cache,
-                       device=args.device, features=args.features)
+    res = run_evaluate(
+        cell,
+        ckpt,
+        out_dir,
+        tracking_uri=uri,
+        experiment=exp,
+        cache=args.data_cache,
+        device=args.device,
+        features=args.features,
+    )
     print(json.dumps(res))
     return 0
 
@@ -334,8 +386,10 @@ def cmd_export(args) -> int:
     if args.run_dir is not None:  # the folder's checkpoint names its cell
         given = [f for f in ("cell", "cell_json", "cell_id", "dataset", "loss") if getattr(args, f) is not None]
         if given:
-            raise ValueError(f"--{given[0].replace('_', '-')} has no effect with --run-dir (its checkpoint names the "
-                             "cell); give one of them")
+            raise ValueError(
+                f"--{given[0].replace('_', '-')} has no effect with --run-dir (its checkpoint names the "
+                "cell); give one of them"
+            )
         folder, cell = args.run_dir, None
     else:
         cell, cfg = resolve_cell(args)
@@ -381,10 +435,16 @@ def _cmd_probe(kind: str, args) -> int:
     overrides = _eval_overrides(kind, args)
     if overrides:  # a look at other settings: the cell's own result and MLflow run keep the study's
         cell, uri, out = {**cell, "eval": {**cell["eval"], **overrides}}, None, args.out
-        print(f"{cell['id']}: {kind} probe with " + ", ".join(f"eval.{k} = {v}" for k, v in overrides.items())
-              + ": not logged to MLflow" + ("" if out else ", not written (no --out)"), file=sys.stderr)
-    res = run_probe(kind, cell, feats, out, tracking_uri=uri, experiment=exp,
-                    knn_backend=getattr(args, "knn_backend", None))
+        print(
+            f"{cell['id']}: {kind} probe with "
+            + ", ".join(f"eval.{k} = {v}" for k, v in overrides.items())
+            + ": not logged to MLflow"
+            + ("" if out else ", not written (no --out)"),
+            file=sys.stderr,
+        )
+    res = run_probe(
+        kind, cell, feats, out, tracking_uri=uri, experiment=exp, knn_backend=getattr(args, "knn_backend", None)
+    )
     print(json.dumps(res))
     return 0
 
@@ -454,8 +514,9 @@ def cmd_mi(args) -> int:
         section = (cfg.get("experiments") or {}).get("mi") or {}
     if not isinstance(section, dict):
         source = "--section-json" if args.section_json is not None else f"section file {args.section}"
-        raise ValueError(f"{source} must hold a JSON object (the experiments.mi section), "
-                         f"not a {type(section).__name__}")
+        raise ValueError(
+            f"{source} must hold a JSON object (the experiments.mi section), not a {type(section).__name__}"
+        )
     uri, exp = _tracking(args, cfg)
     res = run_mi_step(section, args.out, uri, exp, progress=not args.quiet)
     print(json.dumps({"rows": len(res["rows"]), "out": str(args.out), "seconds": round(res["seconds"], 1)}))
@@ -470,8 +531,8 @@ def cmd_config_reference(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from .config import load_config, resolve_tracking_uri
     from ..report import build_report
+    from .config import load_config, resolve_tracking_uri
 
     cfg = load_config(args.config) if args.config else load_config(None)
     uri = args.tracking_uri or resolve_tracking_uri(cfg)
@@ -508,8 +569,8 @@ def main(argv: list[str] | None = None) -> int:
             return rc
     parser = build_parser()
     args = parser.parse_args(argv)
-    from .allocator import tune
     from ..errors import Preempted
+    from .allocator import tune
 
     tune()  # every step's own process (or warm-server child): freed blocks stay for the next step
 

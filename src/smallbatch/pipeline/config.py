@@ -57,9 +57,7 @@ def _validator_with_defaults():
                     for prop, sub in aP["properties"].items():
                         if isinstance(sub, dict) and "default" in sub and prop not in value:
                             value[prop] = copy.deepcopy(sub["default"])
-        yield from Draft202012Validator.VALIDATORS["additionalProperties"](
-            validator, aP, instance, schema
-        )
+        yield from Draft202012Validator.VALIDATORS["additionalProperties"](validator, aP, instance, schema)
 
     return validators.extend(
         Draft202012Validator,
@@ -167,12 +165,15 @@ def _check_results_dir_value(value: Any) -> None:
     if not isinstance(value, str) or not value.strip():
         raise ConfigError(f"{key} is empty; name the results folder, e.g. results")
     if value.startswith("~"):
-        raise ConfigError(f"{key} starts with '~', which nothing expands here; write the full path "
-                          f"({os.path.expanduser(value)!r}?)")
+        raise ConfigError(
+            f"{key} starts with '~', which nothing expands here; write the full path ({os.path.expanduser(value)!r}?)"
+        )
     bad = sorted({c for c in value if c in "{}" or ord(c) < 32 or ord(c) == 127})
     if bad:
-        raise ConfigError(f"{key} holds {', '.join(map(repr, bad))}, which a results path may not hold "
-                          "(braces name the workflow's wildcards); rename the folder")
+        raise ConfigError(
+            f"{key} holds {', '.join(map(repr, bad))}, which a results path may not hold "
+            "(braces name the workflow's wildcards); rename the folder"
+        )
 
 
 def _check_loss_entries(cfg: dict) -> None:
@@ -181,7 +182,9 @@ def _check_loss_entries(cfg: dict) -> None:
     from ..losses import canonical_name, loss_param_names
 
     sections = [("grid", cfg.get("grid") or {})]
-    sections += [(f"experiments.{n}", sec) for n, sec in (cfg.get("experiments") or {}).items() if isinstance(sec, dict)]
+    sections += [
+        (f"experiments.{n}", sec) for n, sec in (cfg.get("experiments") or {}).items() if isinstance(sec, dict)
+    ]
     for where, sec in sections:
         for i, entry in enumerate(sec.get("losses") or []):
             if not isinstance(entry, dict):
@@ -190,8 +193,10 @@ def _check_loss_entries(cfg: dict) -> None:
             allowed = loss_param_names(name)
             for key in entry:
                 if key not in ("name", "batch_sizes", "temperatures", "seeds") and key not in allowed:
-                    raise ConfigError(f"config key '{where}.losses[{i}].{key}' is not a parameter of {name}; "
-                                      f"its parameters: {', '.join(allowed) or 'none'}")
+                    raise ConfigError(
+                        f"config key '{where}.losses[{i}].{key}' is not a parameter of {name}; "
+                        f"its parameters: {', '.join(allowed) or 'none'}"
+                    )
 
 
 def _check_sections(cfg: dict) -> None:
@@ -205,10 +210,14 @@ def _check_sections(cfg: dict) -> None:
             if k not in known:
                 hint = difflib.get_close_matches(k, sorted(known), n=1)
                 sugg = f" (did you mean '{hint[0]}'?)" if hint else ""
-                raise ConfigError(f"unknown config key 'experiments.{name}.train.{k}'{sugg}; allowed: {', '.join(sorted(known))}")
+                raise ConfigError(
+                    f"unknown config key 'experiments.{name}.train.{k}'{sugg}; allowed: {', '.join(sorted(known))}"
+                )
         for ds in sec.get("datasets", []) or []:
             if ds not in cfg.get("datasets", {}):
-                raise ConfigError(f"config key 'experiments.{name}.datasets' names {ds!r}, which is not under 'datasets' ({', '.join(cfg.get('datasets', {}))})")
+                raise ConfigError(
+                    f"config key 'experiments.{name}.datasets' names {ds!r}, which is not under 'datasets' ({', '.join(cfg.get('datasets', {}))})"
+                )
 
 
 def _check_augment(cfg: dict) -> None:
@@ -246,7 +255,9 @@ def _check_subsets(cfg: dict) -> None:
         if sizes is None:
             continue
         for option, split in (("train_subset", pretrain_split(name)), ("test_subset", "test")):
-            problem = subset_problem(f"config key 'datasets.{name}.{option}'", opts.get(option), sizes[split], split, name)
+            problem = subset_problem(
+                f"config key 'datasets.{name}.{option}'", opts.get(option), sizes[split], split, name
+            )
             if problem:
                 raise ConfigError(problem)
 
@@ -292,8 +303,10 @@ def _cell_problem(cell: dict) -> str | None:
     # with train.steps the budget is in steps and the warm-up in epochs of a data set
     # whose size may be unknown (imagefolder): not compared (CONFIGURATION.md, train.warmup_epochs)
     if not tr.get("steps") and tr["warmup_epochs"] > tr["epochs"]:
-        return (f"train.warmup_epochs = {tr['warmup_epochs']:g} is longer than train.epochs = {tr['epochs']:g} "
-                "(the learning rate would never finish warming up)")
+        return (
+            f"train.warmup_epochs = {tr['warmup_epochs']:g} is longer than train.epochs = {tr['epochs']:g} "
+            "(the learning rate would never finish warming up)"
+        )
     try:
         build_loss(cell["loss"], **cell["loss_params"])  # its parameters (τ: _extreme_problem)
     except ValueError as exc:
@@ -313,8 +326,10 @@ def _extreme_problem(cell: dict) -> str | None:
 
     tau, (lo, hi) = cell.get("temperature"), TAU_RANGE
     if isinstance(tau, (int, float)) and not lo <= tau <= hi:
-        return (f"temperature τ = {tau:g} is outside [{lo:g}, {hi:g}], where the losses stop being meaningful "
-                "(s/τ overflows, or every logit is ~0); choose a τ in that range")
+        return (
+            f"temperature τ = {tau:g} is outside [{lo:g}, {hi:g}], where the losses stop being meaningful "
+            "(s/τ overflows, or every logit is ~0); choose a τ in that range"
+        )
     name, subset = cell.get("dataset"), (cell.get("dataset_options") or {}).get("train_subset")
     sizes = SPLIT_SIZES.get(name)
     if sizes is None or not isinstance(cell.get("eval"), dict):
@@ -322,8 +337,10 @@ def _extreme_problem(cell: dict) -> str | None:
     n = sizes["train"] if subset is None or pretrain_split(name) != "train" else min(sizes["train"], subset)
     big = [k for k in cell["eval"].get("knn_k") or [] if k > n]
     if big:
-        return (f"eval.knn_k = {big[0]} is more than the {n:,} train images of {name} the kNN probe votes over; "
-                f"use k <= {n}")
+        return (
+            f"eval.knn_k = {big[0]} is more than the {n:,} train images of {name} the kNN probe votes over; "
+            f"use k <= {n}"
+        )
     return None
 
 
@@ -370,8 +387,10 @@ def check_data_roots(cfg: dict) -> None:
             ok = (root / _DATA_DIRS[name]).is_dir()
             need = f"{root}/{_DATA_DIRS[name]}/"
         if not ok:
-            raise ConfigError(f"config key '{key}' = '{root}': no {name} files there (expected {need}); "
-                              "fix the root or set data.download: true")
+            raise ConfigError(
+                f"config key '{key}' = '{root}': no {name} files there (expected {need}); "
+                "fix the root or set data.download: true"
+            )
 
 
 def check_results_dir(cfg: dict) -> None:
@@ -402,8 +421,10 @@ def read_config_file(path: str | Path) -> dict:
         with open(p) as fh:
             cfg = yaml.load(fh, Loader=_UniqueKeyLoader)
     except _DuplicateKey as exc:
-        raise ConfigError(f"config file {p} has the key {exc.key!r} twice in one mapping (line {exc.first} and "
-                          f"line {exc.line}); YAML would keep only the second: merge them") from None
+        raise ConfigError(
+            f"config file {p} has the key {exc.key!r} twice in one mapping (line {exc.first} and "
+            f"line {exc.line}); YAML would keep only the second: merge them"
+        ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -412,8 +433,9 @@ def read_config_file(path: str | Path) -> dict:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"config file {p} cannot be read: {getattr(exc, 'strerror', None) or exc}") from None
     if cfg is None:
-        raise ConfigError(f"config file {p} is empty (no settings, only blanks or comments); "
-                          "write {} for a study of every default")
+        raise ConfigError(
+            f"config file {p} is empty (no settings, only blanks or comments); write {{}} for a study of every default"
+        )
     if not isinstance(cfg, dict):
         raise ConfigError(f"config file {p} must hold a mapping at the top level, not a {type(cfg).__name__}")
     return cfg
@@ -530,11 +552,14 @@ def _yaml_flow(value: Any) -> str:
 
 def reference_markdown() -> str:
     """CONFIGURATION.md: the table of every key (``smallbatch config-reference`` prints it)."""
-    head = ("# Configuration reference\n\n"
-            "Generated from `workflow/schemas/config.schema.yaml` (and the loss registry in "
-            "`smallbatch.losses`) by `smallbatch config-reference > CONFIGURATION.md`; "
-            "`tests/pipeline/test_config.py` fails when this file and the schema differ.\n\n"
-            "| key | default | meaning |\n|---|---|---|\n")
+    head = (
+        "# Configuration reference\n\n"
+        "Generated from `workflow/schemas/config.schema.yaml` (and the loss registry in "
+        "`smallbatch.losses`) by `smallbatch config-reference > CONFIGURATION.md`; "
+        "`tests/pipeline/test_config.py` fails when this file and the schema differ.\n\n"
+        "| key | default | meaning |\n|---|---|---|\n"
+    )
     cell = lambda s: s.replace("|", "\\|")  # noqa: E731
-    return head + "".join(f"| `{k}` | {('`' + cell(d) + '`') if d else ''} | {cell(m)} |\n"
-                          for k, d, m in reference_rows())
+    return head + "".join(
+        f"| `{k}` | {('`' + cell(d) + '`') if d else ''} | {cell(m)} |\n" for k, d, m in reference_rows()
+    )

@@ -13,8 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-from .cells import flat_params
 from ..io import write_json
+from .cells import flat_params
 
 
 def _threads(cell: dict) -> None:
@@ -38,11 +38,15 @@ def prepare_data(cell: dict, out: Path) -> dict:
     """Load the cell's data set through its real loader and cache it as one tensor file."""
     from .. import data
 
-    d = data.load_dataset(cell["dataset"], cell["data_root"], download=cell["download"],
-                          seed=0, **data_options(cell))
+    d = data.load_dataset(cell["dataset"], cell["data_root"], download=cell["download"], seed=0, **data_options(cell))
     data.save_cache(d, out)
-    return {"dataset": d.name, "train": int(d.train_x.shape[0]), "test": int(d.test_x.shape[0]),
-            "pretrain": int(d.pretrain_x.shape[0]), "shape": list(d.train_x.shape[1:])}
+    return {
+        "dataset": d.name,
+        "train": int(d.train_x.shape[0]),
+        "test": int(d.test_x.shape[0]),
+        "pretrain": int(d.pretrain_x.shape[0]),
+        "shape": list(d.train_x.shape[1:]),
+    }
 
 
 def load_cell_data(cell: dict, cache: Path | None = None):
@@ -53,14 +57,24 @@ def load_cell_data(cell: dict, cache: Path | None = None):
         d = data.load_cache(cache)
         data.check_cache(d, cell, cache)  # the cell's data set, size and subsets
         return d
-    return data.load_dataset(cell["dataset"], cell["data_root"], download=cell["download"],
-                             seed=0, **data_options(cell))
+    return data.load_dataset(
+        cell["dataset"], cell["data_root"], download=cell["download"], seed=0, **data_options(cell)
+    )
 
 
 # --------------------------------------------------------------------------- pretrain
-def run_pretrain(cell: dict, out_dir: Path, *, tracking_uri: str | None, experiment: str,
-                 cache: Path | None = None, restart: bool = False, progress: bool = True,
-                 device: str | None = None, evaluate_ahead: bool = False) -> dict:
+def run_pretrain(
+    cell: dict,
+    out_dir: Path,
+    *,
+    tracking_uri: str | None,
+    experiment: str,
+    cache: Path | None = None,
+    restart: bool = False,
+    progress: bool = True,
+    device: str | None = None,
+    evaluate_ahead: bool = False,
+) -> dict:
     """Pretrain one cell, logging to its MLflow run; one trainer per cell (the folder's lock
     is held from before the run is opened until the checkpoint is written).  Launched by
     torchrun or srun with ``train.devices`` processes, this process joins them
@@ -92,12 +106,15 @@ def _evaluate_ahead(cell: dict, out_dir: Path, uri: str | None, experiment: str,
     ckpt = out_dir / "checkpoint.pt"
     try:
         sha1 = prepared.file_sha1(ckpt)
-        res = run_evaluate(cell, ckpt, prepared.eval_dir(out_dir), tracking_uri=uri, experiment=experiment,
-                           cache=cache, device=device)
+        res = run_evaluate(
+            cell, ckpt, prepared.eval_dir(out_dir), tracking_uri=uri, experiment=experiment, cache=cache, device=device
+        )
         prepared.write_stamp(out_dir, cell, sha1, uri, experiment, res["embed_seconds"])
     except Exception as exc:  # noqa: BLE001 - the pretraining succeeded; its evaluate step will say what fails
-        print(f"{cell['id']}: the evaluation ahead failed ({type(exc).__name__}: {exc}); "
-              "the evaluate step will run it", file=sys.stderr)
+        print(
+            f"{cell['id']}: the evaluation ahead failed ({type(exc).__name__}: {exc}); the evaluate step will run it",
+            file=sys.stderr,
+        )
         return False
     return True
 
@@ -111,13 +128,14 @@ def _record_cell(cell: dict, path: Path) -> None:
         write_json(path, cell)
 
 
-def _pretrain_in(world, cell: dict, out_dir: Path, tracking_uri, experiment: str, cache, restart: bool,
-                 progress: bool) -> dict:
-    from ..training import loop as train
-    from ..training.distributed import any_over_processes
+def _pretrain_in(
+    world, cell: dict, out_dir: Path, tracking_uri, experiment: str, cache, restart: bool, progress: bool
+) -> dict:
     from ..errors import Preempted
     from ..io import CellBusy, CellLock, nullcontext_lock
     from ..tracking import TrackingError
+    from ..training import loop as train
+    from ..training.distributed import any_over_processes
 
     lock = CellLock(out_dir, cell["id"]) if world.is_main else nullcontext_lock()
     busy = None
@@ -131,10 +149,21 @@ def _pretrain_in(world, cell: dict, out_dir: Path, tracking_uri, experiment: str
         d = load_cell_data(cell, cache)
         run = _pretrain_run(cell, out_dir, d, tracking_uri, experiment, restart) if world.is_main else None
         try:
-            res = train.pretrain(cell, d.pretrain_x, d.mean, d.std, out_dir, log_fn=_log_fn(run, world, tracking_uri),
-                                 before_save=_before_save(run), restart=restart, progress=progress,
-                                 meta={"run_id": run.run_id} if run else {}, world=world, labels=d.pretrain_y,
-                                 at_epoch_end=_monitor(cell, d, world, run))
+            res = train.pretrain(
+                cell,
+                d.pretrain_x,
+                d.mean,
+                d.std,
+                out_dir,
+                log_fn=_log_fn(run, world, tracking_uri),
+                before_save=_before_save(run),
+                restart=restart,
+                progress=progress,
+                meta={"run_id": run.run_id} if run else {},
+                world=world,
+                labels=d.pretrain_y,
+                at_epoch_end=_monitor(cell, d, world, run),
+            )
         except BaseException as exc:
             if not isinstance(exc, TrackingError):  # the store failing: not asked again (another timeout)
                 _flush_quietly(run)
@@ -147,9 +176,17 @@ def _pretrain_in(world, cell: dict, out_dir: Path, tracking_uri, experiment: str
     finally:
         if busy is None:
             lock.__exit__(None, None, None)
-    return {"cell_id": cell["id"], "status": res.status, "steps": res.steps, "epochs": res.epochs,
-            "final_loss": res.final_loss, "wall_s": res.wall_s, "images_per_s": res.images_per_s,
-            "processes": world.size, "rank": world.rank}
+    return {
+        "cell_id": cell["id"],
+        "status": res.status,
+        "steps": res.steps,
+        "epochs": res.epochs,
+        "final_loss": res.final_loss,
+        "wall_s": res.wall_s,
+        "images_per_s": res.images_per_s,
+        "processes": world.size,
+        "rank": world.rank,
+    }
 
 
 def _monitor(cell: dict, d, world, run):
@@ -172,8 +209,8 @@ def _log_fn(run, world, tracking_uri):
 def _pretrain_run(cell: dict, out_dir: Path, d, uri: str | None, experiment: str, restart: bool):
     """The cell's MLflow run: the one its resumable state logs to (an error if the store
     lost it), else found by id and hash, else new; a restart starts a new run."""
-    from ..training import checkpoint
     from .. import tracking
+    from ..training import checkpoint
 
     if not uri:
         return None
@@ -183,12 +220,15 @@ def _pretrain_run(cell: dict, out_dir: Path, d, uri: str | None, experiment: str
     state = out_dir / "state.pt"
     prior = None if restart else checkpoint.state_run_id(state, cell)
     try:
-        run = tracking.open_cell_run(uri, experiment, cell, kind="cell", params=params, run_id=prior, fresh=restart,
-                                     lease=out_dir)
+        run = tracking.open_cell_run(
+            uri, experiment, cell, kind="cell", params=params, run_id=prior, fresh=restart, lease=out_dir
+        )
     except tracking.RunVanished as exc:
-        raise tracking.RunVanished(f"{exc}, but {state} continues it: the store was deleted or replaced since the "
-                                   "cell started; run `smallbatch pretrain --restart` for this cell to train it "
-                                   "afresh into this store") from None
+        raise tracking.RunVanished(
+            f"{exc}, but {state} continues it: the store was deleted or replaced since the "
+            "cell started; run `smallbatch pretrain --restart` for this cell to train it "
+            "afresh into this store"
+        ) from None
     if run.resumed:  # skip the steps already logged, for every metric of the run (not only the loss)
         run.skip_logged_steps(sorted(run.metrics()))
         run.set_status("running")
@@ -218,8 +258,12 @@ def _flush_quietly(run) -> None:
 def _log_pretrain_end(run, res) -> None:
     from .. import tracking
 
-    final = {"train/wall_s": res.wall_s, "train/cpu_s": res.cpu_s, "train/steps": res.steps,
-             "train/images_per_s_mean": res.images_per_s}
+    final = {
+        "train/wall_s": res.wall_s,
+        "train/cpu_s": res.cpu_s,
+        "train/steps": res.steps,
+        "train/images_per_s_mean": res.images_per_s,
+    }
     final.update({f"train/{k}": v for k, v in res.health.items()})
     if res.status != "diverged":
         final["train/final_loss"] = res.final_loss
@@ -257,8 +301,12 @@ def _cell_features(cell: dict, ck: dict, cache: Path | None, device: str | None)
     model = train.build_model(ck["cell"], ck["channels"], ck["image_size"])
     model.load_state_dict(ck["model"])  # fp64 weights are cast to this float32 model; features are float32
     bb, bs = model.backbone.to(dev), int(cell["eval"]["batch_size"])
-    return (embed.embed(bb, d.train_x, d.mean, d.std, batch_size=bs, device=dev), d.train_y.numpy(),
-            embed.embed(bb, d.test_x, d.mean, d.std, batch_size=bs, device=dev), d.test_y.numpy())
+    return (
+        embed.embed(bb, d.train_x, d.mean, d.std, batch_size=bs, device=dev),
+        d.train_y.numpy(),
+        embed.embed(bb, d.test_x, d.mean, d.std, batch_size=bs, device=dev),
+        d.test_y.numpy(),
+    )
 
 
 def _load_cell_checkpoint(cell: dict, checkpoint: Path) -> tuple[dict, dict]:
@@ -270,8 +318,7 @@ def _load_cell_checkpoint(cell: dict, checkpoint: Path) -> tuple[dict, dict]:
     return ck, {"cell_id": cell["id"], "cell_hash": cell["hash"], "pretrain_status": ck.get("status", "finished")}
 
 
-def run_embed(cell: dict, checkpoint: Path, out: Path, *, cache: Path | None = None,
-              device: str | None = None) -> dict:
+def run_embed(cell: dict, checkpoint: Path, out: Path, *, cache: Path | None = None, device: str | None = None) -> dict:
     """Frozen backbone features of the cell's train and test images, to ``out``."""
     from ..evaluation import embed
 
@@ -300,17 +347,28 @@ def _eval_on_features(kind: str, cell: dict, feats, knn_backend: str | None = No
     ev = cell["eval"]
     backend = knn_backend or ("faiss-cpu" if cell["device"] == "cpu" else "auto")  # a cpu study stays off a GPU
     if kind == "knn":
-        return _percent(knn.knn_eval(tr_f, tr_y, te_f, te_y, ks=tuple(ev["knn_k"]), t=ev["knn_t"],
-                                          backend=backend))
+        return _percent(knn.knn_eval(tr_f, tr_y, te_f, te_y, ks=tuple(ev["knn_k"]), t=ev["knn_t"], backend=backend))
     from ..evaluation import probes  # the linear probe (L2 chosen on a validation split when asked) + few-label probes
 
-    return _percent(probes.linear_probes(tr_f, tr_y, te_f, te_y, epochs=ev["linear_iterations"], lr=ev["linear_lr"],
-                                         weight_decay=ev["linear_weight_decay"], seed=cell["seed"],
-                                         optimizer=ev["linear_optimizer"], batch_size=ev["linear_batch_size"],
-                                         tol=ev["linear_tol"], weight_decays=ev.get("linear_weight_decays"),
-                                         val_fraction=ev.get("linear_val_fraction", 0.1),
-                                         fewshot_fractions=ev.get("fewshot_fractions") or (),
-                                         fewshot_draws=ev.get("fewshot_draws", 5)))
+    return _percent(
+        probes.linear_probes(
+            tr_f,
+            tr_y,
+            te_f,
+            te_y,
+            epochs=ev["linear_iterations"],
+            lr=ev["linear_lr"],
+            weight_decay=ev["linear_weight_decay"],
+            seed=cell["seed"],
+            optimizer=ev["linear_optimizer"],
+            batch_size=ev["linear_batch_size"],
+            tol=ev["linear_tol"],
+            weight_decays=ev.get("linear_weight_decays"),
+            val_fraction=ev.get("linear_val_fraction", 0.1),
+            fewshot_fractions=ev.get("fewshot_fractions") or (),
+            fewshot_draws=ev.get("fewshot_draws", 5),
+        )
+    )
 
 
 def check_features_cell(meta: dict, cell: dict, path: Path) -> None:
@@ -318,12 +376,22 @@ def check_features_cell(meta: dict, cell: dict, path: Path) -> None:
     if meta.get("cell_id") != cell["id"]:
         raise ValueError(f"{path} holds the features of cell {meta.get('cell_id')!r}, not of {cell['id']!r}")
     if "cell_hash" in meta and meta["cell_hash"] != cell["hash"]:
-        raise ValueError(f"{path} holds features of another config of cell {cell['id']} "
-                         f"(hash {meta['cell_hash']}, this config's is {cell['hash']})")
+        raise ValueError(
+            f"{path} holds features of another config of cell {cell['id']} "
+            f"(hash {meta['cell_hash']}, this config's is {cell['hash']})"
+        )
 
 
-def run_probe(kind: str, cell: dict, features: Path, out: Path | None, *, tracking_uri: str | None,
-              experiment: str, knn_backend: str | None = None) -> dict:
+def run_probe(
+    kind: str,
+    cell: dict,
+    features: Path,
+    out: Path | None,
+    *,
+    tracking_uri: str | None,
+    experiment: str,
+    knn_backend: str | None = None,
+) -> dict:
     """kind = 'knn' | 'linear': evaluate the cell's frozen features file, write JSON (unless
     ``out`` is None), log to the cell's run (once: a rerun does not log the same step again)."""
     from ..evaluation import embed
@@ -335,8 +403,16 @@ def run_probe(kind: str, cell: dict, features: Path, out: Path | None, *, tracki
     return _probe(kind, cell, (tr_f, tr_y, te_f, te_y), meta, out, tracking_uri, experiment, knn_backend)
 
 
-def _probe(kind: str, cell: dict, feats, meta: dict, out: Path | None, uri: str | None, experiment: str,
-           knn_backend: str | None = None) -> dict:
+def _probe(
+    kind: str,
+    cell: dict,
+    feats,
+    meta: dict,
+    out: Path | None,
+    uri: str | None,
+    experiment: str,
+    knn_backend: str | None = None,
+) -> dict:
     """One probe of features in memory: JSON result, MLflow metrics.  A kNN probe at chance
     level marks the cell *collapsed* (:mod:`smallbatch.training.health`)."""
     if meta.get("status") == "diverged":
@@ -359,8 +435,17 @@ def _probe(kind: str, cell: dict, feats, meta: dict, out: Path | None, uri: str 
     return result
 
 
-def run_evaluate(cell: dict, checkpoint: Path, out_dir: Path, *, tracking_uri: str | None, experiment: str,
-                 cache: Path | None = None, device: str | None = None, features: Path | None = None) -> dict:
+def run_evaluate(
+    cell: dict,
+    checkpoint: Path,
+    out_dir: Path,
+    *,
+    tracking_uri: str | None,
+    experiment: str,
+    cache: Path | None = None,
+    device: str | None = None,
+    features: Path | None = None,
+) -> dict:
     """Embed, kNN and linear probe of one cell in one process (the features stay in memory;
     ``features``: also write them there).  Writes ``knn.json`` and ``linear.json`` in
     ``out_dir``, as the separate steps do."""
@@ -380,8 +465,13 @@ def run_evaluate(cell: dict, checkpoint: Path, out_dir: Path, *, tracking_uri: s
         if features is not None:
             embed.save_features(features, *feats, meta)
     seconds = time.perf_counter() - t0
-    return {"embed_seconds": seconds, **{kind: _probe(kind, cell, feats, meta, Path(out_dir) / f"{kind}.json",
-                                                      tracking_uri, experiment) for kind in PROBES}}
+    return {
+        "embed_seconds": seconds,
+        **{
+            kind: _probe(kind, cell, feats, meta, Path(out_dir) / f"{kind}.json", tracking_uri, experiment)
+            for kind in PROBES
+        },
+    }
 
 
 def _probe_status(kind: str, metrics: dict, meta: dict, te_y, tr_y) -> str:
@@ -415,14 +505,25 @@ def _maybe_finish(run) -> None:
     from .. import tracking
 
     m, tags = run.metrics(), run.tags()
-    if ("knn/top1" in m and "linear/top1" in m and tags.get(tracking.TAG_PRETRAIN) == "finished"
-            and tags.get(tracking.TAG_STATUS) not in tracking.BAD_STATUSES):
+    if (
+        "knn/top1" in m
+        and "linear/top1" in m
+        and tags.get(tracking.TAG_PRETRAIN) == "finished"
+        and tags.get(tracking.TAG_STATUS) not in tracking.BAD_STATUSES
+    ):
         run.set_status("finished")
 
 
 # --------------------------------------------------------------------------- baselines
-def run_baseline(cell: dict, out: Path, *, tracking_uri: str | None, experiment: str,
-                 cache: Path | None = None, device: str | None = None) -> dict:
+def run_baseline(
+    cell: dict,
+    out: Path,
+    *,
+    tracking_uri: str | None,
+    experiment: str,
+    cache: Path | None = None,
+    device: str | None = None,
+) -> dict:
     """Raw pixels or a random-init encoder, evaluated by the same kNN and linear probe."""
     from ..evaluation import embed
     from ..training import loop as train
@@ -457,8 +558,13 @@ def run_baseline(cell: dict, out: Path, *, tracking_uri: str | None, experiment:
     if tracking_uri:
         from .. import tracking
 
-        params = {"dataset": cell["dataset"], "baseline": cell["baseline"], "seed": str(cell["seed"]),
-                  "image_size": str(d.train_x.shape[-1]), "backbone": cell["train"]["backbone"]}
+        params = {
+            "dataset": cell["dataset"],
+            "baseline": cell["baseline"],
+            "seed": str(cell["seed"]),
+            "image_size": str(d.train_x.shape[-1]),
+            "backbone": cell["train"]["backbone"],
+        }
         run = tracking.open_cell_run(tracking_uri, experiment, cell, kind="baseline", params=params)
         run.log(numeric, 0)
         run.set_status("finished")

@@ -43,10 +43,39 @@ from ..mi import toy as mi
 #: section keys that do not change a row's numbers (excluded from the run hash)
 _HASH_EXCLUDE = {"enabled", "threads", "mi_values", "ks", "estimators", "critics", "seeds"}
 
-METRIC_KEYS = ("estimate", "std", "variance", "bias", "ceiling", "true_mi", "dual_estimate", "dual_std",
-               "estimate_eval_k", "std_eval_k", "train_final", "seconds")
-PARAM_KEYS = ("estimator", "critic", "K", "true_mi", "seed", "dim", "rho", "alpha", "steps", "lr", "hidden",
-              "embed", "layers", "anchors", "train_anchors", "critic_temperature", "eval_k")
+METRIC_KEYS = (
+    "estimate",
+    "std",
+    "variance",
+    "bias",
+    "ceiling",
+    "true_mi",
+    "dual_estimate",
+    "dual_std",
+    "estimate_eval_k",
+    "std_eval_k",
+    "train_final",
+    "seconds",
+)
+PARAM_KEYS = (
+    "estimator",
+    "critic",
+    "K",
+    "true_mi",
+    "seed",
+    "dim",
+    "rho",
+    "alpha",
+    "steps",
+    "lr",
+    "hidden",
+    "embed",
+    "layers",
+    "anchors",
+    "train_anchors",
+    "critic_temperature",
+    "eval_k",
+)
 
 
 def cell_id(row: dict) -> str:
@@ -101,12 +130,17 @@ def validate_section(section: dict | None) -> dict:
 
     sec = validate_config({"experiments": {"mi": dict(section or {})}})["experiments"]["mi"]
     temp = sec.get("critic_temperature")
-    return {**sec, "eqco_alpha": float(sec["eqco_alpha"]), "lr": float(sec["lr"]),
-            "critic_temperature": None if temp is None else float(temp)}
+    return {
+        **sec,
+        "eqco_alpha": float(sec["eqco_alpha"]),
+        "lr": float(sec["lr"]),
+        "critic_temperature": None if temp is None else float(temp),
+    }
 
 
-def run_mi_step(section: dict | None, out_path: str | Path, tracking_uri: str | None, experiment: str,
-                *, progress: bool = True) -> dict:
+def run_mi_step(
+    section: dict | None, out_path: str | Path, tracking_uri: str | None, experiment: str, *, progress: bool = True
+) -> dict:
     """Run the ``experiments.mi`` grid, log each row as an MLflow run (unless
     ``tracking_uri`` is None) and write ``{"section": ..., "rows": [...],
     "seconds": ...}`` to ``out_path`` atomically.  Returns that dict."""
@@ -114,12 +148,16 @@ def run_mi_step(section: dict | None, out_path: str | Path, tracking_uri: str | 
 
     sec = validate_section(section)
     t0 = time.perf_counter()
-    parent = tracking.open_cell_run(tracking_uri, experiment, parent_cell(sec),
-                                    kind=tracking.KIND_PARENT) if tracking_uri else None
+    parent = (
+        tracking.open_cell_run(tracking_uri, experiment, parent_cell(sec), kind=tracking.KIND_PARENT)
+        if tracking_uri
+        else None
+    )
 
     def log_row(row: dict, trace: list[tuple[int, float]]) -> None:
-        run = tracking.open_cell_run(tracking_uri, experiment, cell_of(sec, row), kind="mi",
-                                     params=row_params(sec, row), parent=parent.run_id)
+        run = tracking.open_cell_run(
+            tracking_uri, experiment, cell_of(sec, row), kind="mi", params=row_params(sec, row), parent=parent.run_id
+        )
         if run.resumed:
             run.skip_logged_steps(["mi/train_estimate"] + [f"mi/{k}" for k in METRIC_KEYS])
         for step, value in trace:

@@ -36,8 +36,8 @@ from pathlib import Path
 
 from ..io import atomic_write, write_json
 
-EVAL_DIR = "evaluated"   # in the cell's folder
-STAMP = "stamp.json"     # written last: its presence means the probes' files are complete
+EVAL_DIR = "evaluated"  # in the cell's folder
+STAMP = "stamp.json"  # written last: its presence means the probes' files are complete
 PROBES = ("knn", "linear")  # the files the evaluate step writes (steps.run_evaluate), one per probe
 _NOT_COMPARED = ("threads",)  # how many threads ran the probes does not change their results
 
@@ -63,13 +63,25 @@ def clear(cell_dir: str | Path) -> None:
     (eval_dir(cell_dir) / STAMP).unlink(missing_ok=True)
 
 
-def write_stamp(cell_dir: str | Path, cell: dict, checkpoint_sha1: str, tracking_uri: str | None,
-                experiment: str, embed_seconds: float) -> Path:
+def write_stamp(
+    cell_dir: str | Path,
+    cell: dict,
+    checkpoint_sha1: str,
+    tracking_uri: str | None,
+    experiment: str,
+    embed_seconds: float,
+) -> Path:
     """Mark ``<cell>/evaluated/`` complete (after both probes' files are written), for the
     checkpoint whose SHA-1 (:func:`file_sha1`) was taken before it was evaluated."""
     probes = {kind: file_sha1(eval_dir(cell_dir) / f"{kind}.json") for kind in PROBES}
-    stamp = {"cell": _cell_key(cell), "checkpoint_sha1": checkpoint_sha1, "tracking_uri": tracking_uri,
-             "experiment": experiment, "embed_seconds": embed_seconds, "probes": probes}
+    stamp = {
+        "cell": _cell_key(cell),
+        "checkpoint_sha1": checkpoint_sha1,
+        "tracking_uri": tracking_uri,
+        "experiment": experiment,
+        "embed_seconds": embed_seconds,
+        "probes": probes,
+    }
     return write_json(eval_dir(cell_dir) / STAMP, stamp)
 
 
@@ -99,8 +111,11 @@ def _store_problem(cell: dict, tracking_uri: str | None, experiment: str) -> str
     if tracking_uri is None:
         return None
     try:
-        held = _sqlite_holds(tracking_uri, experiment, cell) if tracking_uri.startswith("sqlite:///") \
+        held = (
+            _sqlite_holds(tracking_uri, experiment, cell)
+            if tracking_uri.startswith("sqlite:///")
             else _store_holds(tracking_uri, experiment, cell)
+        )
     except Exception as exc:  # noqa: BLE001 - unreadable store: evaluate (and let that say what fails)
         return f"the store could not be read ({type(exc).__name__})"
     return None if held else f"the store {tracking_uri} no longer holds the cell's run with its probes' metrics"
@@ -109,7 +124,7 @@ def _store_problem(cell: dict, tracking_uri: str | None, experiment: str) -> str
 def _sqlite_holds(uri: str, experiment: str, cell: dict) -> bool:
     import sqlite3
 
-    path = Path(uri[len("sqlite:///"):].split("?", 1)[0])
+    path = Path(uri[len("sqlite:///") :].split("?", 1)[0])
     if not path.is_file():
         return False
     con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
@@ -119,7 +134,9 @@ def _sqlite_holds(uri: str, experiment: str, cell: dict) -> bool:
             "join tags a on a.run_uuid = r.run_uuid and a.key = 'smallbatch.cell_id' and a.value = ? "
             "join tags h on h.run_uuid = r.run_uuid and h.key = 'smallbatch.cell_hash' and h.value = ? "
             "join latest_metrics m on m.run_uuid = r.run_uuid and m.key = 'knn/top1' "
-            "where e.name = ? and r.lifecycle_stage = 'active'", (cell["id"], cell["hash"], experiment)).fetchone()
+            "where e.name = ? and r.lifecycle_stage = 'active'",
+            (cell["id"], cell["hash"], experiment),
+        ).fetchone()
     finally:
         con.close()
     return bool(row and row[0])
@@ -131,8 +148,9 @@ def _store_holds(uri: str, experiment: str, cell: dict) -> bool:
     return "knn/top1" in find_cell_run(uri, experiment, cell).metrics()
 
 
-def adopt(cell: dict, checkpoint: str | Path, out_dir: str | Path, tracking_uri: str | None,
-          experiment: str) -> dict | None:
+def adopt(
+    cell: dict, checkpoint: str | Path, out_dir: str | Path, tracking_uri: str | None, experiment: str
+) -> dict | None:
     """Copy ``<cell>/evaluated/{knn,linear}.json`` (the checkpoint's folder) to ``out_dir``
     when :data:`STAMP` matches (see the module docstring); return the evaluate step's
     summary, or None (with the reason on stderr when a stamp exists) to evaluate afresh."""
@@ -147,8 +165,11 @@ def adopt(cell: dict, checkpoint: str | Path, out_dir: str | Path, tracking_uri:
     except (OSError, ValueError) as exc:
         print(f"{src}: not adopted ({exc}); evaluating", file=sys.stderr)
         return None
-    problem = (_stamp_problem(stamp, cell, checkpoint, tracking_uri, experiment)
-               or _files_problem(stamp, cell, texts, results) or _store_problem(cell, tracking_uri, experiment))
+    problem = (
+        _stamp_problem(stamp, cell, checkpoint, tracking_uri, experiment)
+        or _files_problem(stamp, cell, texts, results)
+        or _store_problem(cell, tracking_uri, experiment)
+    )
     if problem:
         print(f"{src}: not adopted ({problem}); evaluating", file=sys.stderr)
         return None

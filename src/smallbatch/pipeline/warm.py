@@ -67,13 +67,31 @@ FOLDER_PREFIX = "smallbatch-warm-"
 GRACE_S = 30.0  # after a client vanished: SIGTERM, then SIGKILL this much later
 ACK_TIMEOUT_S = 15.0  # a server that has not started the job by then (stopped, hung): run it here
 STATUS_GRACE_S = 5.0  # the child is gone but no status came: give up waiting after this long
-PRELOAD = ("torch", "torch._dynamo", "torch.optim", "mlflow", "mlflow.tracking",
-           "mlflow.store.tracking.sqlalchemy_store", "faiss", "smallbatch.pipeline.jobs", "smallbatch.evaluation.knn",
-           "smallbatch.evaluation.linear",
-           "smallbatch.mi.toy", "smallbatch.report", "seaborn", "smallbatch.pipeline.config:load_config")
+PRELOAD = (
+    "torch",
+    "torch._dynamo",
+    "torch.optim",
+    "mlflow",
+    "mlflow.tracking",
+    "mlflow.store.tracking.sqlalchemy_store",
+    "faiss",
+    "smallbatch.pipeline.jobs",
+    "smallbatch.evaluation.knn",
+    "smallbatch.evaluation.linear",
+    "smallbatch.mi.toy",
+    "smallbatch.report",
+    "seaborn",
+    "smallbatch.pipeline.config:load_config",
+)
 # Snakemake sets these for a job's own process (snakemake.shell); the server's children get them too
-THREAD_VARS = ("OMP_NUM_THREADS", "GOTO_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
-               "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+THREAD_VARS = (
+    "OMP_NUM_THREADS",
+    "GOTO_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+)
 
 
 # --------------------------------------------------------------------------- client
@@ -89,8 +107,9 @@ def delegate(argv: list[str]) -> int | None:
         conn.connect(path)
         if peer_uid(conn) != os.getuid():
             raise OSError("the socket's server runs as another user")
-        payload = json.dumps({"argv": [sys.argv[0] or "smallbatch", *argv], "cwd": os.getcwd(),
-                              "env": dict(os.environ)}).encode()
+        payload = json.dumps(
+            {"argv": [sys.argv[0] or "smallbatch", *argv], "cwd": os.getcwd(), "env": dict(os.environ)}
+        ).encode()
         socket.send_fds(conn, [len(payload).to_bytes(8, "big")], [0, 1, 2])
         conn.sendall(payload)
         ack = _recv_exact(conn, 4)
@@ -124,9 +143,11 @@ def _wait_status(conn: socket.socket, child: int) -> int:
             if not _running(child):
                 gone_since = gone_since or time.monotonic()
                 if time.monotonic() - gone_since > STATUS_GRACE_S:
-                    print(f"smallbatch: error: the command's process {child} ended but the warm-start server did not "
-                          "report its exit status (server stopped?); see the job's log, and rerun the job",
-                          file=sys.stderr)
+                    print(
+                        f"smallbatch: error: the command's process {child} ended but the warm-start server did not "
+                        "report its exit status (server stopped?); see the job's log, and rerun the job",
+                        file=sys.stderr,
+                    )
                     return 1
             continue
         except OSError:
@@ -181,8 +202,9 @@ def _recv_exact(conn: socket.socket, n: int) -> bytes | None:
 class _Server:
     """The accept / fork / reap loop (single-threaded: forking is safe)."""
 
-    def __init__(self, path: str, watch_pid: int | None, idle_timeout: float,
-                 entry: Callable[[list[str]], int]) -> None:
+    def __init__(
+        self, path: str, watch_pid: int | None, idle_timeout: float, entry: Callable[[list[str]], int]
+    ) -> None:
         self.path, self.watch_pid, self.idle_timeout = path, watch_pid, idle_timeout
         self.entry = entry  # the CLI's main, passed in by the CLI (warm imports no CLI: no import circle)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -231,8 +253,11 @@ class _Server:
             body = _recv_exact(conn, int.from_bytes(head, "big")) if len(head) == 8 and len(fds) == 3 else None
             request = json.loads(body) if body else None
             if request is not None and _client_gone(conn):
-                print(f"{time.strftime('%H:%M:%S')} a client gave up waiting before its command started: "
-                      f"not started ({_what(request)})", flush=True)
+                print(
+                    f"{time.strftime('%H:%M:%S')} a client gave up waiting before its command started: "
+                    f"not started ({_what(request)})",
+                    flush=True,
+                )
                 request = None
         except (OSError, ValueError) as exc:
             if "another user" in str(exc):
@@ -320,8 +345,10 @@ class _Server:
                 continue
             conn, t0, what = self.children.pop(pid)
             self.kill_at.pop(pid, None)
-            print(f"{time.strftime('%H:%M:%S')} child {pid} exited {code} after {time.monotonic() - t0:.1f} s: {what}",
-                  flush=True)
+            print(
+                f"{time.strftime('%H:%M:%S')} child {pid} exited {code} after {time.monotonic() - t0:.1f} s: {what}",
+                flush=True,
+            )
             _send_quietly(conn, (code if code >= 0 else 128 - code).to_bytes(4, "big", signed=True))
             try:
                 self.sel.unregister(conn)
@@ -362,6 +389,7 @@ def apply_thread_env(env) -> None:
     """Size the thread pools of libraries already imported (by the server, before this process
     forked) from the job's variables: OpenBLAS / MKL / OpenMP through threadpoolctl, torch's
     intra-op pool with ``torch.set_num_threads``.  Unset or unusable values change nothing."""
+
     def count(*names: str) -> int | None:
         for name in names:
             try:
@@ -427,8 +455,9 @@ def _import(name: str) -> None:
         getattr(mod, function)()
 
 
-def serve(path: str, entry: Callable[[list[str]], int], watch_pid: int | None = None,
-          idle_timeout: float = 3600.0) -> int:
+def serve(
+    path: str, entry: Callable[[list[str]], int], watch_pid: int | None = None, idle_timeout: float = 3600.0
+) -> int:
     """Run the server on ``path`` until SIGTERM/SIGINT, ``watch_pid`` ends, or no command ran
     for ``idle_timeout`` seconds; each request runs ``entry(argv)`` (the CLI's ``main``) in a child."""
     server = _Server(path, watch_pid, idle_timeout, entry)
@@ -457,9 +486,13 @@ def start(log: str | Path, threads: int, timeout_s: float = 30.0) -> subprocess.
     env.pop(ENV, None)
     Path(log).parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "smallbatch", "warm-server", "--socket", path,
-                                 "--watch-pid", str(os.getpid())], stdout=out, stderr=subprocess.STDOUT,
-                                env=env, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "smallbatch", "warm-server", "--socket", path, "--watch-pid", str(os.getpid())],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
     deadline = time.monotonic() + timeout_s
     while not os.path.exists(path):
         if proc.poll() is not None or time.monotonic() > deadline:

@@ -33,8 +33,9 @@ STATE_VERSION = 2
 KINDS = ("state", "checkpoint")
 
 
-def load_checkpoint(path: str | Path, map_location: Any = "cpu", *, cell: Cell | dict | None = None,
-                    kind: str | None = None) -> dict:
+def load_checkpoint(
+    path: str | Path, map_location: Any = "cpu", *, cell: Cell | dict | None = None, kind: str | None = None
+) -> dict:
     """Load a state or checkpoint file; one-line :class:`CheckpointError` if it is missing,
     corrupt, not ours, of the other ``kind``, or (with ``cell``) of another cell or
     another config of it."""
@@ -46,7 +47,10 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu", *, cell: Cell |
         raise CheckpointError(f"checkpoint {path} is not a smallbatch checkpoint (no 'model' entry)")
     found = obj.get("kind", "state" if "step" in obj else "checkpoint")
     if kind is not None and found != kind:
-        what = {"state": "a training state (state.pt: training has not finished)", "checkpoint": "a finished checkpoint"}
+        what = {
+            "state": "a training state (state.pt: training has not finished)",
+            "checkpoint": "a finished checkpoint",
+        }
         raise CheckpointError(f"{path} is {what[found]}, not {what[kind]}")
     if cell is not None:
         check_cell(obj, cell, path)
@@ -64,8 +68,10 @@ def _load_weights_only(path: Path, map_location: Any) -> Any:
     except pickle.UnpicklingError as exc:
         blocked = [ln.strip() for ln in str(exc).splitlines() if "GLOBAL" in ln or "Unsupported" in ln]
         what = f" ({blocked[0][:120]})" if blocked else ""
-        raise CheckpointError(f"checkpoint {path} holds objects other than tensors and plain values{what}; "
-                              "refused, as loading it could run code") from None
+        raise CheckpointError(
+            f"checkpoint {path} holds objects other than tensors and plain values{what}; "
+            "refused, as loading it could run code"
+        ) from None
     except Exception as exc:  # noqa: BLE001 - truncated zip, bad header, ...
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise CheckpointError(f"checkpoint {path} is corrupt or truncated ({first[:160]})") from None
@@ -79,15 +85,15 @@ def check_cell(obj: dict, cell: Cell | dict, path: str | Path) -> None:
     if fid != cell.id:
         raise CheckpointError(f"{path} belongs to cell {fid!r}, not to {cell.id!r}")
     if fhash != cell.hash:
-        raise CheckpointError(f"{path} belongs to another config of cell {cell.id} "
-                              f"(hash {fhash}, this config's is {cell.hash})")
+        raise CheckpointError(
+            f"{path} belongs to another config of cell {cell.id} (hash {fhash}, this config's is {cell.hash})"
+        )
 
 
 def save_state(path: Path, cell: Cell | dict, **parts: Any) -> None:
     """Write ``state.pt``: the cell's id/hash and ``parts`` (model, optimizer, ..., step)."""
     cell = Cell.of(cell)
-    save_torch(path, {"kind": "state", "version": STATE_VERSION, "cell_id": cell.id,
-                      "cell_hash": cell.hash, **parts})
+    save_torch(path, {"kind": "state", "version": STATE_VERSION, "cell_id": cell.id, "cell_hash": cell.hash, **parts})
 
 
 def read_state(path: Path, cell: Cell | dict) -> dict | None:
@@ -104,8 +110,10 @@ def read_state(path: Path, cell: Cell | dict) -> dict | None:
         print(f"state {path} belongs to another config of this cell; starting afresh", file=sys.stderr)
         return None
     if st.get("version") != STATE_VERSION:
-        print(f"state {path} was written by an older smallbatch (format {st.get('version')}); starting afresh",
-              file=sys.stderr)
+        print(
+            f"state {path} was written by an older smallbatch (format {st.get('version')}); starting afresh",
+            file=sys.stderr,
+        )
         return None
     return st
 
@@ -115,8 +123,9 @@ def _load_state(path: Path) -> dict:
     try:
         return load_checkpoint(path)
     except CheckpointError as exc:
-        raise CheckpointError(f"{exc}; rerun with --restart to start the cell afresh (it overwrites "
-                              "state.pt), or delete the file") from None
+        raise CheckpointError(
+            f"{exc}; rerun with --restart to start the cell afresh (it overwrites state.pt), or delete the file"
+        ) from None
 
 
 def state_run_id(path: Path, cell: Cell | dict) -> str | None:
@@ -133,8 +142,9 @@ def state_run_id(path: Path, cell: Cell | dict) -> str | None:
 def save_checkpoint(path: Path, cell: Cell | dict, **parts: Any) -> None:
     """Write ``checkpoint.pt``: the finished cell (``parts``: model, status, steps, ...)."""
     cell = Cell.of(cell)
-    save_torch(path, {"kind": "checkpoint", "cell_id": cell.id, "cell_hash": cell.hash,
-                      "cell": cell.to_dict(), **parts})
+    save_torch(
+        path, {"kind": "checkpoint", "cell_id": cell.id, "cell_hash": cell.hash, "cell": cell.to_dict(), **parts}
+    )
 
 
 class StepRandom:

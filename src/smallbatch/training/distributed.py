@@ -38,6 +38,7 @@ Size 1 (no launcher variables) creates no process group and every function here 
 identity, so the same code runs in one process unchanged.  ``tests/training/test_distributed.py``
 proves all of the above with 2 gloo processes in float64.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -138,8 +139,14 @@ def launch_from_env(env: Mapping[str, str] | None = None) -> Launch:
     """
     env = os.environ if env is None else env
     if "RANK" in env and "WORLD_SIZE" in env:
-        return Launch("torchrun", int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", "0")),
-                      env.get("MASTER_ADDR", "127.0.0.1"), int(env.get("MASTER_PORT", "29500")))
+        return Launch(
+            "torchrun",
+            int(env["RANK"]),
+            int(env["WORLD_SIZE"]),
+            int(env.get("LOCAL_RANK", "0")),
+            env.get("MASTER_ADDR", "127.0.0.1"),
+            int(env.get("MASTER_PORT", "29500")),
+        )
     ntasks = env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS")
     if "SLURM_PROCID" in env and ntasks and int(ntasks) > 1:
         addr, port = _slurm_master(env)
@@ -160,8 +167,10 @@ def launch_command(processes: int, env: Mapping[str, str] | None = None) -> str:
         return "smallbatch"
     if env.get("SLURM_JOB_ID"):
         return f"srun --ntasks={processes} --kill-on-bad-exit=1 smallbatch"
-    return (f"{shlex.quote(sys.executable)} -m torch.distributed.run --standalone "
-            f"--nproc-per-node={processes} -m smallbatch")
+    return (
+        f"{shlex.quote(sys.executable)} -m torch.distributed.run --standalone "
+        f"--nproc-per-node={processes} -m smallbatch"
+    )
 
 
 _SLOT = {}  # the GPU slot this process holds (its file descriptor), for the life of the process
@@ -236,8 +245,13 @@ class World(AbstractContextManager):
         return self.rank == 0
 
     @classmethod
-    def from_env(cls, device: str = "auto", backend: str | None = None, env: Mapping[str, str] | None = None,
-                 timeout_s: float = 1800.0) -> "World":
+    def from_env(
+        cls,
+        device: str = "auto",
+        backend: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout_s: float = 1800.0,
+    ) -> "World":
         """Join the launch in the environment (:func:`launch_from_env`); size 1 joins nothing.
 
         ``backend`` overrides NCCL/gloo (e.g. gloo for several processes on one GPU).
@@ -249,17 +263,22 @@ class World(AbstractContextManager):
         dev = _device_for(device, launch.local_rank, launch.size)
         if dist.is_available() and dist.is_initialized():
             if launch.size > 1 and (dist.get_world_size(), dist.get_rank()) != (launch.size, launch.rank):
-                raise RuntimeError(f"the process group (rank {dist.get_rank()} of {dist.get_world_size()}) is not "
-                                   f"the launch's (rank {launch.rank} of {launch.size})")
+                raise RuntimeError(
+                    f"the process group (rank {dist.get_rank()} of {dist.get_world_size()}) is not "
+                    f"the launch's (rank {launch.rank} of {launch.size})"
+                )
         elif launch.size == 1:
             return cls(device=dev)
         else:
             if dev.type == "cuda":
                 torch.cuda.set_device(dev)
-            dist.init_process_group(backend or ("nccl" if dev.type == "cuda" else "gloo"),
-                                    init_method=f"tcp://{launch.master_addr}:{launch.master_port}",
-                                    rank=launch.rank, world_size=launch.size,
-                                    timeout=datetime.timedelta(seconds=timeout_s))
+            dist.init_process_group(
+                backend or ("nccl" if dev.type == "cuda" else "gloo"),
+                init_method=f"tcp://{launch.master_addr}:{launch.master_port}",
+                rank=launch.rank,
+                world_size=launch.size,
+                timeout=datetime.timedelta(seconds=timeout_s),
+            )
         return cls(dist.get_rank(), dist.get_world_size(), launch.local_rank, dev, dist.get_backend())
 
     def close(self) -> None:
@@ -279,8 +298,9 @@ class World(AbstractContextManager):
     def share(self, n_global: int) -> slice:
         """This process's rows of a global batch of ``n_global``: the r-th of P equal shares."""
         if n_global % self.size:
-            raise ValueError(f"the global batch ({n_global}) must be a multiple of the number of processes "
-                             f"({self.size})")
+            raise ValueError(
+                f"the global batch ({n_global}) must be a multiple of the number of processes ({self.size})"
+            )
         n = n_global // self.size
         return slice(self.rank * n, (self.rank + 1) * n)
 
@@ -425,7 +445,7 @@ def pool_moments(stats: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     group's element count, mean and biased variance; returns the union's count, mean and
     biased variance, ``mean = sum n_k m_k / N``, ``var = sum n_k (v_k + (m_k - mean)^2) / N``."""
     c = (stats.shape[1] - 1) // 2
-    n, m, v = stats[:, :1], stats[:, 1:1 + c], stats[:, 1 + c:]
+    n, m, v = stats[:, :1], stats[:, 1 : 1 + c], stats[:, 1 + c :]
     total = n.sum()
     mean = (n * m).sum(0) / total
     return total, mean, (n * (v + (m - mean) ** 2)).sum(0) / total

@@ -37,9 +37,15 @@ class GhostBatchNorm(_BatchNorm):
     images of ``views`` stacked views (module docstring)."""
 
     def __init__(self, bn: _BatchNorm, group: int, views: int) -> None:
-        super().__init__(bn.num_features, bn.eps, bn.momentum, bn.affine, bn.track_running_stats,
-                         device=bn.weight.device if bn.affine else None,
-                         dtype=bn.weight.dtype if bn.affine else None)
+        super().__init__(
+            bn.num_features,
+            bn.eps,
+            bn.momentum,
+            bn.affine,
+            bn.track_running_stats,
+            device=bn.weight.device if bn.affine else None,
+            dtype=bn.weight.dtype if bn.affine else None,
+        )
         if bn.momentum is None:
             raise ValueError("ghost BatchNorm needs a BatchNorm with a momentum (not the cumulative average)")
         self.group, self.views = int(group), int(views)
@@ -55,8 +61,9 @@ class GhostBatchNorm(_BatchNorm):
         self._check_input_dim(x)
         v, g, c, rest = self.views, self.group, x.shape[1], x.shape[2:]
         if x.shape[0] % (v * g):
-            raise ValueError(f"ghost BatchNorm: a batch of {x.shape[0]} inputs is not {v} views of whole groups "
-                             f"of {g} images")
+            raise ValueError(
+                f"ghost BatchNorm: a batch of {x.shape[0]} inputs is not {v} views of whole groups of {g} images"
+            )
         k = x.shape[0] // (v * g)
         # the k groups side by side as k*C channels: one BatchNorm call normalises each group
         # by its own statistics (and updates k copies of the running statistics)
@@ -79,7 +86,7 @@ class GhostBatchNorm(_BatchNorm):
         keep = 1.0 - self.momentum
         coef = torch.tensor([keep ** (k - 1 - j) for j in range(k)], dtype=mean_k.dtype, device=mean_k.device)
         for run, upd in ((self.running_mean, mean_k), (self.running_var, var_k)):
-            run.copy_(keep ** k * run + (coef[:, None] * (upd - keep * run)).sum(0))
+            run.copy_(keep**k * run + (coef[:, None] * (upd - keep * run)).sum(0))
         self.num_batches_tracked.add_(k)  # as k batches would
 
     def extra_repr(self) -> str:

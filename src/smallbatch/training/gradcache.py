@@ -42,6 +42,7 @@ as usual (each process passes its own views, the gather runs once, after pass 2)
 chunk but the last under ``model.no_sync()``, so gradients are all-reduced once, in the
 last chunk's backward.  All processes must have the same number of chunks.
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager, nullcontext
@@ -52,8 +53,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from .distributed import GlobalBatchNorm, batch_statistics_shared, gather, pool_moments, unwrap, update_running_stats
 from ..losses import LossOutput
+from .distributed import GlobalBatchNorm, batch_statistics_shared, gather, pool_moments, unwrap, update_running_stats
 
 __all__ = ["cached_backward", "chunk_slices", "eval_batchnorm"]
 
@@ -181,8 +182,10 @@ class _Plan:
         bns = [m for m in module.modules() if isinstance(m, _BatchNorm) and _batch_statistics(m)]
         for m in bns:
             if type(m) not in _PLAIN_BATCHNORMS:
-                raise ValueError(f"gradient caching normalises over the whole batch, but {type(m).__name__} computes "
-                                 "its own training statistics (e.g. ghost BatchNorm, train.bn_group); use one of them")
+                raise ValueError(
+                    f"gradient caching normalises over the whole batch, but {type(m).__name__} computes "
+                    "its own training statistics (e.g. ghost BatchNorm, train.bn_group); use one of them"
+                )
         self.layers = [_Layer(m, self) for m in bns]
         self.order: list[_Layer] = []  # in the order the forward meets them
         self.target: _Layer | None = None
@@ -230,8 +233,10 @@ class _Plan:
     def check_single_calls(self) -> None:
         for layer in self.layers:
             if layer.calls > 1:
-                raise ValueError(f"{type(layer.m).__name__} is called {layer.calls} times in one forward; gradient "
-                                 "caching needs each BatchNorm module called once (give each use its own module)")
+                raise ValueError(
+                    f"{type(layer.m).__name__} is called {layer.calls} times in one forward; gradient "
+                    "caching needs each BatchNorm module called once (give each use its own module)"
+                )
             layer.calls = 0
 
     def adjoints(self, run_chunk: Callable[[int], Tensor], grads: list[Tensor]) -> None:

@@ -24,9 +24,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-STD_FLOOR = 1e-3   # mean per-dimension std of unit-length projections: 0 = one point
-RANK_FLOOR = 1.5   # effective rank of the backbone features: 1 = one direction
-SAMPLE = 1024      # images the end-of-training check embeds
+STD_FLOOR = 1e-3  # mean per-dimension std of unit-length projections: 0 = one point
+RANK_FLOOR = 1.5  # effective rank of the backbone features: 1 = one direction
+SAMPLE = 1024  # images the end-of-training check embeds
 
 
 def effective_rank(features: torch.Tensor) -> float:
@@ -58,8 +58,10 @@ def embedding_health(model: torch.nn.Module, views: torch.Tensor) -> dict[str, f
         for m, mode in modes:
             m.training = mode
     finite = bool(torch.isfinite(h).all() and torch.isfinite(z).all())
-    return {"effective_rank": effective_rank(h) if finite else 0.0,
-            "projection_std": float(z.std(dim=0).mean()) if finite and z.shape[0] > 1 else 0.0}
+    return {
+        "effective_rank": effective_rank(h) if finite else 0.0,
+        "projection_std": float(z.std(dim=0).mean()) if finite and z.shape[0] > 1 else 0.0,
+    }
 
 
 def collapsed_embeddings(health: dict[str, float]) -> bool:

@@ -44,21 +44,21 @@ from typing import Callable
 
 import torch
 
-from . import health
-from ..cell import Cell
 from ..augment import AugmentConfig, BatchAugment, normalize
-from .checkpoint import StepRandom, load_checkpoint, read_state, save_checkpoint, save_state  # noqa: F401
-from .distributed import World, any_over_processes, data_parallel, gather, mean_over_processes, sync_batchnorm
-from .ghostbn import ghost_batchnorm
+from ..cell import Cell
+from ..diagnostics import diagnostics, embedding_grad_norm, grad_rel_error
 from ..errors import Preempted
 from ..io import CellLock, nullcontext_lock
 from ..losses import build_loss, in_batch_scores
-from ..diagnostics import diagnostics, embedding_grad_norm, grad_rel_error
 from ..models import ContrastiveModel, build_backbone
+from . import health
+from .checkpoint import StepRandom, load_checkpoint, read_state, save_checkpoint, save_state  # noqa: F401
+from .distributed import World, any_over_processes, data_parallel, gather, mean_over_processes, sync_batchnorm
+from .ghostbn import ghost_batchnorm
 from .negatives import InBatch, QueueNegatives, Scores
 from .optim import LARS, lr_at, make_optimizer, scaled_lr, set_lr  # noqa: F401  (public through train)
-from .temperature import build_temperature
 from .step import PRECISIONS, TrainStep, configure_backends
+from .temperature import build_temperature
 
 
 @dataclass
@@ -134,18 +134,29 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
 
 def build_model(cell: Cell | dict, channels: int, image_size: int) -> ContrastiveModel:
     tr = Cell.of(cell).train
-    backbone, feat_dim = build_backbone(tr.backbone, channels, image_size, width=tr.width,
-                                        pool_grid=tr.pool_grid)
+    backbone, feat_dim = build_backbone(tr.backbone, channels, image_size, width=tr.width, pool_grid=tr.pool_grid)
     return ContrastiveModel(backbone, feat_dim, tr.proj_hidden, tr.proj_dim)
 
 
 # --------------------------------------------------------------------------- the cell
-def pretrain(cell: Cell | dict, images: torch.Tensor, mean, std, out_dir: Path, *,
-             log_fn: Callable[[dict, int], None] | None = None, before_save: Callable[[], None] | None = None,
-             device: str | torch.device = "auto", restart: bool = False, progress: bool = True,
-             stop_after_steps: int | None = None, meta: dict | None = None,
-             world: World | None = None, labels: torch.Tensor | None = None,
-             at_epoch_end: Callable[[torch.nn.Module, int], dict | None] | None = None) -> TrainResult:
+def pretrain(
+    cell: Cell | dict,
+    images: torch.Tensor,
+    mean,
+    std,
+    out_dir: Path,
+    *,
+    log_fn: Callable[[dict, int], None] | None = None,
+    before_save: Callable[[], None] | None = None,
+    device: str | torch.device = "auto",
+    restart: bool = False,
+    progress: bool = True,
+    stop_after_steps: int | None = None,
+    meta: dict | None = None,
+    world: World | None = None,
+    labels: torch.Tensor | None = None,
+    at_epoch_end: Callable[[torch.nn.Module, int], dict | None] | None = None,
+) -> TrainResult:
     """Pretrain the cell's encoder on ``images`` (uint8 N,C,H,W); write checkpoint.pt.
     See :class:`Hooks` for ``log_fn``, ``before_save``, ``meta`` and ``stop_after_steps``;
     ``restart`` ignores (and later overwrites) a saved state.  ``world``: this process's
@@ -157,8 +168,14 @@ def pretrain(cell: Cell | dict, images: torch.Tensor, mean, std, out_dir: Path, 
     world = world or World(device=resolve_device(device))
     dev = world.device
     _validate(cell, images.shape[0], dev, world)
-    hooks = Hooks(log_fn, before_save, dict(meta or {}), stop_after_steps, progress and world.is_main,
-                  at_epoch_end if world.is_main else None)
+    hooks = Hooks(
+        log_fn,
+        before_save,
+        dict(meta or {}),
+        stop_after_steps,
+        progress and world.is_main,
+        at_epoch_end if world.is_main else None,
+    )
     with CellLock(out_dir, cell.id) if world.is_main else nullcontext_lock():
         t = build_training(cell, images, mean, std, dev, out_dir, world, labels)
         if not restart:
@@ -172,9 +189,11 @@ def _validate(cell: Cell, n_images: int, dev: torch.device, world: World) -> Non
     bs = cell.batch_size
     devices = cell.train.devices
     if world.size != devices:
-        raise ValueError(f"cell {cell.id} has train.devices = {devices} but runs on {world.size} process(es); "
-                         f"launch it with `torchrun --nproc-per-node {devices} -m smallbatch pretrain ...` "
-                         "(the workflow does) or srun")
+        raise ValueError(
+            f"cell {cell.id} has train.devices = {devices} but runs on {world.size} process(es); "
+            f"launch it with `torchrun --nproc-per-node {devices} -m smallbatch pretrain ...` "
+            "(the workflow does) or srun"
+        )
     if bs % devices:
         raise ValueError(f"batch_size {bs} is not a multiple of train.devices = {devices}")
     if not isinstance(bs, int) or bs < 2:
@@ -207,8 +226,10 @@ def control_problem(cell: Cell | dict) -> str | None:
     if tr.neg_group and tr.queue_size:
         return "train.neg_group groups in-batch negatives; set queue_size: 0 or neg_group: null"
     if tr.bn_group and tr.chunk_size and tr.bn_group != bs:
-        return ("train.bn_group normalises over groups of images, train.chunk_size over the whole batch; "
-                "set one of them to null")
+        return (
+            "train.bn_group normalises over groups of images, train.chunk_size over the whole batch; "
+            "set one of them to null"
+        )
     if tr.mask_same_class and tr.devices > 1:
         return "train.mask_same_class runs on one process; set train.devices = 1"
     if tr.devices > 1 and cell.loss == "sogclr":
@@ -216,8 +237,16 @@ def control_problem(cell: Cell | dict) -> str | None:
     return None
 
 
-def build_training(cell: Cell | dict, images: torch.Tensor, mean, std, dev: torch.device, out_dir: Path,
-                   world: World | None = None, labels: torch.Tensor | None = None) -> Training:
+def build_training(
+    cell: Cell | dict,
+    images: torch.Tensor,
+    mean,
+    std,
+    dev: torch.device,
+    out_dir: Path,
+    world: World | None = None,
+    labels: torch.Tensor | None = None,
+) -> Training:
     """Every part of the cell's training, fresh (seeded by the cell's seed: the same on
     every process).  ``labels`` (of ``images``) reach the negatives' mask only, and only
     with ``train.mask_same_class``."""
@@ -232,34 +261,59 @@ def build_training(cell: Cell | dict, images: torch.Tensor, mean, std, dev: torc
     views = 1 if tr.queue_size else 2  # what one forward stacks: both views, or MoCo's queries / keys
     model = _network(cell, c, h, dev, dtype, world, views)
     if tr.mask_same_class and labels is None:
-        raise ValueError(f"cell {cell.id} has train.mask_same_class but its pretraining images have no labels "
-                         f"({cell.dataset}'s pretraining split is unlabeled); set it to false")
+        raise ValueError(
+            f"cell {cell.id} has train.mask_same_class but its pretraining images have no labels "
+            f"({cell.dataset}'s pretraining split is unlabeled); set it to false"
+        )
     mask_labels = labels.to(dev) if tr.mask_same_class else None
-    source = InBatch(world, full=bool(tr.ess_schedule) and world.size > 1, group=tr.neg_group,
-                     labels=mask_labels)
+    source = InBatch(world, full=bool(tr.ess_schedule) and world.size > 1, group=tr.neg_group, labels=mask_labels)
     if tr.queue_size:
         key_model = _network(cell, c, h, dev, dtype, world, views)
         key_model.load_state_dict(model.state_dict())
-        source = QueueNegatives(key_model, tr.queue_size, tr.proj_dim, tr.moco_momentum, dev, dtype, world,
-                                labels=mask_labels)
+        source = QueueNegatives(
+            key_model, tr.queue_size, tr.proj_dim, tr.moco_momentum, dev, dtype, world, labels=mask_labels
+        )
     spe = n // bs
     total = int(tr.steps) if tr.steps else max(1, math.ceil(float(tr.epochs) * spe))
     peak = scaled_lr(float(tr.lr), bs, tr.lr_scaling)
-    opt = make_optimizer(model.parameters(), tr.optimizer, peak, tr.momentum, tr.weight_decay, dev,
-                         compiled=bool(tr.compile))
+    opt = make_optimizer(
+        model.parameters(), tr.optimizer, peak, tr.momentum, tr.weight_decay, dev, compiled=bool(tr.compile)
+    )
     aug = BatchAugment(AugmentConfig(**cell.augment), image_size=h, channels=c, mean=mean, std=std)
     loss_fn = build_loss(cell.loss, **cell.loss_params)
     loss_fn.init_state(n, dev, dtype)  # SogCLR's u, one entry per image (stateless losses: nothing)
-    step_fn = TrainStep(model, aug, source, loss_fn, build_temperature(cell, total, dev), opt, tr.precision, dev,
-                        net=data_parallel(model, world), chunk_size=tr.chunk_size)
+    step_fn = TrainStep(
+        model,
+        aug,
+        source,
+        loss_fn,
+        build_temperature(cell, total, dev),
+        opt,
+        tr.precision,
+        dev,
+        net=data_parallel(model, world),
+        chunk_size=tr.chunk_size,
+    )
     if tr.compile:  # DDP splits the graph at its gradient buckets: full graphs on one process only
         step_fn.compile("reduce-overhead" if dev.type == "cuda" else None, fullgraph=world.size == 1)
-    return Training(cell, dev, images.to(dev), list(mean), list(std), step_fn, StepRandom(cell.seed, dev),
-                    world, out_dir, total, spe, int(round(float(tr.warmup_epochs) * spe)), peak)
+    return Training(
+        cell,
+        dev,
+        images.to(dev),
+        list(mean),
+        list(std),
+        step_fn,
+        StepRandom(cell.seed, dev),
+        world,
+        out_dir,
+        total,
+        spe,
+        int(round(float(tr.warmup_epochs) * spe)),
+        peak,
+    )
 
 
-def _network(cell: Cell, channels: int, size: int, dev: torch.device, dtype: torch.dtype, world: World,
-             views: int = 2):
+def _network(cell: Cell, channels: int, size: int, dev: torch.device, dtype: torch.dtype, world: World, views: int = 2):
     """The cell's model on the device; BatchNorm over every process's views (``sync_bn``),
     or over groups of ``train.bn_group`` images of the ``views`` a forward stacks."""
     model = build_model(cell, channels, size).to(dev, dtype=dtype)
@@ -300,10 +354,22 @@ def save(t: Training, hooks: Hooks, elapsed: float) -> None:
     if hooks.before_save is not None:
         hooks.before_save()
     s = t.step_fn
-    save_state(t.state_path, t.cell, model=s.model.state_dict(), optimizer=s.opt.state_dict(),
-               **s.source.state_dict(), **s.state_dict(), temperature=s.temperature.state_dict(),
-               loss=dict(s.loss_fn.state_dict()), step=t.step, last_loss=_last_loss(t), wall_s=t.wall_before + elapsed,
-               cpu_s=_cpu_s(t), saved_on=t.dev.type, **hooks.meta)
+    save_state(
+        t.state_path,
+        t.cell,
+        model=s.model.state_dict(),
+        optimizer=s.opt.state_dict(),
+        **s.source.state_dict(),
+        **s.state_dict(),
+        temperature=s.temperature.state_dict(),
+        loss=dict(s.loss_fn.state_dict()),
+        step=t.step,
+        last_loss=_last_loss(t),
+        wall_s=t.wall_before + elapsed,
+        cpu_s=_cpu_s(t),
+        saved_on=t.dev.type,
+        **hooks.meta,
+    )
 
 
 def _last_loss(t: Training) -> float:
@@ -324,7 +390,7 @@ def run_loop(t: Training, hooks: Hooks, t_start: float) -> str:
                 if perm is None or pos == 0:
                     gen = t.rng.generator("permutation", t.step // t.steps_per_epoch)
                     perm = torch.randperm(t.images.shape[0], generator=gen, device=t.dev)
-                idx = perm[pos * t.cell.batch_size:(pos + 1) * t.cell.batch_size]
+                idx = perm[pos * t.cell.batch_size : (pos + 1) * t.cell.batch_size]
                 out, update = one_step(t, idx, watch=_log_due(t, t.step + 1) and hooks.log_fn is not None)
                 window[1] += t.cell.batch_size
                 if bar is not None:
@@ -369,8 +435,10 @@ def _preempted(t: Training, signalled: bool) -> Preempted:
     who = "SIGTERM received" if signalled else "SIGTERM received by another process"
     if t.world.is_main:
         return Preempted(f"{who}: {t.cell.id} saved its state at step {t.step} to {t.state_path}")
-    return Preempted(f"{who}: rank {t.world.rank} of {t.cell.id} stopped at step {t.step} with every process "
-                     f"(rank 0 saved the state there)")
+    return Preempted(
+        f"{who}: rank {t.world.rank} of {t.cell.id} stopped at step {t.step} with every process "
+        f"(rank 0 saved the state there)"
+    )
 
 
 def _log_due(t: Training, step: int) -> bool:
@@ -440,15 +508,21 @@ def step_metrics(t: Training, out, update, window: list) -> dict:
         return {}
     now = time.perf_counter()
     tau = float(out.tau)
-    m = {"train/loss": loss, "train/infonce": infonce, "train/tau": tau,
-         "train/lr": lr_at(t.step - 1, t.total, t.warmup, t.peak_lr),
-         "train/images_per_s": window[1] / max(now - window[0], 1e-9), "epoch": t.step / t.steps_per_epoch,
-         # the x-axis that compares batch sizes (the step is the optimiser's: 16x more at batch 16 than 256)
-         "train/images_seen": float(t.step * t.cell.batch_size)}
+    m = {
+        "train/loss": loss,
+        "train/infonce": infonce,
+        "train/tau": tau,
+        "train/lr": lr_at(t.step - 1, t.total, t.warmup, t.peak_lr),
+        "train/images_per_s": window[1] / max(now - window[0], 1e-9),
+        "epoch": t.step / t.steps_per_epoch,
+        # the x-axis that compares batch sizes (the step is the optimiser's: 16x more at batch 16 than 256)
+        "train/images_seen": float(t.step * t.cell.batch_size),
+    }
     window[0], window[1] = now, 0
     sc = out.scores
-    m.update({f"diag/{k}": v for k, v in diagnostics(sc.pos, sc.neg, tau, neg_mask=sc.mask, z1=out.z1,
-                                                       z2=out.z2).items()})
+    m.update(
+        {f"diag/{k}": v for k, v in diagnostics(sc.pos, sc.neg, tau, neg_mask=sc.mask, z1=out.z1, z2=out.z2).items()}
+    )
     m.update(mechanism_metrics(t, out, update))
     target = s.temperature.target(t.step - 1)
     if target is not None:
@@ -502,21 +576,44 @@ def finish(t: Training, status: str, elapsed: float) -> TrainResult:
         t.last_value = mean_over_processes(t.last_value)
     h = {}
     if status == "finished" and t.world.is_main:
-        views = normalize(t.images[:health.SAMPLE], t.mean, t.std)
+        views = normalize(t.images[: health.SAMPLE], t.mean, t.std)
         h = health.embedding_health(s.model, views.to(next(s.model.parameters()).dtype))
         if health.collapsed_embeddings(h):
             status = "collapsed"
-            print(f"{t.cell.id}: embeddings collapsed (effective rank {h['effective_rank']:.2f}, "
-                  f"projection std {h['projection_std']:.2e}): cell recorded as collapsed", file=sys.stderr)
+            print(
+                f"{t.cell.id}: embeddings collapsed (effective rank {h['effective_rank']:.2f}, "
+                f"projection std {h['projection_std']:.2e}): cell recorded as collapsed",
+                file=sys.stderr,
+            )
     final = _last_loss(t) if status != "diverged" else float("nan")
     cpu = _cpu_s(t)
     c, size = t.images.shape[1], t.images.shape[-1]
     if t.world.is_main:
-        save_checkpoint(t.out_dir / "checkpoint.pt", t.cell, model=s.model.state_dict(), status=status,
-                        steps=t.step, epochs=t.step / t.steps_per_epoch, final_loss=final, wall_s=wall,
-                        channels=c, image_size=size, mean=t.mean, std=t.std, health=h)
-    return TrainResult(status=status, steps=t.step, epochs=t.step / t.steps_per_epoch, final_loss=final,
-                       wall_s=wall, images_per_s=t.step * t.cell.batch_size / max(wall, 1e-9), health=h, cpu_s=cpu)
+        save_checkpoint(
+            t.out_dir / "checkpoint.pt",
+            t.cell,
+            model=s.model.state_dict(),
+            status=status,
+            steps=t.step,
+            epochs=t.step / t.steps_per_epoch,
+            final_loss=final,
+            wall_s=wall,
+            channels=c,
+            image_size=size,
+            mean=t.mean,
+            std=t.std,
+            health=h,
+        )
+    return TrainResult(
+        status=status,
+        steps=t.step,
+        epochs=t.step / t.steps_per_epoch,
+        final_loss=final,
+        wall_s=wall,
+        images_per_s=t.step * t.cell.batch_size / max(wall, 1e-9),
+        health=h,
+        cpu_s=cpu,
+    )
 
 
 def _cpu_s(t: Training) -> float:
@@ -530,5 +627,12 @@ def _progress(total: int, initial: int, desc: str, enabled: bool):
     from tqdm import tqdm
 
     tty = sys.stderr.isatty()
-    return tqdm(total=total, initial=initial, desc=desc, unit="step", dynamic_ncols=True,
-                mininterval=0.5 if tty else 15.0, file=sys.stderr)
+    return tqdm(
+        total=total,
+        initial=initial,
+        desc=desc,
+        unit="step",
+        dynamic_ncols=True,
+        mininterval=0.5 if tty else 15.0,
+        file=sys.stderr,
+    )

@@ -34,9 +34,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..losses import (
+    batch_positives,
+    grouped_in_batch_scores,
+    grouped_rows,
+    in_batch_columns,
+    in_batch_scores,
+    queue_scores,
+)
 from .distributed import World, gather, gather_with_grad
-from ..losses import (batch_positives, grouped_in_batch_scores, grouped_rows, in_batch_columns,
-                     in_batch_scores, queue_scores)
 
 
 class Scores(NamedTuple):
@@ -94,8 +100,9 @@ class InBatch:
 
     kind = "in_batch"
 
-    def __init__(self, world: World | None = None, full: bool = False, group: int | None = None,
-                 labels: Tensor | None = None) -> None:
+    def __init__(
+        self, world: World | None = None, full: bool = False, group: int | None = None, labels: Tensor | None = None
+    ) -> None:
         self.world = world or World()
         self.full = full
         self.group, self.labels = group or None, labels
@@ -104,7 +111,7 @@ class InBatch:
 
     def embed(self, model: torch.nn.Module, v1: Tensor, v2: Tensor) -> tuple[Tensor, Tensor]:
         z = model(torch.cat([v1, v2]))
-        return z[: v1.shape[0]], z[v1.shape[0]:]
+        return z[: v1.shape[0]], z[v1.shape[0] :]
 
     def scores(self, z1: Tensor, z2: Tensor, idx: Tensor) -> Scores:
         if self.world.size > 1:
@@ -138,9 +145,17 @@ class QueueNegatives:
 
     kind = "queue"
 
-    def __init__(self, key_model: torch.nn.Module, size: int, dim: int, momentum: float,
-                 device: torch.device, dtype: torch.dtype, world: World | None = None,
-                 labels: Tensor | None = None) -> None:
+    def __init__(
+        self,
+        key_model: torch.nn.Module,
+        size: int,
+        dim: int,
+        momentum: float,
+        device: torch.device,
+        dtype: torch.dtype,
+        world: World | None = None,
+        labels: Tensor | None = None,
+    ) -> None:
         self.world = world or World()
         self.labels = labels  # every training image's label: same-class keys masked (one process)
         if self.world.size > 1 and labels is not None:
@@ -241,7 +256,7 @@ class MomentumQueue:
         keys = F.normalize(keys.detach().to(self.keys.device, self.keys.dtype), dim=1)
         indices = indices.to(self.indices.device, torch.long)
         if keys.shape[0] > self.size:  # only the newest `size` keys survive
-            keys, indices = keys[-self.size:], indices[-self.size:]
+            keys, indices = keys[-self.size :], indices[-self.size :]
         b = keys.shape[0]
         slots = (self.ptr + torch.arange(b, device=self.keys.device)) % self.size
         self.keys[slots] = keys
@@ -262,14 +277,18 @@ class MomentumQueue:
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume (for checkpoints)."""
-        return {"size": self.size, "dim": self.dim, "keys": self.keys.clone(), "indices": self.indices.clone(),
-                "ptr": self.ptr, "count": self.count}
+        return {
+            "size": self.size,
+            "dim": self.dim,
+            "keys": self.keys.clone(),
+            "indices": self.indices.clone(),
+            "ptr": self.ptr,
+            "count": self.count,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if int(state["size"]) != self.size or int(state["dim"]) != self.dim:
-            raise ValueError(
-                f"state has size/dim {state['size']}/{state['dim']}, queue has {self.size}/{self.dim}"
-            )
+            raise ValueError(f"state has size/dim {state['size']}/{state['dim']}, queue has {self.size}/{self.dim}")
         self.keys = state["keys"].to(self.keys.device, self.keys.dtype).clone()
         self.indices = state["indices"].to(self.indices.device).clone()
         self.ptr = int(state["ptr"])

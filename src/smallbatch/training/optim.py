@@ -66,8 +66,9 @@ class LARS(torch.optim.Optimizer):
         w_l  -= lr * buf_l
     """
 
-    def __init__(self, params, lr: float | torch.Tensor, momentum: float = 0.9, weight_decay: float = 0.0,
-                 eta: float = 0.001):
+    def __init__(
+        self, params, lr: float | torch.Tensor, momentum: float = 0.9, weight_decay: float = 0.0, eta: float = 0.001
+    ):
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, eta=eta))
 
     @torch.no_grad()
@@ -92,8 +93,9 @@ class LARS(torch.optim.Optimizer):
         torch._foreach_sub_(params, torch._foreach_mul(bufs, group["lr"]))
 
 
-def _momentum_buffers(opt: torch.optim.Optimizer, params: list[torch.Tensor], grads: list[torch.Tensor],
-                      momentum: float) -> list[torch.Tensor]:
+def _momentum_buffers(
+    opt: torch.optim.Optimizer, params: list[torch.Tensor], grads: list[torch.Tensor], momentum: float
+) -> list[torch.Tensor]:
     """``buf = momentum * buf + g`` for each parameter's ``momentum_buffer`` (a copy of
     ``g`` on its first step); the updated buffers."""
     bufs = [opt.state[p].get("momentum_buffer") for p in params]
@@ -125,8 +127,15 @@ def scaled_lr(base_lr: float, batch_size: int, rule: str) -> float:
     raise ValueError(f"lr_scaling must be one of {', '.join(LR_SCALINGS)}, not {rule!r}")
 
 
-def make_optimizer(params, name: str, lr: float, momentum: float, weight_decay: float,
-                   device: torch.device | str = "cpu", compiled: bool = False) -> torch.optim.Optimizer:
+def make_optimizer(
+    params,
+    name: str,
+    lr: float,
+    momentum: float,
+    weight_decay: float,
+    device: torch.device | str = "cpu",
+    compiled: bool = False,
+) -> torch.optim.Optimizer:
     """SGD (momentum), LARS or Adam with the rate as a 0-d float32 tensor on ``device``
     (Adam on CUDA is ``capturable``: its step counter stays on the device too; on the CPU it
     is torch's fused kernel: one pass over all parameters, 0.84 vs 2.16 ms per step of the
@@ -139,16 +148,23 @@ def make_optimizer(params, name: str, lr: float, momentum: float, weight_decay: 
     return build_optimizer(params, name, lr_t, momentum, weight_decay, torch.device(device).type == "cuda", compiled)
 
 
-def build_optimizer(params, name: str, lr: torch.Tensor, momentum: float, weight_decay: float, cuda: bool,
-                    compiled: bool = False) -> torch.optim.Optimizer:
+def build_optimizer(
+    params, name: str, lr: torch.Tensor, momentum: float, weight_decay: float, cuda: bool, compiled: bool = False
+) -> torch.optim.Optimizer:
     """:func:`make_optimizer`'s choice of code path for a rate tensor ``lr``: ``cuda``
     selects the CUDA one (Adam ``capturable`` + foreach) whatever device ``lr`` is on."""
     if name == "sgd":
         return SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
     if name == "lars":
         return LARS(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
-    return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay, capturable=cuda,
-                            foreach=True if cuda else None, fused=None if cuda or compiled else True)
+    return torch.optim.Adam(
+        params,
+        lr=lr,
+        weight_decay=weight_decay,
+        capturable=cuda,
+        foreach=True if cuda else None,
+        fused=None if cuda or compiled else True,
+    )
 
 
 def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:

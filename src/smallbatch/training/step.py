@@ -59,8 +59,19 @@ class TrainStep:
     this process's images in chunks of that many with gradient caching
     (:mod:`smallbatch.training.gradcache`; None = the whole batch in one pass)."""
 
-    def __init__(self, model, aug: BatchAugment, source, loss_fn, temperature, opt, precision: str,
-                 device: torch.device, net=None, chunk_size: int | None = None) -> None:
+    def __init__(
+        self,
+        model,
+        aug: BatchAugment,
+        source,
+        loss_fn,
+        temperature,
+        opt,
+        precision: str,
+        device: torch.device,
+        net=None,
+        chunk_size: int | None = None,
+    ) -> None:
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
         self.model, self.net = model, model if net is None else net
@@ -78,19 +89,21 @@ class TrainStep:
         views = self.aug.apply(torch.cat([x, x]), u)
         if self.fp64:
             views = views.double()
-        return views[: x.shape[0]], views[x.shape[0]:]
+        return views[: x.shape[0]], views[x.shape[0] :]
 
     def _autocast(self):
-        return torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.bfloat16,
-                              enabled=self.autocast_dtype is not None)
+        return torch.autocast(
+            self.device.type, dtype=self.autocast_dtype or torch.bfloat16, enabled=self.autocast_dtype is not None
+        )
 
     def _loss(self, z1: Tensor, z2: Tensor, idx: Tensor):
         """Scores (once), τ and the loss of the embeddings, in fp32 (fp64) outside autocast."""
         z1, z2 = z1.to(self.loss_dtype), z2.to(self.loss_dtype)
         sc = self.source.scores(z1, z2, idx)
         tau = self.temperature(sc.neg.detach() if sc.tau_neg is None else sc.tau_neg, sc.mask)
-        out = self.loss_fn.from_scores(sc.pos, sc.neg, sc.mask, temperature=tau, batch_pos=sc.batch_pos,
-                                       check=False, index=sc.index)
+        out = self.loss_fn.from_scores(
+            sc.pos, sc.neg, sc.mask, temperature=tau, batch_pos=sc.batch_pos, check=False, index=sc.index
+        )
         return out, sc, tau
 
     def forward(self, x: Tensor, u: Tensor, idx: Tensor) -> StepOut:
@@ -99,8 +112,15 @@ class TrainStep:
         with self._autocast():
             z1, z2 = self.source.embed(self.net, v1, v2)
         out, sc, tau = self._loss(z1, z2, idx)
-        return StepOut(out.loss, out.value, out.infonce, sc.detached(), z1.detach().to(self.loss_dtype),
-                       z2.detach().to(self.loss_dtype), tau)
+        return StepOut(
+            out.loss,
+            out.value,
+            out.infonce,
+            sc.detached(),
+            z1.detach().to(self.loss_dtype),
+            z2.detach().to(self.loss_dtype),
+            tau,
+        )
 
     def run(self, x: Tensor, u: Tensor, idx: Tensor) -> StepOut:
         """One whole update of the images ``x``: forward, backward, optimiser step."""
@@ -136,8 +156,15 @@ class TrainStep:
             scale = self.scaler.scale if self.scaler is not None else None
             _, zs = cached_backward(self.net, (v1, v2) if in_batch else (v1,), loss_of, self.chunk_size, scale)
         out = keep["out"]
-        return StepOut(out.loss.detach(), out.value, out.infonce, keep["sc"].detached(),
-                       zs[0].detach().to(self.loss_dtype), keep["z2"].detach().to(self.loss_dtype), keep["tau"])
+        return StepOut(
+            out.loss.detach(),
+            out.value,
+            out.infonce,
+            keep["sc"].detached(),
+            zs[0].detach().to(self.loss_dtype),
+            keep["z2"].detach().to(self.loss_dtype),
+            keep["tau"],
+        )
 
     def _keys(self, v2: Tensor) -> Tensor:
         with torch.no_grad():
@@ -174,8 +201,10 @@ class TrainStep:
         self.cuda_graphs = mode == "reduce-overhead"
 
     def state_dict(self) -> dict:
-        return {"scaler": self.scaler.state_dict() if self.scaler is not None else None,
-                "skipped_steps": self.skipped_steps}
+        return {
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "skipped_steps": self.skipped_steps,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         if self.scaler is not None and state.get("scaler"):

@@ -67,8 +67,17 @@ class EssTemperature:
     ``[tau_min, tau_max]`` (clamped to an end when the target lies outside); ``rate`` in
     (0, 1] smooths the update in log space (1 = jump to τ*)."""
 
-    def __init__(self, start: float, end: float, total_steps: int, tau0: float, rate: float = 1.0,
-                 tau_min: float = 0.01, tau_max: float = 10.0, device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self,
+        start: float,
+        end: float,
+        total_steps: int,
+        tau0: float,
+        rate: float = 1.0,
+        tau_min: float = 0.01,
+        tau_max: float = 10.0,
+        device: torch.device | str = "cpu",
+    ) -> None:
         for name, v in (("start", start), ("end", end)):
             if not 0 < v <= 1:
                 raise ValueError(f"ess_schedule.{name} must be in (0, 1], not {v!r}")
@@ -98,8 +107,8 @@ class EssTemperature:
         """τ* with ESS(τ*) = target, by bisection on log τ (a 0-d float64 tensor)."""
         lo = torch.full_like(self.value, math.log(self.tau_min))
         hi = torch.full_like(self.value, math.log(self.tau_max))
-        low_enough = ess_of(neg, torch.exp(lo), neg_mask) >= target   # even tau_min is flat enough
-        never = ess_of(neg, torch.exp(hi), neg_mask) <= target        # even tau_max is too peaked
+        low_enough = ess_of(neg, torch.exp(lo), neg_mask) >= target  # even tau_min is flat enough
+        never = ess_of(neg, torch.exp(hi), neg_mask) <= target  # even tau_max is too peaked
         for _ in range(_BISECTIONS):
             mid = 0.5 * (lo + hi)
             below = ess_of(neg, torch.exp(mid), neg_mask) < target
@@ -120,5 +129,6 @@ def build_temperature(cell: Cell, total_steps: int, device: torch.device) -> Fix
     es = cell.train.ess_schedule
     if not es:
         return FixedTemperature(cell.temperature)
-    return EssTemperature(es["start"], es["end"], total_steps, cell.temperature, es["rate"],
-                          es["tau_min"], es["tau_max"], device=device)
+    return EssTemperature(
+        es["start"], es["end"], total_steps, cell.temperature, es["rate"], es["tau_min"], es["tau_max"], device=device
+    )

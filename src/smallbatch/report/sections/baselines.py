@@ -37,14 +37,19 @@ def best_baseline_values(runs: pd.DataFrame, scale: float) -> dict[tuple[str, st
     """(dataset, metric) -> {seed: top-1} of the best baseline (what a cell is tested against)."""
     agg = aggregate_cells(baseline_runs(runs), ["dataset", "baseline"], scale, values=True)
     best = best_baselines(runs, scale)
-    return {(ds, m): next((dict(v) for b, v in zip(g["baseline"], g["values"]) if b == best[(ds, m)][0]), {})
-            for (ds, m), g in agg.groupby(["dataset", "metric"], sort=True) if (ds, m) in best}
+    return {
+        (ds, m): next((dict(v) for b, v in zip(g["baseline"], g["values"]) if b == best[(ds, m)][0]), {})
+        for (ds, m), g in agg.groupby(["dataset", "metric"], sort=True)
+        if (ds, m) in best
+    }
 
 
 def best_baselines(runs: pd.DataFrame, scale: float) -> dict[tuple[str, str], tuple[str, float]]:
     """(dataset, metric) -> (baseline name, mean top-1) of the best baseline."""
-    return {(ds, m): (str(g["baseline"].iloc[0]), float(g["mean"].iloc[0]))
-            for ds, m, g in _ranked(baseline_table(runs, scale))}
+    return {
+        (ds, m): (str(g["baseline"].iloc[0]), float(g["mean"].iloc[0]))
+        for ds, m, g in _ranked(baseline_table(runs, scale))
+    }
 
 
 def _best_sentence(ds: str, m: str, g: pd.DataFrame) -> str:
@@ -74,9 +79,13 @@ def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
             row[METRIC_LABELS[m]] = gm["display"].iloc[0] if len(gm) else ""
         row["seeds"] = int(g["n_runs"].max())
         disp.append(row)
-    files = ctx.write_table("baselines", "Baselines: top-1 (%) of the same kNN and linear probes",
-                            agg, [(None, pd.DataFrame(disp))],
-                            note="mean ± sample std over seeds; pretraining gain tables are in the grid section")
+    files = ctx.write_table(
+        "baselines",
+        "Baselines: top-1 (%) of the same kNN and linear probes",
+        agg,
+        [(None, pd.DataFrame(disp))],
+        note="mean ± sample std over seeds; pretraining gain tables are in the grid section",
+    )
     out.files += files
     out.findings += [_best_sentence(ds, m, g) for ds, m, g in _ranked(agg)]
     out.markdown = f"Baseline top-1: {ctx.table_links(files)}\n\n" + markdown_table(pd.DataFrame(disp))

@@ -15,16 +15,19 @@ from ..runs import newest
 from ..tables import markdown_table
 
 #: (column, the metrics whose sum it is)
-PARTS = (("train_wall_s", ("train/wall_s",)), ("train_cpu_s", ("train/cpu_s",)),
-         ("eval_wall_s", ("knn/seconds", "linear/seconds")), ("eval_cpu_s", ("knn/cpu_s", "linear/cpu_s")),
-         ("other_wall_s", ("mi/seconds",)))
+PARTS = (
+    ("train_wall_s", ("train/wall_s",)),
+    ("train_cpu_s", ("train/cpu_s",)),
+    ("eval_wall_s", ("knn/seconds", "linear/seconds")),
+    ("eval_cpu_s", ("knn/cpu_s", "linear/cpu_s")),
+    ("other_wall_s", ("mi/seconds",)),
+)
 WALL, CPU = ("train_wall_s", "eval_wall_s", "other_wall_s"), ("train_cpu_s", "eval_cpu_s")
 
 
 def _sum(df: pd.DataFrame, cols) -> pd.Series:
     """Row sums of the columns present, NaN where every one of them is missing."""
-    vals = pd.DataFrame({c: pd.to_numeric(df[c], errors="coerce") if c in df else np.nan for c in cols},
-                        index=df.index)
+    vals = pd.DataFrame({c: pd.to_numeric(df[c], errors="coerce") if c in df else np.nan for c in cols}, index=df.index)
     return vals.sum(axis=1, min_count=1)
 
 
@@ -55,13 +58,15 @@ def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
         return None
     per_section = cost_per_section(per_run)
     out = SectionOutput("cost", "Cost: wall and CPU seconds", "")
-    note = ("wall = pretraining (over resumes) + probes; CPU = the same steps' process CPU time, every thread; "
-            "blank: not logged")
+    note = (
+        "wall = pretraining (over resumes) + probes; CPU = the same steps' process CPU time, every thread; "
+        "blank: not logged"
+    )
     runs_files = ctx.write_table("cost_runs", "Wall and CPU seconds per run", per_run, note=note)
-    files = ctx.write_table("cost_study", "Wall and CPU seconds per section and for the study", per_section,
-                            note=note)
+    files = ctx.write_table("cost_study", "Wall and CPU seconds per section and for the study", per_section, note=note)
     out.files += runs_files + files
     shown = per_section[["section", "runs", "wall_s", "cpu_s", "wall_h", "cpu_h"]]
-    out.markdown = (f"Per section: {ctx.table_links(files)}; per run: {ctx.table_links(runs_files)}\n\n"
-                    + markdown_table(shown))
+    out.markdown = (
+        f"Per section: {ctx.table_links(files)}; per run: {ctx.table_links(runs_files)}\n\n" + markdown_table(shown)
+    )
     return out

@@ -11,8 +11,19 @@ from ..context import ReportContext, SectionOutput
 from ..runs import newest
 from ..tables import markdown_table
 
-_COLUMNS = ["cell_id", "status", "section", "kind", "dataset", "loss", "temperature", "batch_size", "seed",
-            "last_train_loss", "run_id"]
+_COLUMNS = [
+    "cell_id",
+    "status",
+    "section",
+    "kind",
+    "dataset",
+    "loss",
+    "temperature",
+    "batch_size",
+    "seed",
+    "last_train_loss",
+    "run_id",
+]
 
 
 def bad_runs(runs: pd.DataFrame) -> pd.DataFrame:
@@ -26,12 +37,18 @@ def bad_runs(runs: pd.DataFrame) -> pd.DataFrame:
 def _words(collapsed: bool) -> dict[str, str]:
     """The section's wording; 'collapsed' is named only where a run collapsed."""
     if not collapsed:
-        return {"title": "Diverged and failed runs", "caption": "Runs that diverged or failed",
-                "note": "a diverged run gives no accuracy; its cell reads 'diverged' in every table",
-                "none": "No run diverged or failed."}
-    return {"title": "Diverged, collapsed and failed runs", "caption": "Runs that diverged, collapsed or failed",
-            "note": "a diverged or collapsed run gives no accuracy; its cell reads 'diverged' ('collapsed') in "
-                    "every table", "none": "No run diverged, collapsed or failed."}
+        return {
+            "title": "Diverged and failed runs",
+            "caption": "Runs that diverged or failed",
+            "note": "a diverged run gives no accuracy; its cell reads 'diverged' in every table",
+            "none": "No run diverged or failed.",
+        }
+    return {
+        "title": "Diverged, collapsed and failed runs",
+        "caption": "Runs that diverged, collapsed or failed",
+        "note": "a diverged or collapsed run gives no accuracy; its cell reads 'diverged' ('collapsed') in every table",
+        "none": "No run diverged, collapsed or failed.",
+    }
 
 
 def _finding(d: pd.DataFrame) -> str:
@@ -51,5 +68,6 @@ def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
     else:
         out.findings.append(_finding(d))
         out.markdown = f"{len(d)} run(s): {ctx.table_links(files)}\n\n" + markdown_table(
-            d.drop(columns=["run_id"]).rename(columns={"temperature": "τ"}))
+            d.drop(columns=["run_id"]).rename(columns={"temperature": "τ"})
+        )
     return out

@@ -13,12 +13,23 @@ import pandas as pd
 from ...losses import display_name
 from ...tracking import BAD_STATUSES
 from ..aggregate import label_order
-from .baselines import baseline_table
 from ..context import ReportContext
-from ..figures import (accuracy_long, baseline_lines, batch_order, binned, draw_seeds, history, loss_palette,
-                      mark_bad, plot_style, shared_legend, y_range)
+from ..figures import (
+    accuracy_long,
+    baseline_lines,
+    batch_order,
+    binned,
+    draw_seeds,
+    history,
+    loss_palette,
+    mark_bad,
+    plot_style,
+    shared_legend,
+    y_range,
+)
 from ..fmt import short, slug
 from ..runs import METRIC_LABELS, METRICS, param_num
+from .baselines import baseline_table
 
 #: the losses each diagnostic figure draws (the DCL paper's Figure 1 is about SimCLR/InfoNCE's q_B)
 MI_LOSSES = ("infonce",)
@@ -37,8 +48,7 @@ def _baselines(ctx: ReportContext, ds: str) -> dict[str, dict[str, float]]:
 
 def _facets(plt, nrow: int, ncol: int, extra_w: float = 0.3):
     """A figure sized to its panels (3.2 × 2.6 in each) plus a legend column on the right."""
-    fig, axes = plt.subplots(nrow, ncol, figsize=(3.2 * ncol + extra_w, 2.6 * nrow + 0.5), squeeze=False,
-                             sharex="col")
+    fig, axes = plt.subplots(nrow, ncol, figsize=(3.2 * ncol + extra_w, 2.6 * nrow + 0.5), squeeze=False, sharex="col")
     return fig, axes
 
 
@@ -77,17 +87,22 @@ def accuracy_figure(cells: pd.DataFrame, agg: pd.DataFrame, ds: str, ctx: Report
                 ax = axes[i][j]
                 ax.set_ylim(*y_range(drawn_row))
                 baseline_lines(ax, base.get(m, {}))
-                for _, r in agg[agg["state"].isin(BAD_STATUSES) & (agg["temperature"] == t)
-                                & (agg["metric"].map(METRIC_LABELS) == m)].iterrows():
+                for _, r in agg[
+                    agg["state"].isin(BAD_STATUSES)
+                    & (agg["temperature"] == t)
+                    & (agg["metric"].map(METRIC_LABELS) == m)
+                ].iterrows():
                     mark_bad(ax, [int(r["batch_size"])], pal.get(r["label"], "k"))
         shared_legend(fig, axes, "loss")
         fig.suptitle(f"{ds}: top-1 vs batch size", fontsize=11)
         fig.tight_layout(rect=(0, 0, 1, 0.97))
         files = ctx.save_figure(fig, f"accuracy_vs_batch_{slug(ds)}")
     bad = "; ▽ on the x axis: no seed gave a number" if agg["state"].isin(BAD_STATUSES).any() else ""
-    return files, (f"**{ds}: accuracy vs batch size** (points: seeds; line: mean with its 95 % t interval; grey "
-                   f"lines: baselines, named at the edge when outside the range{bad})\n\n"
-                   + ctx.figure_md(files, f"{ds} accuracy vs batch size"))
+    return files, (
+        f"**{ds}: accuracy vs batch size** (points: seeds; line: mean with its 95 % t interval; grey "
+        f"lines: baselines, named at the edge when outside the range{bad})\n\n"
+        + ctx.figure_md(files, f"{ds} accuracy vs batch size")
+    )
 
 
 def _budget(cells: pd.DataFrame) -> pd.DataFrame:
@@ -104,10 +119,16 @@ def steps_figure(cells: pd.DataFrame, agg: pd.DataFrame, ds: str, ctx: ReportCon
     sees the same images, and a small batch takes more steps for them."""
     cells = _budget(cells)
     cells = cells[np.isfinite(cells["steps"]) & (cells["steps"] > 0)]
-    data = accuracy_long(cells, ctx.scale, ["batch_size", "temperature", "seed", "steps", "images"]) if len(
-        cells) else pd.DataFrame()
+    data = (
+        accuracy_long(cells, ctx.scale, ["batch_size", "temperature", "seed", "steps", "images"])
+        if len(cells)
+        else pd.DataFrame()
+    )
     if data.empty:
-        return [], f"_{ds}: no run logs its steps (train/steps, or epochs and pretrain_images); steps figure skipped._\n"
+        return (
+            [],
+            f"_{ds}: no run logs its steps (train/steps, or epochs and pretrain_images); steps figure skipped._\n",
+        )
     t = data["temperature"].value_counts().sort_index().idxmax()
     data = data[data["temperature"] == t]
     plt, sns, rc = plot_style()
@@ -130,10 +151,12 @@ def steps_figure(cells: pd.DataFrame, agg: pd.DataFrame, ds: str, ctx: ReportCon
         fig.tight_layout(rect=(0, 0, 1, 0.95))
         files = ctx.save_figure(fig, f"accuracy_vs_steps_{slug(ds)}")
     seen = ", ".join(f"{lab} {int(v):,}" for lab, v in data.groupby("label", sort=False)["images"].median().items())
-    return files, (f"**{ds}: accuracy vs optimiser steps** (τ = {short(t)}; the largest batch size takes the fewest "
-                   "steps; at a fixed number of epochs every batch size sees the same images — images seen per run: "
-                   f"{seen}; points: seeds, line: mean with its 95 % t interval)\n\n"
-                   + ctx.figure_md(files, f"{ds} accuracy vs steps"))
+    return files, (
+        f"**{ds}: accuracy vs optimiser steps** (τ = {short(t)}; the largest batch size takes the fewest "
+        "steps; at a fixed number of epochs every batch size sees the same images — images seen per run: "
+        f"{seen}; points: seeds, line: mean with its 95 % t interval)\n\n"
+        + ctx.figure_md(files, f"{ds} accuracy vs steps")
+    )
 
 
 def _diagnostic(cells: pd.DataFrame, key: str, ctx: ReportContext, losses: Sequence[str]) -> pd.DataFrame:
@@ -157,11 +180,36 @@ def _over_training(sns, h: pd.DataFrame, ylabel: str, **kw):
     hb = binned(h, ["label", "loss", "τ", "B", "batch_size"])
     border = batch_order(hb)
     pal = sns.color_palette("viridis", len(border))
-    g = sns.relplot(data=hb, kind="line", x="progress", y="value", hue="B", hue_order=border, palette=pal,
-                    errorbar=None, lw=2, col="τ", col_order=_tau_order(hb), row="label", height=3.0, aspect=1.3,
-                    **kw)
-    g.map_dataframe(sns.lineplot, x="progress", y="value", hue="B", hue_order=border, palette=pal,
-                    units="run_id", estimator=None, lw=0.7, alpha=0.45, legend=False)
+    g = sns.relplot(
+        data=hb,
+        kind="line",
+        x="progress",
+        y="value",
+        hue="B",
+        hue_order=border,
+        palette=pal,
+        errorbar=None,
+        lw=2,
+        col="τ",
+        col_order=_tau_order(hb),
+        row="label",
+        height=3.0,
+        aspect=1.3,
+        **kw,
+    )
+    g.map_dataframe(
+        sns.lineplot,
+        x="progress",
+        y="value",
+        hue="B",
+        hue_order=border,
+        palette=pal,
+        units="run_id",
+        estimator=None,
+        lw=0.7,
+        alpha=0.45,
+        legend=False,
+    )
     g.set_titles("{row_name} | τ = {col_name}")
     g.set_axis_labels("fraction of training (epoch / epochs)", ylabel)
     g.legend.set_title("batch size")
@@ -180,8 +228,10 @@ def mi_fraction_figure(cells: pd.DataFrame, agg: pd.DataFrame, ds: str, ctx: Rep
             ax.axhline(1.0, ls="--", lw=1, color="grey")
         g.figure.suptitle(f"{ds}: InfoNCE's MI estimate as a fraction of its ceiling log(K+1)", y=1.02)
         files = ctx.save_figure(g.figure, f"mi_fraction_{slug(ds)}")
-    return files, (f"**{ds}: InfoNCE's MI bound saturation** (`{key}` over training, one colour per batch size; "
-                   "thin: each seed, thick: their mean)\n\n" + ctx.figure_md(files, f"{ds} MI fraction"))
+    return files, (
+        f"**{ds}: InfoNCE's MI bound saturation** (`{key}` over training, one colour per batch size; "
+        "thin: each seed, thick: their mean)\n\n" + ctx.figure_md(files, f"{ds} MI fraction")
+    )
 
 
 def qb_figure(cells: pd.DataFrame, agg: pd.DataFrame, ds: str, ctx: ReportContext) -> Figure:
@@ -194,15 +244,31 @@ def qb_figure(cells: pd.DataFrame, agg: pd.DataFrame, ds: str, ctx: ReportContex
     border = batch_order(h)
     with plt.rc_context(rc), sns.axes_style("whitegrid"), warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # seaborn 0.13 passes boxplot(vert=) to mpl 3.11
-        g = sns.catplot(data=h, kind="box", x="B", order=border, y="value", hue="B", hue_order=border,
-                        palette=sns.color_palette("viridis", len(border)), legend=False,
-                        col="τ", col_order=_tau_order(h), row="label", height=3.0, aspect=1.1, fliersize=2)
+        g = sns.catplot(
+            data=h,
+            kind="box",
+            x="B",
+            order=border,
+            y="value",
+            hue="B",
+            hue_order=border,
+            palette=sns.color_palette("viridis", len(border)),
+            legend=False,
+            col="τ",
+            col_order=_tau_order(h),
+            row="label",
+            height=3.0,
+            aspect=1.1,
+            fliersize=2,
+        )
         g.set_titles("{row_name} | τ = {col_name}")
         g.set_axis_labels("batch size", "q_B (mean over the batch)")
         g.figure.suptitle(f"{ds}: distribution of q_B over the second half of training (DCL, Fig. 1)", y=1.02)
         files = ctx.save_figure(g.figure, f"qb_{slug(ds)}")
-    return files, (f"**{ds}: q_B per batch size** (`{key}` logged over the second half of training, all seeds; "
-                   "the negative-positive coupling DCL removes)\n\n" + ctx.figure_md(files, f"{ds} q_B"))
+    return files, (
+        f"**{ds}: q_B per batch size** (`{key}` logged over the second half of training, all seeds; "
+        "the negative-positive coupling DCL removes)\n\n" + ctx.figure_md(files, f"{ds} q_B")
+    )
 
 
 def ess_figure(cells: pd.DataFrame, agg: pd.DataFrame, ds: str, ctx: ReportContext) -> Figure:
@@ -212,16 +278,19 @@ def ess_figure(cells: pd.DataFrame, agg: pd.DataFrame, ds: str, ctx: ReportConte
         return _missing(ds, "ESS", key, ESS_LOSSES)
     plt, sns, rc = plot_style()
     with plt.rc_context(rc), sns.axes_style("whitegrid"):
-        g, hb = _over_training(sns, h, "ESS / K = 1 / (K Σ w²)", row_order=label_order(h),
-                               facet_kws={"sharey": True})
+        g, hb = _over_training(sns, h, "ESS / K = 1 / (K Σ w²)", row_order=label_order(h), facet_kws={"sharey": True})
         v = hb["value"]
         if (v > 0).all() and v.max() / v.min() > 20:
             for ax in g.axes.flat:
                 ax.set_yscale("log")
         g.figure.suptitle(f"{ds}: normalised effective sample size of the softmax weights over negatives", y=1.02)
         files = ctx.save_figure(g.figure, f"ess_{slug(ds)}")
-    return files, (f"**{ds}: ESS over training** (`{key}`, " + ", ".join(display_name(x) for x in ESS_LOSSES)
-                   + ", one colour per batch size; thin: each seed, thick: their mean)\n\n" + ctx.figure_md(files, f"{ds} ESS"))
+    return files, (
+        f"**{ds}: ESS over training** (`{key}`, "
+        + ", ".join(display_name(x) for x in ESS_LOSSES)
+        + ", one colour per batch size; thin: each seed, thick: their mean)\n\n"
+        + ctx.figure_md(files, f"{ds} ESS")
+    )
 
 
 FIGURES = (accuracy_figure, steps_figure, mi_fraction_figure, qb_figure, ess_figure)

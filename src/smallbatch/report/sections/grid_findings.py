@@ -31,11 +31,21 @@ from ..runs import METRIC_LABELS
 def _at(g: pd.DataFrame, b: Any, tag: str) -> dict[str, Any]:
     """mean/std/n/state of the cell at batch size ``b`` (``g`` indexed by batch size)."""
     if b not in g.index:
-        return {f"mean_{tag}": math.nan, f"std_{tag}": math.nan, f"n_{tag}": 0, f"state_{tag}": "not run",
-                f"values_{tag}": {}}
+        return {
+            f"mean_{tag}": math.nan,
+            f"std_{tag}": math.nan,
+            f"n_{tag}": 0,
+            f"state_{tag}": "not run",
+            f"values_{tag}": {},
+        }
     r = g.loc[b]
-    return {f"mean_{tag}": float(r["mean"]), f"std_{tag}": float(r["std"]), f"n_{tag}": int(r["n_seeds"]),
-            f"state_{tag}": str(r["state"]), f"values_{tag}": dict(r.get("values", {}) or {})}
+    return {
+        f"mean_{tag}": float(r["mean"]),
+        f"std_{tag}": float(r["std"]),
+        f"n_{tag}": int(r["n_seeds"]),
+        f"state_{tag}": str(r["state"]),
+        f"values_{tag}": dict(r.get("values", {}) or {}),
+    }
 
 
 def dependence(agg: pd.DataFrame) -> pd.DataFrame:
@@ -45,8 +55,15 @@ def dependence(agg: pd.DataFrame) -> pd.DataFrame:
         bss_all = sorted(agg[(agg["dataset"] == ds) & (agg["temperature"] == t)]["batch_size"].unique())
         g = g.set_index("batch_size")
         vals = g[np.isfinite(g["mean"])]
-        row: dict[str, Any] = {"dataset": ds, "metric": m, "temperature": t, "loss": g["loss"].iloc[0],
-                               "label": lab, "best_batch_size": pd.NA, "best_mean": math.nan}
+        row: dict[str, Any] = {
+            "dataset": ds,
+            "metric": m,
+            "temperature": t,
+            "loss": g["loss"].iloc[0],
+            "label": lab,
+            "best_batch_size": pd.NA,
+            "best_mean": math.nan,
+        }
         if len(vals):
             row["best_batch_size"], row["best_mean"] = int(vals["mean"].idxmax()), float(vals["mean"].max())
         for b in bss_all:
@@ -65,8 +82,18 @@ def dependence(agg: pd.DataFrame) -> pd.DataFrame:
 
 
 #: the columns of an :class:`.evidence.Estimate` in the dependence table
-EST_COLUMNS = ("change_small_minus_large", "ci_low", "ci_high", "test", "n_pairs", "sd_of_differences", "p",
-               "p_holm", "holm_family", "mde_80")
+EST_COLUMNS = (
+    "change_small_minus_large",
+    "ci_low",
+    "ci_high",
+    "test",
+    "n_pairs",
+    "sd_of_differences",
+    "p",
+    "p_holm",
+    "holm_family",
+    "mde_80",
+)
 #: columns that are for computing, not for a CSV
 HIDDEN = ["states", "values_smallest", "values_largest", "estimate"]
 
@@ -81,9 +108,19 @@ def change(row) -> Estimate:
 
 
 def _estimate_columns(e: Estimate) -> dict:
-    return {"change_small_minus_large": e.diff, "ci_low": e.lo, "ci_high": e.hi, "test": e.test,
-            "n_pairs": e.n, "sd_of_differences": e.sd, "p": e.p, "p_holm": e.p_adj, "holm_family": e.family,
-            "mde_80": e.mde, "estimate": e}
+    return {
+        "change_small_minus_large": e.diff,
+        "ci_low": e.lo,
+        "ci_high": e.hi,
+        "test": e.test,
+        "n_pairs": e.n,
+        "sd_of_differences": e.sd,
+        "p": e.p,
+        "p_holm": e.p_adj,
+        "holm_family": e.family,
+        "mde_80": e.mde,
+        "estimate": e,
+    }
 
 
 def _holm_per_setting(dep: pd.DataFrame) -> pd.DataFrame:
@@ -104,9 +141,12 @@ def dependence_display(dep: pd.DataFrame) -> pd.DataFrame:
     drop_cols = sorted((c for c in dep.columns if c.startswith("drop_bs")), key=lambda c: int(c[7:]))
     out = []
     for _, r in dep.iterrows():
-        row = {"τ": r["temperature"], "loss": r["label"],
-               "best B": "" if pd.isna(r["best_batch_size"]) else int(r["best_batch_size"]),
-               "best top-1": num(r["best_mean"])}
+        row = {
+            "τ": r["temperature"],
+            "loss": r["label"],
+            "best B": "" if pd.isna(r["best_batch_size"]) else int(r["best_batch_size"]),
+            "best top-1": num(r["best_mean"]),
+        }
         for c in drop_cols:
             st = r["states"].get(int(c[7:]))
             row[f"drop@{int(c[7:])}"] = st if st in NO_NUMBER else ("" if st is None else num(r[c]))
@@ -126,8 +166,6 @@ def dependence_display(dep: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-
-
 # --------------------------------------------------------------------------- findings
 def _size(r) -> float:
     """A loss's batch-size dependence: |small − large|."""
@@ -137,17 +175,27 @@ def _size(r) -> float:
 def _dependence_gap(a, b) -> Estimate:
     """|Δ_a| − |Δ_b| seed by seed, each change taken with the sign of its mean (a linear contrast)."""
     sa, sb = math.copysign(1.0, a["estimate"].diff), math.copysign(1.0, b["estimate"].diff)
-    return contrast([(sa, a["values_smallest"]), (-sa, a["values_largest"]),
-                     (-sb, b["values_smallest"]), (sb, b["values_largest"])])
+    return contrast(
+        [(sa, a["values_smallest"]), (-sa, a["values_largest"]), (-sb, b["values_smallest"]), (sb, b["values_largest"])]
+    )
 
 
 def _ranking(ranked: list, bad: list, bmin: int, bmax: int) -> list[str]:
     """Which loss depends most and least on batch size, stated only with a significant test."""
-    lead = ([f"**{bad[0]['label']}** depends most on batch size: it {bad[0]['state_smallest']} at batch {bmin}."]
-            if bad else [])
+    lead = (
+        [f"**{bad[0]['label']}** depends most on batch size: it {bad[0]['state_smallest']} at batch {bmin}."]
+        if bad
+        else []
+    )
     if len(ranked) < 2:
-        return lead + ([] if bad else [f"{'Only one loss has' if ranked else 'No loss has'} values at both batch "
-                                       "sizes, so there is nothing to rank."])
+        return lead + (
+            []
+            if bad
+            else [
+                f"{'Only one loss has' if ranked else 'No loss has'} values at both batch "
+                "sizes, so there is nothing to rank."
+            ]
+        )
     ranked = sorted(ranked, key=lambda r: (-_size(r), loss_rank(r["loss"]), r["label"]))
     pairs = [(i, j) for i in range(len(ranked)) for j in range(i + 1, len(ranked))]
     tests = holm([_dependence_gap(ranked[i], ranked[j]) for i, j in pairs])
@@ -156,13 +204,19 @@ def _ranking(ranked: list, bad: list, bmin: int, bmax: int) -> list[str]:
     what = f"|Δ {most['label']}| − |Δ {least['label']}|"
     fam = " (Holm over every pair of losses)" if len(pairs) > 1 else ""
     if e.significant:
-        return lead + [f"Measured as |Δ|, **{most['label']}** depends {'more' if bad else 'most'} on batch size "
-                       f"and **{least['label']}** least{fam}: {describe(e, what)}."]
+        return lead + [
+            f"Measured as |Δ|, **{most['label']}** depends {'more' if bad else 'most'} on batch size "
+            f"and **{least['label']}** least{fam}: {describe(e, what)}."
+        ]
     if not e.tested:
-        return lead + [("The other losses" if bad else "The losses") + " cannot be ranked by their dependence on "
-                       f"batch size (|Δ|) at these seeds: the largest against the smallest, {describe(e, what)}."]
-    return lead + [("The other losses'" if bad else "The losses'") + " dependence on batch size (|Δ|) is "
-                   f"indistinguishable at these seeds: the largest against the smallest, {describe(e, what)}."]
+        return lead + [
+            ("The other losses" if bad else "The losses") + " cannot be ranked by their dependence on "
+            f"batch size (|Δ|) at these seeds: the largest against the smallest, {describe(e, what)}."
+        ]
+    return lead + [
+        ("The other losses'" if bad else "The losses'") + " dependence on batch size (|Δ|) is "
+        f"indistinguishable at these seeds: the largest against the smallest, {describe(e, what)}."
+    ]
 
 
 def dependence_finding(dep: pd.DataFrame, ds: str, m: str, t: float) -> str:
@@ -181,13 +235,18 @@ def dependence_finding(dep: pd.DataFrame, ds: str, m: str, t: float) -> str:
             rankable.append(r)
         else:
             (bad if r["state_smallest"] in BAD_STATUSES else missing).append(r)
-    s = [head + f", Δ = top-1 at batch {bmin} − at batch {bmax} (points; 95 % paired-t interval over seeds, "
-         "p Holm-adjusted over the losses):"]
+    s = [
+        head + f", Δ = top-1 at batch {bmin} − at batch {bmax} (points; 95 % paired-t interval over seeds, "
+        "p Holm-adjusted over the losses):"
+    ]
     if rankable:
         s.append("; ".join(describe(r["estimate"], r["label"]) for r in rankable) + ".")
     s += [f"{r['label']} {r['state_smallest']} at batch {bmin} (all seeds)." for r in bad]
-    s += [f"{r['label']} is left out of the ranking (batch {bmin}: {r['state_smallest']}, "
-          f"batch {bmax}: {r['state_largest']})." for r in missing]
+    s += [
+        f"{r['label']} is left out of the ranking (batch {bmin}: {r['state_smallest']}, "
+        f"batch {bmax}: {r['state_largest']})."
+        for r in missing
+    ]
     return " ".join(s + _ranking(rankable, bad, bmin, bmax))
 
 
@@ -212,12 +271,15 @@ def baseline_finding(agg: pd.DataFrame, best: dict, ds: str, m: str, base_values
     words = "diverged, collapsed or failed" if (a["state"] == "collapsed").any() else "diverged or failed"
     extra = ([f"{n_bad} {words}"] if n_bad else []) + ([f"{n_pend} pending"] if n_pend else [])
     tail = f" ({'; '.join(extra)})" if extra else ""
-    how = ("one-sample t against its one value" if const else "paired t by seed")
+    how = "one-sample t against its one value" if const else "paired t by seed"
     fam = sum(1 for e in tests if e is not None and e.tested)
-    return (f"On {ds}, {beat} of {len(a)} grid cells have a mean above the best baseline's {mlabel} "
-            f"({name}, {val:.1f}%){tail}; tested (cell − baseline, {how}, Holm over {fam} cells), "
-            f"{up} are significantly above it, {down} significantly below and {same} indistinguishable"
-            + (f", {untested} untested (one seed or no spread)" if untested else "") + ".")
+    return (
+        f"On {ds}, {beat} of {len(a)} grid cells have a mean above the best baseline's {mlabel} "
+        f"({name}, {val:.1f}%){tail}; tested (cell − baseline, {how}, Holm over {fam} cells), "
+        f"{up} are significantly above it, {down} significantly below and {same} indistinguishable"
+        + (f", {untested} untested (one seed or no spread)" if untested else "")
+        + "."
+    )
 
 
 def _versus(cell: dict, base: dict, val: float, const: bool) -> Estimate | None:

@@ -35,15 +35,14 @@ from typing import Any
 
 import pandas as pd
 
-from ...losses import display_name
 from ...evaluation.probes import gap_fraction
+from ...losses import display_name
 from ...tracking import BAD_STATUSES
-from .baselines import baseline_runs
 from ..context import ReportContext, SectionOutput
 from ..evidence import Estimate, contrast, describe, describe_mde, holm
 from ..fmt import finite, num
 from ..runs import param, select_cells
-from ..tables import markdown_table
+from .baselines import baseline_runs
 
 SECTION = "instrument"
 #: an effect whose whole interval lies within ± BOUND points is called bounded (negligible)
@@ -177,11 +176,26 @@ def contrast_rows(vals: dict, base: dict, datasets: list[str], extra: dict | Non
                 keys.append((ds, name))
         for (ds, name), e in zip(keys, holm(fam)):
             span = _mean(base.get((ds, "supervised", m), {})) - _mean(base.get((ds, "random_init", m), {}))
-            rows.append({"dataset": ds, "metric": m, "metric_label": mlabel, "contrast": name, "diff": e.diff,
-                         "lo": e.lo, "hi": e.hi, "p": e.p, "p_holm": e.p_adj, "seeds": e.n, "test": e.test,
-                         "mde": e.mde, "bounded": bounded(e), "significant": e.significant,
-                         "fraction_of_supervised_gap": gap_fraction(e.diff, 0.0, span) if finite(span) else math.nan,
-                         "estimate": e})
+            rows.append(
+                {
+                    "dataset": ds,
+                    "metric": m,
+                    "metric_label": mlabel,
+                    "contrast": name,
+                    "diff": e.diff,
+                    "lo": e.lo,
+                    "hi": e.hi,
+                    "p": e.p,
+                    "p_holm": e.p_adj,
+                    "seeds": e.n,
+                    "test": e.test,
+                    "mde": e.mde,
+                    "bounded": bounded(e),
+                    "significant": e.significant,
+                    "fraction_of_supervised_gap": gap_fraction(e.diff, 0.0, span) if finite(span) else math.nan,
+                    "estimate": e,
+                }
+            )
     return rows
 
 
@@ -195,16 +209,20 @@ def _verdict(ds: str, by: dict[str, Estimate], mlabel: str) -> str:
         for part in ("negatives part (grouped − large)", "steps part (small − grouped)"):
             if part in by:
                 p = by[part]
-                s.append(f"Its {part.split(' (')[0]}: {describe(p)}"
-                         f"{' — significant' if p.significant else ' — within noise'}.")
+                s.append(
+                    f"Its {part.split(' (')[0]}: {describe(p)}"
+                    f"{' — significant' if p.significant else ' — within noise'}."
+                )
         return " ".join(s)
     if e.significant:
         return f"{head}: the small batch is ahead, no penalty."
     if bounded(e):
         return f"{head}: no penalty, and the interval bounds it below {num(BOUND)} points."
     mde = describe_mde(e)
-    return (f"{head}: within noise but not bounded below {num(BOUND)} points"
-            f"{f' ({mde})' if mde else ''}; more seeds are needed to tell.")
+    return (
+        f"{head}: within noise but not bounded below {num(BOUND)} points"
+        f"{f' ({mde})' if mde else ''}; more seeds are needed to tell."
+    )
 
 
 def findings(rows: list[dict]) -> list[str]:
@@ -215,11 +233,16 @@ def findings(rows: list[dict]) -> list[str]:
     for ds in dict.fromkeys(r["dataset"] for r in prim):
         by = {r["contrast"]: r["estimate"] for r in prim if r["dataset"] == ds}
         out.append(_verdict(ds, by, METRICS[primary][1]))
-        fixes = [f"{name.split(' −')[0]} {describe(by[name])}" for name in
-                 ("DCL@16 − InfoNCE@256", "SogCLR@16 − InfoNCE@256") if name in by]
+        fixes = [
+            f"{name.split(' −')[0]} {describe(by[name])}"
+            for name in ("DCL@16 − InfoNCE@256", "SogCLR@16 − InfoNCE@256")
+            if name in by
+        ]
         if fixes:
-            out.append(f"On {ds}, the small-batch fixes against InfoNCE at B=256 ({METRICS[primary][1]}, "
-                       "each at B=16 − InfoNCE at B=256): " + "; ".join(fixes) + ".")
+            out.append(
+                f"On {ds}, the small-batch fixes against InfoNCE at B=256 ({METRICS[primary][1]}, "
+                "each at B=16 − InfoNCE at B=256): " + "; ".join(fixes) + "."
+            )
     return out
 
 
@@ -235,10 +258,21 @@ def lr_table(cells: pd.DataFrame, scale: float) -> pd.DataFrame:
     rows = []
     for (ds, bs, arm), g in plain.groupby(["dataset", "batch_size", "arm"], sort=True):
         val, test = _values(g, VAL_METRIC, scale), _values(g, "linear/top1", scale)
-        rows.append({"dataset": ds, "batch_size": int(bs), "arm": arm, "lr": _lr_of(g), "val_mean": _mean(val),
-                     "val_sd": _sd(val), "test_mean": _mean(test), "seeds": len(val), "chosen": False})
+        rows.append(
+            {
+                "dataset": ds,
+                "batch_size": int(bs),
+                "arm": arm,
+                "lr": _lr_of(g),
+                "val_mean": _mean(val),
+                "val_sd": _sd(val),
+                "test_mean": _mean(test),
+                "seeds": len(val),
+                "chosen": False,
+            }
+        )
     df = pd.DataFrame(rows)
-    for _, g in (df.groupby(["dataset", "batch_size"]) if len(df) else []):
+    for _, g in df.groupby(["dataset", "batch_size"]) if len(df) else []:
         if len(g) > 1 and g["val_mean"].notna().any():
             df.loc[g["val_mean"].idxmax(), "chosen"] = True
     return df
@@ -248,7 +282,7 @@ def validated_contrasts(lrs: pd.DataFrame) -> dict[str, dict[str, list]]:
     """data set -> {VALIDATED_LR: InfoNCE@16 at its chosen lr − InfoNCE@256 at its chosen lr},
     where both batch sizes were run at more than one learning rate."""
     out = {}
-    for ds, g in (lrs[lrs["chosen"]].groupby("dataset") if len(lrs) else []):
+    for ds, g in lrs[lrs["chosen"]].groupby("dataset") if len(lrs) else []:
         arms = dict(zip(g["batch_size"], g["arm"]))
         if 16 in arms and 256 in arms:
             out[ds] = {VALIDATED_LR: [(1.0, arms[16]), (-1.0, arms[256])]}
@@ -264,26 +298,38 @@ def control_findings(rows: list[dict], lrs: pd.DataFrame) -> list[str]:
     for ds in dict.fromkeys(r["dataset"] for r in prim):
         by = {r["contrast"]: r["estimate"] for r in prim if r["dataset"] == ds}
         if "small − large, equal steps" in by:
-            out.append(f"On {ds} ({mlabel}), at equal optimiser steps (InfoNCE B=16 stopped after B=256's steps) "
-                       f"small − large {describe(by['small − large, equal steps'])}.")
+            out.append(
+                f"On {ds} ({mlabel}), at equal optimiser steps (InfoNCE B=16 stopped after B=256's steps) "
+                f"small − large {describe(by['small − large, equal steps'])}."
+            )
         if "oracle − plain, InfoNCE@16" in by:
-            out.append(f"On {ds}, masking same-class negatives at B=16 (oracle − plain): "
-                       f"{describe(by['oracle − plain, InfoNCE@16'])}.")
+            out.append(
+                f"On {ds}, masking same-class negatives at B=16 (oracle − plain): "
+                f"{describe(by['oracle − plain, InfoNCE@16'])}."
+            )
         chosen = lrs[(lrs["dataset"] == ds) & lrs["chosen"]] if len(lrs) else lrs
         if VALIDATED_LR in by and len(chosen):
             picks = ", ".join(f"B={b}: lr {lr:g}" for b, lr in zip(chosen["batch_size"], chosen["lr"]))
-            out.append(f"On {ds}, with the learning rate chosen on the validation split ({picks}), "
-                       f"small − large {describe(by[VALIDATED_LR])}.")
+            out.append(
+                f"On {ds}, with the learning rate chosen on the validation split ({picks}), "
+                f"small − large {describe(by[VALIDATED_LR])}."
+            )
     return out
 
 
 def _lr_display(lrs: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     blocks = []
     for ds, g in lrs.groupby("dataset", sort=True):
-        t = pd.DataFrame({"batch size": g["batch_size"], "lr": [f"{x:g}" for x in g["lr"]],
-                          "validation top-1": [f"{num(m)} ± {num(s)}" for m, s in zip(g["val_mean"], g["val_sd"])],
-                          "test top-1": [num(x) for x in g["test_mean"]], "seeds": g["seeds"],
-                          "chosen": ["yes" if c else "" for c in g["chosen"]]})
+        t = pd.DataFrame(
+            {
+                "batch size": g["batch_size"],
+                "lr": [f"{x:g}" for x in g["lr"]],
+                "validation top-1": [f"{num(m)} ± {num(s)}" for m, s in zip(g["val_mean"], g["val_sd"])],
+                "test top-1": [num(x) for x in g["test_mean"]],
+                "seeds": g["seeds"],
+                "chosen": ["yes" if c else "" for c in g["chosen"]],
+            }
+        )
         blocks.append((f"{ds}: InfoNCE's linear probe by learning rate (mean ± sd over seeds, %)", t))
     return blocks
 
@@ -300,8 +346,9 @@ def ssl_vs_random(vals: dict, base: dict, datasets: list[str]) -> list[str]:
         sup = base.get((ds, "supervised", "labels10"), {})
         frac = gap_fraction(_mean(ssl), _mean(rnd), _mean(sup)) if sup else math.nan
         where = f"; {num(100 * frac, 0)} % of the way from random-init to supervised" if finite(frac) else ""
-        out.append(f"Self-supervision on {ds} (10 % labels, InfoNCE B=256 − random-init encoder): "
-                   f"{describe(e)}{where}.")
+        out.append(
+            f"Self-supervision on {ds} (10 % labels, InfoNCE B=256 − random-init encoder): {describe(e)}{where}."
+        )
     return out
 
 
@@ -312,8 +359,18 @@ def _arm_table(cells: pd.DataFrame, vals: dict) -> pd.DataFrame:
         group = groups.iloc[0] if len(groups) else ""
         for m, (_, mlabel) in METRICS.items():
             v = vals.get((ds, arm, m), {})
-            rows.append({"dataset": ds, "arm": arm, "label": arm_label(arm, group), "metric": m,
-                         "metric_label": mlabel, "mean": _mean(v), "sd": _sd(v), "seeds": len(v)})
+            rows.append(
+                {
+                    "dataset": ds,
+                    "arm": arm,
+                    "label": arm_label(arm, group),
+                    "metric": m,
+                    "metric_label": mlabel,
+                    "mean": _mean(v),
+                    "sd": _sd(v),
+                    "seeds": len(v),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -331,11 +388,18 @@ def _contrast_display(rows: list[dict]) -> list[tuple[str, pd.DataFrame]]:
     blocks = []
     df = pd.DataFrame(rows)
     for (ds, m), g in df.groupby(["dataset", "metric"], sort=False):
-        t = pd.DataFrame({"contrast": g["contrast"], "small − large [95 % CI]": [
-            f"{num(d, 2)} [{num(lo, 2)}, {num(hi, 2)}]" if finite(lo) else num(d, 2)
-            for d, lo, hi in zip(g["diff"], g["lo"], g["hi"])],
-            "Holm p": [f"{p:.3g}" if finite(p) else "—" for p in g["p_holm"]],
-            "MDE (80 %)": [num(x, 2) for x in g["mde"]], "seeds": g["seeds"]})
+        t = pd.DataFrame(
+            {
+                "contrast": g["contrast"],
+                "small − large [95 % CI]": [
+                    f"{num(d, 2)} [{num(lo, 2)}, {num(hi, 2)}]" if finite(lo) else num(d, 2)
+                    for d, lo, hi in zip(g["diff"], g["lo"], g["hi"])
+                ],
+                "Holm p": [f"{p:.3g}" if finite(p) else "—" for p in g["p_holm"]],
+                "MDE (80 %)": [num(x, 2) for x in g["mde"]],
+                "seeds": g["seeds"],
+            }
+        )
         blocks.append((f"{ds}, {METRICS[m][1]}", t))
     return blocks
 
@@ -353,10 +417,31 @@ def _figure(ctx: ReportContext, arms_long: pd.DataFrame) -> list:
             g = d[d["dataset"] == ds]
             order = list(dict.fromkeys(g.sort_values(["loss", "batch_size", "label"])["label"]))
             pal = {lab: LOSS_COLORS.get(loss, "#777777") for loss, lab in zip(g["loss"], g["label"])}
-            sns.stripplot(data=g, x="label", y="value", hue="label", order=order, palette=pal, ax=ax,
-                          size=4, alpha=0.6, jitter=0.15, legend=False)
-            sns.pointplot(data=g, x="label", y="value", order=order, errorbar=("ci", 95), color="black",
-                          linestyle="none", markers="_", markersize=14, ax=ax)
+            sns.stripplot(
+                data=g,
+                x="label",
+                y="value",
+                hue="label",
+                order=order,
+                palette=pal,
+                ax=ax,
+                size=4,
+                alpha=0.6,
+                jitter=0.15,
+                legend=False,
+            )
+            sns.pointplot(
+                data=g,
+                x="label",
+                y="value",
+                order=order,
+                errorbar=("ci", 95),
+                color="black",
+                linestyle="none",
+                markers="_",
+                markersize=14,
+                ax=ax,
+            )
             ax.set_title(ds, fontsize=10)
             ax.set_xlabel("")
             ax.set_ylabel(f"{METRICS[metric][1]} top-1 (%)")
@@ -378,8 +463,9 @@ def _contrast_figure(ctx: ReportContext, rows: list[dict]) -> list:
     datasets = list(dict.fromkeys(d["dataset"]))
     names = list(dict.fromkeys([n for n in CONTRASTS if n in set(d["contrast"])] + list(d["contrast"])))
     with plt.rc_context(rc), sns.axes_style("whitegrid"):
-        fig, axes = plt.subplots(1, len(datasets), figsize=(4.6 * len(datasets), 0.45 * len(names) + 1.4),
-                                 squeeze=False, sharey=True)
+        fig, axes = plt.subplots(
+            1, len(datasets), figsize=(4.6 * len(datasets), 0.45 * len(names) + 1.4), squeeze=False, sharey=True
+        )
         for ax, ds in zip(axes[0], datasets):
             g = d[d["dataset"] == ds].set_index("contrast")
             ys = [i for i, n in enumerate(names) if n in g.index]
@@ -403,38 +489,65 @@ def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
         return None
     common = base_lr(cells)
     cells = cells.assign(arm=[arm_of(r, common) for _, r in cells.iterrows()])
-    out = SectionOutput(SECTION, "The instrument: small vs large batch, negatives vs steps", "",
-                        run_ids=set(cells["run_id"]))
+    out = SectionOutput(
+        SECTION, "The instrument: small vs large batch, negatives vs steps", "", run_ids=set(cells["run_id"])
+    )
     vals, base = arm_values(cells, ctx.scale), _baseline_values(runs, ctx.scale)
     datasets = sorted(cells["dataset"].unique())
     arms = _arm_table(cells, vals)
     lrs = lr_table(cells, ctx.scale)
     rows = contrast_rows(vals, base, datasets, validated_contrasts(lrs))
-    f_arms = ctx.write_table("instrument_arms", "Instrument arms: top-1 (%) by data set, arm and probe", arms,
-                             _display(arms), note="mean ± sample sd over seeds")
+    f_arms = ctx.write_table(
+        "instrument_arms",
+        "Instrument arms: top-1 (%) by data set, arm and probe",
+        arms,
+        _display(arms),
+        note="mean ± sample sd over seeds",
+    )
     out.files += f_arms
     md = [f"Arms: {ctx.table_links(f_arms)}", ""]
     if rows:
-        f_con = ctx.write_table("instrument_contrasts", "Instrument contrasts (small − large, points)",
-                                pd.DataFrame(rows), _contrast_display(rows),
-                                note="paired t over seeds; Holm over the contrasts of one probe; MDE: the smallest "
-                                     "difference these seeds detect with 80 % power")
+        f_con = ctx.write_table(
+            "instrument_contrasts",
+            "Instrument contrasts (small − large, points)",
+            pd.DataFrame(rows),
+            _contrast_display(rows),
+            note="paired t over seeds; Holm over the contrasts of one probe; MDE: the smallest "
+            "difference these seeds detect with 80 % power",
+        )
         out.files += f_con
         md.append(f"Contrasts: {ctx.table_links(f_con)}")
         if len(lrs) and lrs["chosen"].any():
-            f_lr = ctx.write_table("instrument_lr", "Instrument: learning rate per batch size (InfoNCE)", lrs,
-                                   _lr_display(lrs), note="chosen: the best validation top-1 of the linear probe "
-                                                          "(a split of the training data, never the test split)")
+            f_lr = ctx.write_table(
+                "instrument_lr",
+                "Instrument: learning rate per batch size (InfoNCE)",
+                lrs,
+                _lr_display(lrs),
+                note="chosen: the best validation top-1 of the linear probe "
+                "(a split of the training data, never the test split)",
+            )
             out.files += f_lr
             md.append(f"Learning rates: {ctx.table_links(f_lr)}")
         cfig = _contrast_figure(ctx, rows)
         if cfig:
             out.files += cfig
             md += ["", ctx.figure_md(cfig, "instrument contrasts")]
-    long = pd.DataFrame([{"dataset": ds, "arm": arm, "metric": m, "seed": s, "value": v,
-                          "loss": arm.split("@")[0], "batch_size": int(arm.split("@")[1].split("/")[0]),
-                          "label": arms.loc[(arms["dataset"] == ds) & (arms["arm"] == arm), "label"].iloc[0]}
-                         for (ds, arm, m), sv in vals.items() for s, v in sv.items()])
+    long = pd.DataFrame(
+        [
+            {
+                "dataset": ds,
+                "arm": arm,
+                "metric": m,
+                "seed": s,
+                "value": v,
+                "loss": arm.split("@")[0],
+                "batch_size": int(arm.split("@")[1].split("/")[0]),
+                "label": arms.loc[(arms["dataset"] == ds) & (arms["arm"] == arm), "label"].iloc[0],
+            }
+            for (ds, arm, m), sv in vals.items()
+            for s, v in sv.items()
+        ]
+    )
     if len(long):
         figs = _figure(ctx, long)
         out.files += figs

@@ -27,18 +27,46 @@ from ...losses import display_name
 from ...mi.toy import CRITICS, ESTIMATORS
 from ..aggregate import pivot
 from ..context import ReportContext, SectionOutput
-from ..fmt import num, short, signed
 from ..figures import LOSS_COLORS, palette, plot_style
-from .mi_findings import CRITIC_NAMES, mi_findings, seed_interval
+from ..fmt import num, short, signed
 from ..runs import newest
 from ..tables import markdown_table
+from .mi_findings import CRITIC_NAMES, mi_findings, seed_interval
 
-_PARAMS = ("dim", "steps", "lr", "hidden", "embed", "layers", "anchors", "max_pairs", "eval_batches",
-           "critic_temperature", "eval_k")
-_METRICS = ("estimate", "std", "bias", "variance", "ceiling", "dual_estimate", "dual_std", "estimate_eval_k",
-            "seconds")
-_TIDY = ["estimator", "critic", "K", "true_mi", "ceiling", "estimate", "estimate_lo", "estimate_hi", "bias",
-         "variance", "std", "seed_sd", "dual_estimate", "eval_k", "estimate_eval_k", "alpha", "seeds", "failed"]
+_PARAMS = (
+    "dim",
+    "steps",
+    "lr",
+    "hidden",
+    "embed",
+    "layers",
+    "anchors",
+    "max_pairs",
+    "eval_batches",
+    "critic_temperature",
+    "eval_k",
+)
+_METRICS = ("estimate", "std", "bias", "variance", "ceiling", "dual_estimate", "dual_std", "estimate_eval_k", "seconds")
+_TIDY = [
+    "estimator",
+    "critic",
+    "K",
+    "true_mi",
+    "ceiling",
+    "estimate",
+    "estimate_lo",
+    "estimate_hi",
+    "bias",
+    "variance",
+    "std",
+    "seed_sd",
+    "dual_estimate",
+    "eval_k",
+    "estimate_eval_k",
+    "alpha",
+    "seeds",
+    "failed",
+]
 #: one marker per estimator, so that curves that coincide stay visible
 _MARKERS = {"infonce": "o", "flatnce": "s", "eqco": "^"}
 _INTRO = (
@@ -53,7 +81,8 @@ _INTRO = (
     "true log density ratio (no training): it separates the bound's own bias from the learned critic's "
     "deficit. Estimates are means over seeds ± the half-width of their 95 % t-interval; bias = estimate − "
     "true MI; variance = over the evaluation batches. A run whose training loss turned non-finite, or whose "
-    "unbounded critic read below 0 (its scores blew up), is a *setup failure*: counted, never averaged in.")
+    "unbounded critic read below 0 (its scores blew up), is a *setup failure*: counted, never averaged in."
+)
 
 
 def _col(df: pd.DataFrame, name: str, numeric: bool = True) -> pd.Series:
@@ -80,12 +109,21 @@ def mi_frame(runs: pd.DataFrame) -> tuple[pd.DataFrame, int, int]:
     r, superseded = newest(runs[runs["kind"] == "mi"] if "kind" in runs else runs.iloc[0:0])
     if r.empty:
         return pd.DataFrame(), 0, 0
-    df = pd.DataFrame({
-        "run_id": r["run_id"], "cell_id": r["cell_id"], "status": r["status"],
-        "estimator": _col(r, "params.estimator", False), "critic": _col(r, "params.critic", False),
-        "K": _col(r, "params.K"), "true_mi": _col(r, "params.true_mi"), "seed": _col(r, "params.seed"),
-        "alpha": _col(r, "params.alpha"), **{m: _col(r, f"metrics.mi/{m}") for m in _METRICS},
-        **{p: _col(r, f"params.{p}") for p in _PARAMS}})
+    df = pd.DataFrame(
+        {
+            "run_id": r["run_id"],
+            "cell_id": r["cell_id"],
+            "status": r["status"],
+            "estimator": _col(r, "params.estimator", False),
+            "critic": _col(r, "params.critic", False),
+            "K": _col(r, "params.K"),
+            "true_mi": _col(r, "params.true_mi"),
+            "seed": _col(r, "params.seed"),
+            "alpha": _col(r, "params.alpha"),
+            **{m: _col(r, f"metrics.mi/{m}") for m in _METRICS},
+            **{p: _col(r, f"params.{p}") for p in _PARAMS},
+        }
+    )
     keyed = df["estimator"].notna() & np.isfinite(df["K"]) & np.isfinite(df["true_mi"])
     diverged = df["status"].astype(str).eq("diverged")
     ok = keyed & (np.isfinite(df["estimate"]) | diverged)
@@ -104,15 +142,26 @@ def _cell(est: str, critic: str, k: int, mi: float, g: pd.DataFrame) -> dict:
     var = float(good["variance"].mean()) if n else math.nan
     alpha = g["alpha"].dropna()
     return {
-        "estimator": est, "critic": critic, "K": int(k), "true_mi": float(mi),
+        "estimator": est,
+        "critic": critic,
+        "K": int(k),
+        "true_mi": float(mi),
         "ceiling": float(g["ceiling"].dropna().iloc[0]) if g["ceiling"].notna().any() else math.nan,
-        "log_k1": math.log(k + 1), "estimate": mean, "estimate_lo": lo, "estimate_hi": hi,
-        "bias": mean - float(mi), "variance": var, "std": math.sqrt(var) if np.isfinite(var) else math.nan,
+        "log_k1": math.log(k + 1),
+        "estimate": mean,
+        "estimate_lo": lo,
+        "estimate_hi": hi,
+        "bias": mean - float(mi),
+        "variance": var,
+        "std": math.sqrt(var) if np.isfinite(var) else math.nan,
         "seed_sd": float(good["estimate"].std(ddof=1)) if n > 1 else math.nan,
         "dual_estimate": float(good["dual_estimate"].mean()) if n else math.nan,
         "eval_k": float(g["eval_k"].dropna().iloc[0]) if g["eval_k"].notna().any() else math.nan,
         "estimate_eval_k": float(good["estimate_eval_k"].mean()) if n else math.nan,
-        "alpha": float(alpha.iloc[0]) if len(alpha) else math.nan, "seeds": n, "failed": int(g["failed"].sum())}
+        "alpha": float(alpha.iloc[0]) if len(alpha) else math.nan,
+        "seeds": n,
+        "failed": int(g["failed"].sum()),
+    }
 
 
 def aggregate_mi(df: pd.DataFrame) -> pd.DataFrame:
@@ -127,12 +176,15 @@ def aggregate_mi(df: pd.DataFrame) -> pd.DataFrame:
     """
     if df.empty:
         return pd.DataFrame()
-    rows = [_cell(est, critic, k, mi, g)
-            for (est, critic, k, mi), g in df.groupby(["estimator", "critic", "K", "true_mi"], sort=False)]
+    rows = [
+        _cell(est, critic, k, mi, g)
+        for (est, critic, k, mi), g in df.groupby(["estimator", "critic", "K", "true_mi"], sort=False)
+    ]
     a = pd.DataFrame(rows)
     rank = {"_e": (a["estimator"], ESTIMATORS), "_c": (a["critic"], CRITICS)}
-    a = a.assign(**{k: col.map(lambda v, known=known: known.index(v) if v in known else 99)
-                    for k, (col, known) in rank.items()})
+    a = a.assign(
+        **{k: col.map(lambda v, known=known: known.index(v) if v in known else 99) for k, (col, known) in rank.items()}
+    )
     return a.sort_values(["_c", "_e", "K", "true_mi"], kind="stable").drop(columns=["_e", "_c"]).reset_index(drop=True)
 
 
@@ -141,8 +193,13 @@ def _by_k(a: pd.DataFrame, critic: str, fmt) -> pd.DataFrame:
     sub = a[a["critic"] == critic]
     order = {e: i for i, e in enumerate(_order(sub["estimator"], ESTIMATORS))}
     sub = sub.assign(_e=sub["estimator"].map(order)).sort_values(["_e", "true_mi"], kind="stable")
-    sub = sub.assign(**{"estimator": sub["estimator"].map(display_name), "true MI": sub["true_mi"].map(short),
-                        "cell": [fmt(r) for _, r in sub.iterrows()]})
+    sub = sub.assign(
+        **{
+            "estimator": sub["estimator"].map(display_name),
+            "true MI": sub["true_mi"].map(short),
+            "cell": [fmt(r) for _, r in sub.iterrows()],
+        }
+    )
     return pivot(sub, ["estimator", "true MI"], "K", lambda k: f"K={k}", "cell", sorted(sub["K"].unique()))
 
 
@@ -154,12 +211,14 @@ def _with_failures(text: str, r: pd.Series) -> str:
 
 def _estimate_cell(r: pd.Series) -> str:
     half = (r["estimate_hi"] - r["estimate_lo"]) / 2
-    return _with_failures(f"{num(r['estimate'], 2)} ± {num(half, 2)}" if np.isfinite(half)
-                          else num(r["estimate"], 2), r)
+    return _with_failures(
+        f"{num(r['estimate'], 2)} ± {num(half, 2)}" if np.isfinite(half) else num(r["estimate"], 2), r
+    )
 
 
 def _bias_cell(r: pd.Series) -> str:
     return _with_failures(f"{signed(r['bias'], 2)} / {num(r['variance'], 3)}", r)
+
 
 # --------------------------------------------------------------------------- figures
 def _colors() -> dict:
@@ -179,28 +238,48 @@ def _draw_cells(ax, cells: pd.DataFrame, x: str, y: str, est: str, color, shift,
     ``cells``: per-run rows of one estimator (failed ones left out); ``shift(x)`` offsets x.  Means and
     intervals come from the values themselves; only the drawing stops at ``clip_lo``, where a seed or a
     mean below it is drawn on the edge with its value written beside it (a marked clip)."""
+
     def at(v: float) -> float:
         return v if clip_lo is None or not np.isfinite(v) else max(v, clip_lo)
 
     def mark(xv: float, v: float) -> None:
         if clip_lo is not None and np.isfinite(v) and v < clip_lo:
-            ax.annotate(f"{v:.3g}", (xv, clip_lo), xytext=(3, 2), textcoords="offset points", fontsize=6,
-                        color=color, rotation=90, va="bottom", ha="left")
+            ax.annotate(
+                f"{v:.3g}",
+                (xv, clip_lo),
+                xytext=(3, 2),
+                textcoords="offset points",
+                fontsize=6,
+                color=color,
+                rotation=90,
+                va="bottom",
+                ha="left",
+            )
 
     stats = []
     for xv, g in cells.groupby(x, sort=True):
         m, lo, hi, _ = seed_interval(g[y])
         stats.append((shift(xv), at(m), at(lo), at(hi)))
-        ax.scatter([shift(xv)] * len(g), [at(v) for v in g[y]], s=9, color=color, alpha=0.45, linewidths=0,
-                   zorder=3)
+        ax.scatter([shift(xv)] * len(g), [at(v) for v in g[y]], s=9, color=color, alpha=0.45, linewidths=0, zorder=3)
         for v in list(g[y]) + [m]:
             mark(shift(xv), v)
     if not stats:
         return
     xs, ms, los, his = map(np.asarray, zip(*stats))
     err = np.vstack([ms - np.where(np.isfinite(los), los, ms), np.where(np.isfinite(his), his, ms) - ms])
-    ax.errorbar(xs, ms, yerr=err, color=color, marker=_MARKERS.get(est, "o"), ms=5, mfc="white", mew=1.3,
-                lw=1.2, capsize=2.5, zorder=4)
+    ax.errorbar(
+        xs,
+        ms,
+        yerr=err,
+        color=color,
+        marker=_MARKERS.get(est, "o"),
+        ms=5,
+        mfc="white",
+        mew=1.3,
+        lw=1.2,
+        capsize=2.5,
+        zorder=4,
+    )
 
 
 def _mark_failures(ax, xs: list[float], y: float) -> None:
@@ -211,12 +290,20 @@ def _mark_failures(ax, xs: list[float], y: float) -> None:
 def _legend(fig, colors: dict, estimators: list[str], extra: list) -> None:
     from matplotlib.lines import Line2D
 
-    handles = [Line2D([], [], color=colors[e], marker=_MARKERS.get(e, "o"), mfc="white", mew=1.3,
-                      label=display_name(e)) for e in estimators]
+    handles = [
+        Line2D([], [], color=colors[e], marker=_MARKERS.get(e, "o"), mfc="white", mew=1.3, label=display_name(e))
+        for e in estimators
+    ]
     handles += [Line2D([], [], color="grey", marker="o", ls="", ms=3, alpha=0.6, label="one seed")]
     handles += [Line2D([], [], **kw) for kw in extra]
-    fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 5), fontsize=8, frameon=False,
-               bbox_to_anchor=(0.5, -0.02))
+    fig.legend(
+        handles=handles,
+        loc="lower center",
+        ncol=min(len(handles), 5),
+        fontsize=8,
+        frameon=False,
+        bbox_to_anchor=(0.5, -0.02),
+    )
 
 
 def _figure_vs_true(a: pd.DataFrame, df: pd.DataFrame, ctx: ReportContext) -> tuple[list[Path], str]:
@@ -237,8 +324,7 @@ def _figure_vs_true(a: pd.DataFrame, df: pd.DataFrame, ctx: ReportContext) -> tu
     clip_lo = -1.0 if lo < -3.0 else None  # an extreme value is drawn at a marked edge, not silently clamped
     ylo = (clip_lo if clip_lo is not None else lo) - 0.4
     with plt.rc_context(rc):
-        fig, axes = plt.subplots(1, len(ks), figsize=(max(2.3 * len(ks) + 0.4, 7.5), 3.3), sharey=True,
-                                 squeeze=False)
+        fig, axes = plt.subplots(1, len(ks), figsize=(max(2.3 * len(ks) + 0.4, 7.5), 3.3), sharey=True, squeeze=False)
         for k, ax in zip(ks, axes[0]):
             ax.plot([0, max(mis)], [0, max(mis)], color="black", lw=0.8, ls=":")
             ax.axhline(math.log(k + 1), color="grey", lw=1.0, ls="--")
@@ -249,8 +335,16 @@ def _figure_vs_true(a: pd.DataFrame, df: pd.DataFrame, ctx: ReportContext) -> tu
             fails = []
             for e in ests:
                 cells = runs[(runs["estimator"] == e) & (runs["K"] == k)]
-                _draw_cells(ax, cells[~cells["failed"]], "true_mi", "estimate", e, colors[e],
-                            lambda v, e=e: v + shift[e], clip_lo)
+                _draw_cells(
+                    ax,
+                    cells[~cells["failed"]],
+                    "true_mi",
+                    "estimate",
+                    e,
+                    colors[e],
+                    lambda v, e=e: v + shift[e],
+                    clip_lo,
+                )
                 fails += [v + shift[e] for v in cells.loc[cells["failed"], "true_mi"]]
             ax.set_ylim(ylo, hi + 0.6)
             _mark_failures(ax, fails, ylo)
@@ -262,9 +356,11 @@ def _figure_vs_true(a: pd.DataFrame, df: pd.DataFrame, ctx: ReportContext) -> tu
             ax.tick_params(labelsize=8)
             ax.grid(alpha=0.3)
         axes[0][0].set_ylabel("estimate (nats)", fontsize=8)
-        extra = [dict(color="dimgrey", marker="D", ms=3, lw=0.9, label="oracle critic (InfoNCE bound)"),
-                 dict(color="black", ls=":", lw=0.8, label="true MI"),
-                 dict(color="grey", ls="--", lw=1.0, label="log(K+1)")]
+        extra = [
+            dict(color="dimgrey", marker="D", ms=3, lw=0.9, label="oracle critic (InfoNCE bound)"),
+            dict(color="black", ls=":", lw=0.8, label="true MI"),
+            dict(color="grey", ls="--", lw=1.0, label="log(K+1)"),
+        ]
         if eq_ceil:
             extra.append(dict(color=colors.get("eqco"), ls="-.", lw=0.9, label="EqCo log(α+1) (where ≠ log(K+1))"))
         if runs["failed"].any():
@@ -272,14 +368,18 @@ def _figure_vs_true(a: pd.DataFrame, df: pd.DataFrame, ctx: ReportContext) -> tu
         if clip_lo is not None:
             extra.append(dict(color="crimson", ls=(0, (1, 3)), lw=0.6, label=f"values below {clip_lo:g} drawn here"))
         _legend(fig, colors, ests, extra)
-        fig.suptitle(f"MI estimate vs true MI, {CRITIC_NAMES.get(critic, critic)} critic: mean over seeds, "
-                     "95 % t-interval", fontsize=10)
+        fig.suptitle(
+            f"MI estimate vs true MI, {CRITIC_NAMES.get(critic, critic)} critic: mean over seeds, 95 % t-interval",
+            fontsize=10,
+        )
         fig.tight_layout(rect=(0, 0.13, 1, 1))
         files = ctx.save_figure(fig, "mi_estimate_vs_true")
-    cap = ("**MI estimate vs true MI**, one panel per K (negatives per anchor): each estimator's readout of its "
-           "own trained critic (markers side by side, dots = seeds, bars = 95 % t-interval over seeds); grey "
-           "diamonds: the oracle critic's InfoNCE bound; dashed: log(K+1), the ceiling of InfoNCE and of "
-           "FlatNCE's readout; dotted: the true MI")
+    cap = (
+        "**MI estimate vs true MI**, one panel per K (negatives per anchor): each estimator's readout of its "
+        "own trained critic (markers side by side, dots = seeds, bars = 95 % t-interval over seeds); grey "
+        "diamonds: the oracle critic's InfoNCE bound; dashed: log(K+1), the ceiling of InfoNCE and of "
+        "FlatNCE's readout; dotted: the true MI"
+    )
     if clip_lo is not None:
         cap += f"; values below {clip_lo:g} nats are drawn on the dotted red line with their value written"
     return files, cap + ".\n\n" + ctx.figure_md(files, "MI estimate vs true MI")
@@ -301,8 +401,7 @@ def _figure_small_k(a: pd.DataFrame, df: pd.DataFrame, ctx: ReportContext) -> tu
     orc = df[(df["critic"] == "oracle") & (df["estimator"] == "infonce") & ~df["failed"]]
     good = runs[~runs["failed"]]
     with plt.rc_context(rc):
-        fig, axes = plt.subplots(1, len(mis), figsize=(max(2.9 * len(mis) + 0.4, 7.5), 3.3), sharey=True,
-                                 squeeze=False)
+        fig, axes = plt.subplots(1, len(mis), figsize=(max(2.9 * len(mis) + 0.4, 7.5), 3.3), sharey=True, squeeze=False)
         for mi, ax in zip(mis, axes[0]):
             ax.axhline(math.log(eval_k + 1), color="grey", lw=1.0, ls="--")
             ax.axhline(mi, color="black", lw=0.8, ls=":")
@@ -312,8 +411,9 @@ def _figure_small_k(a: pd.DataFrame, df: pd.DataFrame, ctx: ReportContext) -> tu
             fails = []
             for e in ests:
                 cells = runs[(runs["estimator"] == e) & (runs["true_mi"] == mi)]
-                _draw_cells(ax, cells[~cells["failed"]], "K", "estimate_eval_k", e, colors[e],
-                            lambda v, e=e: v * 2 ** factor[e])
+                _draw_cells(
+                    ax, cells[~cells["failed"]], "K", "estimate_eval_k", e, colors[e], lambda v, e=e: v * 2 ** factor[e]
+                )
                 fails += [v * 2 ** factor[e] for v in cells.loc[cells["failed"], "K"]]
             ax.set_xscale("log", base=2)
             ax.set_xticks(ks)
@@ -325,9 +425,11 @@ def _figure_small_k(a: pd.DataFrame, df: pd.DataFrame, ctx: ReportContext) -> tu
             ax.grid(alpha=0.3)
             _mark_failures(ax, fails, ax.get_ylim()[0])
         axes[0][0].set_ylabel(f"InfoNCE bound at K = {eval_k} (nats)", fontsize=8)
-        extra = [dict(color="dimgrey", lw=3.0, alpha=0.35, label="oracle critic"),
-                 dict(color="black", ls=":", lw=0.8, label="true MI"),
-                 dict(color="grey", ls="--", lw=1.0, label=f"log({eval_k}+1)")]
+        extra = [
+            dict(color="dimgrey", lw=3.0, alpha=0.35, label="oracle critic"),
+            dict(color="black", ls=":", lw=0.8, label="true MI"),
+            dict(color="grey", ls="--", lw=1.0, label=f"log({eval_k}+1)"),
+        ]
         if runs["failed"].any():
             extra.append(dict(color="crimson", marker="X", ls="", label="setup failure (no value)"))
         _legend(fig, colors, ests, extra)
@@ -335,10 +437,12 @@ def _figure_small_k(a: pd.DataFrame, df: pd.DataFrame, ctx: ReportContext) -> tu
         fig.tight_layout(rect=(0, 0.13, 1, 1))
         files = ctx.save_figure(fig, "mi_small_k")
     del good
-    cap = (f"**What a small K does to the critic**: every trained {CRITIC_NAMES.get(critic, critic)} critic read "
-           f"by the InfoNCE bound with {eval_k} negatives, against the K it trained with (markers side by side, "
-           "dots = seeds, bars = 95 % t-interval); FlatNCE's claim is that its critic trained with few negatives "
-           "does not fall behind; grey: the oracle critic; dashed: the readout's ceiling; dotted: the true MI")
+    cap = (
+        f"**What a small K does to the critic**: every trained {CRITIC_NAMES.get(critic, critic)} critic read "
+        f"by the InfoNCE bound with {eval_k} negatives, against the K it trained with (markers side by side, "
+        "dots = seeds, bars = 95 % t-interval); FlatNCE's claim is that its critic trained with few negatives "
+        "does not fall behind; grey: the oracle critic; dashed: the readout's ceiling; dotted: the true MI"
+    )
     return files, cap + ".\n\n" + ctx.figure_md(files, "MI critic quality vs training K")
 
 
@@ -353,11 +457,13 @@ def _setup_text(df: pd.DataFrame) -> str:
     temp = one("critic_temperature")
     scores = f"scores bounded as cos/{temp}" if temp != "?" else "unbounded scores"
     n_seeds = int(df["seed"].nunique())
-    return (f"Setup: X, Y in R^{one('dim', df)} with per-coordinate correlation set for each true MI; learned "
-            f"critics trained {one('steps')} Adam steps (lr {one('lr')}, cosine decay), MLP width {one('hidden')}, "
-            f"{scores}; {n_seeds} seed{'s' if n_seeds != 1 else ''} per setting; "
-            f"evaluation on {one('eval_batches', df)} fresh batches of {one('anchors', df)} anchors, each against "
-            f"its K negatives (the concatenated critic trains on at most {one('max_pairs')} pairs per step).")
+    return (
+        f"Setup: X, Y in R^{one('dim', df)} with per-coordinate correlation set for each true MI; learned "
+        f"critics trained {one('steps')} Adam steps (lr {one('lr')}, cosine decay), MLP width {one('hidden')}, "
+        f"{scores}; {n_seeds} seed{'s' if n_seeds != 1 else ''} per setting; "
+        f"evaluation on {one('eval_batches', df)} fresh batches of {one('anchors', df)} anchors, each against "
+        f"its K negatives (the concatenated critic trains on at most {one('max_pairs')} pairs per step)."
+    )
 
 
 def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
@@ -365,11 +471,13 @@ def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
     df, superseded, pending = mi_frame(runs)
     if df.empty and not pending:
         return None
-    out = SectionOutput("mi", "Mutual information bounds on correlated Gaussians", "",
-                        run_ids=set(df["run_id"]) if len(df) else set())
+    out = SectionOutput(
+        "mi", "Mutual information bounds on correlated Gaussians", "", run_ids=set(df["run_id"]) if len(df) else set()
+    )
     if superseded:
-        ctx.notes.append(f"{superseded} MI run(s) were superseded by a newer run of the same cell id and are not "
-                         "reported.")
+        ctx.notes.append(
+            f"{superseded} MI run(s) were superseded by a newer run of the same cell id and are not reported."
+        )
     if df.empty:
         out.markdown = f"{pending} MI run(s) have not logged an estimate yet.\n"
         return out
@@ -382,9 +490,12 @@ def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
         name = CRITIC_NAMES.get(critic, critic)
         blocks.append((f"estimate ± 95 % t-interval over seeds, {name} critic", _by_k(a, critic, _estimate_cell)))
         blocks.append((f"bias / variance, {name} critic", _by_k(a, critic, _bias_cell)))
-    f_tab = ctx.write_table("mi_bias_variance", "MI estimates on correlated Gaussians: bias and variance "
-                            "per estimator, critic, K and true MI (nats)",
-                            a[_TIDY].rename(columns={"estimate": "estimate_mean"}), blocks=blocks)
+    f_tab = ctx.write_table(
+        "mi_bias_variance",
+        "MI estimates on correlated Gaussians: bias and variance per estimator, critic, K and true MI (nats)",
+        a[_TIDY].rename(columns={"estimate": "estimate_mean"}),
+        blocks=blocks,
+    )
     findings, claims = mi_findings(a, df)
     f_claims = ctx.write_table("mi_claims", "MI toy: the papers' claims next to what we measured", claims)
     out.files += f_tab + f_claims

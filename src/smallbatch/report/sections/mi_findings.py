@@ -73,8 +73,6 @@ def _per_seed(df: pd.DataFrame, mask: pd.Series, column: str) -> dict:
     return {s: float(g[column].mean()) for s, g in ok.groupby("seed") if g[column].notna().all()}
 
 
-
-
 # --------------------------------------------------------------------------- claims
 def _infonce_verdict(ratio: float, over: pd.DataFrame, per_k, orc_over: pd.DataFrame) -> str:
     if ratio > 1 + 1e-6:
@@ -107,26 +105,37 @@ def infonce_cap(a: pd.DataFrame, df: pd.DataFrame) -> Claim:
     orc_over = orc[orc["true_mi"] > orc["log_k1"]]
     top = over[over["true_mi"] == over["true_mi"].max()] if len(over) else over
     per_k = top.groupby("K")["estimate"].mean() / top.groupby("K")["log_k1"].first() if len(top) else None
-    measured = (f"largest estimate / log(K+1) = {ratio:.3f}; {len(_saturated(over))} of {len(over)} settings with "
-                f"true MI above log(K+1) came within {100 * (1 - SATURATION):.0f}% of it")
+    measured = (
+        f"largest estimate / log(K+1) = {ratio:.3f}; {len(_saturated(over))} of {len(over)} settings with "
+        f"true MI above log(K+1) came within {100 * (1 - SATURATION):.0f}% of it"
+    )
     if len(orc_over):
         measured += f" (oracle critic: {len(_saturated(orc_over))} of {len(orc_over)})"
     if per_k is not None and len(per_k):
-        measured += (f"; at true MI {short(top['true_mi'].iloc[0])} the estimate reached "
-                     + ", ".join(f"{v:.0%} (K={k})" for k, v in per_k.items()) + " of log(K+1)")
-    claim = {"claim": "InfoNCE's estimate log(K+1) - L cannot exceed log(K+1), so it saturates when the true MI "
-                      "is larger",
-             "source": "van den Oord et al. 2018; Poole et al. 2019 (motivation of EqCo, FlatNCE)",
-             "measured": measured, "verdict": _infonce_verdict(ratio, over, per_k, orc_over)}
+        measured += (
+            f"; at true MI {short(top['true_mi'].iloc[0])} the estimate reached "
+            + ", ".join(f"{v:.0%} (K={k})" for k, v in per_k.items())
+            + " of log(K+1)"
+        )
+    claim = {
+        "claim": "InfoNCE's estimate log(K+1) - L cannot exceed log(K+1), so it saturates when the true MI is larger",
+        "source": "van den Oord et al. 2018; Poole et al. 2019 (motivation of EqCo, FlatNCE)",
+        "measured": measured,
+        "verdict": _infonce_verdict(ratio, over, per_k, orc_over),
+    }
     sent = f"MI toy, InfoNCE: never above log(K+1) (largest estimate/ceiling {ratio:.3f})"
     ex = over.sort_values(["K", "true_mi"], ascending=[True, False], kind="stable").iloc[0] if len(over) else None
     if ex is not None:
-        sent += (f"; where the true MI exceeds log(K+1) it stays capped, e.g. {num(ex['estimate'], 2)} nats at "
-                 f"K={ex['K']} for a true {short(ex['true_mi'])} (ceiling {num(ex['log_k1'], 2)})")
+        sent += (
+            f"; where the true MI exceeds log(K+1) it stays capped, e.g. {num(ex['estimate'], 2)} nats at "
+            f"K={ex['K']} for a true {short(ex['true_mi'])} (ceiling {num(ex['log_k1'], 2)})"
+        )
     if per_k is not None and len(per_k) > 1:
         first, last = float(per_k.iloc[0]), float(per_k.iloc[-1])
-        sent += (f"; at true MI {short(top['true_mi'].iloc[0])} it reached {first:.0%} of log(K+1) at "
-                 f"K={per_k.index[0]} and {last:.0%} at K={per_k.index[-1]}")
+        sent += (
+            f"; at true MI {short(top['true_mi'].iloc[0])} it reached {first:.0%} of log(K+1) at "
+            f"K={per_k.index[0]} and {last:.0%} at K={per_k.index[-1]}"
+        )
     return sent + ".", claim
 
 
@@ -139,14 +148,22 @@ def _mean_gap_to(rows: pd.DataFrame, ref: pd.DataFrame) -> tuple[float, int]:
 def _eqco_verdict(n_small: int, gap_eq: float, gap_nce: float, above: int, over: int, overest: int) -> str:
     if n_small and np.isfinite(gap_nce):
         if gap_eq < 0.5 * gap_nce:
-            return "supported" if overest == 0 else (
-                "partly: closer to InfoNCE with alpha negatives than plain InfoNCE is, but it overshoots the true "
-                "MI where K << alpha (not a lower bound)")
+            return (
+                "supported"
+                if overest == 0
+                else (
+                    "partly: closer to InfoNCE with alpha negatives than plain InfoNCE is, but it overshoots the true "
+                    "MI where K << alpha (not a lower bound)"
+                )
+            )
         return "not supported: EqCo with K negatives did not read like InfoNCE with alpha negatives"
     if over:
         if above >= over / 2:
-            return ("supported (exceeds log(K+1))" if overest == 0 else
-                    "partly: exceeds log(K+1) but overshoots the true MI")
+            return (
+                "supported (exceeds log(K+1))"
+                if overest == 0
+                else "partly: exceeds log(K+1) but overshoots the true MI"
+            )
         return "not supported"
     return "not tested (no InfoNCE run at K = alpha and no true MI above log(K+1))"
 
@@ -166,23 +183,37 @@ def eqco_equivalence(a: pd.DataFrame, df: pd.DataFrame) -> Claim:
     gap_eq, n_small = _mean_gap_to(eq[eq["K"] < alpha], ref)
     gap_nce, _ = _mean_gap_to(nce[nce["K"] < alpha], ref)
     worst_text = f"worst {signed(float(worst['bias']), 2)} nats at K={worst['K']}, true MI {short(worst['true_mi'])}"
-    measured = (f"above log(K+1) in {len(above)} of {len(over)} settings with true MI above it; "
-                f"overestimated the true MI by > 2 sd in {len(overest)} of {len(eq)} settings ({worst_text})")
+    measured = (
+        f"above log(K+1) in {len(above)} of {len(over)} settings with true MI above it; "
+        f"overestimated the true MI by > 2 sd in {len(overest)} of {len(eq)} settings ({worst_text})"
+    )
     if n_small:
-        measured += (f"; mean |EqCo(K) - InfoNCE(K = alpha)| = {num(gap_eq, 2)} nats over {n_small} settings "
-                     f"with K < alpha, against {num(gap_nce, 2)} for plain InfoNCE(K)")
-    claim = {"claim": f"K negatives rescaled by alpha/K act like alpha negatives: the MI bound is "
-                      f"log(alpha+1) (alpha = {short(alpha)}) at every K, not log(K+1)",
-             "source": "Zhu et al. 2020 (EqCo)", "measured": measured,
-             "verdict": _eqco_verdict(n_small, gap_eq, gap_nce, len(above), len(over), len(overest))}
-    sent = (f"MI toy, EqCo (alpha = {short(alpha)}): above the InfoNCE ceiling log(K+1) in {len(above)} of "
-            f"{len(over)} settings whose true MI exceeds it")
+        measured += (
+            f"; mean |EqCo(K) - InfoNCE(K = alpha)| = {num(gap_eq, 2)} nats over {n_small} settings "
+            f"with K < alpha, against {num(gap_nce, 2)} for plain InfoNCE(K)"
+        )
+    claim = {
+        "claim": f"K negatives rescaled by alpha/K act like alpha negatives: the MI bound is "
+        f"log(alpha+1) (alpha = {short(alpha)}) at every K, not log(K+1)",
+        "source": "Zhu et al. 2020 (EqCo)",
+        "measured": measured,
+        "verdict": _eqco_verdict(n_small, gap_eq, gap_nce, len(above), len(over), len(overest)),
+    }
+    sent = (
+        f"MI toy, EqCo (alpha = {short(alpha)}): above the InfoNCE ceiling log(K+1) in {len(above)} of "
+        f"{len(over)} settings whose true MI exceeds it"
+    )
     if n_small:
-        sent += (f"; {num(gap_eq, 2)} nats from InfoNCE run with K = alpha on average (plain InfoNCE at the "
-                 f"same K: {num(gap_nce, 2)})")
+        sent += (
+            f"; {num(gap_eq, 2)} nats from InfoNCE run with K = alpha on average (plain InfoNCE at the "
+            f"same K: {num(gap_nce, 2)})"
+        )
     sent += f"; above the true MI itself (by > 2 sd) in {len(overest)} of {len(eq)} settings"
-    sent += (f" ({worst_text}), so with alpha > K its readout is not a lower bound." if len(overest) else
-             ", i.e. it behaved as a lower bound here.")
+    sent += (
+        f" ({worst_text}), so with alpha > K its readout is not a lower bound."
+        if len(overest)
+        else ", i.e. it behaved as a lower bound here."
+    )
     return sent, claim
 
 
@@ -195,8 +226,10 @@ def _small_k_verdict(delta: evidence.Estimate, curse: evidence.Estimate | None) 
     if sign < 0:
         return "not supported: trained with few negatives, the FlatNCE critic is the worse one"
     if curse_sign == 1:
-        return ("neither supported nor refuted: small-K training costs InfoNCE's critic, but FlatNCE's critic "
-                "is within noise of it")
+        return (
+            "neither supported nor refuted: small-K training costs InfoNCE's critic, but FlatNCE's critic "
+            "is within noise of it"
+        )
     return "neither supported nor refuted (within noise)"
 
 
@@ -222,8 +255,12 @@ def flatnce_small_k(a: pd.DataFrame, df: pd.DataFrame) -> Claim:
         return _per_seed(d, in_mi & (d["estimator"] == est) & (d["K"] == k), "estimate_eval_k")
 
     if not arm("flatnce", kmin) or not arm("infonce", kmin):
-        return ("MI toy, FlatNCE against the log-K curse: not tested (no run has the InfoNCE readout at "
-                "eval_k, or every seed had a setup failure).", None)
+        return (
+            "MI toy, FlatNCE against the log-K curse: not tested (no run has the InfoNCE readout at "
+            "eval_k, or every seed had a setup failure).",
+            None,
+        )
+
     def one_mi(est: str, mi: float) -> dict:
         return _per_seed(d, (d["true_mi"] == mi) & (d["estimator"] == est) & (d["K"] == kmin), "estimate_eval_k")
 
@@ -234,22 +271,32 @@ def flatnce_small_k(a: pd.DataFrame, df: pd.DataFrame) -> Claim:
     ests = evidence.holm([evidence.paired(x, y) for x, y in pairs])
     delta, curse = ests[0], (ests[1] if kmax > kmin else None)
     mis = ", ".join(short(v) for v in curse_mis)
-    measured = (f"critics trained with K={kmin} negatives, read by the InfoNCE bound with {eval_k} negatives, "
-                f"nats (mean over true MI {mis}, {CRITIC_NAMES.get(critic, critic)} critic): "
-                f"{evidence.describe(delta, 'FlatNCE − InfoNCE', 2)}")
+    measured = (
+        f"critics trained with K={kmin} negatives, read by the InfoNCE bound with {eval_k} negatives, "
+        f"nats (mean over true MI {mis}, {CRITIC_NAMES.get(critic, critic)} critic): "
+        f"{evidence.describe(delta, 'FlatNCE − InfoNCE', 2)}"
+    )
     if len(curse_mis) > 1:
         measured += "; by true MI: " + ", ".join(
-            evidence.describe(e, short(mi), 2) for mi, e in zip(curse_mis, ests[len(ests) - len(curse_mis):]))
+            evidence.describe(e, short(mi), 2) for mi, e in zip(curse_mis, ests[len(ests) - len(curse_mis) :])
+        )
     if kmax > kmin:
-        measured += (f"; training with K={kmax} instead of {kmin} changes this readout by "
-                     f"{evidence.describe(ests[1], 'InfoNCE', 2)}, {evidence.describe(ests[2], 'FlatNCE', 2)}")
-    claim = {"claim": "FlatNCE breaks the log-K curse: contrastive learners trained with few negatives fail, "
-                      "FlatNCE fixes this (its critic learnt with small K is better than InfoNCE's)",
-             "source": "Chen et al. 2021 (FlatNCE); tested on what the critic learnt, read at a common K",
-             "measured": measured, "verdict": _small_k_verdict(delta, curse)}
-    sent = (f"MI toy, FlatNCE against the log-K curse, in nats: critics trained with K={kmin} and read by the "
-            f"InfoNCE bound with {eval_k} negatives (mean over true MI {mis}): "
-            f"{evidence.describe(delta, 'FlatNCE − InfoNCE', 2)}")
+        measured += (
+            f"; training with K={kmax} instead of {kmin} changes this readout by "
+            f"{evidence.describe(ests[1], 'InfoNCE', 2)}, {evidence.describe(ests[2], 'FlatNCE', 2)}"
+        )
+    claim = {
+        "claim": "FlatNCE breaks the log-K curse: contrastive learners trained with few negatives fail, "
+        "FlatNCE fixes this (its critic learnt with small K is better than InfoNCE's)",
+        "source": "Chen et al. 2021 (FlatNCE); tested on what the critic learnt, read at a common K",
+        "measured": measured,
+        "verdict": _small_k_verdict(delta, curse),
+    }
+    sent = (
+        f"MI toy, FlatNCE against the log-K curse, in nats: critics trained with K={kmin} and read by the "
+        f"InfoNCE bound with {eval_k} negatives (mean over true MI {mis}): "
+        f"{evidence.describe(delta, 'FlatNCE − InfoNCE', 2)}"
+    )
     if kmax > kmin:
         sent += f"; for scale, training InfoNCE with K={kmax} instead changes it by {evidence.describe(curse, '', 2)}"
     return sent + f" — {claim['verdict']}.", claim
@@ -266,23 +313,37 @@ def flatnce_dual(a: pd.DataFrame, df: pd.DataFrame) -> Claim:
     if over.empty:
         return None
     d = df[(df["estimator"] == "flatnce") & (df["critic"] != "oracle") & (df["true_mi"] > np.log(df["K"] + 1))]
-    gap = evidence.contrast([(1.0, {s: float((g["dual_estimate"] - g["true_mi"]).mean())
-                                     for s, g in d[~d["failed"]].groupby("seed")})])
+    gap = evidence.contrast(
+        [(1.0, {s: float((g["dual_estimate"] - g["true_mi"]).mean()) for s, g in d[~d["failed"]].groupby("seed")})]
+    )
     above = int((over["dual_estimate"] > over["log_k1"]).sum())
-    measured = (f"dual readout above log(K+1) in {above} of {len(over)} settings with true MI above it; dual − "
-                f"true MI there {evidence.describe(gap, '', 2)}; the authors' readout (the InfoNCE bound of the FlatNCE "
-                f"critic) is capped at log(K+1) by construction (at most {ratio:.2f} of it), so it cannot test this")
+    measured = (
+        f"dual readout above log(K+1) in {above} of {len(over)} settings with true MI above it; dual − "
+        f"true MI there {evidence.describe(gap, '', 2)}; the authors' readout (the InfoNCE bound of the FlatNCE "
+        f"critic) is capped at log(K+1) by construction (at most {ratio:.2f} of it), so it cannot test this"
+    )
     sign = _sign(gap)
-    verdict = ("not tested (fewer than two seeds)" if sign is None else
-               "not an MI estimate: the dual reads above the true MI (no lower bound)" if sign > 0 else
-               "supported: above log(K+1) and below the true MI" if sign < 0 and above >= len(over) / 2 else
-               "not supported: mostly at or below log(K+1)" if sign < 0 else
-               "neither supported nor refuted (within noise of the true MI)")
-    claim = {"claim": "FlatNCE's objective, read as an MI estimate (log K − L_FlatNCE), is not capped by log(K+1)",
-             "source": "Chen et al. 2021 (FlatNCE); the FLO bound of Guo et al. 2021 at its self-normalised "
-                       "optimum", "measured": measured, "verdict": verdict}
-    sent = (f"MI toy, FlatNCE's loss read as MI (log K − L): above log(K+1) in {above} of {len(over)} settings "
-            f"whose true MI exceeds it; dual − true MI = {evidence.describe(gap, '', 2)} nats there — {verdict}.")
+    verdict = (
+        "not tested (fewer than two seeds)"
+        if sign is None
+        else "not an MI estimate: the dual reads above the true MI (no lower bound)"
+        if sign > 0
+        else "supported: above log(K+1) and below the true MI"
+        if sign < 0 and above >= len(over) / 2
+        else "not supported: mostly at or below log(K+1)"
+        if sign < 0
+        else "neither supported nor refuted (within noise of the true MI)"
+    )
+    claim = {
+        "claim": "FlatNCE's objective, read as an MI estimate (log K − L_FlatNCE), is not capped by log(K+1)",
+        "source": "Chen et al. 2021 (FlatNCE); the FLO bound of Guo et al. 2021 at its self-normalised optimum",
+        "measured": measured,
+        "verdict": verdict,
+    }
+    sent = (
+        f"MI toy, FlatNCE's loss read as MI (log K − L): above log(K+1) in {above} of {len(over)} settings "
+        f"whose true MI exceeds it; dual − true MI = {evidence.describe(gap, '', 2)} nats there — {verdict}."
+    )
     return sent, claim
 
 
@@ -293,13 +354,19 @@ def setup_failures(a: pd.DataFrame, df: pd.DataFrame) -> Claim:
         return None
     n_bad = int(learned["failed"].sum())
     if n_bad == 0:
-        return (f"MI toy: no setup failure in {len(learned)} learned-critic runs (every training loss finite, "
-                "no critic's scores blew up).", None)
+        return (
+            f"MI toy: no setup failure in {len(learned)} learned-critic runs (every training loss finite, "
+            "no critic's scores blew up).",
+            None,
+        )
     by = learned[learned["failed"]].groupby("estimator").size()
     parts = ", ".join(f"{k}: {v} of {int((learned['estimator'] == k).sum())}" for k, v in by.items())
-    return (f"MI toy: {n_bad} of {len(learned)} learned-critic runs were setup failures ({parts}; a non-finite "
-            "loss, or an unbounded critic whose scores blew up); they are left out of every estimate and "
-            "finding, and marked in the table and figure.", None)
+    return (
+        f"MI toy: {n_bad} of {len(learned)} learned-critic runs were setup failures ({parts}; a non-finite "
+        "loss, or an unbounded critic whose scores blew up); they are left out of every estimate and "
+        "finding, and marked in the table and figure.",
+        None,
+    )
 
 
 def oracle_share(a: pd.DataFrame, df: pd.DataFrame) -> Claim:
@@ -316,9 +383,12 @@ def oracle_share(a: pd.DataFrame, df: pd.DataFrame) -> Claim:
             word = "below" if gap < 0 else "above"
             gaps.append(f"the {CRITIC_NAMES.get(critic, critic)} critic reads {num(abs(gap), 2)} nats {word} it")
     big = orc.sort_values(["K", "true_mi"], ascending=[False, False]).iloc[0]
-    return (f"MI toy, oracle critic (the true log density ratio): InfoNCE still reads "
-            f"{num(big['estimate'], 2)} for a true {short(big['true_mi'])} nats at K={big['K']} (the bound's "
-            f"own bias); on average {', '.join(gaps)} (the learned critic's share of the bias).", None)
+    return (
+        f"MI toy, oracle critic (the true log density ratio): InfoNCE still reads "
+        f"{num(big['estimate'], 2)} for a true {short(big['true_mi'])} nats at K={big['K']} (the bound's "
+        f"own bias); on average {', '.join(gaps)} (the learned critic's share of the bias).",
+        None,
+    )
 
 
 CLAIMS = (infonce_cap, eqco_equivalence, flatnce_small_k, flatnce_dual, setup_failures, oracle_share)
@@ -328,5 +398,7 @@ def mi_findings(a: pd.DataFrame, df: pd.DataFrame) -> tuple[list[str], pd.DataFr
     """Plain-words findings and the claims table (claim, source, measured, verdict), from the
     aggregate ``a`` and the per-run frame ``df``."""
     results = [r for r in (claim(a, df) for claim in CLAIMS) if r is not None]
-    return ([sent for sent, _ in results],
-            pd.DataFrame([row for _, row in results if row is not None], columns=CLAIM_COLUMNS))
+    return (
+        [sent for sent, _ in results],
+        pd.DataFrame([row for _, row in results if row is not None], columns=CLAIM_COLUMNS),
+    )

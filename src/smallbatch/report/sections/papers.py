@@ -25,24 +25,67 @@ from ..fmt import num, short_values, signed
 from ..runs import METRIC_LABELS, param, select_cells
 from ..tables import markdown_table
 
-PAPER_COLUMNS = ("paper", "source", "dataset", "backbone", "method", "batch_size", "negatives",
-                 "temperature", "epochs", "lr_scaling", "metric", "value", "status")
+PAPER_COLUMNS = (
+    "paper",
+    "source",
+    "dataset",
+    "backbone",
+    "method",
+    "batch_size",
+    "negatives",
+    "temperature",
+    "epochs",
+    "lr_scaling",
+    "metric",
+    "value",
+    "status",
+)
 _GAP_KEYS = ["paper", "source", "dataset", "backbone", "method", "temperature", "epochs", "lr_scaling", "metric"]
-_SIDE_COLUMNS = ["family", "who", "paper", "source", "dataset", "backbone", "method", "temperature", "epochs",
-                 "lr_scaling", "metric", "small_batch_size", "large_batch_size", "top1_small", "top1_large",
-                 "gap_small_minus_large", "gap_ci_low", "gap_ci_high", "produced_by", "status", "status_note"]
+_SIDE_COLUMNS = [
+    "family",
+    "who",
+    "paper",
+    "source",
+    "dataset",
+    "backbone",
+    "method",
+    "temperature",
+    "epochs",
+    "lr_scaling",
+    "metric",
+    "small_batch_size",
+    "large_batch_size",
+    "top1_small",
+    "top1_large",
+    "gap_small_minus_large",
+    "gap_ci_low",
+    "gap_ci_high",
+    "produced_by",
+    "status",
+    "status_note",
+]
 #: the one sentence that fixes the sign of every gap in this section
-SIGN = ("gap = top-1 at the smallest minus at the largest batch size (small − large; negative: the small batch is "
-        "behind), the sign used everywhere in this report")
+SIGN = (
+    "gap = top-1 at the smallest minus at the largest batch size (small − large; negative: the small batch is "
+    "behind), the sign used everywhere in this report"
+)
 #: (pattern on the CSV's status, status shown, note) — the CSV's hedges become a plain status and a stated fact
-_STATUS = ((r"^confirmed$", "checked against the source", ""),
-           (r"^confirmed \(batch size likely (\d+)\)$", "checked against the source",
-            r"the source does not state the batch size; \1 is assumed"),
-           (r"^confirmed \(derived: (.*)\)$", "derived from the source", r"\1"),
-           (r"^confirmed \(official code README\)$", "checked against the authors' code README", ""),
-           (r"^third-party$", "third-party number", "not the paper's own number"),
-           (r"^as stated in a paper review; unconfirmed in the paper$", "unconfirmed",
-            "stated in a paper review, not found in the paper"))
+_STATUS = (
+    (r"^confirmed$", "checked against the source", ""),
+    (
+        r"^confirmed \(batch size likely (\d+)\)$",
+        "checked against the source",
+        r"the source does not state the batch size; \1 is assumed",
+    ),
+    (r"^confirmed \(derived: (.*)\)$", "derived from the source", r"\1"),
+    (r"^confirmed \(official code README\)$", "checked against the authors' code README", ""),
+    (r"^third-party$", "third-party number", "not the paper's own number"),
+    (
+        r"^as stated in a paper review; unconfirmed in the paper$",
+        "unconfirmed",
+        "stated in a paper review, not found in the paper",
+    ),
+)
 
 
 def status_of(raw) -> tuple[str, str]:
@@ -74,8 +117,11 @@ def producer(paper: str, source: str) -> str:
 def _labelled(p: pd.DataFrame) -> pd.DataFrame:
     """The papers' rows with ``produced_by``, a plain ``status`` and ``status_note``."""
     st = [status_of(v) for v in p["status"]]
-    return p.assign(produced_by=[producer(a, b) for a, b in zip(p["paper"], p["source"])],
-                    status=[a for a, _ in st], status_note=[b for _, b in st])
+    return p.assign(
+        produced_by=[producer(a, b) for a, b in zip(p["paper"], p["source"])],
+        status=[a for a, _ in st],
+        status_note=[b for _, b in st],
+    )
 
 
 def load_papers(path: str | Path | None = None) -> pd.DataFrame:
@@ -100,14 +146,18 @@ def load_papers(path: str | Path | None = None) -> pd.DataFrame:
 
 def paper_setting(papers: pd.DataFrame) -> str:
     """Dataset, backbone, batch size and epochs of paper rows, from the CSV."""
-    return (f"{short_values(papers['dataset'])}, {short_values(papers['backbone'])}, "
-            f"batch {short_values(papers['batch_size'])}, {short_values(papers['epochs'])} epochs")
+    return (
+        f"{short_values(papers['dataset'])}, {short_values(papers['backbone'])}, "
+        f"batch {short_values(papers['batch_size'])}, {short_values(papers['epochs'])} epochs"
+    )
 
 
 def run_setting(cells: pd.DataFrame) -> str:
     """Dataset, backbone, batch size and epochs of our runs, from their params."""
-    return (f"{short_values(cells['dataset'])}, {short_values(param(cells, 'backbone'))}, "
-            f"batch {short_values(cells['batch_size'])}, {short_values(param(cells, 'epochs'))} epochs")
+    return (
+        f"{short_values(cells['dataset'])}, {short_values(param(cells, 'backbone'))}, "
+        f"batch {short_values(cells['batch_size'])}, {short_values(param(cells, 'epochs'))} epochs"
+    )
 
 
 def _ours_setting(runs: pd.DataFrame) -> dict[str, str]:
@@ -123,8 +173,13 @@ def _ours_setting(runs: pd.DataFrame) -> dict[str, str]:
 
 
 def _gap_row(lo: pd.Series, hi: pd.Series, lo_value: float, hi_value: float) -> dict:
-    return {"small_batch_size": int(lo["batch_size"]), "large_batch_size": int(hi["batch_size"]),
-            "top1_small": lo_value, "top1_large": hi_value, "gap_small_minus_large": lo_value - hi_value}
+    return {
+        "small_batch_size": int(lo["batch_size"]),
+        "large_batch_size": int(hi["batch_size"]),
+        "top1_small": lo_value,
+        "top1_large": hi_value,
+        "gap_small_minus_large": lo_value - hi_value,
+    }
 
 
 def paper_gaps(p: pd.DataFrame) -> pd.DataFrame:
@@ -138,11 +193,17 @@ def paper_gaps(p: pd.DataFrame) -> pd.DataFrame:
             continue
         g = g.sort_values("batch_size", kind="stable")
         lo, hi = g.iloc[0], g.iloc[-1]
-        rows.append({"family": paper_family(lo["method"]), "who": "paper", **dict(zip(_GAP_KEYS, key)),
-                     **_gap_row(lo, hi, float(lo["value"]), float(hi["value"])),
-                     "produced_by": "; ".join(dict.fromkeys(g["produced_by"])),
-                     "status": "; ".join(dict.fromkeys(g["status"])),
-                     "status_note": "; ".join(x for x in dict.fromkeys(g["status_note"]) if x)})
+        rows.append(
+            {
+                "family": paper_family(lo["method"]),
+                "who": "paper",
+                **dict(zip(_GAP_KEYS, key)),
+                **_gap_row(lo, hi, float(lo["value"]), float(hi["value"])),
+                "produced_by": "; ".join(dict.fromkeys(g["produced_by"])),
+                "status": "; ".join(dict.fromkeys(g["status"])),
+                "status_note": "; ".join(x for x in dict.fromkeys(g["status_note"]) if x),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -159,20 +220,39 @@ def our_gaps(runs: pd.DataFrame, scale: float, ours: dict[str, str]) -> pd.DataF
         g = g.sort_values("batch_size")
         lo, hi = g.iloc[0], g.iloc[-1]
         e = paired(lo["values"], hi["values"])
-        rows.append({"family": loss, "who": "ours", "paper": "this study", "source": "MLflow store",
-                     "dataset": ds, "backbone": ours["backbone"], "method": lab, "temperature": t,
-                     "epochs": ours["epochs"], "lr_scaling": "", "metric": METRIC_LABELS.get(m, m),
-                     **_gap_row(lo, hi, lo["mean"], hi["mean"]), "gap_ci_low": e.lo, "gap_ci_high": e.hi,
-                     "produced_by": "this study", "status": lo["state"] if lo["state"] != "ok" else hi["state"],
-                     "status_note": ""})
+        rows.append(
+            {
+                "family": loss,
+                "who": "ours",
+                "paper": "this study",
+                "source": "MLflow store",
+                "dataset": ds,
+                "backbone": ours["backbone"],
+                "method": lab,
+                "temperature": t,
+                "epochs": ours["epochs"],
+                "lr_scaling": "",
+                "metric": METRIC_LABELS.get(m, m),
+                **_gap_row(lo, hi, lo["mean"], hi["mean"]),
+                "gap_ci_low": e.lo,
+                "gap_ci_high": e.hi,
+                "produced_by": "this study",
+                "status": lo["state"] if lo["state"] != "ok" else hi["state"],
+                "status_note": "",
+            }
+        )
     return pd.DataFrame(rows)
 
 
 def _gap_text(side: pd.DataFrame) -> list[str]:
     """``-5.0`` (a paper's one number), ``-10.1 [-10.7, -9.4]`` (ours, with its interval), or the state."""
     out = []
-    for v, lo, hi, st in zip(side["gap_small_minus_large"].astype(float), side["gap_ci_low"].astype(float),
-                             side["gap_ci_high"].astype(float), side["status"]):
+    for v, lo, hi, st in zip(
+        side["gap_small_minus_large"].astype(float),
+        side["gap_ci_low"].astype(float),
+        side["gap_ci_high"].astype(float),
+        side["status"],
+    ):
         if not np.isfinite(v):
             out.append(st)
         else:
@@ -189,24 +269,45 @@ def _family_blocks(side: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     blocks = []
     for fam in dict.fromkeys(side["family"]):
         s = side[side["family"] == fam]
-        disp = pd.DataFrame({
-            "produced by": s["produced_by"], "paper": s["paper"],
-            "dataset": s["dataset"], "backbone": s["backbone"], "method": s["method"],
-            "epochs": s["epochs"], "τ": s["temperature"], "lr scaling": s["lr_scaling"], "metric": s["metric"],
-            "B small→large": _b_range(s), "top-1 small": [num(v) for v in s["top1_small"]],
-            "top-1 large": [num(v) for v in s["top1_large"]], "gap (small − large)": _gap_text(s),
-            "status": s["status"], "status note": s["status_note"].fillna("")})
+        disp = pd.DataFrame(
+            {
+                "produced by": s["produced_by"],
+                "paper": s["paper"],
+                "dataset": s["dataset"],
+                "backbone": s["backbone"],
+                "method": s["method"],
+                "epochs": s["epochs"],
+                "τ": s["temperature"],
+                "lr scaling": s["lr_scaling"],
+                "metric": s["metric"],
+                "B small→large": _b_range(s),
+                "top-1 small": [num(v) for v in s["top1_small"]],
+                "top-1 large": [num(v) for v in s["top1_large"]],
+                "gap (small − large)": _gap_text(s),
+                "status": s["status"],
+                "status note": s["status_note"].fillna(""),
+            }
+        )
         blocks.append((display_name(str(fam)), disp.reset_index(drop=True)))
     return blocks
 
 
 def _compact(side: pd.DataFrame) -> pd.DataFrame:
-    return pd.DataFrame({
-        "loss family": side["family"].map(display_name), "produced by": side["produced_by"],
-        "paper": side["paper"], "dataset": side["dataset"],
-        "epochs": side["epochs"], "τ": side["temperature"], "setting": side["lr_scaling"].fillna(""),
-        "metric": side["metric"], "B small→large": _b_range(side), "gap (small − large)": _gap_text(side),
-        "status": side["status"]})
+    return pd.DataFrame(
+        {
+            "loss family": side["family"].map(display_name),
+            "produced by": side["produced_by"],
+            "paper": side["paper"],
+            "dataset": side["dataset"],
+            "epochs": side["epochs"],
+            "τ": side["temperature"],
+            "setting": side["lr_scaling"].fillna(""),
+            "metric": side["metric"],
+            "B small→large": _b_range(side),
+            "gap (small − large)": _gap_text(side),
+            "status": side["status"],
+        }
+    )
 
 
 def _side_by_side(p: pd.DataFrame, runs: pd.DataFrame, ctx: ReportContext, ours: dict, note: str) -> pd.DataFrame:
@@ -225,29 +326,48 @@ def _side_by_side(p: pd.DataFrame, runs: pd.DataFrame, ctx: ReportContext, ours:
 
 def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
     ours = _ours_setting(runs)
-    note = ("the papers' settings (dataset, backbone, epochs) differ from ours "
-            f"(ours: {ours['dataset']}, {ours['backbone']}, {ours['epochs']} epochs); "
-            "compare trends across batch size, not absolute numbers")
+    note = (
+        "the papers' settings (dataset, backbone, epochs) differ from ours "
+        f"(ours: {ours['dataset']}, {ours['backbone']}, {ours['epochs']} epochs); "
+        "compare trends across batch size, not absolute numbers"
+    )
     out = SectionOutput("papers", "The papers' reported numbers, side by side", "")
     p = ctx.papers.rename(columns={"note": "paper_note"}) if "note" in ctx.papers.columns else ctx.papers.copy()
     p = _labelled(p)
     p["note"] = note
-    cols = list(dict.fromkeys(c for c in ("paper", "produced_by", *PAPER_COLUMNS, "status_note", "lr_scaling",
-                                          "paper_note", "note") if c in p.columns))
-    blocks = [(str(paper), p[p["paper"] == paper][[c for c in cols if c not in ("paper", "note")]]
-               .reset_index(drop=True)) for paper in dict.fromkeys(p["paper"])]
-    f_rep = ctx.write_table("papers_reported", "Numbers the papers report (with sources and status)",
-                            p[cols], blocks, note=note)
+    cols = list(
+        dict.fromkeys(
+            c
+            for c in ("paper", "produced_by", *PAPER_COLUMNS, "status_note", "lr_scaling", "paper_note", "note")
+            if c in p.columns
+        )
+    )
+    blocks = [
+        (str(paper), p[p["paper"] == paper][[c for c in cols if c not in ("paper", "note")]].reset_index(drop=True))
+        for paper in dict.fromkeys(p["paper"])
+    ]
+    f_rep = ctx.write_table(
+        "papers_reported", "Numbers the papers report (with sources and status)", p[cols], blocks, note=note
+    )
     side = _side_by_side(p, runs, ctx, ours, note)
-    f_side = ctx.write_table("papers_vs_ours_gap", "Small-batch vs large-batch gap: the papers' numbers next to ours",
-                             side, _family_blocks(side), note=f"{SIGN}; ours with its 95 % paired-t interval over "
-                                                             f"seeds; {note}")
-    no_paper = [display_name(f) for f in dict.fromkeys(side.loc[side["who"] == "ours", "family"])
-                if not ((side["family"] == f) & (side["who"] == "paper")).any()]
+    f_side = ctx.write_table(
+        "papers_vs_ours_gap",
+        "Small-batch vs large-batch gap: the papers' numbers next to ours",
+        side,
+        _family_blocks(side),
+        note=f"{SIGN}; ours with its 95 % paired-t interval over seeds; {note}",
+    )
+    no_paper = [
+        display_name(f)
+        for f in dict.fromkeys(side.loc[side["who"] == "ours", "family"])
+        if not ((side["family"] == f) & (side["who"] == "paper")).any()
+    ]
     out.files += f_rep + f_side
-    md = [f"> Note: {note}. In this section and every other, {SIGN}.\n",
-          f"Reported numbers, grouped per paper with source and status: {ctx.table_links(f_rep)}\n",
-          f"Small-vs-large batch gap, papers next to ours (per loss family): {ctx.table_links(f_side)}\n"]
+    md = [
+        f"> Note: {note}. In this section and every other, {SIGN}.\n",
+        f"Reported numbers, grouped per paper with source and status: {ctx.table_links(f_rep)}\n",
+        f"Small-vs-large batch gap, papers next to ours (per loss family): {ctx.table_links(f_side)}\n",
+    ]
     if no_paper:
         md.append("No paper number at two batch sizes in paper_results.csv for: " + ", ".join(no_paper) + ".\n")
     if len(side):

@@ -19,14 +19,16 @@ from ..aggregate import aggregate_cells, label_order, pivot, shown, sort_by_loss
 from ..context import ReportContext, SectionOutput
 from ..figures import accuracy_long, draw_seeds, history, loss_palette, plot_style, shared_legend, y_range
 from ..fmt import finite, runs_count, sci, short, signed, slug
-from .precision_findings import gap_finding, gaps, grad_finding, grad_tau_finding, precision_order
 from ..runs import METRIC_LABELS, METRICS, param, select_cells
 from ..tables import markdown_table
+from .precision_findings import gap_finding, gaps, grad_finding, grad_tau_finding, precision_order
 
 GRAD_KEYS = {"fp32": "diag/grad_rel_err", "bf16": "diag/grad_rel_err_bf16"}
 _CELL = ["dataset", "temperature", "loss", "label", "batch_size"]
-_SEED_NOTE = ("mean ± sample std (ddof=1) over seeds; '—' = one seed; diverged/failed runs give no number; "
-              "'pending' = not evaluated yet")
+_SEED_NOTE = (
+    "mean ± sample std (ddof=1) over seeds; '—' = one seed; diverged/failed runs give no number; "
+    "'pending' = not evaluated yet"
+)
 
 
 def _gap_blocks(gp: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
@@ -38,8 +40,11 @@ def _gap_blocks(gp: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
             for p in precision_order(gb["precision"]):
                 row[f"gap {p}"] = signed(gb[gb["precision"] == p]["gap_flatnce_minus_infonce"].iloc[0])
             r64 = gb[gb["precision"] == "fp64"]
-            row["fp64 closes"] = (f"{100 * r64['closed_fraction_of_fp32_gap'].iloc[0]:.0f}%"
-                                  if len(r64) and finite(r64["closed_fraction_of_fp32_gap"].iloc[0]) else "—")
+            row["fp64 closes"] = (
+                f"{100 * r64['closed_fraction_of_fp32_gap'].iloc[0]:.0f}%"
+                if len(r64) and finite(r64["closed_fraction_of_fp32_gap"].iloc[0])
+                else "—"
+            )
             rows.append(row)
         blocks.append((f"{ds}, {METRIC_LABELS.get(m, m)}", pd.DataFrame(rows)))
     return blocks
@@ -47,15 +52,26 @@ def _gap_blocks(gp: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
 
 def grad_errors(cells: pd.DataFrame, ctx: ReportContext) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(per-point histories with a 'dtype' column, summary per dataset × τ × loss × B × dtype)."""
-    frames = [h.assign(dtype=dt) for dt, key in GRAD_KEYS.items()
-              if len(h := history(cells, key, ctx, [*_CELL, "precision", "seed"]))]
+    frames = [
+        h.assign(dtype=dt)
+        for dt, key in GRAD_KEYS.items()
+        if len(h := history(cells, key, ctx, [*_CELL, "precision", "seed"]))
+    ]
     if not frames:
         return pd.DataFrame(), pd.DataFrame()
     h = pd.concat(frames, ignore_index=True)
     keys = [*_CELL, "dtype"]
-    summ = h.groupby(keys, sort=False).agg(mean=("value", "mean"), median=("value", "median"),
-                                           p90=("value", lambda v: float(np.quantile(v, 0.9))),
-                                           n_points=("value", "size"), n_runs=("run_id", "nunique")).reset_index()
+    summ = (
+        h.groupby(keys, sort=False)
+        .agg(
+            mean=("value", "mean"),
+            median=("value", "median"),
+            p90=("value", lambda v: float(np.quantile(v, 0.9))),
+            n_points=("value", "size"),
+            n_runs=("run_id", "nunique"),
+        )
+        .reset_index()
+    )
     summ["key"] = summ["dtype"].map(GRAD_KEYS)
     return h, sort_by_loss(summ, keys)
 
@@ -67,8 +83,12 @@ def _grad_wide(summ: pd.DataFrame) -> pd.DataFrame:
         row = dict(zip(_CELL, key))
         for dt in GRAD_KEYS:
             r = g[g["dtype"] == dt]
-            row.update({f"{dt}_{stat}": r[stat].iloc[0] if len(r) else math.nan
-                        for stat in ("mean", "median", "p90", "n_points")})
+            row.update(
+                {
+                    f"{dt}_{stat}": r[stat].iloc[0] if len(r) else math.nan
+                    for stat in ("mean", "median", "p90", "n_points")
+                }
+            )
         row["n_runs"] = int(g["n_runs"].max())
         wide.append(row)
     return pd.DataFrame(wide)
@@ -76,22 +96,40 @@ def _grad_wide(summ: pd.DataFrame) -> pd.DataFrame:
 
 def _grad_table(summ: pd.DataFrame, ctx: ReportContext, out: SectionOutput) -> list[str]:
     wide = _grad_wide(summ)
-    blocks = [(str(ds), pd.DataFrame({
-        "τ": g["temperature"], "loss": g["label"], "B": g["batch_size"].astype(int),
-        "fp32 mean": g["fp32_mean"].map(sci), "fp32 median": g["fp32_median"].map(sci),
-        "bf16 mean": g["bf16_mean"].map(sci), "bf16 median": g["bf16_median"].map(sci),
-        "points": g["fp32_n_points"].map(lambda v: "" if not finite(v) else str(int(v))),
-        "runs": g["n_runs"]}).reset_index(drop=True)) for ds, g in wide.groupby("dataset", sort=False)]
+    blocks = [
+        (
+            str(ds),
+            pd.DataFrame(
+                {
+                    "τ": g["temperature"],
+                    "loss": g["label"],
+                    "B": g["batch_size"].astype(int),
+                    "fp32 mean": g["fp32_mean"].map(sci),
+                    "fp32 median": g["fp32_median"].map(sci),
+                    "bf16 mean": g["bf16_mean"].map(sci),
+                    "bf16 median": g["bf16_median"].map(sci),
+                    "points": g["fp32_n_points"].map(lambda v: "" if not finite(v) else str(int(v))),
+                    "runs": g["n_runs"],
+                }
+            ).reset_index(drop=True),
+        )
+        for ds, g in wide.groupby("dataset", sort=False)
+    ]
     files = ctx.write_table(
-        "precision_grad_error", "Precision: relative rounding error of the loss gradient w.r.t. the embeddings",
-        wide, blocks, note="||g_dtype − g_fp64|| / ||g_fp64|| on the training batches where it was logged "
-                           "(diag/grad_rel_err for fp32, diag/grad_rel_err_bf16 for bf16), pooled over seeds and "
-                           "the runs' training precisions")
+        "precision_grad_error",
+        "Precision: relative rounding error of the loss gradient w.r.t. the embeddings",
+        wide,
+        blocks,
+        note="||g_dtype − g_fp64|| / ||g_fp64|| on the training batches where it was logged "
+        "(diag/grad_rel_err for fp32, diag/grad_rel_err_bf16 for bf16), pooled over seeds and "
+        "the runs' training precisions",
+    )
     out.files += files
     out.findings += [grad_finding(summ, ds, t) for (ds, t), _ in summ.groupby(["dataset", "temperature"], sort=False)]
     out.findings += [grad_tau_finding(summ, ds) for ds in dict.fromkeys(summ["dataset"])]
-    return ([f"Gradient rounding error (`diag/grad_rel_err`, `diag/grad_rel_err_bf16`): {ctx.table_links(files)}\n"]
-            + [markdown_table(df) for _, df in blocks])
+    return [f"Gradient rounding error (`diag/grad_rel_err`, `diag/grad_rel_err_bf16`): {ctx.table_links(files)}\n"] + [
+        markdown_table(df) for _, df in blocks
+    ]
 
 
 def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
@@ -100,38 +138,61 @@ def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
     if cells.empty:
         return None
     cells["precision"] = param(cells, "precision").fillna("fp32").astype(str)
-    out = SectionOutput("precision", "Side experiment: floating-point precision (FlatNCE's hypothesis)", "",
-                        run_ids=set(cells["run_id"]))
+    out = SectionOutput(
+        "precision",
+        "Side experiment: floating-point precision (FlatNCE's hypothesis)",
+        "",
+        run_ids=set(cells["run_id"]),
+    )
     agg = aggregate_cells(cells, [*_CELL, "precision"], ctx.scale, values=True)
     order = {p: i for i, p in enumerate(precision_order(agg["precision"]))}
-    agg = sort_by_loss(agg.assign(_p=agg["precision"].map(order)),
-                       ["dataset", "metric", "temperature", "loss", "label", "batch_size", "_p"]).drop(columns="_p")
-    blocks = [(f"{ds}, {METRIC_LABELS.get(m, m)}",
-               shown(pivot(g, ["temperature", "label", "batch_size"], "precision", str)))
-              for (ds, m), g in agg.groupby(["dataset", "metric"], sort=False)]
-    f_top = ctx.write_table("precision_top1", "Precision: top-1 (%) by loss × batch size × training precision",
-                            agg, blocks, note=_SEED_NOTE)
+    agg = sort_by_loss(
+        agg.assign(_p=agg["precision"].map(order)),
+        ["dataset", "metric", "temperature", "loss", "label", "batch_size", "_p"],
+    ).drop(columns="_p")
+    blocks = [
+        (f"{ds}, {METRIC_LABELS.get(m, m)}", shown(pivot(g, ["temperature", "label", "batch_size"], "precision", str)))
+        for (ds, m), g in agg.groupby(["dataset", "metric"], sort=False)
+    ]
+    f_top = ctx.write_table(
+        "precision_top1", "Precision: top-1 (%) by loss × batch size × training precision", agg, blocks, note=_SEED_NOTE
+    )
     gp = gaps(agg)
     gblocks = _gap_blocks(gp)
     f_gap = ctx.write_table(
-        "precision_gap", "Precision: FlatNCE − InfoNCE top-1 gap (points) per precision and batch size", gp,
-        gblocks or None, note="gap = FlatNCE mean − InfoNCE mean with its 95 % paired-t interval over seeds; "
-                              "'fp64 closes' = 1 − gap(fp64)/gap(fp32), defined where the fp32 gap is positive")
+        "precision_gap",
+        "Precision: FlatNCE − InfoNCE top-1 gap (points) per precision and batch size",
+        gp,
+        gblocks or None,
+        note="gap = FlatNCE mean − InfoNCE mean with its 95 % paired-t interval over seeds; "
+        "'fp64 closes' = 1 − gap(fp64)/gap(fp32), defined where the fp32 gap is positive",
+    )
     out.files += f_top + f_gap
-    md = [f"{runs_count(len(cells))} (experiment 'precision'). Top-1 by precision: {ctx.table_links(f_top)}; "
-          f"FlatNCE − InfoNCE gap: {ctx.table_links(f_gap)}\n"]
+    md = [
+        f"{runs_count(len(cells))} (experiment 'precision'). Top-1 by precision: {ctx.table_links(f_top)}; "
+        f"FlatNCE − InfoNCE gap: {ctx.table_links(f_gap)}\n"
+    ]
     md += [x for sub, df in gblocks for x in (f"**Gap, {sub}**\n", markdown_table(df))] or [
-        "_InfoNCE and FlatNCE were not both run at a common precision and batch size: no gap to show._\n"]
-    out.findings += [gap_finding(gp, agg, ds, m, t)
-                     for (ds, m, t), _ in agg.groupby(["dataset", "metric", "temperature"], sort=False)]
+        "_InfoNCE and FlatNCE were not both run at a common precision and batch size: no gap to show._\n"
+    ]
+    out.findings += [
+        gap_finding(gp, agg, ds, m, t)
+        for (ds, m, t), _ in agg.groupby(["dataset", "metric", "temperature"], sort=False)
+    ]
     hist, summ = grad_errors(cells, ctx)
-    md += _grad_table(summ, ctx, out) if len(summ) else [
-        "_No `diag/grad_rel_err` history logged (set `experiments.precision.train.grad_error_every` > 0); "
-        "gradient-error table and figure skipped._\n"]
+    md += (
+        _grad_table(summ, ctx, out)
+        if len(summ)
+        else [
+            "_No `diag/grad_rel_err` history logged (set `experiments.precision.train.grad_error_every` > 0); "
+            "gradient-error table and figure skipped._\n"
+        ]
+    )
     md.append("### Figures\n")
     for ds in sorted(cells["dataset"].unique()):
         for files, text in [_top1_figure(cells[cells["dataset"] == ds], ds, ctx)] + (
-                [_grad_figure(hist[hist["dataset"] == ds], ds, ctx)] if len(hist) else []):
+            [_grad_figure(hist[hist["dataset"] == ds], ds, ctx)] if len(hist) else []
+        ):
             out.files += files
             md.append(text)
     out.findings = [f for f in out.findings if f]
@@ -157,14 +218,22 @@ def _top1_figure(cells: pd.DataFrame, ds: str, ctx: ReportContext) -> tuple[list
     metrics = [METRIC_LABELS[m] for m in METRICS if METRIC_LABELS[m] in set(data["metric"])]
     bss = [int(b) for b in sorted(cells["batch_size"].unique())]
     with plt.rc_context(rc), sns.axes_style("whitegrid"):
-        fig, axes = plt.subplots(len(metrics), len(bss), figsize=(3.0 * len(bss) + 0.3, 2.6 * len(metrics) + 0.5),
-                                 squeeze=False)
+        fig, axes = plt.subplots(
+            len(metrics), len(bss), figsize=(3.0 * len(bss) + 0.3, 2.6 * len(metrics) + 0.5), squeeze=False
+        )
         for i, m in enumerate(metrics):
             drawn = []
             for j, b in enumerate(bss):
                 ax = axes[i][j]
-                drawn += draw_seeds(ax, data[(data["metric"] == m) & (data["batch_size"] == b)], "x", "top-1 (%)",
-                                    series, pal, log2=False)
+                drawn += draw_seeds(
+                    ax,
+                    data[(data["metric"] == m) & (data["batch_size"] == b)],
+                    "x",
+                    "top-1 (%)",
+                    series,
+                    pal,
+                    log2=False,
+                )
                 ax.set_xticks(range(len(precs)))
                 ax.set_xticklabels(precs)
                 ax.set_xlim(-0.5, len(precs) - 0.5)
@@ -177,8 +246,10 @@ def _top1_figure(cells: pd.DataFrame, ds: str, ctx: ReportContext) -> tuple[list
         fig.suptitle(f"{ds}: top-1 vs training precision", fontsize=11)
         fig.tight_layout(rect=(0, 0, 1, 0.95))
         files = ctx.save_figure(fig, f"precision_top1_{slug(ds)}")
-    return files, (f"**{ds}: top-1 vs precision** (points: seeds; line: mean with its 95 % t interval; a missing "
-                   "point: every seed diverged or is not evaluated)\n\n" + ctx.figure_md(files, f"{ds} top-1 vs precision"))
+    return files, (
+        f"**{ds}: top-1 vs precision** (points: seeds; line: mean with its 95 % t interval; a missing "
+        "point: every seed diverged or is not evaluated)\n\n" + ctx.figure_md(files, f"{ds} top-1 vs precision")
+    )
 
 
 def _grad_figure(hist: pd.DataFrame, ds: str, ctx: ReportContext) -> tuple[list, str]:
@@ -191,17 +262,32 @@ def _grad_figure(hist: pd.DataFrame, ds: str, ctx: ReportContext) -> tuple[list,
     labels = label_order(h)
     with plt.rc_context(rc), sns.axes_style("whitegrid"), warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # seaborn 0.13 passes boxplot(vert=) to mpl 3.11
-        g = sns.catplot(data=h, kind="box", x="B", order=[str(b) for b in sorted(h["batch_size"].astype(int).unique())],
-                        y="value", hue="label", hue_order=labels, palette=loss_palette(h), col="dtype",
-                        col_order=[d for d in GRAD_KEYS if d in set(h["dtype"])], row="τ",
-                        row_order=[short(t) for t in sorted(h["temperature"].unique())], height=3.0, aspect=1.2,
-                        fliersize=2, log_scale=(False, True), sharey=False)
+        g = sns.catplot(
+            data=h,
+            kind="box",
+            x="B",
+            order=[str(b) for b in sorted(h["batch_size"].astype(int).unique())],
+            y="value",
+            hue="label",
+            hue_order=labels,
+            palette=loss_palette(h),
+            col="dtype",
+            col_order=[d for d in GRAD_KEYS if d in set(h["dtype"])],
+            row="τ",
+            row_order=[short(t) for t in sorted(h["temperature"].unique())],
+            height=3.0,
+            aspect=1.2,
+            fliersize=2,
+            log_scale=(False, True),
+            sharey=False,
+        )
         g.set_titles("{col_name} vs fp64 | τ = {row_name}")
         g.set_axis_labels("batch size", "relative gradient error")
         if g.legend is not None:
             g.legend.set_title("loss")
-        g.figure.suptitle(f"{ds}: rounding error of the loss gradient w.r.t. the embeddings (all logged steps)",
-                          y=1.02)
+        g.figure.suptitle(f"{ds}: rounding error of the loss gradient w.r.t. the embeddings (all logged steps)", y=1.02)
         files = ctx.save_figure(g.figure, f"precision_grad_error_{slug(ds)}")
-    return files, (f"**{ds}: gradient rounding error** (distribution over logged steps and seeds, log scale)\n\n"
-                   + ctx.figure_md(files, f"{ds} gradient error"))
+    return files, (
+        f"**{ds}: gradient rounding error** (distribution over logged steps and seeds, log scale)\n\n"
+        + ctx.figure_md(files, f"{ds} gradient error")
+    )

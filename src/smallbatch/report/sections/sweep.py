@@ -24,11 +24,25 @@ def _ends(g: pd.DataFrame, xmin, xmax) -> dict:
     for tag, xv in (("small", xmin), ("large", xmax)):
         if xv in g.index:
             r = g.loc[xv]
-            row.update({f"mean_{tag}": float(r["mean"]), f"std_{tag}": float(r["std"]), f"n_{tag}": int(r["n_seeds"]),
-                        f"state_{tag}": str(r["state"]), f"values_{tag}": dict(r.get("values", None) or {})})
+            row.update(
+                {
+                    f"mean_{tag}": float(r["mean"]),
+                    f"std_{tag}": float(r["std"]),
+                    f"n_{tag}": int(r["n_seeds"]),
+                    f"state_{tag}": str(r["state"]),
+                    f"values_{tag}": dict(r.get("values", None) or {}),
+                }
+            )
         else:
-            row.update({f"mean_{tag}": math.nan, f"std_{tag}": math.nan, f"n_{tag}": 0, f"state_{tag}": "not run",
-                        f"values_{tag}": {}})
+            row.update(
+                {
+                    f"mean_{tag}": math.nan,
+                    f"std_{tag}": math.nan,
+                    f"n_{tag}": 0,
+                    f"state_{tag}": "not run",
+                    f"values_{tag}": {},
+                }
+            )
     return row
 
 
@@ -38,17 +52,20 @@ def _spread(g: pd.DataFrame, x: str) -> dict:
     any_ = len(vals) > 0
     seeded = vals[vals["n_seeds"].astype(int) >= 2]
     bad = g[g["state"].isin(BAD_STATUSES)]
-    return {"range": float(vals["mean"].max() - vals["mean"].min()) if any_ else math.nan,
-            f"best_{x}": vals["mean"].astype(float).idxmax() if any_ else math.nan,
-            "best_mean": float(vals["mean"].max()) if any_ else math.nan,
-            f"worst_{x}": vals["mean"].astype(float).idxmin() if any_ else math.nan,
-            "worst_mean": float(vals["mean"].min()) if any_ else math.nan,
-            f"n_{x}_with_values": len(vals),
-            "pooled_sd": float(np.sqrt((seeded["std"].astype(float) ** 2).mean())) if len(seeded) else math.nan,
-            "n_seeds_min": int(seeded["n_seeds"].min()) if len(seeded) else 1,
-            f"{x}_diverged": ", ".join(short(v) for v in bad.index), "n_diverged_points": len(bad),
-            "values_best": _values(vals, vals["mean"].astype(float).idxmax()) if any_ else {},
-            "values_worst": _values(vals, vals["mean"].astype(float).idxmin()) if any_ else {}}
+    return {
+        "range": float(vals["mean"].max() - vals["mean"].min()) if any_ else math.nan,
+        f"best_{x}": vals["mean"].astype(float).idxmax() if any_ else math.nan,
+        "best_mean": float(vals["mean"].max()) if any_ else math.nan,
+        f"worst_{x}": vals["mean"].astype(float).idxmin() if any_ else math.nan,
+        "worst_mean": float(vals["mean"].min()) if any_ else math.nan,
+        f"n_{x}_with_values": len(vals),
+        "pooled_sd": float(np.sqrt((seeded["std"].astype(float) ** 2).mean())) if len(seeded) else math.nan,
+        "n_seeds_min": int(seeded["n_seeds"].min()) if len(seeded) else 1,
+        f"{x}_diverged": ", ".join(short(v) for v in bad.index),
+        "n_diverged_points": len(bad),
+        "values_best": _values(vals, vals["mean"].astype(float).idxmax()) if any_ else {},
+        "values_worst": _values(vals, vals["mean"].astype(float).idxmin()) if any_ else {},
+    }
 
 
 def _values(g: pd.DataFrame, xv) -> dict:
@@ -73,12 +90,28 @@ def sweep_summary(agg: pd.DataFrame, setting: Sequence[str], x: str) -> pd.DataF
 
 
 def _setting_text(frame: pd.DataFrame, fixed: list[str]) -> list[str]:
-    return [", ".join(f"{'B' if c == 'batch_size' else 'τ'}={short(v) if c == 'temperature' else int(v)}"
-                      for c, v in zip(fixed, vals)) for vals in zip(*(frame[c] for c in fixed))]
+    return [
+        ", ".join(
+            f"{'B' if c == 'batch_size' else 'τ'}={short(v) if c == 'temperature' else int(v)}"
+            for c, v in zip(fixed, vals)
+        )
+        for vals in zip(*(frame[c] for c in fixed))
+    ]
 
 
-def sweep_figure(cells: pd.DataFrame, agg: pd.DataFrame, ds: str, ctx: ReportContext, *, x: str, xlabel: str,
-                 base: int, stem: str, title: str, vline: float = math.nan) -> tuple[list[Path], str]:
+def sweep_figure(
+    cells: pd.DataFrame,
+    agg: pd.DataFrame,
+    ds: str,
+    ctx: ReportContext,
+    *,
+    x: str,
+    xlabel: str,
+    base: int,
+    stem: str,
+    title: str,
+    vline: float = math.nan,
+) -> tuple[list[Path], str]:
     """Top-1 vs a swept value (log x) per loss; one column per metric, one row per other setting;
     ▽ where all seeds failed; a dashed line at ``vline`` (e.g. the number of images) when in range."""
     data = accuracy_long(cells, ctx.scale, list(dict.fromkeys(["batch_size", "temperature", "seed", x])))
@@ -94,8 +127,9 @@ def sweep_figure(cells: pd.DataFrame, agg: pd.DataFrame, ds: str, ctx: ReportCon
     metrics = [METRIC_LABELS[m] for m in METRICS if METRIC_LABELS[m] in set(data["metric"])]
     settings = sorted(data["setting"].unique())
     with plt.rc_context(rc), sns.axes_style("whitegrid"):
-        fig, axes = plt.subplots(len(settings), len(metrics), figsize=(3.4 * len(metrics) + 0.3,
-                                                                        2.7 * len(settings) + 0.5), squeeze=False)
+        fig, axes = plt.subplots(
+            len(settings), len(metrics), figsize=(3.4 * len(metrics) + 0.3, 2.7 * len(settings) + 0.5), squeeze=False
+        )
         for i, st in enumerate(settings):
             for j, m in enumerate(metrics):
                 ax = axes[i][j]
@@ -111,14 +145,16 @@ def sweep_figure(cells: pd.DataFrame, agg: pd.DataFrame, ds: str, ctx: ReportCon
                 ax.set_title(f"{m}, {st}", fontsize=9)
                 ax.set_xlabel(xlabel if i == len(settings) - 1 else "")
                 ax.set_ylabel("top-1 (%)" if j == 0 else "")
-                for _, r in agg[agg["state"].isin(BAD_STATUSES) & (agg["setting"] == st)
-                                & (agg["metric"].map(METRIC_LABELS) == m)].iterrows():
+                for _, r in agg[
+                    agg["state"].isin(BAD_STATUSES) & (agg["setting"] == st) & (agg["metric"].map(METRIC_LABELS) == m)
+                ].iterrows():
                     mark_bad(ax, [float(r[x])], pal.get(r["label"], "k"))
         shared_legend(fig, axes, "loss")
         fig.suptitle(f"{ds}: {title}", fontsize=11)
         fig.tight_layout(rect=(0, 0, 1, 0.95))
         files = ctx.save_figure(fig, f"{stem}_{slug(ds)}")
     extra_t = "; dashed line: the number of pretraining images" if shown_line else ""
-    return files, (f"**{ds}: {title}** (points: seeds; line: mean with its 95 % t interval; ▽ on the x axis: no "
-                   f"seed gave a number{extra_t})\n\n" + ctx.figure_md(files, f"{ds} {title}"))
-
+    return files, (
+        f"**{ds}: {title}** (points: seeds; line: mean with its 95 % t interval; ▽ on the x axis: no "
+        f"seed gave a number{extra_t})\n\n" + ctx.figure_md(files, f"{ds} {title}")
+    )
