@@ -4,7 +4,7 @@ One training step (forward of both views, InfoNCE over the 2N views, backward; n
 optimiser step) of the default study's model (``small_cnn`` width 32, 4x4 pooling grid,
 projection head 128 -> 64, float32) on a batch of N images at 28 px:
 
-* **whole** -- one forward of the 2N views with a graph, as ``train.py`` does today;
+* **whole** -- one forward of the 2N views with a graph, as ``training/step.py`` does today;
 * **chunked** -- ``smallbatch.training.gradcache.cached_backward`` with chunks of C images
   (2C views per forward), the path ``train.chunk_size`` takes: BatchNorm statistics
   found layer by layer without graph, embeddings, loss and its gradient on all

@@ -1,4 +1,4 @@
-"""Tests of the correlated-Gaussian MI benchmark (smallbatch.mi.toy, mi_step, the report's mi section)."""
+"""Tests of the correlated-Gaussian MI benchmark (smallbatch.mi.toy, pipeline.mi_job, the report's mi section)."""
 
 from __future__ import annotations
 
