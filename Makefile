@@ -16,7 +16,7 @@ SNAKE_ARGS ?=
 BIN      := $(abspath $(VENV))/bin
 export PATH := $(BIN):$(PATH)
 
-.PHONY: install study smoke test report data clean-results
+.PHONY: install study smoke test test-fast lint report data clean-results
 
 install: $(VENV)/.installed-$(FAISS)
 
@@ -28,7 +28,7 @@ $(VENV)/.installed-$(FAISS): pyproject.toml
 	others=$$($(BIN)/python -m pip list --format=freeze 2>/dev/null | sed -n 's/^\(faiss[-_a-z0-9]*\)==.*/\1/ip' \
 		| tr 'A-Z_' 'a-z-' | grep -vx 'faiss-$(FAISS)'); \
 	if [ -n "$$others" ]; then $(BIN)/python -m pip uninstall -q -y faiss-cpu faiss-gpu $$others; fi
-	$(BIN)/python -m pip install -q -e '.[test,slurm,$(FAISS)]'
+	$(BIN)/python -m pip install -q -e '.[test,dev,slurm,$(FAISS)]'
 	rm -f $(VENV)/.installed $(VENV)/.installed-cpu $(VENV)/.installed-gpu
 	touch $@
 
@@ -57,6 +57,15 @@ report: install
 
 test: install
 	$(BIN)/python -m pytest -q
+
+# the fast tier for the edit-test loop: everything but the end-to-end (workflow) tests
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not slow"
+
+# what .ci/run checks before the tests: formatting and lint (ruff, pinned in pyproject.toml's [dev])
+lint: install
+	$(BIN)/ruff format --check src tests benchmarks tools
+	$(BIN)/ruff check src tests benchmarks tools
 
 clean-results:
 	rm -rf results/runs results/baselines results/logs results/report results/mlflow.db results/mlartifacts results/mlflow.ready results/smoke

@@ -29,7 +29,7 @@ a broken CUDA context in one keeps the others' numbers; the script exits 1 if an
    exact ties, checked) by the GPU backend (faiss-gpu if it sees the GPU, else torch on
    CUDA) and the CPU backend (faiss-cpu if installed, else torch on the CPU): identical
    neighbours (fraction), identical accuracies, the time of each.
-5. cli -- two cells (InfoNCE, DCL) end to end through ``python -m smallbatch.cli`` on a
+5. cli -- two cells (InfoNCE, DCL) end to end through ``python -m smallbatch`` on a
    generated CIFAR-10 (``synthetic.write_cifar10``: 5,000 + 1,000 32x32 images in the real
    ``cifar-10-batches-py`` pickles, the class drawn as the stripes' orientation):
    ``prepare-data`` (torchvision's md5 comparison skipped: generated files cannot match
@@ -126,27 +126,56 @@ class Plan:
 def make_plan(quick: bool, budget: float | None = None) -> Plan:
     if quick:
         return Plan(
-            quick=True, images=128, batches={"small_cnn": (16, 32), "resnet18_cifar": (2, 4)},
+            quick=True,
+            images=128,
+            batches={"small_cnn": (16, 32), "resnet18_cifar": (2, 4)},
             steps={("small_cnn", 16): 3, ("small_cnn", 32): 2, ("resnet18_cifar", 2): 1, ("resnet18_cifar", 4): 1},
             compiled=[("small_cnn", 16, "fp32")],
-            skipped={("small_cnn", "bf16"): "--quick: one small_cnn compile only",
-                     ("resnet18_cifar", "fp32"): "--quick: no ResNet compile",
-                     ("resnet18_cifar", "bf16"): "--quick: no ResNet compile"},
+            skipped={
+                ("small_cnn", "bf16"): "--quick: one small_cnn compile only",
+                ("resnet18_cifar", "fp32"): "--quick: no ResNet compile",
+                ("resnet18_cifar", "bf16"): "--quick: no ResNet compile",
+            },
             compile_guess_s={"small_cnn": 120.0, "resnet18_cifar": 600.0},
-            share_k=(1, 2), share_steps=5, profile_steps=3, knn=(1000, 200, 64, (5, 20)), cifar=(40, 50),
-            cli_batch=32, caps={s: 300.0 for s in TITLES}, budget=budget or 1200.0)
+            share_k=(1, 2),
+            share_steps=5,
+            profile_steps=3,
+            knn=(1000, 200, 64, (5, 20)),
+            cifar=(40, 50),
+            cli_batch=32,
+            caps={s: 300.0 for s in TITLES},
+            budget=budget or 1200.0,
+        )
     return Plan(
-        quick=False, images=10000, batches={"small_cnn": (16, 256), "resnet18_cifar": (256, 1024)},
-        steps={("small_cnn", 16): 500, ("small_cnn", 256): 200, ("resnet18_cifar", 256): 40,
-               ("resnet18_cifar", 1024): 15},
-        compiled=[("small_cnn", 16, "fp32"), ("small_cnn", 256, "fp32"), ("resnet18_cifar", 256, "bf16"),
-                  ("resnet18_cifar", 1024, "bf16")],
-        skipped={("small_cnn", "bf16"): "the default study trains small_cnn in fp32",
-                 ("resnet18_cifar", "fp32"): "cifar10.yaml trains resnet18_cifar in bf16"},
+        quick=False,
+        images=10000,
+        batches={"small_cnn": (16, 256), "resnet18_cifar": (256, 1024)},
+        steps={
+            ("small_cnn", 16): 500,
+            ("small_cnn", 256): 200,
+            ("resnet18_cifar", 256): 40,
+            ("resnet18_cifar", 1024): 15,
+        },
+        compiled=[
+            ("small_cnn", 16, "fp32"),
+            ("small_cnn", 256, "fp32"),
+            ("resnet18_cifar", 256, "bf16"),
+            ("resnet18_cifar", 1024, "bf16"),
+        ],
+        skipped={
+            ("small_cnn", "bf16"): "the default study trains small_cnn in fp32",
+            ("resnet18_cifar", "fp32"): "cifar10.yaml trains resnet18_cifar in bf16",
+        },
         compile_guess_s={"small_cnn": 60.0, "resnet18_cifar": 150.0},
-        share_k=(1, 4, 8), share_steps=500, profile_steps=20, knn=(10000, 2000, 2048, (20, 200)),
-        cifar=(1000, 1000), cli_batch=256,
-        caps={"machine": 30.0, "syncs": 120.0, "knn": 60.0, "share": 90.0, "cli": 120.0}, budget=budget or 450.0)
+        share_k=(1, 4, 8),
+        share_steps=500,
+        profile_steps=20,
+        knn=(10000, 2000, 2048, (20, 200)),
+        cifar=(1000, 1000),
+        cli_batch=256,
+        caps={"machine": 30.0, "syncs": 120.0, "knn": 60.0, "share": 90.0, "cli": 120.0},
+        budget=budget or 450.0,
+    )
 
 
 # --------------------------------------------------------------------------- section 0
@@ -157,12 +186,17 @@ def section_machine(args, plan: Plan):
 
     yield {"what": "mode", "value": f"{'quick' if plan.quick else 'full'}, device {args.device}"}
     yield {"what": "python", "value": platform.python_version()}
-    yield {"what": "torch", "value": f"{torch.__version__} (CUDA {torch.version.cuda}, "
-                                     f"cuDNN {torch.backends.cudnn.version()})"}
+    yield {
+        "what": "torch",
+        "value": f"{torch.__version__} (CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()})",
+    }
     if args.device == "cuda":
         p = torch.cuda.get_device_properties(0)
-        yield {"what": "GPU", "value": f"{p.name}, {p.total_memory / 2**30:.0f} GiB, "
-                                       f"capability {p.major}.{p.minor}, {p.multi_processor_count} SMs"}
+        yield {
+            "what": "GPU",
+            "value": f"{p.name}, {p.total_memory / 2**30:.0f} GiB, "
+            f"capability {p.major}.{p.minor}, {p.multi_processor_count} SMs",
+        }
     yield {"what": "faiss", "value": _faiss_line()}
     for name in ("jsonschema", "mlflow", "snakemake"):
         yield {"what": name, "value": _version_of(name)}
@@ -203,20 +237,31 @@ def section_throughput(args, plan: Plan):
     eager_rows: dict = {}  # (model, batch, precision) -> its eager row
     need = dict(plan.compile_guess_s)  # model -> seconds a compile is expected to take
     for model, bs, prec, compiled in throughput_cases(plan):
-        row = {"model": model, "input": f"{MODELS[model][2]} px x {MODELS[model][1]}", "batch": bs,
-               "precision": prec, "step": "compiled" if compiled else "eager"}
+        row = {
+            "model": model,
+            "input": f"{MODELS[model][2]} px x {MODELS[model][1]}",
+            "batch": bs,
+            "precision": prec,
+            "step": "compiled" if compiled else "eager",
+        }
         if compiled and time.time() + need[model] > args.deadline:
             yield {**row, "note": f"skipped: a compile (~{need[model]:.0f} s) would overrun the run's budget"}
             continue
-        rate, warm, cache = _step_rate(throughput, model, bs, prec, compiled, images[model], args.device,
-                                       plan.steps[(model, bs)])
+        rate, warm, cache = _step_rate(
+            throughput, model, bs, prec, compiled, images[model], args.device, plan.steps[(model, bs)]
+        )
         row.update({"images/s": rate, "ms/step": 1000 * bs / rate, "build + 2 steps s": warm})
         if compiled:
             eager = eager_rows.get((model, bs, prec))
             compile_s = warm - eager["build + 2 steps s"] if eager else warm
             need[model] = 1.2 * max(compile_s, 1.0)
-            row.update({"x eager": rate / eager["images/s"] if eager else None, "compile s": compile_s,
-                        "FX cache hit/miss": cache})
+            row.update(
+                {
+                    "x eager": rate / eager["images/s"] if eager else None,
+                    "compile s": compile_s,
+                    "FX cache hit/miss": cache,
+                }
+            )
         else:
             eager_rows[(model, bs, prec)] = row
         yield row
@@ -236,8 +281,10 @@ def _step_rate(throughput, model: str, bs: int, prec: str, compiled: bool, data,
     cell = throughput.study_cell(bs, compiled, device, MODELS[model][0], precision=prec)
     rate, warm = throughput.step_rate(cell, *data, steps)
     after = counters["inductor"]
-    cache = f"{after['fxgraph_cache_hit'] - before.get('fxgraph_cache_hit', 0)}/" \
-            f"{after['fxgraph_cache_miss'] - before.get('fxgraph_cache_miss', 0)}"
+    cache = (
+        f"{after['fxgraph_cache_hit'] - before.get('fxgraph_cache_hit', 0)}/"
+        f"{after['fxgraph_cache_miss'] - before.get('fxgraph_cache_miss', 0)}"
+    )
     gc.collect()
     if device == "cuda":
         torch.cuda.empty_cache()
@@ -264,10 +311,15 @@ def section_share(args, plan: Plan):
         except SystemExit as exc:  # throughput._in_subprocess's way to fail
             raise RuntimeError(str(exc)) from None
         base = base or sum(rates) / k
-        yield {"cells at once": k, "summed images/s": sum(rates), "per cell images/s min": min(rates),
-               "per cell images/s max": max(rates), "x one cell": sum(rates) / base,
-               "note": f"small_cnn batch-16 cells, eager, one process and thread each, {plan.share_steps} "
-                       "timed steps each, windows started together"}
+        yield {
+            "cells at once": k,
+            "summed images/s": sum(rates),
+            "per cell images/s min": min(rates),
+            "per cell images/s max": max(rates),
+            "x one cell": sum(rates) / base,
+            "note": f"small_cnn batch-16 cells, eager, one process and thread each, {plan.share_steps} "
+            "timed steps each, windows started together",
+        }
 
 
 # --------------------------------------------------------------------------- section 3
@@ -275,7 +327,8 @@ def section_syncs(args, plan: Plan):
     import throughput
     import torch
 
-    from smallbatch import synthetic, train
+    from smallbatch import synthetic
+    from smallbatch.training import loop as train
 
     _threads(args.device)
     images, mean, std = synthetic.random_images(plan.images, 1, 16)
@@ -283,18 +336,23 @@ def section_syncs(args, plan: Plan):
     for compiled in (False, True):
         cell = throughput.study_cell(16, compiled, args.device)
         t0 = time.perf_counter()
-        t = train.build_training(cell, images, mean, std, train.resolve_device(args.device),
-                                 Path(tempfile.mkdtemp()))
+        t = train.build_training(cell, images, mean, std, train.resolve_device(args.device), Path(tempfile.mkdtemp()))
         _loop_steps(t, 3)  # compile, CUDA-graph warm-up and recording happen here
         if t.dev.type == "cuda":
             torch.cuda.synchronize()
         warm = time.perf_counter() - t0
         counts = count_cuda_calls(_profile(t, plan.profile_steps), plan.profile_steps)
-        row = {"step": "compiled" if compiled else "eager", "steps profiled": plan.profile_steps, **counts,
-               "build + 3 steps s": warm}
+        row = {
+            "step": "compiled" if compiled else "eager",
+            "steps profiled": plan.profile_steps,
+            **counts,
+            "build + 3 steps s": warm,
+        }
         if args.device != "cuda":
-            row["note"] = ("no CUDA on this run: the profiler records no CUDA calls, so the CUDA counts are 0 "
-                           "by construction, not a measurement of the GPU path")
+            row["note"] = (
+                "no CUDA on this run: the profiler records no CUDA calls, so the CUDA counts are 0 "
+                "by construction, not a measurement of the GPU path"
+            )
         elif counts["CUDA calls/step"] == 0:  # CUPTI off: zero syncs would be a false reading
             row["note"] = "the profiler recorded no CUDA calls on a CUDA run: these counts measure nothing"
             unseen.append(row["step"])
@@ -309,13 +367,13 @@ def _loop_steps(t, n: int) -> None:
     """``n`` steps as the training loop runs them between two logging steps."""
     import torch
 
-    from smallbatch import train
+    from smallbatch.training import loop as train
 
-    bs = t.cell["batch_size"]
+    bs = t.cell.batch_size
     perm = torch.randperm(t.images.shape[0], device=t.dev)
     for _ in range(n):
         pos = t.step % t.steps_per_epoch
-        train.one_step(t, perm[pos * bs:(pos + 1) * bs], watch=False)
+        train.one_step(t, perm[pos * bs : (pos + 1) * bs], watch=False)
 
 
 def _profile(t, n: int) -> list[dict]:
@@ -336,9 +394,21 @@ def _profile(t, n: int) -> list[dict]:
 
 #: CUDA runtime/driver calls that return only once the device has caught up (cudaFree
 #: synchronises the device implicitly; a synchronous cudaMemcpy waits for the stream)
-SYNC_CALLS = {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
-              "cudaMemcpy2D", "cudaFree", "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize",
-              "cuMemcpyDtoH", "cuMemcpyDtoH_v2", "cuMemFree", "cuMemFree_v2"}
+SYNC_CALLS = {
+    "cudaStreamSynchronize",
+    "cudaDeviceSynchronize",
+    "cudaEventSynchronize",
+    "cudaMemcpy",
+    "cudaMemcpy2D",
+    "cudaFree",
+    "cuStreamSynchronize",
+    "cuCtxSynchronize",
+    "cuEventSynchronize",
+    "cuMemcpyDtoH",
+    "cuMemcpyDtoH_v2",
+    "cuMemFree",
+    "cuMemFree_v2",
+}
 GRAPH_LAUNCHES = {"cudaGraphLaunch", "cuGraphLaunch"}
 
 
@@ -358,14 +428,21 @@ def count_cuda_calls(events: list[dict], steps: int) -> dict:
     syncs = [e for e in calls if e["name"] in SYNC_CALLS]
     d2h = [e for e, what in copies if "DtoH" in what]
     ops = [e for e in inside if e.get("cat") == "cpu_op"]
-    return {"CUDA calls/step": len(calls) / steps, "host syncs/step": len(syncs) / steps,
-            "D->H copies/step": len(d2h) / steps,
-            "copies/step": len(copies) / steps, "H->D copies/step": sum("HtoD" in w for _, w in copies) / steps,
-            "kernel launches/step": sum(e["name"].startswith(("cudaLaunchKernel", "cuLaunchKernel",
-                                                              "cudaLaunchCooperative")) for e in calls) / steps,
-            "graph launches/step": sum(e["name"] in GRAPH_LAUNCHES for e in calls) / steps,
-            "GPU kernels/step": sum(e.get("cat") == "kernel" for e in events) / steps,
-            "aten ops/step": len(ops) / steps, "syncs and D->H copies (in op)": _origins(syncs + d2h, ops)}
+    return {
+        "CUDA calls/step": len(calls) / steps,
+        "host syncs/step": len(syncs) / steps,
+        "D->H copies/step": len(d2h) / steps,
+        "copies/step": len(copies) / steps,
+        "H->D copies/step": sum("HtoD" in w for _, w in copies) / steps,
+        "kernel launches/step": sum(
+            e["name"].startswith(("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchCooperative")) for e in calls
+        )
+        / steps,
+        "graph launches/step": sum(e["name"] in GRAPH_LAUNCHES for e in calls) / steps,
+        "GPU kernels/step": sum(e.get("cat") == "kernel" for e in events) / steps,
+        "aten ops/step": len(ops) / steps,
+        "syncs and D->H copies (in op)": _origins(syncs + d2h, ops),
+    }
 
 
 def _origins(calls: list[dict], ops: list[dict]) -> str:
@@ -373,8 +450,13 @@ def _origins(calls: list[dict], ops: list[dict]) -> str:
     from collections import Counter
 
     def outer(e: dict) -> str:
-        around = [o for o in ops if o.get("tid") == e.get("tid") and o["ts"] <= e["ts"]
-                  and o["ts"] + o.get("dur", 0) >= e["ts"] + e.get("dur", 0)]
+        around = [
+            o
+            for o in ops
+            if o.get("tid") == e.get("tid")
+            and o["ts"] <= e["ts"]
+            and o["ts"] + o.get("dur", 0) >= e["ts"] + e.get("dur", 0)
+        ]
         return max(around, key=lambda o: o.get("dur", 0))["name"] if around else "no op"
 
     found = Counter(f"{e['name']} in {outer(e)}" for e in calls)
@@ -392,14 +474,22 @@ def section_knn(args, plan: Plan):
     got = _knn_side(feats, ks, *gpu)
     ties = _exact_ties(feats, max(ks), *cpu)
     for side, label in ((ref, "CPU reference"), (got, "GPU side")):
-        row = {"side": label, "backend": side["backend"], "search s": side["search_s"], "kNN eval s": side["eval_s"],
-               **{f"top-1 k={k} %": 100 * side["metrics"][f"top1_k{k}"] for k in ks}}
+        row = {
+            "side": label,
+            "backend": side["backend"],
+            "search s": side["search_s"],
+            "kNN eval s": side["eval_s"],
+            **{f"top-1 k={k} %": 100 * side["metrics"][f"top1_k{k}"] for k in ks},
+        }
         if side is got:
             row.update(_agreement(got, ref))
         yield row
-    yield {"side": "features", "backend": f"{n_train} x {dim} train, {n_test} test, 10 classes",
-           "note": f"test rows with an exact tie among their top {max(ks) + 1} similarities: {ties} "
-                   f"(ties may order differently; {ref['idx'].size} neighbour entries compared)"}
+    yield {
+        "side": "features",
+        "backend": f"{n_train} x {dim} train, {n_test} test, 10 classes",
+        "note": f"test rows with an exact tie among their top {max(ks) + 1} similarities: {ties} "
+        f"(ties may order differently; {ref['idx'].size} neighbour entries compared)",
+    }
 
 
 def _agreement(got: dict, ref: dict) -> dict:
@@ -410,11 +500,13 @@ def _agreement(got: dict, ref: dict) -> dict:
 
     same = got["idx"] == ref["idx"]
     sets = (np.sort(got["idx"], axis=1) == np.sort(ref["idx"], axis=1)).all(axis=1)
-    return {"identical neighbours (entries)": float(same.mean()),
-            "identical neighbour lists (rows)": float(same.all(axis=1).mean()),
-            "identical neighbour sets (rows)": float(sets.mean()),
-            "max abs similarity difference": float(np.abs(got["sims"] - ref["sims"]).max()),
-            "identical accuracies": all(got["metrics"][m] == ref["metrics"][m] for m in ref["metrics"])}
+    return {
+        "identical neighbours (entries)": float(same.mean()),
+        "identical neighbour lists (rows)": float(same.all(axis=1).mean()),
+        "identical neighbour sets (rows)": float(sets.mean()),
+        "max abs similarity difference": float(np.abs(got["sims"] - ref["sims"]).max()),
+        "identical accuracies": all(got["metrics"][m] == ref["metrics"][m] for m in ref["metrics"]),
+    }
 
 
 def _cpu_knn_backend() -> tuple[str, str | None]:
@@ -441,17 +533,17 @@ def _knn_side(feats, ks, backend: str, device: str | None) -> dict:
     small warm-up call: CUDA context, cuBLAS handles)."""
     import torch
 
-    from smallbatch import evaluate
+    from smallbatch.evaluation import knn
 
     tr, ytr, te, yte = feats
-    evaluate.knn_search(tr[:64], te[:8], 4, backend=backend, device=device)
+    knn.knn_search(tr[:64], te[:8], 4, backend=backend, device=device)
     t0 = time.perf_counter()
-    sims, idx = evaluate.knn_search(tr, te, max(ks), backend=backend, device=device)
+    sims, idx = knn.knn_search(tr, te, max(ks), backend=backend, device=device)
     idx = idx.cpu().numpy()  # waits for the device
     search_s = time.perf_counter() - t0
     sims = sims.cpu().numpy()
     t0 = time.perf_counter()
-    metrics = evaluate.knn_eval(tr, ytr, te, yte, ks=ks, t=0.1, backend=backend, device=device)
+    metrics = knn.knn_eval(tr, ytr, te, yte, ks=ks, t=0.1, backend=backend, device=device)
     eval_s = time.perf_counter() - t0
     name = backend if device is None else f"{backend} on {torch.device(device)}"
     return {"backend": name, "idx": idx, "sims": sims, "search_s": search_s, "eval_s": eval_s, "metrics": metrics}
@@ -461,9 +553,9 @@ def _exact_ties(feats, k: int, backend: str, device: str | None) -> int:
     """Test rows whose k+1 most similar train rows include two equal similarities."""
     import numpy as np
 
-    from smallbatch import evaluate
+    from smallbatch.evaluation import knn
 
-    sims, _ = evaluate.knn_search(feats[0], feats[2], k + 1, backend=backend, device=device)
+    sims, _ = knn.knn_search(feats[0], feats[2], k + 1, backend=backend, device=device)
     return int((np.diff(sims.cpu().numpy(), axis=1) == 0).any(axis=1).sum())
 
 
@@ -481,45 +573,93 @@ def _cli_cells(work: Path, args, plan: Plan):
     synthetic.write_cifar10(work / "data", per_batch, test, images=synthetic.striped_images)
     config = cli_config(work, plan, args.device)
     cache = work / "cifar10.pt"
-    out, s = _cli(["prepare-data", "--config", str(config), "--dataset", "cifar10", "--out", str(cache)],
-                  without_md5=True)
-    yield {"cell": f"cifar10 ({out['train']} train, {out['test']} test, {out['shape']})", "step": "prepare-data",
-           "status": "written", "seconds": s}
+    out, s = _cli(
+        ["prepare-data", "--config", str(config), "--dataset", "cifar10", "--out", str(cache)], without_md5=True
+    )
+    yield {
+        "cell": f"cifar10 ({out['train']} train, {out['test']} test, {out['shape']})",
+        "step": "prepare-data",
+        "status": "written",
+        "seconds": s,
+    }
     for loss in ("infonce", "dcl"):
         cell = cli_cell_args(config, loss, plan)
         run = work / "runs" / loss
         common = ["--data-cache", str(cache), "--tracking-uri", "none", "--device", args.device]
         res, s = _cli(["pretrain", *cell, *common, "--out", str(run), "--no-progress"])
-        yield {"cell": res["cell_id"], "step": "pretrain", "status": res["status"], "seconds": s,
-               "steps": res["steps"], "images/s": res["images_per_s"], "final loss": res["final_loss"]}
+        yield {
+            "cell": res["cell_id"],
+            "step": "pretrain",
+            "status": res["status"],
+            "seconds": s,
+            "steps": res["steps"],
+            "images/s": res["images_per_s"],
+            "final loss": res["final_loss"],
+        }
         res, s = _cli(["evaluate", *cell, *common, "--checkpoint", str(run / "checkpoint.pt"), "--out-dir", str(run)])
         knn, lin = res["knn"], res["linear"]
-        yield {"cell": knn["cell_id"], "step": "evaluate", "status": f"{knn['status']} / {lin['status']}",
-               "seconds": s, **{k.replace("knn/top1_", "kNN top-1 %, "): v for k, v in knn.items()
-                                if k.startswith("knn/top1_k")}, "linear top-1 %": lin["linear/top1"]}
+        yield {
+            "cell": knn["cell_id"],
+            "step": "evaluate",
+            "status": f"{knn['status']} / {lin['status']}",
+            "seconds": s,
+            **{k.replace("knn/top1_", "kNN top-1 %, "): v for k, v in knn.items() if k.startswith("knn/top1_k")},
+            "linear top-1 %": lin["linear/top1"],
+        }
 
 
 def cli_cell_args(config: Path, loss: str, plan: Plan) -> list[str]:
     """The flags that name a section-5 cell (a stand-alone cell of ``config``)."""
-    return ["--config", str(config), "--dataset", "cifar10", "--loss", loss, "--batch-size", str(plan.cli_batch),
-            "--temperature", "0.5", "--seed", "0"]
+    return [
+        "--config",
+        str(config),
+        "--dataset",
+        "cifar10",
+        "--loss",
+        loss,
+        "--batch-size",
+        str(plan.cli_batch),
+        "--temperature",
+        "0.5",
+        "--seed",
+        "0",
+    ]
 
 
 def cli_config(work: Path, plan: Plan, device: str) -> Path:
     """cifar10.yaml with a short budget (quick: a tiny small_cnn) and this run's folders."""
     import yaml
 
-    from smallbatch.config import deep_merge, read_config_file
+    from smallbatch.pipeline.config import deep_merge, read_config_file
 
     train = {"epochs": 10, "warmup_epochs": 1}
     extra = {}
     if plan.quick:
-        train = {"backbone": "small_cnn", "width": 8, "proj_hidden": 32, "proj_dim": 16, "precision": "fp32",
-                 "optimizer": "adam", "lr": 0.001, "lr_scaling": "none", "epochs": 1, "warmup_epochs": 0.1}
+        train = {
+            "backbone": "small_cnn",
+            "width": 8,
+            "proj_hidden": 32,
+            "proj_dim": 16,
+            "precision": "fp32",
+            "optimizer": "adam",
+            "lr": 0.001,
+            "lr_scaling": "none",
+            "epochs": 1,
+            "warmup_epochs": 0.1,
+        }
         extra = {"eval": {"knn_k": [5, 20], "linear_iterations": 10, "batch_size": 256}}
-    cfg = deep_merge(read_config_file(ROOT / "workflow/configs/cifar10.yaml"), {
-        "study": "gpu-check", "results_dir": str(work / "results"), "device": device,
-        "threads": 1 if device == "cpu" else 4, "data": {"root": str(work / "data")}, "train": train, **extra})
+    cfg = deep_merge(
+        read_config_file(ROOT / "workflow/configs/cifar10.yaml"),
+        {
+            "study": "gpu-check",
+            "results_dir": str(work / "results"),
+            "device": device,
+            "threads": 1 if device == "cpu" else 4,
+            "data": {"root": str(work / "data")},
+            "train": train,
+            **extra,
+        },
+    )
     path = work / "check.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -528,7 +668,7 @@ def cli_config(work: Path, plan: Plan, device: str) -> Path:
 def _cli(argv: list[str], without_md5: bool = False) -> tuple[dict, float]:
     """(the JSON a ``smallbatch`` command printed last, its seconds); RuntimeError with its
     error when it fails."""
-    entry = [__file__, "--cli-without-md5"] if without_md5 else ["-m", "smallbatch.cli"]
+    entry = [__file__, "--cli-without-md5"] if without_md5 else ["-m", "smallbatch"]
     t0 = time.perf_counter()
     out = subprocess.run([sys.executable, *entry, *argv], capture_output=True, text=True, timeout=600)
     seconds = time.perf_counter() - t0
@@ -542,14 +682,21 @@ def cli_without_md5(argv: list[str]) -> int:
     """``smallbatch ARGV`` with torchvision's CIFAR md5 comparison skipped (generated files)."""
     import torchvision.datasets.cifar as cifar
 
-    from smallbatch import cli, synthetic
+    from smallbatch import synthetic
+    from smallbatch.pipeline import cli
 
     cifar.check_integrity = synthetic.existence_only_check
     return cli.main(argv)
 
 
-SECTIONS = {"machine": section_machine, "throughput": section_throughput, "share": section_share,
-            "syncs": section_syncs, "knn": section_knn, "cli": section_cli}
+SECTIONS = {
+    "machine": section_machine,
+    "throughput": section_throughput,
+    "share": section_share,
+    "syncs": section_syncs,
+    "knn": section_knn,
+    "cli": section_cli,
+}
 
 
 # --------------------------------------------------------------------------- running the sections
@@ -564,11 +711,20 @@ class Outcome:
 
 def run_section(name: str, args, limit: float) -> Outcome:
     """Section ``name`` in a process of its own, killed (with its children) after ``limit`` s."""
-    cmd = [sys.executable, __file__, "--section", name, "--device", args.device, "--deadline",
-           str(time.time() + limit - 5)] + (["--quick"] if args.quick else [])
+    cmd = [
+        sys.executable,
+        __file__,
+        "--section",
+        name,
+        "--device",
+        args.device,
+        "--deadline",
+        str(time.time() + limit - 5),
+    ] + (["--quick"] if args.quick else [])
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=os.setpgrp)  # a group of its own: killed with its children
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=os.setpgrp
+    )  # a group of its own: killed with its children
     try:
         out, err = proc.communicate(timeout=limit)
         timed_out = False
@@ -595,7 +751,7 @@ def section_main(args) -> int:
 
 
 def orchestrate(args) -> int:
-    from smallbatch.train import resolve_device
+    from smallbatch.training.loop import resolve_device
 
     try:
         args.device = resolve_device(args.device).type
@@ -615,8 +771,11 @@ def orchestrate(args) -> int:
         print(f"gpu_check: {name} (limit {limit:.0f} s) ...", file=sys.stderr, flush=True)
         outcomes[name] = run_section(name, args, limit)
         o = outcomes[name]
-        print(f"gpu_check: {name} {'ok' if o.ok else 'FAILED: ' + o.error} ({o.seconds:.0f} s, {len(o.rows)} rows)",
-              file=sys.stderr, flush=True)
+        print(
+            f"gpu_check: {name} {'ok' if o.ok else 'FAILED: ' + o.error} ({o.seconds:.0f} s, {len(o.rows)} rows)",
+            file=sys.stderr,
+            flush=True,
+        )
         write_outputs(outcomes, args)
     print(report(outcomes, args), end="")
     return 0 if all(o.ok for o in outcomes.values()) else 1
@@ -649,9 +808,23 @@ def report(outcomes: dict, args) -> str:
         if not o.ok:
             tail = "\n".join(o.stderr.strip().splitlines()[-15:])
             parts += ["", f"**FAILED**: {o.error}", "", "```", tail, "```"]
-    parts += ["", "## Summary", "", table([{"section": TITLES[n], "status": "ok" if o.ok else "FAILED",
-                                             "seconds": o.seconds, "rows": len(o.rows), "error": o.error}
-                                            for n, o in _in_title_order(outcomes)])]
+    parts += [
+        "",
+        "## Summary",
+        "",
+        table(
+            [
+                {
+                    "section": TITLES[n],
+                    "status": "ok" if o.ok else "FAILED",
+                    "seconds": o.seconds,
+                    "rows": len(o.rows),
+                    "error": o.error,
+                }
+                for n, o in _in_title_order(outcomes)
+            ]
+        ),
+    ]
     return "\n".join(parts) + "\n"
 
 
@@ -668,9 +841,13 @@ def write_outputs(outcomes: dict, args) -> None:
     out = os.environ.get("OUT")
     if out:
         Path(out, "gpu_check.md").write_text(text)
-        Path(out, "gpu_check.json").write_text(json.dumps(
-            {n: {"ok": o.ok, "seconds": o.seconds, "error": o.error, "rows": o.rows} for n, o in outcomes.items()},
-            indent=1, default=str))
+        Path(out, "gpu_check.json").write_text(
+            json.dumps(
+                {n: {"ok": o.ok, "seconds": o.seconds, "error": o.error, "rows": o.rows} for n, o in outcomes.items()},
+                indent=1,
+                default=str,
+            )
+        )
         Path(out, "gpu_check.log").write_text("".join(f"===== {n}\n{o.stderr}\n" for n, o in outcomes.items()))
 
 

@@ -1,4 +1,4 @@
-"""kNN evaluation speed: faiss and torch (smallbatch.evaluate) vs scikit-learn brute force, one run.
+"""kNN evaluation speed: faiss and torch (smallbatch.evaluation.knn) vs scikit-learn brute force, one run.
 
 All sides find the k=200 nearest train features (cosine) of every test feature, on the
 same random features and the same number of threads; the scikit-learn side uses
@@ -56,10 +56,11 @@ def _time_sides(args, tr, ytr, te, yte, ks, k_search, dev, sync):
     from sklearn.neighbors import NearestNeighbors
     from threadpoolctl import threadpool_limits
 
-    from smallbatch.evaluate import _faiss_search, _l2_normalize, _torch_search, knn_eval
+    from smallbatch.evaluation.knn import _faiss_search, _l2_normalize, _torch_search, knn_eval
 
-    times: dict[str, list[float]] = {k: [] for k in ("faiss_search", "torch_search", "sk_search",
-                                                     "faiss_full", "torch_full", "sk_full")}
+    times: dict[str, list[float]] = {
+        k: [] for k in ("faiss_search", "torch_search", "sk_search", "faiss_full", "torch_full", "sk_full")
+    }
     with threadpool_limits(limits=args.threads):
         for _ in range(args.repeat):  # interleaved, so load from other processes hits every side
             t0 = time.perf_counter()
@@ -107,7 +108,7 @@ def main() -> None:
     import faiss
     import torch
 
-    from smallbatch.evaluate import _resolve_knn_backend
+    from smallbatch.evaluation.knn import _resolve_knn_backend
     from smallbatch.synthetic import clustered_features
 
     torch.set_num_threads(args.threads)
@@ -134,9 +135,11 @@ def main() -> None:
     for what, label in (("search", f"search k={args.k} (s)"), ("full", f"full kNN eval k=20,{args.k} (s)")):
         f, t_, sk = best[f"faiss_{what}"], best[f"torch_{what}"], best[f"sk_{what}"]
         print(f"{label:28s}{f:10.2f}{t_:10.2f}{sk:10.2f}{t_ / f:13.2f}{sk / f:15.2f}")
-    print(f"neighbour-set overlap faiss vs sklearn: {overlap:.4f}; "
-          f"torch indices equal to faiss's: {np.mean(idx_t == idx_f):.4f} of entries, "
-          f"max |sim difference| {np.abs(sims_t.cpu().numpy() - sims_f.numpy()).max():.1e}")
+    print(
+        f"neighbour-set overlap faiss vs sklearn: {overlap:.4f}; "
+        f"torch indices equal to faiss's: {np.mean(idx_t == idx_f):.4f} of entries, "
+        f"max |sim difference| {np.abs(sims_t.cpu().numpy() - sims_f.numpy()).max():.1e}"
+    )
     for k in ks:
         print(
             f"k={k}: top1 faiss {res_f[f'top1_k{k}']:.4f} torch {res_t[f'top1_k{k}']:.4f} sklearn {res_s[f'top1_k{k}']:.4f}; "

@@ -4,8 +4,8 @@ One training step (forward of both views, InfoNCE over the 2N views, backward; n
 optimiser step) of the default study's model (``small_cnn`` width 32, 4x4 pooling grid,
 projection head 128 -> 64, float32) on a batch of N images at 28 px:
 
-* **whole** -- one forward of the 2N views with a graph, as ``train.py`` does today;
-* **chunked** -- ``smallbatch.gradcache.cached_backward`` with chunks of C images
+* **whole** -- one forward of the 2N views with a graph, as ``training/step.py`` does today;
+* **chunked** -- ``smallbatch.training.gradcache.cached_backward`` with chunks of C images
   (2C views per forward), the path ``train.chunk_size`` takes: BatchNorm statistics
   found layer by layer without graph, embeddings, loss and its gradient on all
   embeddings, the statistics' adjoints layer by layer, then each chunk re-run with graph.
@@ -24,6 +24,7 @@ before and after is printed; re-time on a quiet machine.
     python benchmarks/large_batch.py [--batch 4096] [--chunk 256] [--image-size 28]
                                      [--threads 1] [--bn eval|train] [--loss infonce]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,12 +56,16 @@ def run_variant(args) -> None:
     """The child: one step of ``args.variant``; prints a JSON line, saves the gradient."""
     from contextlib import nullcontext
 
-    from smallbatch.gradcache import cached_backward, eval_batchnorm
     from smallbatch.losses import build_loss
+    from smallbatch.training.gradcache import cached_backward, eval_batchnorm
 
     torch.set_num_threads(args.threads)
     model = _model(args).train()
-    loss = build_loss(args.loss, 0.1)
+    loss_fn = build_loss(args.loss)
+
+    def loss(z1, z2):
+        return loss_fn(z1, z2, temperature=0.1)
+
     g = torch.Generator().manual_seed(1)
     shape = (args.batch, 1, args.image_size, args.image_size)
     v1, v2 = torch.randn(shape, generator=g), torch.randn(shape, generator=g)
@@ -71,17 +76,42 @@ def run_variant(args) -> None:
         out, _ = cached_backward(model, (v1, v2), loss, chunk)
     seconds = time.perf_counter() - t0
     peak = _peak_mib()
-    torch.save({"grad": torch.cat([p.grad.flatten() for p in model.parameters()]),
-                "bn": torch.cat([b.flatten().double() for b in model.buffers()])}, args.grad_out)
-    print(json.dumps({"variant": args.variant, "chunk": chunk, "seconds": seconds,
-                      "images_per_s": args.batch / seconds, "peak_mib": peak, "step_mib": peak - before,
-                      "loss": float(out.loss)}))
+    torch.save(
+        {
+            "grad": torch.cat([p.grad.flatten() for p in model.parameters()]),
+            "bn": torch.cat([b.flatten().double() for b in model.buffers()]),
+        },
+        args.grad_out,
+    )
+    print(
+        json.dumps(
+            {
+                "variant": args.variant,
+                "chunk": chunk,
+                "seconds": seconds,
+                "images_per_s": args.batch / seconds,
+                "peak_mib": peak,
+                "step_mib": peak - before,
+                "loss": float(out.loss),
+            }
+        )
+    )
 
 
 def _child(args, variant: str, grad_out: Path) -> dict:
     cmd = [sys.executable, __file__, "--variant", variant, "--grad-out", str(grad_out)]
-    for key in ("batch", "chunk", "image_size", "width", "pool_grid", "proj_hidden", "proj_dim", "threads",
-                "bn", "loss"):
+    for key in (
+        "batch",
+        "chunk",
+        "image_size",
+        "width",
+        "pool_grid",
+        "proj_hidden",
+        "proj_dim",
+        "threads",
+        "bn",
+        "loss",
+    ):
         cmd += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     res = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -114,20 +144,27 @@ def main(argv: list[str] | None = None) -> None:
         sw, sc = (torch.load(Path(tmp, f"{v}.pt"), weights_only=True) for v in ("whole", "chunked"))
     load1 = os.getloadavg()
     diff = {k: float((sw[k] - sc[k]).abs().max() / sw[k].abs().max()) for k in ("grad", "bn")}
-    print(f"batch {args.batch} images ({2 * args.batch} views) at {args.image_size} px, small_cnn w{args.width} "
-          f"g{args.pool_grid}, {args.loss}, BN {args.bn}, {args.threads} thread(s), torch {torch.__version__}")
+    print(
+        f"batch {args.batch} images ({2 * args.batch} views) at {args.image_size} px, small_cnn w{args.width} "
+        f"g{args.pool_grid}, {args.loss}, BN {args.bn}, {args.threads} thread(s), torch {torch.__version__}"
+    )
     print(f"{'variant':<18}{'s/step':>9}{'images/s':>11}{'peak RSS MiB':>14}{'step MiB':>10}{'loss':>12}")
     for r in rows:
         name = "whole" if r["variant"] == "whole" else f"chunked ({r['chunk']})"
-        print(f"{name:<18}{r['seconds']:>9.2f}{r['images_per_s']:>11.1f}{r['peak_mib']:>14.0f}"
-              f"{r['step_mib']:>10.0f}{r['loss']:>12.6f}")
+        print(
+            f"{name:<18}{r['seconds']:>9.2f}{r['images_per_s']:>11.1f}{r['peak_mib']:>14.0f}"
+            f"{r['step_mib']:>10.0f}{r['loss']:>12.6f}"
+        )
     w, c = rows
-    print(f"memory whole/chunked: peak {w['peak_mib'] / c['peak_mib']:.2f}x, step {w['step_mib'] / c['step_mib']:.2f}x;"
-          f" speed chunked/whole {c['images_per_s'] / w['images_per_s']:.2f}x")
-    print(f"max relative difference whole vs chunked: gradient {diff['grad']:.2e}, "
-          f"BatchNorm buffers {diff['bn']:.2e}")
-    print(f"load average before {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}, "
-          f"after {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f} (on {os.cpu_count()} CPUs)")
+    print(
+        f"memory whole/chunked: peak {w['peak_mib'] / c['peak_mib']:.2f}x, step {w['step_mib'] / c['step_mib']:.2f}x;"
+        f" speed chunked/whole {c['images_per_s'] / w['images_per_s']:.2f}x"
+    )
+    print(f"max relative difference whole vs chunked: gradient {diff['grad']:.2e}, BatchNorm buffers {diff['bn']:.2e}")
+    print(
+        f"load average before {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}, "
+        f"after {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f} (on {os.cpu_count()} CPUs)"
+    )
 
 
 if __name__ == "__main__":

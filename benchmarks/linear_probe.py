@@ -1,6 +1,6 @@
 """Linear-probe solvers side by side on real features files (``features.npz``), one run.
 
-For every file, each solver runs the whole probe of ``smallbatch.evaluate.linear_eval``
+For every file, each solver runs the whole probe of ``smallbatch.evaluation.linear.linear_eval``
 (standardise, fit, score) on one thread, the solvers one after the other per file (so load
 from other processes hits both), and the table gives per solver:
 
@@ -33,15 +33,26 @@ def _probe(fs, c, optimizer, epochs, tol, weight_decay, repeat):
     """The probe of linear_eval, timed; returns seconds, metrics, fit, float64 train tensors."""
     import torch
 
-    from smallbatch.evaluate import _linear_probe
+    from smallbatch.evaluation.linear import _linear_probe
 
     best = None
     for _ in range(repeat):
         t0 = time.perf_counter()
         metrics, fit, (xtr, ytr, xte, yte) = _linear_probe(
-            fs.train_f, fs.train_y.astype(np.int64), fs.test_f, fs.test_y.astype(np.int64), c,
-            optimizer=optimizer, epochs=epochs, lr=1.0, weight_decay=weight_decay, batch_size=None,
-            seed=0, tol=tol, device=torch.device("cpu"))
+            fs.train_f,
+            fs.train_y.astype(np.int64),
+            fs.test_f,
+            fs.test_y.astype(np.int64),
+            c,
+            optimizer=optimizer,
+            epochs=epochs,
+            lr=1.0,
+            weight_decay=weight_decay,
+            batch_size=None,
+            seed=0,
+            tol=tol,
+            device=torch.device("cpu"),
+        )
         secs = time.perf_counter() - t0
         best = secs if best is None else min(best, secs)
     return best, metrics, fit, (xtr, ytr, xte, yte)
@@ -51,7 +62,7 @@ def _exact(fit, tensors, weight_decay):
     """Float64 objective, gradient norm and test predictions at the fit's weights."""
     import torch
 
-    from smallbatch.evaluate import _softmax_loss_grad
+    from smallbatch.evaluation.linear import _softmax_loss_grad
 
     xtr, ytr, xte, _ = tensors
     x = xtr.double()
@@ -65,7 +76,7 @@ def _exact(fit, tensors, weight_decay):
 def _warm_up() -> None:
     """One tiny probe per solver first: one-time costs (lazy imports, first allocations) are
     paid by every probe process alike and are not what the table compares."""
-    from smallbatch.evaluate import linear_eval
+    from smallbatch.evaluation.linear import linear_eval
 
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(64, 8)).astype(np.float32), np.arange(64) % 4
@@ -94,16 +105,24 @@ def _print_rows(name, rows, yte, with_ref: bool, summary: dict) -> None:
         gap = f"{loss - ref[3]:9.1e}" if ref else f"{'':9s}"
         d_old = f"{(pred != old[5]).sum():6d}{(pred == yte).sum() - (old[5] == yte).sum():6d}" if old else f"{'':12s}"
         d_ref = f"{(pred != ref[5]).sum():6d}" if ref else ""
-        print(f"{name:44s} {label:10s}{secs:7.2f}{m['iterations']:5d}{loss:11.7f}{gap}{gnorm:9.1e}"
-              f"{100 * m['top1']:7.2f}{100 * m['top5']:7.2f}{100 * m['train_top1']:8.2f}{d_old}{d_ref}")
-        summary.setdefault(label, []).append((
-            secs / old[1] if old else np.nan,
-            (pred != ref[5]).sum() if ref else np.nan,
-            abs(int((pred == yte).sum()) - int((ref[5] == yte).sum())) if ref else np.nan))
+        print(
+            f"{name:44s} {label:10s}{secs:7.2f}{m['iterations']:5d}{loss:11.7f}{gap}{gnorm:9.1e}"
+            f"{100 * m['top1']:7.2f}{100 * m['top5']:7.2f}{100 * m['train_top1']:8.2f}{d_old}{d_ref}"
+        )
+        summary.setdefault(label, []).append(
+            (
+                secs / old[1] if old else np.nan,
+                (pred != ref[5]).sum() if ref else np.nan,
+                abs(int((pred == yte).sum()) - int((ref[5] == yte).sum())) if ref else np.nan,
+            )
+        )
 
 
 def _print_summary(summary: dict, with_ref: bool) -> None:
-    print(f"{'solver':10s}{'time/old (median, max)':>24s}" + (f"{'d_ref max':>11s}{'|top1-ref| max (images)':>25s}" if with_ref else ""))
+    print(
+        f"{'solver':10s}{'time/old (median, max)':>24s}"
+        + (f"{'d_ref max':>11s}{'|top1-ref| max (images)':>25s}" if with_ref else "")
+    )
     for label, vals in summary.items():
         t, d, dt = (np.array(v, float) for v in zip(*vals))
         line = f"{label:10s}{np.nanmedian(t):14.2f}{np.nanmax(t):10.2f}"
@@ -113,9 +132,12 @@ def _print_summary(summary: dict, with_ref: bool) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("files", nargs="+", type=Path)
-    ap.add_argument("--solvers", default="old@100,new@100",
-                    help="comma-separated SOLVER@ITERATIONS, SOLVER old (plain L-BFGS) or new (preconditioned); "
-                         "the first old row is the one d_old compares with")
+    ap.add_argument(
+        "--solvers",
+        default="old@100,new@100",
+        help="comma-separated SOLVER@ITERATIONS, SOLVER old (plain L-BFGS) or new (preconditioned); "
+        "the first old row is the one d_old compares with",
+    )
     ap.add_argument("--tol", type=float, default=1e-5, help="the new solver's stopping tolerance")
     ap.add_argument("--reference", type=int, default=600, help="iterations of the converged reference (0: none)")
     ap.add_argument("--weight-decay", type=float, default=1e-3)
@@ -125,13 +147,15 @@ def main() -> None:
 
     import torch
 
-    from smallbatch.evaluate import load_features
+    from smallbatch.evaluation.embed import load_features
 
     torch.set_num_threads(args.threads)
     _warm_up()
     print(f"linear probe: {args.threads} thread(s), load average at start {os.getloadavg()}, torch {torch.__version__}")
-    head = f"{'file':44s} {'solver':10s}{'s':>7s}{'it':>5s}{'loss':>11s}{'gap':>9s}{'|g|':>9s}" \
-           f"{'top1':>7s}{'top5':>7s}{'tr_top1':>8s}{'d_old':>6s}{'dtop1':>6s}{'d_ref':>6s}"
+    head = (
+        f"{'file':44s} {'solver':10s}{'s':>7s}{'it':>5s}{'loss':>11s}{'gap':>9s}{'|g|':>9s}"
+        f"{'top1':>7s}{'top5':>7s}{'tr_top1':>8s}{'d_old':>6s}{'dtop1':>6s}{'d_ref':>6s}"
+    )
     print(head)
     summary: dict[str, list] = {}
     for path in args.files:

@@ -22,6 +22,7 @@ loses the positive too, and "float32 vs float64" alone would look fine.
 Usage: python benchmarks/loss_precision.py [--dim 128] [--seed 0] [--queue]
 (--queue: N=8 queries against a MoCo queue of K keys instead of in-batch negatives).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,7 +30,8 @@ import math
 
 import torch
 
-from smallbatch.losses import build_loss, diagnostics, in_batch_scores, queue_scores
+from smallbatch.diagnostics import diagnostics
+from smallbatch.losses import build_loss, in_batch_scores, queue_scores
 
 
 def saturated_views(n: int, d: int, spread: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -53,7 +55,7 @@ def gradient(name: str, tau: float, z1, z2, queue, dtype: torch.dtype) -> torch.
         l = torch.logsumexp((neg - pos[:, None]) / tau, dim=1)
         (torch.sigmoid(l).detach() * l).mean().backward()
     else:
-        build_loss(name, tau).from_scores(pos, neg, mask).loss.backward()
+        build_loss(name).from_scores(pos, neg, mask, temperature=tau).loss.backward()
     return torch.cat([a.grad.flatten(), b.grad.flatten()]).double()
 
 
@@ -74,11 +76,15 @@ def main() -> None:
     ks = [int(k) for k in args.ks.split(",")]
     taus = [float(t) for t in args.taus.split(",")]
     spreads = [float(s) for s in args.spreads.split(",")]
-    eps32 = 2.0 ** -24
-    print(f"float32 unit roundoff u = 2^-24 = {eps32:.1e}, float64 2^-53 = {2.0 ** -53:.1e}; "
-          "q_B = mean 1 - softmax_pos (float64); errors are relative, on d loss/d(z1, z2)")
-    hdr = (f"{'spread':>6} {'K':>5} {'tau':>5} {'pos_cos':>7} {'q_B':>8} | {'InfoNCE':>9} {'FlatNCE':>9} {'DCL':>9} "
-           f"{'ratio':>8} | {'InfoNCE32':>9} {'InfoNCE64':>9}")
+    eps32 = 2.0**-24
+    print(
+        f"float32 unit roundoff u = 2^-24 = {eps32:.1e}, float64 2^-53 = {2.0**-53:.1e}; "
+        "q_B = mean 1 - softmax_pos (float64); errors are relative, on d loss/d(z1, z2)"
+    )
+    hdr = (
+        f"{'spread':>6} {'K':>5} {'tau':>5} {'pos_cos':>7} {'q_B':>8} | {'InfoNCE':>9} {'FlatNCE':>9} {'DCL':>9} "
+        f"{'ratio':>8} | {'InfoNCE32':>9} {'InfoNCE64':>9}"
+    )
     print(f"{'':>36} | {'---- f32~f64 of the same loss ----':^39} | {'-- ~exact --':^19}")
     print(hdr)
     print("-" * len(hdr))
@@ -95,17 +101,23 @@ def main() -> None:
                 queue = None
             for tau in taus:
                 dg = diagnostics(*_scores(z1, z2, queue)[:2], tau)
-                g = {(n, dt): gradient(n, tau, z1, z2, queue, dt)
-                     for n in ("infonce", "flatnce", "dcl") for dt in (torch.float32, torch.float64)}
+                g = {
+                    (n, dt): gradient(n, tau, z1, z2, queue, dt)
+                    for n in ("infonce", "flatnce", "dcl")
+                    for dt in (torch.float32, torch.float64)
+                }
                 exact = gradient("exact_infonce", tau, z1, z2, queue, torch.float64)
                 e_info = rel(g["infonce", torch.float32], g["infonce", torch.float64])
                 e_flat = rel(g["flatnce", torch.float32], g["flatnce", torch.float64])
                 e_dcl = rel(g["dcl", torch.float32], g["dcl", torch.float64])
                 ratio = e_info / e_flat if e_flat > 0 else math.inf
-                print(f"{spread:>6.2f} {k:>5d} {tau:>5.2f} {dg['pos_cos']:>7.3f} {dg['qb_mean']:>8.1e} | "
-                      f"{e_info:>9.2e} {e_flat:>9.2e} {e_dcl:>9.2e} {ratio:>8.1e} | "
-                      f"{rel(g['infonce', torch.float32], exact):>9.2e} {rel(g['infonce', torch.float64], exact):>9.2e}")
+                print(
+                    f"{spread:>6.2f} {k:>5d} {tau:>5.2f} {dg['pos_cos']:>7.3f} {dg['qb_mean']:>8.1e} | "
+                    f"{e_info:>9.2e} {e_flat:>9.2e} {e_dcl:>9.2e} {ratio:>8.1e} | "
+                    f"{rel(g['infonce', torch.float32], exact):>9.2e} {rel(g['infonce', torch.float64], exact):>9.2e}"
+                )
         print()
+
 
 if __name__ == "__main__":
     main()

@@ -51,9 +51,23 @@ def run_study(tree: Path, config: Path, results: Path, cores: int, env: dict) ->
     if results.exists():
         shutil.rmtree(results)
     results.mkdir(parents=True)
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(tree / "Snakefile"), "--directory", str(results),
-           "--configfile", str(config), "--config", f"results_dir={results}", "--cores", str(cores),
-           "--workflow-profile", str(tree / "workflow" / "profiles" / "default")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(tree / "Snakefile"),
+        "--directory",
+        str(results),
+        "--configfile",
+        str(config),
+        "--config",
+        f"results_dir={results}",
+        "--cores",
+        str(cores),
+        "--workflow-profile",
+        str(tree / "workflow" / "profiles" / "default"),
+    ]
     t0, cpu0 = time.monotonic(), _children_cpu()
     with open(results / "snakemake.log", "w") as log:
         proc = subprocess.run(cmd, cwd=results, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -72,8 +86,9 @@ def _children_cpu() -> float:
 def checkout(ref: str) -> tuple[Path, tempfile.TemporaryDirectory]:
     tmp = tempfile.TemporaryDirectory(prefix="study-time-")
     tree = Path(tmp.name) / "tree"
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), ref], check=True,
-                   capture_output=True)
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), ref], check=True, capture_output=True
+    )
     return tree, tmp
 
 
@@ -114,7 +129,7 @@ def work_times(results: Path) -> dict[tuple[str, str], float]:
     ``knn``, ``linear`` for revisions with one job per step)."""
     import torch
 
-    from smallbatch.prepared import EVAL_DIR
+    from smallbatch.pipeline.prepared import EVAL_DIR
 
     work = defaultdict(float)
     for ck in results.glob("runs/**/checkpoint.pt"):
@@ -148,8 +163,10 @@ def breakdown(results: Path, wall: float, cpu: float) -> str:
     for (_, part), v in work.items():
         parts[part] += v
     lines.append(f"{'all jobs':<14} {sum(len(t) for t in jobs.values()):>5} {total:>9.0f}")
-    lines.append(f"wall {wall:.0f} s ({wall / 60:.1f} min); work split: "
-                 + ", ".join(f"{k} {v:.0f} s" for k, v in sorted(parts.items())))
+    lines.append(
+        f"wall {wall:.0f} s ({wall / 60:.1f} min); work split: "
+        + ", ".join(f"{k} {v:.0f} s" for k, v in sorted(parts.items()))
+    )
     lines.append(f"CPU of all its processes {cpu:.0f} s (Snakemake and the warm server included)")
     return "\n".join(lines)
 
@@ -174,8 +191,16 @@ def compare(before: Path, after: Path) -> str:
         m = m[(m["n_seeds_before"] > 0) & (m["n_seeds_after"] > 0)].fillna({"std_before": 0.0, "std_after": 0.0})
         for _, r in m.iterrows():
             se = ((r["std_before"] ** 2 / r["n_seeds_before"]) + (r["std_after"] ** 2 / r["n_seeds_after"])) ** 0.5
-            rows.append((f.stem, *(r[k] for k in keys), r["mean_before"], r["mean_after"],
-                         r["mean_after"] - r["mean_before"], 2 * se))
+            rows.append(
+                (
+                    f.stem,
+                    *(r[k] for k in keys),
+                    r["mean_before"],
+                    r["mean_after"],
+                    r["mean_after"] - r["mean_before"],
+                    2 * se,
+                )
+            )
     out = [f"{'table':<28} {'cell':<22} {'before':>7} {'after':>7} {'diff':>6} {'2 SE':>6}"]
     for table, *cell, mb, ma, d, two_se in rows:
         flag = " *" if abs(d) > two_se else ""
@@ -198,8 +223,10 @@ def _time_one(ref: str | None, config: str, results: Path, cores: int) -> float:
         if tmp is not None:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], capture_output=True)
             tmp.cleanup()
-    print(f"study of {ref or 'the working tree'} ({config}), --cores {cores}, into {results}; "
-          f"load average {load0:.2f} before, {os.getloadavg()[0]:.2f} after")
+    print(
+        f"study of {ref or 'the working tree'} ({config}), --cores {cores}, into {results}; "
+        f"load average {load0:.2f} before, {os.getloadavg()[0]:.2f} after"
+    )
     print(breakdown(results.resolve(), wall, cpu), flush=True)
     return wall
 
@@ -208,8 +235,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run")
-    r.add_argument("--ref", action="append", help="a git revision to time instead of the working tree "
-                   "(repeatable: the revisions take turns)")
+    r.add_argument(
+        "--ref",
+        action="append",
+        help="a git revision to time instead of the working tree (repeatable: the revisions take turns)",
+    )
     r.add_argument("--repeat", type=int, default=1, help="rounds of turns; each study into RESULTS-<n>-<ref>")
     r.add_argument("--results", type=Path, default=Path(tempfile.gettempdir()) / "smallbatch-study-time")
     r.add_argument("--cores", type=int, default=2)
@@ -231,8 +261,10 @@ def main(argv: list[str] | None = None) -> int:
             out = args.results.with_name(f"{args.results.name}-{n + 1}-{ref or 'tree'}")
             walls[ref].append(_time_one(ref, args.config, out, args.cores))
     for ref, ws in walls.items():  # the machine's speed drifts: the median of the turns, and their range
-        print(f"{ref or 'the working tree'}: median {statistics.median(ws):.0f} s over {len(ws)} "
-              f"(range {min(ws):.0f}-{max(ws):.0f} s)")
+        print(
+            f"{ref or 'the working tree'}: median {statistics.median(ws):.0f} s over {len(ws)} "
+            f"(range {min(ws):.0f}-{max(ws):.0f} s)"
+        )
     return 0
 
 

@@ -6,7 +6,7 @@ Adam, on the same uint8 images, with the same augmentation recipe
 (``gray_small``: random resized crop (0.2, 1), flip, brightness/contrast jitter
 0.4 with p=0.8):
 
-* **batched** -- ``smallbatch.train.pretrain`` itself: the whole uint8 tensor on the
+* **batched** -- ``smallbatch.training.loop.pretrain`` itself: the whole uint8 tensor on the
   device, a batch indexed per step, two views drawn per sample by ``BatchAugment``,
   one forward pass over the 2N views.  Its rate is read from the loop's own
   ``train/images_per_s`` metric over the second half of the run (``log_every`` =
@@ -56,27 +56,41 @@ import torch
 
 
 def _cell(dataset: str, batch_size: int, steps: int, width: int, temperature: float) -> dict:
-    from smallbatch.cells import make_cell
-    from smallbatch.config import load_config
+    from smallbatch.pipeline.cells import make_cell
+    from smallbatch.pipeline.config import load_config
 
-    cfg = load_config(None, {
-        "datasets": {dataset: {}},
-        "train": {"backbone": "small_cnn", "width": width, "optimizer": "adam", "lr": 1e-3, "lr_scaling": "none",
-                  "warmup_epochs": 0, "steps": 2 * steps, "log_every": steps, "precision": "fp32"},
-        "augment": {"recipe": "gray_small"},
-    })
-    return make_cell(cfg, dataset=dataset, loss="infonce", loss_params={}, batch_size=batch_size,
-                     temperature=temperature, seed=0)
+    cfg = load_config(
+        None,
+        {
+            "datasets": {dataset: {}},
+            "train": {
+                "backbone": "small_cnn",
+                "width": width,
+                "optimizer": "adam",
+                "lr": 1e-3,
+                "lr_scaling": "none",
+                "warmup_epochs": 0,
+                "steps": 2 * steps,
+                "log_every": steps,
+                "precision": "fp32",
+            },
+            "augment": {"recipe": "gray_small"},
+        },
+    )
+    return make_cell(
+        cfg, dataset=dataset, loss="infonce", loss_params={}, batch_size=batch_size, temperature=temperature, seed=0
+    )
 
 
 def batched_rate(cell: dict, images: torch.Tensor, mean, std) -> float:
     """images/s of train.pretrain over its second ``log_every`` window."""
-    from smallbatch import train
+    from smallbatch.training import loop as train
 
     logs: list[tuple[int, dict]] = []
     with tempfile.TemporaryDirectory() as out:
-        train.pretrain(cell, images, mean, std, Path(out), device="cpu", progress=False,
-                       log_fn=lambda m, s: logs.append((s, m)))
+        train.pretrain(
+            cell, images, mean, std, Path(out), device="cpu", progress=False, log_fn=lambda m, s: logs.append((s, m))
+        )
     return float(logs[-1][1]["train/images_per_s"])
 
 
@@ -110,36 +124,41 @@ def simclr_transform(size: int, mean, std):
     """The gray_small recipe as a per-sample torchvision transforms.v2 pipeline."""
     from torchvision.transforms import v2
 
-    return TwoViews(v2.Compose([
-        v2.RandomResizedCrop(size, scale=(0.2, 1.0), ratio=(3 / 4, 4 / 3), antialias=True),
-        v2.RandomHorizontalFlip(p=0.5),
-        v2.RandomApply([v2.ColorJitter(brightness=0.4, contrast=0.4)], p=0.8),
-        v2.ToImage(),
-        v2.ToDtype(torch.float32, scale=True),
-        v2.Normalize(list(mean), list(std)),
-    ]))
+    return TwoViews(
+        v2.Compose(
+            [
+                v2.RandomResizedCrop(size, scale=(0.2, 1.0), ratio=(3 / 4, 4 / 3), antialias=True),
+                v2.RandomHorizontalFlip(p=0.5),
+                v2.RandomApply([v2.ColorJitter(brightness=0.4, contrast=0.4)], p=0.8),
+                v2.ToImage(),
+                v2.ToDtype(torch.float32, scale=True),
+                v2.Normalize(list(mean), list(std)),
+            ]
+        )
+    )
 
 
 def per_sample_rate(cell: dict, images: torch.Tensor, mean, std, steps: int, workers: int) -> float:
     """images/s of a per-sample DataLoader pipeline with the same model, loss and optimiser."""
-    from smallbatch import train
     from smallbatch.losses import build_loss
+    from smallbatch.training import loop as train
 
     torch.manual_seed(0)
     bs = cell["batch_size"]
     size = images.shape[-1]
     model = train.build_model(cell, images.shape[1], size)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, weight_decay=cell["train"]["weight_decay"])
-    loss_fn = build_loss("infonce", cell["temperature"])
+    loss_fn = build_loss("infonce")
     ds = PerSampleImages(images, simclr_transform(size, mean, std))
-    loader = torch.utils.data.DataLoader(ds, batch_size=bs, shuffle=True, drop_last=True, num_workers=workers,
-                                         persistent_workers=workers > 0)
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=bs, shuffle=True, drop_last=True, num_workers=workers, persistent_workers=workers > 0
+    )
     model.train()
     done, t0 = 0, None
     while done < 2 * steps:
         for v1, v2 in loader:
             z = model(torch.cat([v1, v2]))
-            out = loss_fn(z[:bs], z[bs:])
+            out = loss_fn(z[:bs], z[bs:], temperature=cell["temperature"])
             opt.zero_grad(set_to_none=True)
             out.loss.backward()
             opt.step()
@@ -162,20 +181,21 @@ def study_cell(batch_size: int, compile_step: bool, device: str, dataset: str = 
     """The InfoNCE cell of a study at ``batch_size``, eager or compiled: the default study's
     (config.yaml: small_cnn, 16 px) or, for ``cifar10``, cifar10.yaml's (resnet18_cifar,
     SimCLR augmentations, LARS, bf16); ``train``: more train settings (e.g. precision)."""
-    from smallbatch.cells import make_cell
-    from smallbatch.config import load_config
+    from smallbatch.pipeline.cells import make_cell
+    from smallbatch.pipeline.config import load_config
 
     root = Path(__file__).resolve().parents[1]
     cfg = load_config(root / STUDY_CONFIGS[dataset], {"train": {"compile": compile_step, **train}, "device": device})
-    return make_cell(cfg, dataset=dataset, loss="infonce", loss_params={}, batch_size=batch_size,
-                     temperature=0.1, seed=0)
+    return make_cell(
+        cfg, dataset=dataset, loss="infonce", loss_params={}, batch_size=batch_size, temperature=0.1, seed=0
+    )
 
 
 def step_rate(cell: dict, images, mean, std, steps: int, ready=None) -> tuple[float, float]:
     """(images/s over ``steps`` steps, seconds of building + the first two steps: the
     compile time when the step is compiled).  ``ready()``, when given, runs between the
     two (a barrier, so that cells sharing a device time the same window)."""
-    from smallbatch import train
+    from smallbatch.training import loop as train
 
     t0 = time.perf_counter()
     dev = train.resolve_device(cell["device"])
@@ -184,7 +204,7 @@ def step_rate(cell: dict, images, mean, std, steps: int, ready=None) -> tuple[fl
     perm = torch.randperm(n, device=dev)
 
     def one(i: int) -> None:
-        idx = perm[(i * bs) % (n - bs):][:bs]
+        idx = perm[(i * bs) % (n - bs) :][:bs]
         u = t.step_fn.aug.draw(2 * bs, t.rng.generator("augment", i))
         t.step_fn.run(t.images[idx], u, idx)
 
@@ -209,8 +229,13 @@ def _in_subprocess(args: list[str], env: dict | None = None) -> dict:
     import json
     import subprocess
 
-    out = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True,
-                         env={**os.environ, **(env or {})}, timeout=1800)
+    out = subprocess.run(
+        [sys.executable, __file__, *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=1800,
+    )
     if out.returncode:
         raise SystemExit(f"throughput.py {' '.join(args)} failed:\n{out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -229,8 +254,9 @@ def _one_cell(args) -> int:
         d = data.load_dataset("fashion_mnist", args.data_root, image_size=16, train_subset=10000)
         images, mean, std = d.pretrain_x, d.mean, d.std
     ready = (lambda: barrier(Path(args.barrier), args.parties)) if args.barrier else None
-    rate, warm = step_rate(study_cell(args.batch_sizes[0], args.compiled, args.device), images, mean, std,
-                           args.steps, ready)
+    rate, warm = step_rate(
+        study_cell(args.batch_sizes[0], args.compiled, args.device), images, mean, std, args.steps, ready
+    )
     print(json.dumps({"rate": rate, "warm_s": warm}))
     return 0
 
@@ -247,11 +273,23 @@ def barrier(folder: Path, parties: int, timeout: float = 600.0) -> None:
         time.sleep(0.01)
 
 
-def one_cell_args(batch_size: int, steps: int, threads: int, device: str, data_root: str = "results/data",
-                  synthetic: bool = False) -> list[str]:
+def one_cell_args(
+    batch_size: int, steps: int, threads: int, device: str, data_root: str = "results/data", synthetic: bool = False
+) -> list[str]:
     """The arguments of a process that times one cell (:func:`_one_cell`)."""
-    return ["--one-cell", "--batch-sizes", str(batch_size), "--steps", str(steps), "--threads", str(threads),
-            "--device", device, "--data-root", data_root] + (["--synthetic"] if synthetic else [])
+    return [
+        "--one-cell",
+        "--batch-sizes",
+        str(batch_size),
+        "--steps",
+        str(steps),
+        "--threads",
+        str(threads),
+        "--device",
+        device,
+        "--data-root",
+        data_root,
+    ] + (["--synthetic"] if synthetic else [])
 
 
 def share_rates(common: list[str], ks) -> dict[int, list[float]]:
@@ -273,8 +311,10 @@ def compare_compile(args) -> None:
     compiled (warm cache), so a load that changes during the run weighs on both sides;
     the better of the two processes on each side, and the 1-minute load average as the
     row started (other processes on the CPU lower both sides, not always equally)."""
-    print(f"{'batch':>6} {'eager img/s':>12} {'compiled img/s':>15} {'ratio':>6} {'compile cold s':>15} "
-          f"{'compile warm s':>15} {'load':>5}")
+    print(
+        f"{'batch':>6} {'eager img/s':>12} {'compiled img/s':>15} {'ratio':>6} {'compile cold s':>15} "
+        f"{'compile warm s':>15} {'load':>5}"
+    )
     for bs in args.batch_sizes:
         load = os.getloadavg()[0]
         common = one_cell_args(bs, args.steps, args.threads, args.device, args.data_root)
@@ -286,11 +326,18 @@ def compare_compile(args) -> None:
                 compiled.append(_in_subprocess([*common, "--compiled"], env))
         e_rate, rate = max(r["rate"] for r in eager), max(r["rate"] for r in compiled)
         build = min(r["warm_s"] for r in eager)
-        print(f"{bs:>6} {e_rate:>12.0f} {rate:>15.0f} {rate / e_rate:>5.2f}x "
-              f"{compiled[0]['warm_s'] - build:>15.1f} {compiled[1]['warm_s'] - build:>15.1f} {load:>5.1f}",
-              flush=True)
-        print("       each process (img/s): eager " + ", ".join(f"{r['rate']:.0f}" for r in eager)
-              + "; compiled " + ", ".join(f"{r['rate']:.0f}" for r in compiled), flush=True)
+        print(
+            f"{bs:>6} {e_rate:>12.0f} {rate:>15.0f} {rate / e_rate:>5.2f}x "
+            f"{compiled[0]['warm_s'] - build:>15.1f} {compiled[1]['warm_s'] - build:>15.1f} {load:>5.1f}",
+            flush=True,
+        )
+        print(
+            "       each process (img/s): eager "
+            + ", ".join(f"{r['rate']:.0f}" for r in eager)
+            + "; compiled "
+            + ", ".join(f"{r['rate']:.0f}" for r in compiled),
+            flush=True,
+        )
 
 
 def compare_share(args) -> None:
@@ -304,18 +351,26 @@ def compare_share(args) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[16, 256], help="N images per step")
-    p.add_argument("--image-size", type=int, default=16, help="images are resized to this side (Fashion-MNIST: 28 native)")
+    p.add_argument(
+        "--image-size", type=int, default=16, help="images are resized to this side (Fashion-MNIST: 28 native)"
+    )
     p.add_argument("--steps", type=int, default=20, help="timed steps per side, after as many warm-up steps")
     p.add_argument("--threads", type=int, default=1, help="torch threads of the training process (both sides)")
     p.add_argument("--workers", type=int, default=2, help="DataLoader workers of the per-sample side")
     p.add_argument("--width", type=int, default=32, help="small_cnn base width (the study's default is 32)")
     p.add_argument("--repeats", type=int, default=1, help="repeat both sides and report medians")
     p.add_argument("--dataset", default="fashion_mnist", choices=["fashion_mnist", "digits"])
-    p.add_argument("--data-root", default="results/data", help="where Fashion-MNIST is (or is unpacked from Debian's package)")
+    p.add_argument(
+        "--data-root", default="results/data", help="where Fashion-MNIST is (or is unpacked from Debian's package)"
+    )
     p.add_argument("--train-subset", type=int, default=10000, help="images to load (the study's default 10,000)")
-    p.add_argument("--mode", choices=["pipeline", "compile", "share"], default="pipeline",
-                   help="pipeline: batched vs per-sample DataLoader; compile: eager vs compiled step; "
-                        "share: k cells on one device at once")
+    p.add_argument(
+        "--mode",
+        choices=["pipeline", "compile", "share"],
+        default="pipeline",
+        help="pipeline: batched vs per-sample DataLoader; compile: eager vs compiled step; "
+        "share: k cells on one device at once",
+    )
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="compile/share modes")
     p.add_argument("--share", type=int, nargs="+", default=[1, 2, 4], help="share mode: cells at once")
     p.add_argument("--one-cell", action="store_true", help=argparse.SUPPRESS)
@@ -328,9 +383,11 @@ def main(argv: list[str] | None = None) -> int:
         return _one_cell(args)
     if args.mode != "pipeline":
         load0 = os.getloadavg()
-        print(f"{args.mode}: default study cell (fashion_mnist 16 px, 10k images, small_cnn w32 g4, InfoNCE, Adam), "
-              f"{args.steps} timed steps, {args.threads} thread(s), device {args.device}; "
-              f"load average {load0[0]:.2f}")
+        print(
+            f"{args.mode}: default study cell (fashion_mnist 16 px, 10k images, small_cnn w32 g4, InfoNCE, Adam), "
+            f"{args.steps} timed steps, {args.threads} thread(s), device {args.device}; "
+            f"load average {load0[0]:.2f}"
+        )
         (compare_compile if args.mode == "compile" else compare_share)(args)
         load1 = os.getloadavg()
         print(f"load average after: {load1[0]:.2f} (1 min), {load1[1]:.2f} (5 min) on {os.cpu_count()} CPUs")
@@ -345,9 +402,11 @@ def main(argv: list[str] | None = None) -> int:
     if images.shape[1] != 1:
         raise SystemExit("throughput.py: the per-sample side is written for grayscale images")
     load0 = os.getloadavg()
-    print(f"{d.name}: {images.shape[0]} images {tuple(images.shape[1:])}, small_cnn width {args.width}, InfoNCE, "
-          f"Adam; {args.steps} timed steps after {args.steps} warm-up; torch threads {args.threads}, "
-          f"{args.workers} DataLoader workers; {os.cpu_count()} CPUs; load average {load0[0]:.2f}")
+    print(
+        f"{d.name}: {images.shape[0]} images {tuple(images.shape[1:])}, small_cnn width {args.width}, InfoNCE, "
+        f"Adam; {args.steps} timed steps after {args.steps} warm-up; torch threads {args.threads}, "
+        f"{args.workers} DataLoader workers; {os.cpu_count()} CPUs; load average {load0[0]:.2f}"
+    )
     print(f"{'batch':>6} {'batched img/s':>14} {'per-sample img/s':>17} {'ratio':>7}   (views/s = 2 x img/s)")
     for bs in args.batch_sizes:
         cell = _cell(d.name, bs, args.steps, args.width, 0.1)

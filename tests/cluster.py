@@ -88,14 +88,28 @@ def kill_group(proc: subprocess.Popen, sig: int = signal.SIGTERM, grace: float =
         proc.wait(timeout=grace)
 
 
-def run(cmd: list[str], *, timeout: float, cwd: Path | None = None, env: dict | None = None,
-        check: bool = False, log: Path | None = None) -> subprocess.CompletedProcess:
+def run(
+    cmd: list[str],
+    *,
+    timeout: float,
+    cwd: Path | None = None,
+    env: dict | None = None,
+    check: bool = False,
+    log: Path | None = None,
+) -> subprocess.CompletedProcess:
     """Run a command with a hard timeout; on timeout its whole process group is killed
     and ``TimeoutError`` carries the output's tail.  With ``log`` the output is
     written there as it comes (and returned as ``stdout`` too)."""
     fh = open(log, "w") if log else None
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env or env_with_venv(), stdout=fh or subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        env=env or env_with_venv(),
+        stdout=fh or subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -183,8 +197,20 @@ def write_config(path: Path, base: Path | None = SMOKE_CONFIG, **overrides) -> P
 def snakemake_cmd(workdir: Path, configfile: Path, profile: Path, *extra: str) -> list[str]:
     """``python -m snakemake`` on the repo's Snakefile, run in ``workdir`` (its own
     .snakemake/ folder), with ``configfile`` replacing config.yaml."""
-    return [sys.executable, "-m", "snakemake", "--snakefile", str(SNAKEFILE), "--directory", str(workdir),
-            "--configfile", str(configfile), "--workflow-profile", str(profile), *extra]
+    return [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(SNAKEFILE),
+        "--directory",
+        str(workdir),
+        "--configfile",
+        str(configfile),
+        "--workflow-profile",
+        str(profile),
+        *extra,
+    ]
 
 
 def local_rules() -> set[str]:
@@ -264,13 +290,24 @@ class MlflowServer:
     def start(self, timeout: float = 180) -> "MlflowServer":
         if self.proc is not None and self.proc.poll() is None:
             return self
-        cmd = [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(self.port),
-               "--workers", str(self.workers), "--backend-store-uri", self.backend]
+        cmd = [
+            str(BIN / "mlflow"),
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--workers",
+            str(self.workers),
+            "--backend-store-uri",
+            self.backend,
+        ]
         if self.artifacts is not None:
             cmd += ["--artifacts-destination", str(self.root / self.artifacts)]
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(cmd, cwd=self.root, env=env_with_venv(), stdout=log,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = subprocess.Popen(
+                cmd, cwd=self.root, env=env_with_venv(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
 
         def ready() -> bool:
             if self.proc.poll() is not None:
@@ -315,8 +352,7 @@ class SlurmUnavailable(RuntimeError):
 
 def _slurm_ok() -> bool:
     try:
-        out = subprocess.run(["sinfo", "-h", "-n", "localhost", "-o", "%t"], capture_output=True,
-                             text=True, timeout=10)
+        out = subprocess.run(["sinfo", "-h", "-n", "localhost", "-o", "%t"], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return False
     return out.returncode == 0 and out.stdout.strip().rstrip("*~#") in ("idle", "mix", "alloc")
@@ -370,8 +406,9 @@ class LocalSlurm:
         if not self._munge_ok():
             Path("/run/munge").mkdir(parents=True, exist_ok=True)
             shutil.chown("/run/munge", "munge", "munge")
-            r = subprocess.run(["runuser", "-u", "munge", "--", self._sbin("munged")], capture_output=True,
-                               text=True, timeout=30)
+            r = subprocess.run(
+                ["runuser", "-u", "munge", "--", self._sbin("munged")], capture_output=True, text=True, timeout=30
+            )
             if r.returncode != 0:
                 raise SlurmUnavailable(f"munged did not start: {r.stderr.strip()[-300:]}")
             self.started.append(("munged", Path("/run/munge/munged.pid")))
@@ -389,11 +426,13 @@ class LocalSlurm:
         def node_up() -> bool:
             if _slurm_ok():
                 return True
-            state = subprocess.run(["sinfo", "-h", "-n", "localhost", "-o", "%t"], capture_output=True,
-                                   text=True, timeout=10).stdout.strip()
+            state = subprocess.run(
+                ["sinfo", "-h", "-n", "localhost", "-o", "%t"], capture_output=True, text=True, timeout=10
+            ).stdout.strip()
             if state.startswith(("drain", "down")):
-                subprocess.run(["scontrol", "update", "nodename=localhost", "state=resume"],
-                               capture_output=True, timeout=10)
+                subprocess.run(
+                    ["scontrol", "update", "nodename=localhost", "state=resume"], capture_output=True, timeout=10
+                )
             return False
 
         try:
@@ -422,8 +461,9 @@ class LocalSlurm:
     @staticmethod
     def job(jobid: str) -> dict[str, str]:
         """``scontrol show job`` as a dict (finished jobs stay visible MinJobAge = 300 s)."""
-        out = subprocess.run(["scontrol", "show", "job", "-o", str(jobid)], capture_output=True, text=True,
-                             timeout=10).stdout
+        out = subprocess.run(
+            ["scontrol", "show", "job", "-o", str(jobid)], capture_output=True, text=True, timeout=10
+        ).stdout
         fields = {}
         for tok in out.split():
             if "=" in tok:
@@ -466,14 +506,16 @@ def slurm_test_profile(dst: Path, logdir: Path, mem_mb: int = 1000) -> Path:
     folders under the test's tmp dir.  Groups, GPU requests and the rest are
     the real profile's."""
     prof = yaml.safe_load(SLURM_PROFILE.read_text())
-    prof.update({
-        "slurm-status-command": "squeue",
-        "slurm-no-account": True,
-        "slurm-init-seconds-before-status-checks": 2,
-        "slurm-logdir": str(logdir),
-        "slurm-keep-successful-logs": True,
-        "latency-wait": 10,
-    })
+    prof.update(
+        {
+            "slurm-status-command": "squeue",
+            "slurm-no-account": True,
+            "slurm-init-seconds-before-status-checks": 2,
+            "slurm-logdir": str(logdir),
+            "slurm-keep-successful-logs": True,
+            "latency-wait": 10,
+        }
+    )
     prof["default-resources"]["mem_mb"] = mem_mb
     for res in prof.get("set-resources", {}).values():
         if "mem_mb" in res:
@@ -541,6 +583,7 @@ def in_background(key: str, fn: Callable[[], object]) -> None:
 
 def get_local_slurm(log_dir: Path) -> LocalSlurm:
     """The session's local SLURM (started on first use); SlurmUnavailable if it cannot run."""
+
     def start() -> LocalSlurm:
         s = LocalSlurm(log_dir)
         s.start()
@@ -574,6 +617,7 @@ def smoke_through_slurm(root: Path, slurm: LocalSlurm, timeout: float = 1500, ba
     """The smoke study submitted to the local SLURM through (a copy of) the slurm profile.
     Returns results dir, wall time, Snakemake's output and the SLURM job ids
     (``background=True``: starts it and returns None; a later call waits for it)."""
+
     def go() -> dict:
         root.mkdir(parents=True, exist_ok=True)
         # device auto on a cluster asks for GPUs (the node's stand-in GRES; torch trains on
@@ -584,15 +628,28 @@ def smoke_through_slurm(root: Path, slurm: LocalSlurm, timeout: float = 1500, ba
         env.pop("SBATCH_ACCOUNT", None)
         t0 = time.monotonic()
         try:
-            res = run(snakemake_cmd(root, cfg, prof, "--group-components", "cell=2"), cwd=root, env=env,
-                      timeout=timeout, log=root / "snakemake.out")
+            res = run(
+                snakemake_cmd(root, cfg, prof, "--group-components", "cell=2"),
+                cwd=root,
+                env=env,
+                timeout=timeout,
+                log=root / "snakemake.out",
+            )
         except TimeoutError:
             slurm.cancel(submitted_slurm_jobs((root / "snakemake.out").read_text()))
             raise
         wall = time.monotonic() - t0
-        return {"root": root, "results": root / "results", "config": cfg, "profile": prof, "rc": res.returncode,
-                "output": res.stdout, "wall_s": wall, "jobids": submitted_slurm_jobs(res.stdout),
-                "concurrent": background}
+        return {
+            "root": root,
+            "results": root / "results",
+            "config": cfg,
+            "profile": prof,
+            "rc": res.returncode,
+            "output": res.stdout,
+            "wall_s": wall,
+            "jobids": submitted_slurm_jobs(res.stdout),
+            "concurrent": background,
+        }
 
     if background:
         in_background("smoke_slurm", go)
@@ -602,6 +659,7 @@ def smoke_through_slurm(root: Path, slurm: LocalSlurm, timeout: float = 1500, ba
 
 def smoke_local(root: Path, tracking_uri: str | None = None, key: str = "smoke_local", timeout: float = 1500) -> dict:
     """The smoke study on local cores (``--cores 2``, the default profile)."""
+
     def go() -> dict:
         root.mkdir(parents=True, exist_ok=True)
         over = {"results_dir": str(root / "results")}
@@ -609,11 +667,21 @@ def smoke_local(root: Path, tracking_uri: str | None = None, key: str = "smoke_l
             over["tracking_uri"] = tracking_uri
         cfg = write_config(root / "config.yaml", **over)
         t0 = time.monotonic()
-        res = run(snakemake_cmd(root, cfg, DEFAULT_PROFILE, "--cores", "2"), cwd=root, timeout=timeout,
-                  log=root / "snakemake.out")
+        res = run(
+            snakemake_cmd(root, cfg, DEFAULT_PROFILE, "--cores", "2"),
+            cwd=root,
+            timeout=timeout,
+            log=root / "snakemake.out",
+        )
         wall = time.monotonic() - t0
-        return {"root": root, "results": root / "results", "config": cfg, "rc": res.returncode,
-                "output": res.stdout, "wall_s": wall}
+        return {
+            "root": root,
+            "results": root / "results",
+            "config": cfg,
+            "rc": res.returncode,
+            "output": res.stdout,
+            "wall_s": wall,
+        }
 
     return once(key, go)
 
@@ -625,7 +693,8 @@ def smoke_local(root: Path, tracking_uri: str | None = None, key: str = "smoke_l
 PAUSED_PRETRAIN = """
 import os, sys
 from pathlib import Path
-from smallbatch import cli, train
+from smallbatch.pipeline import cli
+from smallbatch.training import loop as train
 marker, pause_at = Path(sys.argv[1]), int(sys.argv[2])
 real_step = train.one_step
 def one_step(t, idx, watch):

@@ -1,4 +1,5 @@
-"""Session hooks: which tests need the real SLURM daemons or a GPU, and how many of them ran.
+"""Shared fixtures (the digits data set, its prepared cache file, a module's SQLite store URI)
+and session hooks: which tests need the real SLURM daemons or a GPU, and how many of them ran.
 
 A test that uses the ``slurm`` or ``smoke_slurm`` fixture is marked ``slurm`` here (it
 runs only where tests/cluster.py can start munged + slurmctld + slurmd); a test marked
@@ -9,9 +10,39 @@ whose daemons could not start does not read like one that tested them.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 SLURM_FIXTURES = {"slurm", "smoke_slurm"}
+
+
+# --------------------------------------------------------------------------- shared fixtures
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory):
+    """The digits data set (ships inside scikit-learn), loaded once per test module."""
+    from smallbatch import data
+
+    return data.load_dataset("digits", tmp_path_factory.mktemp("digits_root"))
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    """The digits data set as a prepared cache file (``smallbatch prepare-data``'s output)."""
+    from smallbatch import data
+
+    path = tmp_path_factory.mktemp("cache") / "digits.pt"
+    data.save_cache(data.load_dataset("digits", None), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def store_uri(tmp_path_factory) -> str:
+    """One SQLite MLflow store for the module (creating MLflow's schema takes seconds)."""
+    return f"sqlite:///{tmp_path_factory.mktemp('store') / 'mlflow.db'}"
+
+
+# --------------------------------------------------------------------------- session hooks
 KINDS = {"slurm": "real-SLURM", "gpu": "GPU"}
 
 

@@ -23,10 +23,9 @@ import subprocess
 import time
 from pathlib import Path
 
+import cluster
 import pytest
 import torch
-
-import cluster
 from cluster import BIN, DEFAULT_PROFILE, run, snakemake_cmd, wait_until, write_config
 
 CELL_ID = "digits/infonce/bs16-t0.5-s0"
@@ -36,7 +35,10 @@ SNAKE_TIMEOUT = 420  # s; a hang (e.g. a tracking call that never returns) fails
 
 def fault_config(path: Path, results: Path, tracking_uri: str | None = None, **extra) -> Path:
     over = dict(
-        study=EXPERIMENT, results_dir=str(results), tracking_uri=tracking_uri, device="cpu",
+        study=EXPERIMENT,
+        results_dir=str(results),
+        tracking_uri=tracking_uri,
+        device="cpu",
         grid={"losses": ["infonce"], "batch_sizes": [16], "temperatures": [0.5], "seeds": [0]},
         train={"epochs": 6, "width": 8, "proj_hidden": 32, "proj_dim": 16, "log_every": 5},
         baselines=False,
@@ -75,18 +77,45 @@ def ref(tmp_path_factory):
     root = tmp_path_factory.mktemp("faults_ref")
     cfg = fault_config(root / "config.yaml", root / "results")
     cache = root / "digits.pt"
-    run([str(BIN / "smallbatch"), "prepare-data", "--config", str(cfg), "--dataset", "digits", "--out", str(cache)],
-        timeout=300, check=True)
+    run(
+        [str(BIN / "smallbatch"), "prepare-data", "--config", str(cfg), "--dataset", "digits", "--out", str(cache)],
+        timeout=300,
+        check=True,
+    )
     uri = f"sqlite:///{root / 'ref.db'}"
     out = root / "ref"
-    res = run([str(BIN / "smallbatch"), "pretrain", "--config", str(cfg), "--cell-id", CELL_ID, "--data-cache", str(cache),
-               "--out", str(out), "--tracking-uri", uri, "--experiment", EXPERIMENT, "--no-progress"],
-              timeout=300, check=True)
+    res = run(
+        [
+            str(BIN / "smallbatch"),
+            "pretrain",
+            "--config",
+            str(cfg),
+            "--cell-id",
+            CELL_ID,
+            "--data-cache",
+            str(cache),
+            "--out",
+            str(out),
+            "--tracking-uri",
+            uri,
+            "--experiment",
+            EXPERIMENT,
+            "--no-progress",
+        ],
+        timeout=300,
+        check=True,
+    )
     summary = cluster.json_lines(res.stdout)[-1]
     n, hist = loss_history(uri, EXPERIMENT)
     assert n == 1 and hist, "the reference run logged no loss history"
-    return {"cache": cache, "weights": weights(out / "checkpoint.pt"), "final_loss": summary["final_loss"],
-            "steps": summary["steps"], "history": hist, "config": cfg}
+    return {
+        "cache": cache,
+        "weights": weights(out / "checkpoint.pt"),
+        "final_loss": summary["final_loss"],
+        "steps": summary["steps"],
+        "history": hist,
+        "config": cfg,
+    }
 
 
 def new_study(tmp_path: Path, ref: dict, tracking_uri: str | None = None) -> tuple[Path, Path]:
@@ -101,8 +130,9 @@ def new_study(tmp_path: Path, ref: dict, tracking_uri: str | None = None) -> tup
 def start_snakemake(tmp_path: Path, cfg: Path, *args: str, log: str = "snakemake.log") -> subprocess.Popen:
     cmd = snakemake_cmd(tmp_path, cfg, DEFAULT_PROFILE, "--cores", "2", *args)
     fh = open(tmp_path / log, "w")
-    return subprocess.Popen(cmd, cwd=tmp_path, env=cluster.env_with_venv(), stdout=fh, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    return subprocess.Popen(
+        cmd, cwd=tmp_path, env=cluster.env_with_venv(), stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
+    )
 
 
 def finish(proc: subprocess.Popen, tmp_path: Path, log: str = "snakemake.log", timeout: float = SNAKE_TIMEOUT) -> str:
@@ -120,7 +150,9 @@ def wait_for_training(proc: subprocess.Popen, results: Path, tmp_path: Path, tim
 
     def ready() -> bool:
         if proc.poll() is not None:
-            raise AssertionError(f"snakemake ended before training started:\n{(tmp_path / 'snakemake.log').read_text()[-3000:]}")
+            raise AssertionError(
+                f"snakemake ended before training started:\n{(tmp_path / 'snakemake.log').read_text()[-3000:]}"
+            )
         return state.exists()
 
     wait_until(ready, timeout, f"{state}", interval=0.02)
@@ -163,7 +195,8 @@ def assert_like_reference(results: Path, uri: str, ref: dict) -> None:
     assert len(steps) == len(set(steps)), "a step was logged twice"
     assert hist == ref["history"], (
         f"train/loss history differs from the uninterrupted run: steps {steps[:3]}..{steps[-3:]} "
-        f"({len(steps)}) vs {[s for s, _ in ref['history']][:3]}.. ({len(ref['history'])})")
+        f"({len(steps)}) vs {[s for s, _ in ref['history']][:3]}.. ({len(ref['history'])})"
+    )
 
 
 # --------------------------------------------------------------------------- kill / preempt
@@ -192,8 +225,12 @@ def test_sigkill_of_the_whole_workflow_mid_epoch_then_rerun_resumes(tmp_path, re
     assert 0 < state["step"] < ref["steps"]
     assert not Path(target).exists(), "the killed job left a checkpoint.pt"
     run(snakemake_cmd(tmp_path, cfg, DEFAULT_PROFILE, "--unlock"), cwd=tmp_path, timeout=120, check=True)
-    res = run(snakemake_cmd(tmp_path, cfg, DEFAULT_PROFILE, "--cores", "2", target), cwd=tmp_path,
-              timeout=SNAKE_TIMEOUT, check=True)
+    res = run(
+        snakemake_cmd(tmp_path, cfg, DEFAULT_PROFILE, "--cores", "2", target),
+        cwd=tmp_path,
+        timeout=SNAKE_TIMEOUT,
+        check=True,
+    )
     log = (results / "logs" / "pretrain" / f"{CELL_ID}.log").read_text()
     assert f"resuming {CELL_ID} from step {state['step']}/{ref['steps']}" in log, res.stdout[-2000:]
     assert_like_reference(results, uri, ref)
@@ -238,7 +275,7 @@ def test_mlflow_server_goes_away_mid_study_then_rerun_completes_without_duplicat
         try:
             wait_for_training(proc, results, tmp_path)
             server.stop(signal.SIGKILL)  # the server dies while the cell trains
-            out = finish(proc, tmp_path)
+            finish(proc, tmp_path)
         finally:
             cluster.kill_group(proc, signal.SIGKILL)
         assert proc.returncode != 0, "the study finished although its tracking server was gone"
@@ -246,8 +283,12 @@ def test_mlflow_server_goes_away_mid_study_then_rerun_completes_without_duplicat
         assert last.startswith(f"smallbatch: error: MLflow tracking store {server.uri} failed while "), last
         assert "Traceback" not in (results / "logs" / "pretrain" / f"{CELL_ID}.log").read_text()
         server.start()  # same port, same store
-        run(snakemake_cmd(tmp_path, cfg, DEFAULT_PROFILE, "--cores", "2", target), cwd=tmp_path,
-            timeout=SNAKE_TIMEOUT, check=True)
+        run(
+            snakemake_cmd(tmp_path, cfg, DEFAULT_PROFILE, "--cores", "2", target),
+            cwd=tmp_path,
+            timeout=SNAKE_TIMEOUT,
+            check=True,
+        )
         assert_like_reference(results, server.uri, ref)
     finally:
         server.stop()
@@ -266,8 +307,20 @@ def test_truncated_checkpoint_in_a_study_fails_its_step_naming_the_file(tmp_path
     ckpt.write_bytes(blob[: len(blob) // 2])
     later = time.time() + 5  # newer than every input, so Snakemake has no reason to retrain
     os.utime(ckpt, (later, later))
-    res = run(snakemake_cmd(tmp_path, cfg, DEFAULT_PROFILE, "--cores", "1", "--retries", "0",
-                            str(results / "runs" / CELL_ID / "knn.json")), cwd=tmp_path, timeout=SNAKE_TIMEOUT)
+    res = run(
+        snakemake_cmd(
+            tmp_path,
+            cfg,
+            DEFAULT_PROFILE,
+            "--cores",
+            "1",
+            "--retries",
+            "0",
+            str(results / "runs" / CELL_ID / "knn.json"),
+        ),
+        cwd=tmp_path,
+        timeout=SNAKE_TIMEOUT,
+    )
     assert res.returncode != 0, res.stdout[-2000:]
     assert "rule pretrain:" not in res.stdout, "Snakemake retrained instead of reading the checkpoint"
     log = (results / "logs" / "evaluate" / f"{CELL_ID}.log").read_text().strip().splitlines()
@@ -287,8 +340,9 @@ class _Explodes:
 def test_partial_writes_never_replace_a_finished_file(tmp_path):
     """The file writers write to a temp file and rename: a write that fails half way
     leaves the finished file as it was (and a new file absent), never a truncated one."""
-    from smallbatch import data, train
+    from smallbatch import data
     from smallbatch.io import save_torch
+    from smallbatch.training import loop as train
 
     ckpt = tmp_path / "checkpoint.pt"
     save_torch(ckpt, {"model": {"w": torch.arange(10.0)}})

@@ -38,8 +38,13 @@ def _run(tmp: Path, *args: str, hide=("mlflow", "snakemake")) -> tuple[subproces
     out = tmp / "out"
     out.mkdir()
     env = {**os.environ, "OUT": str(out), "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{_blocked(tmp / 'hidden', *hide)}"}
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--device", "cpu", *args], capture_output=True,
-                          text=True, env=env, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quick", "--device", "cpu", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
     rows = json.loads((out / "gpu_check.json").read_text()) if (out / "gpu_check.json").is_file() else {}
     return proc, rows
 
@@ -97,8 +102,15 @@ def test_sync_counts_run_on_the_cpu_count_its_ops_and_say_they_are_not_the_gpu_p
     rows = quick[1]["syncs"]["rows"]
     assert [r["step"] for r in rows] == ["eager", "compiled"]
     for r in rows:
-        assert _numbers(r, "CUDA calls/step", "host syncs/step", "D->H copies/step", "kernel launches/step",
-                        "graph launches/step", "aten ops/step")
+        assert _numbers(
+            r,
+            "CUDA calls/step",
+            "host syncs/step",
+            "D->H copies/step",
+            "kernel launches/step",
+            "graph launches/step",
+            "aten ops/step",
+        )
         assert r["CUDA calls/step"] == r["host syncs/step"] == 0 and r["aten ops/step"] > 0
         assert "no CUDA" in r["note"] and "not a measurement of the GPU path" in r["note"]
 
@@ -163,12 +175,15 @@ def test_cuda_calls_are_counted_per_step_and_traced_to_their_op(steps):
     launches (runtime and driver), a graph replay; a sync outside the window is not counted."""
     events = [
         _x("user_annotation", gpu_check.WINDOW, 100, 1000),
-        _x("cpu_op", "aten::item", 200, 100), _x("cpu_op", "aten::_local_scalar_dense", 210, 80),
-        _x("cuda_runtime", "cudaMemcpyAsync", 220, 10, corr=7), _x("cuda_runtime", "cudaStreamSynchronize", 240, 30),
+        _x("cpu_op", "aten::item", 200, 100),
+        _x("cpu_op", "aten::_local_scalar_dense", 210, 80),
+        _x("cuda_runtime", "cudaMemcpyAsync", 220, 10, corr=7),
+        _x("cuda_runtime", "cudaStreamSynchronize", 240, 30),
         _x("gpu_memcpy", "Memcpy DtoH (Device -> Pageable)", 250, 2, tid=7, corr=7),
         _x("cuda_runtime", "cudaMemcpyAsync", 400, 5, corr=8),
         _x("gpu_memcpy", "Memcpy HtoD (Pageable -> Device)", 410, 2, tid=7, corr=8),
-        _x("cuda_runtime", "cudaLaunchKernel", 500, 5, corr=9), _x("cuda_driver", "cuLaunchKernel", 510, 5, corr=10),
+        _x("cuda_runtime", "cudaLaunchKernel", 500, 5, corr=9),
+        _x("cuda_driver", "cuLaunchKernel", 510, 5, corr=10),
         _x("cuda_runtime", "cudaGraphLaunch", 600, 5, corr=11),
         _x("kernel", "void add_kernel", 520, 3, tid=7, corr=9),
         _x("kernel", "triton_poi_fused", 530, 3, tid=7, corr=10),
@@ -180,8 +195,9 @@ def test_cuda_calls_are_counted_per_step_and_traced_to_their_op(steps):
     assert c["H->D copies/step"] == 1 / steps and c["copies/step"] == 2 / steps
     assert c["kernel launches/step"] == 2 / steps and c["graph launches/step"] == 1 / steps
     assert c["GPU kernels/step"] == 2 / steps and c["aten ops/step"] == 2 / steps
-    assert c["syncs and D->H copies (in op)"] == ("cudaStreamSynchronize in aten::item x1, "
-                                                  "cudaMemcpyAsync in aten::item x1")
+    assert c["syncs and D->H copies (in op)"] == (
+        "cudaStreamSynchronize in aten::item x1, cudaMemcpyAsync in aten::item x1"
+    )
 
 
 def test_a_trace_without_the_window_is_an_error():
@@ -195,7 +211,7 @@ def test_the_full_plans_cells_are_valid_cells_of_the_study_configs(tmp_path):
     (cifar10.yaml's resnet18_cifar at 1024 in bf16 too) and the CLI's two cells."""
     import throughput
 
-    from smallbatch import cli
+    from smallbatch.pipeline import cli
 
     plan = gpu_check.make_plan(quick=False)
     for model, bs, prec, compiled in gpu_check.throughput_cases(plan):
@@ -206,8 +222,11 @@ def test_the_full_plans_cells_are_valid_cells_of_the_study_configs(tmp_path):
     for loss in ("infonce", "dcl"):
         args = cli.build_parser().parse_args(["pretrain", *gpu_check.cli_cell_args(config, loss, plan)])
         cell, _ = cli.resolve_cell(args)
-        assert (cell["train"]["backbone"], cell["train"]["precision"], cell["augment"]["recipe"]) == \
-               ("resnet18_cifar", "bf16", "simclr")
+        assert (cell["train"]["backbone"], cell["train"]["precision"], cell["augment"]["recipe"]) == (
+            "resnet18_cifar",
+            "bf16",
+            "simclr",
+        )
         assert cell["batch_size"] == 256 and cell["train"]["epochs"] == 10 and cell["device"] == "cuda"
 
 

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import io
 
+import cluster
 import pandas as pd
 import pytest
-
-import cluster
 from cluster import BIN, SlurmUnavailable, run
 
 EXPERIMENT = "smallbatch-smoke"
@@ -68,20 +67,25 @@ def test_server_listens_on_loopback_only(server):
 @pytest.mark.slow
 def test_smoke_study_logs_every_cell_to_the_server(smoke_http, server):
     r = smoke_http
-    print(f"\nsmoke study on 2 local cores, logging over HTTP: {r['wall_s']:.0f} s wall"
-          + (" (the SLURM smoke run shared the machine)" if "smoke_slurm" in cluster._BACKGROUND else ""))
+    print(
+        f"\nsmoke study on 2 local cores, logging over HTTP: {r['wall_s']:.0f} s wall"
+        + (" (the SLURM smoke run shared the machine)" if "smoke_slurm" in cluster._BACKGROUND else "")
+    )
     assert r["rc"] == 0, r["output"][-4000:]
     results = r["results"]
     assert (results / "report" / "index.md").is_file()
     assert not (results / "mlflow.db").exists(), "a local SQLite store was written instead of the server"
-    from smallbatch.cells import baseline_cells, expand_cells
-    from smallbatch.config import load_config
+    from smallbatch.pipeline.cells import baseline_cells, expand_cells
+    from smallbatch.pipeline.config import load_config
     from smallbatch.tracking import TAG_CELL, TAG_KIND, TAG_STATUS
 
     cfg = load_config(r["config"])
     cells, bases = expand_cells(cfg), baseline_cells(cfg)
-    runs = [run_ for run_ in cluster.mlflow_runs(server.uri, EXPERIMENT)
-            if run_.data.tags.get(TAG_KIND) in ("cell", "baseline")]
+    runs = [
+        run_
+        for run_ in cluster.mlflow_runs(server.uri, EXPERIMENT)
+        if run_.data.tags.get(TAG_KIND) in ("cell", "baseline")
+    ]
     by_cell = {}
     for run_ in runs:
         by_cell.setdefault(run_.data.tags[TAG_CELL], []).append(run_)
@@ -105,8 +109,20 @@ def _table(text: str) -> pd.DataFrame:
 def test_report_from_the_server_equals_the_report_from_a_local_store(smoke_http, smoke_sqlite, server, tmp_path):
     assert smoke_http["rc"] == 0 and smoke_sqlite["rc"] == 0
     out = tmp_path / "report_http"
-    res = run([str(BIN / "smallbatch"), "report", "--tracking-uri", server.uri, "--experiment", EXPERIMENT,
-               "--out", str(out)], timeout=600, check=True)
+    res = run(
+        [
+            str(BIN / "smallbatch"),
+            "report",
+            "--tracking-uri",
+            server.uri,
+            "--experiment",
+            EXPERIMENT,
+            "--out",
+            str(out),
+        ],
+        timeout=600,
+        check=True,
+    )
     assert (out / "index.md").is_file(), res.stdout[-2000:]
     http = cluster.report_tables(out)
     local = cluster.report_tables(smoke_sqlite["results"] / "report")

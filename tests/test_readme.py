@@ -105,4 +105,5 @@ def test_every_instrument_interval_the_readme_quotes_is_in_its_record():
         tol = [0.5 * 10 ** -len(x.partition(".")[2]) + 1e-9 for x in q]
         want = [_f(x) for x in q]
         assert any(all(abs(w - v) <= t for w, v, t in zip(want, row, tol)) for row in known), (
-            f"README quotes {' '.join(q)}, which is in no table of {record.group(1)}")
+            f"README quotes {' '.join(q)}, which is in no table of {record.group(1)}"
+        )

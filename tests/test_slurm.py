@@ -22,17 +22,16 @@ import signal
 import subprocess
 from pathlib import Path
 
+import cluster
 import pytest
 import yaml
-
-import cluster
 from cluster import SLURM_PROFILE, SlurmUnavailable, job_resources, res_value, run, snakemake_cmd, write_config
 
 
 def _smoke_shape(cfg: Path) -> tuple[int, int]:
     """(cells, baselines) of a config, from the package's own expansion."""
-    from smallbatch.cells import baseline_cells, expand_cells
-    from smallbatch.config import load_config
+    from smallbatch.pipeline.cells import baseline_cells, expand_cells
+    from smallbatch.pipeline.config import load_config
 
     c = load_config(cfg)
     return len(expand_cells(c)), len(baseline_cells(c))
@@ -62,8 +61,9 @@ def test_dry_run_requests_gpus_only_for_gpu_steps_and_takes_partition_from_env(t
     """device auto on a cluster (its login node may have no GPU): the cells' pretraining
     and evaluation ask for one GPU each, as a GRES string; nothing else asks for one."""
     cfg = write_config(tmp_path / "config.yaml", results_dir=str(tmp_path / "results"), device="auto")
-    dry = dry_run(tmp_path, SLURM_PROFILE.parent, env={"SBATCH_PARTITION": "gpu-test", "SBATCH_ACCOUNT": "proj-test"},
-                  config=cfg)
+    dry = dry_run(
+        tmp_path, SLURM_PROFILE.parent, env={"SBATCH_PARTITION": "gpu-test", "SBATCH_ACCOUNT": "proj-test"}, config=cfg
+    )
     res = job_resources(dry)
     want_gres = {"pretrain": "gpu:1", "evaluate": "gpu:1", "report": None, "baseline": None, "prepare_data": None}
     for rule, gres in want_gres.items():
@@ -91,8 +91,10 @@ def test_grouping_submits_one_job_per_cell(tmp_path):
     (tmp_path / "nogroups").mkdir()
     (tmp_path / "nogroups" / "profile.yaml").write_text(yaml.safe_dump(prof))
     ungrouped = cluster.count_submissions(dry_run(tmp_path / "u", tmp_path / "nogroups", config=cfg))
-    print(f"\nsmoke study ({n_cells} cells): {ungrouped['total']} SLURM jobs without grouping, "
-          f"{grouped['total']} with the profile's groups")
+    print(
+        f"\nsmoke study ({n_cells} cells): {ungrouped['total']} SLURM jobs without grouping, "
+        f"{grouped['total']} with the profile's groups"
+    )
     other = grouped["single_jobs"]  # data preparation, baselines, report, ...: not grouped
     assert other >= 1 + n_base + 1
     assert ungrouped == {"group_jobs": 0, "single_jobs": 2 * n_cells + other, "total": 2 * n_cells + other}
@@ -103,18 +105,22 @@ def test_cells_per_gpu_groups_of_cells_share_one_gpu_and_devices_ask_for_tasks(t
     """cells_per_gpu 2 with --group-components cell=2: each SLURM job holds two cells and
     asks for ONE GPU (a GRES string is not summed over the group's cells); a cell on 2
     devices asks for 2 GPUs, 2 tasks (one per GPU) and runs through srun."""
-    cfg = write_config(tmp_path / "config.yaml", results_dir=str(tmp_path / "results"), device="auto",
-                       cells_per_gpu=2)
-    dry = dry_run(tmp_path / "k", SLURM_PROFILE.parent, config=cfg)
+    cfg = write_config(tmp_path / "config.yaml", results_dir=str(tmp_path / "results"), device="auto", cells_per_gpu=2)
+    dry_run(tmp_path / "k", SLURM_PROFILE.parent, config=cfg)
     n_cells, _ = _smoke_shape(cfg)
-    out = run(snakemake_cmd(tmp_path / "k2", cfg, SLURM_PROFILE.parent, "-n", "--group-components", "cell=2"),
-              cwd=tmp_path, env=cluster.env_with_venv(), timeout=300)
+    out = run(
+        snakemake_cmd(tmp_path / "k2", cfg, SLURM_PROFILE.parent, "-n", "--group-components", "cell=2"),
+        cwd=tmp_path,
+        env=cluster.env_with_venv(),
+        timeout=300,
+    )
     assert out.returncode == 0, out.stdout[-3000:]
     groups = re.findall(r"Group job .*?\n(?:.*\n)*?.*?resources: ([^\n]*)", out.stdout)
     assert cluster.count_submissions(out.stdout)["group_jobs"] == n_cells // 2
     assert groups and all(res_value("resources: " + g, "gres") == "gpu:1" for g in groups), groups
-    two = write_config(tmp_path / "two.yaml", results_dir=str(tmp_path / "results2"), device="auto",
-                       train={"devices": 2})
+    two = write_config(
+        tmp_path / "two.yaml", results_dir=str(tmp_path / "results2"), device="auto", train={"devices": 2}
+    )
     res = job_resources(dry_run(tmp_path / "t", SLURM_PROFILE.parent, config=two))
     for line in res["pretrain"]:
         assert (res_value(line, "gres"), res_value(line, "tasks"), res_value(line, "mpi")) == ("gpu:2", "2", "srun")
@@ -140,8 +146,10 @@ def smoke_slurm(tmp_path_factory, slurm):
 @pytest.mark.slow
 def test_smoke_study_runs_as_slurm_jobs_and_builds_the_report(smoke_slurm, slurm, tmp_path):
     r = smoke_slurm
-    print(f"\nsmoke study through the local SLURM: {r['wall_s']:.0f} s wall, {len(r['jobids'])} SLURM jobs"
-          + (" (alongside the HTTP smoke run)" if r.get("concurrent") else ""))
+    print(
+        f"\nsmoke study through the local SLURM: {r['wall_s']:.0f} s wall, {len(r['jobids'])} SLURM jobs"
+        + (" (alongside the HTTP smoke run)" if r.get("concurrent") else "")
+    )
     assert r["rc"] == 0, r["output"][-4000:]
     results = r["results"]
     assert (results / "report" / "index.md").is_file()
@@ -176,8 +184,11 @@ def test_smoke_study_runs_as_slurm_jobs_and_builds_the_report(smoke_slurm, slurm
     # every cell's MLflow run (local SQLite store on this shared file system) is finished
     from smallbatch.tracking import TAG_KIND, TAG_STATUS
 
-    runs = [run_ for run_ in cluster.mlflow_runs(f"sqlite:///{results / 'mlflow.db'}", "smallbatch-smoke")
-            if run_.data.tags.get(TAG_KIND) in ("cell", "baseline")]
+    runs = [
+        run_
+        for run_ in cluster.mlflow_runs(f"sqlite:///{results / 'mlflow.db'}", "smallbatch-smoke")
+        if run_.data.tags.get(TAG_KIND) in ("cell", "baseline")
+    ]
     assert len(runs) == n_cells + n_base
     assert {run_.data.tags[TAG_STATUS] for run_ in runs} == {"finished"}
 
@@ -189,17 +200,27 @@ def test_preempted_slurm_job_resumes_on_retry(tmp_path, slurm):
     retry submits it again and it resumes from state.pt."""
     cell = "digits/infonce/bs16-t0.5-s0"
     results = tmp_path / "results"
-    cfg = write_config(tmp_path / "config.yaml", results_dir=str(results), study="slurm-preempt",
-                       grid={"losses": ["infonce"], "batch_sizes": [16], "temperatures": [0.5], "seeds": [0]},
-                       train={"epochs": 8, "width": 8, "proj_hidden": 32, "proj_dim": 16, "log_every": 5},
-                       baselines=False)
+    cfg = write_config(
+        tmp_path / "config.yaml",
+        results_dir=str(results),
+        study="slurm-preempt",
+        grid={"losses": ["infonce"], "batch_sizes": [16], "temperatures": [0.5], "seeds": [0]},
+        train={"epochs": 8, "width": 8, "proj_hidden": 32, "proj_dim": 16, "log_every": 5},
+        baselines=False,
+    )
     prof = cluster.slurm_test_profile(tmp_path / "profile", logdir=tmp_path / "slurm_logs")
     env = cluster.env_with_venv({"SBATCH_PARTITION": "local"})
     target = str(results / "runs" / cell / "checkpoint.pt")
     log = tmp_path / "snakemake.out"
     fh = open(log, "w")
-    proc = subprocess.Popen(snakemake_cmd(tmp_path, cfg, prof, target), cwd=tmp_path, env=env, stdout=fh,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        snakemake_cmd(tmp_path, cfg, prof, target),
+        cwd=tmp_path,
+        env=env,
+        stdout=fh,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     state = results / "runs" / cell / "state.pt"
     try:
         cluster.wait_until(lambda: state.exists() or proc.poll() is not None, 600, "the first state.pt", 0.05)
@@ -214,8 +235,9 @@ def test_preempted_slurm_job_resumes_on_retry(tmp_path, slurm):
         try:
             assert slurm.job(jid).get("JobState") == "RUNNING"
             subprocess.run(["scancel", "--signal=TERM", "--full", jid], check=True, timeout=30)
-            cluster.wait_until(lambda: cluster.signal_pending(trainer, signal.SIGTERM), 120,
-                               "SLURM's SIGTERM to reach the trainer")
+            cluster.wait_until(
+                lambda: cluster.signal_pending(trainer, signal.SIGTERM), 120, "SLURM's SIGTERM to reach the trainer"
+            )
         finally:
             os.kill(trainer, signal.SIGCONT)
         proc.wait(timeout=900)
@@ -244,8 +266,9 @@ def test_preempted_slurm_job_resumes_on_retry(tmp_path, slurm):
     (run_,) = cluster.mlflow_runs(uri, "slurm-preempt")
     steps = [m.step for m in client.get_metric_history(run_.info.run_id, "train/loss")]
     total = int(__import__("torch").load(target, weights_only=False)["steps"])
-    assert sorted(steps) == sorted(set(steps)) == sorted(set(list(range(5, total + 1, 5)) + [total])), \
+    assert sorted(steps) == sorted(set(steps)) == sorted(set(list(range(5, total + 1, 5)) + [total])), (
         "the loss history has gaps or duplicates after the preemption"
+    )
 
 
 @pytest.mark.slow
@@ -259,23 +282,50 @@ def test_a_two_task_cell_runs_through_srun_with_gloo(tmp_path, slurm):
     train = {"steps": 12, "width": 4, "proj_hidden": 16, "proj_dim": 8, "log_every": 4, "precision": "fp64"}
     grid = {"losses": ["dcl"], "batch_sizes": [32], "temperatures": [0.5], "seeds": [0]}
     results = tmp_path / "results"
-    cfg = write_config(tmp_path / "config.yaml", results_dir=str(results), study="slurm-ddp", device="cpu",
-                       grid=grid, train={**train, "devices": 2}, baselines=False, experiments={"mi": {"enabled": False}})
+    cfg = write_config(
+        tmp_path / "config.yaml",
+        results_dir=str(results),
+        study="slurm-ddp",
+        device="cpu",
+        grid=grid,
+        train={**train, "devices": 2},
+        baselines=False,
+        experiments={"mi": {"enabled": False}},
+    )
     prof = cluster.slurm_test_profile(tmp_path / "profile", logdir=tmp_path / "slurm_logs")
     env = cluster.env_with_venv({"SBATCH_PARTITION": "local"})
     target = str(results / "runs" / cell / "checkpoint.pt")
-    res = run(snakemake_cmd(tmp_path, cfg, prof, target), cwd=tmp_path, env=env, timeout=900,
-              log=tmp_path / "snakemake.out")
+    res = run(
+        snakemake_cmd(tmp_path, cfg, prof, target), cwd=tmp_path, env=env, timeout=900, log=tmp_path / "snakemake.out"
+    )
     assert res.returncode == 0, res.stdout[-4000:]
     plog = (results / "logs" / "pretrain" / f"{cell}.log").read_text()
     assert '"processes": 2' in plog, plog[-2000:]
     from smallbatch import tracking
 
     assert tracking.count_cell_runs(f"sqlite:///{results / 'mlflow.db'}", "slurm-ddp", cell) == 1
-    one = write_config(tmp_path / "one.yaml", results_dir=str(tmp_path / "one"), device="cpu", grid=grid,
-                       train={**train, "devices": 1}, baselines=False)
-    ref = run([str(cluster.BIN / "smallbatch"), "pretrain", "--config", str(one), "--cell-id", cell,
-               "--tracking-uri", "none", "--no-progress"], timeout=300)
+    one = write_config(
+        tmp_path / "one.yaml",
+        results_dir=str(tmp_path / "one"),
+        device="cpu",
+        grid=grid,
+        train={**train, "devices": 1},
+        baselines=False,
+    )
+    ref = run(
+        [
+            str(cluster.BIN / "smallbatch"),
+            "pretrain",
+            "--config",
+            str(one),
+            "--cell-id",
+            cell,
+            "--tracking-uri",
+            "none",
+            "--no-progress",
+        ],
+        timeout=300,
+    )
     assert ref.returncode == 0, ref.stderr[-2000:]
     a = torch.load(target, weights_only=False)["model"]
     b = torch.load(tmp_path / "one" / "runs" / cell / "checkpoint.pt", weights_only=False)["model"]

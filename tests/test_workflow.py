@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
 from cluster import job_resources
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,15 +29,33 @@ BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.slow
 
 
-def snakemake(*args: str, results: Path | str, timeout: int = 600, configfile: Path = SMOKE,
-              extra_config: tuple[str, ...] = (), cwd: Path = ROOT) -> subprocess.CompletedProcess:
+def snakemake(
+    *args: str,
+    results: Path | str,
+    timeout: int = 600,
+    configfile: Path = SMOKE,
+    extra_config: tuple[str, ...] = (),
+    cwd: Path = ROOT,
+) -> subprocess.CompletedProcess:
     """Snakemake on the repository's Snakefile, run in ``cwd`` (its working directory, where
     it keeps its metadata in .snakemake/), with results_dir ``results``."""
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     env.pop("MLFLOW_TRACKING_URI", None)
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"),
-           "--configfile", str(configfile), "--workflow-profile", str(ROOT / "workflow/profiles/default"),
-           "--config", f"results_dir={results}", *extra_config, *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(ROOT / "Snakefile"),
+        "--configfile",
+        str(configfile),
+        "--workflow-profile",
+        str(ROOT / "workflow/profiles/default"),
+        "--config",
+        f"results_dir={results}",
+        *extra_config,
+        *args,
+    ]
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -81,8 +98,8 @@ def _runs(results: Path) -> pd.DataFrame:
 
 
 def test_every_cell_has_real_numbers_in_mlflow_and_files(study):
-    from smallbatch.cells import expand_cells
-    from smallbatch.config import load_config
+    from smallbatch.pipeline.cells import expand_cells
+    from smallbatch.pipeline.config import load_config
 
     cfg = load_config(SMOKE)
     cells = expand_cells(cfg)
@@ -108,7 +125,7 @@ def test_every_cell_has_real_numbers_in_mlflow_and_files(study):
 
 
 def test_jobs_ran_in_the_warm_server_which_stopped_with_the_run(study):
-    """A local run hands its jobs to the warm-start server (smallbatch.warm), one child per
+    """A local run hands its jobs to the warm-start server (smallbatch.pipeline.warm), one child per
     job, each exiting 0; Snakemake's onsuccess stops it and its socket is gone."""
     log = (study / "logs" / "warm_server.log").read_text().splitlines()
     socket_path = next(line.split(" ready on ")[1] for line in log if " ready on " in line)
@@ -181,8 +198,8 @@ def test_changing_one_loss_config_reruns_exactly_its_cells(study, tmp_path):
     jobs = planned_jobs(proc)
     # flatnce's two cells get new ids (flatnce-gamma2): two new pretrainings, infonce untouched
     assert jobs.get("pretrain") == 2, jobs
-    from smallbatch.cells import expand_cells
-    from smallbatch.config import load_config
+    from smallbatch.pipeline.cells import expand_cells
+    from smallbatch.pipeline.config import load_config
 
     flatnce = sorted(c for c in expand_cells(load_config(changed)) if "/flatnce" in c)
     assert len(flatnce) == 2 and all("/flatnce-gamma2/" in c for c in flatnce), flatnce
@@ -190,12 +207,11 @@ def test_changing_one_loss_config_reruns_exactly_its_cells(study, tmp_path):
 
 
 def test_default_config_lists_every_cell():
-    from smallbatch.cells import expand_cells
-    from smallbatch.config import load_config
+    from smallbatch.pipeline.cells import expand_cells
+    from smallbatch.pipeline.config import load_config
 
     n = len(expand_cells(load_config(ROOT / "config.yaml")))
-    proc = snakemake("-n", results=Path("/tmp/smallbatch-dryrun-default"), configfile=ROOT / "config.yaml",
-                     timeout=300)
+    proc = snakemake("-n", results=Path("/tmp/smallbatch-dryrun-default"), configfile=ROOT / "config.yaml", timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     jobs = planned_jobs(proc)
     assert jobs["pretrain"] == n and jobs["evaluate"] == n
@@ -220,7 +236,9 @@ def test_gpu_cells_ask_for_gpus_and_share_them(tmp_path):
     res = job_resources(proc.stdout)
     assert all("gres=gpu:1" in r and "gpu_permille=250" in r for r in res["pretrain"]), res["pretrain"]
     assert all("gres=gpu:1" in r for r in res["evaluate"])
-    assert all("gres" not in r and "gpu" not in r for rule in ("report", "baseline", "mi_bench") for r in res.get(rule, []))
+    assert all(
+        "gres" not in r and "gpu" not in r for rule in ("report", "baseline", "mi_bench") for r in res.get(rule, [])
+    )
     import yaml
 
     cfg = yaml.safe_load(SMOKE.read_text())
@@ -230,16 +248,20 @@ def test_gpu_cells_ask_for_gpus_and_share_them(tmp_path):
     proc = snakemake("-n", results=tmp_path / "two", configfile=two, extra_config=("device=cuda",), timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     res = job_resources(proc.stdout)
-    assert all("gres=gpu:2" in r and "gpu_permille=2000" in r and "tasks=2" in r and "mpi=srun" in r
-               for r in res["pretrain"]), res["pretrain"]
+    assert all(
+        "gres=gpu:2" in r and "gpu_permille=2000" in r and "tasks=2" in r and "mpi=srun" in r for r in res["pretrain"]
+    ), res["pretrain"]
 
 
-@pytest.mark.parametrize("override, key", [
-    ("grid={losses: [infonce, flatnc]}", "grid.losses[1]"),
-    ("grid={batch_sizes: [1, 16]}", "grid.batch_sizes[0]"),
-    ("grid={temperatures: [-0.1]}", "grid.temperatures[0]"),
-    ("grid={batchsizes: [16]}", "grid.batchsizes"),
-])
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("grid={losses: [infonce, flatnc]}", "grid.losses[1]"),
+        ("grid={batch_sizes: [1, 16]}", "grid.batch_sizes[0]"),
+        ("grid={temperatures: [-0.1]}", "grid.temperatures[0]"),
+        ("grid={batchsizes: [16]}", "grid.batchsizes"),
+    ],
+)
 def test_bad_config_stops_before_any_job(tmp_path, override, key):
     proc = snakemake("-n", results=tmp_path, extra_config=(override,), timeout=300)
     assert proc.returncode != 0
@@ -262,7 +284,7 @@ def test_keep_features_writes_the_features_file(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     cell = results / "runs" / "digits" / "infonce" / "bs16-t0.5-s0"
     assert (cell / "knn.json").exists() and (cell / "linear.json").exists() and (cell / "features.npz").exists()
-    from smallbatch.evaluate import load_features
+    from smallbatch.evaluation.embed import load_features
 
     assert load_features(cell / "features.npz").meta["cell_id"] == "digits/infonce/bs16-t0.5-s0"
     proc = snakemake("-n", results=results, configfile=changed)
@@ -271,8 +293,13 @@ def test_keep_features_writes_the_features_file(tmp_path):
 
 def test_lint_is_clean():
     """`snakemake --lint` on the default config, from the repository root (as .ci/run runs it)."""
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "--lint", "--configfile", "config.yaml"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--lint", "--configfile", "config.yaml"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "Lints for" not in proc.stdout + proc.stderr
 
@@ -284,7 +311,9 @@ def test_a_dry_run_prints_one_short_line_per_job(tmp_path):
     proc = snakemake("-n", results=tmp_path / "results", timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout + proc.stderr
-    commands = [line for line in out.splitlines() if line.startswith("Shell command: ") and line != "Shell command: None"]
+    commands = [
+        line for line in out.splitlines() if line.startswith("Shell command: ") and line != "Shell command: None"
+    ]
     jobs = planned_jobs(proc)
     assert len(commands) == sum(n for rule, n in jobs.items() if rule != "all"), jobs
     cells = [c for c in commands if " pretrain " in c or " evaluate " in c or " baseline " in c]

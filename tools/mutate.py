@@ -43,89 +43,197 @@ class Mutant:
 
 #: the fast tests that guard each file (files missing at the commit are left out)
 TESTS = {
-    "src/smallbatch/losses.py": ["tests/test_losses.py", "tests/test_losses_precision.py"],
-    "src/smallbatch/cells.py": ["tests/test_config.py"],
-    "src/smallbatch/report/evidence.py": ["tests/test_evidence.py"],
-    "src/smallbatch/gradcache.py": ["tests/test_gradcache.py"],
-    "src/smallbatch/negatives.py": ["tests/test_controls.py", "tests/test_train.py::test_queue_cell_trains_with_k_equal_to_queue_size",
-                                    "tests/test_train.py::test_momentum_encoder_is_the_ema_of_the_query_encoder_and_its_keys_are_queued"],
+    "src/smallbatch/losses.py": ["tests/core/test_losses.py", "tests/core/test_losses_precision.py"],
+    "src/smallbatch/pipeline/cells.py": ["tests/pipeline/test_config.py"],
+    "src/smallbatch/report/evidence.py": ["tests/report/test_evidence.py"],
+    "src/smallbatch/training/gradcache.py": ["tests/training/test_gradcache.py"],
+    "src/smallbatch/training/negatives.py": [
+        "tests/training/test_controls.py",
+        "tests/training/test_train.py::test_queue_cell_trains_with_k_equal_to_queue_size",
+        "tests/training/test_train.py::test_momentum_encoder_is_the_ema_of_the_query_encoder_and_its_keys_are_queued",
+    ],
 }
 
-L, C, E, G, N = (f"src/smallbatch/{f}" for f in ("losses.py", "cells.py", "report/evidence.py", "gradcache.py",
-                                                   "negatives.py"))
+L, C, E, G, N = (
+    f"src/smallbatch/{f}"
+    for f in ("losses.py", "pipeline/cells.py", "report/evidence.py", "training/gradcache.py", "training/negatives.py")
+)
 MUTANTS = [
     # losses: the formulas, the scores, the mask
-    Mutant(L, "    logits = torch.cat([xp[:, None], xn], dim=1)\n    return torch.logsumexp(logits, dim=1) - xp",
-           "    logits = torch.cat([xp[:, None], xn], dim=1)\n    return torch.logsumexp(logits, dim=1) + xp",
-           "InfoNCE rows: + s_p/tau instead of -"),
-    Mutant(L, "sim = z[rows] @ z.T\n    partner = (rows + n) % m", "sim = z[rows] @ z.T\n    partner = (rows + n - 1) % m",
-           "in-batch positive: the neighbouring view"),
-    Mutant(L, "z = F.normalize(torch.cat([z1, z2], dim=0).to(dt), dim=1)",
-           "z = F.normalize(torch.cat([z1, z2], dim=0).to(dt), dim=0)", "scores: normalised over the batch axis"),
-    Mutant(L, 'x.masked_fill(~neg_mask, float("-inf"))', 'x.masked_fill(neg_mask, float("-inf"))',
-           "mask: the valid negatives removed instead of the invalid"),
-    Mutant(L, "rows = torch.logsumexp(_masked(neg / tau, neg_mask), dim=1) - pos / tau",
-           "rows = torch.logsumexp(_masked(neg / tau, neg_mask), dim=1) - pos",
-           "DCL: the positive not divided by tau"),
-    Mutant(L, "return 2.0 - p.shape[0] * torch.softmax(p / self.sigma, dim=0)",
-           "return 1.0 - p.shape[0] * torch.softmax(p / self.sigma, dim=0)", "DCLW weights: 1 - ... (mean 0)"),
-    Mutant(L, "xn = xn + torch.log(self.alpha / k)[:, None]", "xn = xn + torch.log(k / self.alpha)[:, None]",
-           "EqCo: K/alpha instead of alpha/K"),
-    Mutant(L, "l = (torch.logsumexp(_masked(g * x, neg_mask), dim=1) - logk) / g + logk",
-           "l = (torch.logsumexp(_masked(g * x, neg_mask), dim=1) - logk) / g - logk",
-           "FlatNCE Hoelder: - log K instead of +"),
+    Mutant(
+        L,
+        "    logits = torch.cat([xp[:, None], xn], dim=1)\n    return torch.logsumexp(logits, dim=1) - xp",
+        "    logits = torch.cat([xp[:, None], xn], dim=1)\n    return torch.logsumexp(logits, dim=1) + xp",
+        "InfoNCE rows: + s_p/tau instead of -",
+    ),
+    Mutant(
+        L,
+        "sim = z[rows] @ z.T\n    partner = (rows + n) % m",
+        "sim = z[rows] @ z.T\n    partner = (rows + n - 1) % m",
+        "in-batch positive: the neighbouring view",
+    ),
+    Mutant(
+        L,
+        "z = F.normalize(torch.cat([z1, z2], dim=0).to(dt), dim=1)",
+        "z = F.normalize(torch.cat([z1, z2], dim=0).to(dt), dim=0)",
+        "scores: normalised over the batch axis",
+    ),
+    Mutant(
+        L,
+        'x.masked_fill(~neg_mask, float("-inf"))',
+        'x.masked_fill(neg_mask, float("-inf"))',
+        "mask: the valid negatives removed instead of the invalid",
+    ),
+    Mutant(
+        L,
+        "rows = torch.logsumexp(masked(neg / tau, neg_mask), dim=1) - pos / tau",
+        "rows = torch.logsumexp(masked(neg / tau, neg_mask), dim=1) - pos",
+        "DCL: the positive not divided by tau",
+    ),
+    Mutant(
+        L,
+        "return 2.0 - p.shape[0] * torch.softmax(p / self.sigma, dim=0)",
+        "return 1.0 - p.shape[0] * torch.softmax(p / self.sigma, dim=0)",
+        "DCLW weights: 1 - ... (mean 0)",
+    ),
+    Mutant(
+        L,
+        "xn = xn + torch.log(self.alpha / k)[:, None]",
+        "xn = xn + torch.log(k / self.alpha)[:, None]",
+        "EqCo: K/alpha instead of alpha/K",
+    ),
+    Mutant(
+        L,
+        "l = (torch.logsumexp(masked(g * x, neg_mask), dim=1) - logk) / g + logk",
+        "l = (torch.logsumexp(masked(g * x, neg_mask), dim=1) - logk) / g - logk",
+        "FlatNCE Hoelder: - log K instead of +",
+    ),
     Mutant(L, "x = (neg - pos[:, None]) / tau", "x = (neg - pos[:, None]) * tau", "FlatNCE: logits times tau"),
-    Mutant(L, "return LossOutput(loss=loss_rows.mean(),", "return LossOutput(loss=loss_rows.sum(),",
-           "loss: summed over anchors, not averaged"),
+    Mutant(
+        L,
+        "return LossOutput(loss=loss_rows.mean(),",
+        "return LossOutput(loss=loss_rows.sum(),",
+        "loss: summed over anchors, not averaged",
+    ),
     # cells: what the hash covers, K, the ids
-    Mutant(C, "return {k: v for k, v in items if k not in skip[section]\n",
-           "return {k: v for k, v in items if True\n", "hash: execution settings hashed"),
-    Mutant(C, "return {k: v for k, v in items if k not in skip[section]\n",
-           'return {k: v for k, v in items if k not in skip[section] and k != "weight_decay"\n',
-           "hash: weight_decay left out (issue 28's mutant)"),
-    Mutant(C, "and not (k in later[section] and v == later[section][k])}",
-           "and not (k in later[section])}", "hash: a later key left out even when set"),
-    Mutant(C, "return int(queue_size) if queue_size else 2 * int(batch_size) - 2",
-           "return int(queue_size) if queue_size else 2 * int(batch_size) - 1", "K = 2N-1"),
-    Mutant(C, "if v is not None and (k not in defaults or v != defaults[k]))",
-           "if v is not None and (k not in defaults or v == defaults[k]))", "id names the default parameters"),
+    Mutant(
+        C,
+        "if k not in skip[section] and not (k in later[section] and v == later[section][k])",
+        "if not (k in later[section] and v == later[section][k])",
+        "hash: execution settings hashed",
+    ),
+    Mutant(
+        C,
+        "if k not in skip[section] and not (k in later[section] and v == later[section][k])",
+        'if k not in skip[section] and k != "weight_decay" and not (k in later[section] and v == later[section][k])',
+        "hash: weight_decay left out (issue 28's mutant)",
+    ),
+    Mutant(
+        C,
+        "and not (k in later[section] and v == later[section][k])",
+        "and not (k in later[section])",
+        "hash: a later key left out even when set",
+    ),
+    Mutant(
+        C,
+        "return int(queue_size) if queue_size else 2 * int(batch_size) - 2",
+        "return int(queue_size) if queue_size else 2 * int(batch_size) - 1",
+        "K = 2N-1",
+    ),
+    Mutant(
+        C,
+        "if v is not None and (k not in defaults or v != defaults[k])",
+        "if v is not None and (k not in defaults or v == defaults[k])",
+        "id names the default parameters",
+    ),
     Mutant(C, '"seed": int(seed),', '"seed": 0,', "the seed dropped from the cell"),
     # evidence: the t tests, Holm, the verdicts
-    Mutant(E, "p = float(2 * _t().sf(abs(diff) / se, df))", "p = float(2 * _t().sf(diff / se, df))",
-           "t test: abs() lost (a negative difference never significant)"),
-    Mutant(E, "p = float(2 * _t().sf(abs(diff) / se, df))", "p = float(_t().sf(abs(diff) / se, df))",
-           "t test: one-sided p"),
-    Mutant(E, "h = float(_t().ppf(1 - alpha / 2, df)) * se", "h = float(_t().ppf(1 - alpha, df)) * se",
-           "interval: 90 % instead of 95 %"),
-    Mutant(E, "return bool(self.p_adj < ALPHA) if self.tested else None",
-           "return bool(self.p_adj <= ALPHA) if self.tested else None", "significance: boundary included"),
-    Mutant(E, "sd = math.sqrt(sum((x - d) ** 2 for x in per_seed) / (n - 1))",
-           "sd = math.sqrt(sum((x - d) ** 2 for x in per_seed) / n)", "paired sd: biased (n, not n - 1)"),
+    Mutant(
+        E,
+        "p = float(2 * _t().sf(abs(diff) / se, df))",
+        "p = float(2 * _t().sf(diff / se, df))",
+        "t test: abs() lost (a negative difference never significant)",
+    ),
+    Mutant(
+        E, "p = float(2 * _t().sf(abs(diff) / se, df))", "p = float(_t().sf(abs(diff) / se, df))", "t test: one-sided p"
+    ),
+    Mutant(
+        E,
+        "h = float(_t().ppf(1 - alpha / 2, df)) * se",
+        "h = float(_t().ppf(1 - alpha, df)) * se",
+        "interval: 90 % instead of 95 %",
+    ),
+    Mutant(
+        E,
+        "return bool(self.p_adj < ALPHA) if self.tested else None",
+        "return bool(self.p_adj <= ALPHA) if self.tested else None",
+        "significance: boundary included",
+    ),
+    Mutant(
+        E,
+        "sd = math.sqrt(sum((x - d) ** 2 for x in per_seed) / (n - 1))",
+        "sd = math.sqrt(sum((x - d) ** 2 for x in per_seed) / n)",
+        "paired sd: biased (n, not n - 1)",
+    ),
     Mutant(E, "if len(common) >= 2:", "if len(common) >= 3:", "paired t: needs three shared seeds"),
-    Mutant(E, "running = max(running, min(1.0, (m - rank) * ests[i].p))",
-           "running = max(running, min(1.0, (m - rank - 1) * ests[i].p))", "Holm: one test too few"),
-    Mutant(E, "running = max(running, min(1.0, (m - rank) * ests[i].p))",
-           "running = min(1.0, (m - rank) * ests[i].p)", "Holm: not monotone (step-down max lost)"),
-    Mutant(E, "df = se2 ** 2 / sum(w * w / (k - 1) for w, k in parts)",
-           "df = se2 ** 2 / sum(w * w / k for w, k in parts)", "Welch-Satterthwaite df: k instead of k - 1"),
-    Mutant(E, "hi = se * (crit + 4.0)\n    while short_of(hi) < 0:", "hi = se * (crit + 4.0)\n    while False:",
-           "MDE: search bracket never widened"),
+    Mutant(
+        E,
+        "running = max(running, min(1.0, (m - rank) * ests[i].p))",
+        "running = max(running, min(1.0, (m - rank - 1) * ests[i].p))",
+        "Holm: one test too few",
+    ),
+    Mutant(
+        E,
+        "running = max(running, min(1.0, (m - rank) * ests[i].p))",
+        "running = min(1.0, (m - rank) * ests[i].p)",
+        "Holm: not monotone (step-down max lost)",
+    ),
+    Mutant(
+        E,
+        "df = se2**2 / sum(w * w / (k - 1) for w, k in parts)",
+        "df = se2**2 / sum(w * w / k for w, k in parts)",
+        "Welch-Satterthwaite df: k instead of k - 1",
+    ),
+    Mutant(
+        E,
+        "hi = se * (crit + 4.0)\n    while short_of(hi) < 0:",
+        "hi = se * (crit + 4.0)\n    while False:",
+        "MDE: search bracket never widened",
+    ),
     # gradient caching: BatchNorm statistics and their gradient, the chunks
-    Mutant(G, "return grad + (a + 2 * b * (x - mean)) / count", "return grad + (a + b * (x - mean)) / count",
-           "BatchNorm statistics' gradient: B instead of 2B"),
+    Mutant(
+        G,
+        "return grad + (a + 2 * b * (x - mean)) / count",
+        "return grad + (a + b * (x - mean)) / count",
+        "BatchNorm statistics' gradient: B instead of 2B",
+    ),
     Mutant(G, "xs.var(dims, unbiased=False)", "xs.var(dims, unbiased=True)", "chunk variance unbiased"),
-    Mutant(G, "return [slice(i, min(i + chunk_size, n)) for i in range(0, n, chunk_size)]",
-           "return [slice(i, min(i + chunk_size, n - 1)) for i in range(0, n, chunk_size)]", "last row dropped"),
+    Mutant(
+        G,
+        "return [slice(i, min(i + chunk_size, n)) for i in range(0, n, chunk_size)]",
+        "return [slice(i, min(i + chunk_size, n - 1)) for i in range(0, n, chunk_size)]",
+        "last row dropped",
+    ),
     Mutant(G, "torch.rsqrt(var.view(shape) + m.eps)", "torch.rsqrt(var.view(shape))", "BatchNorm eps dropped"),
     # negatives: the momentum encoder, the masks
-    Mutant(N, "torch._foreach_add_(keys_p, query_p, alpha=1 - mom)", "torch._foreach_add_(keys_p, query_p, alpha=mom)",
-           "momentum encoder: EMA weights swapped"),
-    Mutant(N, "mask = mask & (self.labels[idx][:, None] != self.labels[key_idx][None, :])",
-           "mask = mask & (self.labels[idx][:, None] == self.labels[key_idx][None, :])",
-           "queue: same-class keys kept, others masked"),
-    Mutant(N, "return grouped_rows(lab[:, rows % g][:, :, None] != lab[:, cols])",
-           "return grouped_rows(lab[:, rows % g][:, :, None] == lab[:, cols])",
-           "in-batch: same-class negatives kept, others masked"),
+    Mutant(
+        N,
+        "torch._foreach_add_(keys_p, query_p, alpha=1 - mom)",
+        "torch._foreach_add_(keys_p, query_p, alpha=mom)",
+        "momentum encoder: EMA weights swapped",
+    ),
+    Mutant(
+        N,
+        "mask = mask & (self.labels[idx][:, None] != self.labels[key_idx][None, :])",
+        "mask = mask & (self.labels[idx][:, None] == self.labels[key_idx][None, :])",
+        "queue: same-class keys kept, others masked",
+    ),
+    Mutant(
+        N,
+        "return grouped_rows(lab[:, rows % g][:, :, None] != lab[:, cols])",
+        "return grouped_rows(lab[:, rows % g][:, :, None] == lab[:, cols])",
+        "in-batch: same-class negatives kept, others masked",
+    ),
 ]
 
 
@@ -133,8 +241,9 @@ def git(*args: str, cwd: Path = REPO) -> str:
     return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
 
 
-def run_tests(tree: Path, tests: list[str], timeout: float, first_failure: bool = True,
-              deselect: tuple[str, ...] = ()) -> tuple[bool, str, list[str]]:
+def run_tests(
+    tree: Path, tests: list[str], timeout: float, first_failure: bool = True, deselect: tuple[str, ...] = ()
+) -> tuple[bool, str, list[str]]:
     """(passed, a line saying how, the failed test ids) of the tests, against the tree's own package."""
     env = {**os.environ, "PYTHONPATH": str(tree / "src"), "PYTHONDONTWRITEBYTECODE": "1"}
     env.pop("SMALLBATCH_WARM", None)
@@ -157,8 +266,14 @@ def tests_of(tree: Path, file: str) -> list[str]:
 
 def check_imports_from(tree: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(tree / "src")}
-    where = subprocess.run([PYTHON, "-c", "import smallbatch; print(smallbatch.__file__)"], cwd=tree, env=env,
-                           capture_output=True, text=True, check=True).stdout.strip()
+    where = subprocess.run(
+        [PYTHON, "-c", "import smallbatch; print(smallbatch.__file__)"],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     if not where.startswith(str(tree)):
         sys.exit(f"mutate: the tests would import smallbatch from {where}, not from the worktree {tree}")
 
@@ -180,8 +295,10 @@ def mutate(tree: Path, mutants: list[Mutant], timeout: float, red: dict[str, lis
             path.write_text(text)  # also on Ctrl-C or a crash
         verdict = "missed" if passed else "caught"
         result[verdict].append(m)
-        print(f"[{i}/{len(mutants)}] {verdict.upper():6} {m.file}: {m.what} ({time.monotonic() - t0:.0f} s; {how})",
-              flush=True)
+        print(
+            f"[{i}/{len(mutants)}] {verdict.upper():6} {m.file}: {m.what} ({time.monotonic() - t0:.0f} s; {how})",
+            flush=True,
+        )
     return result
 
 
@@ -206,16 +323,18 @@ def main(argv: list[str] | None = None) -> int:
         for file in sorted({m.file for m in mutants}):
             t0 = time.monotonic()
             _, how, red[file] = run_tests(tree, tests_of(tree, file), args.timeout, first_failure=False)
-            print(f"baseline {file}: {' '.join(tests_of(tree, file))}: {how} ({time.monotonic() - t0:.0f} s)",
-                  flush=True)
+            print(
+                f"baseline {file}: {' '.join(tests_of(tree, file))}: {how} ({time.monotonic() - t0:.0f} s)", flush=True
+            )
             for node in red[file]:  # a mutant is judged by the tests that pass without it
                 print(f"  left out (fails unmutated): {node}")
         result = mutate(tree, mutants, args.timeout, red)
     finally:
         git("worktree", "remove", "--force", str(tree))
     n = len(mutants)
-    print(f"\n{len(result['caught'])} of {n} mutants caught, {len(result['missed'])} missed, "
-          f"{len(result['stale'])} stale")
+    print(
+        f"\n{len(result['caught'])} of {n} mutants caught, {len(result['missed'])} missed, {len(result['stale'])} stale"
+    )
     for m in result["missed"]:
         print(f"  MISSED {m.file}: {m.what}")
     for m in result["stale"]:

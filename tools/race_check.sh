@@ -11,14 +11,14 @@ TESTS=(
   "tests/test_faults.py::test_sigkill_of_the_whole_workflow_mid_epoch_then_rerun_resumes"
   "tests/test_faults.py::test_sigterm_preempted_job_exits_143_and_snakemake_retry_finishes_it"
   "tests/test_faults.py::test_mlflow_server_goes_away_mid_study_then_rerun_completes_without_duplicates"
-  "tests/test_warm.py"
-  "tests/test_reliability.py::test_a_second_trainer_of_a_cell_stops_at_once_naming_the_holder"
-  "tests/test_reliability.py::test_a_store_deleted_while_the_cell_trains_stops_it_before_the_next_save"
-  "tests/test_train.py::test_resume_after_sigkill_is_bitwise_identical"
-  "tests/test_train.py::test_sigterm_saves_state_at_current_step_and_exits_143"
-  "tests/test_report_package.py::test_stopped_server_fails_fast_with_one_line"
+  "tests/pipeline/test_warm.py"
+  "tests/pipeline/test_reliability.py::test_a_second_trainer_of_a_cell_stops_at_once_naming_the_holder"
+  "tests/pipeline/test_reliability.py::test_a_store_deleted_while_the_cell_trains_stops_it_before_the_next_save"
+  "tests/training/test_train.py::test_resume_after_sigkill_is_bitwise_identical"
+  "tests/training/test_train.py::test_sigterm_saves_state_at_current_step_and_exits_143"
+  "tests/report/test_report_package.py::test_stopped_server_fails_fast_with_one_line"
   "tests/test_slurm.py::test_preempted_slurm_job_resumes_on_retry"
-  "tests/test_rank_signals.py"
+  "tests/training/test_rank_signals.py"
 )
 hogs=()
 for _ in $(seq "$HOGS"); do (while :; do :; done) & hogs+=($!); done

@@ -75,19 +75,52 @@ __all__ = ["AugmentConfig", "BatchAugment", "RECIPES", "normalize", "rgb_to_hsv"
 #: Default parameter values of each recipe.
 RECIPES: dict[str, dict[str, Any]] = {
     "simclr": dict(
-        crop_scale=(0.08, 1.0), crop_ratio=(3 / 4, 4 / 3), flip_p=0.5,
-        jitter_p=0.8, jitter_strength=1.0, brightness=0.8, contrast=0.8, saturation=0.8, hue=0.2,
-        grayscale_p=0.2, blur_p=0.5, blur_sigma=(0.1, 2.0), blur_kernel_frac=0.1, blur_min_size=96,
+        crop_scale=(0.08, 1.0),
+        crop_ratio=(3 / 4, 4 / 3),
+        flip_p=0.5,
+        jitter_p=0.8,
+        jitter_strength=1.0,
+        brightness=0.8,
+        contrast=0.8,
+        saturation=0.8,
+        hue=0.2,
+        grayscale_p=0.2,
+        blur_p=0.5,
+        blur_sigma=(0.1, 2.0),
+        blur_kernel_frac=0.1,
+        blur_min_size=96,
     ),
     "gray_small": dict(
-        crop_scale=(0.08, 1.0), crop_ratio=(3 / 4, 4 / 3), flip_p=0.5,
-        jitter_p=0.8, jitter_strength=0.5, brightness=0.8, contrast=0.8, saturation=0.0, hue=0.0,
-        grayscale_p=0.0, blur_p=0.0, blur_sigma=(0.1, 2.0), blur_kernel_frac=0.1, blur_min_size=96,
+        crop_scale=(0.08, 1.0),
+        crop_ratio=(3 / 4, 4 / 3),
+        flip_p=0.5,
+        jitter_p=0.8,
+        jitter_strength=0.5,
+        brightness=0.8,
+        contrast=0.8,
+        saturation=0.0,
+        hue=0.0,
+        grayscale_p=0.0,
+        blur_p=0.0,
+        blur_sigma=(0.1, 2.0),
+        blur_kernel_frac=0.1,
+        blur_min_size=96,
     ),
     "none": dict(
-        crop_scale=(1.0, 1.0), crop_ratio=(1.0, 1.0), flip_p=0.0,
-        jitter_p=0.0, jitter_strength=0.0, brightness=0.0, contrast=0.0, saturation=0.0, hue=0.0,
-        grayscale_p=0.0, blur_p=0.0, blur_sigma=(0.1, 2.0), blur_kernel_frac=0.1, blur_min_size=96,
+        crop_scale=(1.0, 1.0),
+        crop_ratio=(1.0, 1.0),
+        flip_p=0.0,
+        jitter_p=0.0,
+        jitter_strength=0.0,
+        brightness=0.0,
+        contrast=0.0,
+        saturation=0.0,
+        hue=0.0,
+        grayscale_p=0.0,
+        blur_p=0.0,
+        blur_sigma=(0.1, 2.0),
+        blur_kernel_frac=0.1,
+        blur_min_size=96,
     ),
 }
 
@@ -216,7 +249,7 @@ def normalize(x: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> t
 
 def _gray(x: torch.Tensor) -> torch.Tensor:
     """Luma (n, 1, H, W) of (n, 3, H, W) RGB in [0, 1], torchvision's weights."""
-    return (0.299 * x[:, 0:1] + 0.587 * x[:, 1:2] + 0.114 * x[:, 2:3])
+    return 0.299 * x[:, 0:1] + 0.587 * x[:, 1:2] + 0.114 * x[:, 2:3]
 
 
 def rgb_to_hsv(x: torch.Tensor) -> torch.Tensor:
@@ -272,13 +305,14 @@ def _hue(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
 _JITTER_OPS = (_brightness, _contrast, _saturation, _hue)
 
 
-def _axis_aligned_grid(sx: torch.Tensor, tx: torch.Tensor, sy: torch.Tensor, ty: torch.Tensor,
-                       side: int) -> torch.Tensor:
+def _axis_aligned_grid(
+    sx: torch.Tensor, tx: torch.Tensor, sy: torch.Tensor, ty: torch.Tensor, side: int
+) -> torch.Tensor:
     """``F.affine_grid`` (``align_corners=False``) of the per-sample maps x' = sx x + tx,
     y' = sy y + ty on a ``side`` x ``side`` output, ``(B, side, side, 2)``: a crop + flip
     has no shear, so two products and sums per row/column instead of affine_grid's batched
     (B, side², 3) x (3, 2) product (a quarter of a batch-16 augmentation on the CPU; the
-    same floats as affine_grid's, checked in tests/test_augment.py)."""
+    same floats as affine_grid's, checked in tests/core/test_augment.py)."""
     base = torch.linspace(-1.0, 1.0, side, dtype=sx.dtype, device=sx.device) * (side - 1) / side  # as affine_grid
     b = sx.shape[0]
     gx = (base.view(1, 1, side) * sx.view(b, 1, 1) + tx.view(b, 1, 1)).expand(b, side, side)
@@ -383,8 +417,9 @@ class BatchAugment:
         y0 = torch.where(any_valid, (height - h) * pos[:, 1], (height - h) / 2)
         return torch.stack((x0, y0, w, h), dim=1)
 
-    def draw(self, batch: int, generator: torch.Generator | None = None,
-             device: torch.device | str | None = None) -> torch.Tensor:
+    def draw(
+        self, batch: int, generator: torch.Generator | None = None, device: torch.device | str | None = None
+    ) -> torch.Tensor:
         """All random numbers of a batch of ``batch`` images in one draw: ``(batch, COLUMNS)``
         uniforms on ``device`` (default: the generator's), from ``generator``."""
         gen_device = generator.device if generator is not None else torch.device("cpu")
@@ -415,14 +450,22 @@ class BatchAugment:
         if batch == 0:
             return torch.empty((0, channels, size, size), dtype=torch.float32, device=device)
         col = 0
-        u_crop = u[:, col : col + self._N_CROP]; col += self._N_CROP  # noqa: E702
-        u_flip = u[:, col]; col += 1  # noqa: E702
-        u_jit = u[:, col]; col += 1  # noqa: E702
-        u_fac = u[:, col : col + 4]; col += 4  # noqa: E702
-        u_order = u[:, col : col + 4]; col += 4  # noqa: E702
-        u_gray = u[:, col]; col += 1  # noqa: E702
-        u_blur = u[:, col]; col += 1  # noqa: E702
-        u_sigma = u[:, col]; col += 1  # noqa: E702
+        u_crop = u[:, col : col + self._N_CROP]
+        col += self._N_CROP  # noqa: E702
+        u_flip = u[:, col]
+        col += 1  # noqa: E702
+        u_jit = u[:, col]
+        col += 1  # noqa: E702
+        u_fac = u[:, col : col + 4]
+        col += 4  # noqa: E702
+        u_order = u[:, col : col + 4]
+        col += 4  # noqa: E702
+        u_gray = u[:, col]
+        col += 1  # noqa: E702
+        u_blur = u[:, col]
+        col += 1  # noqa: E702
+        u_sigma = u[:, col]
+        col += 1  # noqa: E702
 
         out = self._crop_flip_resize(x, u_crop, u_flip)
         if cfg.jitter_p > 0 and self._active_ops:
@@ -443,14 +486,16 @@ class BatchAugment:
         x0, y0, w, h = box.unbind(1)
         flip = torch.where(u_flip < self.cfg.flip_p, -1.0, 1.0)
         k = max(1, math.ceil(max(height, width) / size))
-        grid = _axis_aligned_grid(flip * w / width, (2 * x0 + w) / width - 1, h / height,
-                                  (2 * y0 + h) / height - 1, size * k)
+        grid = _axis_aligned_grid(
+            flip * w / width, (2 * x0 + w) / width - 1, h / height, (2 * y0 + h) / height - 1, size * k
+        )
         img = x.to(torch.float32).div_(255.0)
         out = F.grid_sample(img, grid, mode="bilinear", padding_mode="border", align_corners=False)
         return F.avg_pool2d(out, k) if k > 1 else out
 
-    def _jitter(self, out: torch.Tensor, jitter: torch.Tensor, u_fac: torch.Tensor,
-                u_order: torch.Tensor) -> torch.Tensor:
+    def _jitter(
+        self, out: torch.Tensor, jitter: torch.Tensor, u_fac: torch.Tensor, u_order: torch.Tensor
+    ) -> torch.Tensor:
         """Colour jitter with per-sample factors and a per-sample order of the ops: at each
         position every active op is computed for the whole batch and kept (``torch.where``)
         for the samples whose order puts it there."""
@@ -483,6 +528,10 @@ class BatchAugment:
         batch, channels, height, width = x.shape
         weight = kernel.repeat_interleave(channels, dim=0)  # (B*C, K)
         flat = x.reshape(1, batch * channels, height, width)
-        flat = F.conv2d(F.pad(flat, (half, half, 0, 0), mode="reflect"), weight.view(-1, 1, 1, ksize), groups=batch * channels)
-        flat = F.conv2d(F.pad(flat, (0, 0, half, half), mode="reflect"), weight.view(-1, 1, ksize, 1), groups=batch * channels)
+        flat = F.conv2d(
+            F.pad(flat, (half, half, 0, 0), mode="reflect"), weight.view(-1, 1, 1, ksize), groups=batch * channels
+        )
+        flat = F.conv2d(
+            F.pad(flat, (0, 0, half, half), mode="reflect"), weight.view(-1, 1, ksize, 1), groups=batch * channels
+        )
         return flat.view(batch, channels, height, width)

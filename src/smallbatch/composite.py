@@ -46,8 +46,9 @@ def composite_labels(item_labels: np.ndarray, base_classes: int) -> np.ndarray:
     return item_labels @ weights
 
 
-def composite_sources(labels: np.ndarray, k: int, n: int, seed: int,
-                      base_classes: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def composite_sources(
+    labels: np.ndarray, k: int, n: int, seed: int, base_classes: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Which source images make each of ``n`` composites of ``k`` items.
 
     Returns ``(sources, composite_labels)``: ``sources[j, i]`` indexes ``labels`` (item i,
@@ -109,14 +110,20 @@ def _resize(images: torch.Tensor, height: int, width: int, chunk: int = 8192) ->
         return images
     out = torch.empty((images.shape[0], images.shape[1], height, width), dtype=torch.uint8)
     for start in range(0, images.shape[0], chunk):
-        block = torch.nn.functional.interpolate(images[start : start + chunk].float(), size=(height, width),
-                                                mode="bilinear", antialias=True, align_corners=False)
+        block = torch.nn.functional.interpolate(
+            images[start : start + chunk].float(),
+            size=(height, width),
+            mode="bilinear",
+            antialias=True,
+            align_corners=False,
+        )
         out[start : start + chunk] = block.round_().clamp_(0, 255).to(torch.uint8)
     return out
 
 
-def make_composites(images: torch.Tensor, labels, k: int, n: int, size: int, seed: int,
-                    base_classes: int | None = None) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+def make_composites(
+    images: torch.Tensor, labels, k: int, n: int, size: int, seed: int, base_classes: int | None = None
+) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
     """``n`` composites of ``k`` items of ``images`` (one split): (images ``uint8 (n, C, size,
     size)``, labels ``int64 (n,)``, sources ``int64 (n, k)`` indexing ``images``)."""
     sources, comp = composite_sources(np.asarray(labels), k, n, seed, base_classes)

@@ -94,12 +94,22 @@ __all__ = [
     "channel_stats",
 ]
 
-DATASETS: tuple[str, ...] = ("fashion_mnist", "digits", "cifar10", "cifar100", "stl10", "imagefolder",
-                              "fashion_mnist_pairs", "fashion_mnist_triples")
+DATASETS: tuple[str, ...] = (
+    "fashion_mnist",
+    "digits",
+    "cifar10",
+    "cifar100",
+    "stl10",
+    "imagefolder",
+    "fashion_mnist_pairs",
+    "fashion_mnist_triples",
+)
 
 #: composite data sets (:mod:`smallbatch.composite`): name -> (base data set, items per image)
-COMPOSITES: dict[str, tuple[str, int]] = {"fashion_mnist_pairs": ("fashion_mnist", 2),
-                                          "fashion_mnist_triples": ("fashion_mnist", 3)}
+COMPOSITES: dict[str, tuple[str, int]] = {
+    "fashion_mnist_pairs": ("fashion_mnist", 2),
+    "fashion_mnist_triples": ("fashion_mnist", 3),
+}
 
 #: Images per split of every data set whose size is fixed (``imagefolder``'s is known only
 #: once its folders are read: :func:`load_dataset` checks the subsets against what it read).
@@ -213,8 +223,16 @@ class ImageData:
         train_x = self.train_x.to(device)
         pretrain_x = train_x if self.pretrain_x is self.train_x else self.pretrain_x.to(device)
         return ImageData(
-            self.name, train_x, self.train_y.to(device), self.test_x.to(device), self.test_y.to(device),
-            pretrain_x, self.num_classes, self.mean, self.std, dict(self.meta),
+            self.name,
+            train_x,
+            self.train_y.to(device),
+            self.test_x.to(device),
+            self.test_y.to(device),
+            pretrain_x,
+            self.num_classes,
+            self.mean,
+            self.std,
+            dict(self.meta),
         )
 
 
@@ -313,8 +331,14 @@ def _labels(values: Any) -> torch.Tensor:
 #: how the data sets torchvision downloads are called in messages
 _DISPLAY = {"fashion_mnist": "Fashion-MNIST", "cifar10": "CIFAR-10", "cifar100": "CIFAR-100", "stl10": "STL-10"}
 #: a download that failed with one of these had no network to use
-_NETWORK_ERRNOS = {socket.EAI_NONAME, socket.EAI_AGAIN, errno.ECONNREFUSED, errno.ENETUNREACH,
-                   errno.EHOSTUNREACH, errno.ETIMEDOUT}
+_NETWORK_ERRNOS = {
+    socket.EAI_NONAME,
+    socket.EAI_AGAIN,
+    errno.ECONNREFUSED,
+    errno.ENETUNREACH,
+    errno.EHOSTUNREACH,
+    errno.ETIMEDOUT,
+}
 
 
 def _download_reason(exc: Exception) -> str:
@@ -336,13 +360,15 @@ def _download_reason(exc: Exception) -> str:
 def _failed_download(name: str, url: str, where: str, exc: Exception) -> FileNotFoundError:
     """One line for a torchvision download that failed: the URL, why, and where to put
     the files by hand instead."""
-    return FileNotFoundError(f"{name}: could not download {_DISPLAY[name]} from {url}: {_download_reason(exc)}; "
-                             f"put the files under {where}")
+    return FileNotFoundError(
+        f"{name}: could not download {_DISPLAY[name]} from {url}: {_download_reason(exc)}; put the files under {where}"
+    )
 
 
 @contextmanager
-def _torchvision_errors(name: str, downloading: bool, url: str, where: str,
-                        unreadable: Callable[[Exception], str]) -> Iterator[None]:
+def _torchvision_errors(
+    name: str, downloading: bool, url: str, where: str, unreadable: Callable[[Exception], str]
+) -> Iterator[None]:
     """torchvision's failures as one line: a failed download names the URL, why and where
     the files go; files that fail to load (md5 check, truncated) get ``unreadable(exc)``."""
     try:
@@ -373,10 +399,14 @@ def _load_digits(root: Path, download: bool) -> dict[str, Any]:
     )
     train_idx, test_idx = np.sort(train_idx), np.sort(test_idx)
     return {
-        "train_x": images[train_idx], "train_y": target[train_idx],
-        "test_x": images[test_idx], "test_y": target[test_idx],
-        "channels_last": False, "num_classes": 10,
-        "classes": [str(i) for i in range(10)], "source": "sklearn.datasets.load_digits",
+        "train_x": images[train_idx],
+        "train_y": target[train_idx],
+        "test_x": images[test_idx],
+        "test_y": target[test_idx],
+        "channels_last": False,
+        "num_classes": 10,
+        "classes": [str(i) for i in range(10)],
+        "source": "sklearn.datasets.load_digits",
     }
 
 
@@ -414,13 +444,23 @@ def _load_fashion_mnist(root: Path, download: bool) -> dict[str, Any]:
             f"fashion_mnist: no IDX files under {root}/FashionMNIST/raw/ and none in {DEBIAN_FASHION_MNIST}; "
             "install the apt package dataset-fashion-mnist or set download: true"
         )
-    with _torchvision_errors("fashion_mnist", raw is None, FashionMNIST.mirrors[0], f"{root}/FashionMNIST/raw/",
-                             lambda exc: f"fashion_mnist: could not read {root}/FashionMNIST/raw/ ({exc})"):
+    with _torchvision_errors(
+        "fashion_mnist",
+        raw is None,
+        FashionMNIST.mirrors[0],
+        f"{root}/FashionMNIST/raw/",
+        lambda exc: f"fashion_mnist: could not read {root}/FashionMNIST/raw/ ({exc})",
+    ):
         train = FashionMNIST(str(root), train=True, download=download)
         test = FashionMNIST(str(root), train=False, download=download)
     return {
-        "train_x": train.data, "train_y": train.targets, "test_x": test.data, "test_y": test.targets,
-        "channels_last": False, "num_classes": len(train.classes), "classes": list(train.classes),
+        "train_x": train.data,
+        "train_y": train.targets,
+        "test_x": test.data,
+        "test_y": test.targets,
+        "channels_last": False,
+        "num_classes": len(train.classes),
+        "classes": list(train.classes),
         "source": str(raw) if raw is not None else "torchvision download",
     }
 
@@ -440,14 +480,26 @@ def _load_cifar(name: str, root: Path, download: bool) -> dict[str, Any]:
             f"{name}: no {root}/{folder}/ (expected the python pickles {files}); set download: true to fetch them"
         )
     cls = CIFAR10 if name == "cifar10" else CIFAR100
-    with _torchvision_errors(name, download, cls.url, f"{root}/{folder}/ ({files})",
-                             lambda exc: f"{name}: files under {root}/{folder}/ missing or failing torchvision's md5 "
-                                         f"check (expected {files}); set download: true to fetch them"):
+    with _torchvision_errors(
+        name,
+        download,
+        cls.url,
+        f"{root}/{folder}/ ({files})",
+        lambda exc: (
+            f"{name}: files under {root}/{folder}/ missing or failing torchvision's md5 "
+            f"check (expected {files}); set download: true to fetch them"
+        ),
+    ):
         train = cls(str(root), train=True, download=download)
         test = cls(str(root), train=False, download=download)
     return {
-        "train_x": train.data, "train_y": train.targets, "test_x": test.data, "test_y": test.targets,
-        "channels_last": True, "num_classes": len(train.classes), "classes": list(train.classes),
+        "train_x": train.data,
+        "train_y": train.targets,
+        "test_x": test.data,
+        "test_y": test.targets,
+        "channels_last": True,
+        "num_classes": len(train.classes),
+        "classes": list(train.classes),
         "source": str(root / folder),
     }
 
@@ -457,20 +509,31 @@ def _load_stl10(root: Path, download: bool) -> dict[str, Any]:
 
     files = "train_X.bin, train_y.bin, unlabeled_X.bin, test_X.bin, test_y.bin"
     if not download and not (root / "stl10_binary").is_dir():
-        raise FileNotFoundError(
-            f"stl10: no {root}/stl10_binary/ (expected {files}); set download: true to fetch it"
-        )
-    with _torchvision_errors("stl10", download, STL10.url, f"{root}/stl10_binary/ ({files})",
-                             lambda exc: f"stl10: files under {root}/stl10_binary/ missing or failing torchvision's "
-                                         f"md5 check (expected {files}); set download: true to fetch them"):
+        raise FileNotFoundError(f"stl10: no {root}/stl10_binary/ (expected {files}); set download: true to fetch it")
+    with _torchvision_errors(
+        "stl10",
+        download,
+        STL10.url,
+        f"{root}/stl10_binary/ ({files})",
+        lambda exc: (
+            f"stl10: files under {root}/stl10_binary/ missing or failing torchvision's "
+            f"md5 check (expected {files}); set download: true to fetch them"
+        ),
+    ):
         train = STL10(str(root), split="train", download=download)
         test = STL10(str(root), split="test", download=False)
         unlabeled = STL10(str(root), split="unlabeled", download=False)
     classes = list(getattr(train, "classes", [])) or [str(i) for i in range(10)]
     return {
         # STL10 already transposes its column-major binaries to (N, 3, 96, 96) row-major views
-        "train_x": train.data, "train_y": train.labels, "test_x": test.data, "test_y": test.labels,
-        "pretrain_x": unlabeled.data, "channels_last": False, "num_classes": 10, "classes": classes,
+        "train_x": train.data,
+        "train_y": train.labels,
+        "test_x": test.data,
+        "test_y": test.labels,
+        "pretrain_x": unlabeled.data,
+        "channels_last": False,
+        "num_classes": 10,
+        "classes": classes,
         "source": str(root / "stl10_binary"),
     }
 
@@ -495,7 +558,9 @@ def _read_square_rgb(path: str, size: int | None) -> np.ndarray:
         return np.asarray(img, dtype=np.uint8).transpose(2, 0, 1)
 
 
-def _read_folder(split_dir: Path, classes: list[str] | None, size: int | None) -> tuple[np.ndarray, np.ndarray, list[str]]:
+def _read_folder(
+    split_dir: Path, classes: list[str] | None, size: int | None
+) -> tuple[np.ndarray, np.ndarray, list[str]]:
     from concurrent.futures import ThreadPoolExecutor
 
     from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
@@ -531,8 +596,14 @@ def _load_imagefolder(root: Path, download: bool, image_size: int | None) -> dic
     except FileNotFoundError as exc:  # torchvision: no class folders / no images in a class
         raise FileNotFoundError(f"imagefolder: {exc}".replace("\n", " ")) from exc
     return {
-        "train_x": train_x, "train_y": train_y, "test_x": test_x, "test_y": test_y,
-        "channels_last": False, "num_classes": len(classes), "classes": classes, "source": str(root),
+        "train_x": train_x,
+        "train_y": train_y,
+        "test_x": test_x,
+        "test_y": test_y,
+        "channels_last": False,
+        "num_classes": len(classes),
+        "classes": classes,
+        "source": str(root),
     }
 
 
@@ -541,15 +612,24 @@ def _check_subsets(name: str, raw: dict[str, Any], train_subset: int | None, tes
     :data:`SPLIT_SIZES` before any job; ``imagefolder``'s size is known only here)."""
     pool = raw["pretrain_x"] if raw.get("pretrain_x") is not None else raw["train_x"]
     where = f"{name} ({raw['source']})"
-    for option, value, images, split in (("train_subset", train_subset, pool, pretrain_split(name)),
-                                         ("test_subset", test_subset, raw["test_x"], "test")):
+    for option, value, images, split in (
+        ("train_subset", train_subset, pool, pretrain_split(name)),
+        ("test_subset", test_subset, raw["test_x"], "test"),
+    ):
         problem = subset_problem(option, value, len(images), split, where)
         if problem:
             raise ValueError(problem)
 
 
-def _load_composite(name: str, root: Path, download: bool, image_size: int | None, train_subset: int | None,
-                    test_subset: int | None, seed: int) -> dict[str, Any]:
+def _load_composite(
+    name: str,
+    root: Path,
+    download: bool,
+    image_size: int | None,
+    train_subset: int | None,
+    test_subset: int | None,
+    seed: int,
+) -> dict[str, Any]:
     """Composites of ``name`` (:data:`COMPOSITES`) at their final size and count: train ones
     from the base's training split, test ones from its test split (a generator per split,
     seeded by ``(seed, split)``); the items' indices in their split go to ``meta``."""
@@ -567,16 +647,34 @@ def _load_composite(name: str, root: Path, download: bool, image_size: int | Non
     c = int(raw["num_classes"])
     built = {}
     for split, count, salt in (("train", train_subset or sizes["train"], 0), ("test", test_subset or sizes["test"], 1)):
-        x, y, src = make_composites(_as_images(raw[f"{split}_x"], last), np.asarray(raw[f"{split}_y"]), k, count,
-                                    size, seed=[int(seed), salt], base_classes=c)
+        x, y, src = make_composites(
+            _as_images(raw[f"{split}_x"], last),
+            np.asarray(raw[f"{split}_y"]),
+            k,
+            count,
+            size,
+            seed=[int(seed), salt],
+            base_classes=c,
+        )
         built[f"{split}_x"], built[f"{split}_y"], built[f"{split}_sources"] = x, y, torch.from_numpy(src)
     names = list(raw["classes"])
     classes = ["|".join(names[(i // c ** (k - 1 - j)) % c] for j in range(k)) for i in range(c**k)]
-    return {"train_x": built["train_x"], "train_y": built["train_y"], "test_x": built["test_x"],
-            "test_y": built["test_y"], "channels_last": False, "num_classes": c**k, "classes": classes,
-            "source": f"{k} x {raw['source']}",
-            "meta": {"tiles": k, "base": base, "train_sources": built["train_sources"],
-                     "test_sources": built["test_sources"]}}
+    return {
+        "train_x": built["train_x"],
+        "train_y": built["train_y"],
+        "test_x": built["test_x"],
+        "test_y": built["test_y"],
+        "channels_last": False,
+        "num_classes": c**k,
+        "classes": classes,
+        "source": f"{k} x {raw['source']}",
+        "meta": {
+            "tiles": k,
+            "base": base,
+            "train_sources": built["train_sources"],
+            "test_sources": built["test_sources"],
+        },
+    }
 
 
 def _read_raw(name: str, root: Path, download: bool, image_size: int | None) -> dict[str, Any]:
@@ -654,8 +752,13 @@ def load_dataset(
 
     if name in COMPOSITES:  # built at the requested counts: no subset to take
         raw = _load_composite(name, root, download, image_size, train_subset, test_subset, seed)
-        train_x, train_y_np, test_x, test_y_np, pretrain_x = (raw["train_x"], raw["train_y"], raw["test_x"],
-                                                              raw["test_y"], None)
+        train_x, train_y_np, test_x, test_y_np, pretrain_x = (
+            raw["train_x"],
+            raw["train_y"],
+            raw["test_x"],
+            raw["test_y"],
+            None,
+        )
     else:
         raw = _read_raw(name, root, download, image_size)
         _check_subsets(name, raw, train_subset, test_subset)
@@ -672,14 +775,27 @@ def load_dataset(
         pre_t = train_t
     mean, std = channel_stats(pre_t)
     meta = {
-        "source": raw["source"], "classes": list(raw["classes"]), "image_size": int(train_t.shape[-1]),
-        "train_subset": train_subset, "test_subset": test_subset, "seed": int(seed), **raw.get("meta", {}),
+        "source": raw["source"],
+        "classes": list(raw["classes"]),
+        "image_size": int(train_t.shape[-1]),
+        "train_subset": train_subset,
+        "test_subset": test_subset,
+        "seed": int(seed),
+        **raw.get("meta", {}),
         # the options asked for, which check_cache compares with a cell's
         "options": {"image_size": image_size, "train_subset": train_subset, "test_subset": test_subset},
     }
     return ImageData(
-        name=name, train_x=train_t, train_y=_labels(train_y_np), test_x=test_t, test_y=_labels(test_y_np),
-        pretrain_x=pre_t, num_classes=int(raw["num_classes"]), mean=mean, std=std, meta=meta,
+        name=name,
+        train_x=train_t,
+        train_y=_labels(train_y_np),
+        test_x=test_t,
+        test_y=_labels(test_y_np),
+        pretrain_x=pre_t,
+        num_classes=int(raw["num_classes"]),
+        mean=mean,
+        std=std,
+        meta=meta,
     )
 
 
@@ -724,8 +840,10 @@ def check_cache(data: ImageData, cell: dict, path: str | Path) -> None:
     differ = [k for k in want if have.get(k) != want[k]]
     if differ:
         show = lambda d: ", ".join(f"{k} {d.get(k)}" for k in differ)  # noqa: E731
-        raise ValueError(f"data cache {path} holds {show(have)}, not this cell's {show(want)}; delete it to rebuild, "
-                         "or give the cell its own --data-cache")
+        raise ValueError(
+            f"data cache {path} holds {show(have)}, not this cell's {show(want)}; delete it to rebuild, "
+            "or give the cell its own --data-cache"
+        )
 
 
 def load_cache(path: str | Path) -> ImageData:
@@ -753,7 +871,9 @@ def load_cache(path: str | Path) -> ImageData:
     for key, dtype in _CACHE_TENSORS.items():
         value = payload.get(key)
         if not isinstance(value, torch.Tensor) or value.dtype != dtype:
-            raise ValueError(f"data cache {path}: entry {key!r} is missing or not a {dtype} tensor; delete it to rebuild")
+            raise ValueError(
+                f"data cache {path}: entry {key!r} is missing or not a {dtype} tensor; delete it to rebuild"
+            )
     train_x = payload["train_x"]
     pretrain_x = payload.get("pretrain_x")
     if pretrain_x is None:
@@ -761,8 +881,14 @@ def load_cache(path: str | Path) -> ImageData:
     elif not isinstance(pretrain_x, torch.Tensor) or pretrain_x.dtype != torch.uint8:
         raise ValueError(f"data cache {path}: entry 'pretrain_x' is not a torch.uint8 tensor; delete it to rebuild")
     return ImageData(
-        name=str(payload["name"]), train_x=train_x, train_y=payload["train_y"], test_x=payload["test_x"],
-        test_y=payload["test_y"], pretrain_x=pretrain_x, num_classes=int(payload["num_classes"]),
-        mean=tuple(float(v) for v in payload["mean"]), std=tuple(float(v) for v in payload["std"]),
+        name=str(payload["name"]),
+        train_x=train_x,
+        train_y=payload["train_y"],
+        test_x=payload["test_x"],
+        test_y=payload["test_y"],
+        pretrain_x=pretrain_x,
+        num_classes=int(payload["num_classes"]),
+        mean=tuple(float(v) for v in payload["mean"]),
+        std=tuple(float(v) for v in payload["std"]),
         meta=dict(payload.get("meta") or {}),
     )

@@ -29,7 +29,6 @@ import tempfile
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
-
 #: a cell id's grammar: segments of letters, digits and ``_ . = + -`` joined by single
 #: slashes, no segment empty or starting with a dot (so no ``..``, no absolute path)
 CELL_ID_RE = re.compile(r"[A-Za-z0-9_=+-][A-Za-z0-9_.=+-]{0,199}(?:/[A-Za-z0-9_=+-][A-Za-z0-9_.=+-]{0,199}){0,15}")
@@ -39,9 +38,11 @@ def check_cell_id(cid: Any, source: str = "cell id") -> str:
     """``cid`` when it is a cell id (:data:`CELL_ID_RE`): the one check of every id that
     enters (it names a folder under results_dir); ValueError naming it otherwise."""
     if not isinstance(cid, str) or not CELL_ID_RE.fullmatch(cid):
-        raise ValueError(f"{source} {cid!r} is not a cell id (segments of letters, digits and _ . = + - "
-                         "joined by single '/', none empty or starting with a dot); use an id "
-                         "`smallbatch cells` lists")
+        raise ValueError(
+            f"{source} {cid!r} is not a cell id (segments of letters, digits and _ . = + - "
+            "joined by single '/', none empty or starting with a dot); use an id "
+            "`smallbatch cells` lists"
+        )
     return cid
 
 
@@ -153,8 +154,10 @@ class CellLock:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except OSError as exc:
             if exc.errno == errno.ELOOP:
-                raise CellBusy(f"the lock of cell {self.name}, {self.path}, is a symbolic link; refused (a lock "
-                               "is never a link): remove the link") from None
+                raise CellBusy(
+                    f"the lock of cell {self.name}, {self.path}, is a symbolic link; refused (a lock "
+                    "is never a link): remove the link"
+                ) from None
             raise
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -163,8 +166,10 @@ class CellLock:
             os.close(fd)
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 who = f"process {holder}" if holder else "another process"
-                raise CellBusy(f"cell {self.name} is being trained by {who} (lock {self.path}); "
-                               "wait for it to finish or stop it first") from None
+                raise CellBusy(
+                    f"cell {self.name} is being trained by {who} (lock {self.path}); "
+                    "wait for it to finish or stop it first"
+                ) from None
             raise
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())

@@ -3,10 +3,9 @@
 Losses: InfoNCE / NT-Xent (SimCLR), FlatNCE (+ its Hölder-mean generalisation),
 DCL, DCLW, EqCo and SogCLR (per-image state across steps), each usable with in-batch negatives (SimCLR style) or with
 negatives from a MoCo-style FIFO queue of momentum-encoder keys
-(:class:`MomentumQueue`).  :func:`diagnostics` computes, without gradient, the
-quantities the study tracks on the same similarities (InfoNCE MI estimate vs
-its ``log(K+1)`` ceiling, FlatNCE's ESS, DCL's coupling ``q_B``, alignment,
-uniformity, mean positive / negative cosine).
+(:class:`smallbatch.training.negatives.MomentumQueue`).  The quantities the study tracks
+on the same similarities (InfoNCE MI estimate vs its ``log(K+1)`` ceiling, FlatNCE's ESS,
+DCL's coupling ``q_B``, alignment, uniformity, ...) are :mod:`smallbatch.diagnostics`.
 
 Conventions used throughout
 ---------------------------
@@ -26,7 +25,7 @@ Conventions used throughout
   ``k = z2`` (detached by the caller, who runs the momentum encoder), negatives
   the M queued keys (K = M, independent of the batch size).  Queue entries
   whose dataset index equals the anchor's index are masked out (see
-  :class:`MomentumQueue` for the CIFAR pitfall this guards against).
+  :class:`~smallbatch.training.negatives.MomentumQueue` for the CIFAR pitfall this guards against).
 * :meth:`ContrastiveLoss.from_scores` accepts any real-valued scores (e.g. a
   critic's outputs in the Gaussian MI benchmark), not only cosines.
 * Precision: float16/bfloat16 inputs are computed internally in float32;
@@ -35,11 +34,12 @@ Conventions used throughout
 * Losses use ``logsumexp`` everywhere; a row without any valid negative is a
   ``ValueError``.
 """
+
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -69,16 +69,11 @@ __all__ = [
     "config_schema",
     "build_loss",
     "loss_param_names",
-    "diagnostics",
-    "effective_sample_size",
-    "embedding_grad_norm",
-    "grad_rel_error",
-    "MomentumQueue",
 ]
 
 
 # --------------------------------------------------------------------------- helpers
-def _compute_dtype(*dtypes: torch.dtype) -> torch.dtype:
+def compute_dtype(*dtypes: torch.dtype) -> torch.dtype:
     """The dtype to compute in: the promoted input dtype, half types raised to float32."""
     dt = dtypes[0]
     for other in dtypes[1:]:
@@ -90,24 +85,7 @@ def _compute_dtype(*dtypes: torch.dtype) -> torch.dtype:
     return dt
 
 
-def _check_temperature(temperature: Any) -> float | Tensor:
-    """A positive finite float; a 0-d floating tensor is passed through unchecked (the
-    training step's per-step temperature: checking its value would sync the device)."""
-    if isinstance(temperature, Tensor):
-        if temperature.dim() != 0 or not temperature.is_floating_point():
-            raise ValueError(f"a temperature tensor must be a 0-d float tensor, got {tuple(temperature.shape)} "
-                             f"{temperature.dtype}")
-        return temperature
-    try:
-        t = float(temperature)
-    except (TypeError, ValueError):
-        raise ValueError(f"temperature must be a positive finite number, got {temperature!r}") from None
-    if not (math.isfinite(t) and t > 0):
-        raise ValueError(f"temperature must be a positive finite number (> 0), got {temperature!r}")
-    return t
-
-
-def _check_views(z1: Tensor, z2: Tensor) -> None:
+def check_views(z1: Tensor, z2: Tensor) -> None:
     if not isinstance(z1, Tensor) or not isinstance(z2, Tensor):
         raise ValueError("z1 and z2 must be torch tensors of shape (N, D)")
     if z1.dim() != 2:
@@ -122,14 +100,14 @@ def _check_views(z1: Tensor, z2: Tensor) -> None:
         raise ValueError(f"z1/z2 embedding dimension must be >= 1, got {z1.shape[1]}")
 
 
-def _row_counts(neg: Tensor, neg_mask: Tensor | None) -> Tensor:
+def row_counts(neg: Tensor, neg_mask: Tensor | None) -> Tensor:
     """K per row (float tensor in neg's dtype)."""
     if neg_mask is None:
         return torch.full((neg.shape[0],), float(neg.shape[1]), dtype=neg.dtype, device=neg.device)
     return neg_mask.sum(dim=1).to(neg.dtype)
 
 
-def _prepare_scores(
+def prepare_scores(
     pos: Tensor, neg: Tensor, neg_mask: Tensor | None, check: bool = True
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Validate (pos, neg, neg_mask) and cast to the compute dtype.  ``check=False`` skips
@@ -146,7 +124,7 @@ def _prepare_scores(
         raise ValueError("pos/neg must contain at least one anchor")
     if neg.shape[1] < 1:
         raise ValueError("neg must contain at least one negative per anchor (K >= 1)")
-    dt = _compute_dtype(pos.dtype, neg.dtype)
+    dt = compute_dtype(pos.dtype, neg.dtype)
     pos, neg = pos.to(dt), neg.to(dt)
     if neg_mask is not None:
         if not isinstance(neg_mask, Tensor) or neg_mask.shape != neg.shape:
@@ -165,14 +143,14 @@ def _prepare_scores(
     return pos, neg, neg_mask
 
 
-def _masked(x: Tensor, neg_mask: Tensor | None) -> Tensor:
+def masked(x: Tensor, neg_mask: Tensor | None) -> Tensor:
     return x if neg_mask is None else x.masked_fill(~neg_mask, float("-inf"))
 
 
 def _infonce_rows(pos: Tensor, neg: Tensor, neg_mask: Tensor | None, tau: float | Tensor) -> Tensor:
     """Per-anchor InfoNCE: logsumexp([s_pos, s_neg]/tau) - s_pos/tau."""
     xp = pos / tau
-    xn = _masked(neg / tau, neg_mask)
+    xn = masked(neg / tau, neg_mask)
     logits = torch.cat([xp[:, None], xn], dim=1)
     return torch.logsumexp(logits, dim=1) - xp
 
@@ -187,18 +165,18 @@ def in_batch_scores(z1: Tensor, z2: Tensor, rows: Tensor | None = None) -> tuple
     similarities in the compute dtype (half types -> float32, float64 kept), for
     the anchors ``rows`` (view indices in ``[0, 2N)``; default all 2N, R = 2N).
     Several processes that each own some anchors of one gathered batch pass their
-    rows (``smallbatch.negatives``); their losses then average to the whole batch's.
+    rows (``smallbatch.training.negatives``); their losses then average to the whole batch's.
 
     The negatives are picked with an index computed from the shapes alone
     (``k + [k >= lo] + [k + 1 >= hi]`` skips the anchor and its positive), not with
     a boolean mask, so no step of it depends on the values: nothing syncs a GPU and
     ``torch.compile`` sees one graph.
     """
-    _check_views(z1, z2)
+    check_views(z1, z2)
     n = z1.shape[0]
     if n < 2:
         raise ValueError(f"z1/z2 batch size must be >= 2 for in-batch negatives, got N={n}")
-    dt = _compute_dtype(z1.dtype, z2.dtype)
+    dt = compute_dtype(z1.dtype, z2.dtype)
     z = F.normalize(torch.cat([z1, z2], dim=0).to(dt), dim=1)
     m = 2 * n
     if rows is None:
@@ -223,12 +201,12 @@ def grouped_in_batch_scores(z1: Tensor, z2: Tensor, group: int) -> tuple[Tensor,
     then the rows are put in the whole batch's anchor order (view 1 of every image, then
     view 2).  Returns ``(pos (2N,), neg (2N, 2G-2), None)``; ``group = N`` is the
     ungrouped batch."""
-    _check_views(z1, z2)
+    check_views(z1, z2)
     n, d = z1.shape
     if group < 2 or n % group:
         raise ValueError(f"the negatives' group of {group} images must be >= 2 and divide the batch of {n} images")
     k = n // group
-    dt = _compute_dtype(z1.dtype, z2.dtype)
+    dt = compute_dtype(z1.dtype, z2.dtype)
     z = F.normalize(torch.cat([z1.reshape(k, group, d), z2.reshape(k, group, d)], dim=1).to(dt), dim=2)
     sim = z @ z.transpose(1, 2)  # (k, 2G, 2G)
     rows = torch.arange(2 * group, device=z.device)
@@ -261,15 +239,22 @@ def batch_positives(z1: Tensor, z2: Tensor) -> Tensor:
     """The positive score of every one of the 2N in-batch anchors, ``(2N,)``, detached:
     what a batch-level statistic (DCLW's weight normaliser) needs when a process
     computes the loss of only some anchors (``from_scores(..., batch_pos=...)``)."""
-    dt = _compute_dtype(z1.dtype, z2.dtype)
+    dt = compute_dtype(z1.dtype, z2.dtype)
     p = (F.normalize(z1.detach().to(dt), dim=1) * F.normalize(z2.detach().to(dt), dim=1)).sum(dim=1)
     return torch.cat([p, p])
+
+
+class KeyQueue(Protocol):
+    """A queue of negatives (:class:`smallbatch.training.negatives.MomentumQueue`): its filled
+    keys ``(M, D)`` and the dataset index of each."""
+
+    def negatives(self) -> tuple[Tensor, Tensor]: ...
 
 
 def queue_scores(
     q: Tensor,
     k: Tensor,
-    queue: "Tensor | MomentumQueue",
+    queue: "Tensor | KeyQueue",
     q_index: Tensor | None = None,
     queue_index: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
@@ -279,23 +264,25 @@ def queue_scores(
     similarities.  ``neg_mask`` is True for a valid negative; it is built when
     ``q_index`` (dataset index of each query) is given and masks every queue
     entry whose dataset index (``queue_index``, or the queue's own indices when
-    ``queue`` is a :class:`MomentumQueue`) equals the anchor's index, so an
+    ``queue`` is a :class:`KeyQueue`) equals the anchor's index, so an
     anchor never meets an old key of its own image as a negative.  ``k`` is not
     detached here (the caller's momentum encoder produces it without grad).
     """
-    _check_views(q, k)
-    if isinstance(queue, MomentumQueue):
+    check_views(q, k)
+    if not isinstance(queue, Tensor) and hasattr(queue, "negatives"):  # a KeyQueue
         keys, idx = queue.negatives()
         if queue_index is None:
             queue_index = idx
         queue = keys
     if not isinstance(queue, Tensor) or queue.dim() != 2:
-        raise ValueError(f"queue must be a (M, D) tensor or a MomentumQueue, got {getattr(queue, 'shape', type(queue))}")
+        raise ValueError(
+            f"queue must be a (M, D) tensor or a MomentumQueue, got {getattr(queue, 'shape', type(queue))}"
+        )
     if queue.shape[0] < 1:
         raise ValueError("queue is empty: enqueue keys before using queue negatives")
     if queue.shape[1] != q.shape[1]:
         raise ValueError(f"queue has dimension {queue.shape[1]} but q/k have dimension {q.shape[1]}")
-    dt = _compute_dtype(q.dtype, k.dtype, queue.dtype)
+    dt = compute_dtype(q.dtype, k.dtype, queue.dtype)
     qn = F.normalize(q.to(dt), dim=1)
     kn = F.normalize(k.to(dt), dim=1)
     un = F.normalize(queue.to(device=q.device, dtype=dt), dim=1)
@@ -310,7 +297,9 @@ def queue_scores(
         if q_index.shape[0] != q.shape[0]:
             raise ValueError(f"q_index must have one entry per query ({q.shape[0]}), got {q_index.shape[0]}")
         if queue_index.shape[0] != queue.shape[0]:
-            raise ValueError(f"queue_index must have one entry per queued key ({queue.shape[0]}), got {queue_index.shape[0]}")
+            raise ValueError(
+                f"queue_index must have one entry per queued key ({queue.shape[0]}), got {queue_index.shape[0]}"
+            )
         mask = q_index[:, None] != queue_index[None, :]
     return pos, neg, mask
 
@@ -351,9 +340,8 @@ class ContrastiveLoss(torch.nn.Module):
     paper_pattern: ClassVar[str] = ""
     param_schema: ClassVar[dict[str, dict]] = {}
 
-    def __init__(self, temperature: float = 0.1, **params: Any) -> None:
+    def __init__(self, **params: Any) -> None:
         super().__init__()
-        self.temperature = _check_temperature(temperature)
         unknown = sorted(set(params) - set(self.param_defaults))
         if unknown:
             allowed = ", ".join(sorted(self.param_defaults)) or "none"
@@ -366,23 +354,23 @@ class ContrastiveLoss(torch.nn.Module):
         return value
 
     def extra_repr(self) -> str:
-        parts = [f"temperature={self.temperature}"]
-        parts += [f"{k}={getattr(self, k)!r}" for k in self.param_defaults]
-        return ", ".join(parts)
+        return ", ".join(f"{k}={getattr(self, k)!r}" for k in self.param_defaults)
 
     def params(self) -> dict[str, Any]:
-        """The loss's parameters (temperature and extras), e.g. for logging."""
-        return {"temperature": self.temperature, **{k: getattr(self, k) for k in self.param_defaults}}
+        """The loss's own parameters (its extras; the temperature is the caller's, per call), e.g. for logging."""
+        return {k: getattr(self, k) for k in self.param_defaults}
 
     def forward(
         self,
         z1: Tensor,
         z2: Tensor,
-        queue: "Tensor | MomentumQueue | None" = None,
+        queue: "Tensor | KeyQueue | None" = None,
         q_index: Tensor | None = None,
         queue_index: Tensor | None = None,
+        *,
+        temperature: float | Tensor,
     ) -> LossOutput:
-        """Loss of two views ``z1, z2 (N, D)``.
+        """Loss of two views ``z1, z2 (N, D)`` at ``temperature`` (see :meth:`from_scores`).
 
         Without ``queue``: in-batch negatives over the 2N views (N >= 2).  With
         ``queue`` (a ``(M, D)`` tensor or :class:`MomentumQueue`): ``z1`` are the
@@ -397,25 +385,34 @@ class ContrastiveLoss(torch.nn.Module):
             pos, neg, mask = in_batch_scores(z1, z2)
         else:
             pos, neg, mask = queue_scores(z1, z2, queue, q_index, queue_index)
-        return self.from_scores(pos, neg, mask)
+        return self.from_scores(pos, neg, mask, temperature=temperature)
 
-    def from_scores(self, pos: Tensor, neg: Tensor, neg_mask: Tensor | None = None, *,
-                    temperature: float | Tensor | None = None, batch_pos: Tensor | None = None,
-                    check: bool = True, index: Tensor | None = None) -> LossOutput:
+    def from_scores(
+        self,
+        pos: Tensor,
+        neg: Tensor,
+        neg_mask: Tensor | None = None,
+        *,
+        temperature: float | Tensor,
+        batch_pos: Tensor | None = None,
+        check: bool = True,
+        index: Tensor | None = None,
+    ) -> LossOutput:
         """Loss from scores ``pos (B,)``, ``neg (B, K)``, ``neg_mask (B, K)`` (True = valid).
 
-        ``temperature`` overrides the loss's own for this call (a float, or a 0-d tensor
-        when it changes per step, e.g. ESS-scheduled).  ``batch_pos``: the positives of
+        ``temperature``: τ of this call -- a float, or a 0-d tensor when it changes per step
+        (ESS-scheduled); the caller owns it (training: :mod:`smallbatch.training.temperature`)
+        and a cell's τ is checked once, where the cell is made (config validation).  ``batch_pos``: the positives of
         every anchor of the whole batch when ``pos`` holds only some of them (batch-level
         statistics such as DCLW's weights use it; default ``pos``).  ``check=False``:
-        see :func:`_prepare_scores`.  ``index``: the training step's dataset image index
+        see :func:`prepare_scores`.  ``index``: the training step's dataset image index
         of every anchor, ``(V, N)`` with anchor ``v N + i`` a view of image
         ``index[v, i]``; a loss with per-image state (SogCLR) reads and updates its state
         there (:meth:`init_state`); the others ignore it.  Without it (diagnostics, tests)
         nothing is updated.
         """
-        tau = self.temperature if temperature is None else _check_temperature(temperature)
-        pos, neg, neg_mask = _prepare_scores(pos, neg, neg_mask, check)
+        tau = temperature
+        pos, neg, neg_mask = prepare_scores(pos, neg, neg_mask, check)
         bp = None if batch_pos is None else batch_pos.detach().to(pos.dtype)
         if index is None or not self.stateful:
             loss_rows, value_rows = self._rows(pos, neg, neg_mask, tau, bp)
@@ -425,8 +422,9 @@ class ContrastiveLoss(torch.nn.Module):
             info = _infonce_rows(pos.detach(), neg.detach(), neg_mask, tau).mean()
         return LossOutput(loss=loss_rows.mean(), value=value_rows.detach().mean(), infonce=info)
 
-    def _rows(self, pos: Tensor, neg: Tensor, neg_mask: Tensor | None, tau: float | Tensor,
-              batch_pos: Tensor | None) -> tuple[Tensor, Tensor]:
+    def _rows(
+        self, pos: Tensor, neg: Tensor, neg_mask: Tensor | None, tau: float | Tensor, batch_pos: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
         """``(loss_rows, value_rows)``, one entry per anchor (see :meth:`from_scores`)."""
         raise NotImplementedError
 
@@ -437,8 +435,9 @@ class ContrastiveLoss(torch.nn.Module):
     def init_state(self, n_images: int, device: Any = None, dtype: torch.dtype = torch.float32) -> None:
         """Allocate the per-image state of a training set of ``n_images`` (stateless: nothing)."""
 
-    def _rows_at(self, pos: Tensor, neg: Tensor, neg_mask: Tensor | None, tau: float | Tensor,
-                 index: Tensor) -> tuple[Tensor, Tensor]:  # pragma: no cover - stateful losses override
+    def _rows_at(
+        self, pos: Tensor, neg: Tensor, neg_mask: Tensor | None, tau: float | Tensor, index: Tensor
+    ) -> tuple[Tensor, Tensor]:  # pragma: no cover - stateful losses override
         raise NotImplementedError
 
 
@@ -462,7 +461,7 @@ class InfoNCE(ContrastiveLoss):
     ``q_B = 1 - softmax_p`` approaches the unit roundoff (and is exactly 0 in
     float32 once ``q_B < 2^-24``) — the effect FlatNCE addresses and the study
     measures (``benchmarks/loss_precision.py``).
-    Parameters: ``temperature`` only.
+    Parameters: none (τ is given per call).
     """
 
     name = "infonce"
@@ -513,7 +512,7 @@ class FlatNCE(ContrastiveLoss):
     ``exp(l - stopgrad(l))``.  (This is our power-mean definition; we could not
     retrieve the paper's exact statement of its Hölder variant, so the formula
     above is the reference.)  K is each row's own count under a mask.
-    Parameters: ``temperature``, ``gamma >= 0`` (default 1.0).
+    Parameters (τ is given per call): ``gamma >= 0`` (default 1.0).
     """
 
     name = "flatnce"
@@ -521,8 +520,14 @@ class FlatNCE(ContrastiveLoss):
     display = "FlatNCE"
     paper = "Chen et al. 2021 (FlatNCE)"
     paper_pattern = r"flatnce"
-    param_schema = {"gamma": {"type": "number", "exclusiveMinimum": 0, "default": 1.0,
-                              "description": "Hölder-mean exponent (1 = FlatNCE)"}}
+    param_schema = {
+        "gamma": {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "default": 1.0,
+            "description": "Hölder-mean exponent (1 = FlatNCE)",
+        }
+    }
 
     def _check_param(self, key, value):
         g = float(value)
@@ -534,15 +539,15 @@ class FlatNCE(ContrastiveLoss):
         g = self.gamma
         x = (neg - pos[:, None]) / tau
         if g == 1.0:
-            l = torch.logsumexp(_masked(x, neg_mask), dim=1)
+            l = torch.logsumexp(masked(x, neg_mask), dim=1)
         else:
-            k = _row_counts(neg, neg_mask)
+            k = row_counts(neg, neg_mask)
             logk = torch.log(k)
             if g == 0.0:
                 xs = x if neg_mask is None else x.masked_fill(~neg_mask, 0.0)
                 l = xs.sum(dim=1) / k + logk
             else:
-                l = (torch.logsumexp(_masked(g * x, neg_mask), dim=1) - logk) / g + logk
+                l = (torch.logsumexp(masked(g * x, neg_mask), dim=1) - logk) / g + logk
         return torch.exp(l - l.detach()), l
 
 
@@ -557,7 +562,7 @@ class DCL(ContrastiveLoss):
 
     This removes InfoNCE's negative-positive coupling factor
     ``q_B = 1 - exp(s_p/tau)/(exp(s_p/tau) + sum_j exp(s_j/tau))`` from the
-    gradient.  Its gradient equals FlatNCE's.  Parameters: ``temperature``.
+    gradient.  Its gradient equals FlatNCE's.  Parameters: none (τ is given per call).
     """
 
     name = "dcl"
@@ -566,7 +571,7 @@ class DCL(ContrastiveLoss):
     paper_pattern = r"\bdcl\b"
 
     def _rows(self, pos, neg, neg_mask, tau, batch_pos):
-        rows = torch.logsumexp(_masked(neg / tau, neg_mask), dim=1) - pos / tau
+        rows = torch.logsumexp(masked(neg / tau, neg_mask), dim=1) - pos / tau
         return rows, rows
 
 
@@ -581,7 +586,7 @@ class DCLW(ContrastiveLoss):
 
     The batch mean of ``w`` is 1; harder positives (lower similarity) get more
     weight.  ``sigma -> infinity`` gives ``w = 1``, i.e. DCL.
-    Parameters: ``temperature``, ``sigma > 0`` (default 0.5, the paper's).
+    Parameters (τ is given per call): ``sigma > 0`` (default 0.5, the paper's).
     """
 
     name = "dclw"
@@ -589,8 +594,14 @@ class DCLW(ContrastiveLoss):
     display = "DCLW"
     paper = "Yeh et al. 2021 (DCLW)"
     paper_pattern = r"dclw"
-    param_schema = {"sigma": {"type": "number", "exclusiveMinimum": 0, "default": 0.5,
-                              "description": "width of the von Mises-Fisher weights of the positives (inf = DCL)"}}
+    param_schema = {
+        "sigma": {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "default": 0.5,
+            "description": "width of the von Mises-Fisher weights of the positives (inf = DCL)",
+        }
+    }
 
     def _check_param(self, key, value):
         s = float(value)
@@ -612,7 +623,7 @@ class DCLW(ContrastiveLoss):
 
     def _rows(self, pos, neg, neg_mask, tau, batch_pos):
         w = self.weights(pos, batch_pos)
-        rows = -w * pos / tau + torch.logsumexp(_masked(neg / tau, neg_mask), dim=1)
+        rows = -w * pos / tau + torch.logsumexp(masked(neg / tau, neg_mask), dim=1)
         return rows, rows
 
 
@@ -631,7 +642,7 @@ class EqCo(ContrastiveLoss):
     i.e. plain InfoNCE-equivalent (so the loss is the registry's InfoNCE until
     an alpha is chosen, e.g. alpha = 256 as in the paper's MoCo experiments).
     With a mask, each row uses its own K.
-    Parameters: ``temperature``, ``alpha > 0`` or None (default None).
+    Parameters (τ is given per call): ``alpha > 0`` or None (default None).
     """
 
     name = "eqco"
@@ -639,8 +650,14 @@ class EqCo(ContrastiveLoss):
     display = "EqCo"
     paper = "Zhu et al. 2020 (EqCo)"
     paper_pattern = r"eqco|simo"
-    param_schema = {"alpha": {"type": ["number", "null"], "exclusiveMinimum": 0, "default": 256,
-                              "description": "the negatives' term is scaled by alpha/K (null: alpha = K, i.e. InfoNCE)"}}
+    param_schema = {
+        "alpha": {
+            "type": ["number", "null"],
+            "exclusiveMinimum": 0,
+            "default": 256,
+            "description": "the negatives' term is scaled by alpha/K (null: alpha = K, i.e. InfoNCE)",
+        }
+    }
 
     def _check_param(self, key, value):
         if value is None:
@@ -654,9 +671,9 @@ class EqCo(ContrastiveLoss):
         xp = pos / tau
         xn = neg / tau
         if self.alpha is not None:
-            k = _row_counts(neg, neg_mask)
+            k = row_counts(neg, neg_mask)
             xn = xn + torch.log(self.alpha / k)[:, None]
-        logits = torch.cat([xp[:, None], _masked(xn, neg_mask)], dim=1)
+        logits = torch.cat([xp[:, None], masked(xn, neg_mask)], dim=1)
         rows = torch.logsumexp(logits, dim=1) - xp
         return rows, rows
 
@@ -688,7 +705,7 @@ class SogCLR(ContrastiveLoss):
     ``w_rj = K_r softmax_j(s_rj/tau)`` and the gradient of ``L_r`` is exactly DCL's,
     with ``value_r = DCL_r - log K_r``, whatever ``u`` held before.
 
-    Against GCLoss_v1 (checked in float64 by ``tests/test_sogclr.py``): GCLoss_v1's loss
+    Against GCLoss_v1 (checked in float64 by ``tests/core/test_sogclr.py``): GCLoss_v1's loss
     (scores not divided by tau, summed over the two views, averaged over N images) is
     ``2 tau`` times this one (averaged over the 2N anchors) — same ``u``, same weights,
     gradient scaled by ``2 tau``.  Two choices of ours: ``u`` is stored as ``log u``
@@ -707,7 +724,7 @@ class SogCLR(ContrastiveLoss):
     ``state_dict()``.  A call without ``index`` (diagnostics, the gradient-norm and
     rounding-error measurements, a process's share of anchors) is the gamma = 1 form and
     changes nothing.  With a mask, ``g_r`` averages the anchor's valid negatives only.
-    Parameters: ``temperature``, ``gamma`` in (0, 1] (default 0.9, GCLoss_v1's).
+    Parameters (τ is given per call): ``gamma`` in (0, 1] (default 0.9, GCLoss_v1's).
     """
 
     name = "sogclr"
@@ -715,12 +732,19 @@ class SogCLR(ContrastiveLoss):
     display = "SogCLR"
     paper = "Yuan et al. 2022 (SogCLR)"
     paper_pattern = r"sogclr"
-    param_schema = {"gamma": {"type": "number", "exclusiveMinimum": 0, "maximum": 1, "default": 0.9,
-                              "description": "SogCLR: weight of the batch in u's moving average (1 = no memory: DCL's gradient)"}}
+    param_schema = {
+        "gamma": {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "maximum": 1,
+            "default": 0.9,
+            "description": "SogCLR: weight of the batch in u's moving average (1 = no memory: DCL's gradient)",
+        }
+    }
     stateful = True
 
-    def __init__(self, temperature: float = 0.1, **params: Any) -> None:
-        super().__init__(temperature, **params)
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
         self.register_buffer("log_u", torch.empty(0))
 
     def _check_param(self, key, value):
@@ -741,14 +765,15 @@ class SogCLR(ContrastiveLoss):
     @staticmethod
     def _log_g(neg: Tensor, neg_mask: Tensor | None, tau: float | Tensor) -> Tensor:
         """``log g_r``: log of the mean of ``exp(s_rj/tau)`` over the valid negatives (no gradient)."""
-        return torch.logsumexp(_masked(neg.detach() / tau, neg_mask), dim=1) - torch.log(_row_counts(neg, neg_mask))
+        return torch.logsumexp(masked(neg.detach() / tau, neg_mask), dim=1) - torch.log(row_counts(neg, neg_mask))
 
     @staticmethod
-    def _weighted(pos: Tensor, neg: Tensor, neg_mask: Tensor | None, tau: float | Tensor,
-                  log_u: Tensor) -> tuple[Tensor, Tensor]:
+    def _weighted(
+        pos: Tensor, neg: Tensor, neg_mask: Tensor | None, tau: float | Tensor, log_u: Tensor
+    ) -> tuple[Tensor, Tensor]:
         xp, xn = pos / tau, neg / tau
-        w = torch.exp(_masked(xn.detach(), neg_mask) - log_u[:, None])  # masked entries: weight 0
-        rows = -xp + (w * xn).sum(dim=1) / _row_counts(neg, neg_mask)
+        w = torch.exp(masked(xn.detach(), neg_mask) - log_u[:, None])  # masked entries: weight 0
+        rows = -xp + (w * xn).sum(dim=1) / row_counts(neg, neg_mask)
         return rows, -xp.detach() + log_u
 
     def _rows(self, pos, neg, neg_mask, tau, batch_pos):
@@ -779,7 +804,8 @@ class SogCLR(ContrastiveLoss):
 REGISTRY: dict[str, type[ContrastiveLoss]] = {cls.name: cls for cls in (InfoNCE, FlatNCE, DCL, DCLW, EqCo, SogCLR)}
 #: every accepted name (canonical names and aliases) -> the loss class
 LOSSES: dict[str, type[ContrastiveLoss]] = {
-    **REGISTRY, **{alias: cls for cls in REGISTRY.values() for alias in cls.aliases}
+    **REGISTRY,
+    **{alias: cls for cls in REGISTRY.values() for alias in cls.aliases},
 }
 
 
@@ -833,9 +859,13 @@ def config_schema() -> dict[str, Any]:
     parameter may be a value or a list of values to sweep)."""
     loss_params, scalars = {}, {}
     for name, cls in REGISTRY.items():
-        loss_params[name] = {"type": "object", "default": {}, "additionalProperties": False,
-                             "description": f"{cls.display} ({cls.paper})",
-                             "properties": {k: dict(v) for k, v in cls.param_schema.items()}}
+        loss_params[name] = {
+            "type": "object",
+            "default": {},
+            "additionalProperties": False,
+            "description": f"{cls.display} ({cls.paper})",
+            "properties": {k: dict(v) for k, v in cls.param_schema.items()},
+        }
         for key, sch in cls.param_schema.items():
             scalar = {k: v for k, v in sch.items() if k != "default"}
             if scalar not in scalars.setdefault(key, []):
@@ -847,227 +877,8 @@ def config_schema() -> dict[str, Any]:
     return {"names": sorted(LOSSES), "loss_params": loss_params, "entry_params": entry_params}
 
 
-def build_loss(name: str, temperature: float, **params: Any) -> ContrastiveLoss:
+def build_loss(name: str, **params: Any) -> ContrastiveLoss:
     """Build a loss by registry name (``infonce``/``ntxent``/``simclr``, ``flatnce``,
     ``dcl``, ``dclw``, ``eqco``, ``sogclr``) with its parameters; ValueError on an unknown
     name or parameter."""
-    return _lookup(name)(temperature, **params)
-
-
-# --------------------------------------------------------------------------- diagnostics
-def effective_sample_size(neg: Tensor, temperature: float | Tensor, neg_mask: Tensor | None = None) -> Tensor:
-    """FlatNCE's normalised effective sample size per anchor, ``1/(K sum_j w_j^2)`` of the
-    weights ``w = softmax_j(s_j/tau)`` over the anchor's (valid) negatives, in ``[1/K, 1]``
-    (1: all negatives weigh the same; 1/K: one hard negative carries all the weight)."""
-    k = _row_counts(neg, neg_mask)
-    w = torch.softmax(_masked(neg / temperature, neg_mask), dim=1)
-    return 1.0 / (k * (w * w).sum(dim=1))
-
-
-def embedding_grad_norm(loss: "ContrastiveLoss", z1: Tensor, z2: Tensor, scores=None,
-                        temperature: float | Tensor | None = None, through_z2: bool = True) -> Tensor:
-    """``||d loss / d(z1, z2)||`` of one batch: the gradient w.r.t. the embeddings only, no
-    backward through a network (DCL's mechanism is a factor on exactly this gradient).
-
-    ``scores(z1, z2) -> (pos, neg, mask)`` builds the scores (default: in-batch); with
-    ``through_z2=False`` (MoCo keys, which get no gradient) only ``z1``'s gradient counts.
-    For one anchor, InfoNCE's gradient w.r.t. the logits is DCL's times
-    ``q_B = 1 - softmax_pos``; so when every anchor of a batch has the same ``q_B`` the
-    ratio of the two norms IS ``q_B`` (the test suite builds such a batch)."""
-    a = z1.detach().clone().requires_grad_(True)
-    b = z2.detach().clone().requires_grad_(through_z2)
-    pos, neg, mask = (scores or in_batch_scores)(a, b)
-    out = loss.from_scores(pos, neg, mask, temperature=temperature, check=False)
-    grads = torch.autograd.grad(out.loss, (a, b) if through_z2 else (a,))
-    return torch.sqrt(sum((g.double() ** 2).sum() for g in grads))
-
-
-def grad_rel_error(loss: "ContrastiveLoss", z1: Tensor, z2: Tensor, dtype: torch.dtype,
-                   temperature: float | Tensor | None = None) -> float:
-    """Relative error ``||g_dtype - g_fp64|| / ||g_fp64||`` of the in-batch loss gradient
-    w.r.t. one batch's embeddings when they are held in ``dtype`` (the loss computes half
-    types in float32, as training does): the rounding error FlatNCE blames for InfoNCE's
-    collapse.  0 when the fp64 gradient is 0."""
-    def grad(dt):
-        a = z1.detach().to(dt).requires_grad_(True)
-        b = z2.detach().to(dt).requires_grad_(True)
-        pos, neg, mask = in_batch_scores(a, b)
-        out = loss.from_scores(pos, neg, mask, temperature=temperature)
-        ga, gb = torch.autograd.grad(out.loss, (a, b))
-        return torch.cat([ga.double().flatten(), gb.double().flatten()])
-
-    g64 = grad(torch.float64)
-    denom = torch.linalg.vector_norm(g64)
-    if denom == 0:
-        return 0.0
-    return float(torch.linalg.vector_norm(grad(dtype) - g64) / denom)
-
-
-@torch.no_grad()
-def diagnostics(
-    pos: Tensor,
-    neg: Tensor,
-    temperature: float,
-    neg_mask: Tensor | None = None,
-    z1: Tensor | None = None,
-    z2: Tensor | None = None,
-) -> dict[str, float]:
-    """Training diagnostics from one step's scores (no gradient), as python floats.
-
-    * ``infonce``: mean InfoNCE ``L`` of the scores; ``k``: mean K per anchor.
-    * ``mi_estimate = mean(log(K+1) - L)`` (the InfoNCE MI lower bound),
-      ``mi_ceiling = mean log(K+1)`` (its cap), ``mi_fraction`` = ratio.
-    * ``ess``: FlatNCE's normalised effective sample size of the softmax
-      weights over negatives, ``w = softmax_j(s_j/tau)``,
-      ``ESS = 1/(K sum_j w_j^2)`` in ``[1/K, 1]``, mean over anchors.
-    * ``qb_mean``, ``qb_cv``: DCL's coupling multiplier
-      ``q_B = 1 - exp(s_p/tau)/(exp(s_p/tau) + sum_j exp(s_j/tau))``, its mean
-      and coefficient of variation (std/mean, population std) over anchors.
-    * ``alignment = E||z1 - z2||^2`` (Wang & Isola 2020, alpha = 2) on
-      normalised embeddings (from ``pos`` as ``2 - 2 s_p`` if z1/z2 not given).
-    * ``uniformity = log E exp(-2 ||z_a - z_b||^2)`` (t = 2) over distinct pairs
-      within each view, averaged over the two views (Wang & Isola's training
-      form); without z1/z2 (or with N < 2) it is computed over the
-      anchor-negative pairs of the scores instead.
-    * ``pos_cos``, ``neg_cos``: mean positive and (valid) negative score.
-    """
-    tau = _check_temperature(temperature)
-    pos, neg, neg_mask = _prepare_scores(pos.detach(), neg.detach(), neg_mask)
-    k = _row_counts(neg, neg_mask)
-    xp = pos / tau
-    xn = _masked(neg / tau, neg_mask)
-    lse_all = torch.logsumexp(torch.cat([xp[:, None], xn], dim=1), dim=1)
-    lse_neg = torch.logsumexp(xn, dim=1)
-    infonce_rows = lse_all - xp
-    ceiling = torch.log1p(k)
-    mi = ceiling - infonce_rows
-    ess = effective_sample_size(neg, tau, neg_mask)
-    qb = torch.exp(lse_neg - lse_all)
-    qb_mean = qb.mean()
-    qb_std = qb.std(unbiased=False) if qb.numel() > 1 else torch.zeros_like(qb_mean)
-    qb_cv = float(qb_std / qb_mean) if float(qb_mean) > 0 else float("nan")
-    neg_vals = neg.flatten() if neg_mask is None else neg[neg_mask]
-    alignment, uniformity = _alignment_uniformity(pos, neg_vals, z1, z2)
-    mi_estimate = float(mi.mean())
-    mi_ceiling = float(ceiling.mean())
-    return {
-        "infonce": float(infonce_rows.mean()),
-        "mi_estimate": mi_estimate,
-        "mi_ceiling": mi_ceiling,
-        "mi_fraction": mi_estimate / mi_ceiling,
-        "ess": float(ess.mean()),
-        "qb_mean": float(qb_mean),
-        "qb_cv": qb_cv,
-        "alignment": alignment,
-        "uniformity": uniformity,
-        "pos_cos": float(pos.mean()),
-        "neg_cos": float(neg_vals.mean()),
-        "k": float(k.mean()),
-    }
-
-
-def _alignment_uniformity(pos: Tensor, neg_vals: Tensor, z1: Tensor | None, z2: Tensor | None) -> tuple[float, float]:
-    """Wang & Isola's alignment and uniformity (see :func:`diagnostics`): from the views
-    when given, else from the scores (alignment 2 - 2 s_p, uniformity over the negatives)."""
-    def from_scores(s: Tensor) -> float:
-        return float(torch.logsumexp(-2.0 * (2 - 2 * s), 0) - math.log(s.numel()))
-
-    if z1 is None or z2 is None:
-        return float((2 - 2 * pos).mean()), from_scores(neg_vals)
-    _check_views(z1, z2)
-    dt = _compute_dtype(z1.dtype, z2.dtype)
-    a = F.normalize(z1.detach().to(dt), dim=1)
-    b = F.normalize(z2.detach().to(dt), dim=1)
-    alignment = float((a - b).pow(2).sum(dim=1).mean())
-    if a.shape[0] < 2:
-        return alignment, from_scores(neg_vals)
-
-    def unif(x: Tensor) -> Tensor:
-        d2 = torch.pdist(x, p=2).pow(2)
-        return torch.logsumexp(-2.0 * d2, dim=0) - math.log(d2.numel())
-
-    return alignment, float((unif(a) + unif(b)) / 2)
-
-
-# --------------------------------------------------------------------------- queue
-class MomentumQueue:
-    """MoCo-style FIFO queue of momentum-encoder keys and their dataset indices (He et al. 2020).
-
-    Keys are stored detached and L2-normalised, in the queue's dtype/device;
-    each key keeps the dataset index of the image it came from, so that
-    :func:`queue_scores` can mask an anchor's own old keys.  ``enqueue``
-    overwrites the oldest slots; ``negatives()`` returns the filled slots
-    (slot order; losses do not depend on order).  K = ``len(queue)``.
-
-    CIFAR pitfall: a queue longer than the data set (e.g. 65,536 keys with
-    CIFAR-10's 50,000 images, or any queue spanning more than one epoch) holds
-    old keys of the *same* image as the current anchor; unmasked they act as
-    "negatives" that are really positives, pushing an image away from itself.
-    We mask every queued key whose dataset index equals the anchor's index, so
-    K varies per anchor (EqCo's alpha/K then uses each row's own K).
-    """
-
-    def __init__(self, size: int, dim: int, device: Any = None, dtype: torch.dtype = torch.float32) -> None:
-        if int(size) < 1:
-            raise ValueError(f"size must be >= 1, got {size!r}")
-        if int(dim) < 1:
-            raise ValueError(f"dim must be >= 1, got {dim!r}")
-        if not dtype.is_floating_point:
-            raise ValueError(f"dtype must be a floating point dtype, got {dtype}")
-        self.size = int(size)
-        self.dim = int(dim)
-        self.keys = torch.zeros(self.size, self.dim, device=device, dtype=dtype)
-        self.indices = torch.full((self.size,), -1, device=device, dtype=torch.long)
-        self.ptr = 0
-        self.count = 0
-
-    def __len__(self) -> int:
-        return self.count
-
-    def __repr__(self) -> str:
-        return f"MomentumQueue(size={self.size}, dim={self.dim}, filled={self.count}, dtype={self.keys.dtype})"
-
-    @torch.no_grad()
-    def enqueue(self, keys: Tensor, indices: Tensor) -> None:
-        """Append ``keys (B, D)`` with dataset ``indices (B,)``, dropping the oldest."""
-        if not isinstance(keys, Tensor) or keys.dim() != 2 or keys.shape[1] != self.dim:
-            raise ValueError(f"keys must have shape (B, {self.dim}), got {getattr(keys, 'shape', type(keys))}")
-        indices = torch.as_tensor(indices).reshape(-1)
-        if indices.shape[0] != keys.shape[0]:
-            raise ValueError(f"indices must have one entry per key ({keys.shape[0]}), got {indices.shape[0]}")
-        keys = F.normalize(keys.detach().to(self.keys.device, self.keys.dtype), dim=1)
-        indices = indices.to(self.indices.device, torch.long)
-        if keys.shape[0] > self.size:  # only the newest `size` keys survive
-            keys, indices = keys[-self.size:], indices[-self.size:]
-        b = keys.shape[0]
-        slots = (self.ptr + torch.arange(b, device=self.keys.device)) % self.size
-        self.keys[slots] = keys
-        self.indices[slots] = indices
-        self.ptr = (self.ptr + b) % self.size
-        self.count = min(self.size, self.count + b)
-
-    def negatives(self) -> tuple[Tensor, Tensor]:
-        """``(keys (M, D), indices (M,))`` of the filled slots, M = len(self)."""
-        if self.count == self.size:
-            return self.keys, self.indices
-        return self.keys[: self.count], self.indices[: self.count]
-
-    def to(self, device: Any) -> "MomentumQueue":
-        self.keys = self.keys.to(device)
-        self.indices = self.indices.to(device)
-        return self
-
-    def state_dict(self) -> dict[str, Any]:
-        """Everything needed to resume (for checkpoints)."""
-        return {"size": self.size, "dim": self.dim, "keys": self.keys.clone(), "indices": self.indices.clone(),
-                "ptr": self.ptr, "count": self.count}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if int(state["size"]) != self.size or int(state["dim"]) != self.dim:
-            raise ValueError(
-                f"state has size/dim {state['size']}/{state['dim']}, queue has {self.size}/{self.dim}"
-            )
-        self.keys = state["keys"].to(self.keys.device, self.keys.dtype).clone()
-        self.indices = state["indices"].to(self.indices.device).clone()
-        self.ptr = int(state["ptr"])
-        self.count = int(state["count"])
+    return _lookup(name)(**params)

@@ -62,9 +62,13 @@ def striped_images(labels: np.ndarray, rng: np.random.Generator, size: int = 32)
     return np.clip(grey, 0, 255).astype(np.uint8)
 
 
-def write_cifar10(root: Path, per_batch: int = 20, test: int = 30, seed: int = 0,
-                  images: Callable[[np.ndarray, np.random.Generator], np.ndarray] | None = None,
-                  ) -> dict[str, np.ndarray]:
+def write_cifar10(
+    root: Path,
+    per_batch: int = 20,
+    test: int = 30,
+    seed: int = 0,
+    images: Callable[[np.ndarray, np.random.Generator], np.ndarray] | None = None,
+) -> dict[str, np.ndarray]:
     """``root/cifar-10-batches-py/`` with 5 training batches of ``per_batch`` images and a
     test batch of ``test``; ``images(labels, rng)`` draws the images of the labels (default:
     :func:`cifar_images`).  Returns what was written (train_x/train_y/test_x/test_y)."""
@@ -76,20 +80,32 @@ def write_cifar10(root: Path, per_batch: int = 20, test: int = 30, seed: int = 0
     for b in range(1, 6):
         labels = [int(v) for v in rng.integers(0, 10, per_batch)]
         batch = draw(np.array(labels), rng)
-        write_pickle(folder / f"data_batch_{b}", {
-            "batch_label": f"training batch {b} of 5", "labels": labels,
-            "data": batch.reshape(per_batch, -1), "filenames": [f"img{i}.png" for i in range(per_batch)],
-        })
+        write_pickle(
+            folder / f"data_batch_{b}",
+            {
+                "batch_label": f"training batch {b} of 5",
+                "labels": labels,
+                "data": batch.reshape(per_batch, -1),
+                "filenames": [f"img{i}.png" for i in range(per_batch)],
+            },
+        )
         train_images.append(batch)
         train_labels += labels
     test_labels = [i % 10 for i in range(test)]
     test_images = draw(np.array(test_labels), rng)
-    write_pickle(folder / "test_batch", {"batch_label": "testing batch 1 of 1", "labels": test_labels,
-                                         "data": test_images.reshape(test, -1)})
-    write_pickle(folder / "batches.meta", {"num_cases_per_batch": per_batch, "label_names": CIFAR10_CLASSES,
-                                           "num_vis": 3072})
-    return {"train_x": np.concatenate(train_images), "train_y": np.array(train_labels),
-            "test_x": test_images, "test_y": np.array(test_labels)}
+    write_pickle(
+        folder / "test_batch",
+        {"batch_label": "testing batch 1 of 1", "labels": test_labels, "data": test_images.reshape(test, -1)},
+    )
+    write_pickle(
+        folder / "batches.meta", {"num_cases_per_batch": per_batch, "label_names": CIFAR10_CLASSES, "num_vis": 3072}
+    )
+    return {
+        "train_x": np.concatenate(train_images),
+        "train_y": np.array(train_labels),
+        "test_x": test_images,
+        "test_y": np.array(test_labels),
+    }
 
 
 def existence_only_check(fpath: str, md5: str | None = None) -> bool:
@@ -97,8 +113,9 @@ def existence_only_check(fpath: str, md5: str | None = None) -> bool:
     return os.path.isfile(fpath)
 
 
-def clustered_features(n_train: int, n_test: int, dim: int, classes: int = 10, noise: float = 6.0,
-                       seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def clustered_features(
+    n_train: int, n_test: int, dim: int, classes: int = 10, noise: float = 6.0, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(train_f, train_y, test_f, test_y): float32 Gaussian features around unit-variance
     class centres (noise std ``noise``), so kNN accuracies mean something; continuous
     random values, so exact ties between similarities are (almost surely) absent."""

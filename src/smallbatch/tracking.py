@@ -41,7 +41,7 @@ TAG_STATUS = "smallbatch.status"
 TAG_EXPERIMENT = "smallbatch.experiment"
 TAG_BASELINE = "smallbatch.baseline"
 TAG_COMMIT = "smallbatch.git_commit"
-TAG_PRETRAIN = "smallbatch.pretrain"   # how pretraining ended: finished | diverged | collapsed
+TAG_PRETRAIN = "smallbatch.pretrain"  # how pretraining ended: finished | diverged | collapsed
 #: one writer per cell per store: the trainer that logs into a cell's run (JSON: folder, host, pid,
 #: when renewed); another folder's trainer is refused while it is live (see CellRun.take_lease)
 TAG_LEASE = "smallbatch.lease"
@@ -71,8 +71,18 @@ def _mlflow():
 
 #: URI schemes MLflow 3.17 has a tracking store for (mlflow.tracking._tracking_service.utils;
 #: SQLAlchemy's may name a driver: postgresql+psycopg2); plugins add theirs as entry points
-TRACKING_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "http", "https", "file",
-                    "databricks", "databricks-uc", "uc")
+TRACKING_SCHEMES = (
+    "sqlite",
+    "postgresql",
+    "mysql",
+    "mssql",
+    "http",
+    "https",
+    "file",
+    "databricks",
+    "databricks-uc",
+    "uc",
+)
 
 
 def tracking_uri_problem(uri: str) -> str | None:
@@ -91,8 +101,10 @@ def tracking_uri_problem(uri: str) -> str | None:
         return f"no host after {scheme}://"
     if scheme in TRACKING_SCHEMES or scheme in {ep.name for ep in entry_points(group="mlflow.tracking_store")}:
         return None
-    return (f"MLflow has no tracking store for the scheme '{scheme}'; use sqlite:///PATH, http(s)://HOST:PORT, "
-            "postgresql://, mysql://, mssql:// or databricks")
+    return (
+        f"MLflow has no tracking store for the scheme '{scheme}'; use sqlite:///PATH, http(s)://HOST:PORT, "
+        "postgresql://, mysql://, mssql:// or databricks"
+    )
 
 
 def _client(uri: str):
@@ -105,7 +117,7 @@ def _client(uri: str):
         # user gets the error's root cause as one line instead (_wrap)
         logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
         if uri.startswith("sqlite:///") and not uri.startswith("sqlite:///file:"):  # not a SQLite URI filename
-            Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+            Path(uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
         return MlflowClient(tracking_uri=uri)
     except Exception as exc:  # noqa: BLE001 - any store failure becomes one clear line
         raise _wrap(uri, "opening the store", exc) from None
@@ -157,14 +169,16 @@ def artifacts_root(uri: str) -> Path | None:
 def describe_study(experiment: str, config: str | None = None) -> str:
     """The experiment's description (tag ``mlflow.note.content``): the study, its config, what a run is."""
     cfg = f" from the config `{config}`" if config else ""
-    return (f"smallbatch study **{experiment}**{cfg}: one run per cell (run name = cell id; tags "
-            f"`{TAG_CELL}`, `{TAG_HASH}`, `{TAG_KIND}` = cell | baseline | mi | {KIND_PARENT} | {KIND_REPORT}). "
-            "A cell's artifacts: its resolved config (`cell.json`), its evaluation (`knn.json`, `linear.json`), "
-            "its backbone when `tracking.log_checkpoint` is on. The side experiments' rows are nested under a "
-            f"parent run; the report is a run of kind `{KIND_REPORT}` with its tables and figures. Training "
-            "curves: x-axis `train/images_seen` or `epoch` compares batch sizes (the step is the optimiser's). "
-            f"Browse: `mlflow ui --backend-store-uri sqlite:///mlflow.db` in the folder holding the store "
-            f"(its artifacts are `./{ARTIFACTS_DIR}`).")
+    return (
+        f"smallbatch study **{experiment}**{cfg}: one run per cell (run name = cell id; tags "
+        f"`{TAG_CELL}`, `{TAG_HASH}`, `{TAG_KIND}` = cell | baseline | mi | {KIND_PARENT} | {KIND_REPORT}). "
+        "A cell's artifacts: its resolved config (`cell.json`), its evaluation (`knn.json`, `linear.json`), "
+        "its backbone when `tracking.log_checkpoint` is on. The side experiments' rows are nested under a "
+        f"parent run; the report is a run of kind `{KIND_REPORT}` with its tables and figures. Training "
+        "curves: x-axis `train/images_seen` or `epoch` compares batch sizes (the step is the optimiser's). "
+        f"Browse: `mlflow ui --backend-store-uri sqlite:///mlflow.db` in the folder holding the store "
+        f"(its artifacts are `./{ARTIFACTS_DIR}`)."
+    )
 
 
 def _create_experiment(client, uri: str, experiment: str, note: str) -> str:
@@ -205,8 +219,12 @@ def init_store(uri: str, experiment: str, config: str | None = None) -> str:
     once; return its id.  A new SQLite schema is made with the proxied artifact root, so even
     MLflow's own 'Default' experiment names no absolute folder (the creator's ./mlruns)."""
     db = _sqlite_file(uri)
-    if (db is not None and not uri.startswith("sqlite:///file:") and not tracking_uri_problem(uri)
-            and not Path(str(db).split("?", 1)[0]).exists()):
+    if (
+        db is not None
+        and not uri.startswith("sqlite:///file:")
+        and not tracking_uri_problem(uri)
+        and not Path(str(db).split("?", 1)[0]).exists()
+    ):
         try:
             _mlflow()
             from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
@@ -241,7 +259,10 @@ def git_commit() -> str:
     subprocess: ~3 ms, paid by each of the MI step's 150 runs before)."""
     try:
         out = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=5,
+            ["git", "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
             cwd=Path(__file__).resolve().parent,
         )
         return out.stdout.strip() or "unknown"
@@ -299,7 +320,7 @@ def _lease_live(held: dict) -> bool:
 
 
 def _sqlite_file(uri: str) -> Path | None:
-    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+    return Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else None
 
 
 def _store_identity(uri: str) -> tuple | None:
@@ -339,17 +360,18 @@ class CellRun:
         """Record this process, writing into ``folder``, as the run's one trainer; LeaseHeld
         when a live trainer of another folder holds it (the folder's own lock already keeps
         two trainers of one folder apart; a stale lease is taken over)."""
-        import json
         import socket
 
         mine = {"folder": str(Path(folder).resolve()), "host": socket.gethostname(), "pid": os.getpid()}
         held = _lease_holder(self.tags().get(TAG_LEASE))
         if held and held["folder"] != mine["folder"] and _lease_live(held):
             age = time.time() - float(held["at"])
-            raise LeaseHeld(f"cell {self.cell_id} is being trained into the MLflow store {self.uri} from another "
-                            f"folder, {held['folder']} (process {held['pid']} on {held['host']}, seen {age:.0f} s "
-                            "ago); one trainer per cell per store: let it finish, or give this study its own "
-                            "store or experiment")
+            raise LeaseHeld(
+                f"cell {self.cell_id} is being trained into the MLflow store {self.uri} from another "
+                f"folder, {held['folder']} (process {held['pid']} on {held['host']}, seen {age:.0f} s "
+                "ago); one trainer per cell per store: let it finish, or give this study its own "
+                "store or experiment"
+            )
         self._lease = mine
         self._renew_lease()
 
@@ -363,8 +385,10 @@ class CellRun:
     def verify(self) -> None:
         """The store is the one the run was opened in and still holds the run."""
         if self._store is not None and _store_identity(self.uri) != self._store:
-            raise RunVanished(f"the MLflow store {_sqlite_file(self.uri)} was deleted or replaced while cell "
-                              f"{self.cell_id} was logging to it (run {self.run_id}); its history would be lost")
+            raise RunVanished(
+                f"the MLflow store {_sqlite_file(self.uri)} was deleted or replaced while cell "
+                f"{self.cell_id} was logging to it (run {self.run_id}); its history would be lost"
+            )
         if not run_exists(self.client, self.uri, self.run_id):
             raise RunVanished(f"run {self.run_id} of cell {self.cell_id} is no longer in the MLflow store {self.uri}")
 
@@ -422,8 +446,14 @@ class CellRun:
         """status: running | finished | diverged | failed (our tag) + MLflow's run status."""
         self.flush()
         self.set_tags({TAG_STATUS: status})
-        mlflow_status = {"running": "RUNNING", "finished": "FINISHED", "diverged": "FINISHED",
-                         "collapsed": "FINISHED", "failed": "FAILED", "killed": "KILLED"}[status]
+        mlflow_status = {
+            "running": "RUNNING",
+            "finished": "FINISHED",
+            "diverged": "FINISHED",
+            "collapsed": "FINISHED",
+            "failed": "FAILED",
+            "killed": "KILLED",
+        }[status]
         try:
             if mlflow_status == "RUNNING":
                 self.client.update_run(self.run_id, status="RUNNING")
@@ -481,8 +511,7 @@ def _find_runs(client, exp_id: str, cell_id: str, cell_hash: str | None) -> list
     filt = f"tags.`{TAG_CELL}` = '{cell_id}'"
     if cell_hash:
         filt += f" and tags.`{TAG_HASH}` = '{cell_hash}'"
-    return client.search_runs([exp_id], filter_string=filt, max_results=50,
-                              order_by=["attributes.start_time DESC"])
+    return client.search_runs([exp_id], filter_string=filt, max_results=50, order_by=["attributes.start_time DESC"])
 
 
 def run_exists(client, uri: str, run_id: str) -> bool:
@@ -496,9 +525,17 @@ def run_exists(client, uri: str, run_id: str) -> bool:
         raise _wrap(uri, f"reading run {run_id}", exc) from None
 
 
-def open_cell_run(uri: str, experiment: str, cell: dict, kind: str = "cell",
-                  params: dict[str, str] | None = None, run_id: str | None = None,
-                  fresh: bool = False, lease: str | Path | None = None, parent: str | None = None) -> CellRun:
+def open_cell_run(
+    uri: str,
+    experiment: str,
+    cell: dict,
+    kind: str = "cell",
+    params: dict[str, str] | None = None,
+    run_id: str | None = None,
+    fresh: bool = False,
+    lease: str | Path | None = None,
+    parent: str | None = None,
+) -> CellRun:
     """The cell's run: ``run_id`` when given (a resumed state's run; :class:`RunVanished`
     if the store lacks it), else the newest unfinished run of the same id and hash, else a
     new one (a pretraining never reopens a finished run: a rerun of a finished cell is a new run);
@@ -512,8 +549,16 @@ def open_cell_run(uri: str, experiment: str, cell: dict, kind: str = "cell",
     return run
 
 
-def _open_cell_run(uri: str, experiment: str, cell: dict, kind: str, params: dict[str, str] | None,
-                   run_id: str | None, fresh: bool, parent: str | None = None) -> CellRun:
+def _open_cell_run(
+    uri: str,
+    experiment: str,
+    cell: dict,
+    kind: str,
+    params: dict[str, str] | None,
+    run_id: str | None,
+    fresh: bool,
+    parent: str | None = None,
+) -> CellRun:
     exp_id = get_or_create_experiment(uri, experiment)
     client = _client(uri)
     if run_id is not None:
@@ -528,9 +573,13 @@ def _open_cell_run(uri: str, experiment: str, cell: dict, kind: str, params: dic
                 run.set_tags({TAG_PARENT: parent})
             return run
         tags = {
-            TAG_CELL: cell["id"], TAG_HASH: cell["hash"], TAG_KIND: kind,
-            TAG_EXPERIMENT: cell.get("experiment", "grid"), TAG_STATUS: "running",
-            TAG_COMMIT: git_commit(), **_versions(),
+            TAG_CELL: cell["id"],
+            TAG_HASH: cell["hash"],
+            TAG_KIND: kind,
+            TAG_EXPERIMENT: cell.get("experiment", "grid"),
+            TAG_STATUS: "running",
+            TAG_COMMIT: git_commit(),
+            **_versions(),
         }
         if kind == "baseline":
             tags[TAG_BASELINE] = cell.get("baseline", "")
@@ -543,7 +592,7 @@ def _open_cell_run(uri: str, experiment: str, cell: dict, kind: str, params: dic
 
             items = [Param(k, v) for k, v in params.items()]
             for i in range(0, len(items), 100):
-                client.log_batch(run.run_id, params=items[i:i + 100])
+                client.log_batch(run.run_id, params=items[i : i + 100])
         return run
     except TrackingError:
         raise
@@ -575,13 +624,18 @@ def count_cell_runs(uri: str, experiment: str, cell_id: str) -> int:
 
 # --------------------------------------------------------------------------- reading (the report)
 #: MLflow's run status -> ours, for a run without the TAG_STATUS tag
-_MLFLOW_STATUS = {"FINISHED": STATUS_FINISHED, "RUNNING": STATUS_RUNNING, "SCHEDULED": STATUS_RUNNING,
-                  "FAILED": "failed", "KILLED": "failed"}
+_MLFLOW_STATUS = {
+    "FINISHED": STATUS_FINISHED,
+    "RUNNING": STATUS_RUNNING,
+    "SCHEDULED": STATUS_RUNNING,
+    "FAILED": "failed",
+    "KILLED": "failed",
+}
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
 def _sqlite_path(uri: str) -> Path:
-    return Path(uri[len("sqlite:///"):].split("?", 1)[0])
+    return Path(uri[len("sqlite:///") :].split("?", 1)[0])
 
 
 def _check_sqlite_store(uri: str) -> None:
@@ -667,16 +721,20 @@ class StoreReader:
             exp = self._call(f"reading experiment '{name}'", lambda: self._client.get_experiment_by_name(name))
             if exp is None:
                 names = sorted(e.name for e in self._experiments())
-                raise ValueError(f"no runs in experiment {name!r} at URI {self.uri!r} "
-                                 f"(no such experiment; available: {', '.join(names) or 'none'})")
+                raise ValueError(
+                    f"no runs in experiment {name!r} at URI {self.uri!r} "
+                    f"(no such experiment; available: {', '.join(names) or 'none'})"
+                )
             return exp.experiment_id, exp.name
         exps = [e for e in self._experiments() if e.name != "Default"]
         chosen = [e for e in exps if e.name == "smallbatch"] or (exps if len(exps) == 1 else [])
         if chosen:
             return chosen[0].experiment_id, chosen[0].name
         names = sorted(e.name for e in exps)
-        raise ValueError(f"experiment must be given: the store at URI {self.uri!r} holds "
-                         f"{len(names)} experiments ({', '.join(names) or 'none'}) and none is named 'smallbatch'")
+        raise ValueError(
+            f"experiment must be given: the store at URI {self.uri!r} holds "
+            f"{len(names)} experiments ({', '.join(names) or 'none'}) and none is named 'smallbatch'"
+        )
 
     def _experiments(self) -> list:
         return self._call("listing experiments", lambda: list(self._client.search_experiments()))
@@ -687,16 +745,25 @@ class StoreReader:
         runs: list = []
         token = None
         while True:
-            page = self._call("searching runs", lambda: self._client.search_runs(
-                [experiment_id], max_results=5000, page_token=token))
+            page = self._call(
+                "searching runs", lambda: self._client.search_runs([experiment_id], max_results=5000, page_token=token)
+            )
             runs.extend(page)
             token = page.token
             if not token:
                 break
-        return [{"run_id": r.info.run_id, "run_name": r.info.run_name, "start_time": r.info.start_time or 0,
-                 "status": r.data.tags.get(TAG_STATUS) or _MLFLOW_STATUS.get(r.info.status, r.info.status.lower()),
-                 "tags": dict(r.data.tags), "params": dict(r.data.params), "metrics": dict(r.data.metrics)}
-                for r in runs]
+        return [
+            {
+                "run_id": r.info.run_id,
+                "run_name": r.info.run_name,
+                "start_time": r.info.start_time or 0,
+                "status": r.data.tags.get(TAG_STATUS) or _MLFLOW_STATUS.get(r.info.status, r.info.status.lower()),
+                "tags": dict(r.data.tags),
+                "params": dict(r.data.params),
+                "metrics": dict(r.data.metrics),
+            }
+            for r in runs
+        ]
 
     def history(self, run_id: str, key: str) -> list[tuple[int, float]]:
         """(step, value) of every logged value of metric ``key`` of one run."""
@@ -721,9 +788,16 @@ class StoreReader:
         """Copy one artifact of a run into the folder ``dst``; return its local path."""
         repo = self._artifact_repo(run_id)
         Path(dst).mkdir(parents=True, exist_ok=True)
-        return Path(self._call(f"downloading the artifact {path}", lambda: (
-            repo.download_artifacts(path, str(dst)) if repo is not None
-            else self._client.download_artifacts(run_id, path, str(dst)))))
+        return Path(
+            self._call(
+                f"downloading the artifact {path}",
+                lambda: (
+                    repo.download_artifacts(path, str(dst))
+                    if repo is not None
+                    else self._client.download_artifacts(run_id, path, str(dst))
+                ),
+            )
+        )
 
 
 # --------------------------------------------------------------------------- the report's own run

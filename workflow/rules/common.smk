@@ -5,7 +5,7 @@
 # (Snakemake quotes it with shlex.quote; a list becomes one quoted word per item and an
 # empty list nothing), `{output:q}` and `{log:q}` included; an optional option is a list
 # param made by `flag()` below.  The one exception is `{params.launch}`, the launcher that
-# smallbatch.distributed.launch_command builds from no config value.  tests/test_trust.py
+# smallbatch.training.distributed.launch_command builds from no config value.  tests/pipeline/test_trust.py
 # checks every rule file for it.
 import json
 import math
@@ -16,12 +16,12 @@ from pathlib import Path
 
 # One-line errors naming the key; validate_config also fills the schema's defaults into
 # `config`.  (Snakemake's own `validate` reads the schema file alone, which lacks the loss
-# names and parameters that smallbatch.config.load_schema adds from the loss registry.)
+# names and parameters that smallbatch.pipeline.schema.load_schema adds from the loss registry.)
 try:
-    from smallbatch.config import (ConfigError, check_data_roots, check_results_dir, read_config_file,
+    from smallbatch.pipeline.config import (ConfigError, check_data_roots, check_results_dir, read_config_file,
                                    resolve_tracking_uri, validate_config)
-    from smallbatch.cells import baseline_cells, expand_cells
-    from smallbatch.distributed import launch_command
+    from smallbatch.pipeline.cells import baseline_cells, expand_cells
+    from smallbatch.training.distributed import launch_command
 except ImportError as exc:  # pragma: no cover - a user without the package installed
     raise WorkflowError(f"the smallbatch package is not importable ({exc}); run `make install` or `pip install -e .`")
 
@@ -103,7 +103,7 @@ def write_cell_files():
     """Every cell's and baseline's settings as <its folder>/cell.json (what `smallbatch cells
     --write` writes), rewritten only when they change: the jobs read their cell from it.
     Called once the run holds the results folder (onstart), so a dry run writes nothing."""
-    from smallbatch.steps import record_cell
+    from smallbatch.pipeline.jobs import record_cell
 
     for cid, cell in CELLS.items():
         record_cell(cell, Path(cell_dir(cid)) / "cell.json")
@@ -111,7 +111,7 @@ def write_cell_files():
         record_cell(cell, Path(R) / bid / "cell.json")
 
 
-# Warm start (smallbatch.warm): a local run serves its jobs from one process that has
+# Warm start (smallbatch.pipeline.warm): a local run serves its jobs from one process that has
 # imported torch, MLflow and faiss once; jobs on a cluster run as plain processes.
 WARM = {}
 
@@ -121,7 +121,7 @@ def start_run():
     lock_results_folder()
     write_cell_files()
     if config["warm_start"] and workflow.local_exec:
-        from smallbatch import warm
+        from smallbatch.pipeline import warm
 
         WARM["server"] = warm.start(f"{R}/logs/warm_server.log", THREADS)
 
@@ -129,7 +129,7 @@ def start_run():
 def stop_warm_server():
     """onsuccess / onerror."""
     if WARM:
-        from smallbatch import warm
+        from smallbatch.pipeline import warm
 
         warm.stop(WARM.pop("server"))
 
@@ -193,7 +193,7 @@ def cell_of(wildcards):
 
 
 def cell_hash(wildcards):
-    """The hash of the cell's settings (smallbatch.cells.cell_hash), a param of its jobs: a
+    """The hash of the cell's settings (smallbatch.pipeline.cells.cell_hash), a param of its jobs: a
     changed cell changes it, and Snakemake's params trigger reruns the cell's jobs.  The
     job reads the cell itself from its cell.json (write_cell_files), so the shell line
     stays one short line."""

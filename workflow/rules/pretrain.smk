@@ -47,7 +47,7 @@ rule prepare_data:
 
 rule pretrain:
     # One cell's pretraining: `train.devices` processes (torchrun here, srun inside a SLURM
-    # allocation: smallbatch.distributed.launch_command), each with `threads` threads.
+    # allocation: smallbatch.training.distributed.launch_command), each with `threads` threads.
     input:
         data=data_cache,
         store=f"{R}/mlflow.ready",
@@ -60,7 +60,7 @@ rule pretrain:
         exp=EXPERIMENT,
         out=out_dir,
         launch=lambda w: launch_command(devices(w)),  # shell-safe by construction (common.smk)
-        # one process: evaluate in it too, for the evaluate job to adopt (smallbatch.prepared)
+        # one process: evaluate in it too, for the evaluate job to adopt (smallbatch.pipeline.prepared)
         ahead=lambda w: flag("--evaluate-ahead", devices(w) == 1 and not KEEP_FEATURES),
         # each of the cell's processes gets its share of the job's threads
         threads=lambda w, threads: max(1, threads // devices(w)),

@@ -39,27 +39,36 @@ section reported are counted in index.md, never silently dropped.
 
 from __future__ import annotations
 
-from importlib import import_module
 from pathlib import Path
 
 from ..tracking import StoreReader
 from .aggregate import aggregate_cells
 from .context import ReportContext, SectionOutput
 from .index import index_markdown
-from .papers import load_papers
 from .runs import METRICS, accuracy_scale, load_runs
+from .sections import baselines, cost, diverged, ess, grid, instrument, ksweep, mi, papers, precision, regime, tsweep
+from .sections.papers import load_papers
 from .tables import latex_table, markdown_table, tex_escape
 
 __all__ = [
-    "build_report", "load_runs", "aggregate_cells", "ReportContext", "SectionOutput", "SECTIONS",
-    "SECTION_MODULES", "METRICS", "load_papers", "markdown_table", "latex_table", "tex_escape",
+    "build_report",
+    "load_runs",
+    "aggregate_cells",
+    "ReportContext",
+    "SectionOutput",
+    "SECTIONS",
+    "SECTION_MODULES",
+    "METRICS",
+    "load_papers",
+    "markdown_table",
+    "latex_table",
+    "tex_escape",
 ]
 
-#: the report's sections in index.md's order: each a module of this package with
-#: ``build(runs, ctx) -> SectionOutput | None``.  A new section is a module plus its name here.
-SECTION_MODULES = ("grid", "instrument", "baselines", "diverged", "papers", "precision", "ksweep", "ess", "tsweep", "regime",
-                   "mi", "cost")
-SECTIONS = [import_module(f"{__name__}.{name}").build for name in SECTION_MODULES]
+#: the report's sections in index.md's order: each a module of :mod:`.sections` with
+#: ``build(runs, ctx) -> SectionOutput | None``.  A new section is a module plus its entry here.
+SECTION_MODULES = (grid, instrument, baselines, diverged, papers, precision, ksweep, ess, tsweep, regime, mi, cost)
+SECTIONS = [section.build for section in SECTION_MODULES]
 
 
 #: the files the last build wrote (paths relative to the report folder, one a line): the
@@ -80,11 +89,18 @@ def _check_out_dir(out: Path) -> None:
                 raise ValueError(f"report folder {out} cannot be made: {p} is a file, not a folder")
             break
     inside = [out / sub for sub in _OUTPUT_DIRS if (out / sub).is_dir() and not (out / sub).is_symlink()]
-    for p in (out, *(out / sub for sub in _OUTPUT_DIRS), out / "index.md", out / MANIFEST,
-              *(f for d in inside for f in sorted(d.iterdir()))):
+    for p in (
+        out,
+        *(out / sub for sub in _OUTPUT_DIRS),
+        out / "index.md",
+        out / MANIFEST,
+        *(f for d in inside for f in sorted(d.iterdir())),
+    ):
         if p.is_symlink():
-            raise ValueError(f"report output {p} is a symbolic link; refused (the report writes only real "
-                             "files and folders inside --out): remove the link or choose another --out")
+            raise ValueError(
+                f"report output {p} is a symbolic link; refused (the report writes only real "
+                "files and folders inside --out): remove the link or choose another --out"
+            )
 
 
 def _remove_stale(out: Path, written: list[Path]) -> None:
@@ -96,14 +112,25 @@ def _remove_stale(out: Path, written: list[Path]) -> None:
     for rel in before:
         p = out / rel
         parts = Path(rel).parts
-        if (rel not in now and len(parts) == 2 and parts[0] in _OUTPUT_DIRS and not p.parent.is_symlink()
-                and p.is_file() and not p.is_symlink()):
+        if (
+            rel not in now
+            and len(parts) == 2
+            and parts[0] in _OUTPUT_DIRS
+            and not p.parent.is_symlink()
+            and p.is_file()
+            and not p.is_symlink()
+        ):
             p.unlink()
     manifest.write_text("".join(f"{rel}\n" for rel in sorted(now)), encoding="utf-8")
 
 
-def build_report(tracking_uri: str, out_dir: str | Path = "results/report", experiment: str | None = None,
-                 paper_csv: str | Path | None = None, log_run: bool = False) -> Path:
+def build_report(
+    tracking_uri: str,
+    out_dir: str | Path = "results/report",
+    experiment: str | None = None,
+    paper_csv: str | Path | None = None,
+    log_run: bool = False,
+) -> Path:
     """Rebuild every table and figure from the MLflow store; return the path of index.md.
 
     ``experiment`` is the MLflow experiment (the config's ``study``); None picks
@@ -119,8 +146,15 @@ def build_report(tracking_uri: str, out_dir: str | Path = "results/report", expe
     papers = load_papers(paper_csv)
     reader = StoreReader(str(tracking_uri))
     runs, exp_name = load_runs(reader, experiment)
-    ctx = ReportContext(out_dir=out, tracking_uri=str(tracking_uri), experiment=exp_name, reader=reader,
-                        scale=accuracy_scale(runs), papers=papers, runs=runs)
+    ctx = ReportContext(
+        out_dir=out,
+        tracking_uri=str(tracking_uri),
+        experiment=exp_name,
+        reader=reader,
+        scale=accuracy_scale(runs),
+        papers=papers,
+        runs=runs,
+    )
     out.mkdir(parents=True, exist_ok=True)
     outputs = [o for o in (build(runs, ctx) for build in SECTIONS) if o is not None]
     index = out / "index.md"

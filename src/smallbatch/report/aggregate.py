@@ -53,8 +53,9 @@ def _count_columns(runs: pd.DataFrame) -> list[str]:
     return ["n_diverged", *(["n_collapsed"] if (runs["status"] == "collapsed").any() else []), "n_failed"]
 
 
-def aggregate_cells(runs: pd.DataFrame, keys: Sequence[str], scale: float,
-                    metrics: dict[str, str] = METRICS, values: bool = False) -> pd.DataFrame:
+def aggregate_cells(
+    runs: pd.DataFrame, keys: Sequence[str], scale: float, metrics: dict[str, str] = METRICS, values: bool = False
+) -> pd.DataFrame:
     """Mean / sample std over seeds of each final metric per group of ``keys``.
 
     Returns one row per group and metric with columns ``*keys, metric, mean, std,
@@ -66,8 +67,7 @@ def aggregate_cells(runs: pd.DataFrame, keys: Sequence[str], scale: float,
     """
     counts = _count_columns(runs) if len(runs) else ["n_diverged", "n_failed"]
     if runs.empty:
-        return pd.DataFrame(columns=[*keys, "metric", "mean", "std", "n_seeds", "n_runs", *counts, "state",
-                                     "display"])
+        return pd.DataFrame(columns=[*keys, "metric", "mean", "std", "n_seeds", "n_runs", *counts, "state", "display"])
     out = []
     for gkey, grp in runs.groupby(list(keys), sort=False, dropna=False):
         gkey = gkey if isinstance(gkey, tuple) else (gkey,)
@@ -78,14 +78,28 @@ def aggregate_cells(runs: pd.DataFrame, keys: Sequence[str], scale: float,
             vals = (good[col] if col in good else pd.Series(dtype=float)).astype(float) * scale
             vals = vals[np.isfinite(vals)]
             n = len(vals)
-            extra = {"values": dict(zip(good.loc[vals.index, "seed"] if "seed" in good else vals.index,
-                                        vals.tolist()))} if values else {}
+            extra = (
+                {"values": dict(zip(good.loc[vals.index, "seed"] if "seed" in good else vals.index, vals.tolist()))}
+                if values
+                else {}
+            )
             mean = float(vals.mean()) if n else math.nan
             std = float(vals.std(ddof=1)) if n > 1 else math.nan
             state = _state(n, bad)
-            out.append({**dict(zip(keys, gkey)), "metric": m, "mean": mean, "std": std, "n_seeds": n,
-                        "n_runs": len(grp), **{c: bad.get(c[2:], 0) for c in counts}, "state": state,
-                        "display": display(mean, std, state, bad if n else None, len(grp)), **extra})
+            out.append(
+                {
+                    **dict(zip(keys, gkey)),
+                    "metric": m,
+                    "mean": mean,
+                    "std": std,
+                    "n_seeds": n,
+                    "n_runs": len(grp),
+                    **{c: bad.get(c[2:], 0) for c in counts},
+                    "state": state,
+                    "display": display(mean, std, state, bad if n else None, len(grp)),
+                    **extra,
+                }
+            )
     return pd.DataFrame(out)
 
 
@@ -100,8 +114,11 @@ def sort_by_loss(df: pd.DataFrame, by: Sequence[str]) -> pd.DataFrame:
     if df.empty:
         return df
     df = df.assign(_lr=df["loss"].map(loss_rank))
-    return df.sort_values([("_lr" if c == "loss" else c) for c in by], kind="stable").drop(
-        columns="_lr").reset_index(drop=True)
+    return (
+        df.sort_values([("_lr" if c == "loss" else c) for c in by], kind="stable")
+        .drop(columns="_lr")
+        .reset_index(drop=True)
+    )
 
 
 def label_order(df: pd.DataFrame) -> list[str]:
@@ -110,8 +127,14 @@ def label_order(df: pd.DataFrame) -> list[str]:
     return [lab for _, lab in sorted(zip(pairs["loss"], pairs["label"]), key=lambda p: (loss_rank(p[0]), p[1]))]
 
 
-def pivot(df: pd.DataFrame, index: Sequence[str], column: str, header: Callable[[Any], str],
-          value: str = "display", columns: Sequence[Any] | None = None) -> pd.DataFrame:
+def pivot(
+    df: pd.DataFrame,
+    index: Sequence[str],
+    column: str,
+    header: Callable[[Any], str],
+    value: str = "display",
+    columns: Sequence[Any] | None = None,
+) -> pd.DataFrame:
     """Wide table: one row per ``index`` group (in order of appearance), one column per
     value of ``column`` (``columns``, default in order of appearance) named ``header(v)``;
     '' where a group has no such value."""

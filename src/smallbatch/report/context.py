@@ -10,10 +10,17 @@ import pandas as pd
 
 from .tables import Block, write_table_files
 
-
 #: columns of a frame that hold objects for computing (per-seed values, tests), never a table's
-COMPUTING_COLUMNS = ("values", "estimate", "values_smallest", "values_largest", "values_small", "values_large",
-                     "values_best", "values_worst")
+COMPUTING_COLUMNS = (
+    "values",
+    "estimate",
+    "values_smallest",
+    "values_largest",
+    "values_small",
+    "values_large",
+    "values_best",
+    "values_worst",
+)
 
 
 @dataclass
@@ -66,8 +73,9 @@ class ReportContext:
     def rel(self, p: Path) -> str:
         return p.relative_to(self.out_dir).as_posix()
 
-    def write_table(self, name: str, title: str, data: pd.DataFrame, blocks: Sequence[Block] | None = None,
-                    note: str | None = None) -> list[Path]:
+    def write_table(
+        self, name: str, title: str, data: pd.DataFrame, blocks: Sequence[Block] | None = None, note: str | None = None
+    ) -> list[Path]:
         """Write ``tables/<name>.csv`` (``data``, tidy) and ``.md`` / ``.tex`` (``blocks`` for reading).
         Columns that hold per-seed values or estimates for computing (:data:`COMPUTING_COLUMNS`) are not written."""
         data = data.drop(columns=[c for c in COMPUTING_COLUMNS if c in data.columns])
@@ -77,8 +85,11 @@ class ReportContext:
 
     def table_links(self, files: Sequence[Path]) -> str:
         by = {p.suffix: p for p in files}
-        return " · ".join(f"[{lab}]({self.rel(by[s])})" for s, lab in
-                          ((".md", "Markdown"), (".csv", "CSV"), (".tex", "LaTeX")) if s in by)
+        return " · ".join(
+            f"[{lab}]({self.rel(by[s])})"
+            for s, lab in ((".md", "Markdown"), (".csv", "CSV"), (".tex", "LaTeX"))
+            if s in by
+        )
 
     def save_figure(self, fig, stem: str) -> list[Path]:
         """Save ``figures/<stem>.png`` and ``.svg`` without dates or versions in them; close the figure."""
@@ -117,7 +128,8 @@ class ReportContext:
                 hist = self.reader.history(rid, key)
                 self.history_calls += 1
                 self._hist_cache[(rid, key)] = pd.DataFrame(
-                    {"run_id": rid, "step": [s for s, _ in hist], "value": [v for _, v in hist]})
+                    {"run_id": rid, "step": [s for s, _ in hist], "value": [v for _, v in hist]}
+                )
             frames.append(self._hist_cache[(rid, key)])
         if not frames:
             return pd.DataFrame(columns=["run_id", "step", "value"])

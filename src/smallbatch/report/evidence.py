@@ -133,7 +133,7 @@ def contrast(terms: Sequence[tuple[float, Values]]) -> Estimate:
     parts = [(c * c * _var(v) / len(v), len(v)) for c, v in cells]
     if all(finite(w) for w, _ in parts) and math.sqrt(sum(w for w, _ in parts)) > SPREAD_TOL * max(1.0, abs(diff)):
         se2 = sum(w for w, _ in parts)
-        df = se2 ** 2 / sum(w * w / (k - 1) for w, k in parts)
+        df = se2**2 / sum(w * w / (k - 1) for w, k in parts)
         return _t_test(diff, math.sqrt(se2), df, min(k for _, k in parts), math.nan, "Welch t")
     return Estimate(diff=diff, n=len(common))
 
@@ -193,8 +193,11 @@ def describe(e: Estimate | None, what: str = "", nd: int = 1, null_mde: bool = T
     if e is None or not finite(e.diff):
         return f"{head}— (no value)"
     if not e.tested:
-        why = "seed differences identical, no noise estimate" if e.n >= 2 else (
-            "one seed" if e.n == 1 else "fewer than two seeds in common")
+        why = (
+            "seed differences identical, no noise estimate"
+            if e.n >= 2
+            else ("one seed" if e.n == 1 else "fewer than two seeds in common")
+        )
         return f"{head}{signed(e.diff, nd)} (untested: {why})"
     seeds = f"{e.n} seeds" if e.test == "paired t" else f"≥{e.n} seeds per arm"
     pt = p_text(e.p_adj)
@@ -225,7 +228,6 @@ def support(holds: bool, e: Estimate | None, claim: str = "the claim") -> str:
     if not e.significant:
         return f"our numbers neither support nor refute {claim} (within noise)"
     return f"our numbers {'support' if holds else 'do not support'} {claim}"
-
 
 
 def by_failure(holds: bool, claim: str = "the claim") -> str:

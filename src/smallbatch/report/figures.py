@@ -27,8 +27,14 @@ def plot_style():
 
 
 #: one colour per loss in every figure of the report (Okabe–Ito, colour-blind safe), keyed by registry name
-LOSS_COLORS = {"infonce": "#0072B2", "flatnce": "#D55E00", "dcl": "#009E73", "dclw": "#CC79A7", "eqco": "#E69F00",
-               "sogclr": "#56B4E9"}
+LOSS_COLORS = {
+    "infonce": "#0072B2",
+    "flatnce": "#D55E00",
+    "dcl": "#009E73",
+    "dclw": "#CC79A7",
+    "eqco": "#E69F00",
+    "sogclr": "#56B4E9",
+}
 #: colours for hues that are not losses (precision, budget, schedule), and for a loss not in LOSS_COLORS
 OTHER_COLORS = ("#000000", "#999999", "#882255", "#44AA99", "#117733", "#AA4499", "#DDCC77", "#332288")
 #: the baselines' reference lines: (line style, grey level)
@@ -71,8 +77,17 @@ def mark_bad(ax, xs: Iterable[float], color) -> None:
     xs = list(xs)
     if xs:
         y0 = ax.get_ylim()[0]
-        ax.scatter(xs, [y0] * len(xs), marker="v", s=80, facecolors="none", edgecolors=[color],
-                   linewidths=1.5, clip_on=False, zorder=5)
+        ax.scatter(
+            xs,
+            [y0] * len(xs),
+            marker="v",
+            s=80,
+            facecolors="none",
+            edgecolors=[color],
+            linewidths=1.5,
+            clip_on=False,
+            zorder=5,
+        )
 
 
 def accuracy_long(cells: pd.DataFrame, scale: float, extra: Sequence[str]) -> pd.DataFrame:
@@ -162,17 +177,32 @@ def draw_seeds(ax, d: pd.DataFrame, x: str, y: str, labels: Sequence[str], pal: 
         rows = []
         for xv, gx in g.groupby(x, sort=True):
             m, lo, hi = seed_summary(gx[y])
-            xs = float(xv) * 2 ** off if log2 else float(xv) + 2 * off
+            xs = float(xv) * 2**off if log2 else float(xv) + 2 * off
             rows.append((xs, m, lo, hi))
-            ax.scatter([xs * 2 ** 0.025 if log2 else xs + 0.05] * len(gx), gx[y], s=9, color=pal[lab], alpha=0.5,
-                       linewidths=0, zorder=2)
+            ax.scatter(
+                [xs * 2**0.025 if log2 else xs + 0.05] * len(gx),
+                gx[y],
+                s=9,
+                color=pal[lab],
+                alpha=0.5,
+                linewidths=0,
+                zorder=2,
+            )
             drawn += list(gx[y].astype(float)) + [v for v in (lo, hi) if np.isfinite(v)]
         xs, ms, los, his = (np.array(c, dtype=float) for c in zip(*rows))
         ax.plot(xs, ms, "-o", color=pal[lab], ms=4, lw=1.4, label=lab, zorder=3)
         ok = np.isfinite(los)
         if ok.any():
-            ax.errorbar(xs[ok], ms[ok], yerr=[ms[ok] - los[ok], his[ok] - ms[ok]], fmt="none", ecolor=pal[lab],
-                        elinewidth=1.2, capsize=2.5, zorder=3)
+            ax.errorbar(
+                xs[ok],
+                ms[ok],
+                yerr=[ms[ok] - los[ok], his[ok] - ms[ok]],
+                fmt="none",
+                ecolor=pal[lab],
+                elinewidth=1.2,
+                capsize=2.5,
+                zorder=3,
+            )
     return drawn
 
 
@@ -202,14 +232,30 @@ def baseline_lines(ax, base: dict[str, float]) -> None:
         ls, col = BASELINE_STYLE.get(name, ("--", "#555555"))
         if lo <= v <= hi:
             ax.axhline(v, ls=ls, lw=1.0, color=col, zorder=1)
-            ax.annotate(f"{name.replace('_', ' ')} {v:.1f}", (1.0, v), xycoords=("axes fraction", "data"),
-                        xytext=(3, 0), textcoords="offset points", va="center", fontsize=7, color=col)
+            ax.annotate(
+                f"{name.replace('_', ' ')} {v:.1f}",
+                (1.0, v),
+                xycoords=("axes fraction", "data"),
+                xytext=(3, 0),
+                textcoords="offset points",
+                va="center",
+                fontsize=7,
+                color=col,
+            )
         else:
             (above if v > hi else below).append(f"{name.replace('_', ' ')} {v:.1f}")
     for items, y, va, arrow in ((above, 0.99, "top", "↑"), (below, 0.01, "bottom", "↓")):
         if items:
-            ax.text(0.99, y, f"{arrow} " + ", ".join(items), transform=ax.transAxes, va=va, ha="right", fontsize=7,
-                    color="#555555")
+            ax.text(
+                0.99,
+                y,
+                f"{arrow} " + ", ".join(items),
+                transform=ax.transAxes,
+                va=va,
+                ha="right",
+                fontsize=7,
+                color="#555555",
+            )
 
 
 def shared_legend(fig, axes, title: str) -> None:
@@ -218,5 +264,13 @@ def shared_legend(fig, axes, title: str) -> None:
     for ax in axes.flat:
         for handle, lab in zip(*ax.get_legend_handles_labels()):
             seen.setdefault(lab, handle)
-    fig.legend(list(seen.values()), list(seen), title=title, loc="center left", bbox_to_anchor=(1.0, 0.5),
-               frameon=False, fontsize=8, title_fontsize=9)
+    fig.legend(
+        list(seen.values()),
+        list(seen),
+        title=title,
+        loc="center left",
+        bbox_to_anchor=(1.0, 0.5),
+        frameon=False,
+        fontsize=8,
+        title_fontsize=9,
+    )

@@ -9,24 +9,34 @@ import pandas as pd
 from .context import ReportContext, SectionOutput
 from .tables import markdown_table
 
+
 def _uncovered(runs: pd.DataFrame, outputs: list[SectionOutput]) -> list[str]:
     covered = set().union(*(o.run_ids for o in outputs)) if outputs else set()
     uncovered = runs[~runs["run_id"].isin(covered)]
     if uncovered.empty:
         return []
     g = uncovered.groupby(["section", "kind"], sort=True).size()
-    return ["Runs no report section covers yet (no builder registered in `smallbatch.report.SECTIONS`, "
-            "or superseded/incomplete): " + "; ".join(f"{n} of experiment '{s}' (kind '{k}')"
-                                                     for (s, k), n in g.items()) + ".", ""]
+    return [
+        "Runs no report section covers yet (no builder registered in `smallbatch.report.SECTIONS`, "
+        "or superseded/incomplete): "
+        + "; ".join(f"{n} of experiment '{s}' (kind '{k}')" for (s, k), n in g.items())
+        + ".",
+        "",
+    ]
 
 
 def index_markdown(runs: pd.DataFrame, ctx: ReportContext, outputs: list[SectionOutput]) -> str:
     counts = runs.groupby(["section", "kind", "status"], sort=True).size().reset_index(name="runs")
-    md = ["# smallbatch report", "",
-          f"Experiment `{ctx.experiment}` at `{ctx.tracking_uri}`: {len(runs)} runs. Everything below is "
-          "computed from the MLflow store alone; rebuild with "
-          f"`smallbatch report --tracking-uri {ctx.tracking_uri} --out {Path(ctx.out_dir).as_posix()}`.", "",
-          "## Findings", ""]
+    md = [
+        "# smallbatch report",
+        "",
+        f"Experiment `{ctx.experiment}` at `{ctx.tracking_uri}`: {len(runs)} runs. Everything below is "
+        "computed from the MLflow store alone; rebuild with "
+        f"`smallbatch report --tracking-uri {ctx.tracking_uri} --out {Path(ctx.out_dir).as_posix()}`.",
+        "",
+        "## Findings",
+        "",
+    ]
     md += [f"- {f}" for o in outputs for f in o.findings if f]
     if not any(o.findings for o in outputs):
         md.append("- Too few runs with results to state a finding.")

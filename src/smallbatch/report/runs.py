@@ -20,8 +20,20 @@ METRIC_LABELS = {"knn": "kNN top-1", "linear": "linear top-1"}
 #: the params that define a cell (with a section's own axes); the others may label it
 CELL_KEYS = ("dataset", "loss", "batch_size", "temperature")
 #: params that never tell two cells apart on their own (grid axes, seed, derived values)
-NOT_AXIS = {"dataset", "loss", "batch_size", "temperature", "seed", "negatives", "experiment",
-            "device", "threads", "pretrain_images", "data_root", "download"}
+NOT_AXIS = {
+    "dataset",
+    "loss",
+    "batch_size",
+    "temperature",
+    "seed",
+    "negatives",
+    "experiment",
+    "device",
+    "threads",
+    "pretrain_images",
+    "data_root",
+    "download",
+}
 _GREEK = {"alpha": "α", "sigma": "σ", "gamma": "γ"}
 
 
@@ -45,11 +57,17 @@ def run_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
     rows = []
     for r in records:
         tags, params = r["tags"], r["params"]
-        row = {"run_id": r["run_id"], "run_name": r["run_name"],
-               "cell_id": tags.get(TAG_CELL) or r["run_name"] or r["run_id"], "kind": tags.get(TAG_KIND) or "cell",
-               "status": r["status"], "section": tags.get(TAG_EXPERIMENT) or "grid",
-               "baseline": tags.get(TAG_BASELINE) or params.get("baseline"), "start_time": r["start_time"],
-               "metric_keys": frozenset(r["metrics"])}
+        row = {
+            "run_id": r["run_id"],
+            "run_name": r["run_name"],
+            "cell_id": tags.get(TAG_CELL) or r["run_name"] or r["run_id"],
+            "kind": tags.get(TAG_KIND) or "cell",
+            "status": r["status"],
+            "section": tags.get(TAG_EXPERIMENT) or "grid",
+            "baseline": tags.get(TAG_BASELINE) or params.get("baseline"),
+            "start_time": r["start_time"],
+            "metric_keys": frozenset(r["metrics"]),
+        }
         row.update({f"params.{k}": v for k, v in params.items()})
         row.update({f"metrics.{k}": v for k, v in r["metrics"].items()})
         rows.append(row)
@@ -134,7 +152,7 @@ def _varying(grp: pd.DataFrame, pcols: list[str], keys: list[str]) -> set[str]:
 
 
 def _loss_param_text(loss: Any, col: str, v: Any, varying: bool) -> str | None:
-    p = col[len("params.loss."):]
+    p = col[len("params.loss.") :]
     if absent(v) or not (varying or not _is_default(loss, p, v)):
         return None
     try:
@@ -153,12 +171,14 @@ def cell_labels(cells: pd.DataFrame, axes: Sequence[str] = ()) -> pd.Series:
     (an extra axis: ``epochs=40``).  ``axes`` are the params a section varies on
     purpose (``precision``; a name also covers its dotted sub-params).
     """
+
     def on_axis(c: str) -> bool:
-        k = c[len("params."):]
+        k = c[len("params.") :]
         return any(k == a or k.startswith(f"{a}.") for a in axes)
 
-    pcols = [c for c in cells.columns if c.startswith("params.") and c[len("params."):] not in NOT_AXIS
-             and not on_axis(c)]
+    pcols = [
+        c for c in cells.columns if c.startswith("params.") and c[len("params.") :] not in NOT_AXIS and not on_axis(c)
+    ]
     keys = [*CELL_KEYS, "seed", *(f"params.{a}" for a in axes if f"params.{a}" in cells.columns)]
     labels = pd.Series(index=cells.index, dtype=object)
     for loss, grp in cells.groupby("loss", sort=True, dropna=False):
@@ -167,15 +187,16 @@ def cell_labels(cells: pd.DataFrame, axes: Sequence[str] = ()) -> pd.Series:
         other = sorted(c for c in varying if not c.startswith("params.loss."))
         for idx, row in grp.iterrows():
             extra = [t for c in loss_cols if (t := _loss_param_text(loss, c, row[c], c in varying))]
-            extra += [f"{c[len('params.'):]}={row[c]}" for c in other]
+            extra += [f"{c[len('params.') :]}={row[c]}" for c in other]
             base = display_name(loss) if isinstance(loss, str) else "?"
             labels[idx] = f"{base} ({', '.join(extra)})" if extra else base
     return labels
 
 
 # --------------------------------------------------------------------------- selection
-def select_cells(runs: pd.DataFrame, section: str, axes: Sequence[str] = (), notes: list[str] | None = None
-                 ) -> pd.DataFrame:
+def select_cells(
+    runs: pd.DataFrame, section: str, axes: Sequence[str] = (), notes: list[str] | None = None
+) -> pd.DataFrame:
     """The runs of kind 'cell' tagged with ``section``: newest per cell id, those with every
     param of :data:`CELL_KEYS`, an integer ``batch_size`` and a ``label`` (:func:`cell_labels`).
 
@@ -185,11 +206,15 @@ def select_cells(runs: pd.DataFrame, section: str, axes: Sequence[str] = (), not
     ok = c[list(CELL_KEYS)].notna().all(axis=1)
     what = "grid" if section == "grid" else f"'{section}'"
     if notes is not None and superseded:
-        notes.append(f"{superseded} {what} run(s) were superseded by a newer run of the same cell id "
-                     "(changed config) and are not in the tables.")
+        notes.append(
+            f"{superseded} {what} run(s) were superseded by a newer run of the same cell id "
+            "(changed config) and are not in the tables."
+        )
     if notes is not None and (~ok).any():
-        notes.append(f"{int((~ok).sum())} {what} run(s) lack one of the params dataset/loss/batch_size/temperature "
-                     "and are not in the tables.")
+        notes.append(
+            f"{int((~ok).sum())} {what} run(s) lack one of the params dataset/loss/batch_size/temperature "
+            "and are not in the tables."
+        )
     c = c[ok].copy()
     c["label"] = cell_labels(c, axes) if len(c) else pd.Series(dtype=object)
     c["batch_size"] = c["batch_size"].astype(int)

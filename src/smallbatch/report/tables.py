@@ -14,11 +14,34 @@ from .fmt import csv_number, slug
 #: a table to read: (sub-heading or None, the frame as shown)
 Block = tuple["str | None", pd.DataFrame]
 _RIGHT_PREFIXES = ("B=", "drop@")
-_TEX_SUBS = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{",
-             "}": r"\}", "~": r"\textasciitilde{}", "^": r"\^{}"}
-_TEX_UNICODE = {"±": r"$\pm$", "—": "---", "–": "--", "τ": r"$\tau$", "→": r"$\to$", "×": r"$\times$",
-                "≥": r"$\geq$", "≤": r"$\leq$", "∅": r"$\emptyset$", "σ": r"$\sigma$", "α": r"$\alpha$",
-                "γ": r"$\gamma$", "≈": r"$\approx$", "−": "-"}
+_TEX_SUBS = {
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\^{}",
+}
+_TEX_UNICODE = {
+    "±": r"$\pm$",
+    "—": "---",
+    "–": "--",
+    "τ": r"$\tau$",
+    "→": r"$\to$",
+    "×": r"$\times$",
+    "≥": r"$\geq$",
+    "≤": r"$\leq$",
+    "∅": r"$\emptyset$",
+    "σ": r"$\sigma$",
+    "α": r"$\alpha$",
+    "γ": r"$\gamma$",
+    "≈": r"$\approx$",
+    "−": "-",
+}
 
 
 def cell_text(v: Any) -> str:
@@ -41,8 +64,10 @@ def _md_escape(s: Any) -> str:
 
 def markdown_table(df: pd.DataFrame) -> str:
     """A pipe table; numeric (and ``B=…``, ``drop@…``) columns right-aligned."""
-    lines = ["| " + " | ".join(_md_escape(c) for c in df.columns) + " |",
-             "| " + " | ".join("---:" if _right_aligned(df, c) else ":---" for c in df.columns) + " |"]
+    lines = [
+        "| " + " | ".join(_md_escape(c) for c in df.columns) + " |",
+        "| " + " | ".join("---:" if _right_aligned(df, c) else ":---" for c in df.columns) + " |",
+    ]
     for _, row in df.iterrows():
         lines.append("| " + " | ".join(_md_escape(cell_text(v)) for v in row.tolist()) + " |")
     return "\n".join(lines) + "\n"
@@ -59,19 +84,26 @@ def latex_table(blocks: Sequence[Block], caption: str, label: str) -> str:
     for i, (sub, df) in enumerate(blocks):
         cap = caption if sub is None else f"{caption} --- {sub}"
         align = "".join("r" if _right_aligned(df, c) else "l" for c in df.columns)
-        parts += ["\\begin{table}[ht]", "\\centering", "\\small" if len(df.columns) <= 8 else "\\scriptsize",
-                  f"\\caption{{{tex_escape(cap)}}}",
-                  f"\\label{{tab:{label}{'' if len(blocks) == 1 else f'-{i + 1}'}}}",
-                  f"\\begin{{tabular}}{{{align}}}", "\\toprule",
-                  " & ".join(tex_escape(c) for c in df.columns) + r" \\", "\\midrule"]
+        parts += [
+            "\\begin{table}[ht]",
+            "\\centering",
+            "\\small" if len(df.columns) <= 8 else "\\scriptsize",
+            f"\\caption{{{tex_escape(cap)}}}",
+            f"\\label{{tab:{label}{'' if len(blocks) == 1 else f'-{i + 1}'}}}",
+            f"\\begin{{tabular}}{{{align}}}",
+            "\\toprule",
+            " & ".join(tex_escape(c) for c in df.columns) + r" \\",
+            "\\midrule",
+        ]
         for _, row in df.iterrows():
             parts.append(" & ".join(tex_escape(v) for v in row.tolist()) + r" \\")
         parts += ["\\bottomrule", "\\end{tabular}", "\\end{table}", ""]
     return "\n".join(parts)
 
 
-def write_table_files(folder: Path, name: str, title: str, data: pd.DataFrame, blocks: Sequence[Block] | None,
-                      note: str | None) -> list[Path]:
+def write_table_files(
+    folder: Path, name: str, title: str, data: pd.DataFrame, blocks: Sequence[Block] | None, note: str | None
+) -> list[Path]:
     """Write ``<name>.csv`` (``data``, tidy) and ``.md`` / ``.tex`` (``blocks``, default ``data``)."""
     folder.mkdir(parents=True, exist_ok=True)
     blocks = list(blocks) if blocks is not None else [(None, data)]
@@ -84,6 +116,8 @@ def write_table_files(folder: Path, name: str, title: str, data: pd.DataFrame, b
         md_parts.append(markdown_table(df) if len(df) else "_(no rows)_\n")
     md.write_text("\n".join(md_parts), encoding="utf-8")
     caption = title if not note else f"{title}. Note: {note}"
-    tex.write_text(latex_table([(s, d) for s, d in blocks if len(d)] or [(None, data.head(0))], caption, slug(name)),
-                   encoding="utf-8")
+    tex.write_text(
+        latex_table([(s, d) for s, d in blocks if len(d)] or [(None, data.head(0))], caption, slug(name)),
+        encoding="utf-8",
+    )
     return [csv, md, tex]

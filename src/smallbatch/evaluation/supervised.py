@@ -1,0 +1,88 @@
+"""The supervised upper bound: the cells' backbone trained with labels, same budget.
+
+The backbone of a cell (``train.backbone``, ``width``, ``pool_grid``) with a linear
+classifier on its features, trained by cross-entropy on one augmented view per image --
+the cells' augmentations (``augment``), optimiser, learning rate and its batch-size
+scaling, warm-up + cosine schedule, weight decay and epochs (or ``train.steps``) -- on the
+same training images. Data order and augmentations come from the same counter-based
+streams as pretraining (:class:`smallbatch.training.checkpoint.StepRandom`), so a supervised run of
+seed s sees its batches in the order a cell of seed s at the same batch size does. The
+classifier is then dropped: the frozen backbone is evaluated by the very probes the cells
+get (kNN, linear, few-label), so (supervised - random-init) is the range a
+self-supervised encoder of this network can be placed in
+(:func:`smallbatch.evaluation.probes.gap_fraction`).
+
+Runs in float32 on one process; BatchNorm over the whole batch.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ..augment import AugmentConfig, BatchAugment
+from ..models import build_backbone
+from ..training.checkpoint import StepRandom
+from ..training.optim import lr_at, make_optimizer, scaled_lr, set_lr
+
+__all__ = ["train_supervised", "supervised_schedule"]
+
+
+def supervised_schedule(train: dict, n_images: int, batch_size: int) -> tuple[int, int, int, float]:
+    """(steps per epoch, total steps, warm-up steps, peak rate) of the cells' schedule."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 2 <= batch_size <= n_images:
+        raise ValueError(
+            f"the supervised baseline's batch_size must be an integer in [2, {n_images}] "
+            f"(the training images), got {batch_size!r}"
+        )
+    spe = n_images // batch_size
+    total = int(train["steps"]) if train.get("steps") else max(1, math.ceil(float(train["epochs"]) * spe))
+    warmup = int(round(float(train["warmup_epochs"]) * spe))
+    return spe, total, warmup, scaled_lr(float(train["lr"]), batch_size, train["lr_scaling"])
+
+
+def train_supervised(
+    cell: dict,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    num_classes: int,
+    mean,
+    std,
+    device: torch.device | str = "cpu",
+) -> nn.Module:
+    """The cell's backbone trained with cross-entropy (module docstring); returns it (on
+    ``device``). ``cell`` needs ``train``, ``augment``, ``seed`` and ``batch_size``;
+    ``images`` uint8 ``(N, C, H, W)``, ``labels`` int64 ``(N,)``."""
+    dev = torch.device(device)
+    tr = cell["train"]
+    n, c, h, _ = images.shape
+    if labels.shape != (n,):
+        raise ValueError(f"labels must have shape ({n},), got {tuple(labels.shape)}")
+    bs = cell["batch_size"]
+    spe, total, warmup, peak = supervised_schedule(tr, n, bs)
+    torch.manual_seed(cell["seed"])
+    backbone, feat_dim = build_backbone(tr["backbone"], c, h, width=tr["width"], pool_grid=tr["pool_grid"])
+    net = nn.Sequential(backbone, nn.Linear(feat_dim, int(num_classes))).to(dev)
+    opt = make_optimizer(net.parameters(), tr["optimizer"], peak, tr["momentum"], tr["weight_decay"], dev)
+    aug = BatchAugment(AugmentConfig(**cell["augment"]), image_size=h, channels=c, mean=mean, std=std)
+    rng = StepRandom(cell["seed"], dev)
+    x_all, y_all = images.to(dev), labels.to(dev)
+    net.train()
+    perm = None
+    for step in range(total):
+        pos = step % spe
+        if perm is None or pos == 0:
+            perm = torch.randperm(n, generator=rng.generator("permutation", step // spe), device=dev)
+        idx = perm[pos * bs : (pos + 1) * bs]
+        x = x_all[idx]
+        views = aug.apply(x, aug.draw(bs, rng.generator("augment", step), dev))
+        set_lr(opt, lr_at(step, total, warmup, peak))
+        loss = nn.functional.cross_entropy(net(views), y_all[idx])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    if not math.isfinite(float(loss.detach())):
+        raise ValueError(f"the supervised baseline {cell.get('id', '')} diverged (loss {float(loss)}); lower train.lr")
+    return backbone.eval()

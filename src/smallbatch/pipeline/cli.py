@@ -1,0 +1,599 @@
+"""The command line: ``smallbatch <command>``; each command runs one step of one cell.
+
+A cell is named in one of four ways:
+  --cell-json '{...}'                    (the cell itself)
+  --cell results/runs/<id>/cell.json     (what the Snakemake rules pass: the workflow writes it when
+                                          the run starts, pretraining keeps a copy in the cell's folder)
+  --config config.yaml --cell-id <id>    (a cell of a study, by its id)
+  --dataset digits --loss flatnce --batch-size 32 --temperature 0.1 ...  (stand-alone)
+
+Errors in the input (bad config key, batch size 1, temperature <= 0 or not finite,
+missing data, a failed download, a folder that cannot be written, an unusable
+tracking store, corrupt checkpoint, ...) print one line ``smallbatch: error: ...``
+and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+from .cli_parser import EVAL_FLAGS, TRAIN_FLAGS
+
+EXIT_USAGE = 2
+EXIT_PREEMPTED = 143  # 128 + SIGTERM: SLURM / Snakemake may requeue or retry
+
+
+def _coerce(v: str):
+    for t in (int, float):
+        try:
+            return t(v)
+        except ValueError:
+            pass
+    return {"none": None, "null": None, "true": True, "false": False}.get(v.lower(), v)
+
+
+def resolve_cell(args, baseline: bool = False) -> tuple[dict, dict]:
+    """(cell, config) from the arguments; raises ValueError with one line.
+    ``baseline``: a --cell file must hold a baseline cell (else a study cell)."""
+    from .cells import expand_cells
+    from .config import load_config
+
+    if getattr(args, "threads", None) is not None and args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, not {args.threads}")
+    if args.cell is not None or getattr(args, "cell_json", None) is not None:
+        _refuse_ignored(args, "--cell" if args.cell is not None else "--cell-json", keep=("threads",))
+        cfg = load_config(args.config) if args.config else load_config(None)
+        if args.cell is not None:
+            cell = _read_cell_file(args.cell, cfg, baseline)
+        else:
+            cell = _cell_from_text(args.cell_json, "--cell-json", cfg, baseline)
+        if getattr(args, "threads", None):
+            cell["threads"] = args.threads
+        return cell, cfg
+    overrides = _train_overrides(args)
+    if args.cell_id:
+        _refuse_ignored(args, "--cell-id", keep=("threads", "data_root", *TRAIN_FLAGS))
+        if args.config is None:
+            raise ValueError("--cell-id needs --config")
+        cfg = load_config(args.config, overrides)
+        cells = expand_cells(cfg)
+        if args.cell_id not in cells:
+            import difflib
+
+            near = difflib.get_close_matches(args.cell_id, list(cells), n=3)
+            raise ValueError(
+                f"no cell {args.cell_id!r} in {args.config}" + (f"; did you mean {', '.join(near)}?" if near else "")
+            )
+        return cells[args.cell_id], cfg
+    return _standalone_cell(args, overrides)
+
+
+#: every flag of the stand-alone group (_add_cell_args), with its empty value
+STANDALONE_FLAGS = {
+    "dataset": None,
+    "data_root": None,
+    "loss": None,
+    "batch_size": None,
+    "temperature": None,
+    "seed": None,
+    "loss_param": [],
+    **dict.fromkeys(TRAIN_FLAGS),
+    "image_size": None,
+    "train_subset": None,
+    "threads": None,
+}
+
+
+def _refuse_ignored(args, mode: str, keep: tuple[str, ...]) -> None:
+    """ValueError naming the first stand-alone flag given that ``mode`` (a way of naming the
+    cell) would ignore: the cell comes from the file or config, not from the flags."""
+    for name, empty in STANDALONE_FLAGS.items():
+        if name not in keep and getattr(args, name, empty) != empty:
+            flag = "--" + name.replace("_", "-")
+            raise ValueError(
+                f"{flag} has no effect with {mode} (the cell's settings come from "
+                f"{'the config' if mode == '--cell-id' else 'the cell'}); leave it out, or set it "
+                f"in the config, or name a stand-alone cell without {mode}"
+            )
+
+
+def _read_cell_file(path: Path, cfg: dict, baseline: bool) -> dict:
+    """A cell JSON file that holds every key a cell of its kind has (as `smallbatch cells
+    --write` writes them); ValueError naming the file and the first missing key."""
+    if not path.is_file():
+        raise ValueError(f"cell file not found: {path}")
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cell file {path} cannot be read: {getattr(exc, 'strerror', None) or exc}") from None
+    return _cell_from_text(text, f"cell file {path}", cfg, baseline)
+
+
+def _cell_from_text(text: str, source: str, cfg: dict, baseline: bool) -> dict:
+    """A cell from its JSON text; ValueError naming ``source`` and the first missing key, an
+    id outside the id grammar, or a hash that is not the hash of the cell's settings."""
+    from .cells import baseline_cells, cell_hash, check_cell_id, make_cell, with_current_names
+
+    try:
+        cell = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{source} is not valid JSON ({exc.msg})") from None
+    if not isinstance(cell, dict):
+        raise ValueError(f"{source} must hold a JSON object (one cell), not a {type(cell).__name__}")
+    cell = with_current_names(cell)  # written before a setting was renamed: the same cell, the same hash
+    dataset = next(iter(cfg["datasets"]))  # a reference cell of the same kind lists the keys
+    if baseline:
+        ref = next(iter(baseline_cells({**cfg, "baselines": True}).values()))
+    else:
+        ref = make_cell(cfg, dataset=dataset, loss="infonce", loss_params={}, batch_size=2, temperature=1.0, seed=0)
+    missing = [k for k in ref if k not in cell]
+    if missing:
+        kind = "baseline cell" if baseline else "cell"
+        raise ValueError(
+            f"{source} lacks the key {missing[0]!r} of a {kind}"
+            + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+            + "; write it with `smallbatch cells --write`"
+        )
+    check_cell_id(cell["id"], f"{source}: id")
+    if cell_hash(cell) != cell["hash"]:
+        raise ValueError(
+            f"{source}: cell {cell['id']} says hash {cell['hash']!r} but its settings hash to "
+            f"{cell_hash(cell)!r} (edited by hand?); write it again with `smallbatch cells --write`, "
+            "or change the config instead"
+        )
+    if not baseline:  # the checks a config's cells get (an extreme tau, a k above the train set, ...)
+        from .config import _cell_problem
+
+        problem = _cell_problem(cell)
+        if problem:
+            raise ValueError(f"{source}: cell {cell['id']}: {problem}")
+    return cell
+
+
+def _train_overrides(args) -> dict:
+    overrides: dict = {}
+    for k in TRAIN_FLAGS:
+        v = getattr(args, k, None)
+        if v is not None:
+            overrides.setdefault("train", {})[k] = v
+    if getattr(args, "threads", None):
+        overrides["threads"] = args.threads
+    if getattr(args, "data_root", None):
+        overrides.setdefault("data", {})["root"] = args.data_root
+    return overrides
+
+
+def _standalone_cell(args, overrides: dict) -> tuple[dict, dict]:
+    """A cell from --dataset, --loss, --batch-size, --temperature ...: the flags are checked
+    first (messages name them), then the config is validated with the cell as its only
+    grid cell, so the study's checks (data set size, warm-up, the loss's own) apply to it."""
+    from ..losses import canonical_name
+    from .cells import make_cell
+    from .config import deep_merge, load_config, validate_config
+
+    missing = [f for f in ("dataset", "loss", "batch_size", "temperature") if getattr(args, f) is None]
+    if missing:
+        raise ValueError(
+            "name a cell: --cell FILE, or --config with --cell-id, or give "
+            + ", ".join("--" + m.replace("_", "-") for m in missing)
+        )
+    name = canonical_name(args.loss)  # ValueError naming the allowed losses
+    if args.batch_size < 2:
+        raise ValueError(f"--batch-size must be >= 2 (a batch of 1 has no negatives), not {args.batch_size}")
+    if not (math.isfinite(args.temperature) and args.temperature > 0):
+        raise ValueError(f"--temperature must be a finite number > 0, not {args.temperature}")
+    given = _loss_params(name, args.loss_param)
+    seed = args.seed if args.seed is not None else 0
+    ds_opts = {k: getattr(args, k) for k in ("image_size", "train_subset") if getattr(args, k, None) is not None}
+    base = load_config(args.config) if args.config else {}
+    # the study's other data sets and side experiments stay out of a stand-alone cell
+    overrides["datasets"] = {args.dataset: {**base.get("datasets", {}).get(args.dataset, {}), **ds_opts}}
+    overrides["grid"] = {
+        "losses": [{"name": name, **given}],
+        "batch_sizes": [args.batch_size],
+        "temperatures": [args.temperature],
+        "seeds": [seed],
+    }
+    raw = deep_merge({k: v for k, v in base.items() if k not in ("datasets", "experiments", "grid")}, overrides)
+    cfg = validate_config(raw)
+    params = {**cfg.get("loss_params", {}).get(name, {}), **given}
+    cell = make_cell(
+        cfg,
+        dataset=args.dataset,
+        loss=name,
+        loss_params=params,
+        batch_size=args.batch_size,
+        temperature=args.temperature,
+        seed=seed,
+    )
+    return cell, cfg
+
+
+def _loss_params(name: str, pairs: list[str]) -> dict:
+    """--loss-param KEY=VALUE pairs, each checked against the loss's parameter schema."""
+    from ..losses import loss_param_names
+    from .config import check_value
+    from .schema import load_schema
+
+    allowed = loss_param_names(name)
+    schema = load_schema()["properties"]["loss_params"]["properties"][name]["properties"]
+    params = {}
+    for kv in pairs:
+        if "=" not in kv:
+            raise ValueError(f"--loss-param must be KEY=VALUE, not {kv!r}")
+        k, v = kv.split("=", 1)
+        if k not in allowed:
+            raise ValueError(
+                f"--loss-param {k!r} is not a parameter of {name}; allowed: {', '.join(allowed) or 'none'}"
+            )
+        params[k] = _coerce(v)
+        check_value(schema[k], params[k], f"--loss-param {k}")
+    return params
+
+
+def _tracking(args, cfg: dict) -> tuple[str | None, str]:
+    from .config import resolve_tracking_uri
+
+    uri = args.tracking_uri
+    if uri is None:
+        uri = resolve_tracking_uri(cfg)
+    if uri and uri.lower() == "none":
+        uri = None
+    return uri, args.experiment or cfg["study"]
+
+
+def cell_folder(args, cell: dict, cfg: dict) -> Path:
+    """The cell's folder: that of its --cell file when the file is the cell.json pretraining
+    wrote into it (``.../runs/<id>/cell.json``), else ``<results_dir>/runs/<id>``."""
+    own = ("runs", *cell["id"].split("/"))
+    if getattr(args, "cell", None) is not None and args.cell.parent.parts[-len(own) :] == own:
+        return args.cell.parent
+    return Path(cfg["results_dir"]) / "runs" / cell["id"]
+
+
+# --------------------------------------------------------------------------- commands
+def cmd_cells(args) -> int:
+    from .cells import baseline_cells, expand_cells
+    from .config import load_config
+
+    cfg = load_config(args.config)
+    cells = expand_cells(cfg)
+    base = baseline_cells(cfg)
+    if args.write:
+        from ..io import write_json
+        from .config import check_results_dir
+
+        check_results_dir(cfg)
+
+        for cid, cell in {**cells, **base}.items():
+            path = Path(cfg["results_dir"]) / ("runs" if not cid.startswith("baselines/") else "") / cid / "cell.json"
+            write_json(path, cell)
+    for cid, cell in cells.items():
+        print(f"{cid}\t{cell['hash']}\tK={cell['negatives']}")
+    if args.baselines:
+        for cid, cell in base.items():
+            print(f"{cid}\t{cell['hash']}")
+    print(f"{len(cells)} cells, {len(base)} baselines", file=sys.stderr)
+    return 0
+
+
+def cmd_init_store(args) -> int:
+    from ..tracking import init_store
+    from .config import load_config
+
+    cfg = load_config(args.config) if args.config else load_config(None)
+    uri, exp = _tracking(args, cfg)
+    if uri is None:
+        raise ValueError("init-store needs a tracking URI")
+    eid = init_store(uri, exp, str(args.config) if args.config else None)  # the config names the study's description
+    print(f"MLflow store {uri}: experiment '{exp}' (id {eid}) ready")
+    if args.touch:
+        args.touch.parent.mkdir(parents=True, exist_ok=True)
+        args.touch.write_text(f"{uri}\n{exp}\n{eid}\n")
+    return 0
+
+
+def cmd_prepare_data(args) -> int:
+    from .config import load_config
+    from .jobs import prepare_data
+
+    cfg = load_config(args.config) if args.config else load_config(None)
+    ds = {**cfg["datasets"].get(args.dataset, {})} if args.dataset in cfg["datasets"] else {}
+    for k in ("image_size", "train_subset", "test_subset"):
+        v = getattr(args, k)
+        if v is not None:
+            ds[k] = v
+    from ..data import DATASETS
+
+    if args.dataset not in DATASETS:
+        raise ValueError(f"--dataset {args.dataset!r} is not known; allowed: {', '.join(DATASETS)}")
+    cell = {
+        "dataset": args.dataset,
+        "dataset_options": ds,
+        "data_root": args.data_root or ds.get("root") or cfg["data"]["root"],
+        "download": args.download or cfg["data"]["download"],
+    }
+    info = prepare_data(cell, args.out)
+    print(json.dumps(info))
+    return 0
+
+
+def cmd_pretrain(args) -> int:
+    from .jobs import run_pretrain
+
+    cell, cfg = resolve_cell(args)
+    uri, exp = _tracking(args, cfg)
+    out = args.out or cell_folder(args, cell, cfg)
+    res = run_pretrain(
+        cell,
+        out,
+        tracking_uri=uri,
+        experiment=exp,
+        cache=args.data_cache,
+        restart=args.restart,
+        progress=not args.no_progress,
+        device=args.device,
+        evaluate_ahead=args.evaluate_ahead,
+    )
+    if res.pop("rank", 0) == 0:  # one summary per cell, however many processes trained it
+        print(json.dumps(res))
+    return 0
+
+
+def cmd_embed(args) -> int:
+    from .jobs import run_embed
+
+    cell, cfg = resolve_cell(args)
+    out_dir = cell_folder(args, cell, cfg)
+    ckpt = args.checkpoint or out_dir / "checkpoint.pt"
+    out = args.out or out_dir / "features.npz"
+    res = run_embed(cell, ckpt, out, cache=args.data_cache, device=args.device)
+    print(json.dumps(res, default=str))
+    return 0
+
+
+def cmd_evaluate(args) -> int:
+    res = _adopt_prepared(args)
+    if res is not None:
+        print(json.dumps(res))
+        return 0
+    from .jobs import run_evaluate
+
+    cell, cfg = resolve_cell(args)
+    uri, exp = _tracking(args, cfg)
+    out_dir = args.out_dir or cell_folder(args, cell, cfg)
+    ckpt = args.checkpoint or out_dir / "checkpoint.pt"
+    res = run_evaluate(
+        cell,
+        ckpt,
+        out_dir,
+        tracking_uri=uri,
+        experiment=exp,
+        cache=args.data_cache,
+        device=args.device,
+        features=args.features,
+    )
+    print(json.dumps(res))
+    return 0
+
+
+def cmd_export(args) -> int:
+    from .export import export_backbone, summary
+
+    if args.run_dir is not None:  # the folder's checkpoint names its cell
+        given = [f for f in ("cell", "cell_json", "cell_id", "dataset", "loss") if getattr(args, f) is not None]
+        if given:
+            raise ValueError(
+                f"--{given[0].replace('_', '-')} has no effect with --run-dir (its checkpoint names the "
+                "cell); give one of them"
+            )
+        folder, cell = args.run_dir, None
+    else:
+        cell, cfg = resolve_cell(args)
+        folder = cell_folder(args, cell, cfg)
+    info = export_backbone(args.checkpoint or folder / "checkpoint.pt", args.out or folder / "backbone.pt", cell)
+    print(summary(info), end="")
+    return 0
+
+
+def _adopt_prepared(args) -> dict | None:
+    """The evaluation its pretraining process ran ahead (``pretrain --evaluate-ahead``),
+    adopted without importing torch or MLflow (:mod:`smallbatch.pipeline.prepared`) — for the
+    workflow's form of the command only: ``--cell`` (or ``--cell-json``), ``--out-dir``,
+    ``--tracking-uri`` and ``--experiment`` given, no ``--device`` or ``--features``."""
+    if None in (args.out_dir, args.tracking_uri, args.experiment) or args.device or args.features:
+        return None
+    try:
+        text = args.cell_json if args.cell_json is not None else args.cell.read_text() if args.cell else None
+        cell = json.loads(text) if text is not None else None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None  # resolve_cell says what is wrong with it
+    if not isinstance(cell, dict) or "id" not in cell:
+        return None
+    from ..io import check_cell_id
+
+    try:
+        check_cell_id(cell["id"])
+    except ValueError:
+        return None  # resolve_cell says what is wrong with it
+    from .prepared import adopt
+
+    uri = None if args.tracking_uri.lower() == "none" else args.tracking_uri
+    return adopt(cell, args.checkpoint or args.out_dir / "checkpoint.pt", args.out_dir, uri, args.experiment)
+
+
+def _cmd_probe(kind: str, args) -> int:
+    from .jobs import run_probe
+
+    cell, cfg = resolve_cell(args)
+    uri, exp = _tracking(args, cfg)
+    out_dir = cell_folder(args, cell, cfg)
+    feats = args.features or out_dir / "features.npz"
+    out = args.out or out_dir / f"{kind}.json"
+    overrides = _eval_overrides(kind, args)
+    if overrides:  # a look at other settings: the cell's own result and MLflow run keep the study's
+        cell, uri, out = {**cell, "eval": {**cell["eval"], **overrides}}, None, args.out
+        print(
+            f"{cell['id']}: {kind} probe with "
+            + ", ".join(f"eval.{k} = {v}" for k, v in overrides.items())
+            + ": not logged to MLflow"
+            + ("" if out else ", not written (no --out)"),
+            file=sys.stderr,
+        )
+    res = run_probe(
+        kind, cell, feats, out, tracking_uri=uri, experiment=exp, knn_backend=getattr(args, "knn_backend", None)
+    )
+    print(json.dumps(res))
+    return 0
+
+
+def cmd_knn(args) -> int:
+    return _cmd_probe("knn", args)
+
+
+def cmd_linear(args) -> int:
+    return _cmd_probe("linear", args)
+
+
+def _eval_overrides(kind: str, args) -> dict:
+    """The probe's evaluation flags given (:data:`~smallbatch.pipeline.cli_parser.EVAL_FLAGS`), each
+    checked against its eval key's schema: {eval key: value}."""
+    from .config import check_value
+    from .schema import load_schema
+
+    given = {k: getattr(args, k) for k in EVAL_FLAGS[kind] if getattr(args, k, None) is not None}
+    schema = load_schema()["properties"]["eval"]["properties"] if given else {}
+    for key, value in given.items():
+        check_value(schema[key], value, "--" + key.replace("_", "-"))
+    if "linear_weight_decay" in given and "linear_weight_decays" not in given:
+        given["linear_weight_decays"] = None  # the one L2 asked for, not a choice among the cell's list
+    return given
+
+
+def cmd_baseline(args) -> int:
+    from .cells import baseline_cells
+    from .config import load_config
+
+    if args.cell is not None or args.cell_json is not None:
+        cell, cfg = resolve_cell(args, baseline=True)
+    else:
+        cfg = load_config(args.config) if args.config else load_config(None)
+        cells = baseline_cells(cfg)
+        if args.cell_id not in cells:
+            raise ValueError(f"no baseline {args.cell_id!r}; baselines of this config: {', '.join(cells)}")
+        cell = {**cells[args.cell_id], **({"threads": args.threads} if args.threads else {})}
+    from .jobs import run_baseline
+
+    uri, exp = _tracking(args, cfg)
+    out = args.out or Path(cfg["results_dir"]) / cell["id"] / "result.json"
+    res = run_baseline(cell, out, tracking_uri=uri, experiment=exp, cache=args.data_cache, device=args.device)
+    print(json.dumps(res))
+    return 0
+
+
+def cmd_mi(args) -> int:
+    from .config import load_config
+    from .mi_job import run_mi_step
+
+    cfg = load_config(args.config) if args.config else load_config(None)
+    if args.section_json is not None:
+        try:
+            section = json.loads(args.section_json)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--section-json is not valid JSON ({exc.msg})") from None
+    elif args.section is not None:
+        if not args.section.is_file():
+            raise ValueError(f"section file not found: {args.section}")
+        try:
+            section = json.loads(args.section.read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"section file {args.section} is not valid JSON ({exc.msg})") from None
+    else:
+        section = (cfg.get("experiments") or {}).get("mi") or {}
+    if not isinstance(section, dict):
+        source = "--section-json" if args.section_json is not None else f"section file {args.section}"
+        raise ValueError(
+            f"{source} must hold a JSON object (the experiments.mi section), not a {type(section).__name__}"
+        )
+    uri, exp = _tracking(args, cfg)
+    res = run_mi_step(section, args.out, uri, exp, progress=not args.quiet)
+    print(json.dumps({"rows": len(res["rows"]), "out": str(args.out), "seconds": round(res["seconds"], 1)}))
+    return 0
+
+
+def cmd_config_reference(args) -> int:
+    from .config import reference_markdown
+
+    print(reference_markdown(), end="")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from ..report import build_report
+    from .config import load_config, resolve_tracking_uri
+
+    cfg = load_config(args.config) if args.config else load_config(None)
+    uri = args.tracking_uri or resolve_tracking_uri(cfg)
+    # Without --experiment/--config the report takes the store's only experiment.
+    exp = args.experiment or (cfg["study"] if args.config else None)
+    try:
+        index = build_report(uri, args.out, experiment=exp, log_run=True)  # also a run of kind report
+    except (PermissionError, FileExistsError, IsADirectoryError, NotADirectoryError) as exc:
+        # e.g. a folder without write permission: one line, not a traceback
+        raise ValueError(f"cannot write the report to {args.out}: {exc.strerror} ({exc.filename})") from None
+    print(f"report written: {index}")
+    return 0
+
+
+def cmd_warm_server(args) -> int:
+    from .warm import serve
+
+    return serve(args.socket, main, args.watch_pid, args.idle_timeout)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of every subcommand (:mod:`smallbatch.pipeline.cli_parser`)."""
+    from .cli_parser import build_parser as build
+
+    return build(__doc__.split("\n\n")[0])
+
+
+def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # a process of its own: a workflow job may hand the command to the warm server
+        from .warm import delegate
+
+        rc = delegate(sys.argv[1:])
+        if rc is not None:
+            return rc
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from ..errors import Preempted
+    from .allocator import tune
+
+    tune()  # every step's own process (or warm-server child): freed blocks stay for the next step
+
+    try:
+        return int(globals()[args.func](args) or 0)
+    except Preempted as exc:
+        print(f"smallbatch: preempted: {exc}", file=sys.stderr)
+        return EXIT_PREEMPTED
+    except (ValueError, OSError, RuntimeError) as exc:
+        print(f"smallbatch: error: {_error_line(exc)}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _error_line(exc: BaseException) -> str:
+    """One line for the user: the message's first line; an OS error (a folder that cannot
+    be written, a disk that is full) as the path and the system's reason."""
+    if isinstance(exc, OSError) and exc.strerror and exc.filename:
+        return f"{exc.filename}: {exc.strerror}"
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,369 @@
+"""The command line's arguments: one parser per subcommand, each built from the parent
+parsers of the concerns it has (:func:`build_parser`), so ``smallbatch <command> --help``
+lists the flags that command uses and no others:
+
+========================  ==========================================================
+parent                    flags
+========================  ==========================================================
+``which cell``            --cell, --cell-json, --config, --cell-id
+``threads``               --threads (the commands that compute)
+``stand-alone cell``      --dataset, --data-root, --loss, --batch-size, --temperature,
+                          --seed, --loss-param (a cell named by its settings)
+``training``              --epochs, --steps, --lr, --optimizer, --backbone, ... (pretrain)
+``kNN probe``             --knn-k, --knn-t, --knn-backend (knn)
+``linear probe``          --linear-iterations, --linear-weight-decay(s), --linear-optimizer
+``tracking``              --tracking-uri, --experiment
+``data and device``       --data-cache, --device
+========================  ==========================================================
+
+Each subcommand's ``func`` is the name of its ``cmd_*`` function in :mod:`smallbatch.pipeline.cli`
+(no import cycle).  Imports nothing heavy: the workflow's jobs parse their arguments
+before anything else (:mod:`smallbatch.pipeline.prepared` adopts an evaluation without torch).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+DATASET_NAMES = (
+    "fashion_mnist | fashion_mnist_pairs | fashion_mnist_triples | digits | cifar10 | cifar100 | stl10 | imagefolder"
+)
+DEVICES = ["auto", "cpu", "cuda"]
+FEATURES_HELP = "features from `smallbatch embed` (default: <cell folder>/features.npz)"
+#: the training overrides of a stand-alone or --cell-id cell: flag dest -> config key train.<dest>
+TRAIN_FLAGS = ("epochs", "steps", "precision", "lr", "lr_scaling", "optimizer", "backbone", "queue_size")
+#: a probe's evaluation overrides: flag dest -> the eval.<key> it overrides for this probe
+EVAL_FLAGS = {
+    "knn": ("knn_k", "knn_t"),
+    "linear": ("linear_iterations", "linear_weight_decay", "linear_weight_decays", "linear_optimizer"),
+}
+
+
+def _parent() -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(add_help=False)
+
+
+def which_cell() -> argparse.ArgumentParser:
+    p = _parent()
+    g = p.add_argument_group("which cell")
+    g.add_argument(
+        "--cell",
+        type=Path,
+        help="cell JSON file (as written by `smallbatch cells --write`, or the "
+        "cell.json pretraining writes into the cell's folder)",
+    )
+    g.add_argument("--cell-json", metavar="JSON", help="the cell itself as JSON (what the Snakemake rules pass)")
+    g.add_argument("--config", type=Path, help="study config YAML (default values otherwise)")
+    g.add_argument("--cell-id", help="id of a cell of --config, e.g. fashion_mnist/flatnce/bs32-t0.1-s0")
+    return p
+
+
+def threads() -> argparse.ArgumentParser:
+    p = _parent()
+    p.add_argument("--threads", type=int, help="CPU threads (default: config threads)")
+    return p
+
+
+def standalone_cell() -> argparse.ArgumentParser:
+    p = _parent()
+    s = p.add_argument_group("stand-alone cell (when neither --cell nor --cell-id is given)")
+    s.add_argument("--dataset", help=DATASET_NAMES)
+    s.add_argument("--data-root", help="data root (default: config data.root)")
+    s.add_argument("--loss", help="infonce (ntxent, simclr) | flatnce | dcl | dclw | eqco")
+    s.add_argument("--batch-size", type=int, help="N images per step (2N views)")
+    s.add_argument("--temperature", type=float, help="the loss's tau > 0")
+    s.add_argument("--seed", type=int, default=None)
+    s.add_argument(
+        "--loss-param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="loss parameter, e.g. sigma=0.5 (dclw), alpha=256 (eqco), gamma=1 (flatnce)",
+    )
+    return p
+
+
+def training() -> argparse.ArgumentParser:
+    p = _parent()
+    t = p.add_argument_group(
+        "training (override the config's train section and data set options; they "
+        "change the cell's hash: name the trained cell later by its cell.json)"
+    )
+    t.add_argument("--epochs", type=float)
+    t.add_argument("--steps", type=int, help="fixed number of steps (overrides --epochs)")
+    t.add_argument("--precision", choices=["fp32", "bf16", "fp16", "fp64"])
+    t.add_argument("--lr", type=float, help="learning rate at batch 256, scaled to the batch size by --lr-scaling")
+    t.add_argument("--lr-scaling", choices=["none", "linear", "sqrt"])
+    t.add_argument("--optimizer", choices=["sgd", "lars", "adam"])
+    t.add_argument("--backbone", choices=["small_cnn", "resnet18_cifar", "resnet50_cifar", "resnet50"])
+    t.add_argument(
+        "--queue-size", type=int, help="0: in-batch negatives (K = 2N-2); >0: MoCo-style queue of that many keys (K)"
+    )
+    t.add_argument("--image-size", type=int, help="a stand-alone cell's image side in pixels")
+    t.add_argument("--train-subset", type=int, help="a stand-alone cell's pretraining images")
+    return p
+
+
+EVAL_NOTE = (
+    "evaluation overrides: this probe only, with the cell's features and id; the result is printed "
+    "(and written to --out if given), not logged to the cell's MLflow run nor written to its folder"
+)
+
+
+def knn_probe() -> argparse.ArgumentParser:
+    p = _parent()
+    g = p.add_argument_group("kNN probe", EVAL_NOTE)
+    g.add_argument("--knn-k", type=int, nargs="+", metavar="K", help="neighbours, e.g. 20 200 (default: eval.knn_k)")
+    g.add_argument(
+        "--knn-t", type=float, metavar="T", help="temperature of the vote's weights exp(s/T) (default: eval.knn_t)"
+    )
+    g.add_argument(
+        "--knn-backend",
+        choices=["auto", "faiss-cpu", "faiss-gpu", "torch"],
+        help="nearest-neighbour search (the same neighbours; default: faiss-cpu for a cpu cell, else "
+        "auto: faiss, or torch on a GPU without faiss-gpu); logged like the cell's own",
+    )
+    return p
+
+
+def linear_probe() -> argparse.ArgumentParser:
+    p = _parent()
+    g = p.add_argument_group("linear probe", EVAL_NOTE)
+    g.add_argument(
+        "--linear-iterations",
+        type=int,
+        metavar="N",
+        help="solver iterations at most (L-BFGS; adam: epochs) (default: eval.linear_iterations)",
+    )
+    g.add_argument(
+        "--linear-weight-decay",
+        type=float,
+        metavar="L2",
+        help="the probe's L2 penalty (default: eval.linear_weight_decay)",
+    )
+    g.add_argument(
+        "--linear-weight-decays",
+        type=float,
+        nargs="+",
+        metavar="L2",
+        help="choose the L2 penalty among these on a validation split of the training features "
+        "(default: eval.linear_weight_decays)",
+    )
+    g.add_argument(
+        "--linear-optimizer",
+        choices=["lbfgs-precond", "lbfgs", "adam"],
+        help="the solver (default: eval.linear_optimizer)",
+    )
+    return p
+
+
+def tracking() -> argparse.ArgumentParser:
+    p = _parent()
+    g = p.add_argument_group("tracking")
+    g.add_argument(
+        "--tracking-uri",
+        help="MLflow URI (default: config tracking_uri, $MLFLOW_TRACKING_URI, "
+        "else sqlite:///<results_dir>/mlflow.db); 'none' disables tracking",
+    )
+    g.add_argument("--experiment", help="MLflow experiment (default: config study)")
+    return p
+
+
+def data_and_device() -> argparse.ArgumentParser:
+    p = _parent()
+    g = p.add_argument_group("data and device")
+    g.add_argument("--data-cache", type=Path, help="data cache from `smallbatch prepare-data`")
+    g.add_argument("--device", choices=DEVICES)
+    return p
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("smallbatch")
+    except PackageNotFoundError:  # a source tree on PYTHONPATH, not installed
+        from .. import __version__
+
+        return __version__
+
+
+def build_parser(description: str = "") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="smallbatch", description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--version", action="version", version=f"smallbatch {_version()}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parents = {
+        "which": which_cell(),
+        "threads": threads(),
+        "standalone": standalone_cell(),
+        "training": training(),
+        "knn": knn_probe(),
+        "linear": linear_probe(),
+        "tracking": tracking(),
+        "data": data_and_device(),
+    }
+    add = _adder(sub, parents)
+    _study_commands(add)
+    _cell_commands(add)
+    _probe_commands(add)
+    _study_outputs(add)
+    return p
+
+
+def _adder(sub, parents: dict):
+    """add(name, text, concerns...): a subcommand with ``text`` as its help (in the list of
+    commands) and its description (in its own --help), and the parents named."""
+
+    def add(name: str, text: str, *concerns: str, func: str | None = None) -> argparse.ArgumentParser:
+        c = sub.add_parser(name, help=text, description=text, parents=[parents[k] for k in concerns])
+        c.set_defaults(func=func or "cmd_" + name.replace("-", "_"))
+        return c
+
+    return add
+
+
+def _study_commands(add) -> None:
+    c = add("cells", "list the study's cells (id, hash, negatives K) and write their cell.json files")
+    c.add_argument("--config", type=Path, default=Path("config.yaml"), help="study config (default: config.yaml)")
+    c.add_argument("--write", action="store_true", help="write results/runs/<id>/cell.json for every cell")
+    c.add_argument("--baselines", action="store_true", help="list the baseline cells too")
+
+    c = add("init-store", "create the MLflow store's schema and the study's experiment once", "tracking")
+    c.add_argument("--config", type=Path, help="study config (its tracking_uri and study name)")
+    c.add_argument("--touch", type=Path, help="write this marker file when done (for the workflow)")
+
+    c = add("prepare-data", "load a data set through its real loader and cache it as one tensor file")
+    c.add_argument("--config", type=Path, help="study config (data.root, datasets.<name> options)")
+    c.add_argument("--dataset", required=True, help=DATASET_NAMES)
+    c.add_argument("--data-root")
+    c.add_argument("--download", action="store_true", help="let torchvision download when files are missing")
+    c.add_argument("--image-size", type=int)
+    c.add_argument("--train-subset", type=int)
+    c.add_argument("--test-subset", type=int)
+    c.add_argument("--out", type=Path, required=True)
+
+    add("config-reference", "print the table of every config key (CONFIGURATION.md)")
+
+
+def _cell_commands(add) -> None:
+    c = add(
+        "pretrain",
+        "contrastive pretraining of one cell (resumes from its state.pt)",
+        "which",
+        "standalone",
+        "training",
+        "threads",
+        "tracking",
+        "data",
+    )
+    c.add_argument("--out", type=Path, help="cell folder (default results/runs/<id>)")
+    c.add_argument("--restart", action="store_true", help="ignore (and overwrite) a saved state.pt, e.g. a corrupt one")
+    c.add_argument("--no-progress", action="store_true")
+    c.add_argument(
+        "--evaluate-ahead",
+        action="store_true",
+        help="then evaluate the checkpoint in this process into <out>/evaluated/, which `smallbatch "
+        "evaluate` adopts (one process start-up less per cell; see smallbatch.pipeline.prepared)",
+    )
+
+    c = add(
+        "embed",
+        "frozen backbone features of the train and test splits -> .npz",
+        "which",
+        "standalone",
+        "threads",
+        "data",
+    )
+    c.add_argument("--checkpoint", type=Path)
+    c.add_argument("--out", type=Path)
+
+    c = add(
+        "evaluate",
+        "embed + kNN + linear probe of one cell in one process, with the cell's eval settings (what the workflow runs)",
+        "which",
+        "standalone",
+        "threads",
+        "tracking",
+        "data",
+    )
+    c.add_argument("--checkpoint", type=Path)
+    c.add_argument("--out-dir", type=Path, help="where knn.json and linear.json go (default results/runs/<id>)")
+    c.add_argument("--features", type=Path, help="also write the features to this .npz")
+
+    c = add(
+        "export",
+        "write a cell's trained backbone as a plain state dict (torch.save of its tensors: no "
+        "'backbone.' prefix, no head, no optimiser) and print how to load it",
+        "which",
+        "standalone",
+    )
+    c.add_argument(
+        "--run-dir",
+        type=Path,
+        help="the cell's folder (results/runs/<id>): its checkpoint.pt names "
+        "the cell, instead of --cell / --cell-id / a stand-alone cell",
+    )
+    c.add_argument("--checkpoint", type=Path, help="the checkpoint to export (default: <cell folder>/checkpoint.pt)")
+    c.add_argument("--out", type=Path, help="the state dict file (default: <cell folder>/backbone.pt)")
+
+
+def _probe_commands(add) -> None:
+    c = add(
+        "knn",
+        "weighted kNN (InstDisc) on a cell's frozen features: faiss, or torch on a GPU without faiss-gpu",
+        "which",
+        "standalone",
+        "threads",
+        "knn",
+        "tracking",
+    )
+    c.add_argument("--features", type=Path, help=FEATURES_HELP)
+    c.add_argument("--out", type=Path, help="result JSON (default: <cell folder>/knn.json)")
+
+    c = add(
+        "linear", "linear probe on a cell's frozen features", "which", "standalone", "threads", "linear", "tracking"
+    )
+    c.add_argument("--features", type=Path, help=FEATURES_HELP)
+    c.add_argument("--out", type=Path, help="result JSON (default: <cell folder>/linear.json)")
+
+    c = add(
+        "baseline",
+        "raw-pixel or random-init encoder baseline (kNN + linear), named by --cell, --cell-json or "
+        "--config with --cell-id baselines/<dataset>/<kind>",
+        "which",
+        "threads",
+        "tracking",
+        "data",
+    )
+    c.add_argument("--out", type=Path, help="result JSON (default: <results_dir>/<id>/result.json)")
+
+
+def _study_outputs(add) -> None:
+    c = add("mi", "MI bounds on correlated Gaussians (experiments.mi); one MLflow run per row", "tracking")
+    c.add_argument("--section", type=Path, help="JSON file with the experiments.mi section")
+    c.add_argument(
+        "--section-json", metavar="JSON", help="the experiments.mi section itself as JSON (what the workflow passes)"
+    )
+    c.add_argument("--config", type=Path, help="study config (its experiments.mi when --section is absent)")
+    c.add_argument("--out", type=Path, default=Path("results/mi/results.json"), help="rows as JSON")
+    c.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    c = add(
+        "warm-server",
+        "serve the workflow's jobs from one process that imported torch once "
+        "(started by the workflow; smallbatch.pipeline.warm)",
+    )
+    c.add_argument("--socket", required=True, help="Unix socket path to listen on")
+    c.add_argument("--watch-pid", type=int, help="stop when this process (Snakemake) has ended")
+    c.add_argument("--idle-timeout", type=float, default=3600.0, help="stop after this many seconds without a command")
+
+    c = add("report", "rebuild every table and figure of a study from the MLflow store alone", "tracking")
+    c.add_argument(
+        "--config",
+        type=Path,
+        help="study config (its tracking store and study name, when --tracking-uri / --experiment are not given)",
+    )
+    c.add_argument("--out", type=Path, default=Path("results/report"), help="report folder (default: results/report)")

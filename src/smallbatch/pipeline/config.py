@@ -1,0 +1,565 @@
+"""Load and validate a study configuration (``config.yaml``).
+
+The schema lives in ``workflow/schemas/config.schema.yaml`` (the Snakemake
+convention); this module validates against the same file, fills the schema's
+defaults, and turns the first schema violation into a one-line error that names
+the offending key and the allowed values, so a typo stops the study before any
+job runs.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import functools
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .schema import load_schema, schema_path
+
+
+class ConfigError(ValueError):
+    """A configuration value is wrong; the message is one line naming the key."""
+
+
+def _validator_with_defaults():
+    from jsonschema import Draft202012Validator, ValidationError, validators
+
+    base_props = Draft202012Validator.VALIDATORS["properties"]
+    base_type = Draft202012Validator.VALIDATORS["type"]
+
+    def finite_numbers(validator, types, instance, schema):
+        # JSON Schema has no "finite": YAML's .nan / .inf pass every bound (nan > 0 is False
+        # both ways), so a number must also be finite; a loss parameter may be infinite
+        yield from base_type(validator, types, instance, schema)
+        if isinstance(instance, float) and not math.isfinite(instance):
+            if math.isnan(instance) or not schema.get("x-loss-param"):
+                yield ValidationError(f"{instance!r} is not a finite number", validator="finite")
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for prop, sub in properties.items():
+                if isinstance(sub, dict) and "default" in sub and prop not in instance:
+                    instance[prop] = copy.deepcopy(sub["default"])
+        yield from base_props(validator, properties, instance, schema)
+
+    def additional_with_defaults(validator, aP, instance, schema):
+        # Fill defaults of free-form mappings such as ``datasets: {name: {...}}``.
+        if isinstance(instance, dict) and isinstance(aP, dict) and "properties" in aP:
+            known = set(schema.get("properties", {}))
+            for key, value in instance.items():
+                if key not in known and isinstance(value, dict):
+                    for prop, sub in aP["properties"].items():
+                        if isinstance(sub, dict) and "default" in sub and prop not in value:
+                            value[prop] = copy.deepcopy(sub["default"])
+        yield from Draft202012Validator.VALIDATORS["additionalProperties"](validator, aP, instance, schema)
+
+    return validators.extend(
+        Draft202012Validator,
+        {"properties": set_defaults, "additionalProperties": additional_with_defaults, "type": finite_numbers},
+    )
+
+
+def _path_str(path) -> str:
+    parts = []
+    for p in path:
+        parts.append(f"[{p}]" if isinstance(p, int) else (("." if parts else "") + str(p)))
+    return "".join(parts) or "<top level>"
+
+
+def _allowed_keys(schema: dict) -> list[str]:
+    return sorted(schema.get("properties", {}))
+
+
+def _one_line(err, root_schema: dict, label: str | None = None) -> str:
+    """Turn a jsonschema ValidationError into one readable line naming the key (or ``label``,
+    e.g. a command-line flag, for a value checked on its own)."""
+    where = _path_str(err.absolute_path)
+    name = label or f"config key '{where}'"
+    v = err.validator
+    if v == "additionalProperties":
+        allowed = _allowed_keys(err.schema)
+        extra = [k for k in err.instance if k not in allowed] if isinstance(err.instance, dict) else []
+        bad = extra[0] if extra else "?"
+        full = f"{where}.{bad}" if where != "<top level>" else bad
+        renamed = [k for k, sub in err.schema.get("properties", {}).items() if sub.get("x-renamed-from") == bad]
+        if renamed:
+            new = f"{where}.{renamed[0]}" if where != "<top level>" else renamed[0]
+            return f"config key '{full}' is now '{new}' (renamed; same meaning and values): rename it in the config"
+        hint = difflib.get_close_matches(str(bad), allowed, n=1)
+        sugg = f" (did you mean '{hint[0]}'?)" if hint else ""
+        return f"unknown config key '{full}'{sugg}; allowed keys here: {', '.join(allowed)}"
+    if v == "propertyNames":
+        allowed = err.schema.get("propertyNames", {}).get("enum", [])
+        return f"unknown name under '{where}': {err.instance!r}; allowed: {', '.join(allowed)}"
+    if v == "enum" and "propertyNames" in list(err.schema_path):
+        return f"unknown name {err.instance!r} under '{where}'; allowed: {', '.join(map(str, err.validator_value))}"
+    if v == "enum":
+        return f"{name} = {err.instance!r} is not allowed; allowed values: {', '.join(map(str, err.validator_value))}"
+    if v in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
+        op = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<"}[v]
+        return f"{name} = {err.instance!r} is out of range; it must be {op} {err.validator_value}"
+    if v == "finite":
+        return f"{name} = {err.instance!r} is not a finite number"
+    if v == "type":
+        return f"{name} = {err.instance!r} has the wrong type; expected {err.validator_value}"
+    if v == "anyOf":
+        # Report the most specific sub-error (e.g. an unknown loss name).
+        best = None
+        stack = list(err.context or [])
+        while stack:
+            sub = stack.pop()
+            stack.extend(sub.context or [])
+            if sub.validator in ("anyOf", "type"):
+                continue
+            if best is None or len(sub.absolute_path) > len(best.absolute_path):
+                best = sub
+        if best is not None:
+            return _one_line(best, root_schema, label)
+        return f"{name} = {err.instance!r} is not valid: {err.message.splitlines()[0]}"
+    if v in ("minItems", "minProperties"):
+        return f"{name} must not be empty"
+    if v == "required":
+        return f"{name} is missing {err.message.split(' is a required')[0]}"
+    return f"{name}: {err.message.splitlines()[0]}"
+
+
+def validate_config(cfg: dict) -> dict:
+    """Validate ``cfg`` in place against the schema, fill defaults, return it.
+
+    Raises :class:`ConfigError` with one line naming the first offending key.
+    """
+    schema = load_schema()
+    errors = list(_validator_with_defaults()(schema).iter_errors(cfg))
+    if errors:
+        # the deepest error is the most specific one (jsonschema's best_match prefers shallow ones)
+        raise ConfigError(_one_line(max(errors, key=lambda e: len(e.absolute_path)), schema))
+    _check_results_dir_value(cfg.get("results_dir"))
+    _check_loss_entries(cfg)
+    _check_sections(cfg)
+    _check_augment(cfg)
+    _check_tracking_uri(cfg)
+    _check_subsets(cfg)
+    _check_cells(cfg)
+    return cfg
+
+
+def check_value(node: dict, value: Any, label: str) -> None:
+    """Validate one value (e.g. a command-line flag's) against a schema node such as a
+    loss parameter's; ConfigError naming ``label``."""
+    errors = list(_validator_with_defaults()(node).iter_errors(value))
+    if errors:
+        raise ConfigError(_one_line(errors[0], node, label))
+
+
+def _check_results_dir_value(value: Any) -> None:
+    """``results_dir`` is a plain path: not empty (the current folder), not starting with
+    ``~`` (no program expands it: it would be a folder named '~'), no braces (the workflow's
+    file patterns) and no control characters."""
+    key = f"config key 'results_dir' = {value!r}"
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{key} is empty; name the results folder, e.g. results")
+    if value.startswith("~"):
+        raise ConfigError(
+            f"{key} starts with '~', which nothing expands here; write the full path ({os.path.expanduser(value)!r}?)"
+        )
+    bad = sorted({c for c in value if c in "{}" or ord(c) < 32 or ord(c) == 127})
+    if bad:
+        raise ConfigError(
+            f"{key} holds {', '.join(map(repr, bad))}, which a results path may not hold "
+            "(braces name the workflow's wildcards); rename the folder"
+        )
+
+
+def _check_loss_entries(cfg: dict) -> None:
+    """A loss entry ``{name: dclw, sigma: ...}`` holds only parameters of its own loss (the
+    schema accepts every loss's parameters on every entry)."""
+    from ..losses import canonical_name, loss_param_names
+
+    sections = [("grid", cfg.get("grid") or {})]
+    sections += [
+        (f"experiments.{n}", sec) for n, sec in (cfg.get("experiments") or {}).items() if isinstance(sec, dict)
+    ]
+    for where, sec in sections:
+        for i, entry in enumerate(sec.get("losses") or []):
+            if not isinstance(entry, dict):
+                continue
+            name = canonical_name(entry["name"])
+            allowed = loss_param_names(name)
+            for key in entry:
+                if key not in ("name", "batch_sizes", "temperatures", "seeds") and key not in allowed:
+                    raise ConfigError(
+                        f"config key '{where}.losses[{i}].{key}' is not a parameter of {name}; "
+                        f"its parameters: {', '.join(allowed) or 'none'}"
+                    )
+
+
+def _check_sections(cfg: dict) -> None:
+    """The side experiments' train overrides and data sets (free-form in the schema)."""
+    for name, sec in cfg.get("experiments", {}).items():
+        if name == "mi" or not isinstance(sec, dict):
+            continue
+        tr = sec.get("train", {}) or {}
+        known = set(load_schema()["properties"]["train"]["properties"])
+        for k in tr:
+            if k not in known:
+                hint = difflib.get_close_matches(k, sorted(known), n=1)
+                sugg = f" (did you mean '{hint[0]}'?)" if hint else ""
+                raise ConfigError(
+                    f"unknown config key 'experiments.{name}.train.{k}'{sugg}; allowed: {', '.join(sorted(known))}"
+                )
+        for ds in sec.get("datasets", []) or []:
+            if ds not in cfg.get("datasets", {}):
+                raise ConfigError(
+                    f"config key 'experiments.{name}.datasets' names {ds!r}, which is not under 'datasets' ({', '.join(cfg.get('datasets', {}))})"
+                )
+
+
+def _check_augment(cfg: dict) -> None:
+    from .. import augment as _aug  # light module (torch only)
+
+    try:
+        _aug.AugmentConfig(**cfg.get("augment", {}))
+    except TypeError as exc:
+        import re
+
+        fields = sorted(_aug.AugmentConfig.__dataclass_fields__)
+        m = re.search(r"argument '(\w+)'", str(exc))
+        bad = m.group(1) if m else "?"
+        raise ConfigError(f"unknown config key 'augment.{bad}'; allowed keys here: {', '.join(fields)}") from None
+    except ValueError as exc:
+        raise ConfigError(f"config key 'augment': {exc}") from None
+
+
+def _check_tracking_uri(cfg: dict) -> None:
+    from ..tracking import tracking_uri_problem
+
+    uri = cfg.get("tracking_uri")
+    problem = tracking_uri_problem(uri) if uri else None
+    if problem:
+        raise ConfigError(f"config key 'tracking_uri' = {uri!r}: {problem}")
+
+
+def _check_subsets(cfg: dict) -> None:
+    """``train_subset`` / ``test_subset`` against the size of the split they subset
+    (data.SPLIT_SIZES; imagefolder's size is checked when it is read)."""
+    from ..data import SPLIT_SIZES, pretrain_split, subset_problem
+
+    for name, opts in cfg["datasets"].items():
+        sizes = SPLIT_SIZES.get(name)
+        if sizes is None:
+            continue
+        for option, split in (("train_subset", pretrain_split(name)), ("test_subset", "test")):
+            problem = subset_problem(
+                f"config key 'datasets.{name}.{option}'", opts.get(option), sizes[split], split, name
+            )
+            if problem:
+                raise ConfigError(problem)
+
+
+def _check_cells(cfg: dict) -> None:
+    """Each cell's batch size against its pretraining images (where their number is
+    known), its warm-up against its budget, and its loss's own checks of its parameters."""
+    from .cells import expand_cells
+
+    try:
+        cells = expand_cells(cfg)
+    except ValueError as exc:  # two cells with one id
+        raise ConfigError(str(exc)) from None
+    for cid, cell in cells.items():
+        problem = _cell_problem(cell)
+        if problem:
+            raise ConfigError(f"cell '{cid}': {problem}")
+
+
+def _cell_problem(cell: dict) -> str | None:
+    from ..data import pretrain_images
+    from ..losses import build_loss
+
+    name, subset = cell["dataset"], cell["dataset_options"].get("train_subset")
+    images = pretrain_images(name, subset)
+    if images is not None and cell["batch_size"] > images:
+        capped = f" (datasets.{name}.train_subset)" if subset is not None and subset == images else ""
+        return f"batch size {cell['batch_size']} is larger than the {images:,} pretraining images of {name}{capped}"
+    problem = _extreme_problem(cell)
+    if problem:
+        return problem
+    tr = cell["train"]
+    problem = _train_problem(tr)  # train keys set by a side experiment, an axis (a regime), a batch-size entry
+    if problem:
+        return problem
+    if cell["batch_size"] % tr["devices"]:
+        return f"batch size {cell['batch_size']} is not a multiple of train.devices = {tr['devices']}"
+    from ..training.loop import control_problem  # neg_group / bn_group against the batch, one-process controls
+
+    problem = control_problem(cell)
+    if problem:
+        return problem
+    # with train.steps the budget is in steps and the warm-up in epochs of a data set
+    # whose size may be unknown (imagefolder): not compared (CONFIGURATION.md, train.warmup_epochs)
+    if not tr.get("steps") and tr["warmup_epochs"] > tr["epochs"]:
+        return (
+            f"train.warmup_epochs = {tr['warmup_epochs']:g} is longer than train.epochs = {tr['epochs']:g} "
+            "(the learning rate would never finish warming up)"
+        )
+    try:
+        build_loss(cell["loss"], **cell["loss_params"])  # its parameters (τ: _extreme_problem)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+#: the temperatures a cell may train at: below, s/tau overflows float32's exp range (loss ~1e7 at
+#: tau = 1e-9); above, every logit is ~0 and the loss is constant (nothing is learnt)
+TAU_RANGE = (1e-3, 1e2)
+
+
+def _extreme_problem(cell: dict) -> str | None:
+    """A temperature outside :data:`TAU_RANGE`, or a kNN k above the images the probe votes
+    over (it would be clamped, yet labelled with the k asked for)."""
+    from ..data import SPLIT_SIZES, pretrain_split
+
+    tau, (lo, hi) = cell.get("temperature"), TAU_RANGE
+    if isinstance(tau, (int, float)) and not lo <= tau <= hi:
+        return (
+            f"temperature τ = {tau:g} is outside [{lo:g}, {hi:g}], where the losses stop being meaningful "
+            "(s/τ overflows, or every logit is ~0); choose a τ in that range"
+        )
+    name, subset = cell.get("dataset"), (cell.get("dataset_options") or {}).get("train_subset")
+    sizes = SPLIT_SIZES.get(name)
+    if sizes is None or not isinstance(cell.get("eval"), dict):
+        return None
+    n = sizes["train"] if subset is None or pretrain_split(name) != "train" else min(sizes["train"], subset)
+    big = [k for k in cell["eval"].get("knn_k") or [] if k > n]
+    if big:
+        return (
+            f"eval.knn_k = {big[0]} is more than the {n:,} train images of {name} the kNN probe votes over; "
+            f"use k <= {n}"
+        )
+    return None
+
+
+def _train_problem(train: dict) -> str | None:
+    """One line naming the first wrong key or value of a cell's ``train`` settings."""
+    validator, node = _train_validator(str(schema_path()))
+    errors = sorted(validator.iter_errors({"train": copy.deepcopy(train)}), key=lambda e: -len(e.absolute_path))
+    return _one_line(errors[0], node) if errors else None
+
+
+@functools.lru_cache(maxsize=4)
+def _train_validator(path: str):
+    """The validator of a ``{train: ...}`` object and its schema, built once per schema file (a
+    full study checks every one of its ~1,400 cells with it)."""
+    schema = load_schema()
+    node = {"type": "object", "properties": {"train": schema["properties"]["train"]}, "$defs": schema["$defs"]}
+    return _validator_with_defaults()(node), node
+
+
+_DATA_DIRS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python", "stl10": "stl10_binary"}
+DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
+
+
+def check_data_roots(cfg: dict) -> None:
+    """Every data set of a validated study has its files under its root (or
+    ``data.download`` is on); otherwise a one-line ConfigError naming the key.
+    The workflow calls this so a wrong root stops ``snakemake -n``, before any job."""
+    from ..data import base_dataset
+
+    if cfg["data"].get("download"):
+        return
+    for name, opts in cfg["datasets"].items():
+        if name == "digits":  # ships inside scikit-learn
+            continue
+        key = f"datasets.{name}.root" if opts.get("root") else "data.root"
+        root = Path(opts.get("root") or cfg["data"]["root"]).expanduser()
+        if base_dataset(name) == "fashion_mnist":  # composites read Fashion-MNIST's files
+            ok = (root / "FashionMNIST" / "raw").is_dir() or DEBIAN_FASHION_MNIST.is_dir()
+            need = f"{root}/FashionMNIST/raw/ or {DEBIAN_FASHION_MNIST}/ (apt-get install dataset-fashion-mnist)"
+        elif name == "imagefolder":
+            ok = (root / "train").is_dir()
+            need = f"{root}/train/<class>/<image> and {root}/val/<class>/<image>"
+        else:
+            ok = (root / _DATA_DIRS[name]).is_dir()
+            need = f"{root}/{_DATA_DIRS[name]}/"
+        if not ok:
+            raise ConfigError(
+                f"config key '{key}' = '{root}': no {name} files there (expected {need}); "
+                "fix the root or set data.download: true"
+            )
+
+
+def check_results_dir(cfg: dict) -> None:
+    """``results_dir`` is a folder this process can write in, or can be created where its
+    nearest existing parent is; otherwise a one-line ConfigError.  Nothing is left behind
+    (a dry run writes nothing): the check writes one temporary file and removes it."""
+    path = Path(cfg["results_dir"]).expanduser()
+    key = f"config key 'results_dir' = '{path}'"
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{key} is a file, not a folder")
+    existing = next(p for p in (path, *path.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise ConfigError(f"{key} is not writable: {existing} is a file, not a folder")
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"{key} is not writable: {exc.strerror or exc}") from None
+
+
+def read_config_file(path: str | Path) -> dict:
+    """The mapping in YAML file ``path``; ConfigError naming the file (and for a syntax
+    error its line and column) when it is missing, not YAML, empty or not a mapping."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        with open(p) as fh:
+            cfg = yaml.load(fh, Loader=_UniqueKeyLoader)
+    except _DuplicateKey as exc:
+        raise ConfigError(
+            f"config file {p} has the key {exc.key!r} twice in one mapping (line {exc.first} and "
+            f"line {exc.line}); YAML would keep only the second: merge them"
+        ) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"config file {p} is not valid YAML{where}: {problem}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {p} cannot be read: {getattr(exc, 'strerror', None) or exc}") from None
+    if cfg is None:
+        raise ConfigError(
+            f"config file {p} is empty (no settings, only blanks or comments); write {{}} for a study of every default"
+        )
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"config file {p} must hold a mapping at the top level, not a {type(cfg).__name__}")
+    return cfg
+
+
+class _DuplicateKey(ValueError):
+    def __init__(self, key: Any, first: int, line: int) -> None:
+        super().__init__(key)
+        self.key, self.first, self.line = key, first, line
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.safe_load, but a key given twice in one mapping is an error, not a silent override."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _value in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                if key in seen:
+                    raise _DuplicateKey(key, seen[key], key_node.start_mark.line + 1)
+            except TypeError:  # an unhashable key: SafeLoader's own error follows
+                continue
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
+@functools.lru_cache(maxsize=1)
+def _default_config() -> dict:
+    """The validated empty config, made once per process (callers get copies)."""
+    return validate_config({})
+
+
+def load_config(path: str | Path | None = None, overrides: dict | None = None) -> dict:
+    """Read YAML ``path`` (or an empty config), apply ``overrides``, validate.  The empty
+    config's validation (0.27 s: its 80 default cells are checked) is done once per process
+    (every ``--cell-json`` step reads it; the warm server does it before it forks)."""
+    if path is None and not overrides:
+        return copy.deepcopy(_default_config())
+    cfg = read_config_file(path) if path is not None else {}
+    if overrides:
+        cfg = deep_merge(cfg, overrides)
+    return validate_config(cfg)
+
+
+def deep_merge(base: dict, extra: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in extra.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def resolve_tracking_uri(cfg: dict) -> str:
+    """config ``tracking_uri`` > ``$MLFLOW_TRACKING_URI`` > SQLite under results_dir."""
+    uri = cfg.get("tracking_uri")
+    if uri:
+        return str(uri)
+    env = os.environ.get("MLFLOW_TRACKING_URI")
+    if env:
+        from ..tracking import tracking_uri_problem
+
+        problem = tracking_uri_problem(env)
+        if problem:
+            raise ConfigError(f"$MLFLOW_TRACKING_URI = {env!r}: {problem}")
+        return env
+    db = Path(cfg["results_dir"]).resolve() / "mlflow.db"
+    return f"sqlite:///{db}"
+
+
+# --------------------------------------------------------------------------- the reference
+def reference_rows(schema: dict | None = None) -> list[tuple[str, str, str]]:
+    """(key, default, meaning) of every configuration key, from the schema's descriptions
+    and defaults (CONFIGURATION.md is generated from these; a test keeps it so)."""
+    schema = schema or load_schema()
+    rows: list[tuple[str, str, str]] = []
+    done: set[str] = set()
+
+    def resolve(node: dict) -> dict:
+        ref = node.get("$ref", "")
+        return {**schema["$defs"][ref.rsplit("/", 1)[-1]], **node} if ref.startswith("#/$defs/") else node
+
+    def walk(node: dict, path: str) -> None:
+        props = node.get("properties", {})
+        refs = [sub.get("$ref") for sub in props.values()]
+        shared = {r for r in refs if r and refs.count(r) > 1}  # e.g. the side experiments' sections
+        for key, sub in props.items():
+            ref = sub.get("$ref")
+            sub = resolve(sub)
+            name = f"{path}.{key}" if path else key
+            default = _yaml_flow(sub["default"]) if "default" in sub else ""
+            rows.append((name, default, " ".join(str(sub.get("description", "")).split())))
+            if ref in shared:
+                if ref not in done:  # their common keys once, as <path>.<name>.<key>
+                    done.add(ref)
+                    walk(sub, f"{path}.<{ref.rsplit('/', 1)[-1]}>")
+            else:
+                walk(sub, name)
+        extra = node.get("additionalProperties")
+        if isinstance(extra, dict) and "properties" in extra:  # free-form names, e.g. datasets.<name>
+            walk(extra, f"{path}.<name>")
+
+    walk(schema, "")
+    return rows
+
+
+def _yaml_flow(value: Any) -> str:
+    return yaml.safe_dump(value, default_flow_style=True, width=10_000).strip().removesuffix("...").strip()
+
+
+def reference_markdown() -> str:
+    """CONFIGURATION.md: the table of every key (``smallbatch config-reference`` prints it)."""
+    head = (
+        "# Configuration reference\n\n"
+        "Generated from `workflow/schemas/config.schema.yaml` (and the loss registry in "
+        "`smallbatch.losses`) by `smallbatch config-reference > CONFIGURATION.md`; "
+        "`tests/pipeline/test_config.py` fails when this file and the schema differ.\n\n"
+        "| key | default | meaning |\n|---|---|---|\n"
+    )
+    cell = lambda s: s.replace("|", "\\|")  # noqa: E731
+    return head + "".join(
+        f"| `{k}` | {('`' + cell(d) + '`') if d else ''} | {cell(m)} |\n" for k, d, m in reference_rows()
+    )

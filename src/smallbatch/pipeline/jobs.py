@@ -1,0 +1,576 @@
+"""One step of one cell (prepare data, pretrain, embed, kNN, linear probe, baseline).
+
+Glue between the rooms: each function loads what its step needs, calls the
+room that does the work, writes its output file atomically, and reports to the
+tracking layer.  The CLI maps one command to one function here; Snakemake maps
+one rule to one command.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from ..io import write_json
+from .cells import flat_params
+
+
+def _threads(cell: dict) -> None:
+    import torch
+
+    n = int(cell.get("threads") or 1)
+    torch.set_num_threads(n)
+
+
+# --------------------------------------------------------------------------- data
+def data_options(cell: dict) -> dict:
+    o = cell["dataset_options"]
+    return {
+        "image_size": o.get("image_size"),
+        "train_subset": o.get("train_subset"),
+        "test_subset": o.get("test_subset"),
+    }
+
+
+def prepare_data(cell: dict, out: Path) -> dict:
+    """Load the cell's data set through its real loader and cache it as one tensor file."""
+    from .. import data
+
+    d = data.load_dataset(cell["dataset"], cell["data_root"], download=cell["download"], seed=0, **data_options(cell))
+    data.save_cache(d, out)
+    return {
+        "dataset": d.name,
+        "train": int(d.train_x.shape[0]),
+        "test": int(d.test_x.shape[0]),
+        "pretrain": int(d.pretrain_x.shape[0]),
+        "shape": list(d.train_x.shape[1:]),
+    }
+
+
+def load_cell_data(cell: dict, cache: Path | None = None):
+    """The cell's data: from the prepared cache when given (fast, no torchvision import)."""
+    from .. import data
+
+    if cache is not None:
+        d = data.load_cache(cache)
+        data.check_cache(d, cell, cache)  # the cell's data set, size and subsets
+        return d
+    return data.load_dataset(
+        cell["dataset"], cell["data_root"], download=cell["download"], seed=0, **data_options(cell)
+    )
+
+
+# --------------------------------------------------------------------------- pretrain
+def run_pretrain(
+    cell: dict,
+    out_dir: Path,
+    *,
+    tracking_uri: str | None,
+    experiment: str,
+    cache: Path | None = None,
+    restart: bool = False,
+    progress: bool = True,
+    device: str | None = None,
+    evaluate_ahead: bool = False,
+) -> dict:
+    """Pretrain one cell, logging to its MLflow run; one trainer per cell (the folder's lock
+    is held from before the run is opened until the checkpoint is written).  Launched by
+    torchrun or srun with ``train.devices`` processes, this process joins them
+    (:class:`smallbatch.training.distributed.World`); rank 0 locks, logs and saves.
+    ``evaluate_ahead`` (one process): then the evaluate step's work, in this process
+    (:func:`_evaluate_ahead`)."""
+    from ..training.distributed import World
+
+    _threads(cell)
+    out_dir = Path(out_dir)
+    with World.from_env(device=device or cell["device"]) as world:
+        if world.is_main:
+            record_cell(cell, out_dir / "cell.json")
+        res = _pretrain_in(world, cell, out_dir, tracking_uri, experiment, cache, restart, progress)
+        alone = world.size == 1
+    if evaluate_ahead and alone:
+        res["evaluated_ahead"] = _evaluate_ahead(cell, out_dir, tracking_uri, experiment, cache, device)
+    return res
+
+
+def _evaluate_ahead(cell: dict, out_dir: Path, uri: str | None, experiment: str, cache, device) -> bool:
+    """:func:`run_evaluate` of the checkpoint just written, in this process (no second
+    start-up), into ``<cell>/evaluated/`` for the evaluate step to adopt
+    (:mod:`smallbatch.pipeline.prepared`).  A failure is one line on stderr, not the step's: the
+    evaluate step then evaluates, and reports it."""
+    from . import prepared
+
+    prepared.clear(out_dir)
+    ckpt = out_dir / "checkpoint.pt"
+    try:
+        sha1 = prepared.file_sha1(ckpt)
+        res = run_evaluate(
+            cell, ckpt, prepared.eval_dir(out_dir), tracking_uri=uri, experiment=experiment, cache=cache, device=device
+        )
+        prepared.write_stamp(out_dir, cell, sha1, uri, experiment, res["embed_seconds"])
+    except Exception as exc:  # noqa: BLE001 - the pretraining succeeded; its evaluate step will say what fails
+        print(
+            f"{cell['id']}: the evaluation ahead failed ({type(exc).__name__}: {exc}); the evaluate step will run it",
+            file=sys.stderr,
+        )
+        return False
+    return True
+
+
+def record_cell(cell: dict, path: Path) -> None:
+    """The cell's settings next to its outputs (for reruns by hand: ``--cell <path>``),
+    rewritten only when they change."""
+    from ..io import json_text
+
+    if not (path.is_file() and path.read_text() == json_text(cell)):
+        write_json(path, cell)
+
+
+def _pretrain_in(
+    world, cell: dict, out_dir: Path, tracking_uri, experiment: str, cache, restart: bool, progress: bool
+) -> dict:
+    from ..errors import Preempted
+    from ..io import CellBusy, CellLock, nullcontext_lock
+    from ..tracking import TrackingError
+    from ..training import loop as train
+    from ..training.distributed import any_over_processes
+
+    lock = CellLock(out_dir, cell["id"]) if world.is_main else nullcontext_lock()
+    busy = None
+    try:
+        lock.__enter__()
+    except CellBusy as exc:
+        busy = exc
+    try:
+        if any_over_processes(busy is not None, world.device):  # the others stop with rank 0
+            raise busy or CellBusy(f"cell {cell['id']} is being trained by another process (rank 0 could not lock it)")
+        d = load_cell_data(cell, cache)
+        run = _pretrain_run(cell, out_dir, d, tracking_uri, experiment, restart) if world.is_main else None
+        try:
+            res = train.pretrain(
+                cell,
+                d.pretrain_x,
+                d.mean,
+                d.std,
+                out_dir,
+                log_fn=_log_fn(run, world, tracking_uri),
+                before_save=_before_save(run),
+                restart=restart,
+                progress=progress,
+                meta={"run_id": run.run_id} if run else {},
+                world=world,
+                labels=d.pretrain_y,
+                at_epoch_end=_monitor(cell, d, world, run),
+            )
+        except BaseException as exc:
+            if not isinstance(exc, TrackingError):  # the store failing: not asked again (another timeout)
+                _flush_quietly(run)
+            if run is not None and isinstance(exc, Exception) and not isinstance(exc, (Preempted, TrackingError)):
+                run.mark_failed(exc)  # setup included: never left RUNNING (a retry resumes the run)
+            raise
+        if run is not None:
+            _log_pretrain_end(run, res)
+            _log_pretrain_artifacts(run, cell, out_dir, weights=res.status != "diverged")
+    finally:
+        if busy is None:
+            lock.__exit__(None, None, None)
+    return {
+        "cell_id": cell["id"],
+        "status": res.status,
+        "steps": res.steps,
+        "epochs": res.epochs,
+        "final_loss": res.final_loss,
+        "wall_s": res.wall_s,
+        "images_per_s": res.images_per_s,
+        "processes": world.size,
+        "rank": world.rank,
+    }
+
+
+def _monitor(cell: dict, d, world, run):
+    """The kNN monitor when ``eval.monitor_every`` asks and rank 0 logs somewhere (:mod:`smallbatch.evaluation.monitor`)."""
+    if run is None or not world.is_main:
+        return None
+    from ..evaluation.monitor import knn_monitor
+
+    return knn_monitor(cell, d, world.device)
+
+
+def _log_fn(run, world, tracking_uri):
+    """Rank 0 logs to the run; the other processes get a no-op, so every process computes
+    the (collective) metrics of a logging step together."""
+    if run is not None:
+        return run.log
+    return (lambda metrics, step: None) if tracking_uri and not world.is_main else None
+
+
+def _pretrain_run(cell: dict, out_dir: Path, d, uri: str | None, experiment: str, restart: bool):
+    """The cell's MLflow run: the one its resumable state logs to (an error if the store
+    lost it), else found by id and hash, else new; a restart starts a new run."""
+    from .. import tracking
+    from ..training import checkpoint
+
+    if not uri:
+        return None
+    params = flat_params(cell)
+    params["image_size"] = str(d.train_x.shape[-1])
+    params["pretrain_images"] = str(d.pretrain_x.shape[0])
+    state = out_dir / "state.pt"
+    prior = None if restart else checkpoint.state_run_id(state, cell)
+    try:
+        run = tracking.open_cell_run(
+            uri, experiment, cell, kind="cell", params=params, run_id=prior, fresh=restart, lease=out_dir
+        )
+    except tracking.RunVanished as exc:
+        raise tracking.RunVanished(
+            f"{exc}, but {state} continues it: the store was deleted or replaced since the "
+            "cell started; run `smallbatch pretrain --restart` for this cell to train it "
+            "afresh into this store"
+        ) from None
+    if run.resumed:  # skip the steps already logged, for every metric of the run (not only the loss)
+        run.skip_logged_steps(sorted(run.metrics()))
+        run.set_status("running")
+    return run
+
+
+def _before_save(run):
+    """Before each state save: the store still holds the run, and it has every logged step."""
+    if run is None:
+        return None
+
+    def hook() -> None:
+        run.verify()
+        run.flush()
+
+    return hook
+
+
+def _flush_quietly(run) -> None:
+    if run is not None:
+        try:
+            run.flush()
+        except Exception:  # noqa: BLE001 - keep the original error
+            pass
+
+
+def _log_pretrain_end(run, res) -> None:
+    from .. import tracking
+
+    final = {
+        "train/wall_s": res.wall_s,
+        "train/cpu_s": res.cpu_s,
+        "train/steps": res.steps,
+        "train/images_per_s_mean": res.images_per_s,
+    }
+    final.update({f"train/{k}": v for k, v in res.health.items()})
+    if res.status != "diverged":
+        final["train/final_loss"] = res.final_loss
+    run.verify()
+    run.log(final, res.steps)
+    run.set_status(res.status if res.status in tracking.BAD_STATUSES else "running")
+    run.set_tags({tracking.TAG_PRETRAIN: res.status})
+    run.flush()
+
+
+def _log_pretrain_artifacts(run, cell: dict, out_dir: Path, weights: bool = True) -> None:
+    """The cell's resolved config (``cell.json``), and its backbone's weights as a plain state
+    dict (``backbone.pt``, the keys without ``backbone.``) when ``tracking.log_checkpoint`` asks
+    and the cell did not diverge."""
+    import tempfile
+
+    run.log_artifact(out_dir / "cell.json")
+    if not weights or not (cell.get("tracking") or {}).get("log_checkpoint"):
+        return
+    from .export import export_backbone
+
+    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".artifact-") as tmp:
+        export_backbone(out_dir / "checkpoint.pt", Path(tmp) / "backbone.pt", cell=cell)  # `smallbatch export`'s file
+        run.log_artifact(Path(tmp) / "backbone.pt")
+
+
+# --------------------------------------------------------------------------- embed
+def _cell_features(cell: dict, ck: dict, cache: Path | None, device: str | None):
+    """(train_f, train_y, test_f, test_y) of the checkpoint's frozen backbone."""
+    from ..evaluation import embed
+    from ..training import loop as train
+
+    d = load_cell_data(cell, cache)
+    dev = train.resolve_device(device or cell["device"])
+    model = train.build_model(ck["cell"], ck["channels"], ck["image_size"])
+    model.load_state_dict(ck["model"])  # fp64 weights are cast to this float32 model; features are float32
+    bb, bs = model.backbone.to(dev), int(cell["eval"]["batch_size"])
+    return (
+        embed.embed(bb, d.train_x, d.mean, d.std, batch_size=bs, device=dev),
+        d.train_y.numpy(),
+        embed.embed(bb, d.test_x, d.mean, d.std, batch_size=bs, device=dev),
+        d.test_y.numpy(),
+    )
+
+
+def _load_cell_checkpoint(cell: dict, checkpoint: Path) -> tuple[dict, dict]:
+    """The cell's own finished checkpoint (refuses another cell's, another config's, a
+    state file) and the meta its features carry."""
+    from ..training import checkpoint as ckpt_mod
+
+    ck = ckpt_mod.load_checkpoint(checkpoint, cell=cell, kind="checkpoint")
+    return ck, {"cell_id": cell["id"], "cell_hash": cell["hash"], "pretrain_status": ck.get("status", "finished")}
+
+
+def run_embed(cell: dict, checkpoint: Path, out: Path, *, cache: Path | None = None, device: str | None = None) -> dict:
+    """Frozen backbone features of the cell's train and test images, to ``out``."""
+    from ..evaluation import embed
+
+    _threads(cell)
+    ck, meta = _load_cell_checkpoint(cell, checkpoint)
+    if ck.get("status") == "diverged":
+        embed.save_status_features(out, {"status": "diverged", **meta})
+        return {"status": "diverged"}
+    t0 = time.perf_counter()
+    tr_f, tr_y, te_f, te_y = _cell_features(cell, ck, cache, device)
+    embed.save_features(out, tr_f, tr_y, te_f, te_y, {"status": "finished", **meta})
+    return {"status": "finished", "train": tr_f.shape, "test": te_f.shape, "seconds": time.perf_counter() - t0}
+
+
+# --------------------------------------------------------------------------- probes
+def _percent(metrics: dict) -> dict:
+    """Accuracies (top1/top5 keys) as percentages, like the papers' tables."""
+    return {k: (100.0 * v if ("top1" in k or "top5" in k) else v) for k, v in metrics.items()}
+
+
+def _eval_on_features(kind: str, cell: dict, feats, knn_backend: str | None = None) -> dict:
+    """kNN or linear probe; accuracies returned in percent."""
+    from ..evaluation import knn
+
+    tr_f, tr_y, te_f, te_y = feats
+    ev = cell["eval"]
+    backend = knn_backend or ("faiss-cpu" if cell["device"] == "cpu" else "auto")  # a cpu study stays off a GPU
+    if kind == "knn":
+        return _percent(knn.knn_eval(tr_f, tr_y, te_f, te_y, ks=tuple(ev["knn_k"]), t=ev["knn_t"], backend=backend))
+    from ..evaluation import probes  # the linear probe (L2 chosen on a validation split when asked) + few-label probes
+
+    return _percent(
+        probes.linear_probes(
+            tr_f,
+            tr_y,
+            te_f,
+            te_y,
+            epochs=ev["linear_iterations"],
+            lr=ev["linear_lr"],
+            weight_decay=ev["linear_weight_decay"],
+            seed=cell["seed"],
+            optimizer=ev["linear_optimizer"],
+            batch_size=ev["linear_batch_size"],
+            tol=ev["linear_tol"],
+            weight_decays=ev.get("linear_weight_decays"),
+            val_fraction=ev.get("linear_val_fraction", 0.1),
+            fewshot_fractions=ev.get("fewshot_fractions") or (),
+            fewshot_draws=ev.get("fewshot_draws", 5),
+        )
+    )
+
+
+def check_features_cell(meta: dict, cell: dict, path: Path) -> None:
+    """A features file is the cell's own (id and hash in its meta), else one-line ValueError."""
+    if meta.get("cell_id") != cell["id"]:
+        raise ValueError(f"{path} holds the features of cell {meta.get('cell_id')!r}, not of {cell['id']!r}")
+    if "cell_hash" in meta and meta["cell_hash"] != cell["hash"]:
+        raise ValueError(
+            f"{path} holds features of another config of cell {cell['id']} "
+            f"(hash {meta['cell_hash']}, this config's is {cell['hash']})"
+        )
+
+
+def run_probe(
+    kind: str,
+    cell: dict,
+    features: Path,
+    out: Path | None,
+    *,
+    tracking_uri: str | None,
+    experiment: str,
+    knn_backend: str | None = None,
+) -> dict:
+    """kind = 'knn' | 'linear': evaluate the cell's frozen features file, write JSON (unless
+    ``out`` is None), log to the cell's run (once: a rerun does not log the same step again)."""
+    from ..evaluation import embed
+
+    if kind in ("linear",):
+        _threads(cell)
+    tr_f, tr_y, te_f, te_y, meta = embed.load_features(features)
+    check_features_cell(meta, cell, Path(features))
+    return _probe(kind, cell, (tr_f, tr_y, te_f, te_y), meta, out, tracking_uri, experiment, knn_backend)
+
+
+def _probe(
+    kind: str,
+    cell: dict,
+    feats,
+    meta: dict,
+    out: Path | None,
+    uri: str | None,
+    experiment: str,
+    knn_backend: str | None = None,
+) -> dict:
+    """One probe of features in memory: JSON result, MLflow metrics.  A kNN probe at chance
+    level marks the cell *collapsed* (:mod:`smallbatch.training.health`)."""
+    if meta.get("status") == "diverged":
+        result = {"status": "diverged", "cell_id": cell["id"]}
+        if out is not None:
+            write_json(out, result)
+        return result
+    t0, c0 = time.perf_counter(), time.process_time()
+    metrics = _eval_on_features(kind, cell, feats, knn_backend)
+    numeric = {f"{kind}/{k}": float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
+    numeric[f"{kind}/seconds"] = time.perf_counter() - t0
+    numeric[f"{kind}/cpu_s"] = time.process_time() - c0  # every thread's CPU time (the cost table)
+    status = _probe_status(kind, metrics, meta, feats[3], feats[1])
+    result = {"status": status, "cell_id": cell["id"], **numeric}
+    run = _log_probe(cell, uri, experiment, numeric, status) if uri else None
+    if out is not None:
+        write_json(out, result)  # only once logged: a failing store leaves no result file
+        if run is not None:
+            run.log_artifact(out)
+    return result
+
+
+def run_evaluate(
+    cell: dict,
+    checkpoint: Path,
+    out_dir: Path,
+    *,
+    tracking_uri: str | None,
+    experiment: str,
+    cache: Path | None = None,
+    device: str | None = None,
+    features: Path | None = None,
+) -> dict:
+    """Embed, kNN and linear probe of one cell in one process (the features stay in memory;
+    ``features``: also write them there).  Writes ``knn.json`` and ``linear.json`` in
+    ``out_dir``, as the separate steps do."""
+    from ..evaluation import embed
+    from .prepared import PROBES
+
+    _threads(cell)
+    ck, meta = _load_cell_checkpoint(cell, checkpoint)
+    t0 = time.perf_counter()
+    if ck.get("status") == "diverged":
+        feats, meta = None, {"status": "diverged", **meta}
+        if features is not None:
+            embed.save_status_features(features, meta)
+    else:
+        feats = _cell_features(cell, ck, cache, device)
+        meta = {"status": "finished", **meta}
+        if features is not None:
+            embed.save_features(features, *feats, meta)
+    seconds = time.perf_counter() - t0
+    return {
+        "embed_seconds": seconds,
+        **{
+            kind: _probe(kind, cell, feats, meta, Path(out_dir) / f"{kind}.json", tracking_uri, experiment)
+            for kind in PROBES
+        },
+    }
+
+
+def _probe_status(kind: str, metrics: dict, meta: dict, te_y, tr_y) -> str:
+    from ..training import health
+
+    if meta.get("pretrain_status") == "collapsed":
+        return "collapsed"
+    n_classes = int(max(te_y.max(), tr_y.max())) + 1
+    if kind == "knn" and health.at_chance(metrics["top1"], len(te_y), n_classes):
+        return "collapsed"
+    return "finished"
+
+
+def _log_probe(cell: dict, uri: str, experiment: str, numeric: dict, status: str):
+    """The probe's metrics, once; returns the run (its result file is logged as an artifact)."""
+    from .. import tracking
+
+    run = tracking.find_cell_run(uri, experiment, cell)
+    run.skip_logged_steps(sorted(numeric))  # a rerun of the probe logs nothing twice
+    run.log(numeric, 0)
+    run.flush()
+    if status == "collapsed":
+        run.set_status("collapsed")
+    _maybe_finish(run)
+    return run
+
+
+def _maybe_finish(run) -> None:
+    """Mark the run finished once pretraining succeeded, both probes are logged and
+    nothing marked the cell collapsed."""
+    from .. import tracking
+
+    m, tags = run.metrics(), run.tags()
+    if (
+        "knn/top1" in m
+        and "linear/top1" in m
+        and tags.get(tracking.TAG_PRETRAIN) == "finished"
+        and tags.get(tracking.TAG_STATUS) not in tracking.BAD_STATUSES
+    ):
+        run.set_status("finished")
+
+
+# --------------------------------------------------------------------------- baselines
+def run_baseline(
+    cell: dict,
+    out: Path,
+    *,
+    tracking_uri: str | None,
+    experiment: str,
+    cache: Path | None = None,
+    device: str | None = None,
+) -> dict:
+    """Raw pixels or a random-init encoder, evaluated by the same kNN and linear probe."""
+    from ..evaluation import embed
+    from ..training import loop as train
+
+    _threads(cell)
+    d = load_cell_data(cell, cache)
+    if cell["baseline"] == "raw_pixels":
+        tr_f, te_f = embed.raw_pixel_features(d.train_x), embed.raw_pixel_features(d.test_x)
+    elif cell["baseline"] == "random_init":
+        import torch
+
+        torch.manual_seed(cell["seed"])
+        model = train.build_model(cell, d.train_x.shape[1], d.train_x.shape[-1])
+        dev = train.resolve_device(device or cell["device"])
+        bb = model.backbone.to(dev)
+        tr_f = embed.embed(bb, d.train_x, d.mean, d.std, device=dev)
+        te_f = embed.embed(bb, d.test_x, d.mean, d.std, device=dev)
+    elif cell["baseline"] == "supervised":  # the upper bound: the same backbone trained with labels
+        from ..evaluation.supervised import train_supervised
+
+        dev = train.resolve_device(device or cell["device"])
+        bb = train_supervised(cell, d.train_x, d.train_y, d.num_classes, d.mean, d.std, dev)
+        tr_f = embed.embed(bb, d.train_x, d.mean, d.std, device=dev)
+        te_f = embed.embed(bb, d.test_x, d.mean, d.std, device=dev)
+    else:
+        raise ValueError(f"baseline must be raw_pixels, random_init or supervised, not {cell['baseline']!r}")
+    feats = (tr_f, d.train_y.numpy(), te_f, d.test_y.numpy())
+    numeric, run = {}, None
+    for kind in ("knn", "linear"):
+        m = _eval_on_features(kind, cell, feats)
+        numeric.update({f"{kind}/{k}": float(v) for k, v in m.items() if isinstance(v, (int, float))})
+    if tracking_uri:
+        from .. import tracking
+
+        params = {
+            "dataset": cell["dataset"],
+            "baseline": cell["baseline"],
+            "seed": str(cell["seed"]),
+            "image_size": str(d.train_x.shape[-1]),
+            "backbone": cell["train"]["backbone"],
+        }
+        run = tracking.open_cell_run(tracking_uri, experiment, cell, kind="baseline", params=params)
+        run.log(numeric, 0)
+        run.set_status("finished")
+    result = {"status": "finished", "cell_id": cell["id"], **numeric}
+    write_json(out, result)
+    if run is not None:
+        run.log_artifact(out)
+    print(json.dumps(result), file=sys.stderr)
+    return result

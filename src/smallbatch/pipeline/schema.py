@@ -1,0 +1,68 @@
+"""The config schema: the YAML file shared by Snakemake and the CLI, completed with the loss
+registry's names and parameters.  Its own module so that the config checks
+(:mod:`smallbatch.pipeline.config`) and the cell expansion (:mod:`smallbatch.pipeline.cells`)
+both read it without importing each other."""
+
+from __future__ import annotations
+
+import copy
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+def schema_path() -> Path:
+    """Path of the JSON schema (YAML) shared by Snakemake and the CLI."""
+    here = Path(__file__).resolve()
+    # Source checkout (editable install): <repo>/src/smallbatch/pipeline/config.py
+    for parent in here.parents:
+        cand = parent / "workflow" / "schemas" / "config.schema.yaml"
+        if cand.is_file():
+            return cand
+    # Installed wheel: the schema is shipped as package data.
+    res = resources.files("smallbatch") / "resources" / "config.schema.yaml"
+    return Path(str(res))
+
+
+_SCHEMA_CACHE: dict[str, Any] = {}
+
+
+def load_schema() -> dict:
+    """The config schema: the YAML file plus the loss names and parameters of
+    ``smallbatch.losses.REGISTRY`` (filled into the keys marked ``x-loss-*``)."""
+    path = schema_path()
+    key = str(path)
+    if key not in _SCHEMA_CACHE:
+        with open(path) as fh:
+            _SCHEMA_CACHE[key] = _with_losses(yaml.safe_load(fh))
+    return copy.deepcopy(_SCHEMA_CACHE[key])
+
+
+def _with_losses(schema: dict) -> dict:
+    from ..losses import config_schema
+
+    parts = config_schema()
+    # a loss parameter may be infinite where its loss allows it (DCLW's sigma = inf is
+    # DCL); the loss's own check decides (_check_cells), not the finite-number rule
+    for node in [*parts["loss_params"].values(), *parts["entry_params"].values()]:
+        for sub in [*node.get("properties", {}).values(), *node.get("anyOf", [])]:
+            (sub.get("items") or sub)["x-loss-param"] = True
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if node.get("x-loss-names"):
+                node["enum"] = list(parts["names"])
+            if node.get("x-loss-params"):
+                node["properties"] = copy.deepcopy(parts["loss_params"])
+            if node.get("x-loss-entry"):
+                node["properties"].update(copy.deepcopy(parts["entry_params"]))
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(schema)
+    return schema

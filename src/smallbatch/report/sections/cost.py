@@ -1,0 +1,72 @@
+"""Section 'cost': wall and CPU seconds per run and per study section, from the store alone.
+
+A cell's wall seconds are its pretraining's (``train/wall_s``, over resumes) plus its probes'
+(``knn/seconds``, ``linear/seconds``); its CPU seconds the same steps' process CPU time
+(``train/cpu_s``, ``knn/cpu_s``, ``linear/cpu_s``: every thread of the process).  An MI row's
+wall seconds are ``mi/seconds``.  A run that logged none of them reads blank, never 0."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ..context import ReportContext, SectionOutput
+from ..runs import newest
+from ..tables import markdown_table
+
+#: (column, the metrics whose sum it is)
+PARTS = (
+    ("train_wall_s", ("train/wall_s",)),
+    ("train_cpu_s", ("train/cpu_s",)),
+    ("eval_wall_s", ("knn/seconds", "linear/seconds")),
+    ("eval_cpu_s", ("knn/cpu_s", "linear/cpu_s")),
+    ("other_wall_s", ("mi/seconds",)),
+)
+WALL, CPU = ("train_wall_s", "eval_wall_s", "other_wall_s"), ("train_cpu_s", "eval_cpu_s")
+
+
+def _sum(df: pd.DataFrame, cols) -> pd.Series:
+    """Row sums of the columns present, NaN where every one of them is missing."""
+    vals = pd.DataFrame({c: pd.to_numeric(df[c], errors="coerce") if c in df else np.nan for c in cols}, index=df.index)
+    return vals.sum(axis=1, min_count=1)
+
+
+def cost_per_run(runs: pd.DataFrame) -> pd.DataFrame:
+    """The newest run of each cell: its section, kind, batch size, status and seconds."""
+    d, _ = newest(runs)
+    out = d[["cell_id", "section", "kind", "batch_size", "status"]].copy()
+    for col, keys in PARTS:
+        out[col] = _sum(d, [f"metrics.{k}" for k in keys])
+    out["wall_s"], out["cpu_s"] = _sum(out, WALL), _sum(out, CPU)
+    return out.sort_values(["section", "kind", "cell_id"], kind="stable").reset_index(drop=True)
+
+
+def cost_per_section(per_run: pd.DataFrame) -> pd.DataFrame:
+    """Runs and summed seconds (and hours) per study section, and the whole study."""
+    cols = [c for c, _ in PARTS] + ["wall_s", "cpu_s"]
+    g = per_run.groupby("section", sort=True)
+    out = g[cols].sum(min_count=1).assign(runs=g.size()).reset_index()
+    total = per_run[cols].sum(min_count=1).to_frame().T.assign(section="study", runs=len(per_run))
+    out = pd.concat([out, total], ignore_index=True)
+    out["wall_h"], out["cpu_h"] = out["wall_s"] / 3600, out["cpu_s"] / 3600
+    return out[["section", "runs", *cols, "wall_h", "cpu_h"]]
+
+
+def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
+    per_run = cost_per_run(runs)
+    if per_run[["wall_s", "cpu_s"]].isna().all().all():
+        return None
+    per_section = cost_per_section(per_run)
+    out = SectionOutput("cost", "Cost: wall and CPU seconds", "")
+    note = (
+        "wall = pretraining (over resumes) + probes; CPU = the same steps' process CPU time, every thread; "
+        "blank: not logged"
+    )
+    runs_files = ctx.write_table("cost_runs", "Wall and CPU seconds per run", per_run, note=note)
+    files = ctx.write_table("cost_study", "Wall and CPU seconds per section and for the study", per_section, note=note)
+    out.files += runs_files + files
+    shown = per_section[["section", "runs", "wall_s", "cpu_s", "wall_h", "cpu_h"]]
+    out.markdown = (
+        f"Per section: {ctx.table_links(files)}; per run: {ctx.table_links(runs_files)}\n\n" + markdown_table(shown)
+    )
+    return out

@@ -1,0 +1,174 @@
+"""The two files pretraining writes, in one place: ``state.pt`` and ``checkpoint.pt``.
+
+* ``state.pt`` (``kind: "state"``) — everything a rerun needs to continue a cell and end
+  with the weights of an uninterrupted run: model, optimiser, negatives source (queue,
+  momentum encoder), grad scaler, temperature, step, wall time, and the MLflow run it
+  logs to.  Written atomically after every epoch and on SIGTERM, never after a
+  non-finite loss.
+* ``checkpoint.pt`` (``kind: "checkpoint"``) — the finished cell: the model, the cell it
+  belongs to (id, hash, settings), how training ended and what the probes need to embed.
+
+Both carry the cell's id and hash; :func:`load_checkpoint` refuses, in one line, a file
+of another cell, another config of the cell, or the other kind.
+
+Random numbers are not state: every random draw of a step comes from a generator
+seeded by (cell seed, stream, step or epoch) (:class:`StepRandom`), so a state saved
+on one device resumes on another — a state saved on CUDA resumes on a CPU-only
+machine (the random streams of the two device types differ, so the rest of that run
+differs from an uninterrupted CUDA run, as any cross-device run does).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..cell import Cell
+from ..errors import CheckpointError
+from ..io import save_torch
+
+STATE_VERSION = 2
+KINDS = ("state", "checkpoint")
+
+
+def load_checkpoint(
+    path: str | Path, map_location: Any = "cpu", *, cell: Cell | dict | None = None, kind: str | None = None
+) -> dict:
+    """Load a state or checkpoint file; one-line :class:`CheckpointError` if it is missing,
+    corrupt, not ours, of the other ``kind``, or (with ``cell``) of another cell or
+    another config of it."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    obj = _load_weights_only(path, map_location)
+    if not isinstance(obj, dict) or "model" not in obj:
+        raise CheckpointError(f"checkpoint {path} is not a smallbatch checkpoint (no 'model' entry)")
+    found = obj.get("kind", "state" if "step" in obj else "checkpoint")
+    if kind is not None and found != kind:
+        what = {
+            "state": "a training state (state.pt: training has not finished)",
+            "checkpoint": "a finished checkpoint",
+        }
+        raise CheckpointError(f"{path} is {what[found]}, not {what[kind]}")
+    if cell is not None:
+        check_cell(obj, cell, path)
+    return obj
+
+
+def _load_weights_only(path: Path, map_location: Any) -> Any:
+    """``torch.load`` with ``weights_only=True``: tensors, containers and plain values only
+    (every part of a state or checkpoint is one of these), so no file can run code when it is
+    read; anything else (a pickled object, a truncated zip) is a one-line CheckpointError."""
+    import pickle
+
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        blocked = [ln.strip() for ln in str(exc).splitlines() if "GLOBAL" in ln or "Unsupported" in ln]
+        what = f" ({blocked[0][:120]})" if blocked else ""
+        raise CheckpointError(
+            f"checkpoint {path} holds objects other than tensors and plain values{what}; "
+            "refused, as loading it could run code"
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - truncated zip, bad header, ...
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise CheckpointError(f"checkpoint {path} is corrupt or truncated ({first[:160]})") from None
+
+
+def check_cell(obj: dict, cell: Cell | dict, path: str | Path) -> None:
+    """The file's cell id and hash are the cell's (one-line CheckpointError otherwise)."""
+    cell = Cell.of(cell)
+    fid = obj.get("cell_id") or (obj.get("cell") or {}).get("id")
+    fhash = obj.get("cell_hash") or (obj.get("cell") or {}).get("hash")
+    if fid != cell.id:
+        raise CheckpointError(f"{path} belongs to cell {fid!r}, not to {cell.id!r}")
+    if fhash != cell.hash:
+        raise CheckpointError(
+            f"{path} belongs to another config of cell {cell.id} (hash {fhash}, this config's is {cell.hash})"
+        )
+
+
+def save_state(path: Path, cell: Cell | dict, **parts: Any) -> None:
+    """Write ``state.pt``: the cell's id/hash and ``parts`` (model, optimizer, ..., step)."""
+    cell = Cell.of(cell)
+    save_torch(path, {"kind": "state", "version": STATE_VERSION, "cell_id": cell.id, "cell_hash": cell.hash, **parts})
+
+
+def read_state(path: Path, cell: Cell | dict) -> dict | None:
+    """The cell's resumable state, or None (with the reason on stderr) when ``state.pt``
+    is absent, of another config of the cell, or of an older format; a corrupt file is a
+    CheckpointError naming it."""
+    cell = Cell.of(cell)
+    import sys
+
+    if not path.exists():
+        return None
+    st = _load_state(path)
+    if st.get("cell_hash") != cell.hash:
+        print(f"state {path} belongs to another config of this cell; starting afresh", file=sys.stderr)
+        return None
+    if st.get("version") != STATE_VERSION:
+        print(
+            f"state {path} was written by an older smallbatch (format {st.get('version')}); starting afresh",
+            file=sys.stderr,
+        )
+        return None
+    return st
+
+
+def _load_state(path: Path) -> dict:
+    """``state.pt``; its CheckpointError names ``--restart``, the way past an unreadable state."""
+    try:
+        return load_checkpoint(path)
+    except CheckpointError as exc:
+        raise CheckpointError(
+            f"{exc}; rerun with --restart to start the cell afresh (it overwrites state.pt), or delete the file"
+        ) from None
+
+
+def state_run_id(path: Path, cell: Cell | dict) -> str | None:
+    """The MLflow run id a resumable ``state.pt`` of this cell logs to (None if none)."""
+    cell = Cell.of(cell)
+    if not Path(path).exists():
+        return None
+    st = _load_state(path)
+    if st.get("cell_hash") != cell.hash or st.get("version") != STATE_VERSION:
+        return None
+    return st.get("run_id")
+
+
+def save_checkpoint(path: Path, cell: Cell | dict, **parts: Any) -> None:
+    """Write ``checkpoint.pt``: the finished cell (``parts``: model, status, steps, ...)."""
+    cell = Cell.of(cell)
+    save_torch(
+        path, {"kind": "checkpoint", "cell_id": cell.id, "cell_hash": cell.hash, "cell": cell.to_dict(), **parts}
+    )
+
+
+class StepRandom:
+    """Counter-based random streams: ``generator(stream, counter)`` is a generator on the
+    device seeded by (cell seed, stream, counter) — the same draws whenever the same step
+    is run, with no generator state to save (seeding is a host-side operation: no device
+    synchronisation)."""
+
+    STREAMS = {"permutation": 1, "augment": 2}
+
+    def __init__(self, seed: int, device: torch.device) -> None:
+        self.seed = int(seed)
+        self.gen = torch.Generator(device=device)
+
+    def generator(self, stream: str, counter: int) -> torch.Generator:
+        self.gen.manual_seed(_mix(self.seed, self.STREAMS[stream], int(counter)))
+        return self.gen
+
+
+def _mix(*values: int) -> int:
+    """A 63-bit hash of integers (splitmix64 steps): well-spread seeds for nearby inputs."""
+    h = 0x9E3779B97F4A7C15
+    for v in values:
+        h = (h ^ (v & 0xFFFFFFFFFFFFFFFF)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
+        h = (h ^ (h >> 27)) * 0x94D049BB133111EB & 0xFFFFFFFFFFFFFFFF
+        h ^= h >> 31
+    return h & 0x7FFFFFFFFFFFFFFF

@@ -1,0 +1,639 @@
+"""Contrastive pretraining of one cell, readable top to bottom.
+
+:func:`pretrain` builds the cell's parts (:func:`build_training`), resumes from
+``state.pt`` when it can (:func:`resume`), runs the loop (:func:`run_loop`) and writes
+``checkpoint.pt`` (:func:`finish`).  The parts live in their own modules:
+
+* the step — views, both views through the model, scores, temperature, loss, update:
+  :mod:`smallbatch.training.step` (one graph, compilable with ``train.compile``);
+* where negatives come from (in-batch, MoCo queue): :mod:`smallbatch.training.negatives`;
+* the temperature (fixed or ESS-scheduled): :mod:`smallbatch.training.temperature`;
+* optimisers and the learning-rate schedule: :mod:`smallbatch.training.optim`;
+* the state and checkpoint files, and the step's random streams: :mod:`smallbatch.training.checkpoint`;
+* the collapse criteria: :mod:`smallbatch.training.health`.
+
+The whole (small) data set sits on the device as one uint8 tensor; each epoch's
+permutation and each step's augmentation uniforms are drawn on the device from
+generators seeded by (seed, epoch/step), so nothing leaves the device between two
+logging steps: the non-finite check, the loss readout and the diagnostics happen every
+``train.log_every`` steps (and at epoch ends, before a state is saved).  A non-finite
+loss ends the cell as *diverged* within ``log_every`` steps, and no state is saved after
+it; a representation that collapsed without a NaN ends it as *collapsed*.
+
+Fault tolerance: the resumable state is written atomically at the end of every epoch
+and when SIGTERM arrives (SLURM preemption / time limit): one process stops after the
+step it is in; several stop together at the next step where they compare flags (a
+logging step or an epoch end: at most ``log_every`` steps on) whichever of them got the
+signal, rank 0 saves, and every process exits (143) once the state is written.  A rerun
+continues from it and ends with the same weights as an uninterrupted run (bitwise on the
+CPU; on a GPU with ``train.deterministic``).  ``checkpoint.pt`` is written only when training is complete.
+One process trains a cell at a time: the cell's folder is locked (:class:`io.CellLock`).
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from ..augment import AugmentConfig, BatchAugment, normalize
+from ..cell import Cell
+from ..diagnostics import diagnostics, embedding_grad_norm, grad_rel_error
+from ..errors import Preempted
+from ..io import CellLock, nullcontext_lock
+from ..losses import build_loss, in_batch_scores
+from ..models import ContrastiveModel, build_backbone
+from . import health
+from .checkpoint import StepRandom, load_checkpoint, read_state, save_checkpoint, save_state  # noqa: F401
+from .distributed import World, any_over_processes, data_parallel, gather, mean_over_processes, sync_batchnorm
+from .ghostbn import ghost_batchnorm
+from .negatives import InBatch, QueueNegatives, Scores
+from .optim import LARS, lr_at, make_optimizer, scaled_lr, set_lr  # noqa: F401  (public through train)
+from .step import PRECISIONS, TrainStep, configure_backends
+from .temperature import build_temperature
+
+
+@dataclass
+class TrainResult:
+    status: str  # finished | diverged | collapsed
+    steps: int
+    epochs: float
+    final_loss: float
+    wall_s: float
+    images_per_s: float
+    health: dict = field(default_factory=dict)
+    cpu_s: float = float("nan")  # CPU seconds of every process thread, over resumes (rank 0's)
+
+
+@dataclass
+class Hooks:
+    """How the caller watches a run: ``log_fn(metrics, step)``; ``before_save()`` runs
+    before every state save (the tracker flushes there, so the store never lags behind
+    ``state.pt``); ``meta`` is stored in the state (the MLflow run id);
+    ``stop_after_steps`` simulates a crash (tests); ``at_epoch_end(backbone, epoch)`` runs on
+    rank 0 at each epoch's end, before the state is saved, and returns metrics to log or None
+    (the kNN monitor, :mod:`smallbatch.evaluation.monitor`)."""
+
+    log_fn: Callable[[dict, int], None] | None = None
+    before_save: Callable[[], None] | None = None
+    meta: dict = field(default_factory=dict)
+    stop_after_steps: int | None = None
+    progress: bool = True
+    at_epoch_end: Callable[[torch.nn.Module, int], dict | None] | None = None
+
+
+@dataclass
+class Training:
+    """A cell's training: its parts, schedule and progress."""
+
+    cell: Cell
+    dev: torch.device
+    images: torch.Tensor
+    mean: list
+    std: list
+    step_fn: TrainStep
+    rng: StepRandom
+    world: World
+    out_dir: Path
+    total: int
+    steps_per_epoch: int
+    warmup: int
+    peak_lr: float
+    step: int = 0
+    wall_before: float = 0.0
+    cpu_before: float = 0.0  # CPU seconds spent before a resume (the state's)
+    cpu_start: float = 0.0  # time.process_time() when this process began to train
+    last_value: torch.Tensor | None = None
+    finite: torch.Tensor | None = None
+
+    @property
+    def state_path(self) -> Path:
+        return self.out_dir / "state.pt"
+
+
+# --------------------------------------------------------------------------- devices
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    if isinstance(device, torch.device):
+        return device
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was asked for but torch sees no CUDA device; use device: auto or cpu")
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be auto, cpu or cuda, not {device!r}")
+    return torch.device(device)
+
+
+def build_model(cell: Cell | dict, channels: int, image_size: int) -> ContrastiveModel:
+    """The network of a cell or of a baseline cell (random-init, supervised)."""
+    tr = Cell.train_of(cell)
+    backbone, feat_dim = build_backbone(tr.backbone, channels, image_size, width=tr.width, pool_grid=tr.pool_grid)
+    return ContrastiveModel(backbone, feat_dim, tr.proj_hidden, tr.proj_dim)
+
+
+# --------------------------------------------------------------------------- the cell
+def pretrain(
+    cell: Cell | dict,
+    images: torch.Tensor,
+    mean,
+    std,
+    out_dir: Path,
+    *,
+    log_fn: Callable[[dict, int], None] | None = None,
+    before_save: Callable[[], None] | None = None,
+    device: str | torch.device = "auto",
+    restart: bool = False,
+    progress: bool = True,
+    stop_after_steps: int | None = None,
+    meta: dict | None = None,
+    world: World | None = None,
+    labels: torch.Tensor | None = None,
+    at_epoch_end: Callable[[torch.nn.Module, int], dict | None] | None = None,
+) -> TrainResult:
+    """Pretrain the cell's encoder on ``images`` (uint8 N,C,H,W); write checkpoint.pt.
+    See :class:`Hooks` for ``log_fn``, ``before_save``, ``meta`` and ``stop_after_steps``;
+    ``restart`` ignores (and later overwrites) a saved state.  ``world``: this process's
+    place among ``train.devices`` data-parallel processes (default: one process; only
+    rank 0 locks, saves and logs — give the others no hooks).  ``labels``: the images'
+    labels, for ``train.mask_same_class`` only."""
+    cell = Cell.of(cell)
+    out_dir = Path(out_dir)
+    world = world or World(device=resolve_device(device))
+    dev = world.device
+    _validate(cell, images.shape[0], dev, world)
+    hooks = Hooks(
+        log_fn,
+        before_save,
+        dict(meta or {}),
+        stop_after_steps,
+        progress and world.is_main,
+        at_epoch_end if world.is_main else None,
+    )
+    with CellLock(out_dir, cell.id) if world.is_main else nullcontext_lock():
+        t = build_training(cell, images, mean, std, dev, out_dir, world, labels)
+        if not restart:
+            resume(t)
+        t_start, t.cpu_start = time.perf_counter(), time.process_time()
+        status = run_loop(t, hooks, t_start)
+        return finish(t, status, time.perf_counter() - t_start)
+
+
+def _validate(cell: Cell, n_images: int, dev: torch.device, world: World) -> None:
+    bs = cell.batch_size
+    devices = cell.train.devices
+    if world.size != devices:
+        raise ValueError(
+            f"cell {cell.id} has train.devices = {devices} but runs on {world.size} process(es); "
+            f"launch it with `torchrun --nproc-per-node {devices} -m smallbatch pretrain ...` "
+            "(the workflow does) or srun"
+        )
+    if bs % devices:
+        raise ValueError(f"batch_size {bs} is not a multiple of train.devices = {devices}")
+    if not isinstance(bs, int) or bs < 2:
+        raise ValueError(f"batch_size must be an integer >= 2 (a batch of 1 has no negatives), not {bs!r}")
+    if bs > n_images:
+        raise ValueError(f"batch_size {bs} exceeds the {n_images} pretraining images of {cell.dataset}")
+    tr = cell.train
+    if tr.precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, not {tr.precision!r}")
+    if tr.steps is None and not tr.epochs > 0:
+        raise ValueError(f"epochs must be > 0, not {tr.epochs!r}")
+    if tr.precision == "fp16" and dev.type != "cuda":
+        raise ValueError("precision fp16 needs CUDA (GradScaler); use bf16 or fp32 on the CPU")
+    problem = control_problem(cell)
+    if problem:
+        raise ValueError(f"cell {cell.id}: {problem}")
+
+
+def control_problem(cell: Cell | dict) -> str | None:
+    """One line naming what is wrong with a cell's control settings (``train.neg_group``,
+    ``bn_group``, ``mask_same_class``, a stateful loss such as SogCLR), or None."""
+    cell = Cell.of(cell)
+    tr, bs = cell.train, cell.batch_size
+    for key in ("neg_group", "bn_group"):
+        g = getattr(tr, key)
+        if g and bs % g:
+            return f"train.{key} = {g} does not divide batch_size {bs}; use a divisor of the batch size or null"
+        if g and tr.devices > 1:
+            return f"train.{key} runs on one process; set train.devices = 1 or {key}: null"
+    if tr.neg_group and tr.queue_size:
+        return "train.neg_group groups in-batch negatives; set queue_size: 0 or neg_group: null"
+    if tr.bn_group and tr.chunk_size and tr.bn_group != bs:
+        return (
+            "train.bn_group normalises over groups of images, train.chunk_size over the whole batch; "
+            "set one of them to null"
+        )
+    if tr.mask_same_class and tr.devices > 1:
+        return "train.mask_same_class runs on one process; set train.devices = 1"
+    if tr.devices > 1 and cell.loss == "sogclr":
+        return "SogCLR's per-image u runs on one process; set train.devices = 1"
+    return None
+
+
+def build_training(
+    cell: Cell | dict,
+    images: torch.Tensor,
+    mean,
+    std,
+    dev: torch.device,
+    out_dir: Path,
+    world: World | None = None,
+    labels: torch.Tensor | None = None,
+) -> Training:
+    """Every part of the cell's training, fresh (seeded by the cell's seed: the same on
+    every process).  ``labels`` (of ``images``) reach the negatives' mask only, and only
+    with ``train.mask_same_class``."""
+    cell = Cell.of(cell)
+    tr = cell.train
+    world = world or World(device=dev)
+    configure_backends(tr, dev)
+    torch.manual_seed(cell.seed)
+    n, c, h, _ = images.shape
+    bs = cell.batch_size
+    dtype = torch.float64 if tr.precision == "fp64" else torch.float32
+    views = 1 if tr.queue_size else 2  # what one forward stacks: both views, or MoCo's queries / keys
+    model = _network(cell, c, h, dev, dtype, world, views)
+    if tr.mask_same_class and labels is None:
+        raise ValueError(
+            f"cell {cell.id} has train.mask_same_class but its pretraining images have no labels "
+            f"({cell.dataset}'s pretraining split is unlabeled); set it to false"
+        )
+    mask_labels = labels.to(dev) if tr.mask_same_class else None
+    source = InBatch(world, full=bool(tr.ess_schedule) and world.size > 1, group=tr.neg_group, labels=mask_labels)
+    if tr.queue_size:
+        key_model = _network(cell, c, h, dev, dtype, world, views)
+        key_model.load_state_dict(model.state_dict())
+        source = QueueNegatives(
+            key_model, tr.queue_size, tr.proj_dim, tr.moco_momentum, dev, dtype, world, labels=mask_labels
+        )
+    spe = n // bs
+    total = int(tr.steps) if tr.steps else max(1, math.ceil(float(tr.epochs) * spe))
+    peak = scaled_lr(float(tr.lr), bs, tr.lr_scaling)
+    opt = make_optimizer(
+        model.parameters(), tr.optimizer, peak, tr.momentum, tr.weight_decay, dev, compiled=bool(tr.compile)
+    )
+    aug = BatchAugment(AugmentConfig(**cell.augment), image_size=h, channels=c, mean=mean, std=std)
+    loss_fn = build_loss(cell.loss, **cell.loss_params)
+    loss_fn.init_state(n, dev, dtype)  # SogCLR's u, one entry per image (stateless losses: nothing)
+    step_fn = TrainStep(
+        model,
+        aug,
+        source,
+        loss_fn,
+        build_temperature(cell, total, dev),
+        opt,
+        tr.precision,
+        dev,
+        net=data_parallel(model, world),
+        chunk_size=tr.chunk_size,
+    )
+    if tr.compile:  # DDP splits the graph at its gradient buckets: full graphs on one process only
+        step_fn.compile("reduce-overhead" if dev.type == "cuda" else None, fullgraph=world.size == 1)
+    return Training(
+        cell,
+        dev,
+        images.to(dev),
+        list(mean),
+        list(std),
+        step_fn,
+        StepRandom(cell.seed, dev),
+        world,
+        out_dir,
+        total,
+        spe,
+        int(round(float(tr.warmup_epochs) * spe)),
+        peak,
+    )
+
+
+def _network(cell: Cell, channels: int, size: int, dev: torch.device, dtype: torch.dtype, world: World, views: int = 2):
+    """The cell's model on the device; BatchNorm over every process's views (``sync_bn``),
+    or over groups of ``train.bn_group`` images of the ``views`` a forward stacks."""
+    model = build_model(cell, channels, size).to(dev, dtype=dtype)
+    if dtype != torch.float64:  # NHWC: cuDNN's and oneDNN's fast convolutions (CPU: ~1.2x per step)
+        model = model.to(memory_format=torch.channels_last)
+    group = cell.train.bn_group
+    if group and group != cell.batch_size:  # = the batch: plain BatchNorm, the same thing
+        ghost_batchnorm(model, group, views)
+    return sync_batchnorm(model, world, cell.train.sync_bn)
+
+
+# --------------------------------------------------------------------------- state
+def resume(t: Training) -> None:
+    """Continue from ``state.pt`` when it holds this config of the cell."""
+    st = read_state(t.state_path, t.cell)
+    if st is None:
+        return
+    s = t.step_fn
+    s.model.load_state_dict(st["model"])
+    s.opt.load_state_dict(st["optimizer"])
+    for g in s.opt.param_groups:  # the rate tensor comes back on the CPU: put it on the device again
+        g["lr"] = torch.as_tensor(g["lr"], dtype=torch.float32).to(t.dev)
+    s.source.load_state_dict(st)
+    s.load_state_dict(st)
+    s.temperature.load_state_dict(st["temperature"])
+    s.loss_fn.load_state_dict(st.get("loss", {}))  # SogCLR's u (a stateless loss: nothing)
+    t.step, t.wall_before = int(st["step"]), float(st["wall_s"])
+    t.cpu_before = float(st.get("cpu_s", 0.0))  # a state written before CPU time was kept: from 0
+    t.last_value = torch.tensor(float(st["last_loss"]), device=t.dev)
+    if t.world.is_main:
+        print(f"resuming {t.cell.id} from step {t.step}/{t.total} ({t.state_path})", file=sys.stderr)
+
+
+def save(t: Training, hooks: Hooks, elapsed: float) -> None:
+    """Write ``state.pt`` (rank 0: the state is the same on every process)."""
+    if not t.world.is_main:
+        return
+    if hooks.before_save is not None:
+        hooks.before_save()
+    s = t.step_fn
+    save_state(
+        t.state_path,
+        t.cell,
+        model=s.model.state_dict(),
+        optimizer=s.opt.state_dict(),
+        **s.source.state_dict(),
+        **s.state_dict(),
+        temperature=s.temperature.state_dict(),
+        loss=dict(s.loss_fn.state_dict()),
+        step=t.step,
+        last_loss=_last_loss(t),
+        wall_s=t.wall_before + elapsed,
+        cpu_s=_cpu_s(t),
+        saved_on=t.dev.type,
+        **hooks.meta,
+    )
+
+
+def _last_loss(t: Training) -> float:
+    return float(t.last_value) if t.last_value is not None else float("nan")
+
+
+# --------------------------------------------------------------------------- the loop
+def run_loop(t: Training, hooks: Hooks, t_start: float) -> str:
+    """Train until the budget is spent; return ``finished`` or ``diverged``."""
+    bar = _progress(t.total, t.step, t.cell.id, hooks.progress)
+    window = [time.perf_counter(), 0]  # start of the logging window, images in it
+    perm = None
+    try:
+        with _sigterm() as term:
+            stop = False  # agreed by every process: only at the steps where they all compare flags
+            while t.step < t.total:
+                pos = t.step % t.steps_per_epoch
+                if perm is None or pos == 0:
+                    gen = t.rng.generator("permutation", t.step // t.steps_per_epoch)
+                    perm = torch.randperm(t.images.shape[0], generator=gen, device=t.dev)
+                idx = perm[pos * t.cell.batch_size : (pos + 1) * t.cell.batch_size]
+                out, update = one_step(t, idx, watch=_log_due(t, t.step + 1) and hooks.log_fn is not None)
+                window[1] += t.cell.batch_size
+                if bar is not None:
+                    bar.update(1)
+                epoch_end = t.step % t.steps_per_epoch == 0
+                if _log_due(t, t.step) or epoch_end or (term["flag"] and t.world.size == 1):
+                    stop = any_over_processes(term["flag"], t.dev)  # every process stops at the same step
+                    if any_over_processes(not bool(t.finite), t.dev):
+                        _log_diverged(t, hooks)
+                        return "diverged"
+                    if hooks.log_fn is not None and _log_due(t, t.step):
+                        metrics = step_metrics(t, out, update, window)
+                        if t.world.is_main:
+                            hooks.log_fn(metrics, t.step)
+                        if bar is not None:
+                            bar.set_postfix(epoch=f"{t.step / t.steps_per_epoch:.2f}", loss=f"{_last_loss(t):.4f}")
+                if epoch_end and hooks.at_epoch_end is not None:
+                    _at_epoch_end(t, hooks)
+                if epoch_end or stop:
+                    save(t, hooks, time.perf_counter() - t_start)
+                if stop:
+                    raise _preempted(t, term["flag"])
+                if hooks.stop_after_steps is not None and t.step >= hooks.stop_after_steps:
+                    raise KeyboardInterrupt(f"simulated crash after {t.step} steps")
+    finally:
+        if bar is not None:
+            bar.close()
+    return "finished"
+
+
+def _at_epoch_end(t: Training, hooks: Hooks) -> None:
+    """Rank 0's epoch-end hook (the kNN monitor); its metrics logged at this step."""
+    m = hooks.at_epoch_end(t.step_fn.model.backbone, t.step // t.steps_per_epoch)
+    if m and hooks.log_fn is not None:
+        hooks.log_fn(m, t.step)
+
+
+def _preempted(t: Training, signalled: bool) -> Preempted:
+    """After the agreed step's save: every process waits until rank 0 has written the state
+    (a launcher ends the others when the first one exits), then each says what it did."""
+    t.world.barrier()
+    who = "SIGTERM received" if signalled else "SIGTERM received by another process"
+    if t.world.is_main:
+        return Preempted(f"{who}: {t.cell.id} saved its state at step {t.step} to {t.state_path}")
+    return Preempted(
+        f"{who}: rank {t.world.rank} of {t.cell.id} stopped at step {t.step} with every process "
+        f"(rank 0 saved the state there)"
+    )
+
+
+def _log_due(t: Training, step: int) -> bool:
+    """Metrics are logged every ``log_every`` steps and at the last step (the finite check
+    also runs at epoch ends, before a state is saved)."""
+    return step % t.cell.train.log_every == 0 or step == t.total
+
+
+def one_step(t: Training, idx: torch.Tensor, watch: bool):
+    """One update of the global batch ``idx`` (this process takes its share of the images
+    and of the augmentation uniforms, drawn for the whole batch on every process); with
+    ``watch`` also the parameter change (for the update-size diagnostic)."""
+    s = t.step_fn
+    bs = idx.shape[0]
+    u = s.aug.draw(2 * bs, t.rng.generator("augment", t.step))
+    if t.world.size > 1:
+        share = t.world.share(bs)
+        idx, u = idx[share], torch.cat([u[:bs][share], u[bs:][share]])
+    lr = lr_at(t.step, t.total, t.warmup, t.peak_lr)
+    set_lr(s.opt, lr)
+    s.temperature.begin_step(t.step)
+    before = [p.detach().clone() for p in s.model.parameters()] if watch else None
+    out = s.run(t.images[idx], u, idx)
+    s.source.after_step(s.model, out.z2, idx)
+    ok = torch.isfinite(out.loss) & torch.isfinite(out.value)
+    t.finite = ok if t.finite is None else t.finite & ok
+    t.last_value = out.value.clone()
+    t.step += 1
+    update = None
+    if before is not None:
+        delta = torch._foreach_sub([p.detach() for p in s.model.parameters()], before)
+        update = (torch.stack(torch._foreach_norm(delta)).double().pow(2).sum().sqrt(), lr)
+    return out, update
+
+
+def _log_diverged(t: Training, hooks: Hooks) -> None:
+    t.last_value = torch.tensor(float("nan"))
+    if not t.world.is_main:
+        return
+    if hooks.log_fn is not None:
+        hooks.log_fn({"train/loss": float("nan"), "train/diverged": 1.0}, t.step)
+    print(f"{t.cell.id}: non-finite loss by step {t.step}: cell recorded as diverged", file=sys.stderr)
+
+
+@contextmanager
+def _sigterm():
+    """A flag set by SIGTERM (SLURM's preemption / time-limit signal) while the loop runs."""
+    term = {"flag": False}
+    main = threading.current_thread() is threading.main_thread()
+    old = signal.signal(signal.SIGTERM, lambda *_: term.update(flag=True)) if main else None
+    try:
+        yield term
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
+
+
+# --------------------------------------------------------------------------- what is logged
+def step_metrics(t: Training, out, update, window: list) -> dict:
+    """The metrics of a logging step: loss, lr, τ, speed, the scores' diagnostics, the
+    gradient-scale mechanism (DCL) and, every ``grad_error_every`` steps, the rounding
+    error of the loss gradient (FlatNCE)."""
+    s, tr = t.step_fn, t.cell.train
+    loss, infonce = float(mean_over_processes(t.last_value)), float(mean_over_processes(out.infonce))
+    out = whole_batch(t, out)  # collectives: every process takes part, rank 0 reports
+    if not t.world.is_main:
+        return {}
+    now = time.perf_counter()
+    tau = float(out.tau)
+    m = {
+        "train/loss": loss,
+        "train/infonce": infonce,
+        "train/tau": tau,
+        "train/lr": lr_at(t.step - 1, t.total, t.warmup, t.peak_lr),
+        "train/images_per_s": window[1] / max(now - window[0], 1e-9),
+        "epoch": t.step / t.steps_per_epoch,
+        # the x-axis that compares batch sizes (the step is the optimiser's: 16x more at batch 16 than 256)
+        "train/images_seen": float(t.step * t.cell.batch_size),
+    }
+    window[0], window[1] = now, 0
+    sc = out.scores
+    m.update(
+        {f"diag/{k}": v for k, v in diagnostics(sc.pos, sc.neg, tau, neg_mask=sc.mask, z1=out.z1, z2=out.z2).items()}
+    )
+    m.update(mechanism_metrics(t, out, update))
+    target = s.temperature.target(t.step - 1)
+    if target is not None:
+        m["diag/ess_target"] = target
+    if s.scaler is not None:
+        m["train/fp16_skipped_steps"] = float(s.skipped_steps)
+    every = tr.grad_error_every
+    if every and t.step % every == 0 and s.source.kind == "in_batch":
+        m["diag/grad_rel_err"] = grad_rel_error(s.loss_fn, out.z1, out.z2, torch.float32, tau)
+        m["diag/grad_rel_err_bf16"] = grad_rel_error(s.loss_fn, out.z1, out.z2, torch.bfloat16, tau)
+    return m
+
+
+def whole_batch(t: Training, out):
+    """With several processes, the step's embeddings of the whole batch (gathered) and,
+    for in-batch negatives, the whole batch's scores, for the diagnostics (no gradient)."""
+    if t.world.size == 1:
+        return out
+    z1, z2 = gather(out.z1), gather(out.z2)
+    if t.step_fn.source.kind != "in_batch":
+        return out._replace(z1=z1, z2=z2)
+    return out._replace(z1=z1, z2=z2, scores=Scores(*in_batch_scores(z1, z2)))
+
+
+def mechanism_metrics(t: Training, out, update) -> dict:
+    """DCL's mechanism measured on the step's own embeddings: the norm of the gradient of
+    the cell's loss, of InfoNCE and of DCL w.r.t. the embeddings (no backward through the
+    network), their ratio (to compare with ``diag/qb_mean``), and the size of the update
+    per unit of learning rate ``||Δθ|| / lr`` (Adam normalises a global gradient scale
+    away, SGD/LARS do not).  Measured for in-batch negatives."""
+    s = t.step_fn
+    if s.source.kind != "in_batch":  # a queue's negatives have moved on since the step: not measured
+        return {}
+    norms = {}
+    for name, fn in (("", s.loss_fn), ("_infonce", build_loss("infonce")), ("_dcl", build_loss("dcl"))):
+        norms[name] = float(embedding_grad_norm(fn, out.z1, out.z2, s.source.rescore, temperature=out.tau))
+    m = {f"diag/grad_norm{k}": v for k, v in norms.items()}
+    m["diag/grad_ratio_infonce_dcl"] = norms["_infonce"] / norms["_dcl"] if norms["_dcl"] > 0 else float("nan")
+    if update is not None:
+        delta, lr = update
+        m["diag/update_per_lr"] = float(delta) / lr if lr > 0 else float("nan")
+    return m
+
+
+# --------------------------------------------------------------------------- the end
+def finish(t: Training, status: str, elapsed: float) -> TrainResult:
+    """Check the representation (collapse), write ``checkpoint.pt``, return the result."""
+    s = t.step_fn
+    wall = t.wall_before + elapsed
+    if t.last_value is not None:
+        t.last_value = mean_over_processes(t.last_value)
+    h = {}
+    if status == "finished" and t.world.is_main:
+        views = normalize(t.images[: health.SAMPLE], t.mean, t.std)
+        h = health.embedding_health(s.model, views.to(next(s.model.parameters()).dtype))
+        if health.collapsed_embeddings(h):
+            status = "collapsed"
+            print(
+                f"{t.cell.id}: embeddings collapsed (effective rank {h['effective_rank']:.2f}, "
+                f"projection std {h['projection_std']:.2e}): cell recorded as collapsed",
+                file=sys.stderr,
+            )
+    final = _last_loss(t) if status != "diverged" else float("nan")
+    cpu = _cpu_s(t)
+    c, size = t.images.shape[1], t.images.shape[-1]
+    if t.world.is_main:
+        save_checkpoint(
+            t.out_dir / "checkpoint.pt",
+            t.cell,
+            model=s.model.state_dict(),
+            status=status,
+            steps=t.step,
+            epochs=t.step / t.steps_per_epoch,
+            final_loss=final,
+            wall_s=wall,
+            channels=c,
+            image_size=size,
+            mean=t.mean,
+            std=t.std,
+            health=h,
+        )
+    return TrainResult(
+        status=status,
+        steps=t.step,
+        epochs=t.step / t.steps_per_epoch,
+        final_loss=final,
+        wall_s=wall,
+        images_per_s=t.step * t.cell.batch_size / max(wall, 1e-9),
+        health=h,
+        cpu_s=cpu,
+    )
+
+
+def _cpu_s(t: Training) -> float:
+    """CPU seconds of this cell's training so far (this process's threads, and the runs it resumed)."""
+    return t.cpu_before + time.process_time() - t.cpu_start
+
+
+def _progress(total: int, initial: int, desc: str, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    tty = sys.stderr.isatty()
+    return tqdm(
+        total=total,
+        initial=initial,
+        desc=desc,
+        unit="step",
+        dynamic_ncols=True,
+        mininterval=0.5 if tty else 15.0,
+        file=sys.stderr,
+    )

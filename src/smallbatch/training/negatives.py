@@ -1,0 +1,295 @@
+"""Where a step's negatives come from: in the batch, or from a MoCo-style queue.
+
+A *negatives source* owns how a step's two views become embeddings and scores:
+
+* ``embed(model, v1, v2) -> (z1, z2)`` — in-batch: both views in one forward pass
+  (BatchNorm sees the 2N views, as in SimCLR); queue: queries through the model, keys
+  through the momentum encoder without gradient.
+* ``scores(z1, z2, idx) -> Scores`` — computed ONCE per step; the loss and the
+  diagnostics read the same scores (``Scores.pos``, ``neg``, ``mask``, ``batch_pos``).
+* ``after_step(model, z2, idx)`` — after the optimiser step: the momentum encoder's EMA
+  and the enqueue of this step's keys (nothing for in-batch negatives).
+* ``state_dict()`` / ``load_state_dict()`` — what a resumed run needs (queue, encoder).
+
+Two controls restrict the negatives, from shapes and labels only (no host read, so the
+step stays one graph):
+
+* ``group`` (``train.neg_group``): an anchor's negatives are the other views of its group
+  of G images (images ``[gG, (g+1)G)`` of the batch): block-diagonal negatives, K = 2G-2,
+  scored block by block (:func:`smallbatch.losses.grouped_in_batch_scores`, no mask);
+* ``labels`` (``train.mask_same_class``): negatives of the anchor's own class are masked
+  (an oracle for false negatives; the labels serve the mask and nothing else).
+
+The loss never knows where its negatives came from: it gets ``Scores``.  With several
+processes (``smallbatch.training.distributed.World``) the in-batch negatives are every process's
+views, gathered with their gradient, and the queue is fed every process's keys, so the
+queue and K are global and identical everywhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..losses import (
+    batch_positives,
+    grouped_in_batch_scores,
+    grouped_rows,
+    in_batch_columns,
+    in_batch_scores,
+    queue_scores,
+)
+from .distributed import World, gather, gather_with_grad
+
+
+class Scores(NamedTuple):
+    """One step's scores: ``pos (B,)``, ``neg (B, K)``, ``mask (B, K)`` or None (True =
+    a valid negative); with several processes, ``batch_pos`` — the whole batch's
+    positives when ``pos`` holds only this process's anchors — and ``tau_neg`` — the whole
+    batch's negatives, from which an ESS-scheduled τ is chosen identically everywhere
+    (None: ``neg``) — and ``index``, the dataset index of every anchor's image as ``(V, N)``
+    (anchor ``v N + i`` is a view of image ``index[v, i]``; a loss with per-image state,
+    SogCLR, reads it; None with several processes)."""
+
+    pos: Tensor
+    neg: Tensor
+    mask: Tensor | None
+    batch_pos: Tensor | None = None
+    tau_neg: Tensor | None = None
+    index: Tensor | None = None
+
+    def detached(self) -> "Scores":
+        return Scores(*(None if t is None else t.detach() for t in self))
+
+
+def _gathered_in_batch(z1: Tensor, z2: Tensor, world: World, full: bool) -> Scores:
+    """This process's anchors against every process's views (``smallbatch.training.distributed``:
+    the gather's backward returns each embedding's gradient to the process that made it)."""
+    z1a, z2a = gather_with_grad(z1), gather_with_grad(z2)
+    pos, neg, mask = in_batch_scores(z1a, z2a, rows=world.anchor_rows(z1.shape[0], z1.device))
+    tau_neg = in_batch_scores(z1a.detach(), z2a.detach())[1] if full else None
+    return Scores(pos, neg, mask, batch_positives(z1a, z2a), tau_neg)
+
+
+def in_batch_mask(n: int, labels: Tensor, group: int | None = None) -> Tensor:
+    """The valid in-batch negatives (True) of a batch of ``n`` images whose labels are
+    ``labels (n,)``: those of another class than the anchor's, for the scores
+    :func:`smallbatch.losses.in_batch_scores` (``group`` None) or
+    :func:`~smallbatch.losses.grouped_in_batch_scores` lay out: ``(2n, 2G-2)``.  An anchor
+    whose every negative shares its class (all 2G-2: odds 10^-15 at G = 16 and 10 balanced
+    classes) has none left: the losses without the positive in their denominator (DCL,
+    FlatNCE, SogCLR) are then infinite and the cell ends as diverged."""
+    g = group or n
+    if g < 2 or n % g:
+        raise ValueError(f"the negatives' group of {g} images must be >= 2 and divide the batch of {n} images")
+    rows = torch.arange(2 * g, device=labels.device)
+    cols = in_batch_columns(rows, g) % g  # each negative's image within its group
+    lab = labels.reshape(n // g, g)
+    return grouped_rows(lab[:, rows % g][:, :, None] != lab[:, cols])
+
+
+class InBatch:
+    """SimCLR's negatives: the 2N-2 other views of the (global) batch (K = 2N-2).  With
+    several processes each computes the loss of its own anchors against all 2N views
+    (``full``: also the whole batch's negatives, for an ESS-scheduled τ).  ``group``
+    (one process): negatives within groups of that many images; ``labels`` (one process,
+    every training image's label): same-class negatives masked."""
+
+    kind = "in_batch"
+
+    def __init__(
+        self, world: World | None = None, full: bool = False, group: int | None = None, labels: Tensor | None = None
+    ) -> None:
+        self.world = world or World()
+        self.full = full
+        self.group, self.labels = group or None, labels
+        if self.world.size > 1 and (self.group or labels is not None):
+            raise ValueError("grouped or same-class-masked negatives run on one process (train.devices = 1)")
+
+    def embed(self, model: torch.nn.Module, v1: Tensor, v2: Tensor) -> tuple[Tensor, Tensor]:
+        z = model(torch.cat([v1, v2]))
+        return z[: v1.shape[0]], z[v1.shape[0] :]
+
+    def scores(self, z1: Tensor, z2: Tensor, idx: Tensor) -> Scores:
+        if self.world.size > 1:
+            return _gathered_in_batch(z1, z2, self.world, self.full)
+        if self.group:
+            pos, neg, _ = grouped_in_batch_scores(z1, z2, self.group)
+        else:
+            pos, neg, _ = in_batch_scores(z1, z2)
+        mask = None if self.labels is None else in_batch_mask(z1.shape[0], self.labels[idx], self.group)
+        return Scores(pos, neg, mask, index=torch.stack([idx, idx]))
+
+    def rescore(self, z1: Tensor, z2: Tensor) -> tuple[Tensor, Tensor, None]:
+        """Scores of embeddings for a diagnostic that re-scores them (the gradient norms):
+        grouped as the step's are, without the oracle mask (it needs the batch's images)."""
+        return grouped_in_batch_scores(z1, z2, self.group) if self.group else in_batch_scores(z1, z2)
+
+    def after_step(self, model: torch.nn.Module, z2: Tensor, idx: Tensor) -> None:
+        pass
+
+    def state_dict(self) -> dict:
+        return {"key_model": None, "queue": None}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+class QueueNegatives:
+    """MoCo's negatives (He et al. 2020): a FIFO queue of ``size`` keys from a momentum
+    encoder (K = the queue's length); an anchor's own older keys are masked.  Until the
+    first keys are queued (the first step) the step uses in-batch negatives."""
+
+    kind = "queue"
+
+    def __init__(
+        self,
+        key_model: torch.nn.Module,
+        size: int,
+        dim: int,
+        momentum: float,
+        device: torch.device,
+        dtype: torch.dtype,
+        world: World | None = None,
+        labels: Tensor | None = None,
+    ) -> None:
+        self.world = world or World()
+        self.labels = labels  # every training image's label: same-class keys masked (one process)
+        if self.world.size > 1 and labels is not None:
+            raise ValueError("same-class-masked negatives run on one process (train.devices = 1)")
+        self.key_model = key_model
+        for p in key_model.parameters():
+            p.requires_grad_(False)
+        self.queue = MomentumQueue(size, dim, device=device, dtype=dtype)
+        self.momentum = float(momentum)
+
+    def embed(self, model: torch.nn.Module, v1: Tensor, v2: Tensor) -> tuple[Tensor, Tensor]:
+        z1 = model(v1)
+        with torch.no_grad():
+            z2 = self.key_model(v2)
+        return z1, z2
+
+    def scores(self, z1: Tensor, z2: Tensor, idx: Tensor) -> Scores:
+        if len(self.queue) == 0:
+            if self.world.size > 1:
+                return _gathered_in_batch(z1, z2.detach(), self.world, False)
+            pos, neg, _ = in_batch_scores(z1, z2.detach())
+            mask = None if self.labels is None else in_batch_mask(z1.shape[0], self.labels[idx])
+            return Scores(pos, neg, mask, index=torch.stack([idx, idx]))
+        keys, key_idx = self.queue.negatives()
+        pos, neg, mask = queue_scores(z1, z2.detach(), keys, idx, key_idx)
+        if self.world.size > 1:  # DCLW's weights: every process's queries' positives
+            return Scores(pos, neg, mask, gather(pos), None)
+        if self.labels is not None:
+            mask = mask & (self.labels[idx][:, None] != self.labels[key_idx][None, :])
+        return Scores(pos, neg, mask, index=idx[None])
+
+    @torch.no_grad()
+    def after_step(self, model: torch.nn.Module, z2: Tensor, idx: Tensor) -> None:
+        """EMA of the query encoder into the key encoder (buffers copied), then enqueue."""
+        mom = self.momentum
+        keys_p, query_p = list(self.key_model.parameters()), [p.detach() for p in model.parameters()]
+        torch._foreach_mul_(keys_p, mom)
+        torch._foreach_add_(keys_p, query_p, alpha=1 - mom)
+        for bk, bq in zip(self.key_model.buffers(), model.buffers()):
+            bk.copy_(bq)
+        keys = F.normalize(z2.detach().to(self.queue.keys.dtype), dim=1)
+        self.queue.enqueue(gather(keys), gather(idx))  # every process's keys, in rank order
+
+    def state_dict(self) -> dict:
+        return {"key_model": self.key_model.state_dict(), "queue": self.queue.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.key_model.load_state_dict(state["key_model"])
+        self.queue.load_state_dict(state["queue"])
+
+
+# --------------------------------------------------------------------------- queue
+class MomentumQueue:
+    """MoCo-style FIFO queue of momentum-encoder keys and their dataset indices (He et al. 2020).
+
+    Keys are stored detached and L2-normalised, in the queue's dtype/device;
+    each key keeps the dataset index of the image it came from, so that
+    :func:`queue_scores` can mask an anchor's own old keys.  ``enqueue``
+    overwrites the oldest slots; ``negatives()`` returns the filled slots
+    (slot order; losses do not depend on order).  K = ``len(queue)``.
+
+    CIFAR pitfall: a queue longer than the data set (e.g. 65,536 keys with
+    CIFAR-10's 50,000 images, or any queue spanning more than one epoch) holds
+    old keys of the *same* image as the current anchor; unmasked they act as
+    "negatives" that are really positives, pushing an image away from itself.
+    We mask every queued key whose dataset index equals the anchor's index, so
+    K varies per anchor (EqCo's alpha/K then uses each row's own K).
+    """
+
+    def __init__(self, size: int, dim: int, device: Any = None, dtype: torch.dtype = torch.float32) -> None:
+        if int(size) < 1:
+            raise ValueError(f"size must be >= 1, got {size!r}")
+        if int(dim) < 1:
+            raise ValueError(f"dim must be >= 1, got {dim!r}")
+        if not dtype.is_floating_point:
+            raise ValueError(f"dtype must be a floating point dtype, got {dtype}")
+        self.size = int(size)
+        self.dim = int(dim)
+        self.keys = torch.zeros(self.size, self.dim, device=device, dtype=dtype)
+        self.indices = torch.full((self.size,), -1, device=device, dtype=torch.long)
+        self.ptr = 0
+        self.count = 0
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __repr__(self) -> str:
+        return f"MomentumQueue(size={self.size}, dim={self.dim}, filled={self.count}, dtype={self.keys.dtype})"
+
+    @torch.no_grad()
+    def enqueue(self, keys: Tensor, indices: Tensor) -> None:
+        """Append ``keys (B, D)`` with dataset ``indices (B,)``, dropping the oldest."""
+        if not isinstance(keys, Tensor) or keys.dim() != 2 or keys.shape[1] != self.dim:
+            raise ValueError(f"keys must have shape (B, {self.dim}), got {getattr(keys, 'shape', type(keys))}")
+        indices = torch.as_tensor(indices).reshape(-1)
+        if indices.shape[0] != keys.shape[0]:
+            raise ValueError(f"indices must have one entry per key ({keys.shape[0]}), got {indices.shape[0]}")
+        keys = F.normalize(keys.detach().to(self.keys.device, self.keys.dtype), dim=1)
+        indices = indices.to(self.indices.device, torch.long)
+        if keys.shape[0] > self.size:  # only the newest `size` keys survive
+            keys, indices = keys[-self.size :], indices[-self.size :]
+        b = keys.shape[0]
+        slots = (self.ptr + torch.arange(b, device=self.keys.device)) % self.size
+        self.keys[slots] = keys
+        self.indices[slots] = indices
+        self.ptr = (self.ptr + b) % self.size
+        self.count = min(self.size, self.count + b)
+
+    def negatives(self) -> tuple[Tensor, Tensor]:
+        """``(keys (M, D), indices (M,))`` of the filled slots, M = len(self)."""
+        if self.count == self.size:
+            return self.keys, self.indices
+        return self.keys[: self.count], self.indices[: self.count]
+
+    def to(self, device: Any) -> "MomentumQueue":
+        self.keys = self.keys.to(device)
+        self.indices = self.indices.to(device)
+        return self
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume (for checkpoints)."""
+        return {
+            "size": self.size,
+            "dim": self.dim,
+            "keys": self.keys.clone(),
+            "indices": self.indices.clone(),
+            "ptr": self.ptr,
+            "count": self.count,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if int(state["size"]) != self.size or int(state["dim"]) != self.dim:
+            raise ValueError(f"state has size/dim {state['size']}/{state['dim']}, queue has {self.size}/{self.dim}")
+        self.keys = state["keys"].to(self.keys.device, self.keys.dtype).clone()
+        self.indices = state["indices"].to(self.indices.device).clone()
+        self.ptr = int(state["ptr"])
+        self.count = int(state["count"])

@@ -1,0 +1,148 @@
+"""smallbatch.evaluation.probes: the validated linear probe, few-label probes and gap fractions."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from smallbatch.evaluation import probes
+from smallbatch.evaluation.linear import fit_linear, linear_eval, linear_top1, standardise
+from smallbatch.synthetic import clustered_features
+
+DECAYS = [1e-3, 1e-1, 10.0]
+
+
+@pytest.fixture(scope="module")
+def feats():
+    return clustered_features(600, 300, 16, classes=5, noise=1.5, seed=3)
+
+
+def test_validation_split_is_stratified_disjoint_and_fixed():
+    y = np.repeat(np.arange(4), 50)
+    fit, val = probes.validation_split(y, 0.1, seed=0)
+    assert len(val) == 20 and np.bincount(y[val]).tolist() == [5] * 4
+    assert len(np.intersect1d(fit, val)) == 0 and len(fit) + len(val) == 200
+    assert np.array_equal(val, probes.validation_split(y, 0.1, seed=0)[1])
+    with pytest.raises(ValueError, match="val_fraction"):
+        probes.validation_split(y, 1.0)
+
+
+def test_balanced_subset_takes_the_same_share_of_each_class_from_the_given_rows():
+    y = np.repeat(np.arange(3), [100, 40, 4])
+    rows = np.arange(0, len(y), 2)  # 50, 20, 2 rows per class
+    picked = probes.balanced_subset(y, rows, 0.1, np.random.default_rng(0))
+    assert np.isin(picked, rows).all()
+    assert np.bincount(y[picked]).tolist() == [5, 2, 1]  # round(0.1 n_c), at least one
+
+
+def test_the_weight_decay_is_chosen_without_the_test_set_and_refitted_on_all_training_rows(feats):
+    tr, ytr, te, yte = feats
+    a = probes.linear_probes(tr, ytr, te, yte, weight_decays=DECAYS, epochs=30)
+    rng = np.random.default_rng(0)
+    b = probes.linear_probes(
+        tr, ytr, rng.standard_normal(te.shape).astype(np.float32), rng.permutation(yte), weight_decays=DECAYS, epochs=30
+    )
+    assert a["weight_decay"] == b["weight_decay"]  # other test rows, same choice
+    assert {k: v for k, v in a.items() if k.startswith("val_top1")} == {
+        k: v for k, v in b.items() if k.startswith("val_top1")
+    }
+    best = max(DECAYS, key=lambda wd: (a[f"val_top1_wd{wd:g}"], wd))
+    assert a["weight_decay"] == best and a["val_top1"] == a[f"val_top1_wd{best:g}"]
+    x, xte = standardise(tr, te)
+    refit = fit_linear(x, torch.from_numpy(ytr), 5, best, 30)
+    assert a["top1"] == pytest.approx(linear_top1(refit, xte, torch.from_numpy(yte)))
+
+
+def test_the_best_validation_score_wins():
+    # separable classes: the weakest penalty fits them; a huge one cannot
+    tr, ytr, te, yte = clustered_features(400, 100, 8, classes=4, noise=0.3, seed=1)
+    out = probes.linear_probes(tr * 0.05, ytr, te * 0.05, yte, weight_decays=[1e-4, 1e4], epochs=30)
+    assert out["weight_decay"] == 1e-4 and out["val_top1_wd0.0001"] > out["val_top1_wd10000"]
+
+
+def test_few_label_probes_report_mean_and_sd_of_their_draws(feats):
+    tr, ytr, te, yte = feats
+    out = probes.linear_probes(
+        tr, ytr, te, yte, weight_decays=DECAYS, fewshot_fractions=[0.05], fewshot_draws=3, epochs=30
+    )
+    x, xte = standardise(tr, te)
+    y, yt = torch.from_numpy(ytr), torch.from_numpy(yte)
+    fit_rows, val_rows = probes.validation_split(ytr, 0.1, 0)
+    tops = []
+    for draw in range(3):
+        rows = probes.balanced_subset(ytr, fit_rows, 0.05, np.random.default_rng([0, 50000, draw]))
+        assert not np.isin(rows, val_rows).any()
+        scores = {
+            wd: linear_top1(f, x[val_rows], y[val_rows])
+            for wd, f in ((wd, fit_linear(x[rows], y[rows], 5, wd, 30)) for wd in DECAYS)
+        }
+        best = max(scores, key=lambda wd: (scores[wd], wd))
+        tops.append(linear_top1(fit_linear(x[rows], y[rows], 5, best, 30), xte, yt))
+    assert out["labels5pct_top1_mean"] == pytest.approx(np.mean(tops))
+    assert out["labels5pct_top1_sd"] == pytest.approx(np.std(tops, ddof=1))
+    assert out["labels5pct_labels"] == len(rows)
+    again = probes.linear_probes(
+        tr, ytr, te, yte, weight_decays=DECAYS, fewshot_fractions=[0.05], fewshot_draws=3, epochs=30
+    )
+    assert again == out
+
+
+def test_without_a_decay_list_the_probe_is_the_plain_linear_eval(feats):
+    tr, ytr, te, yte = feats
+    assert probes.linear_probes(tr, ytr, te, yte, weight_decay=1e-2, epochs=20) == linear_eval(
+        tr, ytr, te, yte, weight_decay=1e-2, epochs=20
+    )
+    few = probes.linear_probes(tr, ytr, te, yte, weight_decay=1e-2, epochs=20, fewshot_fractions=[0.1], fewshot_draws=1)
+    assert few["labels10pct_weight_decay"] == 1e-2 and few["labels10pct_top1_sd"] == 0.0
+
+
+def test_validated_probes_refuse_another_solver(feats):
+    tr, ytr, te, yte = feats
+    with pytest.raises(ValueError, match="lbfgs-precond"):
+        probes.linear_probes(tr, ytr, te, yte, weight_decays=DECAYS, optimizer="adam")
+    with pytest.raises(ValueError, match="linear_lr 0.5"):
+        probes.linear_probes(tr, ytr, te, yte, fewshot_fractions=[0.1], lr=0.5)
+
+
+def test_fraction_tags():
+    assert [probes.fraction_tag(f) for f in (0.01, 0.1, 0.005, 1.0)] == [
+        "labels1pct",
+        "labels10pct",
+        "labels0.5pct",
+        "labels100pct",
+    ]
+
+
+def test_gap_fraction_places_a_value_between_random_init_and_supervised():
+    assert probes.gap_fraction(70.0, 60.0, 80.0) == pytest.approx(0.5)
+    assert probes.gap_fraction(80.0, 60.0, 80.0) == 1.0 and probes.gap_fraction(60.0, 60.0, 80.0) == 0.0
+    assert probes.gap_fraction(2.0, 0.0, 20.0) == pytest.approx(0.1)  # a difference of 2 points of a 20-point range
+    assert math.isnan(probes.gap_fraction(70.0, 80.0, 80.0))
+
+
+def test_the_evaluation_step_writes_the_probes_in_percent(feats):
+    from smallbatch.pipeline.jobs import _eval_on_features
+
+    tr, ytr, te, yte = feats
+    ev = {
+        "linear_iterations": 20,
+        "linear_lr": None,
+        "linear_weight_decay": 1e-3,
+        "linear_optimizer": "lbfgs-precond",
+        "linear_batch_size": None,
+        "linear_tol": 1e-5,
+        "linear_weight_decays": DECAYS,
+        "linear_val_fraction": 0.1,
+        "fewshot_fractions": [0.1],
+        "fewshot_draws": 2,
+    }
+    out = _eval_on_features("linear", {"eval": ev, "seed": 0, "device": "cpu"}, (tr, ytr, te, yte))
+    raw = probes.linear_probes(
+        tr, ytr, te, yte, weight_decays=DECAYS, fewshot_fractions=[0.1], fewshot_draws=2, epochs=20
+    )
+    assert out["top1"] == pytest.approx(100 * raw["top1"])
+    assert out["labels10pct_top1_mean"] == pytest.approx(100 * raw["labels10pct_top1_mean"])
+    assert out["weight_decay"] == raw["weight_decay"] and out["labels10pct_labels"] == raw["labels10pct_labels"]

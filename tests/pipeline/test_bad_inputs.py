@@ -1,0 +1,529 @@
+"""Bad inputs a user meets, in one table: each must stop with ONE line naming the problem.
+
+Every row is (case, how to trigger it, a regex of the whole line expected).  The command line runs
+in-process (``smallbatch.pipeline.cli.main``, fast): exit status 2, exactly one stderr line
+``smallbatch: error: <expected>``, no traceback anywhere.  The rows marked ``snakemake``
+run ``python -m snakemake -n`` in a real process (seconds each, marked slow): it must fail
+before any job, and apart from Snakemake's own frame (the profile line, ``WorkflowError in
+file ...``, ``  File ...``) print exactly the line ``config error: <expected>``.
+
+``{tmp}`` in a row's arguments and files is the test's temporary folder, which is also
+the working directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from smallbatch.pipeline import cli
+
+ROOT = Path(__file__).resolve().parents[2]
+SMOKE = str(ROOT / "workflow" / "configs" / "smoke.yaml")
+BIN = Path(sys.executable).parent
+
+
+def study(grid: str = "batch_sizes: [16], temperatures: [0.1]", extra: str = "", dataset: str = "digits: {}") -> str:
+    """A small study config: one data set, InfoNCE, seed 0, the given grid keys and extra lines."""
+    return f"datasets: {{{dataset}}}\ngrid: {{losses: [infonce], seeds: [0], {grid}}}\n{extra}"
+
+
+STUDY = study()  # one digits cell
+CELLS = ("cells", "--config", "{tmp}/c.yaml")
+PRETRAIN = ("pretrain", "--tracking-uri", "none", "--out", "{tmp}/out", "--dataset", "digits", "--loss")
+TRACKING_HINT = (
+    r"MLflow has no tracking store for the scheme 'foo'; use sqlite:///PATH, http\(s\)://HOST:PORT, "
+    r"postgresql://, mysql://, mssql:// or databricks"
+)
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    argv: tuple[str, ...]  # smallbatch's arguments, or snakemake's
+    expect: str  # regex of the whole error line
+    files: dict[str, str] = field(default_factory=dict)  # written under {tmp} first
+    setup: Callable | None = None  # (tmp_path, monkeypatch) -> None, before the command
+    snakemake: bool = False  # run `python -m snakemake` in a process
+    env: dict[str, str] = field(default_factory=dict)  # snakemake rows: extra environment
+
+
+# --------------------------------------------------------------------------- setups
+def no_network(tmp: Path, mp: pytest.MonkeyPatch) -> None:
+    """Name resolution fails as on a machine without network (whatever this one has)."""
+
+    def fail(*args, **kwargs):
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    mp.setattr(socket, "getaddrinfo", fail)
+
+
+def tracking_env(tmp: Path, mp: pytest.MonkeyPatch) -> None:
+    mp.setenv("MLFLOW_TRACKING_URI", "foo://bar")
+
+
+def no_http_retries(tmp: Path, mp: pytest.MonkeyPatch) -> None:
+    mp.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+
+
+def existing_store(tmp: Path, mp: pytest.MonkeyPatch) -> None:
+    """A real SQLite store with the schema and one experiment, opened read-only by the row."""
+    assert cli.main(["init-store", "--tracking-uri", f"sqlite:///{tmp}/mlflow.db", "--experiment", "study"]) == 0
+
+
+def cell_file_without(key: str | None) -> Callable:
+    """A real cell file of the one-cell study, without ``key``."""
+
+    def write(tmp: Path, mp: pytest.MonkeyPatch) -> None:
+        from smallbatch.pipeline.cells import expand_cells
+        from smallbatch.pipeline.config import load_config
+
+        (tmp / "c.yaml").write_text(STUDY)
+        cell = next(iter(expand_cells(load_config(tmp / "c.yaml")).values()))
+        cell.pop(key, None)
+        (tmp / "cell.json").write_text(json.dumps(cell))
+
+    return write
+
+
+def image_folder(tmp: Path, mp: pytest.MonkeyPatch) -> None:
+    """An ImageNet-style tree of 2 classes x 3 tiny images in train/ and val/."""
+    from PIL import Image
+
+    for split in ("train", "val"):
+        for c in ("cat", "dog"):
+            (tmp / "folder" / split / c).mkdir(parents=True)
+            for i in range(3):
+                Image.new("RGB", (8, 8), (40 * i, 0, 0)).save(tmp / "folder" / split / c / f"{i}.png")
+
+
+def a_file(tmp: Path, mp: pytest.MonkeyPatch) -> None:
+    (tmp / "afile").write_text("not a folder\n")
+
+
+# --------------------------------------------------------------------------- the table
+CASES = [
+    # --- temperatures: .nan / .inf pass every JSON-schema bound, so they are caught as not finite
+    Case(
+        "temperature nan in the grid",
+        CELLS,
+        r"config key 'grid\.temperatures\[0\]' = nan is not a finite number",
+        {"c.yaml": study("batch_sizes: [16], temperatures: [.nan]")},
+    ),
+    Case(
+        "temperature inf in the grid",
+        CELLS,
+        r"config key 'grid\.temperatures\[0\]' = inf is not a finite number",
+        {"c.yaml": study("batch_sizes: [16], temperatures: [.inf]")},
+    ),
+    Case(
+        "temperature nan in a side experiment",
+        CELLS,
+        r"config key 'experiments\.tsweep\.temperatures\[1\]' = nan is not a finite number",
+        {"c.yaml": STUDY + "experiments: {tsweep: {enabled: true, temperatures: [0.1, .nan]}}\n"},
+    ),
+    Case(
+        "temperature inf in a loss entry",
+        CELLS,
+        r"config key 'grid\.losses\[0\]\.temperatures\[0\]' = inf is not a finite number",
+        {"c.yaml": "datasets: {digits: {}}\ngrid: {losses: [{name: dclw, temperatures: [.inf]}]}\n"},
+    ),
+    Case(
+        "--temperature inf",
+        (*PRETRAIN, "infonce", "--batch-size", "16", "--temperature", "inf"),
+        r"--temperature must be a finite number > 0, not inf",
+    ),
+    Case(
+        "--temperature nan",
+        (*PRETRAIN, "infonce", "--batch-size", "16", "--temperature", "nan"),
+        r"--temperature must be a finite number > 0, not nan",
+    ),
+    Case(
+        "loss parameter nan in loss_params",
+        CELLS,
+        r"config key 'loss_params\.dclw\.sigma' = nan is not a finite number",
+        {"c.yaml": STUDY + "loss_params: {dclw: {sigma: .nan}}\n"},
+    ),
+    Case(
+        "loss parameter inf its loss rejects",
+        CELLS,
+        r"cell 'digits/eqco-alphainf/bs16-t0\.1-s0': alpha must be a positive finite number or None \(alpha = K\), got inf",
+        {
+            "c.yaml": "datasets: {digits: {}}\ngrid: {losses: [eqco], batch_sizes: [16], temperatures: [0.1], seeds: [0]}\n"
+            "loss_params: {eqco: {alpha: .inf}}\n"
+        },
+    ),
+    # --- sizes: batch sizes and subsets against data.SPLIT_SIZES, before any job
+    Case(
+        "batch size larger than the data set",
+        CELLS,
+        r"cell 'digits/infonce/bs2048-t0\.1-s0': batch size 2048 is larger than the 1,437 pretraining images of digits",
+        {"c.yaml": study("batch_sizes: [16, 2048], temperatures: [0.1]")},
+    ),
+    Case(
+        "batch size larger than train_subset",
+        CELLS,
+        r"cell 'digits/infonce/bs128-t0\.1-s0': batch size 128 is larger than the 100 pretraining images of digits "
+        r"\(datasets\.digits\.train_subset\)",
+        {"c.yaml": study("batch_sizes: [128], temperatures: [0.1]", dataset="digits: {train_subset: 100}")},
+    ),
+    Case(
+        "batch size larger than the data set in a side experiment",
+        CELLS,
+        r"cell 'precision/digits/infonce/bs4096-t0\.1-s0-fp64': batch size 4096 is larger than the 1,437 "
+        r"pretraining images of digits",
+        {
+            "c.yaml": STUDY
+            + "experiments: {precision: {enabled: true, batch_sizes: [4096], axes: {precision: [fp64]}}}\n"
+        },
+    ),
+    Case(
+        "--batch-size larger than the data set",
+        (*PRETRAIN, "infonce", "--batch-size", "4096", "--temperature", "0.5"),
+        r"cell 'digits/infonce/bs4096-t0\.5-s0': batch size 4096 is larger than the 1,437 pretraining images of digits",
+    ),
+    Case(
+        "train_subset larger than the data set",
+        CELLS,
+        r"config key 'datasets\.digits\.train_subset' = 5000 is larger than the 1,437 train images of digits",
+        {"c.yaml": "datasets: {digits: {train_subset: 5000}}\n"},
+    ),
+    Case(
+        "test_subset larger than the test split",
+        CELLS,
+        r"config key 'datasets\.digits\.test_subset' = 1000 is larger than the 360 test images of digits",
+        {"c.yaml": "datasets: {digits: {test_subset: 1000}}\n"},
+    ),
+    Case(
+        "train_subset larger than Fashion-MNIST",
+        CELLS,
+        r"config key 'datasets\.fashion_mnist\.train_subset' = 70000 is larger than the 60,000 train images of fashion_mnist",
+        {"c.yaml": "datasets: {fashion_mnist: {train_subset: 70000}}\n"},
+    ),
+    Case(
+        "train_subset larger than STL-10's unlabeled split",
+        CELLS,
+        r"config key 'datasets\.stl10\.train_subset' = 200000 is larger than the 100,000 unlabeled images of stl10",
+        {"c.yaml": "datasets: {stl10: {train_subset: 200000}}\n"},
+    ),
+    Case(
+        "train_subset larger than an image folder (known once read: prepare-data)",
+        (
+            "prepare-data",
+            "--dataset",
+            "imagefolder",
+            "--data-root",
+            "{tmp}/folder",
+            "--train-subset",
+            "20",
+            "--out",
+            "{tmp}/c.pt",
+        ),
+        r"train_subset = 20 is larger than the 6 train images of imagefolder \(.*/folder\)",
+        setup=image_folder,
+    ),
+    # --- warm-up against the epochs (not compared when train.steps is set: CONFIGURATION.md, train.warmup_epochs)
+    Case(
+        "warmup_epochs longer than epochs",
+        CELLS,
+        r"cell 'digits/infonce/bs16-t0\.1-s0': train\.warmup_epochs = 5 is longer than train\.epochs = 1 "
+        r"\(the learning rate would never finish warming up\)",
+        {"c.yaml": STUDY + "train: {epochs: 1, warmup_epochs: 5}\n"},
+    ),
+    Case(
+        "warmup_epochs longer than an epochs axis value",
+        CELLS,
+        r"cell 'digits/infonce/bs16-t0\.1-s0-ep0\.05': train\.warmup_epochs = 0\.1 is longer than train\.epochs = 0\.05 "
+        r"\(the learning rate would never finish warming up\)",
+        {"c.yaml": study("batch_sizes: [16], temperatures: [0.1], axes: {epochs: [1, 0.05]}")},
+    ),
+    # --- results_dir
+    Case(
+        "results_dir is a file",
+        ("cells", "--write", "--config", "{tmp}/c.yaml"),
+        r"config key 'results_dir' = '.*/afile' is a file, not a folder",
+        {"c.yaml": STUDY + "results_dir: {tmp}/afile\n"},
+        setup=a_file,
+    ),
+    Case(
+        "results_dir below a file",
+        ("cells", "--write", "--config", "{tmp}/c.yaml"),
+        r"config key 'results_dir' = '.*/afile/results' is not writable: .*/afile is a file, not a folder",
+        {"c.yaml": STUDY + "results_dir: {tmp}/afile/results\n"},
+        setup=a_file,
+    ),
+    Case(
+        "results_dir unwritable",
+        ("cells", "--write", "--config", "{tmp}/c.yaml"),  # sysfs: even root cannot mkdir
+        r"config key 'results_dir' = '/sys/smallbatch-results' is not writable: "
+        r"(Operation not permitted|Permission denied|Read-only file system)",
+        {"c.yaml": STUDY + "results_dir: /sys/smallbatch-results\n"},
+    ),
+    # --- tracking URIs and stores
+    Case(
+        "tracking_uri with an unknown scheme",
+        CELLS,
+        r"config key 'tracking_uri' = 'foo://bar': " + TRACKING_HINT,
+        {"c.yaml": STUDY + "tracking_uri: foo://bar\n"},
+    ),
+    Case(
+        "--tracking-uri with an unknown scheme",
+        ("init-store", "--tracking-uri", "foo://bar"),
+        r"MLflow tracking store foo://bar: " + TRACKING_HINT,
+    ),
+    Case(
+        "$MLFLOW_TRACKING_URI with an unknown scheme",
+        ("init-store",),
+        r"\$MLFLOW_TRACKING_URI = 'foo://bar': " + TRACKING_HINT,
+        setup=tracking_env,
+    ),
+    Case(
+        "SQLite URI with two slashes",
+        ("init-store", "--tracking-uri", "sqlite://results/mlflow.db"),
+        r"MLflow tracking store sqlite://results/mlflow\.db: a SQLite URI has three slashes before a relative path, "
+        r"four before an absolute one \(sqlite:///results/mlflow\.db\)",
+    ),
+    Case(
+        "read-only tracking store",
+        ("init-store", "--tracking-uri", "sqlite:///file:{tmp}/mlflow.db?mode=ro&uri=true", "--experiment", "other"),
+        r"MLflow tracking store sqlite:///file:.*/mlflow\.db\?mode=ro&uri=true failed while opening experiment 'other': "
+        r"attempt to write a readonly database",
+        setup=existing_store,
+    ),
+    Case(
+        "tracking server not there",
+        ("init-store", "--tracking-uri", "http://127.0.0.1:1", "--experiment", "x"),
+        r"MLflow tracking store http://127\.0\.0\.1:1 failed while opening experiment 'x': \[Errno 111\] Connection refused",
+        setup=no_http_retries,
+    ),
+    Case(
+        "tracking store on a full disk",
+        ("init-store", "--tracking-uri", "sqlite:////dev/full"),
+        r"MLflow tracking store sqlite:////dev/full failed while opening the store: database or disk is full",
+    ),
+    # --- downloads without network
+    Case(
+        "CIFAR-10 download without network",
+        ("prepare-data", "--dataset", "cifar10", "--data-root", "{tmp}/data", "--download", "--out", "{tmp}/c.pt"),
+        r"cifar10: could not download CIFAR-10 from https://www\.cs\.toronto\.edu/~kriz/cifar-10-python\.tar\.gz: "
+        r"no network \(Name or service not known\); put the files under .*/data/cifar-10-batches-py/ "
+        r"\(data_batch_1\.\.5, test_batch, batches\.meta\)",
+        setup=no_network,
+    ),
+    Case(
+        "Fashion-MNIST download without network (no Debian package)",
+        (
+            "prepare-data",
+            "--dataset",
+            "fashion_mnist",
+            "--data-root",
+            "{tmp}/data",
+            "--download",
+            "--out",
+            "{tmp}/c.pt",
+        ),
+        r"fashion_mnist: could not download Fashion-MNIST from http://fashion-mnist\.s3-website\.eu-central-1\.amazonaws\.com/: "
+        r"no network \(Name or service not known\); put the files under .*/data/FashionMNIST/raw/",
+        setup=lambda tmp, mp: (no_network(tmp, mp), mp.setattr("smallbatch.data.DEBIAN_FASHION_MNIST", tmp / "none")),
+    ),
+    Case(
+        "STL-10 download without network",
+        ("prepare-data", "--dataset", "stl10", "--data-root", "{tmp}/data", "--download", "--out", "{tmp}/c.pt"),
+        r"stl10: could not download STL-10 from http://ai\.stanford\.edu/~acoates/stl10/stl10_binary\.tar\.gz: "
+        r"no network \(Name or service not known\); put the files under .*/data/stl10_binary/ \(.*\)",
+        setup=no_network,
+    ),
+    # --- renamed keys: the former name, one line naming the new one
+    Case(
+        "eval.linear_epochs (renamed eval.linear_iterations)",
+        CELLS,
+        r"config key 'eval\.linear_epochs' is now 'eval\.linear_iterations' \(renamed; same meaning and values\): "
+        r"rename it in the config",
+        {"c.yaml": STUDY + "eval: {linear_epochs: 40}\n"},
+    ),
+    # --- cell files
+    Case(
+        "--cell file holding {}",
+        ("pretrain", "--tracking-uri", "none", "--cell", "{tmp}/cell.json"),
+        r"cell file .*/cell\.json lacks the key 'id' of a cell \(and \d+ more\); write it with `smallbatch cells --write`",
+        {"cell.json": "{}\n"},
+    ),
+    Case(
+        "--cell file without its temperature",
+        ("pretrain", "--tracking-uri", "none", "--cell", "{tmp}/cell.json"),
+        r"cell file .*/cell\.json lacks the key 'temperature' of a cell; write it with `smallbatch cells --write`",
+        setup=cell_file_without("temperature"),
+    ),
+    Case(
+        "--cell file of a study cell given to baseline",
+        ("baseline", "--tracking-uri", "none", "--cell", "{tmp}/cell.json"),
+        r"cell file .*/cell\.json lacks the key 'baseline' of a baseline cell; write it with `smallbatch cells --write`",
+        setup=cell_file_without(None),
+    ),
+    Case(
+        "--cell file holding a list",
+        ("pretrain", "--tracking-uri", "none", "--cell", "{tmp}/cell.json"),
+        r"cell file .*/cell\.json must hold a JSON object \(one cell\), not a list",
+        {"cell.json": "[1, 2]\n"},
+    ),
+    # --- --loss-param values, checked against the loss's schema
+    Case(
+        "--loss-param sigma=abc",
+        (*PRETRAIN, "dclw", "--batch-size", "16", "--temperature", "0.1", "--loss-param", "sigma=abc"),
+        r"--loss-param sigma = 'abc' has the wrong type; expected number",
+    ),
+    Case(
+        "--loss-param sigma=-1",
+        (*PRETRAIN, "dclw", "--batch-size", "16", "--temperature", "0.1", "--loss-param", "sigma=-1"),
+        r"--loss-param sigma = -1 is out of range; it must be > 0",
+    ),
+    Case(
+        "--loss-param sigma=nan",
+        (*PRETRAIN, "dclw", "--batch-size", "16", "--temperature", "0.1", "--loss-param", "sigma=nan"),
+        r"--loss-param sigma = nan is not a finite number",
+    ),
+    # --- config files
+    Case(
+        "YAML syntax error",
+        CELLS,
+        r"config file .*/c\.yaml is not valid YAML at line 3, column 6: mapping values are not allowed here",
+        {"c.yaml": "train:\n  epochs: 3\n   lr: 0.1\n"},
+    ),
+    Case(
+        "YAML indented with a tab",
+        CELLS,
+        r"config file .*/c\.yaml is not valid YAML at line 2, column 1: found character '\\t' that cannot start any token",
+        {"c.yaml": "train:\n\tepochs: 3\n"},
+    ),
+    Case(
+        "empty config file",
+        CELLS,
+        r"config file .*/c\.yaml is empty \(no settings, only blanks or comments\); write \{\} for a study of every default",
+        {"c.yaml": ""},
+    ),
+    Case(
+        "config file of comments only",
+        CELLS,
+        r"config file .*/c\.yaml is empty \(no settings, only blanks or comments\);.*",
+        {"c.yaml": "# study: mine\n\n"},
+    ),
+    # --- the same checks on Snakemake's path, before any job
+    Case(
+        "YAML syntax error in config.yaml (snakemake)",
+        ("--snakefile", str(ROOT / "Snakefile"), "-n"),
+        r"config file config\.yaml is not valid YAML at line 3, column 6: mapping values are not allowed here",
+        {"config.yaml": "train:\n  epochs: 3\n   lr: 0.1\n"},
+        snakemake=True,
+    ),
+    Case(
+        "empty config.yaml (snakemake)",
+        ("--snakefile", str(ROOT / "Snakefile"), "-n"),
+        r"config file config\.yaml is empty \(no settings, only blanks or comments\); write \{\} for a study of every default",
+        {"config.yaml": "\n"},
+        snakemake=True,
+    ),
+    Case(
+        "results_dir is a file (snakemake)",
+        ("--snakefile", str(ROOT / "Snakefile"), "-n", "--configfile", SMOKE, "--config", "results_dir={tmp}/afile"),
+        r"config key 'results_dir' = '.*/afile' is a file, not a folder",
+        setup=a_file,
+        snakemake=True,
+    ),
+    Case(
+        "batch size larger than the data set (snakemake)",
+        ("--snakefile", str(ROOT / "Snakefile"), "-n", "--configfile", "{tmp}/c.yaml"),
+        r"cell 'digits/infonce/bs2048-t0\.1-s0': batch size 2048 is larger than the 1,437 pretraining images of digits",
+        {"c.yaml": study("batch_sizes: [2048], temperatures: [0.1]", "results_dir: {tmp}/results\n")},
+        snakemake=True,
+    ),
+    Case(
+        "$MLFLOW_TRACKING_URI with an unknown scheme (snakemake)",
+        ("--snakefile", str(ROOT / "Snakefile"), "-n", "--configfile", SMOKE, "--config", "results_dir={tmp}/results"),
+        r"\$MLFLOW_TRACKING_URI = 'foo://bar': " + TRACKING_HINT,
+        snakemake=True,
+        env={"MLFLOW_TRACKING_URI": "foo://bar"},
+    ),
+]
+
+
+def _fill(text: str, tmp: Path) -> str:
+    return text.replace("{tmp}", str(tmp))
+
+
+def _run_cli(case: Case, tmp: Path, capsys) -> None:
+    rc = cli.main([_fill(a, tmp) for a in case.argv])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err, err
+    assert rc == 2, f"exit status {rc}; stderr: {err}"
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, f"not one line:\n{err}"
+    assert re.fullmatch(r"smallbatch: error: " + case.expect, lines[0]), lines[0]
+
+
+def _run_snakemake(case: Case, tmp: Path) -> None:
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    env.update(case.env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", *(_fill(a, tmp) for a in case.argv)],
+        cwd=tmp,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0, output
+    assert "Traceback" not in output, output
+    assert not re.search(r"^(local)?rule \w+:", output, re.M), f"a job was planned:\n{output}"
+    frame = ("Using workflow specific profile", "WorkflowError in file ", "  File ")
+    body = [line for line in output.splitlines() if line.strip() and not line.startswith(frame)]
+    assert len(body) == 1, f"not one line:\n{output}"
+    assert re.fullmatch(r"config error: " + case.expect, body[0]), body[0]
+
+
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, id=c.name, marks=[pytest.mark.slow] if c.snakemake else []) for c in CASES]
+)
+def test_bad_input_stops_with_one_line_naming_the_problem(case: Case, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # relative paths (and MLflow's folders for SQLite URIs) land here
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    for name, text in case.files.items():
+        (tmp_path / name).write_text(_fill(text, tmp_path))
+    if case.setup is not None:
+        case.setup(tmp_path, monkeypatch)
+    capsys.readouterr()  # what a setup printed is not the row's output
+    if case.snakemake:
+        _run_snakemake(case, tmp_path)
+    else:
+        _run_cli(case, tmp_path, capsys)
+
+
+@pytest.mark.slow
+def test_bare_snakemake_uses_the_default_workflow_profile(tmp_path):
+    """`snakemake -n` from the project root, no --workflow-profile: Snakemake finds
+    profiles/default (a link to workflow/profiles/default) next to the Snakefile."""
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-n", "--configfile", SMOKE, "--config", f"results_dir={tmp_path}"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    assert "Using workflow specific profile profiles/default for setting default command line arguments." in output
+    assert (ROOT / "profiles" / "default").resolve() == (ROOT / "workflow" / "profiles" / "default").resolve()
+    assert re.search(r"^pretrain\s+4$", output, re.M), output  # the smoke study's 4 cells are planned

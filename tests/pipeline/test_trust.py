@@ -1,0 +1,1030 @@
+"""Trust boundaries (issue 22), as tables: each row is an input and the one line it must
+stop with, or the recovery it must end in.
+
+* no value from a config, a cell or a flag reaches a shell: every placeholder of every rule
+  is quoted, and a study whose names hold quotes, ``;``, ``$( )``, spaces and non-ASCII
+  runs no payload and writes nothing outside its results folder;
+* no file read runs code: a crafted pickle as state.pt or checkpoint.pt is refused in one
+  line and its payload (it would write a file) never runs;
+* every path stays inside the results folder: a cell id outside the id grammar is refused,
+  the cell lock and the report's outputs refuse symbolic links, and ``report --out``
+  deletes only files it wrote itself (its manifest);
+* inputs that used to pass silently (a key twice, another loss's parameter, flags a
+  ``--cell-id`` or ``--cell-json`` run ignores, an unusable results_dir, an MI section that
+  is not a mapping, a hand-edited cell file) stop with one line.
+
+Commands run in-process (``smallbatch.pipeline.cli.main``) unless a row needs a real process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+
+from smallbatch import data
+from smallbatch.pipeline import cli
+from smallbatch.pipeline.cells import cell_hash, make_cell
+from smallbatch.pipeline.config import load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+TINY = {"width": 4, "proj_hidden": 16, "proj_dim": 8, "log_every": 5, "steps": 3}
+
+
+def tiny_cell(**train) -> dict:
+    cfg = load_config(None, {"datasets": {"digits": {}}, "train": {**TINY, **train}, "device": "cpu"})
+    return make_cell(cfg, dataset="digits", loss="infonce", loss_params={}, batch_size=16, temperature=0.5, seed=0)
+
+
+def with_id(cell: dict, cid: str) -> dict:
+    return {**cell, "id": cid}  # the id is not part of the hash: only the grammar can refuse it
+
+
+def one_line(capsys, argv: list[str]) -> str:
+    """Run the CLI in-process; it must exit 2 with exactly one stderr line, no traceback."""
+    rc = cli.main(argv)
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert rc == 2 and len(lines) == 1 and "Traceback" not in err, (rc, err[-2000:])
+    assert lines[0].startswith("smallbatch: error: "), lines
+    return lines[0][len("smallbatch: error: ") :]
+
+
+class Payload:
+    """Unpickling this runs ``touch <marker>`` -- if anything lets it."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+# --------------------------------------------------------------------------- the rules' quoting
+def shell_placeholders(text: str) -> list[str]:
+    """The ``{...}`` placeholders of every ``shell:`` string of a rule file."""
+    found = []
+    for block in re.findall(r"^\s+shell:\n((?:\s+\".*\"\n?)+)", text, flags=re.M):
+        joined = "".join(re.findall(r"\"(.*)\"", block))
+        found += re.findall(r"(?<!\{)\{([^{}]+)\}(?!\})", joined)
+    return found
+
+
+def test_every_placeholder_of_every_rule_is_shell_quoted():
+    """The convention of workflow/rules/common.smk: every placeholder carries :q (the
+    launcher, made from no config value, is the one exception)."""
+    files = sorted((ROOT / "workflow" / "rules").glob("*.smk"))
+    seen = 0
+    for smk in files:
+        for ph in shell_placeholders(smk.read_text()):
+            seen += 1
+            assert ph.endswith(":q") or ph == "params.launch", f"{smk.name}: {{{ph}}} is not quoted"
+    assert seen >= 30  # the parser found the rules' commands
+
+
+# --------------------------------------------------------------------------- one-line refusals
+@dataclass(frozen=True)
+class Row:
+    name: str
+    argv: tuple[str, ...]  # {tmp} is the test's folder, {cell} a tiny cell's JSON, {cache} the data cache
+    expect: str  # regex of the line after "smallbatch: error: "
+    files: dict[str, str] = field(default_factory=dict)
+    cell: dict | None = None  # the cell {cell} stands for (default: tiny_cell())
+
+
+STUDY_YAML = "datasets: {digits: {}}\ngrid: {losses: [infonce], batch_sizes: [16], temperatures: [0.5], seeds: [0]}\n"
+CELL_ID = "digits/infonce/bs16-t0.5-s0"
+BY_ID = ("pretrain", "--tracking-uri", "none", "--config", "{tmp}/c.yaml", "--cell-id", CELL_ID)
+BY_JSON = (
+    "pretrain",
+    "--tracking-uri",
+    "none",
+    "--out",
+    "{tmp}/out",
+    "--data-cache",
+    "{cache}",
+    "--cell-json",
+    "{cell}",
+)
+NOT_AN_ID = r"is not a cell id \(segments of letters, digits and _ \. = \+ - joined by single '/', none empty or starting with a dot\); use an id `smallbatch cells` lists"
+
+ROWS = [
+    # --- a cell id is never a path outside results_dir
+    *(
+        Row(
+            f"--cell-json id {cid!r}",
+            BY_JSON,
+            rf"--cell-json: id {re.escape(repr(cid))} {NOT_AN_ID}",
+            cell=with_id(tiny_cell(), cid),
+        )
+        for cid in (
+            "../../../../escape_cell",
+            "/tmp/abs_cell",
+            "digits//infonce",
+            "digits/./x",
+            "digits/../x",
+            ".hidden/x",
+            "digits/x/",
+            "dig its/x",
+            "digits/x\n",
+        )
+    ),
+    Row(
+        "--cell file whose id climbs out",
+        ("pretrain", "--tracking-uri", "none", "--cell", "{tmp}/cell.json"),
+        rf"cell file .*/cell\.json: id '\.\./escape' {NOT_AN_ID}",
+        {"cell.json": json.dumps(with_id(tiny_cell(), "../escape"))},
+    ),
+    # --- a cell file is checked against its own hash
+    Row(
+        "--cell-json edited by hand (epochs)",
+        BY_JSON,
+        r"--cell-json: cell digits/infonce/bs16-t0\.5-s0 says hash '\w+' but its settings hash to '\w+' "
+        r"\(edited by hand\?\); write it again with `smallbatch cells --write`, or change the config instead",
+        cell={**tiny_cell(), "train": {**tiny_cell()["train"], "epochs": 7}},
+    ),
+    # --- flags a run that names its cell would ignore
+    *(
+        Row(
+            f"{' '.join(extra)} with --cell-id",
+            (*BY_ID, *extra),
+            rf"{re.escape(extra[0])} has no effect with --cell-id \(the cell's settings come from the config\); leave it out, "
+            r"or set it in the config, or name a stand-alone cell without --cell-id",
+            {"c.yaml": STUDY_YAML},
+        )
+        for extra in (
+            ("--image-size", "8"),
+            ("--train-subset", "100"),
+            ("--seed", "3"),
+            ("--loss-param", "sigma=1"),
+            ("--dataset", "digits"),
+            ("--batch-size", "32"),
+        )
+    ),
+    Row(
+        "--threads 0 with --cell-id",
+        (*BY_ID, "--threads", "0"),
+        r"--threads must be >= 1, not 0",
+        {"c.yaml": STUDY_YAML},
+    ),
+    Row(
+        "--epochs with --cell-json",
+        (*BY_JSON, "--epochs", "3"),
+        r"--epochs has no effect with --cell-json \(the cell's settings come from the cell\); leave it out, .*",
+    ),
+    # --- config values that used to pass
+    Row(
+        "a key given twice",
+        ("cells", "--config", "{tmp}/c.yaml"),
+        r"config file .*/c\.yaml has the key 'train' twice in one mapping \(line 3 and line 4\); "
+        r"YAML would keep only the second: merge them",
+        {"c.yaml": STUDY_YAML + "train: {epochs: 1}\ntrain: {epochs: 2}\n"},
+    ),
+    Row(
+        "another loss's parameter on a loss entry",
+        ("cells", "--config", "{tmp}/c.yaml"),
+        r"config key 'grid\.losses\[0\]\.alpha' is not a parameter of dclw; its parameters: sigma",
+        {"c.yaml": "datasets: {digits: {}}\ngrid: {losses: [{name: dclw, alpha: 3}]}\n"},
+    ),
+    Row(
+        "results_dir ~/x",
+        ("cells", "--config", "{tmp}/c.yaml"),
+        r"config key 'results_dir' = '~/x' starts with '~', which nothing expands here; write the full path .*",
+        {"c.yaml": STUDY_YAML + "results_dir: ~/x\n"},
+    ),
+    Row(
+        "results_dir empty",
+        ("cells", "--config", "{tmp}/c.yaml"),
+        r"config key 'results_dir' = '' is empty; name the results folder, e.g\. results",
+        {"c.yaml": STUDY_YAML + "results_dir: ''\n"},
+    ),
+    Row(
+        "results_dir with braces",
+        ("cells", "--config", "{tmp}/c.yaml"),
+        r"config key 'results_dir' = 'r\{x\}' holds '\{', '\}', which a results path may not hold .*",
+        {"c.yaml": STUDY_YAML + "results_dir: 'r{x}'\n"},
+    ),
+    # --- extreme but legal values
+    *(
+        Row(
+            f"temperature {tau}",
+            ("cells", "--config", "{tmp}/c.yaml"),
+            rf"cell 'digits/infonce/bs16-t{re.escape(f'{float(tau):g}')}-s0': temperature τ = {re.escape(f'{float(tau):g}')} is outside \[0\.001, 100\], where the losses "
+            r"stop being meaningful \(s/τ overflows, or every logit is ~0\); choose a τ in that range",
+            {
+                "c.yaml": f"datasets: {{digits: {{}}}}\ngrid: {{losses: [infonce], batch_sizes: [16], temperatures: [{tau}]}}\n"
+            },
+        )
+        for tau in ("1.0e-9", "1.0e+9")
+    ),
+    Row(
+        "--cell-json whose k is above the train set",
+        BY_JSON,
+        r"--cell-json: cell digits/infonce/bs16-t0\.5-s0: eval\.knn_k = 5000 is more than the 1,437 train images of "
+        r"digits the kNN probe votes over; use k <= 1437",
+        cell=(lambda c: {**c, "hash": cell_hash(c)})({**tiny_cell(), "eval": {**tiny_cell()["eval"], "knn_k": [5000]}}),
+    ),
+    Row(
+        "knn_k above the train set",
+        ("cells", "--config", "{tmp}/c.yaml"),
+        r"cell 'digits/infonce/bs16-t0\.5-s0': eval\.knn_k = 100000 is more than the 400 train images of digits the "
+        r"kNN probe votes over; use k <= 400",
+        {"c.yaml": STUDY_YAML.replace("digits: {}", "digits: {train_subset: 400}") + "eval: {knn_k: [5, 100000]}\n"},
+    ),
+    Row(
+        "mi --section-json '[]'",
+        ("mi", "--section-json", "[]", "--tracking-uri", "none", "--out", "{tmp}/mi.json"),
+        r"--section-json must hold a JSON object \(the experiments\.mi section\), not a list",
+    ),
+    Row(
+        "mi --section file holding a number",
+        ("mi", "--section", "{tmp}/s.json", "--tracking-uri", "none", "--out", "{tmp}/mi.json"),
+        r"section file .*/s\.json must hold a JSON object \(the experiments\.mi section\), not a int",
+        {"s.json": "3\n"},
+    ),
+    Row(
+        "an unknown tracking scheme",
+        ("init-store", "--tracking-uri", "foo://bar", "--experiment", "x"),
+        r"MLflow tracking store foo://bar: MLflow has no tracking store for the scheme 'foo'; use sqlite:///PATH, "
+        r"http\(s\)://HOST:PORT, postgresql://, mysql://, mssql:// or databricks",
+    ),
+]
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.name for r in ROWS])
+def test_bad_input_stops_with_one_line_and_writes_nothing(row, tmp_path, cache, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name, text in row.files.items():
+        (tmp_path / name).write_text(text)
+    before = set(tmp_path.rglob("*"))
+    cell = json.dumps(row.cell or tiny_cell())
+    argv = [a.replace("{tmp}", str(tmp_path)).replace("{cache}", str(cache)).replace("{cell}", cell) for a in row.argv]
+    line = one_line(capsys, argv)
+    assert re.fullmatch(row.expect, line), line
+    assert set(tmp_path.rglob("*")) == before, "a refused command wrote a file"
+    assert not (tmp_path.parent / "escape_cell").exists()
+
+
+# --------------------------------------------------------------------------- files that would run code
+def write_payload(path: Path, marker: Path, kind: str, cell: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(
+        {
+            "kind": kind,
+            "cell_id": cell["id"],
+            "cell_hash": cell["hash"],
+            "version": 2,
+            "step": 1,
+            "model": Payload(marker),
+        },
+        path,
+    )
+
+
+PICKLES = [
+    (
+        "state.pt read by pretrain",
+        "out/state.pt",
+        "state",
+        BY_JSON,
+        r"checkpoint .*/out/state\.pt holds objects other than tensors and plain values \(.*\); refused, as loading it "
+        r"could run code; rerun with --restart to start the cell afresh \(it overwrites state\.pt\), or delete the file",
+    ),
+    (
+        "checkpoint.pt read by evaluate",
+        "out/checkpoint.pt",
+        "checkpoint",
+        (
+            "evaluate",
+            "--tracking-uri",
+            "none",
+            "--device",
+            "cpu",
+            "--checkpoint",
+            "{tmp}/out/checkpoint.pt",
+            "--out-dir",
+            "{tmp}/out",
+            "--data-cache",
+            "{cache}",
+            "--cell-json",
+            "{cell}",
+        ),
+        r"checkpoint .*/out/checkpoint\.pt holds objects other than tensors and plain values \(.*\); refused, as "
+        r"loading it could run code",
+    ),
+    (
+        "checkpoint.pt read by embed",
+        "out/checkpoint.pt",
+        "checkpoint",
+        (
+            "embed",
+            "--checkpoint",
+            "{tmp}/out/checkpoint.pt",
+            "--out",
+            "{tmp}/out/f.npz",
+            "--data-cache",
+            "{cache}",
+            "--cell-json",
+            "{cell}",
+        ),
+        r"checkpoint .*/out/checkpoint\.pt holds objects other than tensors and plain values \(.*\); refused, as "
+        r"loading it could run code",
+    ),
+]
+
+
+@pytest.mark.parametrize("name,rel,kind,argv,expect", PICKLES, ids=[p[0] for p in PICKLES])
+def test_a_crafted_pickle_is_refused_and_its_payload_never_runs(name, rel, kind, argv, expect, tmp_path, cache, capsys):
+    cell = tiny_cell()
+    marker = tmp_path / "PWNED"
+    write_payload(tmp_path / rel, marker, kind, cell)
+    argv = [
+        a.replace("{tmp}", str(tmp_path)).replace("{cache}", str(cache)).replace("{cell}", json.dumps(cell))
+        for a in argv
+    ]
+    line = one_line(capsys, argv)
+    assert re.fullmatch(expect, line), line
+    assert not marker.exists(), "the pickle's payload ran"
+
+
+def test_a_truncated_state_names_restart_and_restart_recovers(tmp_path, cache, capsys):
+    cell = tiny_cell()
+    argv = [
+        a.replace("{tmp}", str(tmp_path)).replace("{cache}", str(cache)).replace("{cell}", json.dumps(cell))
+        for a in BY_JSON
+    ]
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "state.pt").write_bytes(b"PK\x03\x04 cut short")
+    line = one_line(capsys, argv)
+    assert "corrupt or truncated" in line and "rerun with --restart" in line, line
+    assert cli.main([*argv, "--restart", "--no-progress"]) == 0
+    assert (tmp_path / "out" / "checkpoint.pt").is_file()
+
+
+# --------------------------------------------------------------------------- links
+def test_a_lock_that_is_a_symlink_is_refused_and_its_target_untouched(tmp_path, cache, capsys):
+    victim = tmp_path / "thesis.tex"
+    victim.write_text("my thesis\n")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / ".lock").symlink_to(victim)
+    argv = [
+        a.replace("{tmp}", str(tmp_path)).replace("{cache}", str(cache)).replace("{cell}", json.dumps(tiny_cell()))
+        for a in BY_JSON
+    ]
+    line = one_line(capsys, argv)
+    assert re.fullmatch(
+        r"the lock of cell .*, .*/out/\.lock, is a symbolic link; refused \(a lock is never a link\): "
+        r"remove the link",
+        line,
+    ), line
+    assert victim.read_text() == "my thesis\n"
+
+
+def test_report_outputs_refuse_links_and_delete_only_files_the_report_wrote(tmp_path):
+    from smallbatch.report import MANIFEST, _check_out_dir, _remove_stale
+
+    out = tmp_path / "paper"
+    (out / "tables").mkdir(parents=True)
+    user = out / "tables" / "thesis_table.tex"
+    user.write_text("mine\n")
+    ours = [out / "tables" / "grid.csv", out / "tables" / "old.csv", out / "index.md"]
+    for p in ours:
+        p.write_text("x\n")
+    _remove_stale(out, ours)  # first build: records its files, deletes nothing
+    assert user.exists() and all(p.exists() for p in ours)
+    _remove_stale(out, [ours[0], ours[2]])  # a later build no longer writes old.csv
+    assert not ours[1].exists(), "a stale file the report wrote was left"
+    assert user.read_text() == "mine\n", "the report deleted a user's file"
+    assert (out / MANIFEST).read_text().splitlines() == ["index.md", "tables/grid.csv"]
+    # a manifest naming a path outside the output folders deletes nothing there
+    (out / MANIFEST).write_text("../outside.txt\ntables/thesis_table.tex\n")
+    (tmp_path / "outside.txt").write_text("keep\n")
+    _remove_stale(out, [ours[0]])
+    assert (tmp_path / "outside.txt").exists()
+    # links: the folder, its tables/ and a file the report would write through
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for link, target in ((out / "figures", elsewhere), (out / "tables" / "grid.md", user)):
+        link.symlink_to(target)
+        with pytest.raises(ValueError, match=r"report output .* is a symbolic link; refused"):
+            _check_out_dir(out)
+        link.unlink()
+    linked = tmp_path / "linked"
+    linked.symlink_to(out)
+    with pytest.raises(ValueError, match="is a symbolic link"):
+        _check_out_dir(linked)
+    _check_out_dir(out)
+
+
+# --------------------------------------------------------------------------- the hostile study
+HOSTILE = "x'; touch PWNED_{n}; echo $(touch PWNED_{n}b) ü 'é"
+
+
+@pytest.mark.slow
+def test_a_study_with_hostile_names_runs_no_payload_and_writes_only_in_results_dir(tmp_path):
+    """study, tracking_uri, the data root and results_dir each hold ', ;, $( ), spaces and
+    non-ASCII: the study runs, nothing of them is run as a command, and every file the jobs
+    write is inside results_dir."""
+    base = tmp_path / "base"
+    base.mkdir()
+    results = base / HOSTILE.format(n=1)
+    cfg = {
+        "study": HOSTILE.format(n=2),
+        "results_dir": str(results),
+        "tracking_uri": f"sqlite:///{results}/{HOSTILE.format(n=3)}.db",
+        "data": {"root": str(results / HOSTILE.format(n=4))},
+        "device": "cpu",
+        "threads": 1,
+        "baselines": False,
+        "datasets": {"digits": {"train_subset": 256, "test_subset": 128}},
+        "grid": {"losses": ["infonce"], "batch_sizes": [16, 32], "temperatures": [0.5], "seeds": [0]},
+        "train": {**TINY, "steps": 6, "log_every": 2},
+        "eval": {"knn_k": [5], "linear_iterations": 5},
+    }
+    config = tmp_path / "hostile.yaml"
+    config.write_text(json.dumps(cfg))  # JSON is YAML
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    top_before = set(os.listdir(ROOT))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "--snakefile",
+            str(ROOT / "Snakefile"),
+            "--configfile",
+            str(config),
+            "--workflow-profile",
+            str(ROOT / "workflow/profiles/default"),
+            "--cores",
+            "2",
+            "--quiet",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (results / "report" / "index.md").is_file()
+    assert list(base.iterdir()) == [results], "a job wrote next to results_dir"
+    new_top = set(os.listdir(ROOT)) - top_before
+    assert not any("PWNED" in n or n.startswith("x'") or n in ("x", "ü", "'é") for n in new_top), new_top
+    for where in (ROOT, tmp_path, Path.cwd(), Path("/tmp")):
+        assert not list(where.glob("PWNED*")), f"a payload ran in {where}"
+    assert not [p for p in results.rglob("PWNED*") if p.name.startswith("PWNED")], "a payload ran in results_dir"
+    from smallbatch.tracking import StoreReader
+
+    reader = StoreReader(cfg["tracking_uri"])
+    exp_id, name = reader.experiment(cfg["study"])
+    assert name == cfg["study"]
+    assert [r["status"] for r in reader.runs(exp_id) if r["tags"].get("smallbatch.kind") == "cell"] == ["finished"] * 2
+
+
+# --------------------------------------------------------------------------- one writer per cell per store
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> str:
+    uri = f"sqlite:///{tmp_path_factory.mktemp('store') / 'mlflow.db'}"
+    assert cli.main(["init-store", "--tracking-uri", uri, "--experiment", "trust"]) == 0
+    return uri
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def pretrain_argv(tmp: Path, cache: Path, uri: str, experiment: str, cell: dict, out: str = "out") -> list[str]:
+    return [
+        "pretrain",
+        "--cell-json",
+        json.dumps(cell),
+        "--out",
+        str(tmp / out),
+        "--data-cache",
+        str(cache),
+        "--tracking-uri",
+        uri,
+        "--experiment",
+        experiment,
+        "--no-progress",
+    ]
+
+
+LEASES = [  # (who holds the cell's run, refused?)
+    ("a live trainer of another folder on this host", lambda out: {"folder": "/elsewhere", "pid": os.getpid()}, True),
+    ("another host's trainer, renewed just now", lambda out: {"folder": "/elsewhere", "host": "node-7"}, True),
+    ("a dead trainer of another folder", lambda out: {"folder": "/elsewhere", "pid": dead_pid()}, False),
+    (
+        "another host's trainer, silent for an hour",
+        lambda out: {"folder": "/elsewhere", "host": "node-7", "at": __import__("time").time() - 3600},
+        False,
+    ),
+    ("this folder's own earlier trainer (its lock decides)", lambda out: {"folder": str(out.resolve())}, False),
+]
+
+
+@pytest.mark.parametrize("name,holder,refused", LEASES, ids=[row[0] for row in LEASES])
+def test_one_trainer_per_cell_per_store(name, holder, refused, tmp_path, cache, store, capsys):
+    """A run leased to a live trainer of another folder refuses a second trainer in one line
+    (and it logs nothing); a stale lease, or the folder's own, is taken over and released."""
+    import socket
+    import time
+
+    from smallbatch import tracking
+
+    experiment, cell = f"lease-{LEASES.index((name, holder, refused))}", tiny_cell()
+    run = tracking.open_cell_run(store, experiment, cell, kind="cell")
+    lease = {"host": socket.gethostname(), "pid": 1, "at": time.time(), **holder(tmp_path / "out")}
+    run.set_tags({tracking.TAG_LEASE: json.dumps(lease)})
+    argv = pretrain_argv(tmp_path, cache, store, experiment, cell)
+    if refused:
+        line = one_line(capsys, argv)
+        assert re.fullmatch(
+            rf"cell {cell['id']} is being trained into the MLflow store {re.escape(store)} from another "
+            rf"folder, /elsewhere \(process \d+ on [\w.-]+, seen \d+ s ago\); one trainer per cell per "
+            r"store: let it finish, or give this study its own store or experiment",
+            line,
+        ), line
+        assert run.metrics() == {} and json.loads(run.tags()[tracking.TAG_LEASE]) == lease
+    else:
+        assert cli.main(argv) == 0
+        assert tracking.count_cell_runs(store, experiment, cell["id"]) == 1
+        tags = run.tags()
+        assert tags[tracking.TAG_LEASE] == "" and tags[tracking.TAG_PRETRAIN] == "finished"
+        assert "train/final_loss" in run.metrics()
+
+
+def test_the_same_cell_in_two_folders_against_one_store_refuses_the_second(tmp_path, cache, store, capsys):
+    """The probe's case with two real trainers: folder a trains; folder b's trainer stops in
+    one line while a holds the run; nothing of b reaches the run."""
+    import signal
+    import time
+
+    from smallbatch import tracking
+
+    cell = tiny_cell(steps=100000)
+    first = subprocess.Popen(
+        [str(BIN / "smallbatch"), *pretrain_argv(tmp_path, cache, store, "two-folders", cell, "a")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        lease = ""
+        while not lease:  # the event: a's lease is in the store
+            assert first.poll() is None and time.monotonic() < deadline, (
+                first.stderr.read() if first.poll() else "timeout"
+            )
+            runs = tracking.count_cell_runs(store, "two-folders", cell["id"])
+            if runs:
+                lease = tracking.find_cell_run(store, "two-folders", cell).tags().get(tracking.TAG_LEASE, "")
+        line = one_line(capsys, pretrain_argv(tmp_path, cache, store, "two-folders", cell, "b"))
+        assert f"from another folder, {(tmp_path / 'a').resolve()} (process {first.pid} " in line, line
+        assert not (tmp_path / "b" / "state.pt").exists()
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.wait(60)
+    assert tracking.count_cell_runs(store, "two-folders", cell["id"]) == 1
+
+
+# --------------------------------------------------------------------------- what a run says
+def test_a_cell_failing_in_setup_ends_its_run_failed_with_the_error(tmp_path, cache, store, capsys):
+    from smallbatch import tracking
+
+    cell = tiny_cell(precision="fp16")  # fp16 needs CUDA: fails after the run is opened
+    line = one_line(capsys, pretrain_argv(tmp_path, cache, store, "setup-fails", cell))
+    reader = tracking.StoreReader(store)
+    (run,) = reader.runs(reader.experiment("setup-fails")[0])
+    assert run["status"] == "failed" and "fp16" in run["tags"][tracking.TAG_ERROR], run
+    assert run["tags"][tracking.TAG_ERROR].split(": ", 1)[1] in line
+    assert run["tags"].get(tracking.TAG_LEASE, "") == ""
+
+
+def test_rerunning_a_finished_cell_never_reopens_its_run(tmp_path, cache, store):
+    from smallbatch import tracking
+
+    cell = tiny_cell()
+    argv = pretrain_argv(tmp_path, cache, store, "rerun", cell)
+    assert cli.main(argv) == 0
+    first = tracking.find_cell_run(store, "rerun", cell)
+    first.set_status("finished")  # as the probes leave it
+    assert cli.main(argv) == 0
+    reader = tracking.StoreReader(store)
+    runs = {r["run_id"]: r for r in reader.runs(reader.experiment("rerun")[0])}
+    assert len(runs) == 2 and runs[first.run_id]["status"] == "finished"
+    assert first.client.get_run(first.run_id).info.status == "FINISHED"
+
+
+# --------------------------------------------------------------------------- the warm-start server
+SERVER = """
+import json, sys
+from smallbatch.pipeline import cli, warm
+
+def report_threads(argv):  # the job: which thread counts its libraries run with
+    import numpy  # noqa: F401  (imported by the server already)
+    from threadpoolctl import threadpool_info
+    print(json.dumps({i["internal_api"]: i["num_threads"] for i in threadpool_info()}))
+    return 0
+
+if sys.argv[2] == "threads":
+    import numpy  # noqa: F401  (OpenBLAS sizes its pool from this process's OMP_NUM_THREADS=2)
+warm.PRELOAD = ()  # nothing heavy: these tests are about the protocol
+sys.exit(warm.serve(sys.argv[1], report_threads if sys.argv[2] == "threads" else cli.main, None, 120))
+"""
+
+
+@pytest.fixture
+def serve(tmp_path):
+    """Start a warm-start server on a socket under tmp_path (mode 'plain' or 'threads');
+    returns (process, socket path, log path); the server is killed afterwards."""
+    started = []
+
+    def start(mode: str = "plain", folder: Path | None = None):
+        path, log = (folder or tmp_path) / "s.sock", tmp_path / "server.log"
+        env = {
+            **{k: v for k, v in os.environ.items() if k != "SMALLBATCH_WARM"},
+            "OMP_NUM_THREADS": "2",
+            "OPENBLAS_NUM_THREADS": "2",
+        }
+        proc = subprocess.Popen(
+            [sys.executable, "-c", SERVER, str(path), mode], stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env
+        )
+        started.append(proc)
+        wait_for(lambda: "ready on" in log.read_text(), proc, "the server to be ready")
+        return proc, path, log
+
+    yield start
+    for proc in started:
+        proc.kill()
+        proc.wait()
+
+
+def wait_for(event, proc=None, what: str = "", limit: float = 120.0) -> None:
+    """Poll for an event (a hang guard, not a timing assertion)."""
+    import time
+
+    deadline = time.monotonic() + limit
+    while not event():
+        assert proc is None or proc.poll() is None, f"ended while waiting for {what}"
+        assert time.monotonic() < deadline, f"no {what} within {limit} s"
+        time.sleep(0.05)
+
+
+def test_a_stopped_server_lets_the_job_run_by_itself_and_never_starts_it_later(serve, monkeypatch):
+    import signal
+
+    from smallbatch.pipeline import warm
+
+    proc, path, log = serve()
+    os.kill(proc.pid, signal.SIGSTOP)
+    monkeypatch.setenv(warm.ENV, str(path))
+    monkeypatch.setattr(warm, "ACK_TIMEOUT_S", 1.0)
+    try:
+        assert warm.delegate(["config-reference"]) is None  # None: "run it here"
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    wait_for(
+        lambda: "gave up waiting before its command started: not started" in log.read_text(),
+        proc,
+        "the server to drop the abandoned request",
+    )
+    assert not re.search(r"child \d+ started", log.read_text())
+
+
+def test_a_sigkilled_servers_child_stops_with_it_and_the_client_says_so_in_one_line(serve, tmp_path, cache):
+
+    proc, path, log = serve()
+    cell = tiny_cell(steps=10**6)
+    client = subprocess.Popen(
+        [
+            str(BIN / "smallbatch"),
+            "pretrain",
+            "--cell-json",
+            json.dumps(cell),
+            "--out",
+            str(tmp_path / "out"),
+            "--data-cache",
+            str(cache),
+            "--tracking-uri",
+            "none",
+            "--no-progress",
+        ],
+        env={**os.environ, "SMALLBATCH_WARM": str(path)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(lambda: " started: smallbatch pretrain" in log.read_text(), client, "the child to start")
+        child = int(re.search(r"child (\d+) started", log.read_text()).group(1))
+        wait_for(lambda: (tmp_path / "out" / ".lock").exists(), client, "the child to lock its cell")
+        proc.kill()
+        proc.wait()
+        wait_for(lambda: not Path(f"/proc/{child}").exists(), None, "the orphaned child to stop")
+        err = client.communicate(timeout=60)[1]
+    finally:
+        client.kill()
+    assert client.returncode != 0
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert lines[-1] == "smallbatch: error: the warm-start server stopped before the command finished", err[-2000:]
+
+
+@pytest.mark.parametrize("omp", ["1", "2"])
+def test_a_jobs_thread_settings_reach_blas_the_server_imported(serve, tmp_path, omp):
+    """The server imported numpy with OMP_NUM_THREADS=2; a job asking for 1 runs BLAS on 1."""
+    proc, path, log = serve("threads")
+    env = {**os.environ, "SMALLBATCH_WARM": str(path), "OMP_NUM_THREADS": omp, "OPENBLAS_NUM_THREADS": omp}
+    res = subprocess.run(
+        [str(BIN / "smallbatch"), "config-reference"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert res.returncode == 0, res.stderr
+    assert " started: smallbatch config-reference" in log.read_text(), "the job did not run in the server"
+    threads = json.loads(res.stdout)
+    assert threads.get("openblas", threads.get("mkl")) == int(omp), threads
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to connect as another user")
+def test_the_server_serves_only_its_own_user(serve, tmp_path):
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="trust-", dir="/tmp"))
+    try:
+        _only_its_own_user(serve, folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _only_its_own_user(serve, folder: Path) -> None:
+    proc, path, log = serve("plain", folder)
+    folder.chmod(0o777)
+    path.chmod(0o777)  # the file system lets anyone connect: the server's peer check must refuse
+    pid = os.fork()
+    if pid == 0:  # as nobody: the server must refuse, so the job would run by itself
+        code = 1
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            from smallbatch.pipeline import warm
+
+            os.environ[warm.ENV] = str(path)
+            code = 0 if warm.delegate(["config-reference"]) is None else 3
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    wait_for(lambda: "refused a connection of another user" in log.read_text(), proc, "the refusal")
+    assert not re.search(r"child \d+ started", log.read_text())
+
+
+# --------------------------------------------------------------------------- a full disk
+class StatvfsFull:
+    f_bavail, f_frsize = 0, 4096
+
+
+DISK_FULL = [  # (how the write fails, is the disk full?)
+    ("ENOSPC from a plain write", OSError(28, "No space left on device"), False),
+    (
+        "torch.save's error on a full file system",
+        RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64"),
+        True,
+    ),
+]
+
+
+@pytest.mark.parametrize("name,error,full_fs", DISK_FULL, ids=[r[0] for r in DISK_FULL])
+def test_a_full_disk_says_so_and_names_the_file(name, error, full_fs, tmp_path, monkeypatch, capsys):
+    from smallbatch import io
+
+    if full_fs:
+        monkeypatch.setattr(io.os, "statvfs", lambda folder: StatvfsFull())
+
+    def write(fh):
+        raise error
+
+    target = tmp_path / "runs" / "c" / "state.pt"
+    with pytest.raises(OSError) as info:
+        io.atomic_write(target, write)
+    assert cli._error_line(info.value) == f"{target}: no space left on device"
+    assert list(target.parent.iterdir()) == [], "a temporary file was left"
+
+
+def test_another_runtime_error_on_a_disk_with_space_is_not_called_full(tmp_path):
+    from smallbatch import io
+
+    def write(fh):
+        raise RuntimeError("something else")
+
+    with pytest.raises(RuntimeError, match="something else"):
+        io.atomic_write(tmp_path / "x", write)
+
+
+def test_a_stopped_tracking_server_fails_the_step_in_one_line(tmp_path):
+    """A server that accepts connections but never answers (SIGSTOPped): the bounded HTTP
+    timeouts (tracking._mlflow) end the step with one line instead of minutes of waiting."""
+    import socket
+    import time
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)  # the kernel completes connections; nobody ever reads or answers
+    uri = f"http://127.0.0.1:{silent.getsockname()[1]}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_HTTP_REQUEST")}
+    t0 = time.monotonic()
+    try:
+        res = subprocess.run(
+            [str(BIN / "smallbatch"), "init-store", "--tracking-uri", uri, "--experiment", "x"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )  # a hang guard
+    finally:
+        silent.close()
+    print(f"a silent tracking server failed the step after {time.monotonic() - t0:.1f} s")
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.returncode == 2 and len(lines) == 1, res.stderr[-2000:]
+    assert lines[0].startswith(f"smallbatch: error: MLflow tracking store {uri} failed while "), lines[0]
+
+
+# --------------------------------------------------------------------------- inputs checked against their cell
+CACHES = [  # (the cache's load_dataset options, the cell's dataset options, the line expected or None: trains)
+    (
+        {"image_size": 16},
+        {},
+        r"data cache .*/digits\.pt holds image_size 16, not this cell's image_size None; "
+        r"delete it to rebuild, or give the cell its own --data-cache",
+    ),
+    (
+        {},
+        {"train_subset": 400},
+        r"data cache .*/digits\.pt holds train_subset None, not this cell's train_subset 400; .*",
+    ),
+    (
+        {"train_subset": 400, "test_subset": 100},
+        {"train_subset": 400, "test_subset": 200},
+        r"data cache .*/digits\.pt holds test_subset 100, not this cell's test_subset 200; .*",
+    ),
+    ({"train_subset": 400}, {"train_subset": 400}, None),
+]
+
+
+@pytest.mark.parametrize("made,wanted,expect", CACHES, ids=[f"{m} for {w}" for m, w, _ in CACHES])
+def test_a_data_cache_is_checked_against_the_cells_data(made, wanted, expect, tmp_path, capsys):
+    cache = tmp_path / "digits.pt"
+    data.save_cache(data.load_dataset("digits", None, **made), cache)
+    cfg = load_config(None, {"datasets": {"digits": wanted}, "train": TINY, "device": "cpu"})
+    cell = make_cell(cfg, dataset="digits", loss="infonce", loss_params={}, batch_size=16, temperature=0.5, seed=0)
+    argv = pretrain_argv(tmp_path, cache, "none", "x", cell) + ["--restart"]
+    if expect is None:
+        assert cli.main(argv) == 0
+        return
+    assert re.fullmatch(expect, one_line(capsys, argv))
+    assert not (tmp_path / "out" / "checkpoint.pt").exists()
+
+
+@pytest.fixture
+def ahead(tmp_path, cache):
+    """A tiny cell pretrained with --evaluate-ahead into a SQLite store: <cell>/evaluated/ stamped."""
+    root = tmp_path
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    assert cli.main(["init-store", "--tracking-uri", uri, "--experiment", "ahead"]) == 0
+    cell = tiny_cell(steps=4)
+    assert cli.main(pretrain_argv(root, cache, uri, "ahead", cell) + ["--evaluate-ahead"]) == 0
+    assert (root / "out" / "evaluated" / "stamp.json").is_file()
+    return root, cell
+
+
+def _replace_knn(work: Path, cell: dict, uri: str) -> None:
+    fake = {"status": "finished", "cell_id": "digits/dcl/bs16-t0.5-s0", "knn/top1": 99.0}
+    (work / "evaluated" / "knn.json").write_text(json.dumps(fake))
+
+
+def _delete_run(work: Path, cell: dict, uri: str) -> None:
+    from smallbatch import tracking
+
+    run = tracking.find_cell_run(uri, "ahead", cell)
+    run.client.delete_run(run.run_id)
+
+
+ADOPTIONS = [  # (what happened to the evaluation ahead, the evaluate step's result)
+    ("nothing", None, "adopted"),
+    ("its knn.json replaced by another cell's", _replace_knn, "evaluated afresh"),
+    ("the cell's run deleted from the store", _delete_run, r"no MLflow run for cell .*"),
+]
+
+
+@pytest.mark.parametrize("name,change,expect", ADOPTIONS, ids=[a[0] for a in ADOPTIONS])
+def test_evaluate_adopts_only_the_stamped_files_of_a_run_the_store_holds(
+    name, change, expect, ahead, tmp_path, cache, capsys
+):
+    root, cell = ahead
+    work, uri = root / "out", f"sqlite:///{root / 'mlflow.db'}"
+    if change:
+        change(work, cell, uri)
+    argv = [
+        "evaluate",
+        "--cell-json",
+        json.dumps(cell),
+        "--checkpoint",
+        str(work / "checkpoint.pt"),
+        "--out-dir",
+        str(work),
+        "--data-cache",
+        str(cache),
+        "--tracking-uri",
+        uri,
+        "--experiment",
+        "ahead",
+    ]
+    if expect.startswith("no MLflow run"):
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[0].endswith(
+            "not adopted (the store " + uri + " no longer holds the cell's run with its probes' metrics); evaluating"
+        ), err
+        assert len(err) == 2 and re.fullmatch("smallbatch: error: " + expect, err[1]), err
+        assert not (work / "knn.json").exists()
+        return
+    assert cli.main(argv) == 0
+    out, err = capsys.readouterr()
+    assert ("adopted" in json.loads(out.strip().splitlines()[-1])) == (expect == "adopted"), err[-2000:]
+    assert json.loads((work / "knn.json").read_text())["cell_id"] == cell["id"]
+    if expect != "adopted":
+        assert "not adopted (knn.json is not the file the stamp was written for)" in err
+
+
+@pytest.mark.slow
+def test_a_second_snakemake_run_on_a_results_folder_stops_before_any_job(tmp_path):
+    """Two runs on one results folder from two working directories: the second stops in one
+    line naming the first, and removes nothing of it (a job's log, an output)."""
+    import fcntl
+
+    results = tmp_path / "results"
+    log = results / "logs" / "init_store.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("the first run's log\n")
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        json.dumps(
+            {
+                "study": "two-runs",
+                "results_dir": str(results),
+                "device": "cpu",
+                "baselines": False,
+                "datasets": {"digits": {}},
+                "grid": {"losses": ["infonce"], "batch_sizes": [16], "temperatures": [0.5], "seeds": [0]},
+            }
+        )
+    )
+    fd = os.open(results / ".snakemake-run.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # the first run holds the folder
+    os.write(fd, b"4242\n")
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    try:
+        res = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "snakemake",
+                "--snakefile",
+                str(ROOT / "Snakefile"),
+                "--configfile",
+                str(config),
+                "--workflow-profile",
+                str(ROOT / "workflow/profiles/default"),
+                "--cores",
+                "1",
+                "--directory",
+                str(tmp_path),
+            ],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        os.close(fd)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0
+    assert (
+        f"results folder {results} is in use by another Snakemake run (process 4242); wait for it to finish, "
+        "or give this run another results_dir" in out
+    ), out[-3000:]
+    assert log.read_text() == "the first run's log\n"
+    assert not (results / "mlflow.ready").exists()

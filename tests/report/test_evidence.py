@@ -1,0 +1,237 @@
+"""report/evidence.py: paired and Welch t intervals, Holm, the minimum detectable effect and the
+verdict wording — each on both sides of its boundary and with negative differences, the
+arithmetic checked against scipy.stats and (the MDE) against a simulation."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from smallbatch.report import evidence
+from smallbatch.report.evidence import Estimate, contrast, describe, holm, mde, paired, support
+
+
+# --------------------------------------------------------------------------- paired t
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_paired_interval_and_p_match_scipy(sign):
+    a = {0: 80.0, 1: 81.5, 2: 79.0, 3: 82.0}
+    b = {0: 79.0 + 0 * sign, 1: 80.0, 2: 78.8, 3: 80.1}
+    if sign < 0:
+        a, b = b, a
+    d = np.array([a[s] - b[s] for s in a])
+    e = paired(a, b)
+    ref = stats.ttest_rel(list(a.values()), list(b.values()))
+    h = stats.t.ppf(0.975, 3) * d.std(ddof=1) / 2
+    assert e.test == "paired t" and e.n == 4 and e.df == 3
+    assert e.diff == pytest.approx(d.mean()) and math.copysign(1, e.diff) == sign
+    assert (e.lo, e.hi) == pytest.approx((d.mean() - h, d.mean() + h), rel=1e-12)
+    assert e.p == pytest.approx(ref.pvalue, rel=1e-10) and e.p_adj == e.p
+    assert e.sd == pytest.approx(d.std(ddof=1))
+
+
+def test_paired_pairs_by_seed_not_by_position():
+    a = {1: 10.0, 0: 0.0, 2: 20.0}  # same per-seed offset +1 but a shuffled order
+    b = {0: -1.0, 2: 19.0, 1: 9.0, 7: 100.0}  # a seed b alone has is left out
+    e = paired(a, b)
+    assert e.n == 3 and e.diff == pytest.approx(1.0)
+    assert not e.tested and e.sd == 0.0  # identical seed differences: no noise estimate
+
+
+@pytest.mark.parametrize("diff", [2.0, -2.0])
+def test_significance_on_both_sides_of_alpha(diff):
+    # n = 3, seed differences diff + (-s, 0, +s): t = |diff| / (s / sqrt 3); choose s so t sits just
+    # inside and just outside t_{0.975, 2}
+    crit = stats.t.ppf(0.975, 2)
+    for factor, expect in ((0.99, True), (1.01, False)):
+        s = abs(diff) * math.sqrt(3) / crit * factor
+        e = paired({0: diff - s, 1: diff, 2: diff + s}, {0: 0.0, 1: 0.0, 2: 0.0})
+        assert e.significant is expect and e.within_noise is (not expect)
+        assert (e.lo > 0 or e.hi < 0) is expect  # the interval excludes zero exactly when p < α
+        assert (e.p < evidence.ALPHA) is expect
+
+
+def test_fewer_than_two_pairs_is_untested():
+    e = paired({0: 1.0}, {0: 0.0})
+    assert not e.tested and e.significant is None and e.within_noise is None and e.diff == 1.0
+    assert math.isnan(paired({0: 1.0}, {1: 0.0}).diff) is False  # the means still differ by 1
+    assert math.isnan(paired({}, {0: 1.0}).diff)
+
+
+# --------------------------------------------------------------------------- Welch and contrasts
+@pytest.mark.parametrize("shift", [3.0, -3.0])
+def test_welch_when_no_two_seeds_are_shared_matches_scipy(shift):
+    a = {0: 1.0 + shift, 1: 2.0 + shift, 2: 4.0 + shift}
+    b = {5: 0.0, 6: 1.0, 7: 0.5, 8: 2.5}
+    e = paired(a, b)
+    ref = stats.ttest_ind(list(a.values()), list(b.values()), equal_var=False)
+    va, vb = np.var(list(a.values()), ddof=1) / 3, np.var(list(b.values()), ddof=1) / 4
+    df = (va + vb) ** 2 / (va**2 / 2 + vb**2 / 3)
+    h = stats.t.ppf(0.975, df) * math.sqrt(va + vb)
+    assert e.test == "Welch t" and e.df == pytest.approx(df)
+    assert e.p == pytest.approx(ref.pvalue, rel=1e-10)
+    assert (e.lo, e.hi) == pytest.approx((e.diff - h, e.diff + h))
+    assert math.isnan(e.mde)  # the MDE is stated for paired contrasts only
+
+
+def test_difference_of_differences_is_paired_per_seed():
+    cells = [{s: 10.0 + s + k for s in range(4)} for k in range(4)]
+    noise = [0.3, -0.1, 0.5, -0.2]
+    cells[0] = {s: v + noise[s] for s, v in cells[0].items()}
+    e = contrast([(1, cells[0]), (-1, cells[1]), (-1, cells[2]), (1, cells[3])])
+    per_seed = np.array([cells[0][s] - cells[1][s] - cells[2][s] + cells[3][s] for s in range(4)])
+    assert e.test == "paired t" and e.diff == pytest.approx(per_seed.mean())
+    assert e.p == pytest.approx(stats.ttest_1samp(per_seed, 0.0).pvalue, rel=1e-10)
+
+
+# --------------------------------------------------------------------------- Holm
+def test_holm_matches_the_step_down_definition_and_skips_untested():
+    ps = [0.01, 0.04, 0.03, 0.005]
+    ests = [Estimate(diff=1.0, p=p, p_adj=p, test="paired t", n=3, sd=1.0) for p in ps]
+    out = holm([*ests, None, Estimate(diff=-1.0)])
+    # sorted 0.005, 0.01, 0.03, 0.04 -> 4·0.005, 3·0.01, 2·0.03, 1·0.04, made monotone
+    assert [e.p_adj for e in out[:4]] == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert all(e.family == 4 for e in out[:4]) and out[4] is None and not out[5].tested
+    # a p that passes alone fails in its family: the boundary moves with the family size
+    alone = Estimate(diff=-0.5, p=0.02, p_adj=0.02, test="paired t", n=3, sd=1.0)
+    assert alone.significant is True
+    fam = holm(
+        [
+            alone,
+            Estimate(diff=0.1, p=0.9, p_adj=0.9, test="paired t", n=3, sd=1.0),
+            Estimate(diff=0.1, p=0.5, p_adj=0.5, test="paired t", n=3, sd=1.0),
+        ]
+    )
+    assert fam[0].p_adj == pytest.approx(0.06) and fam[0].significant is False
+    assert holm([])[:] == []
+
+
+# --------------------------------------------------------------------------- minimum detectable effect
+def _power(delta, sd, n, alpha=0.05):
+    df, nc = n - 1, delta / (sd / math.sqrt(n))
+    c = stats.t.ppf(1 - alpha / 2, df)
+    return stats.nct.sf(c, df, nc) + stats.nct.cdf(-c, df, nc)
+
+
+@pytest.mark.parametrize("sd, n", [(1.0, 10), (0.4, 3), (2.5, 5)])
+def test_mde_has_exactly_eighty_percent_power(sd, n):
+    m = mde(sd, n)
+    assert _power(m, sd, n) == pytest.approx(0.8, abs=1e-8)
+    assert _power(0.97 * m, sd, n) < 0.8 < _power(1.03 * m, sd, n)
+    assert m == pytest.approx(sd * mde(1.0, n))  # scales with the sd of the differences
+
+
+def test_mde_against_the_normal_approximation_and_a_simulation():
+    # the z-test's (z_.975 + z_.8) sd / sqrt(n) is the large-n limit, and a t test needs more
+    z = stats.norm.ppf(0.975) + stats.norm.ppf(0.8)
+    assert z / 10 < mde(1.0, 100) < 1.01 * z / 10
+    assert mde(1.0, 10) > z / math.sqrt(10)
+    rng = np.random.default_rng(0)
+    sims = rng.normal(mde(1.0, 6), 1.0, size=(40_000, 6))
+    p = stats.ttest_1samp(sims, 0.0, axis=1).pvalue
+    assert (p < 0.05).mean() == pytest.approx(0.8, abs=0.01)
+
+
+@pytest.mark.parametrize("sd, n", [(0.0, 5), (1.0, 1), (math.nan, 4)])
+def test_mde_without_a_noise_estimate_is_nan(sd, n):
+    assert math.isnan(mde(sd, n))
+
+
+def test_estimate_mde_uses_the_seed_differences():
+    e = paired({0: 1.0, 1: 2.0, 2: 4.0}, {0: 0.0, 1: 0.0, 2: 0.0})
+    assert e.mde == pytest.approx(mde(np.std([1, 2, 4], ddof=1), 3))
+    assert evidence.describe_mde(e) == f"MDE at 80 % power = {e.mde:.1f}"
+
+
+# --------------------------------------------------------------------------- wording
+@pytest.mark.parametrize("holds", [True, False])
+@pytest.mark.parametrize("p", [0.049, 0.051])
+def test_support_and_within_noise_never_meet(holds, p):
+    e = Estimate(diff=-1.0, lo=-2.0, hi=0.5, p=p, p_adj=p, test="paired t", n=3, sd=1.0)
+    s = support(holds, e, "the claim")
+    if p < 0.05:
+        assert s == f"our numbers {'support' if holds else 'do not support'} the claim"
+    else:
+        assert s == "our numbers neither support nor refute the claim (within noise)"
+    assert not ("within noise" in s and " support the claim" in s)
+
+
+def test_untested_never_supports():
+    for e in (None, Estimate(diff=3.0), paired({0: 1.0}, {0: 0.0})):
+        s = support(True, e, "x")
+        assert "cannot test" in s and "support x" not in s
+
+
+def test_describe_prints_interval_test_seeds_and_holm():
+    e = holm(
+        [
+            paired({0: 1.0, 1: 2.0, 2: 4.0}, {0: 0.0, 1: 0.0, 2: 0.0}),
+            paired({0: -1.0, 1: -1.5, 2: -0.2}, {0: 0.0, 1: 0.0, 2: 0.0}),
+        ]
+    )
+    s = describe(e[1], "small − large")
+    assert s.startswith("small − large = -0.9 [") and "(paired t, 3 seeds, Holm p = " in s
+    # a null carries its minimum detectable effect; a significant difference does not need one
+    assert s.endswith(f"of 2; MDE at 80 % power = {e[1].mde:.1f})") and not e[1].significant
+    assert describe(e[1], null_mde=False).endswith("of 2)")
+    sig = paired({0: 3.0, 1: 3.1, 2: 2.9}, {0: 0.0, 1: 0.0, 2: 0.0})
+    assert sig.significant and "MDE" not in describe(sig)
+    assert describe(paired({0: 1.0}, {0: 0.0})) == "+1.0 (untested: one seed)"
+    assert describe(paired({0: 1.0, 1: 1.0}, {0: 0.0, 1: 0.0})).endswith(
+        "(untested: seed differences identical, no noise estimate)"
+    )
+    assert "-0.0" not in describe(paired({0: -0.01, 1: 0.02, 2: -0.03}, {0: 0.0, 1: 0.0, 2: 0.0}))
+
+
+@pytest.mark.parametrize("mean", [1.5, -1.5])
+def test_t_interval_matches_scipy_and_needs_a_spread(mean):
+    lo, hi = evidence.t_interval(mean, 0.4, 3)
+    assert (lo, hi) == pytest.approx(stats.t.interval(0.95, 3, loc=mean, scale=0.4), rel=1e-12)
+    assert (lo > 0) == (mean > 0) and (hi < 0) == (mean < 0)  # ±1.5 with se 0.4: zero outside either way
+    wide = evidence.t_interval(mean, 0.6, 3)  # t_{0.975,3} · 0.6 = 1.91 > 1.5: zero inside
+    assert wide[0] < 0 < wide[1]
+    for se, df in ((0.4, 0), (math.nan, 3), (0.4, math.nan)):
+        assert all(math.isnan(v) for v in evidence.t_interval(mean, se, df))
+
+
+def test_by_failure_names_its_ground():
+    assert evidence.by_failure(False, "x") == "our numbers do not support x (every seed of one arm failed)"
+    assert "within noise" not in evidence.by_failure(True, "x")
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_float_rounding_of_equal_seed_differences_is_no_spread(sign):
+    # 0.1 + 0.2 − 0.3 style noise: the seed differences are equal up to 1e-15, which must not read as a test
+    a = {0: sign * (0.1 + 0.2), 1: sign * 0.3}
+    assert a[0] != a[1]  # 0.30000000000000004 vs 0.3
+    e = paired(a, {0: 0.0, 1: 0.0})
+    assert not e.tested and e.sd == 0.0 and e.significant is None
+    near = paired({0: 80.3, 1: 80.3 + 1e-6}, {0: 70.0, 1: 70.0})  # a real (if tiny) spread is still tested
+    assert near.tested
+
+
+# --------------------------------------------------------------------------- boundaries the mutants found
+def test_an_adjusted_p_of_exactly_alpha_is_not_significant():
+    at = Estimate(diff=1.0, lo=0.0, hi=2.0, p=evidence.ALPHA, p_adj=evidence.ALPHA, n=3, sd=1.0, df=2, test="paired t")
+    below = Estimate(diff=1.0, lo=0.1, hi=1.9, p=0.049, p_adj=0.049, n=3, sd=1.0, df=2, test="paired t")
+    assert at.significant is False and at.within_noise is True
+    assert below.significant is True
+
+
+def test_two_shared_seeds_are_enough_for_a_paired_t():
+    e = paired({0: 1.0, 1: 3.0}, {0: 0.0, 1: 1.0})
+    ref = stats.ttest_rel([1.0, 3.0], [0.0, 1.0])
+    assert e.test == "paired t" and e.n == 2
+    assert e.p == pytest.approx(ref.pvalue, rel=1e-12)
+
+
+def test_mde_beyond_the_first_search_bracket_still_has_its_power():
+    """Two seeds at 90 % power: the search's first bracket se*(t_crit + 4) holds only 81 % power
+    at one degree of freedom, so the bracket must widen for the root to be found."""
+    m = mde(1.0, 2, power=0.9)
+    nc, c = m / (1.0 / math.sqrt(2)), stats.t.ppf(0.975, 1)
+    lower = stats.nct.cdf(-c, 1, nc)  # NaN this far in the tail, where it is 0
+    assert stats.nct.sf(c, 1, nc) + (lower if np.isfinite(lower) else 0.0) == pytest.approx(0.9, abs=1e-8)
+    assert m > (c + 4.0) / math.sqrt(2)
