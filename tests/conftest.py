@@ -18,6 +18,15 @@ SLURM_FIXTURES = {"slurm", "smoke_slurm"}
 
 
 # --------------------------------------------------------------------------- shared fixtures
+@pytest.fixture(autouse=True)
+def _no_inherited_tracking_uri(monkeypatch):
+    """No test inherits another's store: ``mlflow.set_tracking_uri`` writes
+    MLFLOW_TRACKING_URI into ``os.environ`` (for subprocesses), so a store an earlier test
+    set would otherwise reach every later test's ``smallbatch`` and Snakemake children
+    (a study with ``tracking_uri: null`` then logs to that store)."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+
+
 @pytest.fixture(scope="module")
 def digits(tmp_path_factory):
     """The digits data set (ships inside scikit-learn), loaded once per test module."""

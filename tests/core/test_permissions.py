@@ -42,9 +42,14 @@ def _features(path: Path) -> None:
 
 
 def _checkpoint(path: Path) -> None:
+    from smallbatch.pipeline.cells import expand_cells
+    from smallbatch.pipeline.config import load_config
     from smallbatch.training.checkpoint import save_checkpoint
 
-    save_checkpoint(path, {"id": "digits/infonce/bs2-t1-s0", "hash": "0123456789"}, model={"w": torch.ones(2)})
+    cell = next(
+        iter(expand_cells(load_config(Path(__file__).resolve().parents[2] / "workflow/configs/smoke.yaml")).values())
+    )
+    save_checkpoint(path, cell, model={"w": torch.ones(2)})
 
 
 WRITERS = {
