@@ -710,6 +710,30 @@ def _take_subsets(raw: dict[str, Any], train_subset: int | None, test_subset: in
 # --------------------------------------------------------------------------- public API
 
 
+def _check_load_args(name, root, image_size, train_subset, test_subset, seed):
+    """:func:`load_dataset`'s arguments checked: (root as a Path, image_size, train_subset, test_subset)."""
+    if name not in DATASETS:
+        raise ValueError(f"dataset must be one of {', '.join(DATASETS)}; got {name!r}")
+    image_size = _check_optional_positive_int(image_size, "image_size")
+    train_subset = _check_optional_positive_int(train_subset, "train_subset")
+    test_subset = _check_optional_positive_int(test_subset, "test_subset")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise ValueError(f"seed must be an integer, got {seed!r}")
+    if root is None and name != "digits":
+        raise ValueError(f"root is required for dataset {name!r} (only digits needs no files)")
+    return Path(root if root is not None else ".").expanduser(), image_size, train_subset, test_subset
+
+
+def _image_tensors(channels_last: bool, image_size: int | None, train_x, test_x, pretrain_x):
+    """(train, test, pretraining) images as N x C x H x W uint8 tensors at ``image_size``; the
+    pretraining images are the training images where the data set has no others."""
+    images = [None if x is None else _as_images(x, channels_last) for x in (train_x, test_x, pretrain_x)]
+    if image_size is not None:
+        images = [None if t is None else resize_uint8(t, image_size) for t in images]
+    train_t, test_t, pre_t = images
+    return train_t, test_t, (train_t if pre_t is None else pre_t)
+
+
 def load_dataset(
     name: str,
     root: str | Path | None,
@@ -739,17 +763,9 @@ def load_dataset(
             names the expected layout and how to get them), or their download failed
             (the message names the URL, the reason and where to put the files instead).
     """
-    if name not in DATASETS:
-        raise ValueError(f"dataset must be one of {', '.join(DATASETS)}; got {name!r}")
-    image_size = _check_optional_positive_int(image_size, "image_size")
-    train_subset = _check_optional_positive_int(train_subset, "train_subset")
-    test_subset = _check_optional_positive_int(test_subset, "test_subset")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise ValueError(f"seed must be an integer, got {seed!r}")
-    if root is None and name != "digits":
-        raise ValueError(f"root is required for dataset {name!r} (only digits needs no files)")
-    root = Path(root if root is not None else ".").expanduser()
-
+    root, image_size, train_subset, test_subset = _check_load_args(
+        name, root, image_size, train_subset, test_subset, seed
+    )
     if name in COMPOSITES:  # built at the requested counts: no subset to take
         raw = _load_composite(name, root, download, image_size, train_subset, test_subset, seed)
         train_x, train_y_np, test_x, test_y_np, pretrain_x = (
@@ -763,16 +779,7 @@ def load_dataset(
         raw = _read_raw(name, root, download, image_size)
         _check_subsets(name, raw, train_subset, test_subset)
         train_x, train_y_np, test_x, test_y_np, pretrain_x = _take_subsets(raw, train_subset, test_subset, seed)
-    last = raw["channels_last"]
-    train_t = _as_images(train_x, last)
-    test_t = _as_images(test_x, last)
-    pre_t = _as_images(pretrain_x, last) if pretrain_x is not None else None
-    if image_size is not None:
-        train_t = resize_uint8(train_t, image_size)
-        test_t = resize_uint8(test_t, image_size)
-        pre_t = resize_uint8(pre_t, image_size) if pre_t is not None else None
-    if pre_t is None:
-        pre_t = train_t
+    train_t, test_t, pre_t = _image_tensors(raw["channels_last"], image_size, train_x, test_x, pretrain_x)
     mean, std = channel_stats(pre_t)
     meta = {
         "source": raw["source"],

@@ -540,6 +540,21 @@ def _contrast_figure(ctx: ReportContext, rows: list[dict]) -> list:
     return ctx.save_figure(fig, "instrument_contrasts")
 
 
+def _ssl_table(ctx: ReportContext, ssl: list[dict], out: SectionOutput) -> list[str]:
+    """The SSL-vs-baselines table written (its files added to ``out``); its markdown lines."""
+    if not ssl:
+        return []
+    f_ssl = ctx.write_table(
+        "instrument_ssl",
+        "Instrument: does self-supervision learn? (points)",
+        pd.DataFrame(ssl).drop(columns="estimate"),
+        _ssl_display(ssl),
+        note="fraction: (InfoNCE − random-init) / (supervised − random-init)",
+    )
+    out.files += f_ssl
+    return [f"Self-supervision against the baselines: {ctx.table_links(f_ssl)}"]
+
+
 def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
     cells = select_cells(runs, SECTION, (), ctx.notes)
     if cells.empty:
@@ -610,16 +625,7 @@ def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
         out.files += figs
         md += ["", ctx.figure_md(figs, "instrument arms")]
     ssl = ssl_rows(vals, base, datasets)
-    if ssl:
-        f_ssl = ctx.write_table(
-            "instrument_ssl",
-            "Instrument: does self-supervision learn? (points)",
-            pd.DataFrame(ssl).drop(columns="estimate"),
-            _ssl_display(ssl),
-            note="fraction: (InfoNCE − random-init) / (supervised − random-init)",
-        )
-        out.files += f_ssl
-        md.append(f"Self-supervision against the baselines: {ctx.table_links(f_ssl)}")
+    md += _ssl_table(ctx, ssl, out)
     out.findings += ssl_vs_random(ssl) + findings(rows) + control_findings(rows, lrs)
     out.markdown = "\n".join(md + [""] + [f"- {s}" for s in out.findings]) + "\n"
     return out
