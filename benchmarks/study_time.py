@@ -121,6 +121,10 @@ def _summary(log: Path) -> dict:
     return json.loads(lines[-1]) if lines else {}
 
 
+#: the folder into which revisions before 2026-12-01 evaluated a cell ahead, in its pretraining process
+EVALUATED_AHEAD = "evaluated"
+
+
 def work_times(results: Path) -> dict[tuple[str, str], float]:
     """Seconds of the work itself, summed per (rule, part): training (``wall_s`` of each
     checkpoint) and the embedding, kNN and linear probe of each cell (the seconds they
@@ -129,11 +133,9 @@ def work_times(results: Path) -> dict[tuple[str, str], float]:
     ``knn``, ``linear`` for revisions with one job per step)."""
     import torch
 
-    from smallbatch.pipeline.prepared import EVAL_DIR
-
     work = defaultdict(float)
     for ck in results.glob("runs/**/checkpoint.pt"):
-        work["pretrain", "pretrain"] += float(torch.load(ck, map_location="cpu", weights_only=False).get("wall_s", 0.0))
+        work["pretrain", "pretrain"] += float(torch.load(ck, map_location="cpu", weights_only=True).get("wall_s", 0.0))
     evaluated = set()
     for log in results.glob("logs/evaluate/**/*.log"):
         res = _summary(log)
@@ -147,7 +149,7 @@ def work_times(results: Path) -> dict[tuple[str, str], float]:
     for log in results.glob("logs/embed/**/*.log"):
         work["embed", "embed"] += float(_summary(log).get("seconds", 0.0) or 0.0)
     for kind in ("knn", "linear"):  # (not the copies a pretraining process evaluated ahead into)
-        for f in {f for f in results.glob(f"runs/**/{kind}.json") if f.parent.name != EVAL_DIR} - evaluated:
+        for f in {f for f in results.glob(f"runs/**/{kind}.json") if f.parent.name != EVALUATED_AHEAD} - evaluated:
             work[kind, kind] += float(json.loads(f.read_text()).get(f"{kind}/seconds", 0.0))
     return dict(work)
 

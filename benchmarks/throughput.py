@@ -138,16 +138,18 @@ def simclr_transform(size: int, mean, std):
     )
 
 
-def per_sample_rate(cell: dict, images: torch.Tensor, mean, std, steps: int, workers: int) -> float:
+def per_sample_rate(cell, images: torch.Tensor, mean, std, steps: int, workers: int) -> float:
     """images/s of a per-sample DataLoader pipeline with the same model, loss and optimiser."""
+    from smallbatch.cell import Cell
     from smallbatch.losses import build_loss
     from smallbatch.training import loop as train
 
+    cell = Cell.of(cell)
     torch.manual_seed(0)
-    bs = cell["batch_size"]
+    bs = cell.batch_size
     size = images.shape[-1]
     model = train.build_model(cell, images.shape[1], size)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3, weight_decay=cell["train"]["weight_decay"])
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, weight_decay=cell.train.weight_decay)
     loss_fn = build_loss("infonce")
     ds = PerSampleImages(images, simclr_transform(size, mean, std))
     loader = torch.utils.data.DataLoader(
@@ -158,7 +160,7 @@ def per_sample_rate(cell: dict, images: torch.Tensor, mean, std, steps: int, wor
     while done < 2 * steps:
         for v1, v2 in loader:
             z = model(torch.cat([v1, v2]))
-            out = loss_fn(z[:bs], z[bs:], temperature=cell["temperature"])
+            out = loss_fn(z[:bs], z[bs:], temperature=cell.temperature)
             opt.zero_grad(set_to_none=True)
             out.loss.backward()
             opt.step()
@@ -191,16 +193,18 @@ def study_cell(batch_size: int, compile_step: bool, device: str, dataset: str = 
     )
 
 
-def step_rate(cell: dict, images, mean, std, steps: int, ready=None) -> tuple[float, float]:
+def step_rate(cell, images, mean, std, steps: int, ready=None) -> tuple[float, float]:
     """(images/s over ``steps`` steps, seconds of building + the first two steps: the
     compile time when the step is compiled).  ``ready()``, when given, runs between the
     two (a barrier, so that cells sharing a device time the same window)."""
+    from smallbatch.cell import Cell
     from smallbatch.training import loop as train
 
+    cell = Cell.of(cell)
     t0 = time.perf_counter()
-    dev = train.resolve_device(cell["device"])
+    dev = train.resolve_device(cell.device)
     t = train.build_training(cell, images, mean, std, dev, Path(tempfile.mkdtemp()))
-    bs, n = cell["batch_size"], images.shape[0]
+    bs, n = cell.batch_size, images.shape[0]
     perm = torch.randperm(n, device=dev)
 
     def one(i: int) -> None:

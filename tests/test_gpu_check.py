@@ -222,12 +222,12 @@ def test_the_full_plans_cells_are_valid_cells_of_the_study_configs(tmp_path):
     for loss in ("infonce", "dcl"):
         args = cli.build_parser().parse_args(["pretrain", *gpu_check.cli_cell_args(config, loss, plan)])
         cell, _ = cli.resolve_cell(args)
-        assert (cell["train"]["backbone"], cell["train"]["precision"], cell["augment"]["recipe"]) == (
+        assert (cell.train.backbone, cell.train.precision, cell.augment["recipe"]) == (
             "resnet18_cifar",
             "bf16",
             "simclr",
         )
-        assert cell["batch_size"] == 256 and cell["train"]["epochs"] == 10 and cell["device"] == "cuda"
+        assert cell.batch_size == 256 and cell.train.epochs == 10 and cell.device == "cuda"
 
 
 def test_the_documented_device_command_fits_the_tool():

@@ -1,4 +1,5 @@
-"""A cell as a frozen, typed value: :class:`Cell` and its training settings :class:`TrainSettings`.
+"""A cell as a frozen, typed value: :class:`Cell` (a study cell) or :class:`BaselineCell`, with
+their training settings :class:`TrainSettings` and probe settings :class:`EvalSettings`.
 
 A cell is made once, from the validated config, by :func:`smallbatch.pipeline.cells.make_cell`
 (a JSON object: the workflow passes it to each job, its hash names its config).  Its JSON
@@ -6,7 +7,8 @@ stays the canonical form -- :meth:`Cell.to_json` gives back exactly the text it 
 from, so hashes and ``cell.json`` files do not change -- and the typed fields are read from
 it once, so a module reads ``cell.train.queue_size``, not ``cell["train"]["queue_size"]``: a
 misspelt setting is an AttributeError where it is written, and the fields say which
-settings exist.
+settings exist.  :func:`read_cell` types either kind; only :mod:`smallbatch.pipeline.cells`
+(which makes the JSON) and this module read a cell by its string keys.
 """
 
 from __future__ import annotations
@@ -61,8 +63,34 @@ class TrainSettings:
 
 
 @dataclass(frozen=True)
-class Cell:
-    """One cell: dataset x loss (+ parameters) x batch size x temperature x seed (x axes)."""
+class EvalSettings:
+    """The ``eval`` section of a cell: the probes' settings (CONFIGURATION.md documents each key)."""
+
+    knn_k: tuple[int, ...]
+    knn_t: float
+    linear_optimizer: str
+    linear_tol: float
+    linear_iterations: int
+    linear_lr: float | None
+    linear_weight_decay: float
+    linear_batch_size: int | None
+    linear_weight_decays: tuple[float, ...] | None
+    linear_val_fraction: float
+    fewshot_fractions: tuple[float, ...]
+    fewshot_draws: int
+    batch_size: int
+    monitor_every: int | None = None
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> EvalSettings:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: _frozen(v) for k, v in d.items() if k in known})
+
+
+@dataclass(frozen=True, kw_only=True)
+class _CellBase:
+    """What every cell has: its name and hash, its data, the network's training settings, the
+    probes' settings and where it runs.  Its JSON stays the canonical form (``to_json``)."""
 
     id: str
     hash: str
@@ -71,42 +99,26 @@ class Cell:
     dataset_options: Mapping[str, Any]
     data_root: str
     download: bool
-    loss: str
-    loss_params: Mapping[str, Any]
-    batch_size: int
-    temperature: float
     seed: int
-    negatives: int
     train: TrainSettings
-    augment: Mapping[str, Any]
-    eval: Mapping[str, Any]
+    eval: EvalSettings
     device: str
     threads: int
     tracking: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     _json: str = field(default="", repr=False, compare=False)
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Cell:
-        """The cell of a JSON object made by ``make_cell`` (keys beyond the fields are kept in
-        its JSON, not as fields)."""
-        known = {f.name for f in fields(cls)} - {"_json", "train"}
+    def from_dict(cls, d: Mapping[str, Any]):
+        """The cell of a JSON object made by :mod:`smallbatch.pipeline.cells` (keys beyond the
+        fields are kept in its JSON, not as fields)."""
+        known = {f.name for f in fields(cls)} - {"_json", "train", "eval"}
         values = {k: _frozen(v) for k, v in d.items() if k in known}
-        return cls(**values, train=TrainSettings.from_dict(d["train"]), _json=json_text(dict(d)))
+        train, ev = TrainSettings.from_dict(d["train"]), EvalSettings.from_dict(d["eval"])
+        return cls(**values, train=train, eval=ev, _json=json_text(dict(d)))
 
     @classmethod
-    def from_json(cls, text: str) -> Cell:
+    def from_json(cls, text: str):
         return cls.from_dict(json.loads(text))
-
-    @classmethod
-    def of(cls, cell: Cell | Mapping[str, Any]) -> Cell:
-        """``cell`` as a Cell (a JSON object is read once)."""
-        return cell if isinstance(cell, Cell) else cls.from_dict(cell)
-
-    @staticmethod
-    def train_of(cell: Cell | Mapping[str, Any]) -> TrainSettings:
-        """The training settings of a cell, or of a baseline cell (no loss, τ or batch size:
-        not a Cell, but its network is built from the same settings)."""
-        return cell.train if isinstance(cell, Cell) else TrainSettings.from_dict(cell["train"])
 
     def to_json(self) -> str:
         """The text the cell was made from (``io.json_text`` layout): the same bytes, the same hash."""
@@ -115,6 +127,45 @@ class Cell:
     def to_dict(self) -> dict[str, Any]:
         """A fresh, mutable JSON object of the cell (e.g. for a checkpoint's ``cell`` entry)."""
         return copy.deepcopy(json.loads(self._json))
+
+    def replaced(self, **changes: Any):
+        """The same cell with top-level JSON entries replaced (an execution setting such as
+        ``threads``, or a probe's ``eval`` for a look that is not logged); the hash is kept."""
+        return type(self).from_dict({**self.to_dict(), **changes})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cell(_CellBase):
+    """One cell: dataset x loss (+ parameters) x batch size x temperature x seed (x axes)."""
+
+    loss: str
+    loss_params: Mapping[str, Any]
+    batch_size: int
+    temperature: float
+    negatives: int
+    augment: Mapping[str, Any]
+
+    @classmethod
+    def of(cls, cell: Cell | Mapping[str, Any]) -> Cell:
+        """``cell`` as a Cell (a JSON object is read once)."""
+        return cell if isinstance(cell, Cell) else cls.from_dict(cell)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BaselineCell(_CellBase):
+    """A baseline (``baselines/<dataset>/<kind>``): raw pixels, a random-init encoder, or the
+    supervised upper bound -- no loss or τ; the supervised one has augmentations and a batch size."""
+
+    baseline: str
+    augment: Mapping[str, Any] | None = None
+    batch_size: int | None = None
+
+
+def read_cell(cell: Cell | BaselineCell | Mapping[str, Any]) -> Cell | BaselineCell:
+    """``cell`` typed: a Cell, or a BaselineCell when its JSON names a ``baseline``."""
+    if isinstance(cell, _CellBase):
+        return cell
+    return (BaselineCell if "baseline" in cell else Cell).from_dict(cell)
 
 
 def _frozen(v: Any) -> Any:

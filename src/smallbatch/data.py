@@ -834,12 +834,13 @@ def save_cache(data: ImageData, path: str | Path) -> Path:
 _CACHE_TENSORS = {"train_x": torch.uint8, "train_y": torch.int64, "test_x": torch.uint8, "test_y": torch.int64}
 
 
-def check_cache(data: ImageData, cell: dict, path: str | Path) -> None:
+def check_cache(data: ImageData, cell, path: str | Path) -> None:
     """The cache holds the cell's data set at the cell's image size and subsets; a one-line
     ValueError naming both otherwise (a cache of another data set or size would train the
-    cell on other data while its checkpoint and run still claim the cell's)."""
-    opts = cell.get("dataset_options") or {}
-    want = {"dataset": cell["dataset"], **{k: opts.get(k) for k in ("image_size", "train_subset", "test_subset")}}
+    cell on other data while its checkpoint and run still claim the cell's).  ``cell``: a
+    :class:`~smallbatch.cell.Cell` or BaselineCell."""
+    opts = cell.dataset_options
+    want = {"dataset": cell.dataset, **{k: opts.get(k) for k in ("image_size", "train_subset", "test_subset")}}
     have = {"dataset": data.name, **(data.meta.get("options") or {})}
     if "options" not in data.meta:  # a cache from before the options were recorded
         have.update({k: data.meta.get(k) for k in ("train_subset", "test_subset")})

@@ -528,7 +528,7 @@ def run_exists(client, uri: str, run_id: str) -> bool:
 def open_cell_run(
     uri: str,
     experiment: str,
-    cell: dict,
+    cell,
     kind: str = "cell",
     params: dict[str, str] | None = None,
     run_id: str | None = None,
@@ -542,51 +542,63 @@ def open_cell_run(
     ``fresh`` always creates a new run (a restarted cell: its history starts again).
     ``lease``: the folder a trainer writes into; the run is leased to it
     (:meth:`CellRun.take_lease`: :class:`LeaseHeld` when another folder's trainer holds it).
-    ``parent``: the run id this one is nested under (tag ``mlflow.parentRunId``)."""
+    ``parent``: the run id this one is nested under (tag ``mlflow.parentRunId``).
+    ``cell``: what :func:`run_key` reads."""
     run = _open_cell_run(uri, experiment, cell, kind, params, run_id, fresh, parent)
     if lease is not None:
         run.take_lease(lease)
     return run
 
 
+def run_key(cell) -> tuple[str, str, str, str]:
+    """(id, hash, experiment, baseline) naming a cell's run: of a Cell or BaselineCell
+    (:mod:`smallbatch.cell`), or of the JSON object of a run that is not a cell's (an MI row,
+    the report, their parent runs: ``id`` and ``hash``, optionally ``experiment``)."""
+    if isinstance(cell, Mapping):
+        entry = cell
+        return entry["id"], entry["hash"], entry.get("experiment", "grid"), entry.get("baseline", "")
+    return cell.id, cell.hash, cell.experiment, getattr(cell, "baseline", "")
+
+
 def _open_cell_run(
     uri: str,
     experiment: str,
-    cell: dict,
+    cell,
     kind: str,
     params: dict[str, str] | None,
     run_id: str | None,
     fresh: bool,
     parent: str | None = None,
 ) -> CellRun:
+    cid, chash, cexp, baseline = run_key(cell)
     exp_id = get_or_create_experiment(uri, experiment)
     client = _client(uri)
     if run_id is not None:
         if not run_exists(client, uri, run_id):
-            raise RunVanished(f"run {run_id} of cell {cell['id']} is not in the MLflow store {uri}")
-        return CellRun(uri, run_id, client, resumed=True, cell_id=cell["id"])
+            raise RunVanished(f"run {run_id} of cell {cid} is not in the MLflow store {uri}")
+        return CellRun(uri, run_id, client, resumed=True, cell_id=cid)
     try:
-        runs = [] if fresh else _find_runs(client, exp_id, cell["id"], cell["hash"])
+        runs = [] if fresh else _find_runs(client, exp_id, cid, chash)
         if runs and (kind != "cell" or runs[0].info.status != "FINISHED"):
-            run = CellRun(uri, runs[0].info.run_id, client, resumed=True, cell_id=cell["id"])
+            run = CellRun(uri, runs[0].info.run_id, client, resumed=True, cell_id=cid)
             if parent and runs[0].data.tags.get(TAG_PARENT) != parent:
                 run.set_tags({TAG_PARENT: parent})
             return run
         tags = {
-            TAG_CELL: cell["id"],
-            TAG_HASH: cell["hash"],
+            TAG_CELL: cid,
+            TAG_HASH: chash,
             TAG_KIND: kind,
-            TAG_EXPERIMENT: cell.get("experiment", "grid"),
+            TAG_EXPERIMENT: cexp,
             TAG_STATUS: "running",
             TAG_COMMIT: git_commit(),
             **_versions(),
         }
         if kind == "baseline":
-            tags[TAG_BASELINE] = cell.get("baseline", "")
+            tags[TAG_BASELINE] = baseline
         if parent:
             tags[TAG_PARENT] = parent
-        created = client.create_run(exp_id, run_name=cell["id"], tags=tags)
-        run = CellRun(uri, created.info.run_id, client, resumed=False, cell_id=cell["id"])
+        created = client.create_run(exp_id, run_name=cid, tags=tags)
+        run = CellRun(uri, created.info.run_id, client, resumed=False, cell_id=cid)
         if params:
             from mlflow.entities import Param
 
@@ -597,23 +609,24 @@ def _open_cell_run(
     except TrackingError:
         raise
     except Exception as exc:  # noqa: BLE001
-        raise _wrap(uri, f"opening the run of cell {cell['id']}", exc) from None
+        raise _wrap(uri, f"opening the run of cell {cid}", exc) from None
 
 
-def find_cell_run(uri: str, experiment: str, cell: dict) -> CellRun:
+def find_cell_run(uri: str, experiment: str, cell) -> CellRun:
     """The existing run of a cell (for evaluation steps); error if pretraining never logged."""
+    cid, chash, _, _ = run_key(cell)
     exp_id = get_or_create_experiment(uri, experiment)
     client = _client(uri)
     try:
-        runs = _find_runs(client, exp_id, cell["id"], cell["hash"])
+        runs = _find_runs(client, exp_id, cid, chash)
     except Exception as exc:  # noqa: BLE001
-        raise _wrap(uri, f"searching the run of cell {cell['id']}", exc) from None
+        raise _wrap(uri, f"searching the run of cell {cid}", exc) from None
     if not runs:
         raise TrackingError(
-            f"no MLflow run for cell {cell['id']} (hash {cell['hash']}) in experiment "
+            f"no MLflow run for cell {cid} (hash {chash}) in experiment "
             f"'{experiment}' at {uri}: run `smallbatch pretrain` for it first"
         )
-    return CellRun(uri, runs[0].info.run_id, client, resumed=True, cell_id=cell["id"])
+    return CellRun(uri, runs[0].info.run_id, client, resumed=True, cell_id=cid)
 
 
 def count_cell_runs(uri: str, experiment: str, cell_id: str) -> int:

@@ -124,6 +124,8 @@ def test_gap_fraction_places_a_value_between_random_init_and_supervised():
 
 
 def test_the_evaluation_step_writes_the_probes_in_percent(feats):
+    from smallbatch.pipeline.cells import expand_cells
+    from smallbatch.pipeline.config import load_config
     from smallbatch.pipeline.jobs import _eval_on_features
 
     tr, ytr, te, yte = feats
@@ -139,7 +141,9 @@ def test_the_evaluation_step_writes_the_probes_in_percent(feats):
         "fewshot_fractions": [0.1],
         "fewshot_draws": 2,
     }
-    out = _eval_on_features("linear", {"eval": ev, "seed": 0, "device": "cpu"}, (tr, ytr, te, yte))
+    cfg = load_config(None, {"datasets": {"digits": {}}, "grid": {"seeds": [0]}, "device": "cpu", "eval": ev})
+    cell = next(iter(expand_cells(cfg).values()))  # a cell of a config with these probe settings
+    out = _eval_on_features("linear", cell, (tr, ytr, te, yte))
     raw = probes.linear_probes(
         tr, ytr, te, yte, weight_decays=DECAYS, fewshot_fractions=[0.1], fewshot_draws=2, epochs=20
     )

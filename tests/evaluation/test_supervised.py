@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 import torch
 
+from smallbatch.cell import TrainSettings
 from smallbatch.data import load_dataset
 from smallbatch.evaluation.supervised import supervised_schedule, train_supervised
 from smallbatch.pipeline.cells import baseline_cells
@@ -37,9 +39,10 @@ def test_supervised_baselines_are_cells_per_seed_only_when_enabled():
 
 
 def test_schedule_is_the_cells_schedule():
-    train = {"epochs": 2.5, "steps": None, "warmup_epochs": 0.5, "lr": 0.1, "lr_scaling": "linear"}
+    given = {"epochs": 2.5, "steps": None, "warmup_epochs": 0.5, "lr": 0.1, "lr_scaling": "linear"}
+    train = TrainSettings.from_dict({**_config()["train"], **given})
     assert supervised_schedule(train, 1000, 100) == (10, 25, 5, pytest.approx(0.1 * 100 / 256))
-    assert supervised_schedule({**train, "steps": 7}, 1000, 100)[1] == 7
+    assert supervised_schedule(dataclasses.replace(train, steps=7), 1000, 100)[1] == 7
     with pytest.raises(ValueError, match="batch_size"):
         supervised_schedule(train, 10, 11)
 

@@ -20,6 +20,7 @@ from pathlib import Path
 try:
     from smallbatch.pipeline.config import (ConfigError, check_data_roots, check_results_dir, read_config_file,
                                    resolve_tracking_uri, validate_config)
+    from smallbatch.cell import read_cell
     from smallbatch.pipeline.cells import baseline_cells, expand_cells
     from smallbatch.training.distributed import launch_command
 except ImportError as exc:  # pragma: no cover - a user without the package installed
@@ -59,8 +60,9 @@ except ConfigError as exc:
 
 R = config["results_dir"]
 EXPERIMENT = config["study"]
-CELLS = expand_cells(config)
-BASELINES = baseline_cells(config)
+# typed cells (smallbatch.cell): the rules read attributes
+CELLS = {cid: read_cell(c) for cid, c in expand_cells(config).items()}
+BASELINES = {bid: read_cell(c) for bid, c in baseline_cells(config).items()}
 THREADS = int(config["threads"])
 # features.npz: not written by default (the evaluation step keeps the features in memory);
 # keep_features writes it next to the probes' results.
@@ -197,11 +199,11 @@ def cell_hash(wildcards):
     changed cell changes it, and Snakemake's params trigger reruns the cell's jobs.  The
     job reads the cell itself from its cell.json (write_cell_files), so the shell line
     stays one short line."""
-    return cell_of(wildcards)["hash"]
+    return cell_of(wildcards).hash
 
 
 def baseline_hash(wildcards):
-    return BASELINES[f"baselines/{wildcards.dataset}/{wildcards.kind}"]["hash"]
+    return BASELINES[f"baselines/{wildcards.dataset}/{wildcards.kind}"].hash
 
 
 def cell_file(wildcards, output):
@@ -236,12 +238,12 @@ def pretrain_priority(wildcards):
     relative to batch 256), so the jobs that end the study are short ones and neither core
     waits long for the other (the MI toy, longer still, has 10)."""
     cell = cell_of(wildcards)
-    work = float(cell["train"]["epochs"]) * 256 / int(cell["batch_size"])
+    work = float(cell.train.epochs) * 256 / int(cell.batch_size)
     return min(9, max(1, round(math.log2(max(1.0, work)))))
 
 
 def devices(wildcards):
-    return int(cell_of(wildcards)["train"]["devices"])
+    return int(cell_of(wildcards).train.devices)
 
 
 def gpu_permille(wildcards, n=None):
@@ -263,7 +265,7 @@ def tasks_per_gpu(wildcards):
 
 
 def data_cache(wildcards):
-    return f"{R}/data/cache/{cell_of(wildcards)['dataset']}.pt"
+    return f"{R}/data/cache/{cell_of(wildcards).dataset}.pt"
 
 
 def cell_dir(cell_id):

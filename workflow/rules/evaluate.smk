@@ -4,7 +4,7 @@
 
 
 rule evaluate:
-    # as soon as its cell is trained (it usually adopts the evaluation pretraining ran ahead)
+    # as soon as its cell is trained
     priority: 10
     input:
         ckpt=f"{R}/runs/{{cell}}/checkpoint.pt",

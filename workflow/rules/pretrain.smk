@@ -60,8 +60,6 @@ rule pretrain:
         exp=EXPERIMENT,
         out=out_dir,
         launch=lambda w: launch_command(devices(w)),  # shell-safe by construction (common.smk)
-        # one process: evaluate in it too, for the evaluate job to adopt (smallbatch.pipeline.prepared)
-        ahead=lambda w: flag("--evaluate-ahead", devices(w) == 1 and not KEEP_FEATURES),
         # each of the cell's processes gets its share of the job's threads
         threads=lambda w, threads: max(1, threads // devices(w)),
     log:
@@ -82,5 +80,5 @@ rule pretrain:
         conda_env
     shell:
         "{params.launch} pretrain --cell {params.cell:q} --data-cache {input.data:q} --out {params.out:q} "
-        "{params.ahead:q} --tracking-uri {params.uri:q} --experiment {params.exp:q} --threads {params.threads:q} "
+        "--tracking-uri {params.uri:q} --experiment {params.exp:q} --threads {params.threads:q} "
         "> {log:q} 2>&1"

@@ -15,6 +15,8 @@ import time
 
 import torch
 
+from ..cell import Cell
+
 #: images of the held-out queries and of the bank (cost: benchmarks/results/2026-12-01-knn-monitor.md)
 QUERIES, BANK = 500, 2000
 _SEED_OFFSET = 0x6D6F6E  # the split's generator: apart from every training stream
@@ -71,11 +73,12 @@ class KnnMonitor:
         }
 
 
-def knn_monitor(cell: dict, data, device) -> KnnMonitor | None:
+def knn_monitor(cell: Cell | dict, data, device) -> KnnMonitor | None:
     """The cell's monitor, or None when ``eval.monitor_every`` is off (0 / null) or the data
     has no labelled training images."""
-    ev = cell["eval"]
-    every = ev.get("monitor_every") or 0
+    cell = Cell.of(cell)
+    ev = cell.eval
+    every = ev.monitor_every or 0
     if not every or data.train_y is None:
         return None
     return KnnMonitor(
@@ -84,8 +87,8 @@ def knn_monitor(cell: dict, data, device) -> KnnMonitor | None:
         data.mean,
         data.std,
         every=every,
-        k=min(ev["knn_k"]),
-        t=ev["knn_t"],
-        seed=cell["seed"],
+        k=min(ev.knn_k),
+        t=ev.knn_t,
+        seed=cell.seed,
         device=device,
     )

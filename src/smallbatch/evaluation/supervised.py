@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from ..augment import AugmentConfig, BatchAugment
+from ..cell import BaselineCell, TrainSettings, read_cell
 from ..models import build_backbone
 from ..training.checkpoint import StepRandom
 from ..training.optim import lr_at, make_optimizer, scaled_lr, set_lr
@@ -30,7 +31,7 @@ from ..training.optim import lr_at, make_optimizer, scaled_lr, set_lr
 __all__ = ["train_supervised", "supervised_schedule"]
 
 
-def supervised_schedule(train: dict, n_images: int, batch_size: int) -> tuple[int, int, int, float]:
+def supervised_schedule(train: TrainSettings, n_images: int, batch_size: int) -> tuple[int, int, int, float]:
     """(steps per epoch, total steps, warm-up steps, peak rate) of the cells' schedule."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 2 <= batch_size <= n_images:
         raise ValueError(
@@ -38,13 +39,13 @@ def supervised_schedule(train: dict, n_images: int, batch_size: int) -> tuple[in
             f"(the training images), got {batch_size!r}"
         )
     spe = n_images // batch_size
-    total = int(train["steps"]) if train.get("steps") else max(1, math.ceil(float(train["epochs"]) * spe))
-    warmup = int(round(float(train["warmup_epochs"]) * spe))
-    return spe, total, warmup, scaled_lr(float(train["lr"]), batch_size, train["lr_scaling"])
+    total = int(train.steps) if train.steps else max(1, math.ceil(float(train.epochs) * spe))
+    warmup = int(round(float(train.warmup_epochs) * spe))
+    return spe, total, warmup, scaled_lr(float(train.lr), batch_size, train.lr_scaling)
 
 
 def train_supervised(
-    cell: dict,
+    cell: BaselineCell | dict,
     images: torch.Tensor,
     labels: torch.Tensor,
     num_classes: int,
@@ -56,18 +57,19 @@ def train_supervised(
     ``device``). ``cell`` needs ``train``, ``augment``, ``seed`` and ``batch_size``;
     ``images`` uint8 ``(N, C, H, W)``, ``labels`` int64 ``(N,)``."""
     dev = torch.device(device)
-    tr = cell["train"]
+    cell = read_cell(cell)
+    tr = cell.train
     n, c, h, _ = images.shape
     if labels.shape != (n,):
         raise ValueError(f"labels must have shape ({n},), got {tuple(labels.shape)}")
-    bs = cell["batch_size"]
+    bs = cell.batch_size
     spe, total, warmup, peak = supervised_schedule(tr, n, bs)
-    torch.manual_seed(cell["seed"])
-    backbone, feat_dim = build_backbone(tr["backbone"], c, h, width=tr["width"], pool_grid=tr["pool_grid"])
+    torch.manual_seed(cell.seed)
+    backbone, feat_dim = build_backbone(tr.backbone, c, h, width=tr.width, pool_grid=tr.pool_grid)
     net = nn.Sequential(backbone, nn.Linear(feat_dim, int(num_classes))).to(dev)
-    opt = make_optimizer(net.parameters(), tr["optimizer"], peak, tr["momentum"], tr["weight_decay"], dev)
-    aug = BatchAugment(AugmentConfig(**cell["augment"]), image_size=h, channels=c, mean=mean, std=std)
-    rng = StepRandom(cell["seed"], dev)
+    opt = make_optimizer(net.parameters(), tr.optimizer, peak, tr.momentum, tr.weight_decay, dev)
+    aug = BatchAugment(AugmentConfig(**cell.augment), image_size=h, channels=c, mean=mean, std=std)
+    rng = StepRandom(cell.seed, dev)
     x_all, y_all = images.to(dev), labels.to(dev)
     net.train()
     perm = None
@@ -84,5 +86,5 @@ def train_supervised(
         loss.backward()
         opt.step()
     if not math.isfinite(float(loss.detach())):
-        raise ValueError(f"the supervised baseline {cell.get('id', '')} diverged (loss {float(loss)}); lower train.lr")
+        raise ValueError(f"the supervised baseline {cell.id} diverged (loss {float(loss)}); lower train.lr")
     return backbone.eval()

@@ -21,6 +21,7 @@ import math
 import sys
 from pathlib import Path
 
+from ..cell import BaselineCell, Cell, read_cell
 from .cli_parser import EVAL_FLAGS, TRAIN_FLAGS
 
 EXIT_USAGE = 2
@@ -36,9 +37,10 @@ def _coerce(v: str):
     return {"none": None, "null": None, "true": True, "false": False}.get(v.lower(), v)
 
 
-def resolve_cell(args, baseline: bool = False) -> tuple[dict, dict]:
-    """(cell, config) from the arguments; raises ValueError with one line.
-    ``baseline``: a --cell file must hold a baseline cell (else a study cell)."""
+def resolve_cell(args, baseline: bool = False) -> tuple[Cell | BaselineCell, dict]:
+    """(cell, config) from the arguments, the cell typed (:mod:`smallbatch.cell`); raises
+    ValueError with one line.  ``baseline``: a --cell file must hold a baseline cell (else a
+    study cell)."""
     from .cells import expand_cells
     from .config import load_config
 
@@ -52,7 +54,7 @@ def resolve_cell(args, baseline: bool = False) -> tuple[dict, dict]:
         else:
             cell = _cell_from_text(args.cell_json, "--cell-json", cfg, baseline)
         if getattr(args, "threads", None):
-            cell["threads"] = args.threads
+            cell = cell.replaced(threads=args.threads)
         return cell, cfg
     overrides = _train_overrides(args)
     if args.cell_id:
@@ -68,8 +70,9 @@ def resolve_cell(args, baseline: bool = False) -> tuple[dict, dict]:
             raise ValueError(
                 f"no cell {args.cell_id!r} in {args.config}" + (f"; did you mean {', '.join(near)}?" if near else "")
             )
-        return cells[args.cell_id], cfg
-    return _standalone_cell(args, overrides)
+        return read_cell(cells[args.cell_id]), cfg
+    cell, cfg = _standalone_cell(args, overrides)
+    return read_cell(cell), cfg
 
 
 #: every flag of the stand-alone group (_add_cell_args), with its empty value
@@ -101,7 +104,7 @@ def _refuse_ignored(args, mode: str, keep: tuple[str, ...]) -> None:
             )
 
 
-def _read_cell_file(path: Path, cfg: dict, baseline: bool) -> dict:
+def _read_cell_file(path: Path, cfg: dict, baseline: bool) -> Cell | BaselineCell:
     """A cell JSON file that holds every key a cell of its kind has (as `smallbatch cells
     --write` writes them); ValueError naming the file and the first missing key."""
     if not path.is_file():
@@ -113,24 +116,24 @@ def _read_cell_file(path: Path, cfg: dict, baseline: bool) -> dict:
     return _cell_from_text(text, f"cell file {path}", cfg, baseline)
 
 
-def _cell_from_text(text: str, source: str, cfg: dict, baseline: bool) -> dict:
+def _cell_from_text(text: str, source: str, cfg: dict, baseline: bool) -> Cell | BaselineCell:
     """A cell from its JSON text; ValueError naming ``source`` and the first missing key, an
     id outside the id grammar, or a hash that is not the hash of the cell's settings."""
     from .cells import baseline_cells, cell_hash, check_cell_id, make_cell, with_current_names
 
     try:
-        cell = json.loads(text)
+        obj = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"{source} is not valid JSON ({exc.msg})") from None
-    if not isinstance(cell, dict):
-        raise ValueError(f"{source} must hold a JSON object (one cell), not a {type(cell).__name__}")
-    cell = with_current_names(cell)  # written before a setting was renamed: the same cell, the same hash
+    if not isinstance(obj, dict):
+        raise ValueError(f"{source} must hold a JSON object (one cell), not a {type(obj).__name__}")
+    obj = with_current_names(obj)  # written before a setting was renamed: the same cell, the same hash
     dataset = next(iter(cfg["datasets"]))  # a reference cell of the same kind lists the keys
     if baseline:
         ref = next(iter(baseline_cells({**cfg, "baselines": True}).values()))
     else:
         ref = make_cell(cfg, dataset=dataset, loss="infonce", loss_params={}, batch_size=2, temperature=1.0, seed=0)
-    missing = [k for k in ref if k not in cell]
+    missing = [k for k in ref if k not in obj]
     if missing:
         kind = "baseline cell" if baseline else "cell"
         raise ValueError(
@@ -138,11 +141,12 @@ def _cell_from_text(text: str, source: str, cfg: dict, baseline: bool) -> dict:
             + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
             + "; write it with `smallbatch cells --write`"
         )
-    check_cell_id(cell["id"], f"{source}: id")
-    if cell_hash(cell) != cell["hash"]:
+    cell = (BaselineCell if baseline else Cell).from_dict(obj)
+    check_cell_id(cell.id, f"{source}: id")
+    if cell_hash(obj) != cell.hash:
         raise ValueError(
-            f"{source}: cell {cell['id']} says hash {cell['hash']!r} but its settings hash to "
-            f"{cell_hash(cell)!r} (edited by hand?); write it again with `smallbatch cells --write`, "
+            f"{source}: cell {cell.id} says hash {cell.hash!r} but its settings hash to "
+            f"{cell_hash(obj)!r} (edited by hand?); write it again with `smallbatch cells --write`, "
             "or change the config instead"
         )
     if not baseline:  # the checks a config's cells get (an extreme tau, a k above the train set, ...)
@@ -150,7 +154,7 @@ def _cell_from_text(text: str, source: str, cfg: dict, baseline: bool) -> dict:
 
         problem = _cell_problem(cell)
         if problem:
-            raise ValueError(f"{source}: cell {cell['id']}: {problem}")
+            raise ValueError(f"{source}: cell {cell.id}: {problem}")
     return cell
 
 
@@ -246,13 +250,13 @@ def _tracking(args, cfg: dict) -> tuple[str | None, str]:
     return uri, args.experiment or cfg["study"]
 
 
-def cell_folder(args, cell: dict, cfg: dict) -> Path:
+def cell_folder(args, cell: Cell | BaselineCell, cfg: dict) -> Path:
     """The cell's folder: that of its --cell file when the file is the cell.json pretraining
     wrote into it (``.../runs/<id>/cell.json``), else ``<results_dir>/runs/<id>``."""
-    own = ("runs", *cell["id"].split("/"))
+    own = ("runs", *cell.id.split("/"))
     if getattr(args, "cell", None) is not None and args.cell.parent.parts[-len(own) :] == own:
         return args.cell.parent
-    return Path(cfg["results_dir"]) / "runs" / cell["id"]
+    return Path(cfg["results_dir"]) / "runs" / cell.id
 
 
 # --------------------------------------------------------------------------- commands
@@ -261,8 +265,8 @@ def cmd_cells(args) -> int:
     from .config import load_config
 
     cfg = load_config(args.config)
-    cells = expand_cells(cfg)
-    base = baseline_cells(cfg)
+    cells = {cid: read_cell(c) for cid, c in expand_cells(cfg).items()}
+    base = {bid: read_cell(c) for bid, c in baseline_cells(cfg).items()}
     if args.write:
         from ..io import write_json
         from .config import check_results_dir
@@ -271,12 +275,12 @@ def cmd_cells(args) -> int:
 
         for cid, cell in {**cells, **base}.items():
             path = Path(cfg["results_dir"]) / ("runs" if not cid.startswith("baselines/") else "") / cid / "cell.json"
-            write_json(path, cell)
+            write_json(path, cell.to_dict())
     for cid, cell in cells.items():
-        print(f"{cid}\t{cell['hash']}\tK={cell['negatives']}")
+        print(f"{cid}\t{cell.hash}\tK={cell.negatives}")
     if args.baselines:
         for cid, cell in base.items():
-            print(f"{cid}\t{cell['hash']}")
+            print(f"{cid}\t{cell.hash}")
     print(f"{len(cells)} cells, {len(base)} baselines", file=sys.stderr)
     return 0
 
@@ -311,13 +315,8 @@ def cmd_prepare_data(args) -> int:
 
     if args.dataset not in DATASETS:
         raise ValueError(f"--dataset {args.dataset!r} is not known; allowed: {', '.join(DATASETS)}")
-    cell = {
-        "dataset": args.dataset,
-        "dataset_options": ds,
-        "data_root": args.data_root or ds.get("root") or cfg["data"]["root"],
-        "download": args.download or cfg["data"]["download"],
-    }
-    info = prepare_data(cell, args.out)
+    root = args.data_root or ds.get("root") or cfg["data"]["root"]
+    info = prepare_data(args.dataset, root, bool(args.download or cfg["data"]["download"]), ds, args.out)
     print(json.dumps(info))
     return 0
 
@@ -337,7 +336,6 @@ def cmd_pretrain(args) -> int:
         restart=args.restart,
         progress=not args.no_progress,
         device=args.device,
-        evaluate_ahead=args.evaluate_ahead,
     )
     if res.pop("rank", 0) == 0:  # one summary per cell, however many processes trained it
         print(json.dumps(res))
@@ -357,10 +355,6 @@ def cmd_embed(args) -> int:
 
 
 def cmd_evaluate(args) -> int:
-    res = _adopt_prepared(args)
-    if res is not None:
-        print(json.dumps(res))
-        return 0
     from .jobs import run_evaluate
 
     cell, cfg = resolve_cell(args)
@@ -400,32 +394,6 @@ def cmd_export(args) -> int:
     return 0
 
 
-def _adopt_prepared(args) -> dict | None:
-    """The evaluation its pretraining process ran ahead (``pretrain --evaluate-ahead``),
-    adopted without importing torch or MLflow (:mod:`smallbatch.pipeline.prepared`) — for the
-    workflow's form of the command only: ``--cell`` (or ``--cell-json``), ``--out-dir``,
-    ``--tracking-uri`` and ``--experiment`` given, no ``--device`` or ``--features``."""
-    if None in (args.out_dir, args.tracking_uri, args.experiment) or args.device or args.features:
-        return None
-    try:
-        text = args.cell_json if args.cell_json is not None else args.cell.read_text() if args.cell else None
-        cell = json.loads(text) if text is not None else None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None  # resolve_cell says what is wrong with it
-    if not isinstance(cell, dict) or "id" not in cell:
-        return None
-    from ..io import check_cell_id
-
-    try:
-        check_cell_id(cell["id"])
-    except ValueError:
-        return None  # resolve_cell says what is wrong with it
-    from .prepared import adopt
-
-    uri = None if args.tracking_uri.lower() == "none" else args.tracking_uri
-    return adopt(cell, args.checkpoint or args.out_dir / "checkpoint.pt", args.out_dir, uri, args.experiment)
-
-
 def _cmd_probe(kind: str, args) -> int:
     from .jobs import run_probe
 
@@ -436,9 +404,9 @@ def _cmd_probe(kind: str, args) -> int:
     out = args.out or out_dir / f"{kind}.json"
     overrides = _eval_overrides(kind, args)
     if overrides:  # a look at other settings: the cell's own result and MLflow run keep the study's
-        cell, uri, out = {**cell, "eval": {**cell["eval"], **overrides}}, None, args.out
+        cell, uri, out = cell.replaced(eval={**cell.to_dict()["eval"], **overrides}), None, args.out
         print(
-            f"{cell['id']}: {kind} probe with "
+            f"{cell.id}: {kind} probe with "
             + ", ".join(f"eval.{k} = {v}" for k, v in overrides.items())
             + ": not logged to MLflow"
             + ("" if out else ", not written (no --out)"),
@@ -485,11 +453,12 @@ def cmd_baseline(args) -> int:
         cells = baseline_cells(cfg)
         if args.cell_id not in cells:
             raise ValueError(f"no baseline {args.cell_id!r}; baselines of this config: {', '.join(cells)}")
-        cell = {**cells[args.cell_id], **({"threads": args.threads} if args.threads else {})}
+        cell = read_cell(cells[args.cell_id])
+        cell = cell.replaced(threads=args.threads) if args.threads else cell
     from .jobs import run_baseline
 
     uri, exp = _tracking(args, cfg)
-    out = args.out or Path(cfg["results_dir"]) / cell["id"] / "result.json"
+    out = args.out or Path(cfg["results_dir"]) / cell.id / "result.json"
     res = run_baseline(cell, out, tracking_uri=uri, experiment=exp, cache=args.data_cache, device=args.device)
     print(json.dumps(res))
     return 0

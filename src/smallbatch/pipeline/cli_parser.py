@@ -18,7 +18,7 @@ parent                    flags
 
 Each subcommand's ``func`` is the name of its ``cmd_*`` function in :mod:`smallbatch.pipeline.cli`
 (no import cycle).  Imports nothing heavy: the workflow's jobs parse their arguments
-before anything else (:mod:`smallbatch.pipeline.prepared` adopts an evaluation without torch).
+before anything else, so a bad flag is reported without importing torch.
 """
 
 from __future__ import annotations
@@ -262,12 +262,6 @@ def _cell_commands(add) -> None:
     c.add_argument("--out", type=Path, help="cell folder (default results/runs/<id>)")
     c.add_argument("--restart", action="store_true", help="ignore (and overwrite) a saved state.pt, e.g. a corrupt one")
     c.add_argument("--no-progress", action="store_true")
-    c.add_argument(
-        "--evaluate-ahead",
-        action="store_true",
-        help="then evaluate the checkpoint in this process into <out>/evaluated/, which `smallbatch "
-        "evaluate` adopts (one process start-up less per cell; see smallbatch.pipeline.prepared)",
-    )
 
     c = add(
         "embed",

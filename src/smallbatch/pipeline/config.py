@@ -277,24 +277,28 @@ def _check_cells(cfg: dict) -> None:
             raise ConfigError(f"cell '{cid}': {problem}")
 
 
-def _cell_problem(cell: dict) -> str | None:
+def _cell_problem(cell) -> str | None:
+    """The first problem of a cell (a :class:`~smallbatch.cell.Cell` or its JSON object) that the
+    schema cannot see: its batch against its images and devices, τ, k, the controls, the
+    warm-up, its loss's parameters."""
+    from ..cell import Cell
     from ..data import pretrain_images
     from ..losses import build_loss
 
-    name, subset = cell["dataset"], cell["dataset_options"].get("train_subset")
+    cell = Cell.of(cell)
+    name, subset = cell.dataset, cell.dataset_options.get("train_subset")
     images = pretrain_images(name, subset)
-    if images is not None and cell["batch_size"] > images:
+    if images is not None and cell.batch_size > images:
         capped = f" (datasets.{name}.train_subset)" if subset is not None and subset == images else ""
-        return f"batch size {cell['batch_size']} is larger than the {images:,} pretraining images of {name}{capped}"
-    problem = _extreme_problem(cell)
+        return f"batch size {cell.batch_size} is larger than the {images:,} pretraining images of {name}{capped}"
+    tr = cell.train
+    problem = (
+        _extreme_problem(cell)
+        or _train_problem(cell.to_dict()["train"])  # keys set by a side experiment, an axis, a batch-size entry
+        or _devices_problem(cell)
+    )
     if problem:
         return problem
-    tr = cell["train"]
-    problem = _train_problem(tr)  # train keys set by a side experiment, an axis (a regime), a batch-size entry
-    if problem:
-        return problem
-    if cell["batch_size"] % tr["devices"]:
-        return f"batch size {cell['batch_size']} is not a multiple of train.devices = {tr['devices']}"
     from ..training.loop import control_problem  # neg_group / bn_group against the batch, one-process controls
 
     problem = control_problem(cell)
@@ -302,15 +306,21 @@ def _cell_problem(cell: dict) -> str | None:
         return problem
     # with train.steps the budget is in steps and the warm-up in epochs of a data set
     # whose size may be unknown (imagefolder): not compared (CONFIGURATION.md, train.warmup_epochs)
-    if not tr.get("steps") and tr["warmup_epochs"] > tr["epochs"]:
+    if not tr.steps and tr.warmup_epochs > tr.epochs:
         return (
-            f"train.warmup_epochs = {tr['warmup_epochs']:g} is longer than train.epochs = {tr['epochs']:g} "
+            f"train.warmup_epochs = {tr.warmup_epochs:g} is longer than train.epochs = {tr.epochs:g} "
             "(the learning rate would never finish warming up)"
         )
     try:
-        build_loss(cell["loss"], **cell["loss_params"])  # its parameters (τ: _extreme_problem)
+        build_loss(cell.loss, **cell.loss_params)  # its parameters (τ: _extreme_problem)
     except ValueError as exc:
         return str(exc)
+    return None
+
+
+def _devices_problem(cell) -> str | None:
+    if cell.batch_size % cell.train.devices:
+        return f"batch size {cell.batch_size} is not a multiple of train.devices = {cell.train.devices}"
     return None
 
 
@@ -319,23 +329,23 @@ def _cell_problem(cell: dict) -> str | None:
 TAU_RANGE = (1e-3, 1e2)
 
 
-def _extreme_problem(cell: dict) -> str | None:
+def _extreme_problem(cell) -> str | None:
     """A temperature outside :data:`TAU_RANGE`, or a kNN k above the images the probe votes
-    over (it would be clamped, yet labelled with the k asked for)."""
+    over (it would be clamped, yet labelled with the k asked for).  ``cell``: a Cell."""
     from ..data import SPLIT_SIZES, pretrain_split
 
-    tau, (lo, hi) = cell.get("temperature"), TAU_RANGE
+    tau, (lo, hi) = cell.temperature, TAU_RANGE
     if isinstance(tau, (int, float)) and not lo <= tau <= hi:
         return (
             f"temperature τ = {tau:g} is outside [{lo:g}, {hi:g}], where the losses stop being meaningful "
             "(s/τ overflows, or every logit is ~0); choose a τ in that range"
         )
-    name, subset = cell.get("dataset"), (cell.get("dataset_options") or {}).get("train_subset")
+    name, subset = cell.dataset, cell.dataset_options.get("train_subset")
     sizes = SPLIT_SIZES.get(name)
-    if sizes is None or not isinstance(cell.get("eval"), dict):
+    if sizes is None:
         return None
     n = sizes["train"] if subset is None or pretrain_split(name) != "train" else min(sizes["train"], subset)
-    big = [k for k in cell["eval"].get("knn_k") or [] if k > n]
+    big = [k for k in cell.eval.knn_k if k > n]
     if big:
         return (
             f"eval.knn_k = {big[0]} is more than the {n:,} train images of {name} the kNN probe votes over; "

@@ -26,6 +26,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..cell import Cell
+
 PREFIX = "backbone."
 #: the project's backbones that are a torchvision model: name -> (torchvision constructor, CIFAR stem)
 TORCHVISION = {
@@ -40,7 +42,7 @@ def backbone_state(model_state: dict[str, Any]) -> dict[str, Any]:
     return {k[len(PREFIX) :]: v for k, v in model_state.items() if k.startswith(PREFIX)}
 
 
-def export_backbone(checkpoint: Path, out: Path, cell: dict | None = None) -> dict[str, Any]:
+def export_backbone(checkpoint: Path, out: Path, cell: Cell | dict | None = None) -> dict[str, Any]:
     """Write the backbone of ``checkpoint`` (the cell's own finished checkpoint when ``cell``
     is given: another cell's or another config's is refused) to ``out``; what was written
     and how to build the network it loads into: {cell_id, out, tensors, backbone,
@@ -49,34 +51,42 @@ def export_backbone(checkpoint: Path, out: Path, cell: dict | None = None) -> di
     from ..training.checkpoint import load_checkpoint
 
     ck = load_checkpoint(checkpoint, cell=cell, kind="checkpoint")
-    ckcell = ck.get("cell") or {}
-    cid = ckcell.get("id", "?")
+    ckcell = _checkpoint_cell(ck)
+    cid = ckcell.id if ckcell else "?"
     if ck.get("status") == "diverged":
         raise ValueError(
             f"cell {cid} diverged (checkpoint {checkpoint}): its weights are not a representation to export"
         )
     state = backbone_state(ck["model"])
-    tr = ckcell.get("train") or {}
-    if not state or not {"backbone", "width", "pool_grid"} <= set(tr) or "channels" not in ck:
+    if not state or ckcell is None or "channels" not in ck:
         raise ValueError(
             f"checkpoint {checkpoint} holds no backbone of a smallbatch cell (no '{PREFIX}*' weights "
             "or no cell settings)"
         )
+    tr = ckcell.train
     save_torch(out, {k: v.detach().cpu().contiguous() for k, v in state.items()})
     info = {
         "cell_id": cid,
         "out": str(out),
         "tensors": len(state),
-        "backbone": tr["backbone"],
+        "backbone": tr.backbone,
         "in_channels": int(ck["channels"]),
         "image_size": int(ck["image_size"]),
-        "width": int(tr["width"]),
-        "pool_grid": int(tr["pool_grid"]),
+        "width": int(tr.width),
+        "pool_grid": int(tr.pool_grid),
         "mean": [float(m) for m in ck.get("mean", [])],
         "std": [float(s) for s in ck.get("std", [])],
     }
     info["feat_dim"] = _feat_dim(info)
     return info
+
+
+def _checkpoint_cell(ck: dict) -> Cell | None:
+    """The cell a checkpoint was trained for, typed; None if it names none (not ours)."""
+    try:
+        return Cell.of(ck["cell"])
+    except (KeyError, TypeError, AttributeError):
+        return None
 
 
 def _feat_dim(info: dict) -> int:

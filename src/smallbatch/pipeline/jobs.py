@@ -12,33 +12,32 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Mapping
 
+from ..cell import BaselineCell, Cell, read_cell
 from ..io import write_json
 from .cells import flat_params
 
 
-def _threads(cell: dict) -> None:
+def _threads(cell: Cell) -> None:
     import torch
 
-    n = int(cell.get("threads") or 1)
+    n = int(cell.threads or 1)
     torch.set_num_threads(n)
 
 
 # --------------------------------------------------------------------------- data
-def data_options(cell: dict) -> dict:
-    o = cell["dataset_options"]
-    return {
-        "image_size": o.get("image_size"),
-        "train_subset": o.get("train_subset"),
-        "test_subset": o.get("test_subset"),
-    }
+def data_options(options: Mapping) -> dict:
+    """The loader's keywords among a data set's options (``datasets.<name>`` of the config)."""
+    return {k: options.get(k) for k in ("image_size", "train_subset", "test_subset")}
 
 
-def prepare_data(cell: dict, out: Path) -> dict:
-    """Load the cell's data set through its real loader and cache it as one tensor file."""
+def prepare_data(dataset: str, root: str | None, download: bool, options: Mapping, out: Path) -> dict:
+    """Load a data set (``options``: its ``datasets.<name>`` settings) through its real loader
+    and cache it as one tensor file."""
     from .. import data
 
-    d = data.load_dataset(cell["dataset"], cell["data_root"], download=cell["download"], seed=0, **data_options(cell))
+    d = data.load_dataset(dataset, root, download=download, seed=0, **data_options(options))
     data.save_cache(d, out)
     return {
         "dataset": d.name,
@@ -49,22 +48,23 @@ def prepare_data(cell: dict, out: Path) -> dict:
     }
 
 
-def load_cell_data(cell: dict, cache: Path | None = None):
+def load_cell_data(cell: Cell | BaselineCell | dict, cache: Path | None = None):
     """The cell's data: from the prepared cache when given (fast, no torchvision import)."""
     from .. import data
 
+    cell = read_cell(cell)
     if cache is not None:
         d = data.load_cache(cache)
         data.check_cache(d, cell, cache)  # the cell's data set, size and subsets
         return d
     return data.load_dataset(
-        cell["dataset"], cell["data_root"], download=cell["download"], seed=0, **data_options(cell)
+        cell.dataset, cell.data_root, download=cell.download, seed=0, **data_options(cell.dataset_options)
     )
 
 
 # --------------------------------------------------------------------------- pretrain
 def run_pretrain(
-    cell: dict,
+    cell: Cell | dict,
     out_dir: Path,
     *,
     tracking_uri: str | None,
@@ -73,63 +73,32 @@ def run_pretrain(
     restart: bool = False,
     progress: bool = True,
     device: str | None = None,
-    evaluate_ahead: bool = False,
 ) -> dict:
     """Pretrain one cell, logging to its MLflow run; one trainer per cell (the folder's lock
     is held from before the run is opened until the checkpoint is written).  Launched by
     torchrun or srun with ``train.devices`` processes, this process joins them
-    (:class:`smallbatch.training.distributed.World`); rank 0 locks, logs and saves.
-    ``evaluate_ahead`` (one process): then the evaluate step's work, in this process
-    (:func:`_evaluate_ahead`)."""
+    (:class:`smallbatch.training.distributed.World`); rank 0 locks, logs and saves."""
     from ..training.distributed import World
 
+    cell = Cell.of(cell)
     _threads(cell)
     out_dir = Path(out_dir)
-    with World.from_env(device=device or cell["device"]) as world:
+    with World.from_env(device=device or cell.device) as world:
         if world.is_main:
             record_cell(cell, out_dir / "cell.json")
-        res = _pretrain_in(world, cell, out_dir, tracking_uri, experiment, cache, restart, progress)
-        alone = world.size == 1
-    if evaluate_ahead and alone:
-        res["evaluated_ahead"] = _evaluate_ahead(cell, out_dir, tracking_uri, experiment, cache, device)
-    return res
+        return _pretrain_in(world, cell, out_dir, tracking_uri, experiment, cache, restart, progress)
 
 
-def _evaluate_ahead(cell: dict, out_dir: Path, uri: str | None, experiment: str, cache, device) -> bool:
-    """:func:`run_evaluate` of the checkpoint just written, in this process (no second
-    start-up), into ``<cell>/evaluated/`` for the evaluate step to adopt
-    (:mod:`smallbatch.pipeline.prepared`).  A failure is one line on stderr, not the step's: the
-    evaluate step then evaluates, and reports it."""
-    from . import prepared
-
-    prepared.clear(out_dir)
-    ckpt = out_dir / "checkpoint.pt"
-    try:
-        sha1 = prepared.file_sha1(ckpt)
-        res = run_evaluate(
-            cell, ckpt, prepared.eval_dir(out_dir), tracking_uri=uri, experiment=experiment, cache=cache, device=device
-        )
-        prepared.write_stamp(out_dir, cell, sha1, uri, experiment, res["embed_seconds"])
-    except Exception as exc:  # noqa: BLE001 - the pretraining succeeded; its evaluate step will say what fails
-        print(
-            f"{cell['id']}: the evaluation ahead failed ({type(exc).__name__}: {exc}); the evaluate step will run it",
-            file=sys.stderr,
-        )
-        return False
-    return True
-
-
-def record_cell(cell: dict, path: Path) -> None:
+def record_cell(cell: Cell | BaselineCell | dict, path: Path) -> None:
     """The cell's settings next to its outputs (for reruns by hand: ``--cell <path>``),
     rewritten only when they change."""
-    from ..io import json_text
-
-    if not (path.is_file() and path.read_text() == json_text(cell)):
-        write_json(path, cell)
+    cell = read_cell(cell)
+    if not (path.is_file() and path.read_text() == cell.to_json()):
+        write_json(path, cell.to_dict())
 
 
 def _pretrain_in(
-    world, cell: dict, out_dir: Path, tracking_uri, experiment: str, cache, restart: bool, progress: bool
+    world, cell: Cell, out_dir: Path, tracking_uri, experiment: str, cache, restart: bool, progress: bool
 ) -> dict:
     from ..errors import Preempted
     from ..io import CellBusy, CellLock, nullcontext_lock
@@ -137,7 +106,7 @@ def _pretrain_in(
     from ..training import loop as train
     from ..training.distributed import any_over_processes
 
-    lock = CellLock(out_dir, cell["id"]) if world.is_main else nullcontext_lock()
+    lock = CellLock(out_dir, cell.id) if world.is_main else nullcontext_lock()
     busy = None
     try:
         lock.__enter__()
@@ -145,7 +114,7 @@ def _pretrain_in(
         busy = exc
     try:
         if any_over_processes(busy is not None, world.device):  # the others stop with rank 0
-            raise busy or CellBusy(f"cell {cell['id']} is being trained by another process (rank 0 could not lock it)")
+            raise busy or CellBusy(f"cell {cell.id} is being trained by another process (rank 0 could not lock it)")
         d = load_cell_data(cell, cache)
         run = _pretrain_run(cell, out_dir, d, tracking_uri, experiment, restart) if world.is_main else None
         try:
@@ -177,7 +146,7 @@ def _pretrain_in(
         if busy is None:
             lock.__exit__(None, None, None)
     return {
-        "cell_id": cell["id"],
+        "cell_id": cell.id,
         "status": res.status,
         "steps": res.steps,
         "epochs": res.epochs,
@@ -189,7 +158,7 @@ def _pretrain_in(
     }
 
 
-def _monitor(cell: dict, d, world, run):
+def _monitor(cell: Cell, d, world, run):
     """The kNN monitor when ``eval.monitor_every`` asks and rank 0 logs somewhere (:mod:`smallbatch.evaluation.monitor`)."""
     if run is None or not world.is_main:
         return None
@@ -206,7 +175,7 @@ def _log_fn(run, world, tracking_uri):
     return (lambda metrics, step: None) if tracking_uri and not world.is_main else None
 
 
-def _pretrain_run(cell: dict, out_dir: Path, d, uri: str | None, experiment: str, restart: bool):
+def _pretrain_run(cell: Cell, out_dir: Path, d, uri: str | None, experiment: str, restart: bool):
     """The cell's MLflow run: the one its resumable state logs to (an error if the store
     lost it), else found by id and hash, else new; a restart starts a new run."""
     from .. import tracking
@@ -214,7 +183,7 @@ def _pretrain_run(cell: dict, out_dir: Path, d, uri: str | None, experiment: str
 
     if not uri:
         return None
-    params = flat_params(cell)
+    params = flat_params(cell.to_dict())
     params["image_size"] = str(d.train_x.shape[-1])
     params["pretrain_images"] = str(d.pretrain_x.shape[0])
     state = out_dir / "state.pt"
@@ -274,14 +243,14 @@ def _log_pretrain_end(run, res) -> None:
     run.flush()
 
 
-def _log_pretrain_artifacts(run, cell: dict, out_dir: Path, weights: bool = True) -> None:
+def _log_pretrain_artifacts(run, cell: Cell, out_dir: Path, weights: bool = True) -> None:
     """The cell's resolved config (``cell.json``), and its backbone's weights as a plain state
     dict (``backbone.pt``, the keys without ``backbone.``) when ``tracking.log_checkpoint`` asks
     and the cell did not diverge."""
     import tempfile
 
     run.log_artifact(out_dir / "cell.json")
-    if not weights or not (cell.get("tracking") or {}).get("log_checkpoint"):
+    if not weights or not cell.tracking.get("log_checkpoint"):
         return
     from .export import export_backbone
 
@@ -291,16 +260,16 @@ def _log_pretrain_artifacts(run, cell: dict, out_dir: Path, weights: bool = True
 
 
 # --------------------------------------------------------------------------- embed
-def _cell_features(cell: dict, ck: dict, cache: Path | None, device: str | None):
+def _cell_features(cell: Cell, ck: dict, cache: Path | None, device: str | None):
     """(train_f, train_y, test_f, test_y) of the checkpoint's frozen backbone."""
     from ..evaluation import embed
     from ..training import loop as train
 
     d = load_cell_data(cell, cache)
-    dev = train.resolve_device(device or cell["device"])
+    dev = train.resolve_device(device or cell.device)
     model = train.build_model(ck["cell"], ck["channels"], ck["image_size"])
     model.load_state_dict(ck["model"])  # fp64 weights are cast to this float32 model; features are float32
-    bb, bs = model.backbone.to(dev), int(cell["eval"]["batch_size"])
+    bb, bs = model.backbone.to(dev), int(cell.eval.batch_size)
     return (
         embed.embed(bb, d.train_x, d.mean, d.std, batch_size=bs, device=dev),
         d.train_y.numpy(),
@@ -309,19 +278,22 @@ def _cell_features(cell: dict, ck: dict, cache: Path | None, device: str | None)
     )
 
 
-def _load_cell_checkpoint(cell: dict, checkpoint: Path) -> tuple[dict, dict]:
+def _load_cell_checkpoint(cell: Cell, checkpoint: Path) -> tuple[dict, dict]:
     """The cell's own finished checkpoint (refuses another cell's, another config's, a
     state file) and the meta its features carry."""
     from ..training import checkpoint as ckpt_mod
 
     ck = ckpt_mod.load_checkpoint(checkpoint, cell=cell, kind="checkpoint")
-    return ck, {"cell_id": cell["id"], "cell_hash": cell["hash"], "pretrain_status": ck.get("status", "finished")}
+    return ck, {"cell_id": cell.id, "cell_hash": cell.hash, "pretrain_status": ck.get("status", "finished")}
 
 
-def run_embed(cell: dict, checkpoint: Path, out: Path, *, cache: Path | None = None, device: str | None = None) -> dict:
+def run_embed(
+    cell: Cell | dict, checkpoint: Path, out: Path, *, cache: Path | None = None, device: str | None = None
+) -> dict:
     """Frozen backbone features of the cell's train and test images, to ``out``."""
     from ..evaluation import embed
 
+    cell = Cell.of(cell)
     _threads(cell)
     ck, meta = _load_cell_checkpoint(cell, checkpoint)
     if ck.get("status") == "diverged":
@@ -334,20 +306,25 @@ def run_embed(cell: dict, checkpoint: Path, out: Path, *, cache: Path | None = N
 
 
 # --------------------------------------------------------------------------- probes
+#: the probes the evaluate step runs, each written to ``<cell>/<probe>.json``
+PROBES = ("knn", "linear")
+
+
 def _percent(metrics: dict) -> dict:
     """Accuracies (top1/top5 keys) as percentages, like the papers' tables."""
     return {k: (100.0 * v if ("top1" in k or "top5" in k) else v) for k, v in metrics.items()}
 
 
-def _eval_on_features(kind: str, cell: dict, feats, knn_backend: str | None = None) -> dict:
+def _eval_on_features(kind: str, cell: Cell | BaselineCell | dict, feats, knn_backend: str | None = None) -> dict:
     """kNN or linear probe; accuracies returned in percent."""
     from ..evaluation import knn
 
+    cell = read_cell(cell)
     tr_f, tr_y, te_f, te_y = feats
-    ev = cell["eval"]
-    backend = knn_backend or ("faiss-cpu" if cell["device"] == "cpu" else "auto")  # a cpu study stays off a GPU
+    ev = cell.eval
+    backend = knn_backend or ("faiss-cpu" if cell.device == "cpu" else "auto")  # a cpu study stays off a GPU
     if kind == "knn":
-        return _percent(knn.knn_eval(tr_f, tr_y, te_f, te_y, ks=tuple(ev["knn_k"]), t=ev["knn_t"], backend=backend))
+        return _percent(knn.knn_eval(tr_f, tr_y, te_f, te_y, ks=tuple(ev.knn_k), t=ev.knn_t, backend=backend))
     from ..evaluation import probes  # the linear probe (L2 chosen on a validation split when asked) + few-label probes
 
     return _percent(
@@ -356,35 +333,36 @@ def _eval_on_features(kind: str, cell: dict, feats, knn_backend: str | None = No
             tr_y,
             te_f,
             te_y,
-            epochs=ev["linear_iterations"],
-            lr=ev["linear_lr"],
-            weight_decay=ev["linear_weight_decay"],
-            seed=cell["seed"],
-            optimizer=ev["linear_optimizer"],
-            batch_size=ev["linear_batch_size"],
-            tol=ev["linear_tol"],
-            weight_decays=ev.get("linear_weight_decays"),
-            val_fraction=ev.get("linear_val_fraction", 0.1),
-            fewshot_fractions=ev.get("fewshot_fractions") or (),
-            fewshot_draws=ev.get("fewshot_draws", 5),
+            epochs=ev.linear_iterations,
+            lr=ev.linear_lr,
+            weight_decay=ev.linear_weight_decay,
+            seed=cell.seed,
+            optimizer=ev.linear_optimizer,
+            batch_size=ev.linear_batch_size,
+            tol=ev.linear_tol,
+            weight_decays=ev.linear_weight_decays,
+            val_fraction=ev.linear_val_fraction,
+            fewshot_fractions=ev.fewshot_fractions,
+            fewshot_draws=ev.fewshot_draws,
         )
     )
 
 
-def check_features_cell(meta: dict, cell: dict, path: Path) -> None:
+def check_features_cell(meta: dict, cell: Cell | BaselineCell | dict, path: Path) -> None:
     """A features file is the cell's own (id and hash in its meta), else one-line ValueError."""
-    if meta.get("cell_id") != cell["id"]:
-        raise ValueError(f"{path} holds the features of cell {meta.get('cell_id')!r}, not of {cell['id']!r}")
-    if "cell_hash" in meta and meta["cell_hash"] != cell["hash"]:
+    cell = read_cell(cell)
+    if meta.get("cell_id") != cell.id:
+        raise ValueError(f"{path} holds the features of cell {meta.get('cell_id')!r}, not of {cell.id!r}")
+    if "cell_hash" in meta and meta["cell_hash"] != cell.hash:
         raise ValueError(
-            f"{path} holds features of another config of cell {cell['id']} "
-            f"(hash {meta['cell_hash']}, this config's is {cell['hash']})"
+            f"{path} holds features of another config of cell {cell.id} "
+            f"(hash {meta['cell_hash']}, this config's is {cell.hash})"
         )
 
 
 def run_probe(
     kind: str,
-    cell: dict,
+    cell: Cell | dict,
     features: Path,
     out: Path | None,
     *,
@@ -396,6 +374,7 @@ def run_probe(
     ``out`` is None), log to the cell's run (once: a rerun does not log the same step again)."""
     from ..evaluation import embed
 
+    cell = Cell.of(cell)
     if kind in ("linear",):
         _threads(cell)
     tr_f, tr_y, te_f, te_y, meta = embed.load_features(features)
@@ -405,7 +384,7 @@ def run_probe(
 
 def _probe(
     kind: str,
-    cell: dict,
+    cell: Cell,
     feats,
     meta: dict,
     out: Path | None,
@@ -416,7 +395,7 @@ def _probe(
     """One probe of features in memory: JSON result, MLflow metrics.  A kNN probe at chance
     level marks the cell *collapsed* (:mod:`smallbatch.training.health`)."""
     if meta.get("status") == "diverged":
-        result = {"status": "diverged", "cell_id": cell["id"]}
+        result = {"status": "diverged", "cell_id": cell.id}
         if out is not None:
             write_json(out, result)
         return result
@@ -426,7 +405,7 @@ def _probe(
     numeric[f"{kind}/seconds"] = time.perf_counter() - t0
     numeric[f"{kind}/cpu_s"] = time.process_time() - c0  # every thread's CPU time (the cost table)
     status = _probe_status(kind, metrics, meta, feats[3], feats[1])
-    result = {"status": status, "cell_id": cell["id"], **numeric}
+    result = {"status": status, "cell_id": cell.id, **numeric}
     run = _log_probe(cell, uri, experiment, numeric, status) if uri else None
     if out is not None:
         write_json(out, result)  # only once logged: a failing store leaves no result file
@@ -436,7 +415,7 @@ def _probe(
 
 
 def run_evaluate(
-    cell: dict,
+    cell: Cell | dict,
     checkpoint: Path,
     out_dir: Path,
     *,
@@ -450,8 +429,8 @@ def run_evaluate(
     ``features``: also write them there).  Writes ``knn.json`` and ``linear.json`` in
     ``out_dir``, as the separate steps do."""
     from ..evaluation import embed
-    from .prepared import PROBES
 
+    cell = Cell.of(cell)
     _threads(cell)
     ck, meta = _load_cell_checkpoint(cell, checkpoint)
     t0 = time.perf_counter()
@@ -485,7 +464,7 @@ def _probe_status(kind: str, metrics: dict, meta: dict, te_y, tr_y) -> str:
     return "finished"
 
 
-def _log_probe(cell: dict, uri: str, experiment: str, numeric: dict, status: str):
+def _log_probe(cell: Cell, uri: str, experiment: str, numeric: dict, status: str):
     """The probe's metrics, once; returns the run (its result file is logged as an artifact)."""
     from .. import tracking
 
@@ -516,7 +495,7 @@ def _maybe_finish(run) -> None:
 
 # --------------------------------------------------------------------------- baselines
 def run_baseline(
-    cell: dict,
+    cell: BaselineCell | dict,
     out: Path,
     *,
     tracking_uri: str | None,
@@ -528,28 +507,29 @@ def run_baseline(
     from ..evaluation import embed
     from ..training import loop as train
 
+    cell = read_cell(cell)
     _threads(cell)
     d = load_cell_data(cell, cache)
-    if cell["baseline"] == "raw_pixels":
+    if cell.baseline == "raw_pixels":
         tr_f, te_f = embed.raw_pixel_features(d.train_x), embed.raw_pixel_features(d.test_x)
-    elif cell["baseline"] == "random_init":
+    elif cell.baseline == "random_init":
         import torch
 
-        torch.manual_seed(cell["seed"])
+        torch.manual_seed(cell.seed)
         model = train.build_model(cell, d.train_x.shape[1], d.train_x.shape[-1])
-        dev = train.resolve_device(device or cell["device"])
+        dev = train.resolve_device(device or cell.device)
         bb = model.backbone.to(dev)
         tr_f = embed.embed(bb, d.train_x, d.mean, d.std, device=dev)
         te_f = embed.embed(bb, d.test_x, d.mean, d.std, device=dev)
-    elif cell["baseline"] == "supervised":  # the upper bound: the same backbone trained with labels
+    elif cell.baseline == "supervised":  # the upper bound: the same backbone trained with labels
         from ..evaluation.supervised import train_supervised
 
-        dev = train.resolve_device(device or cell["device"])
+        dev = train.resolve_device(device or cell.device)
         bb = train_supervised(cell, d.train_x, d.train_y, d.num_classes, d.mean, d.std, dev)
         tr_f = embed.embed(bb, d.train_x, d.mean, d.std, device=dev)
         te_f = embed.embed(bb, d.test_x, d.mean, d.std, device=dev)
     else:
-        raise ValueError(f"baseline must be raw_pixels, random_init or supervised, not {cell['baseline']!r}")
+        raise ValueError(f"baseline must be raw_pixels, random_init or supervised, not {cell.baseline!r}")
     feats = (tr_f, d.train_y.numpy(), te_f, d.test_y.numpy())
     numeric, run = {}, None
     for kind in ("knn", "linear"):
@@ -559,16 +539,16 @@ def run_baseline(
         from .. import tracking
 
         params = {
-            "dataset": cell["dataset"],
-            "baseline": cell["baseline"],
-            "seed": str(cell["seed"]),
+            "dataset": cell.dataset,
+            "baseline": cell.baseline,
+            "seed": str(cell.seed),
             "image_size": str(d.train_x.shape[-1]),
-            "backbone": cell["train"]["backbone"],
+            "backbone": cell.train.backbone,
         }
         run = tracking.open_cell_run(tracking_uri, experiment, cell, kind="baseline", params=params)
         run.log(numeric, 0)
         run.set_status("finished")
-    result = {"status": "finished", "cell_id": cell["id"], **numeric}
+    result = {"status": "finished", "cell_id": cell.id, **numeric}
     write_json(out, result)
     if run is not None:
         run.log_artifact(out)

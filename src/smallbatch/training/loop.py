@@ -45,7 +45,7 @@ from typing import Callable
 import torch
 
 from ..augment import AugmentConfig, BatchAugment, normalize
-from ..cell import Cell
+from ..cell import BaselineCell, Cell, read_cell
 from ..diagnostics import diagnostics, embedding_grad_norm, grad_rel_error
 from ..errors import Preempted
 from ..io import CellLock, nullcontext_lock
@@ -132,9 +132,9 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     return torch.device(device)
 
 
-def build_model(cell: Cell | dict, channels: int, image_size: int) -> ContrastiveModel:
+def build_model(cell: Cell | BaselineCell | dict, channels: int, image_size: int) -> ContrastiveModel:
     """The network of a cell or of a baseline cell (random-init, supervised)."""
-    tr = Cell.train_of(cell)
+    tr = read_cell(cell).train
     backbone, feat_dim = build_backbone(tr.backbone, channels, image_size, width=tr.width, pool_grid=tr.pool_grid)
     return ContrastiveModel(backbone, feat_dim, tr.proj_hidden, tr.proj_dim)
 
