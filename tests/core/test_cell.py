@@ -47,3 +47,25 @@ def test_fields_are_typed_and_frozen(cells):
     with pytest.raises(AttributeError):
         cell.train.queue_sise  # noqa: B018 - a misspelt setting fails where it is read
     assert Cell.of(cell) is cell
+
+
+def test_only_the_modules_that_make_a_cell_read_it_by_string_keys():
+    """Everywhere else a cell is typed (smallbatch.cell.read_cell) and read by attributes: a
+    ``cell["..."]`` / ``cell.get(...)`` read in any other module (or the workflow) fails here."""
+    import re
+    from pathlib import Path
+
+    import smallbatch
+
+    src = Path(smallbatch.__file__).parent
+    makers = {src / "cell.py", src / "pipeline" / "cells.py"}
+    read = re.compile(r"""\bcell\s*(\[\s*["']|\.get\()""")
+    files = [*src.rglob("*.py"), *(src.parents[1] / "workflow" / "rules").glob("*.smk")]
+    found = [
+        f"{f.name}:{i}: {line.strip()}"
+        for f in files
+        if f not in makers
+        for i, line in enumerate(f.read_text().splitlines(), 1)
+        if read.search(line)
+    ]
+    assert files and not found, found
