@@ -58,8 +58,7 @@ class TrainSettings:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> TrainSettings:
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: _frozen(v) for k, v in d.items() if k in known})
+        return cls(**_known(cls, d))
 
 
 @dataclass(frozen=True)
@@ -83,8 +82,7 @@ class EvalSettings:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> EvalSettings:
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: _frozen(v) for k, v in d.items() if k in known})
+        return cls(**_known(cls, d))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,8 +109,7 @@ class _CellBase:
     def from_dict(cls, d: Mapping[str, Any]):
         """The cell of a JSON object made by :mod:`smallbatch.pipeline.cells` (keys beyond the
         fields are kept in its JSON, not as fields)."""
-        known = {f.name for f in fields(cls)} - {"_json", "train", "eval"}
-        values = {k: _frozen(v) for k, v in d.items() if k in known}
+        values = {k: v for k, v in _known(cls, d).items() if k not in ("_json", "train", "eval")}
         train, ev = TrainSettings.from_dict(d["train"]), EvalSettings.from_dict(d["eval"])
         return cls(**values, train=train, eval=ev, _json=json_text(dict(d)))
 
@@ -166,6 +163,12 @@ def read_cell(cell: Cell | BaselineCell | Mapping[str, Any]) -> Cell | BaselineC
     if isinstance(cell, _CellBase):
         return cell
     return (BaselineCell if "baseline" in cell else Cell).from_dict(cell)
+
+
+def _known(cls, d: Mapping[str, Any]) -> dict[str, Any]:
+    """The entries of ``d`` that are fields of the dataclass ``cls``, read-only (:func:`_frozen`)."""
+    known = {f.name for f in fields(cls)}
+    return {k: _frozen(v) for k, v in d.items() if k in known}
 
 
 def _frozen(v: Any) -> Any:

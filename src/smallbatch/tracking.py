@@ -550,14 +550,13 @@ def open_cell_run(
     return run
 
 
-def run_key(cell) -> tuple[str, str, str, str]:
-    """(id, hash, experiment, baseline) naming a cell's run: of a Cell or BaselineCell
+def run_key(owner) -> tuple[str, str, str, str]:
+    """(id, hash, experiment, baseline) naming a run: of a Cell or BaselineCell
     (:mod:`smallbatch.cell`), or of the JSON object of a run that is not a cell's (an MI row,
     the report, their parent runs: ``id`` and ``hash``, optionally ``experiment``)."""
-    if isinstance(cell, Mapping):
-        entry = cell
-        return entry["id"], entry["hash"], entry.get("experiment", "grid"), entry.get("baseline", "")
-    return cell.id, cell.hash, cell.experiment, getattr(cell, "baseline", "")
+    if isinstance(owner, Mapping):
+        return owner["id"], owner["hash"], owner.get("experiment", "grid"), owner.get("baseline", "")
+    return owner.id, owner.hash, owner.experiment, getattr(owner, "baseline", "")
 
 
 def _open_cell_run(
