@@ -697,3 +697,36 @@ def test_the_ratio_is_not_q_b_when_anchors_differ():
     )
     assert float(qs.min()) <= ratio <= float(qs.max())
     assert ratio != pytest.approx(float(qs.mean()), rel=1e-6)
+
+
+def test_the_registry_loads_without_torch():
+    """Names, labels and the config schema's loss parts come from a module that imports no
+    torch: what the report and config planning read."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from smallbatch.losses import canonical_name, config_schema, display_name, loss_param_names, paper_family\n"
+        "assert canonical_name('ntxent') == 'infonce' and display_name('dclw') == 'DCLW'\n"
+        "assert config_schema()['loss_params'] and loss_param_names('eqco') == {'alpha': None}\n"
+        "assert paper_family('SimCLR (NT-Xent)') == 'infonce'\n"
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_every_registry_entry_is_its_class_and_every_lazy_name_resolves():
+    import smallbatch.losses as losses
+    from smallbatch.losses.registry import SPECS
+
+    for name, spec in SPECS.items():
+        cls = REGISTRY[name]
+        assert cls.spec is spec and cls.name == name and cls.display == spec.display, name
+        assert cls.param_defaults == spec.defaults and cls.stateful == spec.stateful, name
+        assert cls.__doc__ and spec.paper.split()[0] in cls.__doc__, f"{name}: its paper is not in its docstring"
+    for attr in losses.__all__:
+        assert getattr(losses, attr) is not None, attr
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        losses.nope  # noqa: B018

@@ -1,0 +1,77 @@
+"""Losses of one softmax over the positive and the negatives: InfoNCE and EqCo."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .base import ContrastiveLoss, infonce_rows
+from .scores import masked, row_counts
+
+__all__ = ["InfoNCE", "EqCo"]
+
+
+class InfoNCE(ContrastiveLoss, spec="infonce"):
+    r"""InfoNCE / NT-Xent (van den Oord et al. 2018 "Representation Learning with
+    Contrastive Predictive Coding"; Chen et al. 2020 "A Simple Framework for
+    Contrastive Learning of Visual Representations", SimCLR).
+
+    Per anchor ``i`` with positive score ``s_p`` and K negatives ``s_j``::
+
+        L_i = -log( exp(s_p/tau) / (exp(s_p/tau) + sum_j exp(s_j/tau)) )
+            = logsumexp([s_p, s_1..s_K]/tau) - s_p/tau
+
+    In-batch (SimCLR's NT-Xent): 2N anchors, K = 2N-2, averaged over all 2N
+    anchors (symmetric in the views).  ``log(K+1) - L`` is the InfoNCE lower
+    bound on mutual information, capped at ``log(K+1)``.
+
+    Computed the standard way (as ``cross_entropy`` does: logsumexp minus the
+    positive logit), deliberately: its gradient on the positive is
+    ``-(1 - softmax_p)``, which loses relative precision when
+    ``q_B = 1 - softmax_p`` approaches the unit roundoff (and is exactly 0 in
+    float32 once ``q_B < 2^-24``) — the effect FlatNCE addresses and the study
+    measures (``benchmarks/loss_precision.py``).
+    Parameters: none (τ is given per call).
+    """
+
+    def _rows(self, pos, neg, neg_mask, tau, batch_pos):
+        rows = infonce_rows(pos, neg, neg_mask, tau)
+        return rows, rows
+
+
+class EqCo(ContrastiveLoss, spec="eqco"):
+    r"""EqCo (Zhu et al. 2020, "EqCo: Equivalent Rules for Self-supervised
+    Contrastive Learning", arXiv:2010.01929).
+
+    The negative sum is rescaled by ``alpha/K`` so the loss (and the gradient
+    balance between positive and negatives) does not depend on the number of
+    negatives K::
+
+        L_i = log( exp(s_p/tau) + (alpha/K) sum_{j<=K} exp(s_j/tau) ) - s_p/tau
+            = logsumexp([s_p/tau, s_j/tau + log(alpha/K)]) - s_p/tau
+
+    ``alpha = K`` recovers InfoNCE; ``alpha=None`` (default) means "alpha = K"
+    i.e. plain InfoNCE-equivalent (so the loss is the registry's InfoNCE until
+    an alpha is chosen, e.g. alpha = 256 as in the paper's MoCo experiments).
+    With a mask, each row uses its own K.
+    Parameters (τ is given per call): ``alpha > 0`` or None (default None).
+    """
+
+    def _check_param(self, key, value):
+        if value is None:
+            return None
+        a = float(value)
+        if not (math.isfinite(a) and a > 0):
+            raise ValueError(f"alpha must be a positive finite number or None (alpha = K), got {value!r}")
+        return a
+
+    def _rows(self, pos, neg, neg_mask, tau, batch_pos):
+        xp = pos / tau
+        xn = neg / tau
+        if self.alpha is not None:
+            k = row_counts(neg, neg_mask)
+            xn = xn + torch.log(self.alpha / k)[:, None]
+        logits = torch.cat([xp[:, None], masked(xn, neg_mask)], dim=1)
+        rows = torch.logsumexp(logits, dim=1) - xp
+        return rows, rows
