@@ -96,7 +96,7 @@ _LAZY = {
         "queue_scores",
     ),
     "base": ("LossOutput", "ContrastiveLoss", "infonce_rows"),
-    "softmax": ("InfoNCE", "EqCo"),
+    "softmax": ("InfoNCE", "EqCo", "LearntTemperatureInfoNCE"),
     "flatnce": ("FlatNCE",),
     "decoupled": ("DCL", "DCLW"),
     "sogclr": ("SogCLR",),

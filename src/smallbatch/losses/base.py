@@ -114,7 +114,7 @@ class ContrastiveLoss(torch.nn.Module):
         return {k: getattr(self, k) for k in self.param_defaults}
 
     # --------------------------------------------------------------- a temperature it learns
-    def learned_temperature(self) -> Tensor:
+    def learnt_temperature(self) -> Tensor:
         """τ = exp(-t') of a loss that owns its temperature (a 0-d tensor with its gradient)."""
         if not self.owns_temperature:
             raise ValueError(f"loss '{self.name}' does not learn its temperature; τ is the caller's, per call")
@@ -125,7 +125,7 @@ class ContrastiveLoss(torch.nn.Module):
         """Start the learnt temperature at ``tau`` (the cell's τ): t' = -log τ."""
         if not (math.isfinite(tau) and tau > 0):
             raise ValueError(f"temperature must be a positive finite number, got {tau!r}")
-        self.learned_temperature()  # refuses a loss that does not learn it
+        self.learnt_temperature()  # refuses a loss that does not learn it
         self.log_scale.fill_(-math.log(tau))
 
     def _tau(self, temperature: float | Tensor | None) -> float | Tensor:
@@ -134,7 +134,7 @@ class ContrastiveLoss(torch.nn.Module):
         if temperature is not None:
             return temperature
         if self.owns_temperature:
-            return self.learned_temperature()
+            return self.learnt_temperature()
         if not self.uses_temperature:
             return 1.0
         raise ValueError(f"loss '{self.name}' takes its temperature per call: pass temperature=τ")

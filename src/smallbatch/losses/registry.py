@@ -19,7 +19,7 @@ A spec's properties say how the training loop treats the loss:
   ``b``): they join the optimiser (no weight decay), move to the device, are saved and
   restored with the loss's ``state_dict``, and their gradients are averaged over processes;
 * ``owns_temperature`` -- τ is one of those parameters: the cell's τ initialises it and
-  ``train/tau`` logs its current value (``learned_temperature()``);
+  ``train/tau`` logs its current value (``learnt_temperature()``);
 * ``uses_temperature`` -- False when the loss has no τ at all (a kernel loss): the cell's τ
   only sets the InfoNCE it reports beside its value;
 * ``negatives`` -- ``"all"`` (every in-batch or queued negative) or ``"same_view"`` (only the
@@ -177,6 +177,14 @@ SPECS: dict[str, LossSpec] = {
                 )
             },
             stateful=True,
+        ),
+        LossSpec(
+            name="infonce_lt",
+            display="InfoNCE (learnt τ)",
+            paper="Radford et al. 2021 (CLIP's learnt temperature)",
+            impl=".softmax:LearntTemperatureInfoNCE",
+            learnable=True,
+            owns_temperature=True,
         ),
     )
 }

@@ -1,4 +1,4 @@
-"""Losses of one softmax over the positive and the negatives: InfoNCE and EqCo."""
+"""Losses of one softmax over the positive and the negatives: InfoNCE (at a given or a learnt τ) and EqCo."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from .base import ContrastiveLoss, infonce_rows
 from .scores import masked, row_counts
 
-__all__ = ["InfoNCE", "EqCo"]
+__all__ = ["InfoNCE", "EqCo", "LearntTemperatureInfoNCE"]
 
 
 class InfoNCE(ContrastiveLoss, spec="infonce"):
@@ -74,4 +74,26 @@ class EqCo(ContrastiveLoss, spec="eqco"):
             xn = xn + torch.log(self.alpha / k)[:, None]
         logits = torch.cat([xp[:, None], masked(xn, neg_mask)], dim=1)
         rows = torch.logsumexp(logits, dim=1) - xp
+        return rows, rows
+
+
+class LearntTemperatureInfoNCE(ContrastiveLoss, spec="infonce_lt"):
+    r"""InfoNCE whose temperature is learnt with the network, as CLIP's (Radford et al. 2021,
+    "Learning Transferable Visual Models From Natural Language Supervision": the logits
+    are scaled by ``t = exp(t')``, t' a trained parameter)::
+
+        tau = exp(-t')                                   (t' = log_scale, a parameter)
+        L_i = logsumexp([s_p, s_1..s_K]/tau) - s_p/tau   (InfoNCE at that tau)
+        dL/dt' = -(1/B) sum_i (s_p,i - E_{softmax_i}[s]) / tau
+
+    The training loop starts t' at the cell's τ (``t' = -log tau``), hands it to the optimiser
+    (no weight decay), logs ``train/tau`` = exp(-t') and saves it with the loss; CLIP also
+    clamps ``t <= 100``, which is not done here (τ leaves ``[1e-3, 1e2]`` only by diverging).
+    Called with ``temperature=τ`` it is InfoNCE at that τ (what the step does: the learnt
+    τ, with its gradient, comes from :class:`smallbatch.training.temperature.LearntTemperature`).
+    Parameters: none besides t'.
+    """
+
+    def _rows(self, pos, neg, neg_mask, tau, batch_pos):
+        rows = infonce_rows(pos, neg, neg_mask, tau)
         return rows, rows
