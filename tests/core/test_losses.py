@@ -28,6 +28,7 @@ from smallbatch.losses import (
     in_batch_scores,
     loss_param_names,
     queue_scores,
+    same_view_mask,
 )
 from smallbatch.training.negatives import MomentumQueue
 
@@ -421,11 +422,13 @@ def test_in_batch_scores_of_some_rows_are_those_rows_of_the_whole_batch():
     torch.testing.assert_close(batch_positives(z1, z2), pos, rtol=1e-14, atol=1e-14)
 
 
-@pytest.mark.parametrize("name", list(REGISTRY))
+@pytest.mark.parametrize("name", [n for n, cls in REGISTRY.items() if cls.per_anchor])
 def test_losses_of_disjoint_anchor_sets_average_to_the_whole_batch(name):
     """What a process that owns some anchors of a gathered batch computes: the mean of
     the per-process losses (equal shares) is the whole batch's loss, and so is its
-    gradient w.r.t. every embedding (DCLW's weights use the whole batch's positives)."""
+    gradient w.r.t. every embedding (DCLW's weights use the whole batch's positives; a
+    loss of same-view negatives masks the other view's, from the rows alone).  A loss that
+    is not a mean over anchors (``per_anchor`` False) runs on one process."""
     z1, z2 = _views(6, 5, seed=2)
     a, b = z1.clone().requires_grad_(True), z2.clone().requires_grad_(True)
     loss = at_tau(build_loss(name), 0.2)
@@ -436,6 +439,8 @@ def test_losses_of_disjoint_anchor_sets_average_to_the_whole_batch(name):
     for r in range(2):  # two "processes", each owning half of the images (both views)
         own = torch.cat([torch.arange(r * 3, r * 3 + 3), n + torch.arange(r * 3, r * 3 + 3)])
         pos, neg, mask = in_batch_scores(a, b, rows=own)
+        if loss.negatives == "same_view":
+            mask = same_view_mask(n, rows=own)
         parts.append(loss.from_scores(pos, neg, mask, batch_pos=batch_positives(a, b)).loss)
     split = (parts[0] + parts[1]) / 2
     g_split = torch.autograd.grad(split, (a, b))

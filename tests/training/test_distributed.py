@@ -6,10 +6,12 @@ a free port) runs every check below; each check builds the 1-process reference i
 (the same seeds: a small_cnn + SimCLR projection head, a global batch of 8 images) and
 reports relative differences, which the tests then hold to 1e-10.
 
-* every loss of the registry with in-batch negatives gathered over processes, and with a
-  MoCo queue (keys gathered and enqueued in the same order: the queues stay identical),
+* every loss of the registry that is a mean over anchors with in-batch negatives gathered
+  over processes (a same-view loss's mask from the rows alone), and each that takes a MoCo
+  queue with one (keys gathered and enqueued in the same order: the queues stay identical),
   each with SyncBatchNorm (reference: the whole batch in one forward) and without it
-  (reference: BatchNorm statistics per share, each share forwarded separately);
+  (reference: BatchNorm statistics per share, each share forwarded separately); a loss's
+  learnt parameters (τ, a bias) get the 1-process gradient once averaged over processes;
 * one optimiser step (SGD with momentum, LARS, Adam), twice: the same updates,
   BatchNorm statistics and optimiser state on 2 processes as on 1;
 * the gather's gradient, the global batch's views, and the collective helpers.

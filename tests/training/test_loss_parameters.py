@@ -25,9 +25,10 @@ TINY = {"width": 4, "proj_hidden": 16, "proj_dim": 8, "lr": 3e-3, "precision": "
 TAU0 = 0.5
 
 
-def learnt_tau_cell(**train_opts) -> dict:
+def learnt_tau_cell(loss: str = "infonce_lt", **train_opts) -> dict:
     cfg = load_config(None, {"datasets": {"digits": {}}, "train": {**TINY, **train_opts}})
-    return make_cell(cfg, dataset="digits", loss="infonce_lt", loss_params={}, batch_size=32, temperature=TAU0, seed=0)
+    params = cfg["loss_params"].get(loss, {})
+    return make_cell(cfg, dataset="digits", loss=loss, loss_params=params, batch_size=32, temperature=TAU0, seed=0)
 
 
 def run(cell: dict, images, d, out: Path, **kw) -> train.TrainResult:
@@ -53,8 +54,10 @@ def test_the_learnt_temperature_is_trained_without_weight_decay_and_starts_at_th
     assert t.step_fn.temperature.value == pytest.approx(TAU0)
 
 
-def test_the_learnt_temperature_trains_logs_its_value_and_resumes_bitwise(tmp_path, digits, capfd):
-    cell = learnt_tau_cell(epochs=2, log_every=1)
+@pytest.mark.parametrize("loss", ["infonce_lt", "siglip"])
+def test_the_learnt_temperature_trains_logs_its_value_and_resumes_bitwise(loss, tmp_path, digits, capfd):
+    """(SigLIP learns its bias b beside t'.)"""
+    cell = learnt_tau_cell(loss, epochs=2, log_every=1)
     logs: list[tuple[int, dict]] = []
     ref = run(cell, digits.pretrain_x, digits, tmp_path / "ref", log_fn=lambda m, s: logs.append((s, m)))
     assert ref.status == "finished"
@@ -75,7 +78,9 @@ def test_the_learnt_temperature_trains_logs_its_value_and_resumes_bitwise(tmp_pa
     assert f"from step {spe}/" in capfd.readouterr().err
     assert res.final_loss == ref.final_loss
     a, b = (train.load_checkpoint(tmp_path / f / "state.pt") for f in ("ref", "cell"))
-    assert torch.equal(a["loss"]["log_scale"], b["loss"]["log_scale"])
+    assert a["loss"].keys() == b["loss"].keys() == {p for p, _ in train.build_loss(loss).named_parameters()}
+    for k, v in a["loss"].items():
+        assert torch.equal(v, b["loss"][k]), k
     for k, v in a["model"].items():
         assert torch.equal(v, b["model"][k]), k
 

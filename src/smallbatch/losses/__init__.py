@@ -1,8 +1,11 @@
 """Contrastive losses as pure functions of embeddings (no I/O), usable as a library.
 
 Losses: InfoNCE / NT-Xent (SimCLR), FlatNCE (+ its Hölder-mean generalisation),
-DCL, DCLW, EqCo and SogCLR (per-image state across steps), each usable with in-batch
-negatives (SimCLR style) or with negatives from a MoCo-style FIFO queue of momentum-encoder keys
+DCL, DCLW, EqCo, SogCLR (per-image state across steps), SigLIP/SigCLR (learnt scale and
+bias), DHEL and KCL (same-view negatives), SimCo's dual temperature, alignment + uniformity,
+debiased and hard-negative InfoNCE, and InfoNCE at a learnt τ; each usable with in-batch
+negatives (SimCLR style) and, unless it contrasts same-view negatives, with negatives from
+a MoCo-style FIFO queue of momentum-encoder keys
 (:class:`smallbatch.training.negatives.MomentumQueue`).  The quantities the study tracks
 on the same similarities (InfoNCE MI estimate vs its ``log(K+1)`` ceiling, FlatNCE's ESS,
 DCL's coupling ``q_B``, alignment, uniformity, ...) are :mod:`smallbatch.diagnostics`.
@@ -42,7 +45,8 @@ The package, by seam
 * :mod:`~smallbatch.losses.scores` -- the score builders (in-batch, grouped, queue) and the
   shared checks;
 * :mod:`~smallbatch.losses.base` -- :class:`ContrastiveLoss` and :class:`LossOutput`;
-* one module per family (``softmax``, ``flatnce``, ``decoupled``, ``sogclr``);
+* one module per family (``softmax``, ``flatnce``, ``decoupled``, ``sogclr``, ``sigmoid``,
+  ``kernel``, ``debiased``);
 * :mod:`~smallbatch.losses.build` -- :data:`REGISTRY` (name -> class) and :func:`build_loss`.
 
 ``import smallbatch.losses`` loads only the registry; the first use of any other name
@@ -96,10 +100,13 @@ _LAZY = {
         "queue_scores",
     ),
     "base": ("LossOutput", "ContrastiveLoss", "infonce_rows"),
-    "softmax": ("InfoNCE", "EqCo", "LearntTemperatureInfoNCE"),
+    "softmax": ("InfoNCE", "EqCo", "DualTemperature", "LearntTemperatureInfoNCE"),
     "flatnce": ("FlatNCE",),
-    "decoupled": ("DCL", "DCLW"),
+    "decoupled": ("DCL", "DCLW", "DHEL"),
     "sogclr": ("SogCLR",),
+    "sigmoid": ("SigLIP",),
+    "kernel": ("KCL", "AlignUniform"),
+    "debiased": ("HardNegatives", "Debiased"),
     "build": ("REGISTRY", "LOSSES", "loss_class", "build_loss"),
 }
 _WHERE = {name: module for module, names in _LAZY.items() for name in names}

@@ -1,4 +1,4 @@
-"""Losses without the positive in the denominator: DCL and its weighted form DCLW."""
+"""Losses without the positive in the denominator: DCL, its weighted form DCLW, and DHEL (same-view negatives)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from torch import Tensor
 from .base import ContrastiveLoss
 from .scores import masked
 
-__all__ = ["DCL", "DCLW"]
+__all__ = ["DCL", "DCLW", "DHEL"]
 
 
 class DCL(ContrastiveLoss, spec="dcl"):
@@ -68,3 +68,26 @@ class DCLW(ContrastiveLoss, spec="dclw"):
         w = self.weights(pos, batch_pos)
         rows = -w * pos / tau + torch.logsumexp(masked(neg / tau, neg_mask), dim=1)
         return rows, rows
+
+
+class DHEL(DCL, spec="dhel"):
+    r"""Decoupled Hyperspherical Energy Loss (Koromilas, Bouritsas, Giannakopoulos, Nicolaou,
+    Panagakis 2024, "Bridging Mini-Batch and Asymptotic Analysis in Contrastive Learning: From
+    InfoNCE to Kernel-Based Losses", ICML, arXiv:2405.18045).
+
+    DCL with uniformity taken over the anchor's own view only: for anchor ``u_i`` (view 1 of
+    image i) the negatives are the other images' view-1 embeddings ``u_j``, N-1 of them, and
+    the positive is not in the denominator::
+
+        L_i = -s(u_i, v_i)/tau + log sum_{j != i} exp(s(u_i, u_j)/tau)
+
+    averaged here over both views' anchors (2N rows; the paper's and the authors' code's
+    ``include_augs=False`` average the N view-1 anchors, so this is the mean of that loss
+    with the views in both orders; the authors' default ``include_augs=True`` adds the other
+    view's energy to each anchor's: ``-s_p/tau + lse_u,i + lse_v,i``, i.e. twice this loss plus
+    the mean ``s_p/tau``).  Against DCL on the same scores, the positive's term is the same and
+    the negatives are a subset: ``DCL_i - DHEL_i = log(1 + sum_cross / sum_same)`` >= 0
+    (``tests/core/test_kernel_losses.py``).  The same-view negatives are a mask built from
+    shapes (:func:`smallbatch.losses.scores.same_view_mask`): in-batch negatives only.
+    Parameters: none (τ is given per call).
+    """

@@ -104,6 +104,9 @@ def _number(description: str, default: Any, **bounds: Any) -> dict:
     return {"type": "number", **bounds, "default": default, "description": description}
 
 
+_TAU_PLUS = "Debiased, HCL: the class prior tau+ (the chance a negative shares the anchor's class; 0 = no debiasing)"
+
+
 #: The one list of losses, in the order tables show them.
 SPECS: dict[str, LossSpec] = {
     s.name: s
@@ -177,6 +180,92 @@ SPECS: dict[str, LossSpec] = {
                 )
             },
             stateful=True,
+        ),
+        LossSpec(
+            name="siglip",
+            display="SigLIP",
+            paper="Zhai et al. 2023 (SigLIP); Çağatan 2024 (SigCLR)",
+            impl=".sigmoid:SigLIP",
+            aliases=("sigclr",),
+            paper_pattern=r"siglip|sigclr",
+            defaults={"bias_init": -10.0},
+            params={
+                "bias_init": {
+                    "type": "number",
+                    "default": -10.0,
+                    "description": "SigLIP: the learnt bias b at the start (the learnt t = 1/τ starts at the cell's τ)",
+                }
+            },
+            learnable=True,
+            owns_temperature=True,
+        ),
+        LossSpec(
+            name="dhel",
+            display="DHEL",
+            paper="Koromilas et al. 2024 (DHEL)",
+            impl=".decoupled:DHEL",
+            paper_pattern=r"dhel",
+            negatives="same_view",
+        ),
+        LossSpec(
+            name="kcl",
+            display="KCL",
+            paper="Koromilas et al. 2024 (KCL)",
+            impl=".kernel:KCL",
+            paper_pattern=r"\bkcl\b",
+            defaults={"t": 2.0, "gamma": 16.0},
+            params={
+                "t": _number("kernel losses: t of the Gaussian kernel exp(-t ||z - z'||^2)", 2.0, exclusiveMinimum=0),
+                "gamma": _number("KCL: weight of the energy (negatives') term", 16.0, exclusiveMinimum=0),
+            },
+            uses_temperature=False,
+            negatives="same_view",
+        ),
+        LossSpec(
+            name="simco",
+            display="SimCo",
+            paper="Zhang et al. 2022 (SimCo, dual temperature)",
+            impl=".softmax:DualTemperature",
+            paper_pattern=r"simco|simmoco",
+            defaults={"m": 10.0},
+            params={"m": _number("SimCo: the inter-anchor temperature is tau * m (1 = InfoNCE)", 10.0, minimum=1)},
+        ),
+        LossSpec(
+            name="align_uniform",
+            display="Align+Uniform",
+            paper="Wang & Isola 2020 (alignment and uniformity)",
+            impl=".kernel:AlignUniform",
+            paper_pattern=r"uniformity",
+            defaults={"lam": 1.0, "alpha": 2.0, "t": 2.0},
+            params={
+                "lam": _number("align_uniform: weight of the uniformity term", 1.0, exclusiveMinimum=0),
+                "alpha": _number("align_uniform: the alignment's power of ||z - z+||", 2.0, exclusiveMinimum=0),
+                "t": _number("kernel losses: t of the Gaussian kernel exp(-t ||z - z'||^2)", 2.0, exclusiveMinimum=0),
+            },
+            uses_temperature=False,
+            negatives="same_view",
+            per_anchor=False,
+        ),
+        LossSpec(
+            name="debiased",
+            display="Debiased",
+            paper="Chuang et al. 2020 (debiased contrastive learning)",
+            impl=".debiased:Debiased",
+            paper_pattern=r"debiased",
+            defaults={"tau_plus": 0.1},
+            params={"tau_plus": _number(_TAU_PLUS, 0.1, minimum=0, exclusiveMaximum=1)},
+        ),
+        LossSpec(
+            name="hcl",
+            display="HCL",
+            paper="Robinson et al. 2021 (hard negatives, HCL)",
+            impl=".debiased:HardNegatives",
+            paper_pattern=r"\bhcl\b|hard negative",
+            defaults={"tau_plus": 0.1, "beta": 1.0},
+            params={
+                "tau_plus": _number(_TAU_PLUS, 0.1, minimum=0, exclusiveMaximum=1),
+                "beta": _number("HCL: hardness, negatives weighted by exp(beta s/tau) (0 = Debiased)", 1.0, minimum=0),
+            },
         ),
         LossSpec(
             name="infonce_lt",

@@ -1,15 +1,17 @@
-"""Losses of one softmax over the positive and the negatives: InfoNCE (at a given or a learnt τ) and EqCo."""
+"""Losses of one softmax over the positive and the negatives: InfoNCE (at a given or a learnt τ),
+EqCo, and SimCo's dual temperature."""
 
 from __future__ import annotations
 
 import math
 
 import torch
+from torch import Tensor
 
 from .base import ContrastiveLoss, infonce_rows
 from .scores import masked, row_counts
 
-__all__ = ["InfoNCE", "EqCo", "LearntTemperatureInfoNCE"]
+__all__ = ["InfoNCE", "EqCo", "DualTemperature", "LearntTemperatureInfoNCE"]
 
 
 class InfoNCE(ContrastiveLoss, spec="infonce"):
@@ -74,6 +76,47 @@ class EqCo(ContrastiveLoss, spec="eqco"):
             xn = xn + torch.log(self.alpha / k)[:, None]
         logits = torch.cat([xp[:, None], masked(xn, neg_mask)], dim=1)
         rows = torch.logsumexp(logits, dim=1) - xp
+        return rows, rows
+
+
+def _log_coupling(pos: Tensor, neg: Tensor, neg_mask: Tensor | None, tau) -> Tensor:
+    """``log(1 - softmax_p)`` of the logits ``[s_p, s_j]/tau``: the log of InfoNCE's coupling q_B."""
+    xp, xn = pos / tau, masked(neg / tau, neg_mask)
+    return torch.logsumexp(xn, dim=1) - torch.logsumexp(torch.cat([xp[:, None], xn], dim=1), dim=1)
+
+
+class DualTemperature(ContrastiveLoss, spec="simco"):
+    r"""SimCo's dual temperature (Zhang, Zhang, Zhang, Pham, Yoo, Kweon 2022, "Dual Temperature
+    Helps Contrastive Learning Without Many Negative Samples: Towards Understanding and
+    Simplifying MoCo", CVPR, arXiv:2203.17248).
+
+    InfoNCE at τ (the intra-anchor softmax), each anchor's term weighted by a stop-gradient
+    factor from a second softmax at τ·m (the inter-anchor temperature)::
+
+        p_intra = softmax([s_p, s_j]/tau)_p,   p_inter = softmax([s_p, s_j]/(tau m))_p
+        w_i = sg[ (1 - p_inter) / (1 - p_intra) ]
+        L_i = w_i (-log p_intra)
+
+    Reference: ``ChaoningZhang/Dual-temperature``, ``solo/losses/dual_temperature_loss.py``
+    (``dual_temperature_loss_func``, tau = 0.1, ``dt_m`` = 10), which scores queries against
+    keys (N-1 negatives each); here the study's scores (in-batch: 2N anchors and 2N-2
+    negatives, symmetric in the views) go through the same formula.  InfoNCE's gradient on
+    the positive is ``-(1 - p_intra)/tau``; SimCo's is ``-(1 - p_inter)/tau``: the coupling
+    q_B at the large temperature replaces it (the paper's inter-anchor hardness), and
+    ``m = 1`` is InfoNCE exactly.  The weights are computed in log space.
+    Parameters (τ is given per call): ``m >= 1`` (default 10, the paper's).
+    """
+
+    def _check_param(self, key, value):
+        m = float(value)
+        if not (math.isfinite(m) and m >= 1):
+            raise ValueError(f"m must be a finite number >= 1 (1 = InfoNCE), got {value!r}")
+        return m
+
+    def _rows(self, pos, neg, neg_mask, tau, batch_pos):
+        with torch.no_grad():
+            log_w = _log_coupling(pos, neg, neg_mask, tau * self.m) - _log_coupling(pos, neg, neg_mask, tau)
+        rows = torch.exp(log_w) * infonce_rows(pos, neg, neg_mask, tau)
         return rows, rows
 
 

@@ -280,7 +280,13 @@ def build_training(
             f"({cell.dataset}'s pretraining split is unlabeled); set it to false"
         )
     mask_labels = labels.to(dev) if tr.mask_same_class else None
-    source = InBatch(world, full=bool(tr.ess_schedule) and world.size > 1, group=tr.neg_group, labels=mask_labels)
+    source = InBatch(
+        world,
+        full=bool(tr.ess_schedule) and world.size > 1,
+        group=tr.neg_group,
+        labels=mask_labels,
+        same_view=loss_spec(cell.loss).negatives == "same_view",
+    )
     if tr.queue_size:
         key_model = _network(cell, c, h, dev, dtype, world, views)
         key_model.load_state_dict(model.state_dict())
