@@ -733,5 +733,9 @@ def test_every_registry_entry_is_its_class_and_every_lazy_name_resolves():
         assert cls.__doc__ and spec.paper.split()[0] in cls.__doc__, f"{name}: its paper is not in its docstring"
     for attr in losses.__all__:
         assert getattr(losses, attr) is not None, attr
+    import importlib
+
+    for module, names in losses._LAZY.items():  # the lazy names are each module's public names, no more
+        assert set(names) == set(importlib.import_module(f"smallbatch.losses.{module}").__all__), module
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         losses.nope  # noqa: B018

@@ -1,7 +1,7 @@
 """Contrastive losses as pure functions of embeddings (no I/O), usable as a library.
 
 Losses: InfoNCE / NT-Xent (SimCLR), FlatNCE (+ its Hölder-mean generalisation),
-DCL, DCLW, EqCo, SogCLR (per-image state across steps), SigLIP/SigCLR (learnt scale and
+DCL, DCLW, EqCo, SogCLR (per-image state across steps) and iSogCLR (with a τ per image), SigLIP/SigCLR (learnt scale and
 bias), DHEL and KCL (same-view negatives), SimCo's dual temperature, alignment + uniformity,
 debiased and hard-negative InfoNCE, and InfoNCE at a learnt τ; each usable with in-batch
 negatives (SimCLR style) and, unless it contrasts same-view negatives, with negatives from
@@ -103,7 +103,7 @@ _LAZY = {
     "softmax": ("InfoNCE", "EqCo", "DualTemperature", "LearntTemperatureInfoNCE"),
     "flatnce": ("FlatNCE",),
     "decoupled": ("DCL", "DCLW", "DHEL"),
-    "sogclr": ("SogCLR",),
+    "sogclr": ("SogCLR", "ISogCLR"),
     "sigmoid": ("SigLIP",),
     "kernel": ("KCL", "AlignUniform"),
     "debiased": ("HardNegatives", "Debiased"),

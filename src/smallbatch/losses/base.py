@@ -99,7 +99,7 @@ class ContrastiveLoss(torch.nn.Module):
             raise ValueError(f"unknown parameter(s) {unknown} for loss '{self.name}'; allowed: {allowed}")
         for key, default in self.param_defaults.items():
             setattr(self, key, self._check_param(key, params.get(key, default)))
-        if self.owns_temperature:
+        if self.owns_temperature and self.learnable:
             self.log_scale = torch.nn.Parameter(torch.tensor(-math.log(self.tau0)))
 
     # subclasses validate their own parameters

@@ -18,8 +18,9 @@ A spec's properties say how the training loop treats the loss:
 * ``learnable`` -- the loss has parameters the optimiser trains (SigLIP's ``t'`` and
   ``b``): they join the optimiser (no weight decay), move to the device, are saved and
   restored with the loss's ``state_dict``, and their gradients are averaged over processes;
-* ``owns_temperature`` -- τ is one of those parameters: the cell's τ initialises it and
-  ``train/tau`` logs its current value (``learnt_temperature()``);
+* ``owns_temperature`` -- τ is one of those parameters, or of its state (iSogCLR's τ per
+  image): the cell's τ initialises it and ``train/tau`` logs its current value
+  (``learnt_temperature()``; per image: their mean);
 * ``uses_temperature`` -- False when the loss has no τ at all (a kernel loss): the cell's τ
   only sets the InfoNCE it reports beside its value;
 * ``negatives`` -- ``"all"`` (every in-batch or queued negative) or ``"same_view"`` (only the
@@ -87,8 +88,8 @@ class LossSpec:
                 f"loss {self.name!r}: schema parameters {sorted(set(self.params) - set(self.defaults))} "
                 "have no constructor default"
             )
-        if self.owns_temperature and not self.learnable:
-            raise ValueError(f"loss {self.name!r}: a loss that owns its temperature must be learnable")
+        if self.owns_temperature and not (self.learnable or self.stateful):
+            raise ValueError(f"loss {self.name!r}: a loss that owns its temperature learns it or keeps it as state")
 
     @property
     def one_process(self) -> str | None:
@@ -180,6 +181,31 @@ SPECS: dict[str, LossSpec] = {
                 )
             },
             stateful=True,
+        ),
+        LossSpec(
+            name="isogclr",
+            display="iSogCLR",
+            paper="Qiu et al. 2023 (iSogCLR)",
+            impl=".sogclr:ISogCLR",
+            paper_pattern=r"isogclr",
+            defaults={"gamma": 0.9, "rho": 0.3, "eta": 0.01, "beta": 0.9, "tau_min": 0.05, "tau_max": 0.7},
+            params={
+                "gamma": _number(
+                    "iSogCLR: weight of the batch in u's moving average", 0.9, exclusiveMinimum=0, maximum=1
+                ),
+                "rho": _number("iSogCLR: rho, the size of the KL ball of its robust objective", 0.3, minimum=0),
+                "eta": _number("iSogCLR: step size of the per-image temperatures", 0.01, minimum=0),
+                "beta": _number(
+                    "iSogCLR: weight of the new gradient in the temperatures' momentum",
+                    0.9,
+                    exclusiveMinimum=0,
+                    maximum=1,
+                ),
+                "tau_min": _number("iSogCLR: lower bound of the per-image temperatures", 0.05, exclusiveMinimum=0),
+                "tau_max": _number("iSogCLR: upper bound of the per-image temperatures", 0.7, exclusiveMinimum=0),
+            },
+            stateful=True,
+            owns_temperature=True,
         ),
         LossSpec(
             name="siglip",
