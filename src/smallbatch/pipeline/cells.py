@@ -20,7 +20,7 @@ import json
 from typing import Any, Callable, Iterable
 
 from ..io import check_cell_id  # noqa: F401  (the one id check; import-light, for the CLI's fast paths)
-from ..losses import canonical_name, loss_param_names
+from ..losses.registry import canonical_name, loss_param_names
 
 AXIS_ABBREV = {
     "precision": "",

@@ -175,7 +175,7 @@ def _standalone_cell(args, overrides: dict) -> tuple[dict, dict]:
     """A cell from --dataset, --loss, --batch-size, --temperature ...: the flags are checked
     first (messages name them), then the config is validated with the cell as its only
     grid cell, so the study's checks (data set size, warm-up, the loss's own) apply to it."""
-    from ..losses import canonical_name
+    from ..losses.registry import canonical_name
     from .cells import make_cell
     from .config import deep_merge, load_config, validate_config
 
@@ -219,7 +219,7 @@ def _standalone_cell(args, overrides: dict) -> tuple[dict, dict]:
 
 def _loss_params(name: str, pairs: list[str]) -> dict:
     """--loss-param KEY=VALUE pairs, each checked against the loss's parameter schema."""
-    from ..losses import loss_param_names
+    from ..losses.registry import loss_param_names
     from .config import check_value
     from .schema import load_schema
 

@@ -179,7 +179,7 @@ def _check_results_dir_value(value: Any) -> None:
 def _check_loss_entries(cfg: dict) -> None:
     """A loss entry ``{name: dclw, sigma: ...}`` holds only parameters of its own loss (the
     schema accepts every loss's parameters on every entry)."""
-    from ..losses import canonical_name, loss_param_names
+    from ..losses.registry import canonical_name, loss_param_names
 
     sections = [("grid", cfg.get("grid") or {})]
     sections += [

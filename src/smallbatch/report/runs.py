@@ -10,7 +10,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from ..losses import canonical_name, display_name, loss_param_names
+from ..losses.registry import canonical_name, display_name, loss_param_names
 from ..tracking import NON_RESULT_KINDS, TAG_BASELINE, TAG_CELL, TAG_EXPERIMENT, TAG_KIND
 from .fmt import ABSENT
 

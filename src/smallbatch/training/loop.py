@@ -50,6 +50,7 @@ from ..diagnostics import diagnostics, embedding_grad_norm, grad_rel_error
 from ..errors import Preempted
 from ..io import CellLock, nullcontext_lock
 from ..losses import build_loss, in_batch_scores
+from ..losses.registry import loss_spec
 from ..models import ContrastiveModel, build_backbone
 from . import health
 from .checkpoint import StepRandom, load_checkpoint, read_state, save_checkpoint, save_state  # noqa: F401
@@ -215,7 +216,9 @@ def _validate(cell: Cell, n_images: int, dev: torch.device, world: World) -> Non
 
 def control_problem(cell: Cell | dict) -> str | None:
     """One line naming what is wrong with a cell's control settings (``train.neg_group``,
-    ``bn_group``, ``mask_same_class``, a stateful loss such as SogCLR), or None."""
+    ``bn_group``, ``mask_same_class``) or with its loss's needs (its registry properties:
+    one process for a stateful or whole-batch loss, in-batch negatives for same-view ones,
+    no ESS schedule for a learnt τ), or None."""
     cell = Cell.of(cell)
     tr, bs = cell.train, cell.batch_size
     for key in ("neg_group", "bn_group"):
@@ -233,8 +236,18 @@ def control_problem(cell: Cell | dict) -> str | None:
         )
     if tr.mask_same_class and tr.devices > 1:
         return "train.mask_same_class runs on one process; set train.devices = 1"
-    if tr.devices > 1 and cell.loss == "sogclr":
-        return "SogCLR's per-image u runs on one process; set train.devices = 1"
+    return _loss_problem(cell)
+
+
+def _loss_problem(cell: Cell) -> str | None:
+    """What the cell's loss needs of the training, from its registry entry."""
+    spec, tr = loss_spec(cell.loss), cell.train
+    if tr.devices > 1 and spec.one_process:
+        return f"{spec.one_process} runs on one process; set train.devices = 1"
+    if spec.negatives == "same_view" and tr.queue_size:
+        return f"{spec.display} contrasts same-view in-batch negatives, which a queue does not hold; set queue_size: 0"
+    if spec.owns_temperature and tr.ess_schedule:
+        return f"{spec.display} learns its temperature; set train.ess_schedule: null"
     return None
 
 
@@ -267,7 +280,13 @@ def build_training(
             f"({cell.dataset}'s pretraining split is unlabeled); set it to false"
         )
     mask_labels = labels.to(dev) if tr.mask_same_class else None
-    source = InBatch(world, full=bool(tr.ess_schedule) and world.size > 1, group=tr.neg_group, labels=mask_labels)
+    source = InBatch(
+        world,
+        full=bool(tr.ess_schedule) and world.size > 1,
+        group=tr.neg_group,
+        labels=mask_labels,
+        same_view=loss_spec(cell.loss).negatives == "same_view",
+    )
     if tr.queue_size:
         key_model = _network(cell, c, h, dev, dtype, world, views)
         key_model.load_state_dict(model.state_dict())
@@ -277,18 +296,25 @@ def build_training(
     spe = n // bs
     total = int(tr.steps) if tr.steps else max(1, math.ceil(float(tr.epochs) * spe))
     peak = scaled_lr(float(tr.lr), bs, tr.lr_scaling)
+    loss_fn = build_loss(cell.loss, **cell.loss_params).to(dev, dtype)  # its learnt parameters, if any
+    loss_fn.init_state(n, dev, dtype)  # SogCLR's u, one entry per image (stateless losses: nothing)
+    temperature = build_temperature(cell, total, dev, loss_fn)  # a learnt τ starts at the cell's
     opt = make_optimizer(
-        model.parameters(), tr.optimizer, peak, tr.momentum, tr.weight_decay, dev, compiled=bool(tr.compile)
+        trained_parameters(model, loss_fn),
+        tr.optimizer,
+        peak,
+        tr.momentum,
+        tr.weight_decay,
+        dev,
+        compiled=bool(tr.compile),
     )
     aug = BatchAugment(AugmentConfig(**cell.augment), image_size=h, channels=c, mean=mean, std=std)
-    loss_fn = build_loss(cell.loss, **cell.loss_params)
-    loss_fn.init_state(n, dev, dtype)  # SogCLR's u, one entry per image (stateless losses: nothing)
     step_fn = TrainStep(
         model,
         aug,
         source,
         loss_fn,
-        build_temperature(cell, total, dev),
+        temperature,
         opt,
         tr.precision,
         dev,
@@ -312,6 +338,15 @@ def build_training(
         int(round(float(tr.warmup_epochs) * spe)),
         peak,
     )
+
+
+def trained_parameters(model: torch.nn.Module, loss_fn: torch.nn.Module):
+    """What the optimiser trains: the network's parameters, and a loss's learnt ones (τ,
+    a bias) as a second group without weight decay (CLIP's and SigLIP's practice)."""
+    own = [p for p in loss_fn.parameters() if p.requires_grad]
+    if not own:
+        return model.parameters()
+    return [{"params": list(model.parameters())}, {"params": own, "weight_decay": 0.0}]
 
 
 def _network(cell: Cell, channels: int, size: int, dev: torch.device, dtype: torch.dtype, world: World, views: int = 2):
@@ -525,6 +560,7 @@ def step_metrics(t: Training, out, update, window: list) -> dict:
         {f"diag/{k}": v for k, v in diagnostics(sc.pos, sc.neg, tau, neg_mask=sc.mask, z1=out.z1, z2=out.z2).items()}
     )
     m.update(mechanism_metrics(t, out, update))
+    m.update({f"train/loss_{k}": float(p.detach()) for k, p in s.loss_fn.named_parameters() if p.numel() == 1})
     target = s.temperature.target(t.step - 1)
     if target is not None:
         m["diag/ess_target"] = target

@@ -41,6 +41,7 @@ from ..losses import (
     in_batch_columns,
     in_batch_scores,
     queue_scores,
+    same_view_mask,
 )
 from .distributed import World, gather, gather_with_grad
 
@@ -65,11 +66,15 @@ class Scores(NamedTuple):
         return Scores(*(None if t is None else t.detach() for t in self))
 
 
-def _gathered_in_batch(z1: Tensor, z2: Tensor, world: World, full: bool) -> Scores:
+def _gathered_in_batch(z1: Tensor, z2: Tensor, world: World, full: bool, same_view: bool = False) -> Scores:
     """This process's anchors against every process's views (``smallbatch.training.distributed``:
-    the gather's backward returns each embedding's gradient to the process that made it)."""
+    the gather's backward returns each embedding's gradient to the process that made it);
+    ``same_view``: only the anchor's own view's negatives."""
     z1a, z2a = gather_with_grad(z1), gather_with_grad(z2)
-    pos, neg, mask = in_batch_scores(z1a, z2a, rows=world.anchor_rows(z1.shape[0], z1.device))
+    rows = world.anchor_rows(z1.shape[0], z1.device)
+    pos, neg, mask = in_batch_scores(z1a, z2a, rows=rows)
+    if same_view:
+        mask = same_view_mask(z1a.shape[0], rows=rows)
     tau_neg = in_batch_scores(z1a.detach(), z2a.detach())[1] if full else None
     return Scores(pos, neg, mask, batch_positives(z1a, z2a), tau_neg)
 
@@ -96,16 +101,22 @@ class InBatch:
     several processes each computes the loss of its own anchors against all 2N views
     (``full``: also the whole batch's negatives, for an ESS-scheduled τ).  ``group``
     (one process): negatives within groups of that many images; ``labels`` (one process,
-    every training image's label): same-class negatives masked."""
+    every training image's label): same-class negatives masked; ``same_view`` (a loss of
+    same-view negatives: DHEL, the kernel losses): the other view's negatives masked."""
 
     kind = "in_batch"
 
     def __init__(
-        self, world: World | None = None, full: bool = False, group: int | None = None, labels: Tensor | None = None
+        self,
+        world: World | None = None,
+        full: bool = False,
+        group: int | None = None,
+        labels: Tensor | None = None,
+        same_view: bool = False,
     ) -> None:
         self.world = world or World()
         self.full = full
-        self.group, self.labels = group or None, labels
+        self.group, self.labels, self.same_view = group or None, labels, same_view
         if self.world.size > 1 and (self.group or labels is not None):
             raise ValueError("grouped or same-class-masked negatives run on one process (train.devices = 1)")
 
@@ -115,18 +126,20 @@ class InBatch:
 
     def scores(self, z1: Tensor, z2: Tensor, idx: Tensor) -> Scores:
         if self.world.size > 1:
-            return _gathered_in_batch(z1, z2, self.world, self.full)
-        if self.group:
-            pos, neg, _ = grouped_in_batch_scores(z1, z2, self.group)
-        else:
-            pos, neg, _ = in_batch_scores(z1, z2)
-        mask = None if self.labels is None else in_batch_mask(z1.shape[0], self.labels[idx], self.group)
+            return _gathered_in_batch(z1, z2, self.world, self.full, self.same_view)
+        pos, neg, mask = self.rescore(z1, z2)
+        if self.labels is not None:
+            oracle = in_batch_mask(z1.shape[0], self.labels[idx], self.group)
+            mask = oracle if mask is None else mask & oracle
         return Scores(pos, neg, mask, index=torch.stack([idx, idx]))
 
-    def rescore(self, z1: Tensor, z2: Tensor) -> tuple[Tensor, Tensor, None]:
+    def rescore(self, z1: Tensor, z2: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
         """Scores of embeddings for a diagnostic that re-scores them (the gradient norms):
-        grouped as the step's are, without the oracle mask (it needs the batch's images)."""
-        return grouped_in_batch_scores(z1, z2, self.group) if self.group else in_batch_scores(z1, z2)
+        grouped and same-view as the step's are, without the oracle mask (it needs the
+        batch's images)."""
+        pos, neg, _ = grouped_in_batch_scores(z1, z2, self.group) if self.group else in_batch_scores(z1, z2)
+        mask = same_view_mask(z1.shape[0], self.group, device=neg.device) if self.same_view else None
+        return pos, neg, mask
 
     def after_step(self, model: torch.nn.Module, z2: Tensor, idx: Tensor) -> None:
         pass

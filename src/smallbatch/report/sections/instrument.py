@@ -36,7 +36,7 @@ from typing import Any
 import pandas as pd
 
 from ...evaluation.probes import gap_fraction
-from ...losses import display_name
+from ...losses.registry import display_name
 from ...tracking import BAD_STATUSES
 from ..context import ReportContext, SectionOutput
 from ..evidence import Estimate, contrast, describe, describe_mde, holm
