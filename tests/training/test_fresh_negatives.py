@@ -22,6 +22,7 @@ from smallbatch.training import loop as train
 from smallbatch.training.ghostbn import ghost_batchnorm
 from smallbatch.training.negatives import FreshNegatives, fresh_window, running_stats, with_extra_views
 
+pytestmark = pytest.mark.usefixtures("one_thread")
 N, E, TAU = 4, 8, 0.3
 TINY = {"width": 2, "proj_hidden": 8, "proj_dim": 4}
 
@@ -207,7 +208,6 @@ def test_the_arm_is_a_control_with_its_id_k_and_hash_and_its_refusals_are_one_li
 
 
 def test_the_step_with_fresh_negatives_is_one_graph(tmp_path):
-    torch.set_num_threads(1)
     images = (torch.rand(64, 1, 8, 8, generator=torch.Generator().manual_seed(0)) * 255).to(torch.uint8)
     t = train.build_training(_cell(extra_negatives=16), images, [0.5], [0.25], torch.device("cpu"), tmp_path)
     idx = torch.arange(24) * 2
@@ -217,7 +217,6 @@ def test_the_step_with_fresh_negatives_is_one_graph(tmp_path):
 
 
 def test_a_fresh_negatives_cell_resumes_bitwise(tmp_path, digits):
-    torch.set_num_threads(1)
     cell = _cell(batch_size=16, extra_negatives=48, bn_group=16, epochs=2)
     run = lambda out, **kw: train.pretrain(  # noqa: E731
         cell, digits.pretrain_x, digits.mean, digits.std, Path(out), device="cpu", progress=False, **kw

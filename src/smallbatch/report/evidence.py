@@ -225,7 +225,8 @@ def outcome(e: Estimate | None, margin: float) -> str:
 def describe_outcome(e: Estimate | None, margin: float, nd: int = 2) -> str:
     """The outcome in words with the number that decides it: ``significant`` (and, where its
     interval is narrow enough, ``yet within ± Δ (TOST p = …)``), ``equivalent within ± Δ (TOST
-    p = …)``, ``inconclusive (TOST p = …; MDE at 80 % power = …)``."""
+    p = …; MDE at 80 % power = …)``, ``inconclusive (TOST p = …; MDE at 80 % power = …)``: the
+    MDE stated for every null."""
     kind = outcome(e, margin)
     if kind == "untested":
         return "untested"
@@ -233,10 +234,11 @@ def describe_outcome(e: Estimate | None, margin: float, nd: int = 2) -> str:
     tp = f"TOST p {'< 0.001' if p < 0.001 else '= ' + p_text(p)}"
     if kind == "significant":
         return f"significant, yet within ± {num(margin)} points ({tp})" if p < ALPHA else "significant"
-    if kind == "equivalent":
-        return f"equivalent within ± {num(margin)} points ({tp})"
     m = describe_mde(e, nd)
-    return f"inconclusive ({tp}{'; ' + m if m else ''})"
+    m = f"; {m}" if m else ""
+    if kind == "equivalent":
+        return f"equivalent within ± {num(margin)} points ({tp}{m})"
+    return f"inconclusive ({tp}{m})"
 
 
 def describe(e: Estimate | None, what: str = "", nd: int = 1, null_mde: bool = True) -> str:
