@@ -293,6 +293,21 @@ def test_each_batch_size_is_read_at_its_validated_rate_never_the_test_best():
     assert "at the validated lr (B=16: lr 0.001, B=256: lr 0.001)" in _text(res)
 
 
+def test_an_arm_run_at_one_rate_only_is_read_at_it_and_named():
+    rows = []
+    for arm, m in PASSING.items():
+        rates = ((5e-4, -1.0), (1e-3, 0.0)) if arm in ("a", "c") else ((1e-3, 0.0),)
+        if arm == "d":
+            rates = ((2e-3, 0.0),)
+        rows += [_cell("ds", arm, s, m + dv, lr=lr) for lr, dv in rates for s in SEEDS]
+    res = _analyse(pd.DataFrame(rows + _baselines("ds")))
+    assert res[0].lrs == {16: 1e-3, 256: 1e-3} and set(res[0].arms["infonce@16/X240"]["lr"]) == {2e-3}
+    assert instrument.off_rate(res[0]) == [
+        "InfoNCE B=16, +240 fresh (K=510) at lr 0.002 (its only rate; B=16's validated lr is 0.001)"
+    ]
+    assert "read at another rate than the validated one: InfoNCE B=16, +240 fresh" in _text(res)
+
+
 def test_every_temperature_is_its_own_unit():
     runs = pd.concat([_store(tau=0.1), _store(means={k: v - 1 for k, v in PASSING.items()}, tau=0.5)])
     runs = runs.drop_duplicates("run_id")

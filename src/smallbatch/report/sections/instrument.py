@@ -144,6 +144,18 @@ def _rates(lrs: dict) -> str:
     return ", ".join(f"B={b}: lr {short(lr)}" for b, lr in sorted(lrs.items()) if lr)
 
 
+def off_rate(res: UnitResult) -> list[str]:
+    """The arms a unit reads at a rate other than their batch size's validated one (an arm run
+    at one rate only), named with both rates."""
+    out = []
+    for arm, a in res.arms.items():
+        bs, lr = int(a["batch_size"].iloc[0]), float(a["lr"].iloc[0])
+        chosen = res.lrs.get(bs)
+        if chosen is not None and not math.isclose(lr, chosen):
+            out.append(f"{arm_label(arm)} at lr {short(lr)} (its only rate; B={bs}'s validated lr is {short(chosen)})")
+    return out
+
+
 # --------------------------------------------------------------------------- findings
 def gate_findings(results: list[UnitResult]) -> list[str]:
     """One line per data set, τ and budget: every gate with its numbers (G4 per view)."""
@@ -182,6 +194,9 @@ def verdict(res: UnitResult) -> list[str]:
         clauses = [_clause(by[k]) for k in keys if k in by]
         if clauses:
             out.append(f"{head}: " + "; ".join(clauses) + ".")
+    off = off_rate(res)
+    if out and off:
+        out.append(f"{res.unit.label()}: read at another rate than the validated one: " + "; ".join(off) + ".")
     return out
 
 
@@ -230,7 +245,7 @@ def _arm_table(rows: pd.DataFrame, results: list[UnitResult]) -> pd.DataFrame:
         for arm, a in r.arms.items()
     }
     out = []
-    keys = ["dataset", "temperature", "budget", "epochs", "steps", "arm", "lr", "peak_lr"]
+    keys = ["dataset", "temperature", "budget", "epochs", "steps", "images", "arm", "lr", "peak_lr"]
     for k, g in rows[~rows["status"].isin(BAD_STATUSES)].groupby(keys, sort=True, dropna=False):
         rec = dict(zip(keys, k))
         rec["label"] = arm_label(rec["arm"])
