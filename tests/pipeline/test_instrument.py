@@ -126,7 +126,7 @@ def test_the_tiny_instrument_study_runs_through_snakemake_and_its_report_states_
     assert len(snaps) == 24  # one snapshot per cell (24 cells)
     assert all(json.loads(p.read_text())["status"] in ("finished", "collapsed") for p in snaps)
     index = (tmp_path / "report" / "index.md").read_text()
-    assert "Gates, digits, τ 0.1, 1 epochs: G1 supervised − raw pixels" in index
+    assert "Gates, digits, τ 0.1, 1 epoch: G1 supervised − raw pixels" in index
     gates = pd.read_csv(tmp_path / "report" / "tables" / "instrument_gates.csv")
     assert {"G1", "G2", "G3", "G4 (fixed epochs)", "G4 (fixed steps)"} <= set(gates["gate"])
     contrasts = pd.read_csv(tmp_path / "report" / "tables" / "instrument_contrasts.csv")

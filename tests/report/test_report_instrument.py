@@ -264,9 +264,9 @@ def test_budgets_from_snapshots_and_the_final_checkpoint_counted_once():
     assert list(a["images"]) == [39.0 * 256, 195.0 * 256] and list(a["epochs"]) == [1.0, 5.0]
     res = _analyse(runs)
     assert [(r.unit.budget, r.unit.view) for r in res] == [("ep1", "epochs"), ("final", "epochs")]
-    assert _row(res, "steps")["unit"].startswith("ds, τ 0.1, 1 epochs")
+    assert _row(res, "steps")["unit"].startswith("ds, τ 0.1, 1 epoch")
     f = instrument.findings(res)
-    assert [s.split(":")[0] for s in f[:2]] == ["Gates, ds, τ 0.1, 1 epochs", "Gates, ds, τ 0.1, 5 epochs"]
+    assert [s.split(":")[0] for s in f[:2]] == ["Gates, ds, τ 0.1, 1 epoch", "Gates, ds, τ 0.1, 5 epochs"]
 
 
 def test_a_diverged_snapshot_is_left_out():
@@ -291,6 +291,17 @@ def test_each_batch_size_is_read_at_its_validated_rate_never_the_test_best():
     lrs = instrument.lr_table(res, budget_rows(runs[runs["kind"] == "cell"], 1.0))
     assert set(lrs[lrs["chosen"]]["lr"]) == {1e-3}
     assert "at the validated lr (B=16: lr 0.001, B=256: lr 0.001)" in _text(res)
+
+
+def test_without_a_validation_score_the_rate_most_cells_use_is_read_not_the_test_best():
+    rows = []
+    for arm, m in PASSING.items():
+        rates = ((5e-4, 3.0), (1e-3, 0.0)) if arm in ("a", "c") else ((1e-3, 0.0),)
+        rows += [_cell("ds", arm, s, m + dt, lr=lr) for lr, dt in rates for s in SEEDS]
+    runs = pd.DataFrame(rows + _baselines("ds"))
+    runs = runs.drop(columns=[f"metrics.{instrument.VAL_METRIC}"])
+    res = _analyse(runs)
+    assert res[0].lrs == {16: 1e-3, 256: 1e-3}  # 5e-4 has the better test top-1, 1e-3 the most cells
 
 
 def test_an_arm_run_at_one_rate_only_is_read_at_it_and_named():

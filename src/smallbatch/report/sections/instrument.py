@@ -214,6 +214,7 @@ def _gate_table(results: list[UnitResult]) -> pd.DataFrame:
             u = r.unit
             rows.append(
                 {
+                    "unit": u.label().split(" (fixed")[0],
                     "dataset": u.dataset,
                     "temperature": u.temperature,
                     "budget": u.budget,
@@ -229,9 +230,8 @@ def _gate_table(results: list[UnitResult]) -> pd.DataFrame:
 
 def _gate_display(df: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     blocks = []
-    for (ds, tau, budget), g in df.groupby(["dataset", "temperature", "budget"], sort=False):
-        t = g[["gate", "passed", "numbers"]].reset_index(drop=True)
-        blocks.append((f"{ds}, τ {short(tau)}, budget {budget}", t))
+    for unit, g in df.groupby("unit", sort=False):
+        blocks.append((unit, g[["gate", "passed", "numbers"]].reset_index(drop=True)))
     return blocks
 
 

@@ -177,9 +177,10 @@ class Unit:
         tau = f"τ {short(self.temperature)}"
         if not finite(self.epochs):
             return f"{self.dataset}, {tau}, final budget"
+        ep = f"{short(self.epochs)} epoch{'' if self.epochs == 1 else 's'}"
         if self.view == "steps":
-            return f"{self.dataset}, {tau}, {int(self.steps):,} steps (fixed steps: the reference's {short(self.epochs)} epochs)"
-        return f"{self.dataset}, {tau}, {short(self.epochs)} epochs (fixed epochs)"
+            return f"{self.dataset}, {tau}, {int(self.steps):,} steps (fixed steps: the reference's {ep})"
+        return f"{self.dataset}, {tau}, {ep} (fixed epochs)"
 
 
 def batch_levels(rows: pd.DataFrame) -> tuple[int | None, int | None]:
@@ -236,14 +237,16 @@ def lr_means(g: pd.DataFrame) -> pd.DataFrame:
 
 def chosen_lrs(g: pd.DataFrame) -> dict[int, float]:
     """batch size -> its learning rate in these rows: the best validation mean of its plain
-    InfoNCE arm, or the one rate it was run at."""
+    InfoNCE arm; without a validation score (no ``eval.linear_weight_decays``) the rate most of
+    that batch size's rows use (ties: the smaller), never one chosen on the test split."""
     out = {}
     means = lr_means(g[g["arm"].str.fullmatch(r"infonce@\d+")])
     for bs, m in means.groupby("batch_size"):
-        m = m[m["val_mean"].notna()] if m["val_mean"].notna().any() else m
-        out[int(bs)] = (
-            float(m.loc[m["val_mean"].idxmax(), "lr"]) if m["val_mean"].notna().any() else float(m["lr"].iloc[0])
-        )
+        if m["val_mean"].notna().any():
+            out[int(bs)] = float(m.loc[m["val_mean"].idxmax(), "lr"])
+        else:
+            counts = good(g[g["batch_size"] == bs])["lr"].value_counts()
+            out[int(bs)] = float(min(counts.index[counts == counts.max()]))
     return out
 
 
