@@ -195,6 +195,8 @@ OTHER_VALUE = {
     ("datasets", "digits", "test_subset"): 200,
     ("datasets", "digits", "image_size"): 16,
 }
+#: settings valid only beside another one: that one is set in both cells compared
+COMPANIONS = {("train", "snapshot_epochs"): {"train": {"lr_schedule": "constant"}}}
 
 
 def _schema_node(path: tuple) -> dict:
@@ -274,11 +276,15 @@ def _digits_cell(overrides: dict, loss: str = "infonce") -> dict:
 def _changed_cells(path: tuple, node: dict) -> tuple[dict, dict]:
     """(the default digits cell, the cell with the setting at ``path`` changed)."""
     loss = path[1] if path[0] == "loss_params" else "infonce"
-    base = _digits_cell({}, loss)
+    companion = COMPANIONS.get(path, {})
+    base = _digits_cell(companion, loss)
     default = validate_config(grid(losses=[loss]))
     for part in path:
         default = default[part]
-    return base, _digits_cell(_nested(path, _other_value(path, node, default)), loss)
+    changed = _nested(path, _other_value(path, node, default))
+    for key, sub in companion.items():
+        changed[key] = {**sub, **changed.get(key, {})}
+    return base, _digits_cell(changed, loss)
 
 
 SETTINGS = schema_settings()

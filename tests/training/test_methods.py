@@ -22,6 +22,7 @@ from smallbatch.training.negatives import Siamese, ema_momentum
 
 TINY = {"width": 4, "proj_hidden": 16, "proj_dim": 8, "lr": 3e-3, "precision": "fp64"}
 METHODS = ("simsiam", "vicreg", "byol")
+pytestmark = pytest.mark.usefixtures("one_thread")  # bitwise resume
 
 
 def method_cell(loss: str, batch_size: int = 32, **train_opts) -> dict:
@@ -34,14 +35,6 @@ def method_cell(loss: str, batch_size: int = 32, **train_opts) -> dict:
 
 def run(cell: dict, d, out: Path, **kw) -> train.TrainResult:
     return train.pretrain(cell, d.pretrain_x, d.mean, d.std, out, device="cpu", progress=False, **kw)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 def test_the_ema_schedule_is_byols_cosine_from_its_base_to_one_or_fixed():

@@ -33,6 +33,7 @@ AXIS_ABBREV = {
     "neg_group": "ng",
     "bn_group": "bn",
     "mask_same_class": "oracle",
+    "extra_negatives": "xn",
 }
 
 
@@ -133,12 +134,12 @@ def cell_hash(cell: dict) -> str:
     return hashlib.sha1(blob).hexdigest()[:10]
 
 
-def negatives_per_anchor(batch_size: int, queue_size: int, loss: str = "infonce") -> int:
-    """K in the papers' sense: 2N-2 in-batch negatives, or the queue length; 0 for a method
-    without negatives (its registry entry's ``negatives``)."""
+def negatives_per_anchor(batch_size: int, queue_size: int, extra: int | None = None, loss: str = "infonce") -> int:
+    """K in the papers' sense: 2N-2 in-batch negatives (2(N+E)-2 with E fresh extra images), or
+    the queue length; 0 for a method without negatives (its registry entry's ``negatives``)."""
     if not loss_spec(loss).contrastive:
         return 0
-    return int(queue_size) if queue_size else 2 * int(batch_size) - 2
+    return int(queue_size) if queue_size else 2 * (int(batch_size) + int(extra or 0)) - 2
 
 
 def _loss_variants(entry: Any, cfg: dict) -> list[tuple[str, dict, dict]]:
@@ -203,7 +204,9 @@ def make_cell(
         "batch_size": int(batch_size),
         "temperature": float(temperature),
         "seed": int(seed),
-        "negatives": negatives_per_anchor(train.get("neg_group") or batch_size, train["queue_size"], loss),
+        "negatives": negatives_per_anchor(
+            train.get("neg_group") or batch_size, train["queue_size"], train.get("extra_negatives"), loss
+        ),
         "train": train,
         "augment": copy.deepcopy(cfg["augment"]),
         "eval": copy.deepcopy(cfg["eval"]),
@@ -218,7 +221,7 @@ def make_cell(
 #: train keys a batch-size entry may set that change what a cell computes (the controls of
 #: the instrument study, e.g. ``{size: 256, train: {neg_group: 16}}``): they name the cell
 #: like an axis does, so two entries of one size never share an id
-ENTRY_SUFFIX_KEYS = ("neg_group", "bn_group", "mask_same_class", "steps", "lr")
+ENTRY_SUFFIX_KEYS = ("neg_group", "bn_group", "mask_same_class", "extra_negatives", "steps", "lr")
 
 
 def _batch_entry(entry: Any) -> tuple[int, dict, str]:

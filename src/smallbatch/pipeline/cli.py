@@ -355,12 +355,18 @@ def cmd_embed(args) -> int:
 
 
 def cmd_evaluate(args) -> int:
+    from ..training.checkpoint import snapshot_path
     from .jobs import run_evaluate
 
     cell, cfg = resolve_cell(args)
     uri, exp = _tracking(args, cfg)
-    out_dir = args.out_dir or cell_folder(args, cell, cfg)
-    ckpt = args.checkpoint or out_dir / "checkpoint.pt"
+    folder = cell_folder(args, cell, cfg)
+    if args.snapshot is None:
+        out_dir = args.out_dir or folder
+        ckpt = args.checkpoint or out_dir / "checkpoint.pt"
+    else:
+        out_dir = args.out_dir or folder / "snapshots"
+        ckpt = args.checkpoint or snapshot_path(folder, args.snapshot)
     res = run_evaluate(
         cell,
         ckpt,
@@ -370,6 +376,7 @@ def cmd_evaluate(args) -> int:
         cache=args.data_cache,
         device=args.device,
         features=args.features,
+        snapshot=args.snapshot,
     )
     print(json.dumps(res))
     return 0
