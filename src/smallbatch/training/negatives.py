@@ -397,9 +397,6 @@ class Siamese:
         pos, neg, mask = in_batch_scores(z1.detach(), z2.detach())
         return Scores(pos, neg, mask, index=torch.stack([idx, idx]))
 
-    def rescore(self, z1: Tensor, z2: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
-        return in_batch_scores(z1, z2)
-
     @torch.no_grad()
     def after_step(self, model: torch.nn.Module, z2: Tensor, idx: Tensor) -> None:
         """The target network's EMA update (a method without one: nothing)."""
