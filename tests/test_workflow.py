@@ -291,6 +291,38 @@ def test_keep_features_writes_the_features_file(tmp_path):
     assert proc.returncode == 0 and "Nothing to be done" in proc.stdout + proc.stderr, proc.stderr[-2000:]
 
 
+def test_methods_without_negatives_run_through_the_workflow(tmp_path):
+    """SimSiam and VICReg: a digits cell each, pretrained and evaluated by the workflow's rules,
+    one finished MLflow run per cell with its probes and its representation logged, and the
+    report's representation section built from the store."""
+    import yaml
+
+    cfg = yaml.safe_load(SMOKE.read_text())
+    cfg["grid"].update(losses=["simsiam", "vicreg"], batch_sizes=[16])
+    cfg.update(study="smallbatch-methods", baselines=False)
+    cfg.setdefault("experiments", {})["mi"] = {"enabled": False}
+    config = tmp_path / "methods.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    results = tmp_path / "results"
+    proc = snakemake("--cores", "2", "--quiet", results=results, configfile=config)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{results / 'mlflow.db'}")
+    runs = mlflow.search_runs(experiment_names=["smallbatch-methods"])
+    cells = runs[runs["tags.smallbatch.kind"] == "cell"].set_index("tags.smallbatch.cell_id")
+    assert sorted(cells.index) == ["digits/simsiam/bs16-t0.5-s0", "digits/vicreg/bs16-t0.5-s0"]
+    assert (cells["tags.smallbatch.status"] == "finished").all()
+    for col in ("metrics.knn/top1", "metrics.linear/top1", "metrics.repr/features_rankme", "metrics.diag/cov_rank"):
+        assert cells[col].astype(float).map(math.isfinite).all(), col
+    assert (cells["metrics.diag/cov_rank"].astype(float) <= 15).all()  # B = 16 images: rank <= 15
+    for cid in cells.index:
+        geometry = json.loads((results / "runs" / cid / "representation.json").read_text())
+        assert geometry["repr/features_rankme"] == pytest.approx(cells.loc[cid, "metrics.repr/features_rankme"])
+    index = (results / "report" / "index.md").read_text()
+    assert "## What each representation looks like" in index and "representation_digits_t0.5.png" in index
+
+
 def test_lint_is_clean():
     """`snakemake --lint` on the default config, from the repository root (as .ci/run runs it)."""
     proc = subprocess.run(

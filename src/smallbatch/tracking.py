@@ -172,7 +172,8 @@ def describe_study(experiment: str, config: str | None = None) -> str:
     return (
         f"smallbatch study **{experiment}**{cfg}: one run per cell (run name = cell id; tags "
         f"`{TAG_CELL}`, `{TAG_HASH}`, `{TAG_KIND}` = cell | baseline | mi | {KIND_PARENT} | {KIND_REPORT}). "
-        "A cell's artifacts: its resolved config (`cell.json`), its evaluation (`knn.json`, `linear.json`), "
+        "A cell's artifacts: its resolved config (`cell.json`), its evaluation (`knn.json`, `linear.json`, "
+        "`representation.json`), "
         "its backbone when `tracking.log_checkpoint` is on. The side experiments' rows are nested under a "
         f"parent run; the report is a run of kind `{KIND_REPORT}` with its tables and figures. Training "
         "curves: x-axis `train/images_seen` or `epoch` compares batch sizes (the step is the optimiser's). "

@@ -23,7 +23,7 @@ from smallbatch.training import loop as train
 from smallbatch.training.checkpoint import load_checkpoint
 
 EXPERIMENT = "artifacts"
-ARTIFACTS = ["backbone.pt", "cell.json", "knn.json", "linear.json"]
+ARTIFACTS = ["backbone.pt", "cell.json", "knn.json", "linear.json", "representation.json"]
 
 
 def digits_cell(**top) -> dict:

@@ -9,6 +9,8 @@ a MoCo-style FIFO queue of momentum-encoder keys
 (:class:`smallbatch.training.negatives.MomentumQueue`).  The quantities the study tracks
 on the same similarities (InfoNCE MI estimate vs its ``log(K+1)`` ceiling, FlatNCE's ESS,
 DCL's coupling ``q_B``, alignment, uniformity, ...) are :mod:`smallbatch.diagnostics`.
+The registry also holds three methods without negatives (SimSiam, VICReg, BYOL,
+:mod:`~smallbatch.losses.siamese`): functions of the views' outputs and targets, not of scores.
 
 Conventions used throughout
 ---------------------------
@@ -46,7 +48,7 @@ The package, by seam
   shared checks;
 * :mod:`~smallbatch.losses.base` -- :class:`ContrastiveLoss` and :class:`LossOutput`;
 * one module per family (``softmax``, ``flatnce``, ``decoupled``, ``sogclr``, ``sigmoid``,
-  ``kernel``, ``debiased``);
+  ``kernel``, ``debiased``), and ``siamese`` for the methods without negatives;
 * :mod:`~smallbatch.losses.build` -- :data:`REGISTRY` (name -> class) and :func:`build_loss`.
 
 ``import smallbatch.losses`` loads only the registry; the first use of any other name
@@ -107,6 +109,7 @@ _LAZY = {
     "sigmoid": ("SigLIP",),
     "kernel": ("KCL", "AlignUniform"),
     "debiased": ("HardNegatives", "Debiased"),
+    "siamese": ("SiameseLoss", "SimSiam", "VICReg", "BYOL", "vicreg_terms"),
     "build": ("REGISTRY", "LOSSES", "loss_class", "build_loss"),
 }
 _WHERE = {name: module for module, names in _LAZY.items() for name in names}

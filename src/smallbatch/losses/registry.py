@@ -28,6 +28,25 @@ A spec's properties say how the training loop treats the loss:
   as a mask from shapes; same-view negatives exist in the batch only (no queue);
 * ``per_anchor`` -- the loss is a mean over anchors, so a process's share of the anchors
   computes its share of the loss (several processes); False: one process.
+
+A *method* is more than a loss.  The methods without negatives (SimSiam, VICReg, BYOL) are
+entries here too, with ``negatives = "none"``: their class (a
+:class:`smallbatch.losses.siamese.SiameseLoss`) takes the two views' outputs and targets,
+not scores, and two more properties declare what else the method needs:
+
+* ``predictor`` -- an MLP on the projection (SimSiam's, BYOL's): the model carries it
+  (:class:`smallbatch.models.ContrastiveModel`, its hidden width from the loss's
+  ``predictor_hidden``), the optimiser trains it and ``state.pt`` / ``checkpoint.pt`` save it
+  with the network; the online branch's output is the prediction;
+* ``ema_target`` -- the targets come from an exponential moving average of the online
+  network (BYOL): the training step's source keeps that target network, updates it after
+  every step at the loss's ``ema`` schedule, and saves it in ``state.pt``.
+
+From ``negatives = "none"`` the training takes its views source (no negatives: the scores it
+logs are diagnostics of the projections only) and refuses, in one line, what needs
+negatives or several processes (a queue, negatives' groups, the same-class mask, an ESS
+schedule, gradient caching, ``train.devices`` > 1).  Nothing outside this module names a
+method.
 """
 
 from __future__ import annotations
@@ -50,8 +69,10 @@ __all__ = [
     "config_schema",
 ]
 
-#: which negatives a loss contrasts (see the module docstring)
-NEGATIVES = ("all", "same_view")
+#: which negatives a loss contrasts (see the module docstring; "none": a method without negatives)
+NEGATIVES = ("all", "same_view", "none")
+#: the schedules of an EMA target's momentum (see :class:`smallbatch.losses.siamese.BYOL`)
+EMA_SCHEDULES = ("cosine", "fixed")
 
 
 @dataclass(frozen=True)
@@ -79,10 +100,19 @@ class LossSpec:
     uses_temperature: bool = True
     negatives: str = "all"
     per_anchor: bool = True
+    predictor: bool = False
+    ema_target: bool = False
 
     def __post_init__(self) -> None:
         if self.negatives not in NEGATIVES:
             raise ValueError(f"loss {self.name!r}: negatives must be one of {NEGATIVES}, not {self.negatives!r}")
+        if (self.predictor or self.ema_target) and self.contrastive:
+            raise ValueError(f"loss {self.name!r}: a predictor or an EMA target belongs to a method without negatives")
+        needs = ({"pred_hidden"} if self.predictor else set()) | ({"ema", "ema_schedule"} if self.ema_target else set())
+        if needs - set(self.defaults):
+            raise ValueError(
+                f"loss {self.name!r}: its method needs the parameters {sorted(needs - set(self.defaults))}"
+            )
         if set(self.params) - set(self.defaults):
             raise ValueError(
                 f"loss {self.name!r}: schema parameters {sorted(set(self.params) - set(self.defaults))} "
@@ -92,8 +122,16 @@ class LossSpec:
             raise ValueError(f"loss {self.name!r}: a loss that owns its temperature learns it or keeps it as state")
 
     @property
+    def contrastive(self) -> bool:
+        """The loss contrasts negatives (False: a method without negatives)."""
+        return self.negatives != "none"
+
+    @property
     def one_process(self) -> str | None:
-        """Why the loss runs on one process only (a stateful or whole-batch loss), or None."""
+        """Why the loss runs on one process only (a stateful or whole-batch loss, a method
+        without negatives), or None."""
+        if not self.contrastive:
+            return f"{self.display} (a method without negatives)"
         if self.stateful:
             return f"{self.display}'s per-image state"
         if not self.per_anchor:
@@ -103,6 +141,15 @@ class LossSpec:
 
 def _number(description: str, default: Any, **bounds: Any) -> dict:
     return {"type": "number", **bounds, "default": default, "description": description}
+
+
+def _PRED_HIDDEN(default: str) -> dict:  # noqa: N802 - a schema template, read as a constant
+    return {
+        "type": ["integer", "null"],
+        "minimum": 1,
+        "default": None,
+        "description": f"hidden width of the predictor MLP (null: {default})",
+    }
 
 
 _TAU_PLUS = "Debiased, HCL: the class prior tau+ (the chance a negative shares the anchor's class; 0 = no debiasing)"
@@ -300,6 +347,64 @@ SPECS: dict[str, LossSpec] = {
             impl=".softmax:LearntTemperatureInfoNCE",
             learnable=True,
             owns_temperature=True,
+        ),
+        LossSpec(
+            name="simsiam",
+            display="SimSiam",
+            paper="Chen & He 2021 (SimSiam)",
+            impl=".siamese:SimSiam",
+            paper_pattern=r"simsiam",
+            defaults={"pred_hidden": None},
+            params={"pred_hidden": _PRED_HIDDEN("train.proj_dim / 4, SimSiam's bottleneck (2048 -> 512)")},
+            uses_temperature=False,
+            negatives="none",
+            per_anchor=False,
+            predictor=True,
+        ),
+        LossSpec(
+            name="vicreg",
+            display="VICReg",
+            paper="Bardes, Ponce & LeCun 2022 (VICReg)",
+            impl=".siamese:VICReg",
+            paper_pattern=r"vicreg",
+            defaults={"lam": 25.0, "mu": 25.0, "nu": 1.0},
+            params={
+                "lam": _number("VICReg: weight of the invariance (mean squared error) term", 25.0, minimum=0),
+                "mu": _number("VICReg: weight of the variance (hinge on each dimension's std) term", 25.0, minimum=0),
+                "nu": _number("VICReg: weight of the covariance (off-diagonal) term", 1.0, minimum=0),
+            },
+            uses_temperature=False,
+            negatives="none",
+            per_anchor=False,
+        ),
+        LossSpec(
+            name="byol",
+            display="BYOL",
+            paper="Grill et al. 2020 (BYOL)",
+            impl=".siamese:BYOL",
+            paper_pattern=r"\bbyol\b",
+            defaults={"pred_hidden": None, "ema": 0.99, "ema_schedule": "cosine"},
+            params={
+                "pred_hidden": _PRED_HIDDEN("train.proj_hidden, as wide as the projector (BYOL: 4096 and 4096)"),
+                "ema": _number(
+                    "BYOL: the target network's EMA momentum at the first step (its schedule's start)",
+                    0.99,
+                    minimum=0,
+                    maximum=1,
+                ),
+                "ema_schedule": {
+                    "type": "string",
+                    "enum": list(EMA_SCHEDULES),
+                    "default": "cosine",
+                    "description": "BYOL: cosine = the momentum rises from ema to 1 over training "
+                    "(1 - (1 - ema)(cos(pi k/K) + 1)/2); fixed = ema at every step",
+                },
+            },
+            uses_temperature=False,
+            negatives="none",
+            per_anchor=False,
+            predictor=True,
+            ema_target=True,
         ),
     )
 }

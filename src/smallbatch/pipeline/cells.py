@@ -20,7 +20,7 @@ import json
 from typing import Any, Callable, Iterable
 
 from ..io import check_cell_id  # noqa: F401  (the one id check; import-light, for the CLI's fast paths)
-from ..losses.registry import canonical_name, loss_param_names
+from ..losses.registry import canonical_name, loss_param_names, loss_spec
 
 AXIS_ABBREV = {
     "precision": "",
@@ -134,9 +134,11 @@ def cell_hash(cell: dict) -> str:
     return hashlib.sha1(blob).hexdigest()[:10]
 
 
-def negatives_per_anchor(batch_size: int, queue_size: int, extra: int | None = None) -> int:
+def negatives_per_anchor(batch_size: int, queue_size: int, extra: int | None = None, loss: str = "infonce") -> int:
     """K in the papers' sense: 2N-2 in-batch negatives (2(N+E)-2 with E fresh extra images), or
-    the queue length."""
+    the queue length; 0 for a method without negatives (its registry entry's ``negatives``)."""
+    if not loss_spec(loss).contrastive:
+        return 0
     return int(queue_size) if queue_size else 2 * (int(batch_size) + int(extra or 0)) - 2
 
 
@@ -203,7 +205,7 @@ def make_cell(
         "temperature": float(temperature),
         "seed": int(seed),
         "negatives": negatives_per_anchor(
-            train.get("neg_group") or batch_size, train["queue_size"], train.get("extra_negatives")
+            train.get("neg_group") or batch_size, train["queue_size"], train.get("extra_negatives"), loss
         ),
         "train": train,
         "augment": copy.deepcopy(cfg["augment"]),

@@ -260,15 +260,21 @@ def _log_pretrain_artifacts(run, cell: Cell, out_dir: Path, weights: bool = True
 
 
 # --------------------------------------------------------------------------- embed
-def _cell_features(cell: Cell, ck: dict, cache: Path | None, device: str | None):
-    """(train_f, train_y, test_f, test_y) of the checkpoint's frozen backbone."""
-    from ..evaluation import embed
+def _cell_model(cell: Cell, ck: dict, cache: Path | None, device: str | None):
+    """(data, the checkpoint's frozen model, device)."""
     from ..training import loop as train
 
     d = load_cell_data(cell, cache)
     dev = train.resolve_device(device or cell.device)
     model = train.build_model(ck["cell"], ck["channels"], ck["image_size"])
     model.load_state_dict(ck["model"])  # fp64 weights are cast to this float32 model; features are float32
+    return d, model, dev
+
+
+def _cell_features(cell: Cell, d, model, dev):
+    """(train_f, train_y, test_f, test_y) of the model's frozen backbone."""
+    from ..evaluation import embed
+
     bb, bs = model.backbone.to(dev), int(cell.eval.batch_size)
     return (
         embed.embed(bb, d.train_x, d.mean, d.std, batch_size=bs, device=dev),
@@ -304,7 +310,7 @@ def run_embed(
         embed.save_status_features(out, {"status": "diverged", **meta})
         return {"status": "diverged"}
     t0 = time.perf_counter()
-    tr_f, tr_y, te_f, te_y = _cell_features(cell, ck, cache, device)
+    tr_f, tr_y, te_f, te_y = _cell_features(cell, *_cell_model(cell, ck, cache, device))
     embed.save_features(out, tr_f, tr_y, te_f, te_y, {"status": "finished", **meta})
     return {"status": "finished", "train": tr_f.shape, "test": te_f.shape, "seconds": time.perf_counter() - t0}
 
@@ -453,10 +459,12 @@ def run_evaluate(
 ) -> dict:
     """Embed, kNN and linear probe of one cell in one process (the features stay in memory;
     ``features``: also write them there).  Writes ``knn.json`` and ``linear.json`` in
-    ``out_dir``, as the separate steps do.  ``snapshot``: ``checkpoint`` is the cell's
-    snapshot of that budget (``ep<e>``), evaluated by the same probes; the results go to
-    ``<snapshot>.knn.json`` and ``<snapshot>.linear.json`` and to the cell's run as
-    ``snapshot/<snapshot>/...`` (:func:`snapshot_metrics`)."""
+    ``out_dir``, as the separate steps do, and first ``representation.json``: what the
+    representation looks like (:mod:`smallbatch.evaluation.representation`), logged to the
+    cell's run as ``repr/*``.  ``snapshot``: ``checkpoint`` is the cell's snapshot of that
+    budget (``ep<e>``), evaluated by the same probes (not measured: ``repr/*`` is the final
+    network's); the results go to ``<snapshot>.knn.json`` and ``<snapshot>.linear.json`` and
+    to the cell's run as ``snapshot/<snapshot>/...`` (:func:`snapshot_metrics`)."""
     from ..evaluation import embed
 
     cell = Cell.of(cell)
@@ -466,27 +474,71 @@ def run_evaluate(
         raise ValueError(f"cell {cell.id} has no snapshot {snapshot!r} (its snapshots: {known})")
     ck, meta = _load_cell_checkpoint(cell, checkpoint, snapshot)
     t0 = time.perf_counter()
+    out_dir = Path(out_dir)
     if ck.get("status") == "diverged":
         feats, meta = None, {"status": "diverged", **meta}
         if features is not None:
             embed.save_status_features(features, meta)
+        parts = None
     else:
-        feats = _cell_features(cell, ck, cache, device)
+        d, model, dev = _cell_model(cell, ck, cache, device)
+        feats = _cell_features(cell, d, model, dev)
         meta = {"status": "finished", **meta}
         if features is not None:
             embed.save_features(features, *feats, meta)
+        parts = d, model, dev
+    geometry = None
+    if snapshot is None:
+        geometry = _representation(cell, parts, meta, out_dir / REPRESENTATION, tracking_uri, experiment)
     seconds = time.perf_counter() - t0
     budget = ck.get("budget") if snapshot is not None else None
     name = f"{snapshot}." if snapshot is not None else ""
     return {
         "embed_seconds": seconds,
+        "representation": geometry,
         **{
             kind: _probe(
-                kind, cell, feats, meta, Path(out_dir) / f"{name}{kind}.json", tracking_uri, experiment, budget=budget
+                kind, cell, feats, meta, out_dir / f"{name}{kind}.json", tracking_uri, experiment, budget=budget
             )
             for kind in PROBES
         },
     }
+
+
+#: the evaluation's file of :func:`_representation`, beside ``knn.json`` and ``linear.json``
+REPRESENTATION = "representation.json"
+
+
+def _representation(cell: Cell, parts, meta: dict, out: Path, uri: str | None, experiment: str) -> dict:
+    """The frozen network's geometry on the fixed held-out sample (``parts``: data, model and
+    device; None for a diverged cell): written to ``out`` and logged as ``repr/<metric>``
+    (once: a rerun does not log the same step again)."""
+    if parts is None:
+        result = {"status": meta["status"], "cell_id": cell.id}
+        write_json(out, result)
+        return result
+    from ..evaluation.representation import representation_metrics
+
+    d, model, dev = parts
+    t0, c0 = time.perf_counter(), time.process_time()
+    metrics = representation_metrics(
+        model, d.test_x, d.mean, d.std, dict(cell.augment), device=dev, batch_size=int(cell.eval.batch_size)
+    )
+    numeric = {f"repr/{k}": float(v) for k, v in metrics.items()}
+    numeric["repr/seconds"] = time.perf_counter() - t0
+    numeric["repr/cpu_s"] = time.process_time() - c0
+    result = {"status": "finished", "cell_id": cell.id, **numeric}
+    if uri:
+        from .. import tracking
+
+        run = tracking.find_cell_run(uri, experiment, cell)
+        run.skip_logged_steps(sorted(numeric))
+        run.log(numeric, 0)
+        run.flush()
+    write_json(out, result)  # only once logged: a failing store leaves no result file
+    if uri:
+        run.log_artifact(out)
+    return result
 
 
 def _probe_status(kind: str, metrics: dict, meta: dict, te_y, tr_y) -> str:

@@ -46,7 +46,21 @@ from .aggregate import aggregate_cells
 from .context import ReportContext, SectionOutput
 from .index import index_markdown
 from .runs import METRICS, accuracy_scale, load_runs
-from .sections import baselines, cost, diverged, ess, grid, instrument, ksweep, mi, papers, precision, regime, tsweep
+from .sections import (
+    baselines,
+    cost,
+    diverged,
+    ess,
+    grid,
+    instrument,
+    ksweep,
+    mi,
+    papers,
+    precision,
+    regime,
+    representation,
+    tsweep,
+)
 from .sections.papers import load_papers
 from .tables import latex_table, markdown_table, tex_escape
 
@@ -67,7 +81,21 @@ __all__ = [
 
 #: the report's sections in index.md's order: each a module of :mod:`.sections` with
 #: ``build(runs, ctx) -> SectionOutput | None``.  A new section is a module plus its entry here.
-SECTION_MODULES = (grid, instrument, baselines, diverged, papers, precision, ksweep, ess, tsweep, regime, mi, cost)
+SECTION_MODULES = (
+    grid,
+    representation,
+    instrument,
+    baselines,
+    diverged,
+    papers,
+    precision,
+    ksweep,
+    ess,
+    tsweep,
+    regime,
+    mi,
+    cost,
+)
 SECTIONS = [section.build for section in SECTION_MODULES]
 
 

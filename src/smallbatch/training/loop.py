@@ -47,7 +47,7 @@ import torch
 
 from ..augment import AugmentConfig, BatchAugment, normalize
 from ..cell import BaselineCell, Cell, read_cell
-from ..diagnostics import diagnostics, embedding_grad_norm, grad_rel_error
+from ..diagnostics import batch_covariance_rank, diagnostics, embedding_grad_norm, grad_rel_error
 from ..errors import Preempted
 from ..io import CellLock, nullcontext_lock
 from ..losses import build_loss, in_batch_scores
@@ -67,7 +67,7 @@ from .checkpoint import (  # noqa: F401
 )
 from .distributed import World, any_over_processes, data_parallel, gather, mean_over_processes, sync_batchnorm
 from .ghostbn import ghost_batchnorm
-from .negatives import FreshNegatives, InBatch, QueueNegatives, Scores, fresh_window, with_extra_views
+from .negatives import FreshNegatives, InBatch, QueueNegatives, Scores, Siamese, fresh_window, with_extra_views
 from .optim import LARS, lr_at, make_optimizer, scaled_lr, set_lr  # noqa: F401  (public through train)
 from .step import PRECISIONS, TrainStep, configure_backends
 from .temperature import build_temperature
@@ -146,11 +146,24 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     return torch.device(device)
 
 
-def build_model(cell: Cell | BaselineCell | dict, channels: int, image_size: int) -> ContrastiveModel:
-    """The network of a cell or of a baseline cell (random-init, supervised)."""
-    tr = read_cell(cell).train
+def build_model(
+    cell: Cell | BaselineCell | dict, channels: int, image_size: int, predictor: bool = True
+) -> ContrastiveModel:
+    """The network of a cell or of a baseline cell (random-init, supervised), with the predictor
+    its loss declares (``predictor=False``: without it, e.g. an EMA target network)."""
+    cell = read_cell(cell)
+    tr = cell.train
     backbone, feat_dim = build_backbone(tr.backbone, channels, image_size, width=tr.width, pool_grid=tr.pool_grid)
-    return ContrastiveModel(backbone, feat_dim, tr.proj_hidden, tr.proj_dim)
+    pred = predictor_hidden(cell) if predictor else None
+    return ContrastiveModel(backbone, feat_dim, tr.proj_hidden, tr.proj_dim, pred_hidden=pred)
+
+
+def predictor_hidden(cell: Cell | BaselineCell) -> int | None:
+    """The hidden width of the predictor the cell's loss declares (its registry entry's
+    ``predictor``), or None: a baseline, or a loss without one."""
+    if not isinstance(cell, Cell) or not loss_spec(cell.loss).predictor:
+        return None
+    return build_loss(cell.loss, **cell.loss_params).predictor_hidden(cell.train.proj_dim, cell.train.proj_hidden)
 
 
 # --------------------------------------------------------------------------- the cell
@@ -263,10 +276,27 @@ def _loss_problem(cell: Cell) -> str | None:
     spec, tr = loss_spec(cell.loss), cell.train
     if tr.devices > 1 and spec.one_process:
         return f"{spec.one_process} runs on one process; set train.devices = 1"
+    if not spec.contrastive:
+        return _no_negatives_problem(spec.display, tr)
     if spec.negatives == "same_view" and tr.queue_size:
         return f"{spec.display} contrasts same-view in-batch negatives, which a queue does not hold; set queue_size: 0"
     if spec.owns_temperature and tr.ess_schedule:
         return f"{spec.display} learns its temperature; set train.ess_schedule: null"
+    return None
+
+
+def _no_negatives_problem(display: str, tr) -> str | None:
+    """A method without negatives against the settings that need negatives or chunks."""
+    needs = {
+        "queue_size": "a queue of negatives; set queue_size: 0",
+        "neg_group": "groups of negatives; set neg_group: null",
+        "mask_same_class": "the same-class mask of negatives; set mask_same_class: false",
+        "ess_schedule": "a temperature scheduled on its negatives' weights; set ess_schedule: null",
+        "chunk_size": "gradient caching, which chunks a contrastive loss's embeddings; set chunk_size: null",
+    }
+    for key, what in needs.items():
+        if getattr(tr, key):
+            return f"{display} has no negatives: train.{key} asks for {what}"
     return None
 
 
@@ -363,25 +393,11 @@ def build_training(
             f"({cell.dataset}'s pretraining split is unlabeled); set it to false"
         )
     mask_labels = labels.to(dev) if tr.mask_same_class else None
-    source = InBatch(
-        world,
-        full=bool(tr.ess_schedule) and world.size > 1,
-        group=tr.neg_group,
-        labels=mask_labels,
-        same_view=loss_spec(cell.loss).negatives == "same_view",
-    )
-    if tr.extra_negatives:
-        source = FreshNegatives(tr.extra_negatives, world)
-    if tr.queue_size:
-        key_model = _network(cell, c, h, dev, dtype, world, views)
-        key_model.load_state_dict(model.state_dict())
-        source = QueueNegatives(
-            key_model, tr.queue_size, tr.proj_dim, tr.moco_momentum, dev, dtype, world, labels=mask_labels
-        )
     spe = n // bs
     total = int(tr.steps) if tr.steps else max(1, math.ceil(float(tr.epochs) * spe))
     peak = scaled_lr(float(tr.lr), bs, tr.lr_scaling)
     loss_fn = build_loss(cell.loss, **cell.loss_params).to(dev, dtype)  # its learnt parameters, if any
+    source = _source(cell, model, loss_fn, (c, h, dev, dtype, world, views), mask_labels, total)
     loss_fn.init_state(n, dev, dtype)  # SogCLR's u, one entry per image (stateless losses: nothing)
     temperature = build_temperature(cell, total, dev, loss_fn)  # a learnt τ starts at the cell's
     opt = make_optimizer(
@@ -427,6 +443,34 @@ def build_training(
     )
 
 
+def _source(cell: Cell, model, loss_fn, net_args: tuple, mask_labels, total: int):
+    """Where the step's negatives (or a method's targets) come from, as the loss's registry
+    entry and the cell's settings say: in the batch, fresh extra images, a MoCo queue, or the
+    two views of a method without negatives (with its EMA target network if it declares one)."""
+    spec, tr, (_, _, dev, dtype, world, _) = loss_spec(cell.loss), cell.train, net_args
+    if not spec.contrastive:
+        if not spec.ema_target:
+            return Siamese(spec.predictor)
+        target = _network(cell, *net_args, predictor=False)  # the online backbone and projector, copied
+        target.load_state_dict({k: v for k, v in model.state_dict().items() if not k.startswith("predictor.")})
+        return Siamese(spec.predictor, target, loss_fn.ema, loss_fn.ema_schedule, total)
+    if tr.queue_size:
+        key_model = _network(cell, *net_args)
+        key_model.load_state_dict(model.state_dict())
+        return QueueNegatives(
+            key_model, tr.queue_size, tr.proj_dim, tr.moco_momentum, dev, dtype, world, labels=mask_labels
+        )
+    if tr.extra_negatives:
+        return FreshNegatives(tr.extra_negatives, world)
+    return InBatch(
+        world,
+        full=bool(tr.ess_schedule) and world.size > 1,
+        group=tr.neg_group,
+        labels=mask_labels,
+        same_view=spec.negatives == "same_view",
+    )
+
+
 def trained_parameters(model: torch.nn.Module, loss_fn: torch.nn.Module):
     """What the optimiser trains: the network's parameters, and a loss's learnt ones (τ,
     a bias) as a second group without weight decay (CLIP's and SigLIP's practice)."""
@@ -436,10 +480,19 @@ def trained_parameters(model: torch.nn.Module, loss_fn: torch.nn.Module):
     return [{"params": list(model.parameters())}, {"params": own, "weight_decay": 0.0}]
 
 
-def _network(cell: Cell, channels: int, size: int, dev: torch.device, dtype: torch.dtype, world: World, views: int = 2):
+def _network(
+    cell: Cell,
+    channels: int,
+    size: int,
+    dev: torch.device,
+    dtype: torch.dtype,
+    world: World,
+    views: int = 2,
+    predictor: bool = True,
+):
     """The cell's model on the device; BatchNorm over every process's views (``sync_bn``),
     or over groups of ``train.bn_group`` images of the ``views`` a forward stacks."""
-    model = build_model(cell, channels, size).to(dev, dtype=dtype)
+    model = build_model(cell, channels, size, predictor).to(dev, dtype=dtype)
     if dtype != torch.float64:  # NHWC: cuDNN's and oneDNN's fast convolutions (CPU: ~1.2x per step)
         model = model.to(memory_format=torch.channels_last)
     group = cell.train.bn_group
@@ -677,6 +730,7 @@ def step_metrics(t: Training, out, update, window: list) -> dict:
     m.update(
         {f"diag/{k}": v for k, v in diagnostics(sc.pos, sc.neg, tau, neg_mask=sc.mask, z1=out.z1, z2=out.z2).items()}
     )
+    m.update({f"diag/{k}": v for k, v in batch_covariance_rank(out.z1).items()})  # B images vs D dimensions
     m.update(mechanism_metrics(t, out, update))
     m.update({f"train/loss_{k}": float(p.detach()) for k, p in s.loss_fn.named_parameters() if p.numel() == 1})
     target = s.temperature.target(t.step - 1)

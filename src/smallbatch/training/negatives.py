@@ -1,4 +1,5 @@
-"""Where a step's negatives come from: in the batch, fresh extra images, or a MoCo-style queue.
+"""Where a step's negatives come from: in the batch, fresh extra images, or a MoCo-style queue --
+or, for a method without negatives, where its targets come from (:class:`Siamese`).
 
 A *negatives source* owns how a step's two views become embeddings and scores:
 
@@ -36,6 +37,7 @@ queue and K are global and identical everywhere.
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 import torch
@@ -326,6 +328,99 @@ class QueueNegatives:
     def load_state_dict(self, state: dict) -> None:
         self.key_model.load_state_dict(state["key_model"])
         self.queue.load_state_dict(state["queue"])
+
+
+# --------------------------------------------------------------------------- no negatives
+def ema_momentum(base: float, schedule: str, k: int, total: int) -> float:
+    """The EMA target's momentum at update ``k`` of ``total`` (BYOL): ``base`` at every step
+    (``fixed``), or ``1 - (1 - base)(cos(pi k / total) + 1) / 2`` (``cosine``: ``base`` at the
+    first update, rising to 1 at the end; Grill et al. 2020, Sec. 3.2)."""
+    if schedule == "fixed":
+        return float(base)
+    if schedule != "cosine":
+        raise ValueError(f"ema_schedule must be cosine or fixed, not {schedule!r}")
+    return 1.0 - (1.0 - float(base)) * (math.cos(math.pi * k / max(1, total)) + 1.0) / 2.0
+
+
+class Siamese:
+    """The two views of a method without negatives (SimSiam, VICReg, BYOL): both through the
+    online network in one forward (BatchNorm over the 2N views, as for in-batch negatives),
+    then the method's outputs and targets (:meth:`outputs`):
+
+    * outputs: the predictor's ``q(z)`` where the method has one, else the projections ``z``;
+    * targets: the projections ``z`` of the online network (the loss stops their gradient), or,
+      with an EMA ``target`` network (BYOL), its projections of the same views, without graph.
+
+    ``scores`` are the projections' in-batch scores, without gradient: diagnostics only (the
+    loss never reads them).  ``after_step`` moves the target network towards the online one
+    (:func:`ema_momentum`, its parameters; BatchNorm's buffers copied, as the MoCo encoder's);
+    ``state_dict`` holds it (as ``key_model``, the momentum encoder's slot) and its update count."""
+
+    kind = "siamese"
+    extra = 0  # no fresh extra images (FreshNegatives)
+
+    def __init__(
+        self,
+        predictor: bool,
+        target: torch.nn.Module | None = None,
+        ema: float = 0.99,
+        schedule: str = "cosine",
+        total: int = 1,
+    ) -> None:
+        self.predictor, self.target = predictor, target
+        self.ema, self.schedule, self.total = float(ema), schedule, int(total)
+        self.updates = 0
+        if target is not None:
+            ema_momentum(self.ema, schedule, 0, self.total)  # refuses an unknown schedule here
+            for p in target.parameters():
+                p.requires_grad_(False)
+
+    def embed(self, model: torch.nn.Module, v1: Tensor, v2: Tensor) -> tuple[Tensor, Tensor]:
+        z = model(torch.cat([v1, v2]))
+        return z[: v1.shape[0]], z[v1.shape[0] :]
+
+    def outputs(self, model, v1: Tensor, v2: Tensor, z1: Tensor, z2: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """``(p1, p2, t1, t2)``: the online outputs and the targets of the two views."""
+        n = z1.shape[0]
+        if self.predictor:
+            p = model.predict(torch.cat([z1, z2]))  # one pass: the predictor's BatchNorm sees the 2N views
+            p1, p2 = p[:n], p[n:]
+        else:
+            p1, p2 = z1, z2
+        if self.target is None:
+            return p1, p2, z1, z2
+        with torch.no_grad():
+            t = self.target(torch.cat([v1, v2]))
+        return p1, p2, t[:n], t[n:]
+
+    def scores(self, z1: Tensor, z2: Tensor, idx: Tensor) -> Scores:
+        pos, neg, mask = in_batch_scores(z1.detach(), z2.detach())
+        return Scores(pos, neg, mask, index=torch.stack([idx, idx]))
+
+    @torch.no_grad()
+    def after_step(self, model: torch.nn.Module, z2: Tensor, idx: Tensor) -> None:
+        """The target network's EMA update (a method without one: nothing)."""
+        if self.target is None:
+            return
+        m = ema_momentum(self.ema, self.schedule, self.updates, self.total)
+        names = [name for name, _ in self.target.named_parameters()]
+        target_p = [p for _, p in self.target.named_parameters()]
+        online_p = [model.get_parameter(name).detach() for name in names]
+        torch._foreach_mul_(target_p, m)
+        torch._foreach_add_(target_p, torch._foreach_mul(online_p, 1 - m))  # m xi + (1 - m) theta, op by op
+        for name, buf in self.target.named_buffers():
+            buf.copy_(model.get_buffer(name))
+        self.updates += 1
+
+    def state_dict(self) -> dict:
+        if self.target is None:
+            return {"key_model": None, "queue": None}
+        return {"key_model": self.target.state_dict(), "queue": None, "ema_updates": self.updates}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.target is not None:
+            self.target.load_state_dict(state["key_model"])
+            self.updates = int(state["ema_updates"])
 
 
 # --------------------------------------------------------------------------- queue

@@ -98,11 +98,16 @@ class TrainStep:
             self.device.type, dtype=self.autocast_dtype or torch.bfloat16, enabled=self.autocast_dtype is not None
         )
 
-    def _loss(self, z1: Tensor, z2: Tensor, idx: Tensor):
-        """Scores (once), τ and the loss of the embeddings, in fp32 (fp64) outside autocast."""
+    def _loss(self, z1: Tensor, z2: Tensor, idx: Tensor, pairs: tuple | None = None):
+        """Scores (once), τ and the loss of the embeddings, in fp32 (fp64) outside autocast.
+        ``pairs``: a method without negatives' outputs and targets (``Siamese.outputs``), which
+        its loss takes instead of the scores (these are then diagnostics only)."""
         z1, z2 = z1.to(self.loss_dtype), z2.to(self.loss_dtype)
         sc = self.source.scores(z1, z2, idx)
         tau = self.temperature(sc.neg.detach() if sc.tau_neg is None else sc.tau_neg, sc.mask)
+        if pairs is not None:
+            out = self.loss_fn(*(t.to(self.loss_dtype) for t in pairs), temperature=tau)
+            return out, sc, tau
         out = self.loss_fn.from_scores(
             sc.pos, sc.neg, sc.mask, temperature=tau, batch_pos=sc.batch_pos, check=False, index=sc.index
         )
@@ -113,7 +118,8 @@ class TrainStep:
         v1, v2 = self._views(x, u)
         with self._autocast():
             z1, z2 = self.source.embed(self.net, v1, v2)
-        out, sc, tau = self._loss(z1, z2, idx)
+            pairs = self.source.outputs(self.net, v1, v2, z1, z2) if self.source.kind == "siamese" else None
+        out, sc, tau = self._loss(z1, z2, idx, pairs)
         return StepOut(
             out.loss,
             out.value,
@@ -196,7 +202,7 @@ class TrainStep:
     def compile(self, mode: str | None = None, fullgraph: bool = True) -> None:
         """``torch.compile`` the forward (one graph with in-batch negatives; a queue's
         filling changes shapes, so it may take several) and the optimiser update."""
-        fullgraph = fullgraph and self.source.kind == "in_batch"
+        fullgraph = fullgraph and self.source.kind in ("in_batch", "siamese")
         self.aug.prepare(self.device)
         self.forward = torch.compile(self.forward, fullgraph=fullgraph, mode=mode)
         self._opt_step = torch.compile(self._opt_step, fullgraph=True, mode=mode)
