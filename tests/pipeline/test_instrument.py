@@ -59,8 +59,9 @@ def test_two_entries_of_one_size_without_a_control_collide_loudly():
 def test_the_instrument_arms_are_paired_by_seed_and_differ_only_in_their_control():
     """The 2 x 2 (256 / 256 grouped by 16 / 16 / 16 with 240 fresh negatives) and the positive
     control, per data set, τ and seed: BatchNorm over 16 images everywhere, the constant rate the
-    snapshots need, K as designed, and the grouped arm differing from the plain one in its
-    negatives only."""
+    snapshots need, K as designed, the grouped arm differing from the plain one in its negatives
+    only, and the fresh arm from the small one in its negatives and in training only to budgets
+    the small arm also reaches."""
     got = _instrument_cells()
     for dataset, tau, s in itertools.product(("fashion_mnist", "fashion_mnist_pairs"), (0.1, 0.5), range(6)):
         base = f"instrument/{dataset}/infonce/bs{{}}-t{tau}-s{s}"
@@ -90,14 +91,18 @@ def test_the_instrument_arms_are_paired_by_seed_and_differ_only_in_their_control
             k: v for k, v in grouped["train"].items() if k != "neg_group"
         }
         small, fresh = arms["small"], arms["fresh"]
-        assert {k: v for k, v in small["train"].items() if k != "extra_negatives"} == {
-            k: v for k, v in fresh["train"].items() if k != "extra_negatives"
+        budget = {"extra_negatives", "epochs", "snapshot_epochs"}  # the fresh arm trains 2 epochs only
+        assert {k: v for k, v in small["train"].items() if k not in budget} == {
+            k: v for k, v in fresh["train"].items() if k not in budget
         }
+        fresh_budgets = {*fresh["train"]["snapshot_epochs"], fresh["train"]["epochs"]}
+        assert fresh_budgets <= {*small["train"]["snapshot_epochs"], small["train"]["epochs"]}
     assert len({c["hash"] for c in got.values()}) == len(got)
 
 
 def test_the_small_batch_snapshots_are_the_large_batch_budgets_in_steps():
-    """B=16's snapshots land on B=256's step counts exactly (the fixed-steps view) on 10,000 images."""
+    """B=16's snapshots land on B=256's step counts exactly (the fixed-steps view) on 10,000 images:
+    B=256's budgets of 2, 4 and 8 epochs are 78, 156 and 312 steps."""
     got = _instrument_cells()
     small = got["instrument/fashion_mnist/infonce/bs16-t0.1-s0"]
     large = got["instrument/fashion_mnist/infonce/bs256-t0.1-s0"]
@@ -105,7 +110,7 @@ def test_the_small_batch_snapshots_are_the_large_batch_budgets_in_steps():
     steps = lambda c, e: snapshot_steps(e, images // c["batch_size"])  # noqa: E731
     big = {steps(large, e) for e in [*large["train"]["snapshot_epochs"], large["train"]["epochs"]]}
     small_steps = {steps(small, e) for e in small["train"]["snapshot_epochs"]}
-    assert big == {195, 780} and big <= small_steps
+    assert big == {78, 156, 312} and big <= small_steps
     tiny = cells.expand_cells(config.load_config(ROOT / "workflow/configs/instrument_tiny.yaml"))
     s16, s64 = tiny["instrument/digits/infonce/bs16-t0.5-s0"], tiny["instrument/digits/infonce/bs64-t0.5-s0"]
     n = 1437  # digits' pretraining images

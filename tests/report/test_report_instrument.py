@@ -357,3 +357,23 @@ def test_the_section_writes_its_tables_figures_and_findings(tmp_path):
     ssl = pd.read_csv(tmp_path / "tables" / "instrument_ssl.csv")
     row = ssl[(ssl["metric"] == "linear") & (ssl["baseline"] == "raw_pixels")]
     assert row["test"].iloc[0] == "paired t" and math.isfinite(row["lo"].iloc[0])  # one-sample t against the constant
+
+
+def test_each_other_loss_at_the_small_batch_is_set_against_infonce_at_the_large_one():
+    """Any loss beside InfoNCE at B=16 gets its own contrast, named with the parameters its cell id
+    carries (two settings of one loss stay two arms), and its own sentence in the verdict."""
+    others = {"dcl": (62.5, "dcl"), "debiased": (61.0, "debiased-tau_plus0.01")}
+    rows = []
+    for loss, (mean, named) in others.items():
+        for s in SEEDS:
+            row = _cell("ds", "c", s, mean)
+            row.update(loss=loss, run_id=f"{named}-{s}", cell_id=f"instrument/ds/{named}/bs16-t0.1-s{s}")
+            rows.append(row)
+    runs = pd.concat([_store(), pd.DataFrame(rows)], ignore_index=True)
+    res = _analyse(runs)
+    dcl, deb = _row(res, "loss:dcl@16"), _row(res, "loss:debiased-tau_plus0.01@16")
+    assert dcl["diff"] == pytest.approx(62.5 - PASSING["a"], abs=0.05)
+    assert deb["diff"] == pytest.approx(61.0 - PASSING["a"], abs=0.05)
+    text = _text(res)
+    assert "DCL@16 − InfoNCE@256 +2.5" in text
+    assert "(tau_plus0.01)@16 − InfoNCE@256 +1.0" in text

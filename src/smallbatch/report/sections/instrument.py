@@ -177,7 +177,7 @@ def _clause(r: dict) -> str:
 #: the order of the verdict's sentences: the factorial, then the earlier contrasts
 FACTORIAL = ("negatives", "steps", "interaction")
 SIMPLE = ("negatives_at_large", "negatives_at_small")
-EARLIER = ("small_large", "steps_part", "dcl", "sogclr", "oracle", "equal_steps")
+EARLIER = ("small_large", "steps_part", "oracle", "equal_steps")
 
 
 def verdict(res: UnitResult) -> list[str]:
@@ -190,7 +190,8 @@ def verdict(res: UnitResult) -> list[str]:
         f", at the validated lr ({_rates(res.lrs)})" if _rates(res.lrs) else ""
     )
     out = []
-    for keys in (FACTORIAL, SIMPLE, EARLIER):
+    losses = tuple(sorted(k for k in by if k.startswith("loss:")))
+    for keys in (FACTORIAL, SIMPLE, EARLIER, losses):
         clauses = [_clause(by[k]) for k in keys if k in by]
         if clauses:
             out.append(f"{head}: " + "; ".join(clauses) + ".")

@@ -60,8 +60,9 @@ def _num(v: Any) -> float:
 
 
 def arm_of(row: pd.Series) -> str:
-    """``infonce@256/G16``, ``infonce@16/X240``, ``infonce@16/oracle``, ``infonce@16/S``, ``dcl@16``."""
-    arm = f"{row['loss']}@{int(row['batch_size'])}"
+    """``infonce@256/G16``, ``infonce@16/X240``, ``infonce@16/oracle``, ``infonce@16/S``, ``dcl@16``;
+    a loss with parameters set in its cell id keeps them (``debiased-tau_plus0.01@16``)."""
+    arm = f"{_loss_label(row)}@{int(row['batch_size'])}"
     if _is_set(row.get("params.neg_group")):
         arm += f"/G{int(_num(row['params.neg_group']))}"
     if _is_set(row.get("params.extra_negatives")):
@@ -71,6 +72,13 @@ def arm_of(row: pd.Series) -> str:
     if _is_set(row.get("params.steps")):
         arm += "/S"
     return arm
+
+
+def _loss_label(row: pd.Series) -> str:
+    """The loss as the cell id names it (with its parameters), else the registry name."""
+    parts = str(row.get("cell_id") or "").split("/")
+    named = parts[-2] if len(parts) >= 3 else ""
+    return named if named.partition("-")[0] == row["loss"] else str(row["loss"])
 
 
 def peak_lr(lr: float, batch_size: int, rule: Any) -> float:

@@ -28,6 +28,7 @@ inconclusive (:func:`smallbatch.report.evidence.outcome`).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 from ...evaluation.probes import gap_fraction
 from ...losses import display_name
@@ -63,8 +64,15 @@ def control_arm(arms, big: int) -> str | None:
     return f"infonce@{big}/G{min(ok)}" if ok else None
 
 
-def definitions(small: int, big: int, view: str) -> list[tuple[str, str, list]]:
-    """(key, name, terms) of every contrast of a unit's view; ``terms``: [(coefficient, arm)]."""
+def other_losses(arms: Iterable[str], small: int) -> list[str]:
+    """The arms of losses other than InfoNCE at the small batch, plain (``dcl@16``,
+    ``debiased-tau_plus0.01@16``): each is set against InfoNCE at the large batch."""
+    return sorted(a for a in arms if a.endswith(f"@{small}") and not a.startswith("infonce@"))
+
+
+def definitions(small: int, big: int, view: str, others: Iterable[str] = ()) -> list[tuple[str, str, list]]:
+    """(key, name, terms) of every contrast of a unit's view; ``terms``: [(coefficient, arm)];
+    ``others``: the arms of :func:`other_losses`, each a contrast keyed ``loss:<arm>``."""
     f = factorial_arms(small, big)
     a, b, c, d = f["a"], f["b"], f["c"], f["d"]
     ks, kl, r = 2 * small - 2, 2 * big - 2, big // small
@@ -86,14 +94,18 @@ def definitions(small: int, big: int, view: str) -> list[tuple[str, str, list]]:
         out += [
             ("small_large", "small − large", [(1, c), (-1, a)]),
             ("steps_part", "steps part (small − grouped)", [(1, c), (-1, b)]),
-            *(
-                (loss, f"{display_name(loss)}@{small} − InfoNCE@{big}", [(1, f"{loss}@{small}"), (-1, a)])
-                for loss in ("dcl", "sogclr")
-            ),
+            *((f"loss:{arm}", f"{_arm_display(arm)} − InfoNCE@{big}", [(1, arm), (-1, a)]) for arm in others),
             ("oracle", f"oracle − plain, InfoNCE@{small}", [(1, f"infonce@{small}/oracle"), (-1, c)]),
             ("equal_steps", "small − large, equal steps", [(1, f"infonce@{small}/S"), (-1, a)]),
         ]
     return out
+
+
+def _arm_display(arm: str) -> str:
+    """``debiased-tau_plus0.01@16`` -> ``Debiased (tau_plus0.01)@16``."""
+    head, size = arm.rsplit("@", 1)
+    loss, _, params = head.partition("-")
+    return f"{display_name(loss)}{f' ({params})' if params else ''}@{size}"
 
 
 def _row(unit: Unit, metric: str, key: str, name: str, e, span: float) -> dict:
@@ -134,7 +146,7 @@ def unit_contrasts(unit: Unit, arms: dict, small: int, big: int, span: dict) -> 
     for m in METRICS:
         vals = {arm: seed_values(a, m) for arm, a in arms.items()}
         keys, fam = [], []
-        for key, name, terms in definitions(small, big, unit.view):
+        for key, name, terms in definitions(small, big, unit.view, other_losses(arms, small)):
             cells = [(c, vals.get(arm, {})) for c, arm in terms]
             if all(v for _, v in cells):
                 keys.append((key, name))
