@@ -32,15 +32,16 @@ rule evaluate:
     conda:
         conda_env
     shell:
-        "smallbatch evaluate --cell {params.cell:q} --checkpoint {input.ckpt:q} --data-cache {input.data:q} "
-        "--out-dir {params.out:q} {params.features:q} --tracking-uri {params.uri:q} --experiment {params.exp:q} "
-        "--threads {threads:q} > {log:q} 2>&1"
+        "smallbatch evaluate --cell={params.cell:q} --checkpoint={input.ckpt:q} --data-cache={input.data:q} "
+        "--out-dir={params.out:q} {params.features:q} --tracking-uri={params.uri:q} --experiment={params.exp:q} "
+        "--threads={threads:q} > {log:q} 2>&1"
 
 
 rule baseline:
     input:
         data=f"{R}/data/cache/{{dataset}}.pt",
         store=f"{R}/mlflow.ready",
+        settings=lambda w: stamp_of(f"baselines/{w.dataset}/{w.kind}"),
     output:
         f"{R}/baselines/{{dataset}}/{{kind}}/result.json",
     params:
@@ -57,5 +58,5 @@ rule baseline:
     conda:
         conda_env
     shell:
-        "smallbatch baseline --cell {params.cell:q} --data-cache {input.data:q} --out {output:q} "
-        "--tracking-uri {params.uri:q} --experiment {params.exp:q} --threads {threads:q} > {log:q} 2>&1"
+        "smallbatch baseline --cell={params.cell:q} --data-cache={input.data:q} --out={output:q} "
+        "--tracking-uri={params.uri:q} --experiment={params.exp:q} --threads={threads:q} > {log:q} 2>&1"
