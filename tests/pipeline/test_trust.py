@@ -196,6 +196,10 @@ BASELINE_JSON = json.dumps(
         "baseline": "raw_pixels",
     }
 )
+#: an MI section of one short setting (the benchmark itself is never reached by a refused command)
+TINY_MI = json.dumps(
+    {"mi_values": [2], "ks": [4], "estimators": ["infonce"], "critics": ["oracle"], "steps": 2, "eval_batches": 1}
+)
 NOT_AN_ID = r"is not a cell id \(segments of letters, digits and _ \. = \+ - joined by single '/', none empty or starting with a dot\); use an id `smallbatch cells` lists"
 
 ROWS = [
@@ -403,7 +407,7 @@ ROWS = [
             (("knn", "--tracking-uri", "none", "--features", "{tmp}/f.npz", "--cell-json", "{cell}"), "--out"),
             (("linear", "--tracking-uri", "none", "--features", "{tmp}/f.npz", "--cell-json", "{cell}"), "--out"),
             (("baseline", "--tracking-uri", "none", "--data-cache", "{cache}", "--cell-json", BASELINE_JSON), "--out"),
-            (("mi", "--section-json", "{}", "--tracking-uri", "none"), "--out"),
+            (("mi", "--section-json", TINY_MI, "--tracking-uri", "none"), "--out"),
             (("export", "--checkpoint", "{tmp}/ck.pt", "--cell-json", "{cell}"), "--out"),
             (("init-store", "--tracking-uri", "sqlite:///{tmp}/m.db", "--experiment", "x"), "--touch"),
             (
