@@ -92,17 +92,18 @@ def settings_stamp(folder):
     return f"{R}/{folder}/.settings-{SETTINGS[folder][0]}"
 
 
-def write_settings(folder, stamp):
+def write_settings(folder, stamp, log):
     """The `settings` rule's job: ``stamp`` (<folder>/.settings-<hash>) holding the settings
-    planned for ``folder``, the folder's stamps of other settings removed."""
+    planned for ``folder``, the folder's stamps of other settings removed (named in ``log``)."""
     from smallbatch.io import write_text
 
-    planned = SETTINGS.get(folder)
-    if planned is None or not stamp.endswith(f"/.settings-{planned[0]}"):
+    planned, stamp = SETTINGS.get(folder), Path(stamp)
+    if planned is None or stamp.name != f".settings-{planned[0]}":
         raise WorkflowError(f"{stamp}: no such settings are planned for {R}/{folder}")
-    for old in Path(stamp).parent.glob(".settings-*"):
-        if old.name != Path(stamp).name and not old.is_dir():
-            old.unlink()
+    removed = [old for old in stamp.parent.glob(".settings-*") if old.name != stamp.name and not old.is_dir()]
+    for old in removed:
+        old.unlink()
+    write_text(log, "".join(f"removed {old.name}: results of other settings\n" for old in removed))
     write_text(stamp, planned[1])
 
 

@@ -11,8 +11,10 @@ rule settings:
     # SETTINGS); a missing one (new or changed settings) reruns that job and all after it.
     output:
         f"{R}/{{folder}}/.settings-{{hash}}",
+    log:
+        f"{R}/logs/settings/{{folder}}.settings-{{hash}}.log",
     run:
-        write_settings(wildcards.folder, output[0])
+        write_settings(wildcards.folder, output[0], log[0])
 
 
 rule init_store:
