@@ -7,6 +7,7 @@ import math
 import re
 from typing import Any, Sequence
 
+import numpy as np
 import pandas as pd
 
 from ..losses import canonical_name, display_name, loss_param_names
@@ -124,31 +125,27 @@ def checked_accuracies(runs: pd.DataFrame, notes: list[str] | None = None) -> pd
     a finite number in [0, 100], marked ``failed``: it gives no number, it is listed with the
     failed runs, and a line in ``notes`` says which value (never silently dropped)."""
     runs = runs.copy()
-    cols = accuracy_columns(runs)
-    for idx, row in runs.iterrows():
-        factor = UNIT_FACTORS.get(row["accuracy_unit"])
-        logged = [c for c in cols if c[len("metrics.") :] in row["metric_keys"]]
-        if factor is None:
-            problem = f"records its accuracies in {row['accuracy_unit']!r}, not {' or '.join(UNIT_FACTORS)}"
-        else:
-            runs.loc[idx, logged] = runs.loc[idx, logged].astype(float) * factor
-            bad = [c for c in logged if not _in_range(runs.at[idx, c])]
-            problem = (
-                f"logged {bad[0][len('metrics.') :]} = {runs.at[idx, bad[0]]:g}, not an accuracy in "
-                f"[{ACCURACY_RANGE[0]:g}, {ACCURACY_RANGE[1]:g}] %"
-                if bad
-                else None
-            )
-        if problem and row["status"] not in BAD_STATUSES:
-            runs.at[idx, "status"] = "failed"
-            if notes is not None:
-                notes.append(f"Run {row['run_id']} (cell {row['cell_id']}) {problem}: counted as a failed run.")
-    return runs
-
-
-def _in_range(v: Any) -> bool:
+    factor = runs["accuracy_unit"].map(UNIT_FACTORS)
+    problems = pd.Series(
+        [f"records its accuracies in {u!r}, not {' or '.join(UNIT_FACTORS)}" for u in runs["accuracy_unit"]],
+        index=runs.index,
+    ).where(factor.isna())
     lo, hi = ACCURACY_RANGE
-    return isinstance(v, (int, float)) and math.isfinite(v) and lo <= v <= hi
+    for col in accuracy_columns(runs):
+        key = col[len("metrics.") :]
+        logged = runs["metric_keys"].map(lambda keys: key in keys) & factor.notna()
+        runs.loc[logged, col] = runs.loc[logged, col].astype(float) * factor[logged]
+        values = runs[col].astype(float)
+        bad = logged & ~(np.isfinite(values) & (values >= lo) & (values <= hi)) & problems.isna()
+        problems[bad] = [f"logged {key} = {v:g}, not an accuracy in [{lo:g}, {hi:g}] %" for v in values[bad]]
+    flagged = problems.notna() & ~runs["status"].isin(BAD_STATUSES)
+    runs.loc[flagged, "status"] = "failed"
+    if notes is not None:
+        notes += [
+            f"Run {runs.at[i, 'run_id']} (cell {runs.at[i, 'cell_id']}) {problems[i]}: counted as a failed run."
+            for i in runs.index[flagged]
+        ]
+    return runs
 
 
 def newest(runs: pd.DataFrame) -> tuple[pd.DataFrame, int]:
