@@ -417,7 +417,8 @@ def apply_thread_env(env) -> None:
 def _what(request: dict) -> str:
     """The command and its output folder, for the server's log."""
     argv = [str(a) for a in request.get("argv", [])[1:]]
-    out = argv[argv.index("--out") + 1] if "--out" in argv[:-1] else ""
+    joined = [a.split("=", 1)[1] for a in argv if a.startswith("--out=")]  # the workflow's --out=VALUE
+    out = joined[0] if joined else argv[argv.index("--out") + 1] if "--out" in argv[:-1] else ""
     return " ".join(filter(None, ["smallbatch", argv[0] if argv else "", out]))
 
 
