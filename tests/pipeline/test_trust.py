@@ -120,6 +120,19 @@ def test_every_option_of_every_rule_takes_its_value_joined():
     assert 'else [f"{option}={value}"]' in common  # flag(): an optional option's value, joined
 
 
+def test_every_rule_removes_what_lies_at_its_log_path_before_writing_it():
+    """`> {log:q}` would write through a link, a FIFO or a hard link planted there: every rule
+    that redirects into its log first removes what is at that path (the link, not its target)."""
+    seen = 0
+    for smk in sorted((ROOT / "workflow" / "rules").glob("*.smk")):
+        for block in re.findall(r"^\s+shell:\n((?:\s+\".*\"\n?)+)", smk.read_text(), flags=re.M):
+            line = "".join(re.findall(r"\"(.*)\"", block))
+            if "> {log:q}" in line:
+                seen += 1
+                assert line.startswith("rm -f -- {log:q} && "), f"{smk.name}: {line}"
+    assert seen >= 7
+
+
 # --------------------------------------------------------------------------- one-line refusals
 @dataclass(frozen=True)
 class Row:
@@ -781,6 +794,33 @@ def test_a_study_with_hostile_names_runs_no_payload_and_writes_only_in_results_d
     exp_id, name = reader.experiment(cfg["study"])
     assert name == cfg["study"]
     assert [r["status"] for r in reader.runs(exp_id) if r["tags"].get("smallbatch.kind") == "cell"] == ["finished"] * 2
+
+
+@pytest.mark.slow
+def test_a_link_planted_at_a_jobs_log_is_replaced_not_written_through(tmp_path):
+    """Links planted where the jobs' logs go (a symbolic link, a hard link) before a study
+    runs: the study writes its logs as files of their own, the planted targets keep their text."""
+    results = tmp_path / "results"
+    cfg = {
+        "results_dir": str(results),
+        "device": "cpu",
+        "baselines": False,
+        "datasets": {"digits": {"train_subset": 256, "test_subset": 128}},
+        "grid": {"losses": ["infonce"], "batch_sizes": [16], "temperatures": [0.5], "seeds": [0]},
+        "train": {**TINY, "steps": 4, "log_every": 2},
+        "eval": {"knn_k": [5], "linear_iterations": 5},
+        "experiments": {"mi": {"enabled": False}},
+    }
+    config = tmp_path / "links.yaml"
+    config.write_text(json.dumps(cfg))
+    symlink("results/logs/init_store.log", "thesis.tex")(tmp_path)
+    hardlink("results/logs/report.log", "notes.txt")(tmp_path)
+    proc = run_study(config, tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (tmp_path / "thesis.tex").read_text() == "my thesis\n"
+    assert (tmp_path / "notes.txt").read_text() == "my thesis\n"
+    for log in ("init_store.log", "report.log"):
+        assert not (results / "logs" / log).is_symlink() and (results / "logs" / log).stat().st_nlink == 1
 
 
 @pytest.mark.slow

@@ -4,11 +4,13 @@
 # reaches the shell unquoted.  Every `{...}` placeholder in a `shell:` carries `:q`
 # (Snakemake quotes it with shlex.quote; a list becomes one quoted word per item and an
 # empty list nothing), `{output:q}` and `{log:q}` included; an optional option is a list
-# param made by `flag()` below.  An option's value is joined to it with `=`
-# (`--experiment={params.exp:q}`), so a value that starts with a dash (a study named
-# `--help`, a results_dir `-rf`) is that option's value, never another option.  The one exception is `{params.launch}`, the launcher that
-# smallbatch.training.distributed.launch_command builds from no config value.  tests/pipeline/test_trust.py
-# checks every rule file for it.
+# param made by `flag()` below.  The one exception is `{params.launch}`, the launcher that
+# smallbatch.training.distributed.launch_command builds from no config value.
+# An option's value is joined to it with `=` (`--experiment={params.exp:q}`), so a value
+# that starts with a dash (a study named `--help`, a results_dir `-rf`) is that option's
+# value, never another option.  A job's log is removed before the shell writes it
+# (`rm -f -- {log:q} && ... > {log:q}`): a link, FIFO or hard link planted at a log's path
+# is replaced, never written through.  tests/pipeline/test_trust.py checks every rule file.
 import json
 import math
 import os

@@ -32,7 +32,7 @@ rule evaluate:
     conda:
         conda_env
     shell:
-        "smallbatch evaluate --cell={params.cell:q} --checkpoint={input.ckpt:q} --data-cache={input.data:q} "
+        "rm -f -- {log:q} && smallbatch evaluate --cell={params.cell:q} --checkpoint={input.ckpt:q} --data-cache={input.data:q} "
         "--out-dir={params.out:q} {params.features:q} --tracking-uri={params.uri:q} --experiment={params.exp:q} "
         "--threads={threads:q} > {log:q} 2>&1"
 
@@ -58,5 +58,5 @@ rule baseline:
     conda:
         conda_env
     shell:
-        "smallbatch baseline --cell={params.cell:q} --data-cache={input.data:q} --out={output:q} "
+        "rm -f -- {log:q} && smallbatch baseline --cell={params.cell:q} --data-cache={input.data:q} --out={output:q} "
         "--tracking-uri={params.uri:q} --experiment={params.exp:q} --threads={threads:q} > {log:q} 2>&1"

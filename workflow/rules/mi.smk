@@ -38,5 +38,5 @@ rule mi_bench:
     conda:
         conda_env
     shell:
-        "smallbatch mi --section-json={params.section:q} --out={output:q} "
+        "rm -f -- {log:q} && smallbatch mi --section-json={params.section:q} --out={output:q} "
         "--tracking-uri={params.uri:q} --experiment={params.exp:q} > {log:q} 2>&1"

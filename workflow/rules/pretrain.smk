@@ -30,7 +30,7 @@ rule init_store:
     conda:
         conda_env
     shell:
-        "smallbatch init-store --tracking-uri={params.uri:q} --experiment={params.exp:q} --touch={output:q} > {log:q} 2>&1"
+        "rm -f -- {log:q} && smallbatch init-store --tracking-uri={params.uri:q} --experiment={params.exp:q} --touch={output:q} > {log:q} 2>&1"
 
 
 rule prepare_data:
@@ -55,7 +55,7 @@ rule prepare_data:
     conda:
         conda_env
     shell:
-        "smallbatch prepare-data --dataset={wildcards.dataset:q} --data-root={params.root:q} {params.download:q} "
+        "rm -f -- {log:q} && smallbatch prepare-data --dataset={wildcards.dataset:q} --data-root={params.root:q} {params.download:q} "
         "{params.size:q} {params.train:q} {params.test:q} --out={output:q} > {log:q} 2>&1"
 
 
@@ -94,6 +94,6 @@ rule pretrain:
     conda:
         conda_env
     shell:
-        "{params.launch} pretrain --cell={params.cell:q} --data-cache={input.data:q} --out={params.out:q} "
+        "rm -f -- {log:q} && {params.launch} pretrain --cell={params.cell:q} --data-cache={input.data:q} --out={params.out:q} "
         "--tracking-uri={params.uri:q} --experiment={params.exp:q} --threads={params.threads:q} "
         "> {log:q} 2>&1"
