@@ -84,10 +84,14 @@ class Payload:
 
 
 # --------------------------------------------------------------------------- the rules' quoting
+#: a rule's `shell:` strings (comment lines between them and `shell:` skipped)
+SHELL_BLOCK = r"^\s+shell:\n(?:\s+#.*\n)*((?:\s+\".*\"\n?)+)"
+
+
 def shell_placeholders(text: str) -> list[str]:
     """The ``{...}`` placeholders of every ``shell:`` string of a rule file."""
     found = []
-    for block in re.findall(r"^\s+shell:\n((?:\s+\".*\"\n?)+)", text, flags=re.M):
+    for block in re.findall(SHELL_BLOCK, text, flags=re.M):
         joined = "".join(re.findall(r"\"(.*)\"", block))
         found += re.findall(r"(?<!\{)\{([^{}]+)\}(?!\})", joined)
     return found
@@ -111,7 +115,7 @@ def test_every_option_of_every_rule_takes_its_value_joined():
     files = sorted((ROOT / "workflow" / "rules").glob("*.smk"))
     joined = 0
     for smk in files:
-        for block in re.findall(r"^\s+shell:\n((?:\s+\".*\"\n?)+)", smk.read_text(), flags=re.M):
+        for block in re.findall(SHELL_BLOCK, smk.read_text(), flags=re.M):
             line = "".join(re.findall(r"\"(.*)\"", block))
             assert not re.search(r"--[a-z][a-z-]* \{", line), f"{smk.name}: {line}"
             joined += len(re.findall(r"--[a-z][a-z-]*=\{", line))
@@ -125,7 +129,7 @@ def test_every_rule_removes_what_lies_at_its_log_path_before_writing_it():
     that redirects into its log first removes what is at that path (the link, not its target)."""
     seen = 0
     for smk in sorted((ROOT / "workflow" / "rules").glob("*.smk")):
-        for block in re.findall(r"^\s+shell:\n((?:\s+\".*\"\n?)+)", smk.read_text(), flags=re.M):
+        for block in re.findall(SHELL_BLOCK, smk.read_text(), flags=re.M):
             line = "".join(re.findall(r"\"(.*)\"", block))
             if "> {log:q}" in line:
                 seen += 1
