@@ -60,8 +60,7 @@ def grad_rel_error(
     def grad(dt):
         a = z1.detach().to(dt).requires_grad_(True)
         b = z2.detach().to(dt).requires_grad_(True)
-        pos, neg, mask = in_batch_scores(a, b)
-        out = loss.from_scores(pos, neg, mask, temperature=temperature)
+        out = loss(a, b, temperature=temperature)  # in-batch scores (same-view ones for such a loss)
         ga, gb = torch.autograd.grad(out.loss, (a, b))
         return torch.cat([ga.double().flatten(), gb.double().flatten()])
 

@@ -378,7 +378,7 @@ ROWS = [
         "--cell-json with negatives 999",
         BY_JSON,
         r"--cell-json: key 'negatives' = 999 is not the K of its settings \(30: batch size, train\.neg_group, "
-        r"train\.queue_size\); write it with `smallbatch cells --write`",
+        r"train\.queue_size, train\.extra_negatives\); write it with `smallbatch cells --write`",
         cell=edited(negatives=999),
     ),
     Row(

@@ -235,3 +235,40 @@ def test_mde_beyond_the_first_search_bracket_still_has_its_power():
     lower = stats.nct.cdf(-c, 1, nc)  # NaN this far in the tail, where it is 0
     assert stats.nct.sf(c, 1, nc) + (lower if np.isfinite(lower) else 0.0) == pytest.approx(0.9, abs=1e-8)
     assert m > (c + 4.0) / math.sqrt(2)
+
+
+# --------------------------------------------------------------------------- equivalence (TOST)
+def test_tost_matches_a_hand_computation_with_scipys_t():
+    """Six paired seeds: d = mean, se = sd/sqrt(6), df = 5; TOST p = max(P(T > (d + 0.5)/se),
+    P(T < (d − 0.5)/se)), and it is below α exactly when the 90 % interval lies inside ±0.5."""
+    diffs = [0.12, -0.05, 0.20, 0.02, -0.10, 0.08]
+    e = paired({s: 60.0 + x for s, x in enumerate(diffs)}, {s: 60.0 for s in range(6)})
+    d, sd = float(np.mean(diffs)), float(np.std(diffs, ddof=1))
+    se = sd / math.sqrt(6)
+    by_hand = max(stats.t.sf((d + 0.5) / se, 5), stats.t.cdf((d - 0.5) / se, 5))
+    assert e.se == pytest.approx(se, rel=1e-12)
+    assert evidence.tost(e, 0.5) == pytest.approx(by_hand, rel=1e-10) and by_hand < 0.05
+    lo, hi = evidence.t_interval(d, se, 5, alpha=0.10)
+    assert -0.5 < lo and hi < 0.5 and evidence.equivalent(e, 0.5)
+    assert evidence.outcome(e, 0.5) == "equivalent"
+    assert evidence.describe_outcome(e, 0.5).startswith("equivalent within ± 0.5 points (TOST p")
+
+
+@pytest.mark.parametrize("shift", [0.0, 0.3, -0.3, 0.6])
+def test_tost_is_below_alpha_exactly_when_the_ninety_percent_interval_is_inside_the_margin(shift):
+    diffs = [shift + x for x in (0.1, -0.2, 0.15, 0.0, -0.05)]
+    e = paired({s: x for s, x in enumerate(diffs)}, {s: 0.0 for s in range(5)})
+    lo, hi = evidence.t_interval(e.diff, e.se, e.df, alpha=0.10)
+    assert (evidence.tost(e, 0.5) < 0.05) == (-0.5 < lo and hi < 0.5)
+
+
+def test_the_three_outcomes_and_an_untested_contrast():
+    sig = paired({s: 3.0 + 0.1 * s for s in range(4)}, {s: 0.0 for s in range(4)})
+    assert evidence.outcome(sig, 0.5) == "significant" and evidence.describe_outcome(sig, 0.5) == "significant"
+    tight = paired({s: 0.2 + 0.01 * (-1) ** s for s in range(6)}, {s: 0.0 for s in range(6)})
+    assert tight.significant and evidence.describe_outcome(tight, 0.5).startswith("significant, yet within ± 0.5")
+    noisy = paired({s: x for s, x in enumerate([1.0, -2.0, 1.5, -0.5])}, {s: 0.0 for s in range(4)})
+    assert evidence.outcome(noisy, 0.5) == "inconclusive"
+    assert "MDE at 80 % power" in evidence.describe_outcome(noisy, 0.5)
+    assert evidence.outcome(paired({0: 1.0}, {0: 0.0}), 0.5) == "untested"
+    assert math.isnan(evidence.tost(paired({0: 1.0}, {0: 0.0}), 0.5))

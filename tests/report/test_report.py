@@ -356,6 +356,13 @@ def test_paper_tables_carry_sources_status_and_note(main_store):
         and (third["produced_by"] == "third-party reproduction (raminnakhli/Decoupled-Contrastive-Learning)").all()
     )
     assert (third["status"] == "third-party number").all()
+    # SimCo's README table (CIFAR-100, B = 64 ... 1024): the authors' code README, its family from the method
+    simco = rep[rep["paper"] == "SimCo (Zhang et al. 2022)"]
+    assert len(simco) == 15 and (simco["produced_by"] == "the authors' code README").all()
+    assert (simco["status"] == "checked against the authors' code README").all()
+    dual = side[(side["who"] == "paper") & (side["method"] == "SimCo")]
+    assert len(dual) == 1 and dual["family"].iloc[0] == "simco"
+    assert dual["gap_small_minus_large"].iloc[0] == pytest.approx(58.04 - 55.34)
     assert not side["status"].astype(str).str.contains("likely").any()
     exp = _expected(main_store["design"], "linear")["mean"]
     ours = side[

@@ -24,7 +24,7 @@ from pathlib import Path
 try:
     from smallbatch.pipeline.config import (ConfigError, check_data_roots, check_results_dir, read_config_file,
                                    resolve_tracking_uri, validate_config)
-    from smallbatch.cell import read_cell
+    from smallbatch.cell import read_cell, snapshot_names
     from smallbatch.pipeline.cells import baseline_cells, data_cache_settings, expand_cells, settings_hash
     from smallbatch.training.distributed import launch_command
 except ImportError as exc:  # pragma: no cover - a user without the package installed
@@ -248,6 +248,7 @@ wildcard_constraints:
     dataset=r"[a-z0-9_]+",
     folder=r"[A-Za-z0-9_.=+/-]+?",
     hash=r"[0-9a-f]{10}",
+    snapshot=r"ep[0-9.e+-]+",
 
 
 def flag(option, value=True):
@@ -287,6 +288,17 @@ def cell_file(wildcards, output):
 def out_dir(wildcards, output):
     """The folder of the job's first output (derived, as cell_file)."""
     return os.path.dirname(output[0])
+
+
+def snapshot_cell_file(wildcards, output):
+    """The cell.json of a snapshot's cell: <cell folder>/cell.json, its outputs lying in
+    <cell folder>/snapshots (derived, as cell_file)."""
+    return f"{os.path.dirname(os.path.dirname(output[0]))}/cell.json"
+
+
+def snapshot_file(wildcards, output):
+    """<cell folder>/snapshots/<snapshot>.pt, which pretraining wrote (derived, as cell_file)."""
+    return f"{os.path.dirname(output[0])}/{wildcards.snapshot}.pt"
 
 
 def tracking_uri_at(marker):
@@ -345,5 +357,9 @@ def cell_dir(cell_id):
 
 
 CELL_OUTPUTS = [f"{cell_dir(c)}/{f}.json" for c in CELLS for f in ("knn", "linear")]
+# every snapshot of a cell (train.snapshot_epochs) evaluated as its final checkpoint is
+CELL_OUTPUTS += [
+    f"{cell_dir(c)}/snapshots/{name}.{f}.json" for c in CELLS for name in snapshot_names(CELLS[c]) for f in ("knn", "linear")
+]
 BASELINE_OUTPUTS = [f"{R}/{b}/result.json" for b in BASELINES]
 REPORT_INDEX = f"{R}/report/index.md"

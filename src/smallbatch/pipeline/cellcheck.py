@@ -120,13 +120,12 @@ def _loss_params_problem(obj: dict) -> str | None:
 
 def _derived_problem(obj: dict) -> str | None:
     """A value a cell derives from its settings that is not theirs (``negatives``: K)."""
-    from .cells import negatives_per_anchor
+    from .cells import cell_negatives
 
-    train = obj["train"]
-    k = negatives_per_anchor(train["neg_group"] or obj["batch_size"], train["queue_size"])
+    k = cell_negatives(obj["train"], obj["batch_size"])
     if obj["negatives"] != k:
         return (
             f"key 'negatives' = {obj['negatives']!r} is not the K of its settings ({k}: batch size, "
-            "train.neg_group, train.queue_size); write it with `smallbatch cells --write`"
+            "train.neg_group, train.queue_size, train.extra_negatives); write it with `smallbatch cells --write`"
         )
     return None

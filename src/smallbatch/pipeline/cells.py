@@ -23,7 +23,7 @@ import json
 from typing import Any, Callable, Iterable
 
 from ..io import check_cell_id  # noqa: F401  (the one id check; import-light, for the CLI's fast paths)
-from ..losses import canonical_name, loss_param_names
+from ..losses.registry import canonical_name, loss_param_names
 
 AXIS_ABBREV = {
     "precision": "",
@@ -36,6 +36,7 @@ AXIS_ABBREV = {
     "neg_group": "ng",
     "bn_group": "bn",
     "mask_same_class": "oracle",
+    "extra_negatives": "xn",
 }
 
 
@@ -154,9 +155,15 @@ def data_cache_settings(cfg: dict, dataset: str) -> dict:
     return {"dataset": dataset, "options": options, "data_digest": data["data_digest"]}
 
 
-def negatives_per_anchor(batch_size: int, queue_size: int) -> int:
-    """K in the papers' sense: 2N-2 in-batch negatives, or the queue length."""
-    return int(queue_size) if queue_size else 2 * int(batch_size) - 2
+def cell_negatives(train: dict, batch_size: int) -> int:
+    """A cell's K from its train settings (its group, queue, fresh extra images) and batch size."""
+    return negatives_per_anchor(train.get("neg_group") or batch_size, train["queue_size"], train.get("extra_negatives"))
+
+
+def negatives_per_anchor(batch_size: int, queue_size: int, extra: int | None = None) -> int:
+    """K in the papers' sense: 2N-2 in-batch negatives (2(N+E)-2 with E fresh extra images), or
+    the queue length."""
+    return int(queue_size) if queue_size else 2 * (int(batch_size) + int(extra or 0)) - 2
 
 
 def _loss_variants(entry: Any, cfg: dict) -> list[tuple[str, dict, dict]]:
@@ -235,7 +242,7 @@ def make_cell(
         "batch_size": int(batch_size),
         "temperature": float(temperature),
         "seed": int(seed),
-        "negatives": negatives_per_anchor(train.get("neg_group") or batch_size, train["queue_size"]),
+        "negatives": cell_negatives(train, batch_size),
         "train": train,
         "augment": copy.deepcopy(cfg["augment"]),
         "eval": copy.deepcopy(cfg["eval"]),
@@ -250,7 +257,7 @@ def make_cell(
 #: train keys a batch-size entry may set that change what a cell computes (the controls of
 #: the instrument study, e.g. ``{size: 256, train: {neg_group: 16}}``): they name the cell
 #: like an axis does, so two entries of one size never share an id
-ENTRY_SUFFIX_KEYS = ("neg_group", "bn_group", "mask_same_class", "steps", "lr")
+ENTRY_SUFFIX_KEYS = ("neg_group", "bn_group", "mask_same_class", "extra_negatives", "steps", "lr")
 
 
 def _batch_entry(entry: Any) -> tuple[int, dict, str]:

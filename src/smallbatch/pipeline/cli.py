@@ -171,7 +171,7 @@ def _standalone_cell(args, overrides: dict) -> tuple[dict, dict]:
     """A cell from --dataset, --loss, --batch-size, --temperature ...: the flags are checked
     first (messages name them), then the config is validated with the cell as its only
     grid cell, so the study's checks (data set size, warm-up, the loss's own) apply to it."""
-    from ..losses import canonical_name
+    from ..losses.registry import canonical_name
     from .cells import make_cell
     from .config import deep_merge, load_config, validate_config
 
@@ -215,7 +215,7 @@ def _standalone_cell(args, overrides: dict) -> tuple[dict, dict]:
 
 def _loss_params(name: str, pairs: list[str]) -> dict:
     """--loss-param KEY=VALUE pairs, each checked against the loss's parameter schema."""
-    from ..losses import loss_param_names
+    from ..losses.registry import loss_param_names
     from .config import check_value
     from .schema import load_schema
 
@@ -353,12 +353,18 @@ def cmd_embed(args) -> int:
 
 
 def cmd_evaluate(args) -> int:
+    from ..training.checkpoint import snapshot_path
     from .jobs import run_evaluate
 
     cell, cfg = resolve_cell(args)
     uri, exp = _tracking(args, cfg)
-    out_dir = args.out_dir or cell_folder(args, cell, cfg)
-    ckpt = args.checkpoint or out_dir / "checkpoint.pt"
+    folder = cell_folder(args, cell, cfg)
+    if args.snapshot is None:
+        out_dir = args.out_dir or folder
+        ckpt = args.checkpoint or out_dir / "checkpoint.pt"
+    else:
+        out_dir = args.out_dir or folder / "snapshots"
+        ckpt = args.checkpoint or snapshot_path(folder, args.snapshot)
     _not_an_input(args.features, "--features", checkpoint=ckpt, data_cache=args.data_cache)
     res = run_evaluate(
         cell,
@@ -369,6 +375,7 @@ def cmd_evaluate(args) -> int:
         cache=args.data_cache,
         device=args.device,
         features=args.features,
+        snapshot=args.snapshot,
     )
     print(json.dumps(res))
     return 0

@@ -315,6 +315,12 @@ def _cell_commands(add) -> None:
     c.add_argument("--checkpoint", type=path_value)
     c.add_argument("--out-dir", type=path_value, help="where knn.json and linear.json go (default results/runs/<id>)")
     c.add_argument("--features", type=path_value, help="also write the features to this .npz")
+    c.add_argument(
+        "--snapshot",
+        help="evaluate the snapshot of this budget (ep<e>, train.snapshot_epochs) instead of the final checkpoint: "
+        "--checkpoint defaults to <cell folder>/snapshots/<snapshot>.pt, the results go to "
+        "<out-dir>/<snapshot>.knn.json and .linear.json (default out-dir <cell folder>/snapshots)",
+    )
 
     c = add(
         "export",

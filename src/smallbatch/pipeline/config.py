@@ -202,7 +202,7 @@ def _check_results_dir_value(value: Any) -> None:
 def _check_loss_entries(cfg: dict) -> None:
     """A loss entry ``{name: dclw, sigma: ...}`` holds only parameters of its own loss (the
     schema accepts every loss's parameters on every entry)."""
-    from ..losses import canonical_name, loss_param_names
+    from ..losses.registry import canonical_name, loss_param_names
 
     sections = [("grid", cfg.get("grid") or {})]
     sections += [
@@ -311,10 +311,14 @@ def _cell_problem(cell) -> str | None:
     cell = Cell.of(cell)
     name, subset = cell.dataset, cell.dataset_options.get("train_subset")
     images = pretrain_images(name, subset)
-    if images is not None and cell.batch_size > images:
-        capped = f" (datasets.{name}.train_subset)" if subset is not None and subset == images else ""
-        return f"batch size {cell.batch_size} is larger than the {images:,} pretraining images of {name}{capped}"
     tr = cell.train
+    step_images = cell.batch_size + (tr.extra_negatives or 0)
+    if images is not None and step_images > images:
+        capped = f" (datasets.{name}.train_subset)" if subset is not None and subset == images else ""
+        what = f"batch size {cell.batch_size}" + (
+            f" with {tr.extra_negatives} extra negatives" if step_images > cell.batch_size else ""
+        )
+        return f"{what} is larger than the {images:,} pretraining images of {name}{capped}"
     problem = (
         _extreme_problem(cell)
         or _train_problem(cell.to_dict()["train"])  # keys set by a side experiment, an axis, a batch-size entry

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Mapping
 
-from ..cell import BaselineCell, Cell, read_cell
+from ..cell import BaselineCell, Cell, read_cell, snapshot_names
 from ..io import write_json
 from .cells import flat_params
 
@@ -278,12 +278,16 @@ def _cell_features(cell: Cell, ck: dict, cache: Path | None, device: str | None)
     )
 
 
-def _load_cell_checkpoint(cell: Cell, checkpoint: Path) -> tuple[dict, dict]:
-    """The cell's own finished checkpoint (refuses another cell's, another config's, a
-    state file) and the meta its features carry."""
+def _load_cell_checkpoint(cell: Cell, checkpoint: Path, snapshot: str | None = None) -> tuple[dict, dict]:
+    """The cell's own finished checkpoint, or its snapshot of budget ``snapshot`` (refuses
+    another cell's, another config's, another budget's, a state file) and the meta its
+    features carry."""
     from ..training import checkpoint as ckpt_mod
 
-    ck = ckpt_mod.load_checkpoint(checkpoint, cell=cell, kind="checkpoint")
+    if snapshot is None:
+        ck = ckpt_mod.load_checkpoint(checkpoint, cell=cell, kind="checkpoint")
+    else:
+        ck = ckpt_mod.load_snapshot(checkpoint, cell, snapshot)
     return ck, {"cell_id": cell.id, "cell_hash": cell.hash, "pretrain_status": ck.get("status", "finished")}
 
 
@@ -391,11 +395,17 @@ def _probe(
     uri: str | None,
     experiment: str,
     knn_backend: str | None = None,
+    budget: dict | None = None,
 ) -> dict:
     """One probe of features in memory: JSON result, MLflow metrics.  A kNN probe at chance
-    level marks the cell *collapsed* (:mod:`smallbatch.training.health`)."""
+    level marks the cell *collapsed* (:mod:`smallbatch.training.health`).  ``budget``: the
+    features are a snapshot's; its metrics are logged as ``snapshot/<name>/<metric>`` beside
+    the budget (epochs, steps, images seen) and its status as ``snapshot/<name>/status``
+    (:data:`SNAPSHOT_STATUS`), the cell's own status untouched."""
     if meta.get("status") == "diverged":
         result = {"status": "diverged", "cell_id": cell.id}
+        if budget is not None and uri:
+            _log_probe(cell, uri, experiment, snapshot_metrics(budget, {}, "diverged"), None)
         if out is not None:
             write_json(out, result)
         return result
@@ -406,12 +416,27 @@ def _probe(
     numeric[f"{kind}/cpu_s"] = time.process_time() - c0  # every thread's CPU time (the cost table)
     status = _probe_status(kind, metrics, meta, feats[3], feats[1])
     result = {"status": status, "cell_id": cell.id, **numeric}
+    if budget is not None:
+        numeric, status = snapshot_metrics(budget, numeric, status), None
     run = _log_probe(cell, uri, experiment, numeric, status) if uri else None
     if out is not None:
         write_json(out, result)  # only once logged: a failing store leaves no result file
         if run is not None:
             run.log_artifact(out)
     return result
+
+
+#: a snapshot's outcome as a number (MLflow metrics are numbers): ``snapshot/<name>/status``
+SNAPSHOT_STATUS = {"finished": 0.0, "collapsed": 1.0, "diverged": 2.0}
+
+
+def snapshot_metrics(budget: dict, numeric: dict, status: str) -> dict:
+    """A snapshot's probe metrics under ``snapshot/<name>/``, with its budget and status."""
+    pre = f"snapshot/{budget['name']}/"
+    out = {f"{pre}{k}": v for k, v in numeric.items()}
+    out.update({f"{pre}{k}": float(budget[k]) for k in ("epochs", "steps", "images_seen")})
+    out[f"{pre}status"] = SNAPSHOT_STATUS[status]
+    return out
 
 
 def run_evaluate(
@@ -424,15 +449,22 @@ def run_evaluate(
     cache: Path | None = None,
     device: str | None = None,
     features: Path | None = None,
+    snapshot: str | None = None,
 ) -> dict:
     """Embed, kNN and linear probe of one cell in one process (the features stay in memory;
     ``features``: also write them there).  Writes ``knn.json`` and ``linear.json`` in
-    ``out_dir``, as the separate steps do."""
+    ``out_dir``, as the separate steps do.  ``snapshot``: ``checkpoint`` is the cell's
+    snapshot of that budget (``ep<e>``), evaluated by the same probes; the results go to
+    ``<snapshot>.knn.json`` and ``<snapshot>.linear.json`` and to the cell's run as
+    ``snapshot/<snapshot>/...`` (:func:`snapshot_metrics`)."""
     from ..evaluation import embed
 
     cell = Cell.of(cell)
     _threads(cell)
-    ck, meta = _load_cell_checkpoint(cell, checkpoint)
+    if snapshot is not None and snapshot not in snapshot_names(cell):
+        known = ", ".join(snapshot_names(cell)) or "none: train.snapshot_epochs is not set"
+        raise ValueError(f"cell {cell.id} has no snapshot {snapshot!r} (its snapshots: {known})")
+    ck, meta = _load_cell_checkpoint(cell, checkpoint, snapshot)
     t0 = time.perf_counter()
     if ck.get("status") == "diverged":
         feats, meta = None, {"status": "diverged", **meta}
@@ -444,10 +476,14 @@ def run_evaluate(
         if features is not None:
             embed.save_features(features, *feats, meta)
     seconds = time.perf_counter() - t0
+    budget = ck.get("budget") if snapshot is not None else None
+    name = f"{snapshot}." if snapshot is not None else ""
     return {
         "embed_seconds": seconds,
         **{
-            kind: _probe(kind, cell, feats, meta, Path(out_dir) / f"{kind}.json", tracking_uri, experiment)
+            kind: _probe(
+                kind, cell, feats, meta, Path(out_dir) / f"{name}{kind}.json", tracking_uri, experiment, budget=budget
+            )
             for kind in PROBES
         },
     }
@@ -464,14 +500,17 @@ def _probe_status(kind: str, metrics: dict, meta: dict, te_y, tr_y) -> str:
     return "finished"
 
 
-def _log_probe(cell: Cell, uri: str, experiment: str, numeric: dict, status: str):
-    """The probe's metrics, once; returns the run (its result file is logged as an artifact)."""
+def _log_probe(cell: Cell, uri: str, experiment: str, numeric: dict, status: str | None):
+    """The probe's metrics, once; returns the run (its result file is logged as an artifact).
+    ``status`` None: a snapshot's, which leaves the cell's status alone."""
     from .. import tracking
 
     run = tracking.find_cell_run(uri, experiment, cell)
     run.skip_logged_steps(sorted(numeric))  # a rerun of the probe logs nothing twice
     run.log(numeric, 0)
     run.flush()
+    if status is None:
+        return run
     if status == "collapsed":
         run.set_status("collapsed")
     _maybe_finish(run)

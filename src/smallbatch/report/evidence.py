@@ -17,6 +17,15 @@ family and words each by its adjusted p.  :func:`mde` is the smallest true
 difference a two-sided paired t at level α detects with probability ``power``
 given the observed sd of the seed contrasts and their number (noncentral t).
 
+"Costs nothing" is an equivalence claim, tested by :func:`tost` (Schuirmann 1987, two
+one-sided tests at level α against a margin ±Δ stated before the data): the larger of the
+p values of ``H0: d <= -Δ`` and ``H0: d >= +Δ``, each a one-sided t on the contrast's own
+standard error and degrees of freedom.  ``tost(e, Δ) < α`` exactly when the (1 − 2α)
+interval lies inside ``(-Δ, +Δ)`` (:func:`equivalent`).  :func:`outcome` names the three
+results a contrast can have: *significant* (its adjusted p below α), *equivalent* (not
+significant, TOST p below α) and *inconclusive* (neither: the MDE says what the seeds
+could have seen).
+
 Wording: a difference is *significant* when its (adjusted) p is below α; a
 verdict from :func:`support` says "support" / "do not support" only then and
 "neither support nor refute … within noise" otherwise, so the two never meet.
@@ -61,6 +70,7 @@ class Estimate:
     sd: float = math.nan
     df: float = math.nan
     test: str = "untested"
+    se: float = math.nan  # the standard error of ``diff`` (its t statistic's denominator)
 
     @property
     def tested(self) -> bool:
@@ -101,7 +111,7 @@ def _t_test(diff: float, se: float, df: float, n: int, sd: float, test: str) -> 
         return Estimate(diff=diff, n=n, sd=sd)
     lo, hi = t_interval(diff, se, df)
     p = float(2 * _t().sf(abs(diff) / se, df))
-    return Estimate(diff=diff, lo=lo, hi=hi, p=p, p_adj=p, n=n, sd=sd, df=df, test=test)
+    return Estimate(diff=diff, lo=lo, hi=hi, p=p, p_adj=p, n=n, sd=sd, df=df, test=test, se=se)
 
 
 def _clean(v: Values) -> dict:
@@ -183,6 +193,52 @@ def mde(sd: float, n: int, power: float = POWER, alpha: float = ALPHA) -> float:
     while short_of(hi) < 0:
         hi *= 2
     return float(optimize.brentq(short_of, 0.0, hi, xtol=1e-10 * se))
+
+
+def tost(e: Estimate | None, margin: float) -> float:
+    """The two one-sided tests' p of equivalence within ``± margin``: the larger of
+    ``P(T >= (d + Δ)/se)`` and ``P(T <= (d − Δ)/se)`` (T: Student t with the contrast's
+    degrees of freedom); NaN when the contrast is untested."""
+    if e is None or not (finite(e.diff) and finite(e.se) and e.se > 0 and finite(e.df) and e.df > 0):
+        return math.nan
+    t = _t()
+    p_low = float(t.sf((e.diff + margin) / e.se, e.df))  # H0: d <= -margin
+    p_high = float(t.cdf((e.diff - margin) / e.se, e.df))  # H0: d >= +margin
+    return max(p_low, p_high)
+
+
+def equivalent(e: Estimate | None, margin: float, alpha: float = ALPHA) -> bool | None:
+    """TOST at level ``alpha``: the effect lies within ``± margin`` (None when untested)."""
+    p = tost(e, margin)
+    return None if not finite(p) else bool(p < alpha)
+
+
+def outcome(e: Estimate | None, margin: float) -> str:
+    """'significant', 'equivalent' (not significant, TOST p < α), 'inconclusive' or 'untested'."""
+    if e is None or not e.tested:
+        return "untested"
+    if e.significant:
+        return "significant"
+    return "equivalent" if equivalent(e, margin) else "inconclusive"
+
+
+def describe_outcome(e: Estimate | None, margin: float, nd: int = 2) -> str:
+    """The outcome in words with the number that decides it: ``significant`` (and, where its
+    interval is narrow enough, ``yet within ± Δ (TOST p = …)``), ``equivalent within ± Δ (TOST
+    p = …; MDE at 80 % power = …)``, ``inconclusive (TOST p = …; MDE at 80 % power = …)``: the
+    MDE stated for every null."""
+    kind = outcome(e, margin)
+    if kind == "untested":
+        return "untested"
+    p = tost(e, margin)
+    tp = f"TOST p {'< 0.001' if p < 0.001 else '= ' + p_text(p)}"
+    if kind == "significant":
+        return f"significant, yet within ± {num(margin)} points ({tp})" if p < ALPHA else "significant"
+    m = describe_mde(e, nd)
+    m = f"; {m}" if m else ""
+    if kind == "equivalent":
+        return f"equivalent within ± {num(margin)} points ({tp}{m})"
+    return f"inconclusive ({tp}{m})"
 
 
 def describe(e: Estimate | None, what: str = "", nd: int = 1, null_mde: bool = True) -> str:

@@ -10,7 +10,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from ..losses import canonical_name, display_name, loss_param_names
+from ..losses.registry import canonical_name, display_name, loss_param_names
 from ..tracking import (
     BAD_STATUSES,
     NON_RESULT_KINDS,

@@ -32,6 +32,7 @@ from torch import Tensor
 
 from ..augment import BatchAugment
 from ..cell import TrainSettings
+from .distributed import average_gradients
 from .negatives import Scores
 from .optim import optimizer_step
 
@@ -76,6 +77,7 @@ class TrainStep:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
         self.model, self.net = model, model if net is None else net
         self.aug, self.source, self.loss_fn = aug, source, loss_fn
+        self.loss_params = [p for p in loss_fn.parameters() if p.requires_grad] if loss_fn is not None else []
         self.temperature, self.opt, self.device, self.chunk_size = temperature, opt, device, chunk_size
         self.fp64 = precision == "fp64"
         self.loss_dtype = torch.float64 if self.fp64 else torch.float32
@@ -119,7 +121,7 @@ class TrainStep:
             sc.detached(),
             z1.detach().to(self.loss_dtype),
             z2.detach().to(self.loss_dtype),
-            tau,
+            _detached(tau),
         )
 
     def run(self, x: Tensor, u: Tensor, idx: Tensor) -> StepOut:
@@ -154,7 +156,9 @@ class TrainStep:
                 return keep["out"]
 
             scale = self.scaler.scale if self.scaler is not None else None
-            _, zs = cached_backward(self.net, (v1, v2) if in_batch else (v1,), loss_of, self.chunk_size, scale)
+            _, zs = cached_backward(
+                self.net, (v1, v2) if in_batch else (v1,), loss_of, self.chunk_size, scale, self.loss_params
+            )
         out = keep["out"]
         return StepOut(
             out.loss.detach(),
@@ -163,7 +167,7 @@ class TrainStep:
             keep["sc"].detached(),
             zs[0].detach().to(self.loss_dtype),
             keep["z2"].detach().to(self.loss_dtype),
-            keep["tau"],
+            _detached(keep["tau"]),
         )
 
     def _keys(self, v2: Tensor) -> Tensor:
@@ -180,6 +184,7 @@ class TrainStep:
         self._apply_update()
 
     def _apply_update(self) -> None:
+        average_gradients(self.loss_params)  # outside the DDP module: averaged here (one process: nothing)
         if self.scaler is None:
             self._opt_step()
             return
@@ -210,6 +215,11 @@ class TrainStep:
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.skipped_steps = int(state.get("skipped_steps", 0))
+
+
+def _detached(tau: float | Tensor) -> float | Tensor:
+    """The step's τ as reported: a learnt τ without its graph."""
+    return tau.detach() if isinstance(tau, Tensor) else tau
 
 
 def configure_backends(train_cfg: TrainSettings, device: torch.device) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ...losses import loss_rank
+from ...losses.registry import loss_rank
 from ...tracking import BAD_STATUSES
 from ..aggregate import NO_NUMBER
 from ..evidence import Estimate, contrast, describe, holm, p_text
