@@ -61,6 +61,7 @@ class StoreBuilder:
         final: dict | None = None,
         history: dict | None = None,
         baseline: str | None = None,
+        tags: dict | None = None,
     ) -> str:
         from mlflow.entities import Metric, Param, RunTag
 
@@ -72,6 +73,7 @@ class StoreBuilder:
             "smallbatch.status": status,
             "smallbatch.experiment": section,
             "smallbatch.git_commit": "test",
+            **(tags or {}),
         }
         if baseline:
             tags["smallbatch.baseline"] = baseline

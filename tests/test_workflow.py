@@ -33,7 +33,7 @@ def snakemake(
     *args: str,
     results: Path | str,
     timeout: int = 600,
-    configfile: Path = SMOKE,
+    configfile: Path | tuple[Path, ...] = SMOKE,
     extra_config: tuple[str, ...] = (),
     cwd: Path = ROOT,
 ) -> subprocess.CompletedProcess:
@@ -48,7 +48,7 @@ def snakemake(
         "--snakefile",
         str(ROOT / "Snakefile"),
         "--configfile",
-        str(configfile),
+        *map(str, configfile if isinstance(configfile, tuple) else (configfile,)),
         "--workflow-profile",
         str(ROOT / "workflow/profiles/default"),
         "--config",
@@ -347,9 +347,9 @@ def test_a_dry_run_prints_one_short_line_per_job(tmp_path):
         line for line in out.splitlines() if line.startswith("Shell command: ") and line != "Shell command: None"
     ]
     jobs = planned_jobs(proc)
-    assert len(commands) == sum(n for rule, n in jobs.items() if rule != "all"), jobs
+    assert len(commands) == sum(n for rule, n in jobs.items() if rule not in ("all", "settings")), jobs
     cells = [c for c in commands if " pretrain " in c or " evaluate " in c or " baseline " in c]
-    assert cells and all("--cell " in c and c.split("--cell ")[1].split()[0].endswith("/cell.json") for c in cells)
+    assert cells and all("--cell=" in c and c.split("--cell=")[1].split()[0].endswith("/cell.json") for c in cells)
     assert not any('"augment"' in c or "--cell-json" in c for c in commands)
     # the longest, paths aside: a pretraining's (1,560 characters when it carried the cell's JSON)
     assert max(len(c.replace(str(tmp_path / "results"), "R")) for c in commands) < 450
@@ -395,6 +395,49 @@ def test_a_moved_study_folder_plans_no_job(tmp_path):
     shutil.rmtree(first)  # nothing of the moved copy points back at the first folder
     proc = snakemake("-n", results="results", configfile=moved / "study.yaml", cwd=moved)
     assert "Nothing to be done" in proc.stdout + proc.stderr, proc.stdout[-3000:]
+
+
+def test_a_results_folder_never_serves_results_of_other_settings(tmp_path):
+    """A finished study, Snakemake's metadata (.snakemake/) deleted, rerun with a setting of
+    its cells changed (an overlay ``train: {steps: N+1}``): every cell reruns, and its
+    checkpoint, results and MLflow run are those of the new settings -- no old result is
+    served.  Run again with the first settings, it reruns them too (the folder now holds the
+    second's)."""
+    import shutil
+
+    import yaml
+
+    from smallbatch.pipeline.cells import expand_cells
+    from smallbatch.pipeline.config import deep_merge, load_config, read_config_file
+    from smallbatch.training.checkpoint import load_checkpoint
+
+    folder = tmp_path / "study"
+    config = _tiny_study(folder)
+    overlay = folder / "overlay.yaml"
+    steps = yaml.safe_load(config.read_text())["train"]["steps"]
+    overlay.write_text(yaml.safe_dump({"train": {"steps": steps + 1}}))
+    for i, configs in enumerate(((config,), (config, overlay), (config,))):
+        shutil.rmtree(folder / ".snakemake", ignore_errors=True)
+        if i:
+            planned = planned_jobs(snakemake("-n", results="results", configfile=configs, cwd=folder))
+            assert planned.get("pretrain") == 1 and planned.get("evaluate") == 1, planned
+        proc = snakemake("--cores", "2", "--quiet", results="results", configfile=configs, cwd=folder)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        merged = {}
+        for c in configs:
+            merged = deep_merge(merged, read_config_file(c))
+        (cell,) = expand_cells(load_config(None, {**merged, "results_dir": str(folder / "results")})).values()
+        run = folder / "results" / "runs" / cell["id"]
+        ck = load_checkpoint(run / "checkpoint.pt")
+        assert ck["cell_hash"] == cell["hash"] and ck["steps"] == cell["train"]["steps"], (ck["cell_hash"], ck["steps"])
+        assert json.loads((run / "cell.json").read_text())["hash"] == cell["hash"]
+        import mlflow
+
+        mlflow.set_tracking_uri(f"sqlite:///{folder / 'results' / 'mlflow.db'}")
+        runs = mlflow.search_runs(experiment_names=["smallbatch-smoke"])
+        runs = runs[runs["tags.smallbatch.kind"] == "cell"]  # (the report is a run of its own)
+        newest = runs.sort_values("start_time").iloc[-1]
+        assert newest["tags.smallbatch.cell_hash"] == cell["hash"], runs[["tags.smallbatch.cell_hash", "start_time"]]
 
 
 def test_snakemake_report_shows_the_figures_and_tables_with_captions(study, tmp_path):

@@ -100,6 +100,7 @@ class _CellBase:
     dataset_options: Mapping[str, Any]
     data_root: str
     download: bool
+    data_digest: str
     seed: int
     train: TrainSettings
     eval: EvalSettings

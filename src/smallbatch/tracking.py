@@ -46,6 +46,10 @@ TAG_PRETRAIN = "smallbatch.pretrain"  # how pretraining ended: finished | diverg
 #: when renewed); another folder's trainer is refused while it is live (see CellRun.take_lease)
 TAG_LEASE = "smallbatch.lease"
 TAG_ERROR = "smallbatch.error"  # why a failed run failed (its first line)
+#: the unit of a run's accuracies (every metric whose name holds top1 or top5), recorded when
+#: the run is made: the pipeline logs percent; the report reads a run by its tag, never by its values
+TAG_ACCURACY_UNIT = "smallbatch.accuracy_unit"
+ACCURACY_UNIT = "percent"
 LEASE_S = 120.0  # a lease of another host not renewed for this long is stale (its trainer is gone)
 #: a cell's outcome (tag TAG_STATUS): running until both probes are logged; the bad
 #: outcomes are results the report shows beside the numbers, never drops
@@ -590,6 +594,7 @@ def _open_cell_run(
             TAG_KIND: kind,
             TAG_EXPERIMENT: cexp,
             TAG_STATUS: "running",
+            TAG_ACCURACY_UNIT: ACCURACY_UNIT,
             TAG_COMMIT: git_commit(),
             **_versions(),
         }

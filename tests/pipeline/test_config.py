@@ -312,6 +312,39 @@ def test_hash_changes_with_every_science_setting_and_no_execution_setting(path, 
         assert other["hash"] != base["hash"], f"{'.'.join(path)} changes the cell but not its hash"
 
 
+def test_a_cells_id_is_in_its_hash():
+    """A cell file whose id was edited to another cell's id fails its hash check."""
+    cell = _digits_cell({})
+    assert cell_hash({**cell, "id": cell["id"].replace("-s0", "-s1")}) != cell["hash"]
+
+
+def _fashion_root(root: Path, tweak: bool = False) -> Path:
+    """Four small files in Fashion-MNIST's layout (only their content is read: the digest)."""
+    from smallbatch.data import _FASHION_FILES
+
+    raw = root / "FashionMNIST" / "raw"
+    raw.mkdir(parents=True)
+    for i, name in enumerate(_FASHION_FILES):
+        (raw / name).write_bytes(bytes([i]) * 64 + (b"!" if tweak and i == 2 else b""))
+    return root
+
+
+def test_the_datas_content_is_in_the_hash_not_where_it_lies(tmp_path):
+    """Another copy of the same files (data.root or datasets.<name>.root) keeps every hash;
+    other content (one byte) changes every hash: the data's identity is hashed, not its place."""
+    a, b, other = (_fashion_root(tmp_path / n, tweak=n == "other") for n in ("a", "b", "other"))
+
+    def hashes(data: dict, dataset: dict | None = None) -> list[str]:
+        cfg = {**grid(seeds=[0, 1]), "datasets": {"fashion_mnist": dataset or {}}, "data": data}
+        return [c["hash"] for c in expand_cells(validate_config(cfg)).values()]
+
+    first = hashes({"root": str(a)})
+    assert len(first) == 2
+    assert hashes({"root": str(b)}) == first
+    assert hashes({"root": str(tmp_path / "none")}, {"root": str(b)}) == first
+    assert set(hashes({"root": str(other)})).isdisjoint(first)
+
+
 def test_keys_added_later_hash_at_their_default_as_if_absent():
     """A key marked x-hash-when-set (added after cells were computed; its default changes
     nothing) leaves the hash a cell had before the key existed while at its default (set
@@ -419,7 +452,9 @@ def test_the_hash_tests_cover_every_part_of_a_cell():
         "seed",
         "experiment",
         "negatives",
-    }  # data.download, the augmentation test, the axes (negatives: 2N-2)
+        "id",
+        "data_digest",
+    }  # data.download, the augmentation test, the axes (negatives: 2N-2), the id and data tests
     assert set(base) - set(NAME_KEYS) == covered
 
 

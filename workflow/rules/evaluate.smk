@@ -32,9 +32,9 @@ rule evaluate:
     conda:
         conda_env
     shell:
-        "smallbatch evaluate --cell {params.cell:q} --checkpoint {input.ckpt:q} --data-cache {input.data:q} "
-        "--out-dir {params.out:q} {params.features:q} --tracking-uri {params.uri:q} --experiment {params.exp:q} "
-        "--threads {threads:q} > {log:q} 2>&1"
+        "rm -f -- {log:q} && smallbatch evaluate --cell={params.cell:q} --checkpoint={input.ckpt:q} --data-cache={input.data:q} "
+        "--out-dir={params.out:q} {params.features:q} --tracking-uri={params.uri:q} --experiment={params.exp:q} "
+        "--threads={threads:q} > {log:q} 2>&1"
 
 
 rule evaluate_snapshot:
@@ -67,15 +67,16 @@ rule evaluate_snapshot:
     conda:
         conda_env
     shell:
-        "smallbatch evaluate --cell {params.cell:q} --snapshot {wildcards.snapshot:q} --checkpoint {params.snapshot:q} "
-        "--data-cache {input.data:q} --out-dir {params.out:q} --tracking-uri {params.uri:q} "
-        "--experiment {params.exp:q} --threads {threads:q} > {log:q} 2>&1"
+        "rm -f -- {log:q} && smallbatch evaluate --cell={params.cell:q} --snapshot={wildcards.snapshot:q} "
+        "--checkpoint={params.snapshot:q} --data-cache={input.data:q} --out-dir={params.out:q} "
+        "--tracking-uri={params.uri:q} --experiment={params.exp:q} --threads={threads:q} > {log:q} 2>&1"
 
 
 rule baseline:
     input:
         data=f"{R}/data/cache/{{dataset}}.pt",
         store=f"{R}/mlflow.ready",
+        settings=lambda w: stamp_of(f"baselines/{w.dataset}/{w.kind}"),
     output:
         f"{R}/baselines/{{dataset}}/{{kind}}/result.json",
     params:
@@ -92,5 +93,5 @@ rule baseline:
     conda:
         conda_env
     shell:
-        "smallbatch baseline --cell {params.cell:q} --data-cache {input.data:q} --out {output:q} "
-        "--tracking-uri {params.uri:q} --experiment {params.exp:q} --threads {threads:q} > {log:q} 2>&1"
+        "rm -f -- {log:q} && smallbatch baseline --cell={params.cell:q} --data-cache={input.data:q} --out={output:q} "
+        "--tracking-uri={params.uri:q} --experiment={params.exp:q} --threads={threads:q} > {log:q} 2>&1"

@@ -24,6 +24,8 @@ before anything else, so a bad flag is reported without importing torch.
 from __future__ import annotations
 
 import argparse
+import os
+from dataclasses import dataclass
 from pathlib import Path
 
 DATASET_NAMES = (
@@ -40,6 +42,33 @@ EVAL_FLAGS = {
 }
 
 
+@dataclass(frozen=True)
+class BadPath:
+    """A path flag's value that names no usable path; :func:`smallbatch.pipeline.cli.main` stops
+    with one line naming the flag (argparse's own error would print its usage too)."""
+
+    text: str
+
+    def problem(self) -> str:
+        if not self.text.strip():
+            return "is empty (it would name the current folder); name a file or folder"
+        if self.text.startswith("~"):
+            return (
+                f"= {self.text!r} starts with '~', which nothing expands here; write the full path "
+                f"({os.path.expanduser(self.text)!r}?)"
+            )
+        return f"= {self.text!r} holds a control character; rename it"
+
+
+def path_value(text: str) -> Path | BadPath:
+    """The type of every path flag: a Path, or a :class:`BadPath` for an empty value, one that
+    starts with '~' (no shell expanded it: a folder literally named '~' would be made, and a
+    library that expands it would write into the home folder) or one with control characters."""
+    if not text.strip() or text.startswith("~") or any(ord(c) < 32 or ord(c) == 127 for c in text):
+        return BadPath(text)
+    return Path(text)
+
+
 def _parent() -> argparse.ArgumentParser:
     return argparse.ArgumentParser(add_help=False)
 
@@ -49,12 +78,12 @@ def which_cell() -> argparse.ArgumentParser:
     g = p.add_argument_group("which cell")
     g.add_argument(
         "--cell",
-        type=Path,
+        type=path_value,
         help="cell JSON file (as written by `smallbatch cells --write`, or the "
         "cell.json pretraining writes into the cell's folder)",
     )
     g.add_argument("--cell-json", metavar="JSON", help="the cell itself as JSON (what the Snakemake rules pass)")
-    g.add_argument("--config", type=Path, help="study config YAML (default values otherwise)")
+    g.add_argument("--config", type=path_value, help="study config YAML (default values otherwise)")
     g.add_argument("--cell-id", help="id of a cell of --config, e.g. fashion_mnist/flatnce/bs32-t0.1-s0")
     return p
 
@@ -173,7 +202,7 @@ def tracking() -> argparse.ArgumentParser:
 def data_and_device() -> argparse.ArgumentParser:
     p = _parent()
     g = p.add_argument_group("data and device")
-    g.add_argument("--data-cache", type=Path, help="data cache from `smallbatch prepare-data`")
+    g.add_argument("--data-cache", type=path_value, help="data cache from `smallbatch prepare-data`")
     g.add_argument("--device", choices=DEVICES)
     return p
 
@@ -227,23 +256,23 @@ def _adder(sub, parents: dict):
 
 def _study_commands(add) -> None:
     c = add("cells", "list the study's cells (id, hash, negatives K) and write their cell.json files")
-    c.add_argument("--config", type=Path, default=Path("config.yaml"), help="study config (default: config.yaml)")
+    c.add_argument("--config", type=path_value, default=Path("config.yaml"), help="study config (default: config.yaml)")
     c.add_argument("--write", action="store_true", help="write results/runs/<id>/cell.json for every cell")
     c.add_argument("--baselines", action="store_true", help="list the baseline cells too")
 
     c = add("init-store", "create the MLflow store's schema and the study's experiment once", "tracking")
-    c.add_argument("--config", type=Path, help="study config (its tracking_uri and study name)")
-    c.add_argument("--touch", type=Path, help="write this marker file when done (for the workflow)")
+    c.add_argument("--config", type=path_value, help="study config (its tracking_uri and study name)")
+    c.add_argument("--touch", type=path_value, help="write this marker file when done (for the workflow)")
 
     c = add("prepare-data", "load a data set through its real loader and cache it as one tensor file")
-    c.add_argument("--config", type=Path, help="study config (data.root, datasets.<name> options)")
+    c.add_argument("--config", type=path_value, help="study config (data.root, datasets.<name> options)")
     c.add_argument("--dataset", required=True, help=DATASET_NAMES)
     c.add_argument("--data-root")
     c.add_argument("--download", action="store_true", help="let torchvision download when files are missing")
     c.add_argument("--image-size", type=int)
     c.add_argument("--train-subset", type=int)
     c.add_argument("--test-subset", type=int)
-    c.add_argument("--out", type=Path, required=True)
+    c.add_argument("--out", type=path_value, required=True)
 
     add("config-reference", "print the table of every config key (CONFIGURATION.md)")
 
@@ -259,7 +288,7 @@ def _cell_commands(add) -> None:
         "tracking",
         "data",
     )
-    c.add_argument("--out", type=Path, help="cell folder (default results/runs/<id>)")
+    c.add_argument("--out", type=path_value, help="cell folder (default results/runs/<id>)")
     c.add_argument("--restart", action="store_true", help="ignore (and overwrite) a saved state.pt, e.g. a corrupt one")
     c.add_argument("--no-progress", action="store_true")
 
@@ -271,8 +300,8 @@ def _cell_commands(add) -> None:
         "threads",
         "data",
     )
-    c.add_argument("--checkpoint", type=Path)
-    c.add_argument("--out", type=Path)
+    c.add_argument("--checkpoint", type=path_value)
+    c.add_argument("--out", type=path_value)
 
     c = add(
         "evaluate",
@@ -283,9 +312,9 @@ def _cell_commands(add) -> None:
         "tracking",
         "data",
     )
-    c.add_argument("--checkpoint", type=Path)
-    c.add_argument("--out-dir", type=Path, help="where knn.json and linear.json go (default results/runs/<id>)")
-    c.add_argument("--features", type=Path, help="also write the features to this .npz")
+    c.add_argument("--checkpoint", type=path_value)
+    c.add_argument("--out-dir", type=path_value, help="where knn.json and linear.json go (default results/runs/<id>)")
+    c.add_argument("--features", type=path_value, help="also write the features to this .npz")
     c.add_argument(
         "--snapshot",
         help="evaluate the snapshot of this budget (ep<e>, train.snapshot_epochs) instead of the final checkpoint: "
@@ -302,12 +331,14 @@ def _cell_commands(add) -> None:
     )
     c.add_argument(
         "--run-dir",
-        type=Path,
+        type=path_value,
         help="the cell's folder (results/runs/<id>): its checkpoint.pt names "
         "the cell, instead of --cell / --cell-id / a stand-alone cell",
     )
-    c.add_argument("--checkpoint", type=Path, help="the checkpoint to export (default: <cell folder>/checkpoint.pt)")
-    c.add_argument("--out", type=Path, help="the state dict file (default: <cell folder>/backbone.pt)")
+    c.add_argument(
+        "--checkpoint", type=path_value, help="the checkpoint to export (default: <cell folder>/checkpoint.pt)"
+    )
+    c.add_argument("--out", type=path_value, help="the state dict file (default: <cell folder>/backbone.pt)")
 
 
 def _probe_commands(add) -> None:
@@ -320,14 +351,14 @@ def _probe_commands(add) -> None:
         "knn",
         "tracking",
     )
-    c.add_argument("--features", type=Path, help=FEATURES_HELP)
-    c.add_argument("--out", type=Path, help="result JSON (default: <cell folder>/knn.json)")
+    c.add_argument("--features", type=path_value, help=FEATURES_HELP)
+    c.add_argument("--out", type=path_value, help="result JSON (default: <cell folder>/knn.json)")
 
     c = add(
         "linear", "linear probe on a cell's frozen features", "which", "standalone", "threads", "linear", "tracking"
     )
-    c.add_argument("--features", type=Path, help=FEATURES_HELP)
-    c.add_argument("--out", type=Path, help="result JSON (default: <cell folder>/linear.json)")
+    c.add_argument("--features", type=path_value, help=FEATURES_HELP)
+    c.add_argument("--out", type=path_value, help="result JSON (default: <cell folder>/linear.json)")
 
     c = add(
         "baseline",
@@ -338,17 +369,17 @@ def _probe_commands(add) -> None:
         "tracking",
         "data",
     )
-    c.add_argument("--out", type=Path, help="result JSON (default: <results_dir>/<id>/result.json)")
+    c.add_argument("--out", type=path_value, help="result JSON (default: <results_dir>/<id>/result.json)")
 
 
 def _study_outputs(add) -> None:
     c = add("mi", "MI bounds on correlated Gaussians (experiments.mi); one MLflow run per row", "tracking")
-    c.add_argument("--section", type=Path, help="JSON file with the experiments.mi section")
+    c.add_argument("--section", type=path_value, help="JSON file with the experiments.mi section")
     c.add_argument(
         "--section-json", metavar="JSON", help="the experiments.mi section itself as JSON (what the workflow passes)"
     )
-    c.add_argument("--config", type=Path, help="study config (its experiments.mi when --section is absent)")
-    c.add_argument("--out", type=Path, default=Path("results/mi/results.json"), help="rows as JSON")
+    c.add_argument("--config", type=path_value, help="study config (its experiments.mi when --section is absent)")
+    c.add_argument("--out", type=path_value, default=Path("results/mi/results.json"), help="rows as JSON")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
 
     c = add(
@@ -363,7 +394,9 @@ def _study_outputs(add) -> None:
     c = add("report", "rebuild every table and figure of a study from the MLflow store alone", "tracking")
     c.add_argument(
         "--config",
-        type=Path,
+        type=path_value,
         help="study config (its tracking store and study name, when --tracking-uri / --experiment are not given)",
     )
-    c.add_argument("--out", type=Path, default=Path("results/report"), help="report folder (default: results/report)")
+    c.add_argument(
+        "--out", type=path_value, default=Path("results/report"), help="report folder (default: results/report)"
+    )

@@ -84,8 +84,6 @@ def run_pretrain(
     _threads(cell)
     out_dir = Path(out_dir)
     with World.from_env(device=device or cell.device) as world:
-        if world.is_main:
-            record_cell(cell, out_dir / "cell.json")
         return _pretrain_in(world, cell, out_dir, tracking_uri, experiment, cache, restart, progress)
 
 
@@ -101,7 +99,7 @@ def _pretrain_in(
     world, cell: Cell, out_dir: Path, tracking_uri, experiment: str, cache, restart: bool, progress: bool
 ) -> dict:
     from ..errors import Preempted
-    from ..io import CellBusy, CellLock, nullcontext_lock
+    from ..io import CellBusy, CellLock, UnsafeTarget, nullcontext_lock
     from ..tracking import TrackingError
     from ..training import loop as train
     from ..training.distributed import any_over_processes
@@ -110,11 +108,13 @@ def _pretrain_in(
     busy = None
     try:
         lock.__enter__()
-    except CellBusy as exc:
+    except (CellBusy, UnsafeTarget) as exc:  # held, or a lock file that is a link, FIFO, hard link
         busy = exc
     try:
         if any_over_processes(busy is not None, world.device):  # the others stop with rank 0
             raise busy or CellBusy(f"cell {cell.id} is being trained by another process (rank 0 could not lock it)")
+        if world.is_main:  # the folder is this trainer's: its cell's settings beside its outputs
+            record_cell(cell, out_dir / "cell.json")
         d = load_cell_data(cell, cache)
         run = _pretrain_run(cell, out_dir, d, tracking_uri, experiment, restart) if world.is_main else None
         try:

@@ -417,7 +417,8 @@ def apply_thread_env(env) -> None:
 def _what(request: dict) -> str:
     """The command and its output folder, for the server's log."""
     argv = [str(a) for a in request.get("argv", [])[1:]]
-    out = argv[argv.index("--out") + 1] if "--out" in argv[:-1] else ""
+    joined = [a.split("=", 1)[1] for a in argv if a.startswith("--out=")]  # the workflow's --out=VALUE
+    out = joined[0] if joined else argv[argv.index("--out") + 1] if "--out" in argv[:-1] else ""
     return " ".join(filter(None, ["smallbatch", argv[0] if argv else "", out]))
 
 
@@ -479,13 +480,16 @@ def serve(
 def start(log: str | Path, threads: int, timeout_s: float = 30.0) -> subprocess.Popen | None:
     """Start a server for this process's jobs (Snakemake's ``onstart``) and point them at it
     (``SMALLBATCH_WARM`` in this process's environment, which the jobs inherit).  None (the
-    jobs then run as plain processes) when it could not be started; the reason is in ``log``."""
+    jobs then run as plain processes) when it could not be started; the reason is in ``log``
+    (a log that is a link, a FIFO or a hard link is refused first: ValueError, nothing started)."""
+    from ..io import open_log
+
+    out = open_log(log)  # never through a planted link, FIFO or hard link
     folder = tempfile.mkdtemp(prefix=FOLDER_PREFIX)  # short: a socket path has <= 107 bytes
     path = os.path.join(folder, "socket")
     env = dict(os.environ, **{k: str(threads) for k in THREAD_VARS})
     env.pop(ENV, None)
-    Path(log).parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "w") as out:
+    with out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "smallbatch", "warm-server", "--socket", path, "--watch-pid", str(os.getpid())],
             stdout=out,

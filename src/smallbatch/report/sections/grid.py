@@ -131,12 +131,13 @@ def _metric_tables(
     return f1 + f2 + f3 + f5, md
 
 
-def _seed_note(cells: pd.DataFrame) -> str:
-    seeds = cells.groupby(KEYS, dropna=False)["seed"].nunique()
-    n_lo, n_hi = int(seeds.min()), int(seeds.max())
+def _seed_note(agg: pd.DataFrame) -> str:
+    """The tables' note: over how many seeds a cell's mean is -- those that gave a number
+    (``n_seeds`` of the aggregate), not the runs (a failed run's seed does not enter)."""
+    n_lo, n_hi = int(agg["n_seeds"].min()), int(agg["n_seeds"].max())
     n_seeds = f"{n_lo} seed{'s' if n_lo != 1 else ''}" if n_lo == n_hi else f"{n_lo}–{n_hi} seeds"
     return (
-        f"mean ± sample std (ddof=1) over seeds ({n_seeds} per cell); "
+        f"mean ± sample std (ddof=1) over the seeds that gave a number ({n_seeds} per cell); "
         "'—' = one seed; diverged/failed runs give no number; 'pending' = not evaluated yet"
     )
 
@@ -158,8 +159,7 @@ def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
         best,
     )
     dep = dependence(agg)
-    seed_note = _seed_note(cells)
-    md = [f"{len(cells)} runs, {len(agg) // max(len(METRICS), 1)} cells. Top-1 in percent, {seed_note}.\n"]
+    md = [f"{len(cells)} runs, {len(agg) // max(len(METRICS), 1)} cells. Top-1 in percent, {_seed_note(agg)}.\n"]
     figs_md = []
     for ds in sorted(agg["dataset"].unique()):
         md.append(f"### {ds}\n")
@@ -168,7 +168,7 @@ def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
             if a.empty:
                 continue
             d = dep[(dep["dataset"] == ds) & (dep["metric"] == m)]
-            files, text = _metric_tables(a, d, best, ds, m, ctx, seed_note)
+            files, text = _metric_tables(a, d, best, ds, m, ctx, _seed_note(a))
             out.files += files
             md += [text, markdown_table(dependence_display(d))]
             out.findings += [dependence_finding(dep, ds, m, t) for t in sorted(a["temperature"].unique())]
