@@ -234,7 +234,7 @@ def test_preempted_slurm_job_resumes_on_retry(tmp_path, slurm):
         os.kill(trainer, signal.SIGSTOP)
         try:
             assert slurm.job(jid).get("JobState") == "RUNNING"
-            subprocess.run(["scancel", "--signal=TERM", "--full", jid], check=True, timeout=30)
+            subprocess.run(["scancel", "--signal=TERM", "--full", jid], check=True, timeout=cluster.HANG_S)
             cluster.wait_until(
                 lambda: cluster.signal_pending(trainer, signal.SIGTERM), 120, "SLURM's SIGTERM to reach the trainer"
             )

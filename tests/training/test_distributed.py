@@ -128,7 +128,7 @@ def _spawned(rank: int, size: int, port: int, out: str, checks: str) -> None:
     torch.set_num_threads(1)
     module, name = checks.split(":")
     results = {}
-    with World.from_env(device="cpu", timeout_s=120) as world:
+    with World.from_env(device="cpu", timeout_s=cluster.HANG_S) as world:
         for key, fn in getattr(importlib.import_module(module), name)():
             try:
                 results[key] = fn(world)
@@ -473,7 +473,7 @@ def test_one_process_cells_spread_over_a_nodes_gpus(tmp_path):
         assert sorted(g for _, g in procs) == [0, 0, 1, 1, 2, 2, 3, 3]
         first, gpu = procs[0]
         first.stdin.close()
-        first.wait(timeout=30)
+        first.wait(timeout=cluster.HANG_S)
         p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         procs.append((p, int(p.stdout.readline())))
         assert procs[-1][1] == gpu  # the freed slot
@@ -481,4 +481,4 @@ def test_one_process_cells_spread_over_a_nodes_gpus(tmp_path):
         for p, _ in procs:
             if p.poll() is None:
                 p.stdin.close()
-                p.wait(timeout=30)
+                p.wait(timeout=cluster.HANG_S)
