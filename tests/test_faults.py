@@ -387,20 +387,45 @@ BAD_CONFIGS = {
 }
 
 
-@pytest.mark.parametrize("name", list(BAD_CONFIGS))
-def test_bad_config_fails_the_dry_run_before_any_job(tmp_path, name):
+#: run through Snakemake: one error of the schema check and one of the data-root check (the two
+#: checks the workflow runs, in one try block, before any job); every case is checked in-process
+#: below against the same functions, as the workflow calls them on the file's contents
+THROUGH_SNAKEMAKE = ("unknown loss", "missing data root")
+
+
+def bad_config(tmp_path: Path, name: str) -> tuple[Path, Path, list[str]]:
+    """(the config file of case ``name``, its results folder, the words its one line must name)."""
+    import yaml
+
     over, names = BAD_CONFIGS[name]
     results = tmp_path / "results"
-    base = {"results_dir": str(results), "study": "bad"}
-    for k, v in over.items():
-        base[k] = v
-    cfg = write_config(tmp_path / "bad.yaml", **base)
+    cfg = write_config(tmp_path / "bad.yaml", results_dir=str(results), study="bad", **over)
     if name == "missing data root":  # only cifar10 then, so nothing else could run first
-        import yaml
-
         c = yaml.safe_load(cfg.read_text())
         c["datasets"] = over["datasets"]
         cfg.write_text(yaml.safe_dump(c))
+    return cfg, results, names
+
+
+@pytest.mark.parametrize("name", list(BAD_CONFIGS))
+def test_bad_config_is_one_line_naming_the_key_from_the_workflows_checks(tmp_path, name):
+    import yaml
+
+    from smallbatch.pipeline.config import ConfigError, check_data_roots, validate_config
+
+    cfg, results, names = bad_config(tmp_path, name)
+    config = yaml.safe_load(cfg.read_text())  # what Snakemake hands the workflow
+    with pytest.raises(ConfigError) as info:
+        validate_config(config)
+        check_data_roots(config)
+    line = str(info.value)
+    assert "\n" not in line and all(n in line for n in names), line
+    assert not results.exists()
+
+
+@pytest.mark.parametrize("name", THROUGH_SNAKEMAKE)
+def test_bad_config_fails_the_dry_run_before_any_job(tmp_path, name):
+    cfg, results, names = bad_config(tmp_path, name)
     res = run(snakemake_cmd(tmp_path, cfg, DEFAULT_PROFILE, "-n"), cwd=tmp_path, timeout=cluster.HANG_S)
     assert res.returncode != 0, res.stdout[-2000:]
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith("config error: ")]

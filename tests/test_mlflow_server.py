@@ -55,6 +55,7 @@ def smoke_sqlite(tmp_path_factory):
     return cluster.smoke_through_slurm(tmp_path_factory.mktemp("smoke_slurm"), slurm)
 
 
+@pytest.mark.slow  # the server is the slow tests' (starting one costs the fast tier ~15 s of a quiet machine)
 def test_server_listens_on_loopback_only(server):
     import subprocess
 
