@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from cluster import HANG_S
 
 import smallbatch.data as data_mod
 from smallbatch.data import (
@@ -387,7 +388,7 @@ def test_load_cache_does_not_import_torchvision(tmp_path):
         "assert d.train_x.shape[0] == 50; "
         "bad = [m for m in ('torchvision', 'sklearn') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)"
     )
-    result = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=HANG_S)
     assert result.returncode == 0, result.stdout + result.stderr
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from cluster import HANG_S
 
 from smallbatch.pipeline import cli
 
@@ -195,7 +196,7 @@ def test_real_process_exit_status_and_single_stderr_line(tmp_path):
         ],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_S,
     )
     assert p.returncode == 2
     assert p.stderr.strip().splitlines() == ["smallbatch: error: --temperature must be a finite number > 0, not 0.0"]

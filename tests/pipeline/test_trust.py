@@ -29,6 +29,7 @@ from typing import Callable
 
 import pytest
 import torch
+from cluster import HANG_S
 
 from smallbatch import data
 from smallbatch.pipeline import cli
@@ -950,7 +951,7 @@ def test_the_same_cell_in_two_folders_against_one_store_refuses_the_second(tmp_p
         text=True,
     )
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + HANG_S
         lease = ""
         while not lease:  # the event: a's lease is in the store
             assert first.poll() is None and time.monotonic() < deadline, (
@@ -964,7 +965,7 @@ def test_the_same_cell_in_two_folders_against_one_store_refuses_the_second(tmp_p
         assert not (tmp_path / "b" / "state.pt").exists()
     finally:
         first.send_signal(signal.SIGTERM)
-        first.wait(60)
+        first.wait(HANG_S)
     assert tracking.count_cell_runs(store, "two-folders", cell["id"]) == 1
 
 
@@ -1048,7 +1049,7 @@ def serve(tmp_path):
         proc.wait()
 
 
-def wait_for(event, proc=None, what: str = "", limit: float = 120.0) -> None:
+def wait_for(event, proc=None, what: str = "", limit: float = HANG_S) -> None:
     """Poll for an event (a hang guard, not a timing assertion)."""
     import time
 
@@ -1110,7 +1111,7 @@ def test_a_sigkilled_servers_child_stops_with_it_and_the_client_says_so_in_one_l
         proc.kill()
         proc.wait()
         wait_for(lambda: not Path(f"/proc/{child}").exists(), None, "the orphaned child to stop")
-        err = client.communicate(timeout=60)[1]
+        err = client.communicate(timeout=HANG_S)[1]
     finally:
         client.kill()
     assert client.returncode != 0
@@ -1124,7 +1125,7 @@ def test_a_jobs_thread_settings_reach_blas_the_server_imported(serve, tmp_path, 
     proc, path, log = serve("threads")
     env = {**os.environ, "SMALLBATCH_WARM": str(path), "OMP_NUM_THREADS": omp, "OPENBLAS_NUM_THREADS": omp}
     res = subprocess.run(
-        [str(BIN / "smallbatch"), "config-reference"], env=env, capture_output=True, text=True, timeout=120
+        [str(BIN / "smallbatch"), "config-reference"], env=env, capture_output=True, text=True, timeout=HANG_S
     )
     assert res.returncode == 0, res.stderr
     assert " started: smallbatch config-reference" in log.read_text(), "the job did not run in the server"
@@ -1225,7 +1226,7 @@ def test_a_stopped_tracking_server_fails_the_step_in_one_line(tmp_path):
             [str(BIN / "smallbatch"), "init-store", "--tracking-uri", uri, "--experiment", "x"],
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=HANG_S,
             env=env,
         )  # a hang guard
     finally:

@@ -43,6 +43,7 @@ from smallbatch.training.distributed import (
     World,
     any_over_processes,
     average_gradients,
+    claim_gpu,
     data_parallel,
     first_host,
     gather,
@@ -146,7 +147,7 @@ def _spawned(rank: int, size: int, port: int, out: str, checks: str) -> None:
     torch.set_num_threads(1)
     module, name = checks.split(":")
     results = {}
-    with World.from_env(device="cpu", timeout_s=120) as world:
+    with World.from_env(device="cpu", timeout_s=cluster.HANG_S) as world:
         for key, fn in getattr(importlib.import_module(module), name)():
             try:
                 results[key] = fn(world)
@@ -487,31 +488,41 @@ def test_a_converted_model_saves_the_plain_models_state():
     plain.load_state_dict(state)
 
 
+def _hold_a_gpu_slot(slots_dir: str, conn) -> None:
+    """A one-process cell's claim: send the GPU claimed, hold its slot until told to end."""
+    conn.send(claim_gpu(4, slots_dir=slots_dir))
+    conn.recv()
+
+
 def test_one_process_cells_spread_over_a_nodes_gpus(tmp_path):
     """k processes per GPU on a node showing 4 GPUs (cells_per_gpu): each claims a slot file
     (held for its life), slot j of every GPU before slot j+1, so 8 processes use each GPU
-    twice; a process that ends frees its slot for the next."""
-    import subprocess
-    import sys
+    twice; a process that ends frees its slot for the next.  (The processes are forked from
+    this one: each a process of its own, as flock needs, without importing torch again.)"""
+    import multiprocessing
 
-    code = (
-        "import sys, time; from smallbatch.training.distributed import claim_gpu; "
-        f"print(claim_gpu(4, slots_dir={str(tmp_path)!r}), flush=True); sys.stdin.read()"
-    )
+    ctx = multiprocessing.get_context("fork")
     procs = []
+
+    def start():
+        ours, theirs = ctx.Pipe()
+        p = ctx.Process(target=_hold_a_gpu_slot, args=(str(tmp_path), theirs))
+        p.start()
+        assert ours.poll(cluster.HANG_S), "the process claimed no GPU"
+        procs.append((p, ours, ours.recv()))
+
     try:
         for _ in range(8):
-            p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-            procs.append((p, int(p.stdout.readline())))
-        assert sorted(g for _, g in procs) == [0, 0, 1, 1, 2, 2, 3, 3]
-        first, gpu = procs[0]
-        first.stdin.close()
-        first.wait(timeout=30)
-        p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        procs.append((p, int(p.stdout.readline())))
-        assert procs[-1][1] == gpu  # the freed slot
+            start()
+        assert sorted(g for _, _, g in procs) == [0, 0, 1, 1, 2, 2, 3, 3]
+        ending, conn, gpu = next(p for p in procs if p[2] == 2)  # not GPU 0, where slot 2 would go
+        conn.send("end")
+        ending.join(cluster.HANG_S)
+        assert ending.exitcode == 0
+        start()
+        assert procs[-1][2] == gpu  # the freed slot
     finally:
-        for p, _ in procs:
-            if p.poll() is None:
-                p.stdin.close()
-                p.wait(timeout=30)
+        for p, conn, _ in procs:
+            if p.is_alive():
+                conn.send("end")
+                p.join(cluster.HANG_S)
