@@ -80,6 +80,8 @@ __all__ = [
     "DATASETS",
     "DEBIAN_FASHION_MNIST",
     "base_dataset",
+    "DISPLAY_NAMES",
+    "display_name",
     "SPLIT_SIZES",
     "ImageData",
     "pretrain_images",
@@ -125,6 +127,23 @@ SPLIT_SIZES: dict[str, dict[str, int]] = {
     "fashion_mnist_pairs": {"train": 60000, "test": 10000},
     "fashion_mnist_triples": {"train": 60000, "test": 10000},
 }
+
+
+#: what tables, figures and messages call each data set (its key in the config is the name on the left)
+DISPLAY_NAMES: dict[str, str] = {
+    "fashion_mnist": "Fashion-MNIST",
+    "cifar10": "CIFAR-10",
+    "cifar100": "CIFAR-100",
+    "stl10": "STL-10",
+    "imagefolder": "ImageFolder",
+    "fashion_mnist_pairs": "Fashion-MNIST pairs",
+    "fashion_mnist_triples": "Fashion-MNIST triples",
+}
+
+
+def display_name(name: str) -> str:
+    """The name a reader sees (``fashion_mnist`` -> ``Fashion-MNIST``); an unknown name unchanged."""
+    return DISPLAY_NAMES.get(str(name), str(name))
 
 
 def base_dataset(name: str) -> str:
@@ -329,7 +348,6 @@ def _labels(values: Any) -> torch.Tensor:
 
 
 #: how the data sets torchvision downloads are called in messages
-_DISPLAY = {"fashion_mnist": "Fashion-MNIST", "cifar10": "CIFAR-10", "cifar100": "CIFAR-100", "stl10": "STL-10"}
 #: a download that failed with one of these had no network to use
 _NETWORK_ERRNOS = {
     socket.EAI_NONAME,
@@ -361,7 +379,7 @@ def _failed_download(name: str, url: str, where: str, exc: Exception) -> FileNot
     """One line for a torchvision download that failed: the URL, why, and where to put
     the files by hand instead."""
     return FileNotFoundError(
-        f"{name}: could not download {_DISPLAY[name]} from {url}: {_download_reason(exc)}; put the files under {where}"
+        f"{name}: could not download {display_name(name)} from {url}: {_download_reason(exc)}; put the files under {where}"
     )
 
 
