@@ -91,14 +91,17 @@ class ReportContext:
             if s in by
         )
 
-    def save_figure(self, fig, stem: str) -> list[Path]:
-        """Save ``figures/<stem>.png`` and ``.svg`` without dates or versions in them; close the figure."""
+    def save_figure(self, fig, stem: str, exact: bool = False) -> list[Path]:
+        """Save ``figures/<stem>.png`` and ``.svg`` without dates or versions in them; close the figure.
+        ``exact``: at the figure's own size (a paper figure laid out to its column width), else cropped
+        to what is drawn."""
         import matplotlib.pyplot as plt
 
         self.figures_dir.mkdir(parents=True, exist_ok=True)
         png, svg = self.figures_dir / f"{stem}.png", self.figures_dir / f"{stem}.svg"
-        fig.savefig(png, dpi=130, bbox_inches="tight", metadata={"Software": None})
-        fig.savefig(svg, bbox_inches="tight", metadata={"Date": None})
+        crop = {} if exact else {"bbox_inches": "tight"}
+        fig.savefig(png, dpi=200 if exact else 130, metadata={"Software": None}, **crop)
+        fig.savefig(svg, metadata={"Date": None}, **crop)
         plt.close(fig)
         self.written += [png, svg]
         return [png, svg]
