@@ -82,12 +82,36 @@ def planned_cells(proc: subprocess.CompletedProcess, rule: str) -> list[str]:
     return cells
 
 
+#: what the smoke study printed (the console `make study` shows: --logger smallbatch)
+CONSOLE: dict[str, str] = {}
+
+
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
     results = tmp_path_factory.mktemp("smoke")
-    proc = snakemake("--cores", "2", "--quiet", results=results)
+    proc = snakemake("--cores", "2", "--logger", "smallbatch", results=results)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    CONSOLE["text"] = proc.stdout + proc.stderr
     return results
+
+
+def test_the_console_prints_one_line_per_cell_with_an_eta_and_the_full_log_stays_in_its_file(study):
+    """Snakemake's rule blocks go to its log file only; the console has one line per finished cell (the
+    smoke study's 4 grid cells and 2 baselines), each with its time, and an ETA until the last."""
+    text = CONSOLE["text"]
+    cells = re.findall(
+        r"^\[\s*(\d+)/(\d+)\] (\S+)  (\d+ s|\d+ min \d\d s)  \(elapsed [^,]+, (ETA [^)]+|all done)\)$", text, re.M
+    )
+    assert len(cells) == 6 == len({c[2] for c in cells}), text[-3000:]
+    assert [int(c[0]) for c in cells] == list(range(1, 7)) and {c[1] for c in cells} == {"6"}
+    assert {c[2] for c in cells} >= {"digits/infonce/bs16-t0.5-s0", "digits/flatnce/bs64-t0.5-s0"}
+    assert all(c[4].startswith("ETA ") for c in cells[:-1]) and cells[-1][4] == "all done"
+    for block in ("rule pretrain:", "localrule", "wildcards:", "Shell command:", "steps (", "Job stats"):
+        assert block not in text, f"the console shows Snakemake's {block!r}"
+    log = re.search(r"^Complete log\(s\): (\S+)$", text, re.M)
+    assert log, text[-2000:]
+    full = Path(log.group(1)).read_text()
+    assert "rule pretrain:" in full and "wildcards: cell=digits/infonce/bs16-t0.5-s0" in full
 
 
 def _runs(results: Path) -> pd.DataFrame:
