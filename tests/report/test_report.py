@@ -446,7 +446,7 @@ def test_flipped_data_flips_the_finding(store_uri, tmp_path, monkeypatch):
     assert "1 of experiment 'custom' (kind 'cell')" in text
     assert "no `diag/mi_fraction` history for InfoNCE runs; MI-saturation figure skipped" in text
     assert (tmp_path / "rep" / "figures" / "accuracy_vs_batch_digits.png").stat().st_size > 0
-    block = _batch_finding(text, "On digits at τ = 0.1, pooled over 3 losses, batch 32 is ")
+    block = _batch_finding(text, "On digits at τ = 0.1, pooled over 3 losses, batch 32 − batch 128 = ")
     para = next(ln for ln in block if ln.startswith("  linear top-1: "))
     assert "**FlatNCE** depends most on batch size and **InfoNCE** least" in para, para
     assert "On digits at τ = 0.2 only batch size 32 was run" in text

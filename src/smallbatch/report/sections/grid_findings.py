@@ -392,24 +392,20 @@ def _steps_clause(pool: pd.DataFrame, bmin: int, bmax: int) -> str:
     )
 
 
-def _pooled_clause(pool: pd.DataFrame, metrics: list[str], bmax: int) -> str:
-    """'ahead of batch 256 by linear top-1, +0.38 [+0.20, +0.56] (loss + seed model, …), and indistinguishable
-    from it by kNN top-1, …'"""
+def _pooled_clause(pool: pd.DataFrame, metrics: list[str], bmin: int) -> str:
+    """'+0.33 [+0.24, +0.42] (loss + seed model, …) by kNN top-1, batch 16 ahead, and …'"""
     parts = []
     for m in metrics:
         r = pool[pool["metric"] == m]
         if r.empty:
             continue
         e = r["estimate"].iloc[0]
-        other = f"batch {bmax}" if not parts else "it"
         verdict = (
-            f"untested against {other}"
-            if not e.tested
-            else (f"ahead of {other}" if e.diff > 0 else f"behind {other}")
+            (f", batch {bmin} ahead" if e.diff > 0 else f", batch {bmin} behind")
             if e.significant
-            else f"indistinguishable from {other}"
+            else (", within noise" if e.tested else "")
         )
-        parts.append(f"{verdict} by {METRIC_LABELS[m]}, {describe(e, nd=2)}")
+        parts.append(f"{describe(e, nd=2)} by {METRIC_LABELS[m]}{verdict}")
     return ", and ".join(parts)
 
 
@@ -429,8 +425,8 @@ def batch_finding(dep: pd.DataFrame, pool: pd.DataFrame, ds: str, t: float) -> s
     n = int(pool["losses"].max()) if len(pool) else 0
     steps = _steps_clause(pool, bmin, bmax) if len(pool) else ""
     sentence = (
-        f"{head}, pooled over {n} loss{'es' if n != 1 else ''}, batch {bmin} is "
-        + _pooled_clause(pool, metrics, bmax)
+        f"{head}, pooled over {n} loss{'es' if n != 1 else ''}, batch {bmin} − batch {bmax} = "
+        + _pooled_clause(pool, metrics, bmin)
         + (f"; {steps}" if steps else "")
         + "."
     )
