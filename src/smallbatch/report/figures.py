@@ -343,7 +343,7 @@ def bottom_legend(fig, axes, extra: Sequence = (), ncol: int | None = None) -> N
         handles,
         [*seen, *(h.get_label() for h in extra)],
         loc="outside lower center",
-        ncol=ncol or min(len(handles), 4 if fig.get_figwidth() > PAPER_WIDTHS[1] + 0.1 else 2),
+        ncol=ncol or min(len(handles), 5 if fig.get_figwidth() > PAPER_WIDTHS[1] + 0.1 else 2),
         frameon=False,
         handletextpad=0.4,
         columnspacing=1.2,
