@@ -88,6 +88,23 @@ def test_the_default_study_batch_effect_matches_the_report():
         assert measured / TOL_FACTOR <= quoted <= measured * TOL_FACTOR, f"README MDE {quoted}, report {measured:.2f}"
 
 
+def test_the_default_study_pooled_batch_effect_matches_the_report():
+    tables = _report()
+    block = " ".join(_block("The default study").split())
+    pool = pd.read_csv(tables / "grid_pooled_fashion_mnist.csv").set_index("metric")
+    iv = rf"({NUM}) \[({NUM}), ({NUM})\]"
+    m = re.search(
+        rf"batch 16 is ahead, {iv} by kNN and {iv} by the linear probe, with (\d+)× the optimiser steps", block
+    )
+    assert m, "the README states the pooled batch effect and the steps it took"
+    for i, metric in enumerate(("knn", "linear")):
+        row = pool.loc[metric]
+        for quoted, col in zip(m.groups()[3 * i : 3 * i + 3], ("change_small_minus_large", "ci_low", "ci_high")):
+            _close(_f(quoted), row[col], f"the pooled {metric} {col}")
+        assert row["p_holm"] < 0.05 and row["change_small_minus_large"] > 0, f"'ahead' by {metric}: significant"
+    assert int(m.group(7)) == round(pool["steps_smallest"].iloc[0] / pool["steps_largest"].iloc[0])
+
+
 def test_every_instrument_interval_the_readme_quotes_is_in_its_record():
     block = _block("The instrument")
     record = re.search(r"\]\((benchmarks/results/[^)]+\.md)\)", block)
