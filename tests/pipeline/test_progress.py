@@ -36,6 +36,19 @@ def test_one_line_per_finished_cell_timed_from_its_pretraining_with_an_eta():
     assert p.job_finished(6, 30.0) == ["report written (9 s)"]
 
 
+def test_the_eta_times_each_kind_of_cell_by_its_own_kind():
+    """The MI toy (100 s) done does not make the grid cell left look 100 s long: 10 s of work at the
+    1.1 cells at once seen so far (110 busy seconds in 100)."""
+    p = StudyProgress()
+    p.planned({"pretrain": 2, "evaluate": 2, "mi_bench": 1, "total": 5}, 0.0)
+    p.job_started(1, "mi_bench", {}, 0.0)
+    p.job_started(2, "pretrain", {"cell": "a"}, 0.0)
+    p.job_finished(2, 8.0)
+    p.job_started(3, "evaluate", {"cell": "a"}, 8.0)
+    assert p.job_finished(3, 10.0) == ["[1/3] a  10 s  (elapsed 10 s, ETA 5 s)"]
+    assert p.job_finished(1, 100.0) == ["[2/3] mi (the MI toy)  1 min 40 s  (elapsed 1 min 40 s, ETA 9 s)"]
+
+
 def test_a_failed_job_names_its_cell_and_log_and_a_retry_keeps_the_cells_clock():
     p = StudyProgress()
     p.planned({"evaluate": 2, "total": 4}, 0.0)

@@ -30,8 +30,8 @@ STEP_RULES = {
     "prepare_data": lambda w: f"data {w.get('dataset', '')} ready".replace("  ", " "),
     "report": lambda w: "report written",
 }
-#: the rule whose start starts a grid cell's clock
-START_RULE = "pretrain"
+#: the rule whose start starts a grid cell's clock, and the rule that completes a grid cell
+START_RULE, GRID_RULE = "pretrain", "evaluate"
 #: Snakemake's plain messages still shown (the rest is in its log file)
 KEPT_MESSAGES = re.compile(r"^(Nothing to be done|Complete log|Exiting because|Will exit after|Shutting down)")
 #: Snakemake's message when it restarts a failed job
@@ -52,23 +52,32 @@ def clock(seconds: float) -> str:
 
 @dataclass
 class StudyProgress:
-    """The console's state: cells planned, jobs running (their rule, cell and start), durations of the cells
-    done.  Every method takes the event's time (seconds) and returns the lines to print."""
+    """The console's state: cells planned per kind (the rule that completes them), jobs running (their rule,
+    cell and start), the times of the cells done per kind.  Every method takes the event's time (seconds)
+    and returns the lines to print."""
 
-    cells_planned: int = 0
+    plan: dict = field(default_factory=dict)  # completing rule -> cells planned
     start: float | None = None
     running: dict = field(default_factory=dict)  # jobid -> (rule, name, start)
-    cell_start: dict = field(default_factory=dict)  # cell name -> its first job's start
-    durations: list = field(default_factory=list)
-    failed: set = field(default_factory=set)  # cells whose job failed and has not finished since (a retry may)
+    cell_start: dict = field(default_factory=dict)  # cell name -> (completing rule, its first job's start)
+    durations: dict = field(default_factory=dict)  # completing rule -> [seconds of each cell done]
+    failed: dict = field(default_factory=dict)  # cell -> completing rule, failed and not finished since (a retry may)
+
+    @property
+    def cells_planned(self) -> int:
+        return sum(self.plan.values())
+
+    @property
+    def cells_done(self) -> int:
+        return sum(len(d) for d in self.durations.values())
 
     def planned(self, counts: dict, now: float) -> list[str]:
         """Snakemake's job counts per rule for this run."""
-        self.cells_planned = sum(int(counts.get(r, 0)) for r in CELL_RULES)
+        self.plan = {r: int(counts.get(r, 0)) for r in CELL_RULES if counts.get(r)}
         self.start = now if self.start is None else self.start
-        if not self.cells_planned:
-            return []
         n = self.cells_planned
+        if not n:
+            return []
         return [
             f"{n} cell{'s' if n != 1 else ''} to run ({int(counts.get('total', 0))} jobs); one line per finished cell"
         ]
@@ -78,7 +87,7 @@ class StudyProgress:
         name = _name(rule, wildcards)
         self.running[jobid] = (rule, name, now)
         if rule in (START_RULE, *CELL_RULES):
-            self.cell_start.setdefault(name, now)
+            self.cell_start.setdefault(name, (rule if rule in CELL_RULES else GRID_RULE, now))
         return []
 
     def job_finished(self, jobid, now: float) -> list[str]:
@@ -87,21 +96,20 @@ class StudyProgress:
             return [f"{name} ({clock(now - began)})"]
         if rule not in CELL_RULES:
             return []
-        took = now - self.cell_start.pop(name, began)
-        self.durations.append(took)
-        self.failed.discard(name)
-        done, total = len(self.durations), max(self.cells_planned, len(self.durations))
-        width = len(str(total))
+        took = now - self.cell_start.pop(name, (rule, began))[1]
+        self.durations.setdefault(rule, []).append(took)
+        self.failed.pop(name, None)
+        done, total = self.cells_done, max(self.cells_planned, self.cells_done)
         eta = self.eta(now)
         tail = f"elapsed {clock(now - self.start)}" + (f", ETA {clock(eta)}" if eta is not None else ", all done")
-        return [f"[{done:>{width}}/{total}] {name}  {clock(took)}  ({tail})"]
+        return [f"[{done:>{len(str(total))}}/{total}] {name}  {clock(took)}  ({tail})"]
 
     def job_failed(self, jobid, rule: str, logs, now: float) -> list[str]:
         """A job failed: its cell (or step) with its log files.  The job stays known by its id: Snakemake
         may retry it (:meth:`retried`), and the cell's clock keeps its first start."""
         _, name, _ = self.running.get(jobid, (rule, rule, now))
         if rule in CELL_RULES or rule == START_RULE:
-            self.failed.add(name)
+            self.failed[name] = rule if rule in CELL_RULES else GRID_RULE
         where = f"; its log: {', '.join(str(x) for x in logs)}" if logs else ""
         return [f"FAILED {name} (rule {rule}){where}"]
 
@@ -111,16 +119,23 @@ class StudyProgress:
         return [f"retrying {name}" + (f" (rule {rule})" if rule else "")]
 
     def eta(self, now: float) -> float | None:
-        """Seconds until the planned cells are done, from the cells done so far; None when none is left."""
-        left = self.cells_planned - len(self.durations) - len(self.failed)
-        if left <= 0 or not self.durations or self.start is None or now <= self.start:
-            return None if left <= 0 else 0.0
-        mean = sum(self.durations) / len(self.durations)
-        cells_running = {n: t for _, n, t in self.running.values() if n in self.cell_start}
-        busy = sum(self.durations) + sum(now - self.cell_start[n] for n in cells_running)
-        at_once = max(1.0, busy / (now - self.start))
-        in_progress = sum(min(now - self.cell_start[n], mean) for n in cells_running)
-        return max(0.0, left * mean - in_progress) / at_once
+        """Seconds until the planned cells are done, from the cells done so far: the cells left of each kind
+        (grid cell, baseline, MI toy) times the mean time of that kind's cells done (of all cells done while
+        a kind has none), less what the running cells have done, over how many ran at once.  None when no
+        cell is left."""
+        left = {r: n - len(self.durations.get(r, [])) for r, n in self.plan.items()}
+        for r in self.failed.values():
+            left[r] = left.get(r, 0) - 1
+        if sum(max(0, n) for n in left.values()) <= 0:
+            return None
+        done = [d for ds in self.durations.values() for d in ds]
+        if not done or self.start is None or now <= self.start:
+            return 0.0
+        mean = {r: sum(self.durations.get(r) or done) / len(self.durations.get(r) or done) for r in left}
+        cells = [self.cell_start[n] for n in {n for _, n, _ in self.running.values() if n in self.cell_start}]
+        at_once = max(1.0, (sum(done) + sum(now - t for _, t in cells)) / (now - self.start))
+        work = sum(max(0, n) * mean[r] for r, n in left.items()) - sum(min(now - t, mean.get(r, 0.0)) for r, t in cells)
+        return max(0.0, work) / at_once
 
 
 def _name(rule: str, wildcards: dict) -> str:
