@@ -705,7 +705,8 @@ def smoke_through_slurm(root: Path, slurm: LocalSlurm, timeout: float = 1500, ba
 
 
 def smoke_local(root: Path, tracking_uri: str | None = None, key: str = "smoke_local", timeout: float = 1500) -> dict:
-    """The smoke study on local cores (``--cores 2``, the default profile); its jobs' requests to a
+    """The smoke study on local cores (``--cores 2``, the default profile, the console ``make study``
+    shows: ``--logger smallbatch``); its jobs' requests to a
     ``tracking_uri`` server wait for their answers as long as the study may run."""
 
     def go() -> dict:
@@ -716,7 +717,7 @@ def smoke_local(root: Path, tracking_uri: str | None = None, key: str = "smoke_l
         cfg = write_config(root / "config.yaml", **over)
         t0 = time.monotonic()
         res = run(
-            snakemake_cmd(root, cfg, DEFAULT_PROFILE, "--cores", "2"),
+            snakemake_cmd(root, cfg, DEFAULT_PROFILE, "--cores", "2", "--logger", "smallbatch"),
             cwd=root,
             env=env_with_venv(MlflowServer.client_env(timeout)),
             timeout=timeout,

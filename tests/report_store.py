@@ -270,8 +270,8 @@ def _baselines(b: StoreBuilder) -> None:
             kind="baseline",
             section="baseline",
             baseline=name,
-            params={"dataset": "digits", "baseline": name, "seed": seed},
-            final={"knn/top1": knn, "linear/top1": lin},
+            params={"dataset": "digits", "baseline": name, **({"seed": seed} if name != "raw_pixels" else {})},
+            final={"knn/top1": knn, "linear/top1": lin, "baseline/wall_s": 2.0, "baseline/cpu_s": 3.0},
         )
 
 
@@ -421,6 +421,7 @@ def _mi(b: StoreBuilder) -> None:
                         "mi/dual_estimate": dual,
                         "mi/dual_std": 0.1,
                         "mi/seconds": 1.5,
+                        "mi/cpu_s": 2.5,
                     }
                     b.run(
                         f"mi/{est}/{critic}/K{k}-mi{mi:g}-s{seed}",

@@ -111,7 +111,7 @@ def test_the_default_study_batch_effect_matches_the_report():
     sd = pooled_sd(tested["sd_of_differences"], tested["n_pairs"])  # the per-seed differences' spread
     n = int(tested["n_pairs"].min())
     se = sd * math.sqrt(2 / n)  # two studies' paired means of n seeds each
-    lo, hi = (_f(x) for x in re.search(rf"Batch 16 − 256: ({NUM}) to ({NUM}) points", block).groups())
+    lo, hi = (_f(x) for x in re.search(rf"[Bb]atch 16 − 256: ({NUM}) to ({NUM}) points", block).groups())
     _close(lo, dep["change_small_minus_large"].min(), se, "the smallest batch effect")
     _close(hi, dep["change_small_minus_large"].max(), se, "the largest batch effect")
     assert f"under half of what {n_words(n)} seeds can detect" in block
@@ -124,6 +124,34 @@ def test_the_default_study_batch_effect_matches_the_report():
 
 def n_words(n: int) -> str:
     return {2: "two", 3: "three", 4: "four", 5: "five", 6: "six"}.get(n, str(n))
+
+
+def test_the_default_study_pooled_batch_effect_matches_the_report():
+    """The pooled change and its interval within K_SE standard errors of a fresh study's: the
+    change's standard error from the fresh study's own interval (t on its df); a bound also moves
+    with the interval's half-width, whose relative spread is 1/sqrt(2 df)."""
+    from scipy import stats
+
+    tables = _report()
+    block = " ".join(_block("The default study").split())
+    pool = pd.read_csv(tables / "grid_pooled_fashion_mnist.csv").set_index("metric")
+    iv = rf"({NUM}) \[({NUM}), ({NUM})\]"
+    m = re.search(
+        rf"batch 16 is ahead, {iv} by kNN and {iv} by the linear probe, with (\d+)× the optimiser steps", block
+    )
+    assert m, "the README states the pooled batch effect and the steps it took"
+    for i, metric in enumerate(("knn", "linear")):
+        row = pool.loc[metric]
+        half = (row["ci_high"] - row["ci_low"]) / 2
+        se = half / stats.t.ppf(0.975, row["df"])
+        two = se * math.sqrt(2)  # two studies' difference
+        bound = math.sqrt(two**2 + 2 * (half / math.sqrt(2 * row["df"])) ** 2)
+        for quoted, col, tol in zip(
+            m.groups()[3 * i : 3 * i + 3], ("change_small_minus_large", "ci_low", "ci_high"), (two, bound, bound)
+        ):
+            _close(_f(quoted), row[col], tol, f"the pooled {metric} {col}")
+        assert row["change_small_minus_large"] > 0, f"'ahead' by {metric}"
+    assert int(m.group(7)) == round(pool["steps_smallest"].iloc[0] / pool["steps_largest"].iloc[0])
 
 
 def test_every_instrument_interval_the_readme_quotes_is_in_its_record():

@@ -83,14 +83,39 @@ def planned_cells(proc: subprocess.CompletedProcess, rule: str) -> list[str]:
     return cells
 
 
+#: what the smoke study printed (the console `make study` shows: --logger smallbatch)
+CONSOLE: dict[str, str] = {}
+
+
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
-    """The smoke study on 2 local cores: the session's one run of it (tests/test_mlflow_server.py
-    compares the report a server gives with its report).  The tests here only read it (dry runs
-    and reports elsewhere; a file one of them deletes is put back)."""
+    """The smoke study on 2 local cores with the console `make study` shows (--logger smallbatch):
+    the session's one run of it (tests/test_mlflow_server.py compares the report a server gives
+    with its report).  The tests here only read it (dry runs and reports elsewhere; a file one of
+    them deletes is put back)."""
     r = cluster.smoke_local(tmp_path_factory.mktemp("smoke_local"))
     assert r["rc"] == 0, r["output"][-6000:]
+    CONSOLE["text"] = r["output"]
     return r["results"]
+
+
+def test_the_console_prints_one_line_per_cell_with_an_eta_and_the_full_log_stays_in_its_file(study):
+    """Snakemake's rule blocks go to its log file only; the console has one line per finished cell (the
+    smoke study's 4 grid cells and 2 baselines), each with its time, and an ETA until the last."""
+    text = CONSOLE["text"]
+    cells = re.findall(
+        r"^\[\s*(\d+)/(\d+)\] (\S+)  (\d+ s|\d+ min \d\d s)  \(elapsed [^,]+, (ETA [^)]+|all done)\)$", text, re.M
+    )
+    assert len(cells) == 6 == len({c[2] for c in cells}), text[-3000:]
+    assert [int(c[0]) for c in cells] == list(range(1, 7)) and {c[1] for c in cells} == {"6"}
+    assert {c[2] for c in cells} >= {"digits/infonce/bs16-t0.5-s0", "digits/flatnce/bs64-t0.5-s0"}
+    assert all(c[4].startswith("ETA ") for c in cells[:-1]) and cells[-1][4] == "all done"
+    for block in ("rule pretrain:", "localrule", "wildcards:", "Shell command:", "steps (", "Job stats"):
+        assert block not in text, f"the console shows Snakemake's {block!r}"
+    log = re.search(r"^Complete log\(s\): (\S+)$", text, re.M)
+    assert log, text[-2000:]
+    full = Path(log.group(1)).read_text()
+    assert "rule pretrain:" in full and "wildcards: cell=digits/infonce/bs16-t0.5-s0" in full
 
 
 def _runs(results: Path) -> pd.DataFrame:
@@ -121,6 +146,15 @@ def test_every_cell_has_real_numbers_in_mlflow_and_files(study):
     base = runs[runs["tags.smallbatch.kind"] == "baseline"]
     assert sorted(base["tags.smallbatch.baseline"]) == ["random_init", "raw_pixels"]
     assert base["metrics.linear/top1"].between(80, 100).all()
+    raw, rnd = (base[base["tags.smallbatch.baseline"] == b].iloc[0] for b in ("raw_pixels", "random_init"))
+    assert pd.isna(raw["params.seed"]) and pd.isna(raw["params.backbone"])  # no network, nothing random
+    assert rnd["params.seed"] == "0" and rnd["params.backbone"] == "small_cnn"
+    # accuracies are counts over 360 test images in percent, rounded to 4 decimals: no float32 digits
+    for col in ("metrics.knn/top1", "metrics.linear/top1"):
+        for v in pd.concat([cell_runs[col], base[col]]).astype(float):
+            assert v == round(v, 4) and abs(v * 3.6 - round(v * 3.6)) < 1e-3, (col, v)
+    cost = pd.read_csv(study / "report" / "tables" / "cost_study.csv").set_index("section")
+    assert cost.loc["baseline", ["wall_s", "cpu_s"]].notna().all()  # the baselines' jobs are timed too
     for cid in cells:
         knn = json.loads((study / "runs" / cid / "knn.json").read_text())
         row = cell_runs[cell_runs["tags.smallbatch.cell_id"] == cid].iloc[0]

@@ -83,6 +83,8 @@ __all__ = [
     "DATASETS",
     "DEBIAN_FASHION_MNIST",
     "base_dataset",
+    "DISPLAY_NAMES",
+    "display_name",
     "SPLIT_SIZES",
     "ImageData",
     "pretrain_images",
@@ -140,6 +142,23 @@ NUM_CLASSES: dict[str, int] = {
     "fashion_mnist_pairs": 100,
     "fashion_mnist_triples": 1000,
 }
+
+
+#: what tables, figures and messages call each data set (its key in the config is the name on the left)
+DISPLAY_NAMES: dict[str, str] = {
+    "fashion_mnist": "Fashion-MNIST",
+    "cifar10": "CIFAR-10",
+    "cifar100": "CIFAR-100",
+    "stl10": "STL-10",
+    "imagefolder": "ImageFolder",
+    "fashion_mnist_pairs": "Fashion-MNIST pairs",
+    "fashion_mnist_triples": "Fashion-MNIST triples",
+}
+
+
+def display_name(name: str) -> str:
+    """The name a reader sees (``fashion_mnist`` -> ``Fashion-MNIST``); an unknown name unchanged."""
+    return DISPLAY_NAMES.get(str(name), str(name))
 
 
 def base_dataset(name: str) -> str:
@@ -335,7 +354,6 @@ def _labels(values: Any) -> torch.Tensor:
 
 
 #: how the data sets torchvision downloads are called in messages
-_DISPLAY = {"fashion_mnist": "Fashion-MNIST", "cifar10": "CIFAR-10", "cifar100": "CIFAR-100", "stl10": "STL-10"}
 #: a download that failed with one of these had no network to use
 _NETWORK_ERRNOS = {
     socket.EAI_NONAME,
@@ -367,7 +385,7 @@ def _failed_download(name: str, url: str, where: str, exc: Exception) -> FileNot
     """One line for a torchvision download that failed: the URL, why, and where to put
     the files by hand instead."""
     return FileNotFoundError(
-        f"{name}: could not download {_DISPLAY[name]} from {url}: {_download_reason(exc)}; put the files under {where}"
+        f"{name}: could not download {display_name(name)} from {url}: {_download_reason(exc)}; put the files under {where}"
     )
 
 

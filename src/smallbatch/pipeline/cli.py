@@ -1,4 +1,5 @@
-"""The command line: ``smallbatch <command>``; each command runs one step of one cell.
+"""The command line: ``smallbatch <command>``; the study commands (cells, report, config-reference)
+work on a whole study, the others run one step of one cell (what the workflow's jobs run).
 
 A cell is named in one of four ways:
   --cell-json '{...}'                    (the cell itself)
@@ -331,7 +332,7 @@ def cmd_pretrain(args) -> int:
         experiment=exp,
         cache=args.data_cache,
         restart=args.restart,
-        progress=not args.no_progress,
+        progress=not args.no_progress and args.verbosity >= 0,
         device=args.device,
     )
     if res.pop("rank", 0) == 0:  # one summary per cell, however many processes trained it
@@ -497,7 +498,7 @@ def cmd_mi(args) -> int:
             f"{source} must hold a JSON object (the experiments.mi section), not a {type(section).__name__}"
         )
     uri, exp = _tracking(args, cfg)
-    res = run_mi_step(section, args.out, uri, exp, progress=not args.quiet)
+    res = run_mi_step(section, args.out, uri, exp, progress=args.verbosity >= 0)
     print(json.dumps({"rows": len(res["rows"]), "out": str(args.out), "seconds": round(res["seconds"], 1)}))
     return 0
 
@@ -536,7 +537,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The parser of every subcommand (:mod:`smallbatch.pipeline.cli_parser`)."""
     from .cli_parser import build_parser as build
 
-    return build(__doc__.split("\n\n")[0])
+    return build()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -548,6 +549,7 @@ def main(argv: list[str] | None = None) -> int:
             return rc
     parser = build_parser()
     args = parser.parse_args(argv)
+    _set_verbosity(args.verbosity)
     from ..errors import Preempted
     from .allocator import tune
 
@@ -561,6 +563,10 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_PREEMPTED
     except (ValueError, OSError, RuntimeError) as exc:
         print(f"smallbatch: error: {_error_line(exc)}", file=sys.stderr)
+        if args.verbosity > 0:
+            import traceback
+
+            traceback.print_exc()
         return EXIT_USAGE
 
 
@@ -608,6 +614,21 @@ def _not_an_input(out: Path | None, flag: str, **inputs: Path | None) -> None:
                 f"{flag} {out} is the {name.replace('_', ' ')} this command reads; refused (it would be "
                 "replaced): choose another path"
             )
+
+
+def _set_verbosity(level: int) -> None:
+    """-v: the libraries' log messages from INFO on; -q: from ERROR on, and no Python warnings."""
+    import logging
+
+    if not level:
+        return
+    logging.getLogger().setLevel(logging.INFO if level > 0 else logging.ERROR)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(format="%(name)s: %(message)s")
+    if level < 0:
+        import warnings
+
+        warnings.simplefilter("ignore")
 
 
 def _error_line(exc: BaseException) -> str:

@@ -32,7 +32,33 @@ DATASET_NAMES = (
     "fashion_mnist | fashion_mnist_pairs | fashion_mnist_triples | digits | cifar10 | cifar100 | stl10 | imagefolder"
 )
 DEVICES = ["auto", "cpu", "cuda"]
-FEATURES_HELP = "features from `smallbatch embed` (default: <cell folder>/features.npz)"
+FEATURES_HELP = "features from 'smallbatch embed' (default: <cell folder>/features.npz)"
+#: the top-level help: what the commands do (each command's own line comes from its parser)
+DESCRIPTION = """The study's command line.
+
+cells, report and config-reference work on a whole study (its cells, its report, every config
+key); prepare-data, pretrain, evaluate, embed, knn, linear, baseline and export each run one step
+of one cell (what the workflow's jobs run, and by hand: smallbatch <command> --help); mi runs the
+MI toy. The workflow's own commands (init-store, warm-server) are left out of this list."""
+#: commands the workflow runs for itself: callable, but not in the top-level list
+INTERNAL_COMMANDS = ("init-store", "warm-server")
+
+
+def loss_help() -> str:
+    """Every loss of the registry with its aliases: ``infonce (ntxent, simclr) | flatnce | …``."""
+    from ..losses.registry import SPECS
+
+    return " | ".join(f"{n} ({', '.join(s.aliases)})" if s.aliases else n for n, s in SPECS.items())
+
+
+def loss_param_help() -> str:
+    """The loss parameters of the registry, by loss: ``loss parameter KEY=VALUE: dclw: sigma; …``."""
+    from ..losses.registry import SPECS, loss_param_names
+
+    per = [f"{n}: {', '.join(loss_param_names(n))}" for n in SPECS if loss_param_names(n)]
+    return "a loss parameter, e.g. sigma=0.5 (repeat for several); " + "; ".join(per)
+
+
 #: the training overrides of a stand-alone or --cell-id cell: flag dest -> config key train.<dest>
 TRAIN_FLAGS = ("epochs", "steps", "precision", "lr", "lr_scaling", "optimizer", "backbone", "queue_size")
 #: a probe's evaluation overrides: flag dest -> the eval.<key> it overrides for this probe
@@ -79,7 +105,7 @@ def which_cell() -> argparse.ArgumentParser:
     g.add_argument(
         "--cell",
         type=path_value,
-        help="cell JSON file (as written by `smallbatch cells --write`, or the "
+        help="cell JSON file (as written by 'smallbatch cells --write', or the "
         "cell.json pretraining writes into the cell's folder)",
     )
     g.add_argument("--cell-json", metavar="JSON", help="the cell itself as JSON (what the Snakemake rules pass)")
@@ -99,17 +125,11 @@ def standalone_cell() -> argparse.ArgumentParser:
     s = p.add_argument_group("stand-alone cell (when neither --cell nor --cell-id is given)")
     s.add_argument("--dataset", help=DATASET_NAMES)
     s.add_argument("--data-root", help="data root (default: config data.root)")
-    s.add_argument("--loss", help="infonce (ntxent, simclr) | flatnce | dcl | dclw | eqco")
+    s.add_argument("--loss", help=loss_help())
     s.add_argument("--batch-size", type=int, help="N images per step (2N views)")
     s.add_argument("--temperature", type=float, help="the loss's tau > 0")
     s.add_argument("--seed", type=int, default=None)
-    s.add_argument(
-        "--loss-param",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="loss parameter, e.g. sigma=0.5 (dclw), alpha=256 (eqco), gamma=1 (flatnce)",
-    )
+    s.add_argument("--loss-param", action="append", default=[], metavar="KEY=VALUE", help=loss_param_help())
     return p
 
 
@@ -202,8 +222,33 @@ def tracking() -> argparse.ArgumentParser:
 def data_and_device() -> argparse.ArgumentParser:
     p = _parent()
     g = p.add_argument_group("data and device")
-    g.add_argument("--data-cache", type=path_value, help="data cache from `smallbatch prepare-data`")
+    g.add_argument("--data-cache", type=path_value, help="data cache from 'smallbatch prepare-data'")
     g.add_argument("--device", choices=DEVICES)
+    return p
+
+
+def verbosity(default=0) -> argparse.ArgumentParser:
+    """-v / -q, accepted before the command (default 0) and after it (default: what was given before)."""
+    p = _parent()
+    g = p.add_mutually_exclusive_group()
+    g.add_argument(
+        "-v",
+        "--verbose",
+        dest="verbosity",
+        action="store_const",
+        const=1,
+        default=default,
+        help="also print the libraries' log messages (MLflow's) and, with an error, its full traceback",
+    )
+    g.add_argument(
+        "-q",
+        "--quiet",
+        dest="verbosity",
+        action="store_const",
+        const=-1,
+        default=default,
+        help="no progress bars and no warnings: results and errors only",
+    )
     return p
 
 
@@ -218,9 +263,12 @@ def _version() -> str:
         return __version__
 
 
-def build_parser(description: str = "") -> argparse.ArgumentParser:
+def build_parser(description: str = DESCRIPTION) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="smallbatch", description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="smallbatch",
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[verbosity()],
     )
     p.add_argument("--version", action="version", version=f"smallbatch {_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -233,6 +281,7 @@ def build_parser(description: str = "") -> argparse.ArgumentParser:
         "linear": linear_probe(),
         "tracking": tracking(),
         "data": data_and_device(),
+        "verbosity": verbosity(argparse.SUPPRESS),
     }
     add = _adder(sub, parents)
     _study_commands(add)
@@ -247,7 +296,8 @@ def _adder(sub, parents: dict):
     commands) and its description (in its own --help), and the parents named."""
 
     def add(name: str, text: str, *concerns: str, func: str | None = None) -> argparse.ArgumentParser:
-        c = sub.add_parser(name, help=text, description=text, parents=[parents[k] for k in concerns])
+        listed = {} if name in INTERNAL_COMMANDS else {"help": text}  # argparse lists a command only with a help
+        c = sub.add_parser(name, description=text, parents=[parents[k] for k in (*concerns, "verbosity")], **listed)
         c.set_defaults(func=func or "cmd_" + name.replace("-", "_"))
         return c
 
@@ -290,7 +340,11 @@ def _cell_commands(add) -> None:
     )
     c.add_argument("--out", type=path_value, help="cell folder (default results/runs/<id>)")
     c.add_argument("--restart", action="store_true", help="ignore (and overwrite) a saved state.pt, e.g. a corrupt one")
-    c.add_argument("--no-progress", action="store_true")
+    c.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar (its log then holds the summary line alone; -q does this and more)",
+    )
 
     c = add(
         "embed",
@@ -380,12 +434,10 @@ def _study_outputs(add) -> None:
     )
     c.add_argument("--config", type=path_value, help="study config (its experiments.mi when --section is absent)")
     c.add_argument("--out", type=path_value, default=Path("results/mi/results.json"), help="rows as JSON")
-    c.add_argument("--quiet", action="store_true", help="no progress bar")
 
     c = add(
         "warm-server",
-        "serve the workflow's jobs from one process that imported torch once "
-        "(started by the workflow; smallbatch.pipeline.warm)",
+        "serve the workflow's jobs from one process that imported torch once (the workflow starts it)",
     )
     c.add_argument("--socket", required=True, help="Unix socket path to listen on")
     c.add_argument("--watch-pid", type=int, help="stop when this process (Snakemake) has ended")

@@ -615,7 +615,30 @@ def reference_rows(schema: dict | None = None) -> list[tuple[str, str, str]]:
             walk(extra, f"{path}.<name>")
 
     walk(schema, "")
-    return rows
+    at = next((i for i, r in enumerate(rows) if r[0] == "augment"), None)
+    return rows if at is None else rows[: at + 1] + _augment_rows() + rows[at + 1 :]
+
+
+def _augment_rows() -> list[tuple[str, str, str]]:
+    """The augment.<key> rows, from :class:`smallbatch.augment.AugmentConfig` (the schema leaves the section
+    to it): a key left unset takes its recipe's value, each recipe's listed."""
+    from ..augment import AugmentConfig
+
+    return [
+        (
+            f"augment.{key}",
+            _yaml_flow(default) if default is not None else "",
+            meaning + ("" if not per else "; unset: " + ", ".join(f"{r} {_yaml_flow(_g(v))}" for r, v in per.items())),
+        )
+        for key, default, meaning, per in AugmentConfig.reference()
+    ]
+
+
+def _g(v: Any) -> Any:
+    """A float (or a list of them) to 4 significant digits: 4/3 as 1.333."""
+    if isinstance(v, list):
+        return [_g(x) for x in v]
+    return float(f"{v:.4g}") if isinstance(v, float) else v
 
 
 def _yaml_flow(value: Any) -> str:

@@ -321,8 +321,10 @@ PROBES = ("knn", "linear")
 
 
 def _percent(metrics: dict) -> dict:
-    """Accuracies (top1/top5 keys) as percentages, like the papers' tables."""
-    return {k: (100.0 * v if ("top1" in k or "top5" in k) else v) for k, v in metrics.items()}
+    """Accuracies (top1/top5 keys) as percentages, like the papers' tables (:func:`..evaluation.percent`)."""
+    from ..evaluation import percent
+
+    return {k: (percent(v) if ("top1" in k or "top5" in k) else v) for k, v in metrics.items()}
 
 
 def _eval_on_features(kind: str, cell: Cell | BaselineCell | dict, feats, knn_backend: str | None = None) -> dict:
@@ -600,6 +602,7 @@ def run_baseline(
 
     cell = read_cell(cell)
     _threads(cell)
+    t0, c0 = time.perf_counter(), time.process_time()
     d = load_cell_data(cell, cache)
     if cell.baseline == "raw_pixels":
         tr_f, te_f = embed.raw_pixel_features(d.train_x), embed.raw_pixel_features(d.test_x)
@@ -626,16 +629,14 @@ def run_baseline(
     for kind in ("knn", "linear"):
         m = _eval_on_features(kind, cell, feats)
         numeric.update({f"{kind}/{k}": float(v) for k, v in m.items() if isinstance(v, (int, float))})
+    numeric["baseline/wall_s"] = time.perf_counter() - t0  # features and both probes (the cost table)
+    numeric["baseline/cpu_s"] = time.process_time() - c0
     if tracking_uri:
         from .. import tracking
 
-        params = {
-            "dataset": cell.dataset,
-            "baseline": cell.baseline,
-            "seed": str(cell.seed),
-            "image_size": str(d.train_x.shape[-1]),
-            "backbone": cell.train.backbone,
-        }
+        params = {"dataset": cell.dataset, "baseline": cell.baseline, "image_size": str(d.train_x.shape[-1])}
+        if cell.baseline != "raw_pixels":  # raw pixels: no network and nothing random
+            params.update(seed=str(cell.seed), backbone=cell.train.backbone)
         run = tracking.open_cell_run(tracking_uri, experiment, cell, kind="baseline", params=params)
         run.log(numeric, 0)
         run.set_status("finished")

@@ -117,18 +117,22 @@ class ReportContext:
             if s in by
         )
 
-    def save_figure(self, fig, stem: str) -> list[Path]:
-        """Save ``figures/<stem>.png`` and ``.svg`` without dates or versions in them; close the figure."""
+    def save_figure(self, fig, stem: str, exact: bool = False) -> list[Path]:
+        """Save ``figures/<stem>.png`` and ``.svg`` without dates or versions in them; close the figure.
+        ``exact``: at the figure's own size (a paper figure laid out to its column width), else cropped
+        to what is drawn."""
         import matplotlib.pyplot as plt
 
         self.figures_dir.mkdir(parents=True, exist_ok=True)
         png, svg = self.figures_dir / f"{stem}.png", self.figures_dir / f"{stem}.svg"
         self.claim(png, svg)
+        crop = {} if exact else {"bbox_inches": "tight"}
         # through the one writer (smallbatch.io.atomic_write): matplotlib gets a file, never a path
         atomic_write(
-            png, lambda fh: fig.savefig(fh, format="png", dpi=130, bbox_inches="tight", metadata={"Software": None})
+            png,
+            lambda fh: fig.savefig(fh, format="png", dpi=200 if exact else 130, metadata={"Software": None}, **crop),
         )
-        atomic_write(svg, lambda fh: fig.savefig(fh, format="svg", bbox_inches="tight", metadata={"Date": None}))
+        atomic_write(svg, lambda fh: fig.savefig(fh, format="svg", metadata={"Date": None}, **crop))
         plt.close(fig)
         self.written += [png, svg]
         return [png, svg]

@@ -11,6 +11,10 @@ each cell has two or more does :func:`contrast` fall back to Welch's unpaired t
 contrasts that are all identical (a spread of exactly 0 is no noise estimate),
 the contrast is *untested*.
 
+:func:`pooled_difference` pools one change (small − large, say) over several losses: the
+per-seed differences of every loss and seed, fitted by least squares with an additive loss
+effect and seed effect; it tests their mean over the losses (:data:`POOLED_ASSUMPTIONS`).
+
 :func:`holm` adjusts a family of comparisons (Holm 1979, step-down, strong
 family-wise control): a section passes every comparison it states into one
 family and words each by its adjusted p.  :func:`mde` is the smallest true
@@ -86,9 +90,13 @@ class Estimate:
         """The negation of :attr:`significant` (None when untested)."""
         return None if not self.tested else not self.significant
 
+    se: float = math.nan
+
     @property
     def mde(self) -> float:
-        """Minimum detectable effect at :data:`POWER` (paired t only; NaN otherwise)."""
+        """Minimum detectable effect at :data:`POWER` (paired t and the pooled model; NaN otherwise)."""
+        if self.test == POOLED_TEST:
+            return mde_se(self.se, self.df)
         return mde(self.sd, self.n) if self.test == "paired t" else math.nan
 
 
@@ -160,6 +168,57 @@ def paired(a: Values, b: Values) -> Estimate:
     return contrast([(1.0, a), (-1.0, b)])
 
 
+#: the test name of :func:`pooled_difference`
+POOLED_TEST = "loss + seed model"
+#: what :func:`pooled_difference` assumes, in the words a finding states them
+POOLED_ASSUMPTIONS = (
+    "the seed-paired differences of every loss and seed, fitted with an additive effect of the loss and one of "
+    "the seed (least squares); the test is of their mean over the losses, with the residual degrees of freedom "
+    "(pairs − losses − seeds + 1); it assumes the differences are independent given loss and seed, normal, and "
+    "equally noisy for every loss"
+)
+
+
+def pooled_difference(groups: Mapping[Any, tuple[Values, Values]]) -> Estimate:
+    """The mean over groups (losses) of ``mean(a) − mean(b)``, from every group's seed-paired differences.
+
+    ``groups``: {loss: ({seed: value of arm a}, {seed: value of arm b})}.  Each loss's differences
+    ``d_ls = a_ls − b_ls`` (the seeds both arms have) are fitted by least squares with
+    ``d_ls = μ + α_l + β_s + ε_ls`` (effect coding: Σ α = Σ β = 0, so μ is the unweighted mean over
+    losses of their changes, and a seed's shared data order moves every loss's difference alike);
+    ``μ̂`` is tested with a Student t on the residual degrees of freedom ``N − L − S + 1``.  With
+    every loss at the same seeds, μ̂ is the mean of all differences and its standard error
+    ``σ̂ / √N``.  ``n`` is N (the pairs), ``sd`` the residual σ̂, ``se`` the standard error.
+    Untested (with the mean) without a residual degree of freedom or a residual spread."""
+    rows = []
+    for g, (a, b) in groups.items():
+        a, b = _clean(a), _clean(b)
+        rows += [(g, s, a[s] - b[s]) for s in sorted(set(a) & set(b), key=str)]
+    losses = sorted({g for g, _, _ in rows}, key=str)
+    seeds = sorted({s for _, s, _ in rows}, key=str)
+    if not rows:
+        return Estimate(diff=math.nan)
+    by_loss = {g: [d for h, _, d in rows if h == g] for g in losses}
+    mean = sum(sum(v) / len(v) for v in by_loss.values()) / len(losses)
+    df = len(rows) - len(losses) - len(seeds) + 1
+    if df < 1:
+        return Estimate(diff=mean, n=len(rows))
+    import numpy as np
+
+    def coding(levels: list, value) -> list[float]:  # effect coding: the last level is minus the others
+        return [1.0 if value == lv else (-1.0 if value == levels[-1] else 0.0) for lv in levels[:-1]]
+
+    x = np.array([[1.0, *coding(losses, g), *coding(seeds, s)] for g, s, _ in rows])
+    y = np.array([d for _, _, d in rows])
+    beta, *_ = np.linalg.lstsq(x, y, rcond=None)
+    resid = y - x @ beta
+    sd = math.sqrt(float(resid @ resid) / df)
+    if not sd > SPREAD_TOL * max(1.0, abs(float(beta[0]))):
+        return Estimate(diff=float(beta[0]), n=len(rows), sd=0.0)
+    se = sd * math.sqrt(float(np.linalg.inv(x.T @ x)[0, 0]))
+    return _t_test(float(beta[0]), se, df, len(rows), sd, POOLED_TEST)
+
+
 def holm(estimates: Iterable[Estimate | None]) -> list[Estimate | None]:
     """The same estimates with Holm-adjusted p over the tested ones (the family); untested and
     None pass through.  ``family`` is set to the number of tested estimates."""
@@ -179,9 +238,17 @@ def mde(sd: float, n: int, power: float = POWER, alpha: float = ALPHA) -> float:
     search (~70 ms of noncentral-t evaluations) per distinct (sd, n)."""
     if not (finite(sd) and finite(n) and int(n) >= 2 and sd > 0):
         return math.nan
+    return mde_se(sd / math.sqrt(int(n)), int(n) - 1, power, alpha)
+
+
+@lru_cache(maxsize=4096)
+def mde_se(se: float, df: float, power: float = POWER, alpha: float = ALPHA) -> float:
+    """Smallest true difference a two-sided t test of an estimate with standard error ``se`` on ``df``
+    degrees of freedom detects with probability ``power``; NaN without a standard error or a degree of freedom."""
+    if not (finite(se) and finite(df) and df >= 1 and se > 0):
+        return math.nan
     from scipy import optimize, stats
 
-    df, se = int(n) - 1, sd / math.sqrt(int(n))
     crit = float(stats.t.ppf(1 - alpha / 2, df))
 
     def short_of(delta: float) -> float:
@@ -255,7 +322,13 @@ def describe(e: Estimate | None, what: str = "", nd: int = 1, null_mde: bool = T
             else ("one seed" if e.n == 1 else "fewer than two seeds in common")
         )
         return f"{head}{signed(e.diff, nd)} (untested: {why})"
-    seeds = f"{e.n} seeds" if e.test == "paired t" else f"≥{e.n} seeds per arm"
+    seeds = (
+        f"{e.n} seeds"
+        if e.test == "paired t"
+        else f"{e.n} loss × seed pairs, {e.df:g} df"
+        if e.test == POOLED_TEST
+        else f"≥{e.n} seeds per arm"
+    )
     pt = p_text(e.p_adj)
     pt = pt if pt.startswith("<") else f"= {pt}"
     p = f"Holm p {pt} of {e.family}" if e.family > 1 else f"p {pt}"

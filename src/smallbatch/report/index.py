@@ -54,6 +54,12 @@ def _relative(path: str, out_dir: Path) -> str:
         return Path(path).name
 
 
+def _bullet(finding: str) -> str:
+    """A finding as a list item: its later lines (a table, a note) indented to stay inside the item."""
+    first, *rest = finding.split("\n")
+    return "\n".join([f"- {first}", *(f"  {line}" if line else "" for line in rest)])
+
+
 def index_markdown(runs: pd.DataFrame, ctx: ReportContext, outputs: list[SectionOutput]) -> str:
     counts = runs.groupby(["section", "kind", "status"], sort=True).size().reset_index(name="runs")
     store = portable_uri(ctx.tracking_uri, ctx.out_dir)
@@ -70,7 +76,7 @@ def index_markdown(runs: pd.DataFrame, ctx: ReportContext, outputs: list[Section
         "## Findings",
         "",
     ]
-    md += [f"- {f}" for o in outputs for f in o.findings if f]
+    md += [_bullet(f) for o in outputs for f in o.findings if f]
     if not any(o.findings for o in outputs):
         md.append("- Too few runs with results to state a finding.")
     md.append("")

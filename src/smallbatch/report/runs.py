@@ -173,6 +173,15 @@ def param_num(df: pd.DataFrame, key: str) -> pd.Series:
     return pd.to_numeric(param(df, key), errors="coerce").astype(float)
 
 
+def optimiser_steps(runs: pd.DataFrame) -> pd.Series:
+    """Each run's optimiser steps: ``train/steps`` where logged, else epochs × ⌈pretrain_images / B⌉ (NaN
+    where neither is known).  At a fixed number of epochs a smaller batch takes more steps."""
+    logged = pd.to_numeric(runs.get("metrics.train/steps", pd.Series(np.nan, index=runs.index)), errors="coerce")
+    b = pd.to_numeric(runs["batch_size"], errors="coerce").astype(float)
+    planned = param_num(runs, "epochs") * np.ceil(param_num(runs, "pretrain_images") / b)
+    return logged.astype(float).where(np.isfinite(logged.astype(float)), planned)
+
+
 # --------------------------------------------------------------------------- labels
 def _is_default(loss: Any, key: str, v: Any) -> bool:
     try:

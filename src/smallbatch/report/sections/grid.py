@@ -12,15 +12,26 @@ import math
 import numpy as np
 import pandas as pd
 
+from ...data import display_name as dataset_name
 from ...losses.registry import loss_rank
 from ..aggregate import NO_NUMBER, aggregate_cells, pivot, shown, sort_by_loss
 from ..context import ReportContext, SectionOutput
 from ..fmt import signed, slug
-from ..runs import METRIC_LABELS, METRICS, select_cells
+from ..runs import METRIC_LABELS, METRICS, optimiser_steps, select_cells
 from ..tables import markdown_table
 from .baselines import best_baseline_values, best_baselines
 from .grid_figures import FIGURES
-from .grid_findings import HIDDEN, baseline_finding, dependence, dependence_display, dependence_finding
+from .grid_findings import (
+    HIDDEN,
+    POOLED_NOTE,
+    baseline_finding,
+    batch_finding,
+    budget,
+    dependence,
+    dependence_display,
+    pooled_changes,
+    pooled_display,
+)
 
 KEYS = ["dataset", "temperature", "loss", "label", "batch_size"]
 _TIDY = [
@@ -142,6 +153,23 @@ def _seed_note(agg: pd.DataFrame) -> str:
     )
 
 
+def _pooled_table(pool: pd.DataFrame, ds: str, ctx: ReportContext) -> tuple[list, str]:
+    """The dataset's pooled batch-size changes (one row per metric and τ); (files, the index.md paragraph)."""
+    p = pool[pool["dataset"] == ds] if len(pool) else pool
+    if p.empty:
+        return [], ""
+    shown_ = pooled_display(p)
+    files = ctx.write_table(
+        f"grid_pooled_{slug(ds)}",
+        f"{dataset_name(ds)}: small − large batch pooled over the losses",
+        p.drop(columns=[c for c in HIDDEN if c in p]),
+        [(None, shown_)],
+        note=POOLED_NOTE,
+    )
+    md = f"**Pooled over the losses** ({ctx.table_links(files)}): {POOLED_NOTE}.\n\n" + markdown_table(shown_)
+    return files, md
+
+
 def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
     cells = select_cells(runs, "grid", (), ctx.notes)
     out = SectionOutput("grid", "Main grid: loss × batch size × temperature", "")
@@ -158,21 +186,27 @@ def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
         ),
         best,
     )
-    dep = dependence(agg)
-    md = [f"{len(cells)} runs, {len(agg) // max(len(METRICS), 1)} cells. Top-1 in percent, {_seed_note(agg)}.\n"]
+    dep = dependence(agg, budget(cells, optimiser_steps(cells)))
+    pool = pooled_changes(dep)
+    seed_note = _seed_note(agg)
+    md = [f"{len(cells)} runs, {len(agg) // max(len(METRICS), 1)} cells. Top-1 in percent, {seed_note}.\n"]
     figs_md = []
     for ds in sorted(agg["dataset"].unique()):
-        md.append(f"### {ds}\n")
+        md.append(f"### {dataset_name(ds)}\n")
+        a_ds = agg[agg["dataset"] == ds]
+        out.findings += [batch_finding(dep, pool, ds, t) for t in sorted(a_ds["temperature"].unique())]
         for m in METRICS:
-            a = agg[(agg["dataset"] == ds) & (agg["metric"] == m)]
+            a = a_ds[a_ds["metric"] == m]
             if a.empty:
                 continue
             d = dep[(dep["dataset"] == ds) & (dep["metric"] == m)]
             files, text = _metric_tables(a, d, best, ds, m, ctx, _seed_note(a))
             out.files += files
             md += [text, markdown_table(dependence_display(d))]
-            out.findings += [dependence_finding(dep, ds, m, t) for t in sorted(a["temperature"].unique())]
             out.findings.append(baseline_finding(a, best, ds, m, base_values.get((ds, m))))
+        files, text = _pooled_table(pool, ds, ctx)
+        out.files += files
+        md += [text] if text else []
         for fig in FIGURES:
             files, text = fig(cells[cells["dataset"] == ds], agg[agg["dataset"] == ds], ds, ctx)
             out.files += files
