@@ -24,7 +24,7 @@ from smallbatch.report.figures import (
     plot_style,
     spread_labels,
 )
-from smallbatch.report.runs import accuracy_scale, load_runs, select_cells
+from smallbatch.report.runs import load_runs, select_cells
 from smallbatch.report.sections import grid_figures
 from smallbatch.tracking import StoreReader
 
@@ -95,7 +95,7 @@ def _figures(store, metrics=("knn", "linear")) -> tuple[dict, dict]:
     runs, exp = load_runs(reader, None)
     for m in {"knn", "linear"} - set(metrics):
         runs = runs.drop(columns=[f"metrics.{m}/top1"])
-    ctx = Capture(out / "-".join(metrics), uri, exp, reader, accuracy_scale(runs), report.load_papers(None), runs)
+    ctx = Capture(out / "-".join(metrics), uri, exp, reader, 1.0, report.load_papers(None), runs)
     ctx.seen = {}
     cells = select_cells(runs, "grid", (), [])
     agg = report.aggregate_cells(cells, ["dataset", "temperature", "loss", "label", "batch_size"], 1.0)
