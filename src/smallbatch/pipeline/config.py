@@ -14,6 +14,7 @@ import difflib
 import functools
 import math
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -543,16 +544,93 @@ def _default_config() -> dict:
     return validate_config({})
 
 
-def load_config(path: str | Path | None = None, overrides: dict | None = None) -> dict:
-    """Read YAML ``path`` (or an empty config), apply ``overrides``, validate.  The empty
-    config's validation (0.27 s: its 80 default cells are checked) is done once per process
-    (every ``--cell-json`` step reads it; the warm server does it before it forks)."""
-    if path is None and not overrides:
+def load_config(
+    path: str | Path | list[str | Path] | tuple[str | Path, ...] | None = None, overrides: dict | None = None
+) -> dict:
+    """The validated study config of YAML file ``path``, or of a list of files laid one over
+    another in order (:func:`_lay_over`), with ``overrides`` laid over them; the schema's
+    defaults fill what none sets.  The one reader of config files: the CLI's repeated
+    ``--config`` and the workflow's ``--configfile A B`` both come here.  When the first file
+    names no ``study`` (an overlay given alone), one line on stderr says what it was laid over.
+    The empty config's validation (0.27 s: its 80 default cells are checked) is done once per
+    process (every ``--cell-json`` step reads it; the warm server does it before it forks)."""
+    paths = [] if path is None else [path] if isinstance(path, (str, Path)) else list(path)
+    if not paths and not overrides:
         return copy.deepcopy(_default_config())
-    cfg = read_config_file(path) if path is not None else {}
+    docs, cfg = [read_config_file(p) for p in paths], {}
+    for p, doc in zip(paths, docs):
+        cfg = _lay_over(cfg, doc, p)
     if overrides:
         cfg = deep_merge(cfg, overrides)
-    return validate_config(cfg)
+    cfg = validate_config(cfg)
+    if docs and "study" not in docs[0]:
+        print(
+            f"smallbatch: note: {paths[0]} names no study, so it was laid over the schema's defaults "
+            "(CONFIGURATION.md), not over config.yaml; to overlay config.yaml, name config.yaml first",
+            file=sys.stderr,
+        )
+    return cfg
+
+
+#: the top-level key of a config file that lists the keys it sets whole (not merged key by key)
+REPLACE = "replace"
+
+
+def _lay_over(base: dict, doc: dict, source: str | Path) -> dict:
+    """Config file ``source``'s mapping ``doc`` laid over ``base``: merged key by key (a
+    mapping into the mapping before it; a list or a value replaces the one before), except the
+    keys its top-level ``replace:`` list names (dotted, e.g. ``[datasets, grid.losses]``): those
+    are taken from ``doc`` as they are -- or, absent from it, dropped, so the schema's default
+    applies.  An unknown key in ``replace`` is a ConfigError naming it."""
+    doc = dict(doc)
+    keys = doc.pop(REPLACE, [])
+    _check_replace(keys, source)
+    out = deep_merge(base, doc)
+    for key in keys:
+        *parents, last = key.split(".")
+        here, there = out, doc
+        for part in parents:
+            here = here.get(part) if isinstance(here, dict) else None
+            there = there.get(part) if isinstance(there, dict) else None
+        if not isinstance(here, dict):  # no mapping holds it (the schema names a wrong type)
+            continue
+        if isinstance(there, dict) and last in there:
+            here[last] = copy.deepcopy(there[last])
+        else:
+            here.pop(last, None)
+    return out
+
+
+def _check_replace(keys: Any, source: str | Path) -> None:
+    """ConfigError naming config file ``source`` when its ``replace:`` is not a list of config
+    keys (dotted paths of the schema; a free-form name such as ``datasets.cifar10`` too)."""
+    where = f"config file {source}: '{REPLACE}'"
+    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+        raise ConfigError(f"{where} must be a list of config keys, e.g. [datasets, grid.losses], not {keys!r}")
+    schema = load_schema()
+    for key in keys:
+        node, done = schema, []
+        for part in key.split("."):
+            node = _resolve_ref(schema, node)
+            props, extra = node.get("properties", {}), node.get("additionalProperties")
+            names = node.get("propertyNames", {}).get("enum")
+            if part in props:
+                node = props[part]
+            elif isinstance(extra, dict) and (names is None or part in names):
+                node = extra
+            else:
+                hint = difflib.get_close_matches(part, sorted(props) + list(names or []), n=1)
+                near = f" (did you mean '{'.'.join([*done, hint[0]])}'?)" if hint else ""
+                raise ConfigError(
+                    f"{where} names '{key}', which is not a config key{near}; every key: CONFIGURATION.md"
+                )
+            done.append(part)
+
+
+def _resolve_ref(schema: dict, node: dict) -> dict:
+    """A schema node with its ``$ref`` to ``#/$defs/...`` filled in (its own keys win)."""
+    ref = node.get("$ref", "")
+    return {**schema["$defs"][ref.rsplit("/", 1)[-1]], **node} if ref.startswith("#/$defs/") else node
 
 
 def deep_merge(base: dict, extra: dict) -> dict:
@@ -590,17 +668,13 @@ def reference_rows(schema: dict | None = None) -> list[tuple[str, str, str]]:
     rows: list[tuple[str, str, str]] = []
     done: set[str] = set()
 
-    def resolve(node: dict) -> dict:
-        ref = node.get("$ref", "")
-        return {**schema["$defs"][ref.rsplit("/", 1)[-1]], **node} if ref.startswith("#/$defs/") else node
-
     def walk(node: dict, path: str) -> None:
         props = node.get("properties", {})
         refs = [sub.get("$ref") for sub in props.values()]
         shared = {r for r in refs if r and refs.count(r) > 1}  # e.g. the side experiments' sections
         for key, sub in props.items():
             ref = sub.get("$ref")
-            sub = resolve(sub)
+            sub = _resolve_ref(schema, sub)
             name = f"{path}.{key}" if path else key
             default = _yaml_flow(sub["default"]) if "default" in sub else ""
             rows.append((name, default, " ".join(str(sub.get("description", "")).split())))
