@@ -11,8 +11,8 @@ min_version("9.0")
 report: "workflow/report/workflow.rst"
 
 
-# config.yaml is the default (read in common.smk, which checks it first);
-# `--configfile other.yaml` replaces it.
+# config.yaml is the default; `--configfile A B` replaces it with A and B laid over one
+# another in order (read in common.smk by the function `smallbatch cells --config A --config B` uses).
 include: "workflow/rules/common.smk"
 include: "workflow/rules/pretrain.smk"
 include: "workflow/rules/evaluate.smk"

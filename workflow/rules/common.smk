@@ -18,12 +18,12 @@ import sys
 from pathlib import Path
 
 
-# One-line errors naming the key; validate_config also fills the schema's defaults into
-# `config`.  (Snakemake's own `validate` reads the schema file alone, which lacks the loss
-# names and parameters that smallbatch.pipeline.schema.load_schema adds from the loss registry.)
+# One-line errors naming the key; load_config also fills the schema's defaults into the config.
+# (Snakemake's own `validate` reads the schema file alone, which lacks the loss names and
+# parameters that smallbatch.pipeline.schema.load_schema adds from the loss registry.)
 try:
-    from smallbatch.pipeline.config import (ConfigError, check_data_roots, check_results_dir, read_config_file,
-                                   resolve_tracking_uri, validate_config)
+    from smallbatch.pipeline.config import (ConfigError, check_data_roots, check_results_dir, load_config,
+                                   resolve_tracking_uri)
     from smallbatch.cell import read_cell, snapshot_names
     from smallbatch.pipeline.cells import baseline_cells, data_cache_settings, expand_cells, settings_hash
     from smallbatch.training.distributed import launch_command
@@ -31,36 +31,31 @@ except ImportError as exc:  # pragma: no cover - a user without the package inst
     raise WorkflowError(f"the smallbatch package is not importable ({exc}); run `make install` or `pip install -e .`")
 
 
-# config.yaml is the default; `--configfile other.yaml` replaces it (instead of being
-# merged into it, which would mix two studies).  smallbatch reads it first, so a YAML
-# error names the file, line and column and an empty file says so (Snakemake's own
-# messages name neither).  Files given with --configfile Snakemake reads before any
-# workflow code runs: `smallbatch cells --config FILE` names the line of their errors.
-if not workflow.overwrite_configfiles:
-    try:
-        read_config_file("config.yaml")
-    except ConfigError as exc:
-        raise WorkflowError(f"config error: {exc}") from None
-
-    configfile: "config.yaml"
-else:  # read again by smallbatch for what Snakemake's reading lets pass (a key given twice)
-    try:
-        for _path in workflow.overwrite_configfiles:
-            read_config_file(_path)
-    except ConfigError as exc:
-        raise WorkflowError(f"config error: {exc}") from None
-
-
-# Everything that can be checked before a job runs, and before the cells' files are
-# written below: the schema and the checks it cannot express (validate_config), the data
-# roots, a writable results_dir and a tracking URI MLflow supports.
+# The config: config.yaml, or the --configfile files laid one over another in order, and the
+# --config KEY=VALUE pairs over them -- read by smallbatch.pipeline.config.load_config, as
+# `smallbatch cells --config A --config B` reads them, so both plan the same cells.  Snakemake has
+# merged the files into `config` itself before this code runs (key by key: an overlay could not
+# drop a data set, nor a file's `replace:` list apply); that merge is replaced by load_config's.
+# smallbatch reads the files itself, so a YAML error names the file, line and column and an
+# empty file says so (Snakemake's own messages name neither).  Then everything that can be
+# checked before a job runs, and before the cells' files are written below: the schema and the
+# checks it cannot express (validate_config), the data roots, a writable results_dir and a
+# tracking URI MLflow supports.
+CONFIG_FILES = [str(p) for p in workflow.overwrite_configfiles] or ["config.yaml"]
 try:
-    validate_config(config)
-    check_data_roots(config)
-    check_results_dir(config)
-    TRACKING_URI = resolve_tracking_uri(config)
+    _loaded = load_config(CONFIG_FILES, dict(workflow.config_settings.config))
+    check_data_roots(_loaded)
+    check_results_dir(_loaded)
+    TRACKING_URI = resolve_tracking_uri(_loaded)
 except ConfigError as exc:
     raise WorkflowError(f"config error: {exc}") from None
+if not workflow.overwrite_configfiles:
+
+    configfile: "config.yaml"
+
+
+config.clear()
+config.update(_loaded)
 
 R = config["results_dir"]
 EXPERIMENT = config["study"]

@@ -5,7 +5,7 @@ A cell is named in one of four ways:
   --cell-json '{...}'                    (the cell itself)
   --cell results/runs/<id>/cell.json     (what the Snakemake rules pass: the workflow writes it when
                                           the run starts, pretraining keeps a copy in the cell's folder)
-  --config config.yaml --cell-id <id>    (a cell of a study, by its id)
+  --config config.yaml --cell-id <id>    (a cell of a study, by its id; --config repeated: overlays)
   --dataset digits --loss flatnce --batch-size 32 --temperature 0.1 ...  (stand-alone)
 
 Errors in the input (bad config key, batch size 1, temperature <= 0 or not finite,
@@ -54,7 +54,7 @@ def resolve_cell(args, baseline: bool = False) -> tuple[Cell | BaselineCell, dic
         check_value(load_schema()["properties"]["threads"], args.threads, "--threads")
     if args.cell is not None or getattr(args, "cell_json", None) is not None:
         _refuse_ignored(args, "--cell" if args.cell is not None else "--cell-json", keep=("threads",))
-        cfg = load_config(args.config) if args.config else load_config(None)
+        cfg = load_config(args.config)
         if args.cell is not None:
             cell = _read_cell_file(args.cell, baseline)
         else:
@@ -74,7 +74,8 @@ def resolve_cell(args, baseline: bool = False) -> tuple[Cell | BaselineCell, dic
 
             near = difflib.get_close_matches(args.cell_id, list(cells), n=3)
             raise ValueError(
-                f"no cell {args.cell_id!r} in {args.config}" + (f"; did you mean {', '.join(near)}?" if near else "")
+                f"no cell {args.cell_id!r} in {' + '.join(map(str, args.config))}"
+                + (f"; did you mean {', '.join(near)}?" if near else "")
             )
         return read_cell(cells[args.cell_id]), cfg
     cell, cfg = _standalone_cell(args, overrides)
@@ -261,7 +262,7 @@ def cmd_cells(args) -> int:
     from .cells import baseline_cells, expand_cells
     from .config import load_config
 
-    cfg = load_config(args.config)
+    cfg = load_config(args.config or [Path("config.yaml")])
     cells = {cid: read_cell(c) for cid, c in expand_cells(cfg).items()}
     base = {bid: read_cell(c) for bid, c in baseline_cells(cfg).items()}
     if args.write:
@@ -286,11 +287,13 @@ def cmd_init_store(args) -> int:
     from ..tracking import init_store
     from .config import load_config
 
-    cfg = load_config(args.config) if args.config else load_config(None)
+    cfg = load_config(args.config)
     uri, exp = _tracking(args, cfg)
     if uri is None:
         raise ValueError("init-store needs a tracking URI")
-    eid = init_store(uri, exp, str(args.config) if args.config else None)  # the config names the study's description
+    eid = init_store(
+        uri, exp, " + ".join(map(str, args.config)) if args.config else None
+    )  # the config names the study's description
     print(f"MLflow store {uri}: experiment '{exp}' (id {eid}) ready")
     if args.touch:
         from ..io import write_text
@@ -303,7 +306,7 @@ def cmd_prepare_data(args) -> int:
     from .config import load_config
     from .jobs import prepare_data
 
-    cfg = load_config(args.config) if args.config else load_config(None)
+    cfg = load_config(args.config)
     ds = {**cfg["datasets"].get(args.dataset, {})} if args.dataset in cfg["datasets"] else {}
     for k in ("image_size", "train_subset", "test_subset"):
         v = getattr(args, k)
@@ -457,7 +460,7 @@ def cmd_baseline(args) -> int:
     if args.cell is not None or args.cell_json is not None:
         cell, cfg = resolve_cell(args, baseline=True)
     else:
-        cfg = load_config(args.config) if args.config else load_config(None)
+        cfg = load_config(args.config)
         cells = baseline_cells(cfg)
         if args.cell_id not in cells:
             raise ValueError(f"no baseline {args.cell_id!r}; baselines of this config: {', '.join(cells)}")
@@ -477,7 +480,7 @@ def cmd_mi(args) -> int:
     from .config import load_config
     from .mi_job import run_mi_step
 
-    cfg = load_config(args.config) if args.config else load_config(None)
+    cfg = load_config(args.config)
     if args.section_json is not None:
         try:
             section = json.loads(args.section_json)
@@ -514,7 +517,7 @@ def cmd_report(args) -> int:
     from ..report import build_report
     from .config import load_config, resolve_tracking_uri
 
-    cfg = load_config(args.config) if args.config else load_config(None)
+    cfg = load_config(args.config)
     uri = args.tracking_uri or resolve_tracking_uri(cfg)
     # Without --experiment/--config the report takes the store's only experiment.
     exp = args.experiment or (cfg["study"] if args.config else None)
@@ -593,8 +596,9 @@ def _check_paths(args) -> None:
     from .cli_parser import BadPath
 
     for dest, value in vars(args).items():
-        if isinstance(value, BadPath):
-            raise ValueError(f"--{dest.replace('_', '-')} {value.problem()}")
+        for one in value if isinstance(value, list) else [value]:  # a repeated flag: each of its values
+            if isinstance(one, BadPath):
+                raise ValueError(f"--{dest.replace('_', '-')} {one.problem()}")
     out = getattr(args, FILE_OUTPUTS.get(args.func, ""), None)
     if out is not None:
         check_target(out)

@@ -95,6 +95,17 @@ def path_value(text: str) -> Path | BadPath:
     return Path(text)
 
 
+def config_flag(text: str) -> dict:
+    """The keywords of every command's ``--config``: repeatable, the files laid one over another
+    in order (smallbatch.pipeline.config.load_config)."""
+    return {
+        "type": path_value,
+        "action": "append",
+        "metavar": "FILE",
+        "help": text + "; repeat it to lay overlays over it in order (config.yaml first)",
+    }
+
+
 def _parent() -> argparse.ArgumentParser:
     return argparse.ArgumentParser(add_help=False)
 
@@ -109,7 +120,7 @@ def which_cell() -> argparse.ArgumentParser:
         "cell.json pretraining writes into the cell's folder)",
     )
     g.add_argument("--cell-json", metavar="JSON", help="the cell itself as JSON (what the Snakemake rules pass)")
-    g.add_argument("--config", type=path_value, help="study config YAML (default values otherwise)")
+    g.add_argument("--config", **config_flag("study config YAML (default values otherwise)"))
     g.add_argument("--cell-id", help="id of a cell of --config, e.g. fashion_mnist/flatnce/bs32-t0.1-s0")
     return p
 
@@ -306,16 +317,16 @@ def _adder(sub, parents: dict):
 
 def _study_commands(add) -> None:
     c = add("cells", "list the study's cells (id, hash, negatives K) and write their cell.json files")
-    c.add_argument("--config", type=path_value, default=Path("config.yaml"), help="study config (default: config.yaml)")
+    c.add_argument("--config", **config_flag("study config (default: config.yaml)"))
     c.add_argument("--write", action="store_true", help="write results/runs/<id>/cell.json for every cell")
     c.add_argument("--baselines", action="store_true", help="list the baseline cells too")
 
     c = add("init-store", "create the MLflow store's schema and the study's experiment once", "tracking")
-    c.add_argument("--config", type=path_value, help="study config (its tracking_uri and study name)")
+    c.add_argument("--config", **config_flag("study config (its tracking_uri and study name)"))
     c.add_argument("--touch", type=path_value, help="write this marker file when done (for the workflow)")
 
     c = add("prepare-data", "load a data set through its real loader and cache it as one tensor file")
-    c.add_argument("--config", type=path_value, help="study config (data.root, datasets.<name> options)")
+    c.add_argument("--config", **config_flag("study config (data.root, datasets.<name> options)"))
     c.add_argument("--dataset", required=True, help=DATASET_NAMES)
     c.add_argument("--data-root")
     c.add_argument("--download", action="store_true", help="let torchvision download when files are missing")
@@ -432,7 +443,7 @@ def _study_outputs(add) -> None:
     c.add_argument(
         "--section-json", metavar="JSON", help="the experiments.mi section itself as JSON (what the workflow passes)"
     )
-    c.add_argument("--config", type=path_value, help="study config (its experiments.mi when --section is absent)")
+    c.add_argument("--config", **config_flag("study config (its experiments.mi when --section is absent)"))
     c.add_argument("--out", type=path_value, default=Path("results/mi/results.json"), help="rows as JSON")
 
     c = add(
@@ -446,8 +457,9 @@ def _study_outputs(add) -> None:
     c = add("report", "rebuild every table and figure of a study from the MLflow store alone", "tracking")
     c.add_argument(
         "--config",
-        type=path_value,
-        help="study config (its tracking store and study name, when --tracking-uri / --experiment are not given)",
+        **config_flag(
+            "study config (its tracking store and study name, when --tracking-uri / --experiment are not given)"
+        ),
     )
     c.add_argument(
         "--out", type=path_value, default=Path("results/report"), help="report folder (default: results/report)"
