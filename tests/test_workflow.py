@@ -254,6 +254,30 @@ def test_default_config_lists_every_cell():
     assert jobs["pretrain"] == n and jobs["evaluate"] == n
 
 
+def test_snakemake_plans_the_cells_smallbatch_cells_lists_from_the_same_overlays(tmp_path):
+    """`--configfile A B C` and `smallbatch cells --config A --config B --config C` read one
+    config (smallbatch.pipeline.config.load_config): B adds Fashion-MNIST and seeds, C replaces
+    the data sets (digits alone again) and the loss; Snakemake's own key-by-key merge would keep
+    Fashion-MNIST."""
+    add = tmp_path / "add.yaml"
+    add.write_text("datasets: {fashion_mnist: {image_size: 8, train_subset: 500}}\ngrid: {seeds: [0, 1]}\n")
+    only = tmp_path / "only.yaml"
+    only.write_text("replace: [datasets]\ndatasets: {digits: {}}\ngrid: {losses: [dcl]}\n")
+    configs = (SMOKE, add, only)
+    proc = snakemake("-n", results=tmp_path / "results", configfile=configs, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    listed = subprocess.run(
+        [str(BIN / "smallbatch"), "cells", *[a for c in configs for a in ("--config", str(c))]],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert listed.returncode == 0, listed.stderr
+    cells = [line.split("\t")[0] for line in listed.stdout.splitlines()]
+    assert sorted(set(planned_cells(proc, "pretrain"))) == sorted(cells)
+    assert sorted(cells) == [f"digits/dcl/bs{n}-t0.5-s{s}" for n in (16, 64) for s in (0, 1)]
+
+
 def test_a_dry_run_writes_nothing(tmp_path):
     """The cells' settings travel as job parameters, so planning (`snakemake -n`) leaves
     the results folder as it was."""
