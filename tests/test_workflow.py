@@ -276,6 +276,10 @@ def test_snakemake_plans_the_cells_smallbatch_cells_lists_from_the_same_overlays
     cells = [line.split("\t")[0] for line in listed.stdout.splitlines()]
     assert sorted(set(planned_cells(proc, "pretrain"))) == sorted(cells)
     assert sorted(cells) == [f"digits/dcl/bs{n}-t0.5-s{s}" for n in (16, 64) for s in (0, 1)]
+    assert "note:" not in proc.stderr, proc.stderr[-2000:]
+    alone = snakemake("-n", results=tmp_path / "results", configfile=only, timeout=300)  # an overlay alone: said
+    assert alone.returncode == 0, alone.stderr[-2000:]
+    assert f"smallbatch: note: {only} names no study" in alone.stderr, alone.stderr[-2000:]
 
 
 def test_a_dry_run_writes_nothing(tmp_path):

@@ -22,8 +22,8 @@ from pathlib import Path
 # (Snakemake's own `validate` reads the schema file alone, which lacks the loss names and
 # parameters that smallbatch.pipeline.schema.load_schema adds from the loss registry.)
 try:
-    from smallbatch.pipeline.config import (ConfigError, check_data_roots, check_results_dir, load_config,
-                                   resolve_tracking_uri)
+    from smallbatch.pipeline.config import (ConfigError, base_notice, check_data_roots, check_results_dir,
+                                   load_config, resolve_tracking_uri)
     from smallbatch.cell import read_cell, snapshot_names
     from smallbatch.pipeline.cells import baseline_cells, data_cache_settings, expand_cells, settings_hash
     from smallbatch.training.distributed import launch_command
@@ -36,8 +36,9 @@ except ImportError as exc:  # pragma: no cover - a user without the package inst
 # `smallbatch cells --config A --config B` reads them, so both plan the same cells.  Snakemake has
 # merged the files into `config` itself before this code runs (key by key: an overlay could not
 # drop a data set, nor a file's `replace:` list apply); that merge is replaced by load_config's.
-# smallbatch reads the files itself, so a YAML error names the file, line and column and an
-# empty file says so (Snakemake's own messages name neither).  Then everything that can be
+# smallbatch reads the files itself, so what Snakemake's reading lets pass (a key given twice, an
+# empty file) stops in one line naming the file, and config.yaml's YAML errors name the line and
+# column (Snakemake parses --configfile files before this code runs).  Then everything that can be
 # checked before a job runs, and before the cells' files are written below: the schema and the
 # checks it cannot express (validate_config), the data roots, a writable results_dir and a
 # tracking URI MLflow supports.
@@ -56,6 +57,9 @@ if not workflow.overwrite_configfiles:
 
 config.clear()
 config.update(_loaded)
+_note = base_notice(CONFIG_FILES)  # the first file names no study: laid over the schema's defaults
+if _note:
+    print(f"smallbatch: {_note}", file=sys.stderr)
 
 R = config["results_dir"]
 EXPERIMENT = config["study"]

@@ -560,7 +560,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         _check_paths(args)
-        return int(globals()[args.func](args) or 0)
+        rc = int(globals()[args.func](args) or 0)
+        _say_base(args, rc)
+        return rc
     except Preempted as exc:
         print(f"smallbatch: preempted: {exc}", file=sys.stderr)
         return EXIT_PREEMPTED
@@ -618,6 +620,17 @@ def _not_an_input(out: Path | None, flag: str, **inputs: Path | None) -> None:
                 f"{flag} {out} is the {name.replace('_', ' ')} this command reads; refused (it would be "
                 "replaced): choose another path"
             )
+
+
+def _say_base(args, rc: int) -> None:
+    """After a command that succeeded: one line on stderr when its first --config names no
+    study, so was laid over the schema's defaults (smallbatch.pipeline.config.base_notice); -q
+    leaves it out."""
+    from .config import base_notice
+
+    note = base_notice(getattr(args, "config", None)) if rc == 0 and args.verbosity >= 0 else None
+    if note:
+        print(f"smallbatch: {note}", file=sys.stderr)
 
 
 def _set_verbosity(level: int) -> None:

@@ -14,7 +14,6 @@ import difflib
 import functools
 import math
 import os
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -550,26 +549,36 @@ def load_config(
     """The validated study config of YAML file ``path``, or of a list of files laid one over
     another in order (:func:`_lay_over`), with ``overrides`` laid over them; the schema's
     defaults fill what none sets.  The one reader of config files: the CLI's repeated
-    ``--config`` and the workflow's ``--configfile A B`` both come here.  When the first file
-    names no ``study`` (an overlay given alone), one line on stderr says what it was laid over.
-    The empty config's validation (0.27 s: its 80 default cells are checked) is done once per
-    process (every ``--cell-json`` step reads it; the warm server does it before it forks)."""
-    paths = [] if path is None else [path] if isinstance(path, (str, Path)) else list(path)
+    ``--config`` and the workflow's ``--configfile A B`` both come here (and print
+    :func:`base_notice` when the first file names no study).  The empty config's validation
+    (0.27 s: its 80 default cells are checked) is done once per process (every ``--cell-json``
+    step reads it; the warm server does it before it forks)."""
+    paths = _paths(path)
     if not paths and not overrides:
         return copy.deepcopy(_default_config())
-    docs, cfg = [read_config_file(p) for p in paths], {}
-    for p, doc in zip(paths, docs):
-        cfg = _lay_over(cfg, doc, p)
+    cfg: dict = {}
+    for p in paths:
+        cfg = _lay_over(cfg, read_config_file(p), p)
     if overrides:
         cfg = deep_merge(cfg, overrides)
-    cfg = validate_config(cfg)
-    if docs and "study" not in docs[0]:
-        print(
-            f"smallbatch: note: {paths[0]} names no study, so it was laid over the schema's defaults "
-            "(CONFIGURATION.md), not over config.yaml; to overlay config.yaml, name config.yaml first",
-            file=sys.stderr,
-        )
-    return cfg
+    return validate_config(cfg)
+
+
+def base_notice(path: str | Path | list[str | Path] | tuple[str | Path, ...] | None) -> str | None:
+    """The one line to print once config files ``path`` (as :func:`load_config` takes them) have
+    been used, when the first names no ``study`` (an overlay given alone, most likely): what it
+    was laid over.  None otherwise."""
+    paths = _paths(path)
+    if not paths or "study" in read_config_file(paths[0]):
+        return None
+    return (
+        f"note: {paths[0]} names no study, so it was laid over the schema's defaults (CONFIGURATION.md), "
+        "not over config.yaml; to overlay config.yaml, name config.yaml first"
+    )
+
+
+def _paths(path: str | Path | list[str | Path] | tuple[str | Path, ...] | None) -> list[str | Path]:
+    return [] if path is None else [path] if isinstance(path, (str, Path)) else list(path)
 
 
 #: the top-level key of a config file that lists the keys it sets whole (not merged key by key)
