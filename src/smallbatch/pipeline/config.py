@@ -537,15 +537,17 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+#: what load_config reads: one config file, several (laid over one another in order), or none
+ConfigFiles = str | Path | list[str | Path] | tuple[str | Path, ...] | None
+
+
 @functools.lru_cache(maxsize=1)
 def _default_config() -> dict:
     """The validated empty config, made once per process (callers get copies)."""
     return validate_config({})
 
 
-def load_config(
-    path: str | Path | list[str | Path] | tuple[str | Path, ...] | None = None, overrides: dict | None = None
-) -> dict:
+def load_config(path: ConfigFiles = None, overrides: dict | None = None) -> dict:
     """The validated study config of YAML file ``path``, or of a list of files laid one over
     another in order (:func:`_lay_over`), with ``overrides`` laid over them; the schema's
     defaults fill what none sets.  The one reader of config files: the CLI's repeated
@@ -564,7 +566,7 @@ def load_config(
     return validate_config(cfg)
 
 
-def base_notice(path: str | Path | list[str | Path] | tuple[str | Path, ...] | None) -> str | None:
+def base_notice(path: ConfigFiles) -> str | None:
     """The one line to print once config files ``path`` (as :func:`load_config` takes them) have
     been used, when the first names no ``study`` (an overlay given alone, most likely): what it
     was laid over.  None otherwise."""
@@ -577,7 +579,7 @@ def base_notice(path: str | Path | list[str | Path] | tuple[str | Path, ...] | N
     )
 
 
-def _paths(path: str | Path | list[str | Path] | tuple[str | Path, ...] | None) -> list[str | Path]:
+def _paths(path: ConfigFiles) -> list[str | Path]:
     return [] if path is None else [path] if isinstance(path, (str, Path)) else list(path)
 
 
@@ -745,7 +747,7 @@ def reference_markdown() -> str:
         f"- A file's top-level `{REPLACE}:` lists keys (dotted, e.g. `[datasets, train, grid.losses]`) "
         "that it sets whole: each is taken from this file as written, or, when this file leaves it out, "
         "dropped to its default below. So `datasets: {cifar10: {}}` with `replace: [datasets]` studies "
-        "CIFAR-10 alone; without it, the earlier files' data sets stay. A key no config has is refused.\n"
+        "CIFAR-10 alone; without it, the earlier files' data sets stay. A name that is no config key is refused.\n"
         "- The first file is laid over the defaults below, not over `config.yaml`: name `config.yaml` first "
         "to overlay it. A first file that names no `study` (an overlay given alone) gets a one-line notice "
         "on stderr.\n\n"
