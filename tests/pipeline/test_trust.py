@@ -833,8 +833,8 @@ def test_another_runtime_error_on_a_disk_with_space_is_not_called_full(tmp_path)
 
 
 def test_a_stopped_tracking_server_fails_the_step_in_one_line(tmp_path):
-    """A server that accepts connections but never answers (SIGSTOPped): the bounded HTTP
-    timeouts (tracking._mlflow) end the step with one line instead of minutes of waiting."""
+    """A server that accepts connections but never answers (SIGSTOPped): the deadline of a
+    request (tracking.store_deadline, here 10 s) ends the step with one line saying so."""
     import socket
     import time
 
@@ -843,6 +843,7 @@ def test_a_stopped_tracking_server_fails_the_step_in_one_line(tmp_path):
     silent.listen(16)  # the kernel completes connections; nobody ever reads or answers
     uri = f"http://127.0.0.1:{silent.getsockname()[1]}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_HTTP_REQUEST")}
+    env["SMALLBATCH_STORE_TIMEOUT"] = "10"
     t0 = time.monotonic()
     try:
         res = subprocess.run(
@@ -858,6 +859,9 @@ def test_a_stopped_tracking_server_fails_the_step_in_one_line(tmp_path):
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert res.returncode == 2 and len(lines) == 1, res.stderr[-2000:]
     assert lines[0].startswith(f"smallbatch: error: MLflow tracking store {uri} failed while "), lines[0]
+    assert lines[0].endswith(
+        ": no whole answer within 10 s (a stalled or overloaded server; $SMALLBATCH_STORE_TIMEOUT sets the deadline)"
+    ), lines[0]
 
 
 # --------------------------------------------------------------------------- inputs checked against their cell
