@@ -40,8 +40,11 @@ def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("warm") / "server.log"
     saved = os.environ.pop(warm.ENV, None)
     proc = warm.start(log, threads=1)
-    assert proc is not None, log.read_text()
     path = os.environ[warm.ENV]
+    deadline = time.monotonic() + 600  # a hang guard: it imports torch, MLflow and faiss first
+    while "ready on" not in log.read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+        time.sleep(0.1)
     yield {"proc": proc, "log": log, "env": dict(os.environ), "path": path}
     warm.stop(proc)
     if saved is not None:
@@ -140,16 +143,19 @@ def test_without_a_server_or_in_a_worker_the_command_runs_itself(server, tmp_pat
 
 def test_the_server_stops_with_the_process_it_watches(tmp_path):
     sock = tmp_path / "s"
-    watched = subprocess.Popen(["sleep", "2"])
+    watched = subprocess.Popen(["cat"], stdin=subprocess.PIPE)  # ends when its input is closed
     server = subprocess.Popen(
         [str(SMALLBATCH), "warm-server", "--socket", str(sock), "--watch-pid", str(watched.pid)],
         stdout=subprocess.PIPE,
         text=True,
         env={k: v for k, v in os.environ.items() if k != warm.ENV},
     )
+    ready = [server.stdout.readline() for _ in range(2)]  # preloaded ..., then ready on ...
+    assert "ready on" in ready[-1], ready
+    watched.stdin.close()
     watched.wait()
-    out, _ = server.communicate(timeout=60)
-    assert server.returncode == 0 and "ready" in out and not sock.exists()
+    server.communicate(timeout=60)
+    assert server.returncode == 0 and not sock.exists()
 
 
 def test_preload_entry_calls_its_function(monkeypatch):

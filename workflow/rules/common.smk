@@ -125,7 +125,10 @@ def start_run():
     if config["warm_start"] and workflow.local_exec:
         from smallbatch.pipeline import warm
 
-        WARM["server"] = warm.start(f"{R}/logs/warm_server.log", THREADS)
+        try:
+            WARM["server"] = warm.start(f"{R}/logs/warm_server.log", THREADS)
+        except OSError as exc:
+            raise WorkflowError(f"results folder {R}: the warm-start server's log {exc}") from None
 
 
 def stop_warm_server():
