@@ -272,7 +272,8 @@ def _http_failure(exc: BaseException) -> str | None:
 
     from mlflow.exceptions import RestException
 
-    tries = int(os.environ.get("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0") or 0) + 1
+    n = int(os.environ.get("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0") or 0) + 1
+    tries = "1 try" if n == 1 else f"{n} tries"
     chain = list(_chain(exc))
     for e in chain:
         if isinstance(e, StoreTooSlow):
@@ -383,6 +384,7 @@ def init_store(uri: str, experiment: str, config: str | None = None) -> str:
     db = _sqlite_file(uri)
     if db is not None and not uri.startswith("sqlite:///file:") and not tracking_uri_problem(uri):
         path = _sqlite_path(uri)
+        _remove_dead_builds(path)
         if not path.exists():
             try:
                 _build_sqlite_store(uri, path)
@@ -405,9 +407,7 @@ def _build_sqlite_store(uri: str, path: Path) -> None:
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    host = socket.gethostname()
-    _remove_dead_builds(path, host)
-    tmp = path.with_name(f"{path.name}{_BUILD_SUFFIX}{host}-{os.getpid()}")
+    tmp = path.with_name(f"{path.name}{_BUILD_SUFFIX}{socket.gethostname()}-{os.getpid()}")
     query = uri.split("?", 1)[1] if "?" in uri else ""
     try:
         store = SqlAlchemyStore(f"sqlite:///{tmp}" + (f"?{query}" if query else ""), PROXIED_ROOT)
@@ -429,9 +429,12 @@ def _sqlite_files(db: Path) -> list[Path]:
     return [db, *(db.with_name(db.name + s) for s in ("-journal", "-wal", "-shm"))]
 
 
-def _remove_dead_builds(path: Path, host: str) -> None:
-    """The build files of this host's processes that are gone (a creation killed half-way)."""
-    prefix = f"{path.name}{_BUILD_SUFFIX}{host}-"
+def _remove_dead_builds(path: Path) -> None:
+    """The build files beside ``path`` of this host's processes that are gone (a creation killed
+    half-way, or between linking the store into place and removing its build file)."""
+    import socket
+
+    prefix = f"{path.name}{_BUILD_SUFFIX}{socket.gethostname()}-"
     for f in path.parent.glob(f"{glob.escape(prefix)}*"):
         pid = f.name[len(prefix) :].split("-", 1)[0]
         if not pid.isdigit() or f.name[len(prefix) + len(pid) :] not in ("", "-journal", "-wal", "-shm"):
