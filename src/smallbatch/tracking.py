@@ -279,9 +279,9 @@ def _http_failure(exc: BaseException) -> str | None:
         if isinstance(e, StoreTooSlow):
             return str(e)
         if isinstance(e, ConnectionRefusedError):
-            return f"nothing is listening there (connection refused, {tries} tries)"
+            return f"nothing is listening there (connection refused, {tries})"
         if m := re.search(r"too many (\d{3}) error responses", str(e)):
-            return f"HTTP error {m.group(1)} ({tries} tries)"
+            return f"HTTP error {m.group(1)} ({tries})"
         if m := re.search(r"failed with error code (\d{3}) != 200", str(e)):
             return f"HTTP error {m.group(1)}"
     for e in chain:

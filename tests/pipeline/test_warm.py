@@ -56,8 +56,15 @@ def _run(argv, env, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([str(SMALLBATCH), *argv], env=env, capture_output=True, text=True, timeout=300, **kw)
 
 
-def _children(log: Path, status: str) -> list[str]:
-    return [line for line in log.read_text().splitlines() if f" {status}" in line]
+def _children(log: Path, status: str, naming: str | None = None) -> list[str]:
+    """The server log's child lines with ``status``; with ``naming``, waits (hang guard 300 s) until
+    one names it: the client has its status from the child itself, before the server reaps and logs."""
+    deadline = time.monotonic() + 300
+    while True:
+        lines = [line for line in log.read_text().splitlines() if f" {status}" in line]
+        if naming is None or any(naming in line for line in lines) or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.05)
 
 
 def test_a_command_in_a_child_is_the_command_in_its_own_process(server, tmp_path):
@@ -65,7 +72,8 @@ def test_a_command_in_a_child_is_the_command_in_its_own_process(server, tmp_path
     served = _run(["pretrain", *CELL, "--epochs", "1", "--out", str(tmp_path / "served")], server["env"])
     plain = _run(["pretrain", *CELL, "--epochs", "1", "--out", str(tmp_path / "plain")], plain_env)
     assert served.returncode == plain.returncode == 0, served.stderr[-2000:] + plain.stderr[-2000:]
-    assert any(str(tmp_path / "served") in line for line in _children(server["log"], "exited 0"))
+    exited = _children(server["log"], "exited 0", str(tmp_path / "served"))
+    assert any(str(tmp_path / "served") in line for line in exited), server["log"].read_text()[-3000:]
     assert not any(str(tmp_path / "plain") in line for line in _children(server["log"], "started"))
     a, b = (torch.load(tmp_path / d / "checkpoint.pt", weights_only=False) for d in ("served", "plain"))
     assert a["model"].keys() == b["model"].keys()
@@ -83,7 +91,7 @@ def test_bad_input_gives_the_exit_status_and_one_line(server, tmp_path):
     p = _run(["pretrain", *argv, "--out", str(tmp_path)], server["env"])
     assert p.returncode == 2 and p.stderr.strip().count("\n") == 0
     assert p.stderr.startswith("smallbatch: error: --batch-size must be >= 2")
-    assert any(str(tmp_path) in line for line in _children(server["log"], "exited 2"))
+    assert any(str(tmp_path) in line for line in _children(server["log"], "exited 2", naming=str(tmp_path)))
 
 
 def _start_long(server, out: Path) -> tuple[subprocess.Popen, int]:

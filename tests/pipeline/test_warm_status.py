@@ -218,12 +218,15 @@ def raw(head: bytes, body: bytes = b"", fds: list[int] | None = None, then_close
     def send(path: Path) -> socket.socket:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.connect(str(path))
-        if fds:
-            socket.send_fds(s, [head], fds)
-        else:
-            s.sendall(head)
-        if body:
-            s.sendall(body)
+        try:
+            if fds:
+                socket.send_fds(s, [head], fds)
+            else:
+                s.sendall(head)
+            if body:
+                s.sendall(body)
+        except (BrokenPipeError, ConnectionResetError):  # the server closed it at a bad head: as it should
+            pass
         if then_close:
             s.close()
         return s
