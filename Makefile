@@ -13,6 +13,9 @@ TORCH    ?= torch==2.14.1 torchvision==0.29.1
 GPU      ?= $(if $(wildcard $(VENV)/.installed-gpu),1,0)
 FAISS    := $(if $(filter 1,$(GPU)),gpu,cpu)
 SNAKE_ARGS ?=
+# one line per finished cell with an ETA (smallbatch.pipeline.progress); Snakemake's full log stays in
+# .snakemake/log/. CONSOLE= (empty) prints Snakemake's own output instead.
+CONSOLE  ?= --logger smallbatch
 BIN      := $(abspath $(VENV))/bin
 export PATH := $(BIN):$(PATH)
 
@@ -45,12 +48,12 @@ study: install data
 		echo "Debian's dataset-fashion-mnist is not installed: torchvision will download Fashion-MNIST"; \
 		dl="workflow/configs/download.yaml"; fi; \
 	$(BIN)/python -m snakemake --snakefile Snakefile --configfile $(CONFIG) $$dl --workflow-profile workflow/profiles/default \
-		--cores $(CORES) $(SNAKE_ARGS)
+		--cores $(CORES) $(CONSOLE) $(SNAKE_ARGS)
 	@echo "report: $$(pwd)/results/report/index.md   (browse runs and artifacts: cd results && mlflow ui --backend-store-uri sqlite:///mlflow.db)"
 
 smoke: install
 	$(BIN)/python -m snakemake --snakefile Snakefile --configfile workflow/configs/smoke.yaml \
-		--workflow-profile workflow/profiles/default --cores $(CORES) $(SNAKE_ARGS)
+		--workflow-profile workflow/profiles/default --cores $(CORES) $(CONSOLE) $(SNAKE_ARGS)
 
 report: install
 	$(BIN)/smallbatch report --config $(CONFIG) --out results/report

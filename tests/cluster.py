@@ -4,14 +4,18 @@ run Snakemake and the ``smallbatch`` CLI as subprocesses with hard timeouts.
 
 Nothing here is a mock: the MLflow server is ``mlflow server`` with a SQLite
 backend, SLURM is Debian's slurm-wlm configured by ``.ci/setup-slurm.sh``.
-Every wait has a timeout, so a hung daemon or workflow fails a test instead of
-hanging the suite.  Processes are started in their own session and stopped by
+Every wait is for an event of the process waited on (its health endpoint answering,
+its PID file, its exit, a file it writes) and is bounded only by a hang guard
+(:data:`HANG_S`, or a test's own deadline), never by a short read: a loaded machine
+answers late, not never.  Processes are started in their own session and stopped by
 their own process-group id, never by name.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import os
 import re
 import shutil
@@ -36,6 +40,10 @@ SETUP_SLURM = REPO / ".ci" / "setup-slurm.sh"
 BIN = Path(sys.executable).parent  # the venv's bin: python, smallbatch, mlflow, snakemake
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 SLURM_MARK = "# written by smallbatch .ci/setup-slurm.sh"
+#: The hang guard of one wait for another process's event (a daemon's answer, a PID file, an
+#: exit): seconds a quiet machine needs, times far more than a machine loaded by six busy
+#: processes beside the suite slows them.  Reaching it means a hang, not load.
+HANG_S = 300.0
 
 
 # --------------------------------------------------------------------------- basics
@@ -62,6 +70,7 @@ def free_port() -> int:
 
 
 def wait_until(pred: Callable[[], bool], timeout: float, what: str, interval: float = 0.2) -> None:
+    """Poll ``pred`` (an event: a file, a PID, an answer) until it holds; ``timeout`` is a hang guard."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if pred():
@@ -280,14 +289,21 @@ class MlflowServer:
     def backend(self) -> str:
         return f"sqlite:///{self.root / 'mlflow.db'}"
 
-    def healthy(self) -> bool:
+    def answers(self, wait_s: float) -> bool:
+        """Whether the server answers its health endpoint: False at once while nothing listens
+        (connection refused); a listening server gets ``wait_s`` to answer (a loaded one is slow)."""
         try:
-            with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as r:
+            with urllib.request.urlopen(f"{self.uri}/health", timeout=max(wait_s, 1.0)) as r:
                 return r.status == 200
         except (urllib.error.URLError, OSError):
             return False
 
-    def start(self, timeout: float = 180) -> "MlflowServer":
+    def listening(self) -> bool:
+        """Whether anything accepts connections on the server's port (no request is read)."""
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            return s.connect_ex(("127.0.0.1", self.port)) == 0
+
+    def start(self, timeout: float = HANG_S) -> "MlflowServer":
         if self.proc is not None and self.proc.poll() is None:
             return self
         cmd = [
@@ -308,14 +324,15 @@ class MlflowServer:
             self.proc = subprocess.Popen(
                 cmd, cwd=self.root, env=env_with_venv(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
+        deadline = time.monotonic() + timeout
 
-        def ready() -> bool:
+        def ready() -> bool:  # the event: its health endpoint answered, however late
             if self.proc.poll() is not None:
                 raise RuntimeError(f"mlflow server exited {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
-            return self.healthy()
+            return self.answers(deadline - time.monotonic())
 
         try:
-            wait_until(ready, timeout, f"mlflow server on {self.uri}", interval=0.5)
+            wait_until(ready, timeout, f"mlflow server on {self.uri}", interval=0.2)
         except TimeoutError:
             self.stop()
             raise
@@ -325,7 +342,16 @@ class MlflowServer:
         if self.proc is not None:
             kill_group(self.proc, sig, grace=15)
             self.proc = None
-        wait_until(lambda: not self.healthy(), 30, f"mlflow server on {self.uri} to stop")
+        wait_until(lambda: not self.listening(), HANG_S, f"mlflow server on {self.uri} to close its port")
+
+    @staticmethod
+    def client_env(deadline_s: float) -> dict[str, str]:
+        """MLflow's own deadline for a client of this server (a ``smallbatch`` job, the test's
+        MlflowClient): each request may wait for its answer as long as the test may run.  The
+        server answered its health check, so a slow answer is load (the product's 5 s read
+        timeout failed four tests on a loaded machine); a hang still ends at the test's deadline.
+        Refused connections (a stopped server) fail as fast as before: retries are left as set."""
+        return {"MLFLOW_HTTP_REQUEST_TIMEOUT": str(math.ceil(deadline_s))}
 
     def __enter__(self):
         return self.start()
@@ -334,15 +360,33 @@ class MlflowServer:
         self.stop()
 
 
+@contextlib.contextmanager
+def client_deadline(deadline_s: float):
+    """This process's MLflow clients wait ``deadline_s`` for each answer inside the block
+    (:meth:`MlflowServer.client_env`; the variables are restored after it)."""
+    env = MlflowServer.client_env(deadline_s)
+    before = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def mlflow_runs(uri: str, experiment: str) -> list:
     """All runs of ``experiment`` at ``uri`` (MLflow client, as the report reads them)."""
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=uri)
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None:
-        return []
-    return client.search_runs([exp.experiment_id], max_results=10000)
+    with client_deadline(HANG_S):
+        client = MlflowClient(tracking_uri=uri)
+        exp = client.get_experiment_by_name(experiment)
+        if exp is None:
+            return []
+        return client.search_runs([exp.experiment_id], max_results=10000)
 
 
 # --------------------------------------------------------------------------- SLURM
@@ -352,7 +396,9 @@ class SlurmUnavailable(RuntimeError):
 
 def _slurm_ok() -> bool:
     try:
-        out = subprocess.run(["sinfo", "-h", "-n", "localhost", "-o", "%t"], capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["sinfo", "-h", "-n", "localhost", "-o", "%t"], capture_output=True, text=True, timeout=HANG_S
+        )
     except (OSError, subprocess.TimeoutExpired):
         return False
     return out.returncode == 0 and out.stdout.strip().rstrip("*~#") in ("idle", "mix", "alloc")
@@ -390,15 +436,15 @@ class LocalSlurm:
 
     def _munge_ok(self) -> bool:
         try:
-            enc = subprocess.run(["munge", "-n"], capture_output=True, timeout=5)
+            enc = subprocess.run(["munge", "-n"], capture_output=True, timeout=HANG_S)
             if enc.returncode != 0:
                 return False
-            dec = subprocess.run(["unmunge"], input=enc.stdout, capture_output=True, timeout=5)
+            dec = subprocess.run(["unmunge"], input=enc.stdout, capture_output=True, timeout=HANG_S)
             return dec.returncode == 0
         except (OSError, subprocess.TimeoutExpired):
             return False
 
-    def start(self, timeout: float = 90) -> "LocalSlurm":
+    def start(self, timeout: float = HANG_S) -> "LocalSlurm":
         self._check_prerequisites()
         if _slurm_ok():
             return self  # somebody's SLURM on this config is already up: use it, leave it
@@ -407,31 +453,32 @@ class LocalSlurm:
             Path("/run/munge").mkdir(parents=True, exist_ok=True)
             shutil.chown("/run/munge", "munge", "munge")
             r = subprocess.run(
-                ["runuser", "-u", "munge", "--", self._sbin("munged")], capture_output=True, text=True, timeout=30
+                ["runuser", "-u", "munge", "--", self._sbin("munged")], capture_output=True, text=True, timeout=HANG_S
             )
             if r.returncode != 0:
                 raise SlurmUnavailable(f"munged did not start: {r.stderr.strip()[-300:]}")
             self.started.append(("munged", Path("/run/munge/munged.pid")))
-            wait_until(self._munge_ok, 20, "munged")
+            wait_until(self._munge_ok, HANG_S, "munged")
         for name, args in (("slurmctld", ["-c"]), ("slurmd", ["-N", "localhost"])):
             pidfile = Path(f"/run/{name}.pid")
             if pidfile.exists() and _pid_alive(_read_pid(pidfile)):
                 continue
-            r = subprocess.run([self._sbin(name), *args], capture_output=True, text=True, timeout=60)
+            r = subprocess.run([self._sbin(name), *args], capture_output=True, text=True, timeout=HANG_S)
             if r.returncode != 0:
                 raise SlurmUnavailable(f"{name} did not start: {r.stderr.strip()[-300:]}")
             self.started.append((name, pidfile))
-            time.sleep(0.5)
+            # the event: the daemon has forked and written its PID file (slurm.conf names it)
+            wait_until(lambda: _pid_alive(_read_pid(pidfile)), HANG_S, f"{name}'s PID file {pidfile}")
 
         def node_up() -> bool:
             if _slurm_ok():
                 return True
             state = subprocess.run(
-                ["sinfo", "-h", "-n", "localhost", "-o", "%t"], capture_output=True, text=True, timeout=10
+                ["sinfo", "-h", "-n", "localhost", "-o", "%t"], capture_output=True, text=True, timeout=HANG_S
             ).stdout.strip()
             if state.startswith(("drain", "down")):
                 subprocess.run(
-                    ["scontrol", "update", "nodename=localhost", "state=resume"], capture_output=True, timeout=10
+                    ["scontrol", "update", "nodename=localhost", "state=resume"], capture_output=True, timeout=HANG_S
                 )
             return False
 
@@ -452,7 +499,7 @@ class LocalSlurm:
             if pid and _pid_alive(pid):
                 os.kill(pid, signal.SIGTERM)
                 try:
-                    wait_until(lambda: not _pid_alive(pid), 30, f"{name} to stop")
+                    wait_until(lambda: not _pid_alive(pid), HANG_S, f"{name} to stop")
                 except TimeoutError:
                     os.kill(pid, signal.SIGKILL)
         self.started.clear()
@@ -462,7 +509,7 @@ class LocalSlurm:
     def job(jobid: str) -> dict[str, str]:
         """``scontrol show job`` as a dict (finished jobs stay visible MinJobAge = 300 s)."""
         out = subprocess.run(
-            ["scontrol", "show", "job", "-o", str(jobid)], capture_output=True, text=True, timeout=10
+            ["scontrol", "show", "job", "-o", str(jobid)], capture_output=True, text=True, timeout=HANG_S
         ).stdout
         fields = {}
         for tok in out.split():
@@ -474,7 +521,7 @@ class LocalSlurm:
     @staticmethod
     def cancel(jobids: list[str]) -> None:
         if jobids:
-            subprocess.run(["scancel", *jobids], capture_output=True, timeout=30)
+            subprocess.run(["scancel", *jobids], capture_output=True, timeout=HANG_S)
 
 
 def _read_pid(pidfile: Path) -> int | None:
@@ -658,7 +705,9 @@ def smoke_through_slurm(root: Path, slurm: LocalSlurm, timeout: float = 1500, ba
 
 
 def smoke_local(root: Path, tracking_uri: str | None = None, key: str = "smoke_local", timeout: float = 1500) -> dict:
-    """The smoke study on local cores (``--cores 2``, the default profile)."""
+    """The smoke study on local cores (``--cores 2``, the default profile, the console ``make study``
+    shows: ``--logger smallbatch``); its jobs' requests to a
+    ``tracking_uri`` server wait for their answers as long as the study may run."""
 
     def go() -> dict:
         root.mkdir(parents=True, exist_ok=True)
@@ -668,8 +717,9 @@ def smoke_local(root: Path, tracking_uri: str | None = None, key: str = "smoke_l
         cfg = write_config(root / "config.yaml", **over)
         t0 = time.monotonic()
         res = run(
-            snakemake_cmd(root, cfg, DEFAULT_PROFILE, "--cores", "2"),
+            snakemake_cmd(root, cfg, DEFAULT_PROFILE, "--cores", "2", "--logger", "smallbatch"),
             cwd=root,
+            env=env_with_venv(MlflowServer.client_env(timeout)),
             timeout=timeout,
             log=root / "snakemake.out",
         )

@@ -46,6 +46,18 @@ def cache(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def one_thread():
+    """Bitwise comparisons need one fixed thread count (the CLI uses the cell's `threads`: 1);
+    a module asks for it with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
 def store_uri(tmp_path_factory) -> str:
     """One SQLite MLflow store for the module (creating MLflow's schema takes seconds)."""
     return f"sqlite:///{tmp_path_factory.mktemp('store') / 'mlflow.db'}"

@@ -61,6 +61,7 @@ class StoreBuilder:
         final: dict | None = None,
         history: dict | None = None,
         baseline: str | None = None,
+        tags: dict | None = None,
     ) -> str:
         from mlflow.entities import Metric, Param, RunTag
 
@@ -72,6 +73,7 @@ class StoreBuilder:
             "smallbatch.status": status,
             "smallbatch.experiment": section,
             "smallbatch.git_commit": "test",
+            **(tags or {}),
         }
         if baseline:
             tags["smallbatch.baseline"] = baseline
@@ -149,6 +151,25 @@ def _top1(variant: str, bs: int, t: float, seed: int, slope: float) -> dict:
     return {"linear/top1": lin, "knn/top1": lin - 3.0 + 0.1 * seed}
 
 
+def _representation(variant: str, bs: int, t: float, seed: int) -> dict:
+    """Designed ``repr/*`` values of a cell (what the evaluation measures): smoother, lower-rank
+    representations at a small batch, a seed's offset, a loss's own level."""
+    x = math.log2(256 / bs) / 4  # 0 at B = 256, 1 at B = 16
+    k = list(LOSS_PARAMS).index(variant)
+    out = {
+        "projection_alignment": 0.40 + 0.15 * x + 0.02 * k + 0.01 * seed,
+        "projection_uniformity": -3.2 + 0.6 * x + 0.05 * k - 0.02 * seed + t,
+        "features_rankme": 40.0 - 12.0 * x + k + 0.5 * seed,
+        "projection_rankme": 20.0 - 6.0 * x + 0.5 * k + 0.25 * seed,
+        "projection_neg_cos_sd": 0.20 + 0.05 * x + 0.01 * k + 0.005 * seed,
+        "projection_neg_cos_mean": 0.02 * k + 0.01 * seed,
+        "features_alignment": 0.30 + 0.1 * x + 0.01 * k,
+        "features_uniformity": -2.8 + 0.5 * x + 0.02 * seed,
+        "features_neg_cos_sd": 0.15 + 0.04 * x + 0.01 * seed,
+    }
+    return {f"repr/{key}": v for key, v in out.items()}
+
+
 def _grid_history(bs: int, seed: int, steps: int = 12) -> dict:
     k = 2 * bs - 2
     x = np.linspace(0, 1, steps)
@@ -157,6 +178,7 @@ def _grid_history(bs: int, seed: int, steps: int = 12) -> dict:
         "diag/mi_fraction": np.clip(0.2 + 0.7 * x * (1 + 0.1 * seed) * (64 / bs) ** 0.3, 0, 1),
         "diag/qb_mean": 1 - 0.5 * (16 / bs) ** 0.5 * (0.5 + 0.5 * x) + 0.01 * seed,
         "diag/ess": k * (0.2 + 0.5 * x) + seed,
+        "diag/cov_rank": np.full(steps, float(min(bs - 1, 64))),
         "epoch": 20 * x,
     }
 
@@ -183,6 +205,8 @@ def _grid_digits(b: StoreBuilder) -> None:
                     final = _top1(variant, bs, t, seed, slopes[_loss(variant)]) if status == "finished" else {}
                     if variant.startswith("eqco") and bs == 256 and t == 0.1:
                         final.pop("linear/top1")  # linear probe not run yet: pending
+                    if status == "finished":
+                        final.update(_representation(variant, bs, t, seed))
                     b.run(
                         f"digits/{variant}/bs{bs}-t{t:g}-s{seed}",
                         status=status,
@@ -246,8 +270,8 @@ def _baselines(b: StoreBuilder) -> None:
             kind="baseline",
             section="baseline",
             baseline=name,
-            params={"dataset": "digits", "baseline": name, "seed": seed},
-            final={"knn/top1": knn, "linear/top1": lin},
+            params={"dataset": "digits", "baseline": name, **({"seed": seed} if name != "raw_pixels" else {})},
+            final={"knn/top1": knn, "linear/top1": lin, "baseline/wall_s": 2.0, "baseline/cpu_s": 3.0},
         )
 
 
@@ -397,6 +421,7 @@ def _mi(b: StoreBuilder) -> None:
                         "mi/dual_estimate": dual,
                         "mi/dual_std": 0.1,
                         "mi/seconds": 1.5,
+                        "mi/cpu_s": 2.5,
                     }
                     b.run(
                         f"mi/{est}/{critic}/K{k}-mi{mi:g}-s{seed}",

@@ -30,7 +30,9 @@ from cluster import BIN, DEFAULT_PROFILE, run, snakemake_cmd, wait_until, write_
 
 CELL_ID = "digits/infonce/bs16-t0.5-s0"
 EXPERIMENT = "smallbatch-faults"
-SNAKE_TIMEOUT = 420  # s; a hang (e.g. a tracking call that never returns) fails the test
+SNAKE_TIMEOUT = 900  # s; the hang guard of one Snakemake run (a tracking call that never returns)
+#: a job's requests to a test's MLflow server wait for their answers as long as its Snakemake run may last
+CLIENT_ENV = cluster.MlflowServer.client_env(SNAKE_TIMEOUT)
 
 
 def fault_config(path: Path, results: Path, tracking_uri: str | None = None, **extra) -> Path:
@@ -61,12 +63,13 @@ def loss_history(uri: str, experiment: str, cell_id: str = CELL_ID) -> tuple[int
     """(number of runs of the cell, [(step, value)] of train/loss of its run)."""
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=uri)
-    exp = client.get_experiment_by_name(experiment)
-    runs = client.search_runs([exp.experiment_id], filter_string=f"tags.`smallbatch.cell_id` = '{cell_id}'")
-    if len(runs) != 1:
-        return len(runs), []
-    hist = client.get_metric_history(runs[0].info.run_id, "train/loss")
+    with cluster.client_deadline(cluster.HANG_S):
+        client = MlflowClient(tracking_uri=uri)
+        exp = client.get_experiment_by_name(experiment)
+        runs = client.search_runs([exp.experiment_id], filter_string=f"tags.`smallbatch.cell_id` = '{cell_id}'")
+        if len(runs) != 1:
+            return len(runs), []
+        hist = client.get_metric_history(runs[0].info.run_id, "train/loss")
     return 1, sorted((m.step, m.value) for m in hist)
 
 
@@ -79,7 +82,7 @@ def ref(tmp_path_factory):
     cache = root / "digits.pt"
     run(
         [str(BIN / "smallbatch"), "prepare-data", "--config", str(cfg), "--dataset", "digits", "--out", str(cache)],
-        timeout=300,
+        timeout=cluster.HANG_S,
         check=True,
     )
     uri = f"sqlite:///{root / 'ref.db'}"
@@ -102,7 +105,7 @@ def ref(tmp_path_factory):
             EXPERIMENT,
             "--no-progress",
         ],
-        timeout=300,
+        timeout=cluster.HANG_S,
         check=True,
     )
     summary = cluster.json_lines(res.stdout)[-1]
@@ -131,7 +134,12 @@ def start_snakemake(tmp_path: Path, cfg: Path, *args: str, log: str = "snakemake
     cmd = snakemake_cmd(tmp_path, cfg, DEFAULT_PROFILE, "--cores", "2", *args)
     fh = open(tmp_path / log, "w")
     return subprocess.Popen(
-        cmd, cwd=tmp_path, env=cluster.env_with_venv(), stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
+        cmd,
+        cwd=tmp_path,
+        env=cluster.env_with_venv(CLIENT_ENV),
+        stdout=fh,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
 
 
@@ -144,7 +152,7 @@ def finish(proc: subprocess.Popen, tmp_path: Path, log: str = "snakemake.log", t
     return (tmp_path / log).read_text()
 
 
-def wait_for_training(proc: subprocess.Popen, results: Path, tmp_path: Path, timeout: float = 240) -> int:
+def wait_for_training(proc: subprocess.Popen, results: Path, tmp_path: Path, timeout: float = cluster.HANG_S) -> int:
     """Wait until the cell's pretraining process has saved its first epoch; return its pid."""
     state = results / "runs" / CELL_ID / "state.pt"
 
@@ -209,9 +217,8 @@ def test_sigkill_of_the_whole_workflow_mid_epoch_then_rerun_resumes(tmp_path, re
     target = str(results / "runs" / CELL_ID / "checkpoint.pt")
     proc = start_snakemake(tmp_path, cfg, target)
     try:
-        wait_for_training(proc, results, tmp_path)
+        wait_for_training(proc, results, tmp_path)  # its first epoch saved: it trains the second
         job = job_pid(results)
-        time.sleep(0.3)  # into the second epoch (nothing below depends on how far it got)
     finally:
         cluster.kill_group(proc, signal.SIGKILL)
     # the job itself dies with the machine too (with warm start it is not in Snakemake's group;
@@ -220,11 +227,11 @@ def test_sigkill_of_the_whole_workflow_mid_epoch_then_rerun_resumes(tmp_path, re
         os.kill(job, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    wait_until(lambda: cell_unlocked(results), 120, "the killed job to release the cell")
+    wait_until(lambda: cell_unlocked(results), cluster.HANG_S, "the killed job to release the cell")
     state = torch.load(results / "runs" / CELL_ID / "state.pt", map_location="cpu", weights_only=False)
     assert 0 < state["step"] < ref["steps"]
     assert not Path(target).exists(), "the killed job left a checkpoint.pt"
-    run(snakemake_cmd(tmp_path, cfg, DEFAULT_PROFILE, "--unlock"), cwd=tmp_path, timeout=120, check=True)
+    run(snakemake_cmd(tmp_path, cfg, DEFAULT_PROFILE, "--unlock"), cwd=tmp_path, timeout=cluster.HANG_S, check=True)
     res = run(
         snakemake_cmd(tmp_path, cfg, DEFAULT_PROFILE, "--cores", "2", target),
         cwd=tmp_path,
@@ -246,17 +253,14 @@ def test_sigterm_preempted_job_exits_143_and_snakemake_retry_finishes_it(tmp_pat
     proc = start_snakemake(tmp_path, cfg, target)
     try:
         pid = wait_for_training(proc, results, tmp_path)  # its SIGTERM handler is installed: state.pt exists
-        t0 = time.monotonic()
         os.kill(pid, signal.SIGTERM)
-        wait_until(lambda: not cluster._pid_alive(pid), 120, "the pretraining process to exit after SIGTERM")
-        stop_s = time.monotonic() - t0
+        wait_until(lambda: not cluster._pid_alive(pid), cluster.HANG_S, "the pretraining process to exit after SIGTERM")
         out = finish(proc, tmp_path)
     finally:
         cluster.kill_group(proc, signal.SIGKILL)
     assert proc.returncode == 0, out[-3000:]
-    # it stops at its next step: 0.40 s measured, 0.65 s with a 2-process CPU hog beside it on the
-    # shared 2-core machine (load 15); the limit is 15x that (an epoch end would be seconds later)
-    assert stop_s < 10, f"took {stop_s:.1f} s to stop after SIGTERM"
+    # (that it saves at the step the signal reaches, not at an epoch end, is asserted without a clock
+    # by tests/training/test_train.py's paused-trainer tests)
     assert "exit status 143" in out, "the first attempt did not exit 143"  # Snakemake reports the failed attempt
     assert "Trying to restart job" in out, out[-3000:]
     log = (results / "logs" / "pretrain" / f"{CELL_ID}.log").read_text()
@@ -286,6 +290,7 @@ def test_mlflow_server_goes_away_mid_study_then_rerun_completes_without_duplicat
         run(
             snakemake_cmd(tmp_path, cfg, DEFAULT_PROFILE, "--cores", "2", target),
             cwd=tmp_path,
+            env=cluster.env_with_venv(CLIENT_ENV),
             timeout=SNAKE_TIMEOUT,
             check=True,
         )
@@ -300,7 +305,7 @@ def test_truncated_checkpoint_in_a_study_fails_its_step_naming_the_file(tmp_path
     """A checkpoint.pt cut short (a copy interrupted, a full disk in another tool)
     is not taken for a finished one: the step reading it fails, naming the file."""
     cfg, results = new_study(tmp_path, ref, tracking_uri="none")
-    run([str(BIN / "smallbatch"), "cells", "--config", str(cfg), "--write"], timeout=120, check=True)
+    run([str(BIN / "smallbatch"), "cells", "--config", str(cfg), "--write"], timeout=cluster.HANG_S, check=True)
     (results / "mlflow.ready").write_text("none\n")
     ckpt = results / "runs" / CELL_ID / "checkpoint.pt"
     blob = (ref["config"].parent / "ref" / "checkpoint.pt").read_bytes()
@@ -382,21 +387,46 @@ BAD_CONFIGS = {
 }
 
 
-@pytest.mark.parametrize("name", list(BAD_CONFIGS))
-def test_bad_config_fails_the_dry_run_before_any_job(tmp_path, name):
+#: run through Snakemake: one error of the schema check and one of the data-root check (the two
+#: checks the workflow runs, in one try block, before any job); every case is checked in-process
+#: below against the same functions, as the workflow calls them on the file's contents
+THROUGH_SNAKEMAKE = ("unknown loss", "missing data root")
+
+
+def bad_config(tmp_path: Path, name: str) -> tuple[Path, Path, list[str]]:
+    """(the config file of case ``name``, its results folder, the words its one line must name)."""
+    import yaml
+
     over, names = BAD_CONFIGS[name]
     results = tmp_path / "results"
-    base = {"results_dir": str(results), "study": "bad"}
-    for k, v in over.items():
-        base[k] = v
-    cfg = write_config(tmp_path / "bad.yaml", **base)
+    cfg = write_config(tmp_path / "bad.yaml", results_dir=str(results), study="bad", **over)
     if name == "missing data root":  # only cifar10 then, so nothing else could run first
-        import yaml
-
         c = yaml.safe_load(cfg.read_text())
         c["datasets"] = over["datasets"]
         cfg.write_text(yaml.safe_dump(c))
-    res = run(snakemake_cmd(tmp_path, cfg, DEFAULT_PROFILE, "-n"), cwd=tmp_path, timeout=120)
+    return cfg, results, names
+
+
+@pytest.mark.parametrize("name", list(BAD_CONFIGS))
+def test_bad_config_is_one_line_naming_the_key_from_the_workflows_checks(tmp_path, name):
+    import yaml
+
+    from smallbatch.pipeline.config import ConfigError, check_data_roots, validate_config
+
+    cfg, results, names = bad_config(tmp_path, name)
+    config = yaml.safe_load(cfg.read_text())  # what Snakemake hands the workflow
+    with pytest.raises(ConfigError) as info:
+        validate_config(config)
+        check_data_roots(config)
+    line = str(info.value)
+    assert "\n" not in line and all(n in line for n in names), line
+    assert not results.exists()
+
+
+@pytest.mark.parametrize("name", THROUGH_SNAKEMAKE)
+def test_bad_config_fails_the_dry_run_before_any_job(tmp_path, name):
+    cfg, results, names = bad_config(tmp_path, name)
+    res = run(snakemake_cmd(tmp_path, cfg, DEFAULT_PROFILE, "-n"), cwd=tmp_path, timeout=cluster.HANG_S)
     assert res.returncode != 0, res.stdout[-2000:]
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith("config error: ")]
     assert len(lines) == 1, res.stdout[-2000:]

@@ -20,6 +20,7 @@ import pytest
 from cluster import BIN, SlurmUnavailable, run
 
 EXPERIMENT = "smallbatch-smoke"
+REPORT_S = 600  # the report's hang guard; its requests to the server may wait as long
 
 
 @pytest.fixture(scope="module")
@@ -54,10 +55,13 @@ def smoke_sqlite(tmp_path_factory):
     return cluster.smoke_through_slurm(tmp_path_factory.mktemp("smoke_slurm"), slurm)
 
 
+@pytest.mark.slow  # the server is the slow tests' (starting one costs the fast tier ~15 s of a quiet machine)
 def test_server_listens_on_loopback_only(server):
     import subprocess
 
-    out = subprocess.run(["ss", "-ltnH", f"sport = :{server.port}"], capture_output=True, text=True, timeout=10)
+    out = subprocess.run(
+        ["ss", "-ltnH", f"sport = :{server.port}"], capture_output=True, text=True, timeout=cluster.HANG_S
+    )
     if out.returncode != 0:
         pytest.skip("no `ss` to list listening sockets")
     addrs = {line.split()[3].rsplit(":", 1)[0] for line in out.stdout.splitlines() if line.strip()}
@@ -120,7 +124,8 @@ def test_report_from_the_server_equals_the_report_from_a_local_store(smoke_http,
             "--out",
             str(out),
         ],
-        timeout=600,
+        env=cluster.env_with_venv(server.client_env(REPORT_S)),
+        timeout=REPORT_S,
         check=True,
     )
     assert (out / "index.md").is_file(), res.stdout[-2000:]

@@ -40,12 +40,28 @@ def _smoke_shape(cfg: Path) -> tuple[int, int]:
 def dry_run(tmp_path: Path, profile: Path, env: dict | None = None, config: Path | None = None) -> str:
     tmp_path.mkdir(parents=True, exist_ok=True)
     cfg = config or write_config(tmp_path / "config.yaml", results_dir=str(tmp_path / "results"))
-    res = run(snakemake_cmd(tmp_path, cfg, profile, "-n"), cwd=tmp_path, env=cluster.env_with_venv(env), timeout=300)
+    res = run(
+        snakemake_cmd(tmp_path, cfg, profile, "-n"),
+        cwd=tmp_path,
+        env=cluster.env_with_venv(env),
+        timeout=cluster.HANG_S,
+    )
     assert res.returncode == 0, res.stdout[-3000:]
     return res.stdout
 
 
 # --------------------------------------------------------------------------- the profile, dry
+@pytest.fixture(scope="module")
+def smoke_dry(tmp_path_factory) -> tuple[Path, str]:
+    """The smoke study's dry run through the slurm profile without SBATCH_PARTITION/ACCOUNT
+    (its config, its output): read by two tests (each dry run costs seconds of start-up)."""
+    root = tmp_path_factory.mktemp("smoke_dry")
+    cfg = write_config(root / "config.yaml", results_dir=str(root / "results"))
+    return cfg, dry_run(
+        root / "g", SLURM_PROFILE.parent, env={"SBATCH_PARTITION": "", "SBATCH_ACCOUNT": ""}, config=cfg
+    )
+
+
 def test_profile_has_no_hard_coded_account_or_partition():
     prof = yaml.safe_load(SLURM_PROFILE.read_text())
     assert prof["executor"] == "slurm"
@@ -54,10 +70,10 @@ def test_profile_has_no_hard_coded_account_or_partition():
         assert f"environ.get('{var}'" in str(dr[key]), f"{key} must come from ${var}, not {dr[key]!r}"
     assert {"runtime", "mem_mb"} <= set(dr)
     assert all("gpu" not in res for res in prof["set-resources"].values())  # the rules ask for GPUs themselves
-    assert set(prof["groups"]) == {"pretrain", "evaluate"}
+    assert set(prof["groups"]) == {"pretrain", "evaluate", "evaluate_snapshot"}
 
 
-def test_dry_run_requests_gpus_only_for_gpu_steps_and_takes_partition_from_env(tmp_path):
+def test_dry_run_requests_gpus_only_for_gpu_steps_and_takes_partition_from_env(tmp_path, smoke_dry):
     """device auto on a cluster (its login node may have no GPU): the cells' pretraining
     and evaluation ask for one GPU each, as a GRES string; nothing else asks for one."""
     cfg = write_config(tmp_path / "config.yaml", results_dir=str(tmp_path / "results"), device="auto")
@@ -75,17 +91,16 @@ def test_dry_run_requests_gpus_only_for_gpu_steps_and_takes_partition_from_env(t
     # a time-limit retry asks for more time: runtime scales with the attempt
     assert all(res_value(line, "runtime") == "240" for line in res["pretrain"])
     # without the variables the plugin chooses (empty = the cluster's default partition)
-    dry2 = dry_run(tmp_path / "noenv", SLURM_PROFILE.parent, env={"SBATCH_PARTITION": "", "SBATCH_ACCOUNT": ""})
-    for line in job_resources(dry2)["pretrain"]:
+    for line in job_resources(smoke_dry[1])["pretrain"]:
         assert res_value(line, "slurm_partition") == "", line
 
 
-def test_grouping_submits_one_job_per_cell(tmp_path):
+def test_grouping_submits_one_job_per_cell(tmp_path, smoke_dry):
     """Measured with `snakemake -n`: the profile's groups bundle pretrain, embed,
     kNN and linear of a cell into one SLURM job."""
-    cfg = write_config(tmp_path / "config.yaml", results_dir=str(tmp_path / "results"))
+    cfg, dry = smoke_dry
     n_cells, n_base = _smoke_shape(cfg)
-    grouped = cluster.count_submissions(dry_run(tmp_path / "g", SLURM_PROFILE.parent, config=cfg))
+    grouped = cluster.count_submissions(dry)
     prof = yaml.safe_load(SLURM_PROFILE.read_text())
     prof.pop("groups"), prof.pop("group-components")
     (tmp_path / "nogroups").mkdir()
@@ -106,13 +121,12 @@ def test_cells_per_gpu_groups_of_cells_share_one_gpu_and_devices_ask_for_tasks(t
     asks for ONE GPU (a GRES string is not summed over the group's cells); a cell on 2
     devices asks for 2 GPUs, 2 tasks (one per GPU) and runs through srun."""
     cfg = write_config(tmp_path / "config.yaml", results_dir=str(tmp_path / "results"), device="auto", cells_per_gpu=2)
-    dry_run(tmp_path / "k", SLURM_PROFILE.parent, config=cfg)
     n_cells, _ = _smoke_shape(cfg)
     out = run(
         snakemake_cmd(tmp_path / "k2", cfg, SLURM_PROFILE.parent, "-n", "--group-components", "cell=2"),
         cwd=tmp_path,
         env=cluster.env_with_venv(),
-        timeout=300,
+        timeout=cluster.HANG_S,
     )
     assert out.returncode == 0, out.stdout[-3000:]
     groups = re.findall(r"Group job .*?\n(?:.*\n)*?.*?resources: ([^\n]*)", out.stdout)
@@ -234,7 +248,7 @@ def test_preempted_slurm_job_resumes_on_retry(tmp_path, slurm):
         os.kill(trainer, signal.SIGSTOP)
         try:
             assert slurm.job(jid).get("JobState") == "RUNNING"
-            subprocess.run(["scancel", "--signal=TERM", "--full", jid], check=True, timeout=30)
+            subprocess.run(["scancel", "--signal=TERM", "--full", jid], check=True, timeout=cluster.HANG_S)
             cluster.wait_until(
                 lambda: cluster.signal_pending(trainer, signal.SIGTERM), 120, "SLURM's SIGTERM to reach the trainer"
             )

@@ -18,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import cluster
 import pandas as pd
 import pytest
 from cluster import job_resources
@@ -33,7 +34,7 @@ def snakemake(
     *args: str,
     results: Path | str,
     timeout: int = 600,
-    configfile: Path = SMOKE,
+    configfile: Path | tuple[Path, ...] = SMOKE,
     extra_config: tuple[str, ...] = (),
     cwd: Path = ROOT,
 ) -> subprocess.CompletedProcess:
@@ -48,7 +49,7 @@ def snakemake(
         "--snakefile",
         str(ROOT / "Snakefile"),
         "--configfile",
-        str(configfile),
+        *map(str, configfile if isinstance(configfile, tuple) else (configfile,)),
         "--workflow-profile",
         str(ROOT / "workflow/profiles/default"),
         "--config",
@@ -82,12 +83,39 @@ def planned_cells(proc: subprocess.CompletedProcess, rule: str) -> list[str]:
     return cells
 
 
+#: what the smoke study printed (the console `make study` shows: --logger smallbatch)
+CONSOLE: dict[str, str] = {}
+
+
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
-    results = tmp_path_factory.mktemp("smoke")
-    proc = snakemake("--cores", "2", "--quiet", results=results)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return results
+    """The smoke study on 2 local cores with the console `make study` shows (--logger smallbatch):
+    the session's one run of it (tests/test_mlflow_server.py compares the report a server gives
+    with its report).  The tests here only read it (dry runs and reports elsewhere; a file one of
+    them deletes is put back)."""
+    r = cluster.smoke_local(tmp_path_factory.mktemp("smoke_local"))
+    assert r["rc"] == 0, r["output"][-6000:]
+    CONSOLE["text"] = r["output"]
+    return r["results"]
+
+
+def test_the_console_prints_one_line_per_cell_with_an_eta_and_the_full_log_stays_in_its_file(study):
+    """Snakemake's rule blocks go to its log file only; the console has one line per finished cell (the
+    smoke study's 4 grid cells and 2 baselines), each with its time, and an ETA until the last."""
+    text = CONSOLE["text"]
+    cells = re.findall(
+        r"^\[\s*(\d+)/(\d+)\] (\S+)  (\d+ s|\d+ min \d\d s)  \(elapsed [^,]+, (ETA [^)]+|all done)\)$", text, re.M
+    )
+    assert len(cells) == 6 == len({c[2] for c in cells}), text[-3000:]
+    assert [int(c[0]) for c in cells] == list(range(1, 7)) and {c[1] for c in cells} == {"6"}
+    assert {c[2] for c in cells} >= {"digits/infonce/bs16-t0.5-s0", "digits/flatnce/bs64-t0.5-s0"}
+    assert all(c[4].startswith("ETA ") for c in cells[:-1]) and cells[-1][4] == "all done"
+    for block in ("rule pretrain:", "localrule", "wildcards:", "Shell command:", "steps (", "Job stats"):
+        assert block not in text, f"the console shows Snakemake's {block!r}"
+    log = re.search(r"^Complete log\(s\): (\S+)$", text, re.M)
+    assert log, text[-2000:]
+    full = Path(log.group(1)).read_text()
+    assert "rule pretrain:" in full and "wildcards: cell=digits/infonce/bs16-t0.5-s0" in full
 
 
 def _runs(results: Path) -> pd.DataFrame:
@@ -118,6 +146,15 @@ def test_every_cell_has_real_numbers_in_mlflow_and_files(study):
     base = runs[runs["tags.smallbatch.kind"] == "baseline"]
     assert sorted(base["tags.smallbatch.baseline"]) == ["random_init", "raw_pixels"]
     assert base["metrics.linear/top1"].between(80, 100).all()
+    raw, rnd = (base[base["tags.smallbatch.baseline"] == b].iloc[0] for b in ("raw_pixels", "random_init"))
+    assert pd.isna(raw["params.seed"]) and pd.isna(raw["params.backbone"])  # no network, nothing random
+    assert rnd["params.seed"] == "0" and rnd["params.backbone"] == "small_cnn"
+    # accuracies are counts over 360 test images in percent, rounded to 4 decimals: no float32 digits
+    for col in ("metrics.knn/top1", "metrics.linear/top1"):
+        for v in pd.concat([cell_runs[col], base[col]]).astype(float):
+            assert v == round(v, 4) and abs(v * 3.6 - round(v * 3.6)) < 1e-3, (col, v)
+    cost = pd.read_csv(study / "report" / "tables" / "cost_study.csv").set_index("section")
+    assert cost.loc["baseline", ["wall_s", "cpu_s"]].notna().all()  # the baselines' jobs are timed too
     for cid in cells:
         knn = json.loads((study / "runs" / cid / "knn.json").read_text())
         row = cell_runs[cell_runs["tags.smallbatch.cell_id"] == cid].iloc[0]
@@ -254,10 +291,8 @@ def test_gpu_cells_ask_for_gpus_and_share_them(tmp_path):
 
 @pytest.mark.parametrize(
     "override, key",
-    [
-        ("grid={losses: [infonce, flatnc]}", "grid.losses[1]"),
-        ("grid={batch_sizes: [1, 16]}", "grid.batch_sizes[0]"),
-        ("grid={temperatures: [-0.1]}", "grid.temperatures[0]"),
+    [  # a bad value and an unknown key given with --config; each value's own check is in-process
+        ("grid={losses: [infonce, flatnc]}", "grid.losses[1]"),  # (tests/pipeline/test_config.py)
         ("grid={batchsizes: [16]}", "grid.batchsizes"),
     ],
 )
@@ -290,6 +325,38 @@ def test_keep_features_writes_the_features_file(tmp_path):
     assert proc.returncode == 0 and "Nothing to be done" in proc.stdout + proc.stderr, proc.stderr[-2000:]
 
 
+def test_methods_without_negatives_run_through_the_workflow(tmp_path):
+    """SimSiam and VICReg: a digits cell each, pretrained and evaluated by the workflow's rules,
+    one finished MLflow run per cell with its probes and its representation logged, and the
+    report's representation section built from the store."""
+    import yaml
+
+    cfg = yaml.safe_load(SMOKE.read_text())
+    cfg["grid"].update(losses=["simsiam", "vicreg"], batch_sizes=[16])
+    cfg.update(study="smallbatch-methods", baselines=False)
+    cfg.setdefault("experiments", {})["mi"] = {"enabled": False}
+    config = tmp_path / "methods.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    results = tmp_path / "results"
+    proc = snakemake("--cores", "2", "--quiet", results=results, configfile=config)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{results / 'mlflow.db'}")
+    runs = mlflow.search_runs(experiment_names=["smallbatch-methods"])
+    cells = runs[runs["tags.smallbatch.kind"] == "cell"].set_index("tags.smallbatch.cell_id")
+    assert sorted(cells.index) == ["digits/simsiam/bs16-t0.5-s0", "digits/vicreg/bs16-t0.5-s0"]
+    assert (cells["tags.smallbatch.status"] == "finished").all()
+    for col in ("metrics.knn/top1", "metrics.linear/top1", "metrics.repr/features_rankme", "metrics.diag/cov_rank"):
+        assert cells[col].astype(float).map(math.isfinite).all(), col
+    assert (cells["metrics.diag/cov_rank"].astype(float) <= 15).all()  # B = 16 images: rank <= 15
+    for cid in cells.index:
+        geometry = json.loads((results / "runs" / cid / "representation.json").read_text())
+        assert geometry["repr/features_rankme"] == pytest.approx(cells.loc[cid, "metrics.repr/features_rankme"])
+    index = (results / "report" / "index.md").read_text()
+    assert "## What each representation looks like" in index and "representation_digits_t0.5.png" in index
+
+
 def test_lint_is_clean():
     """`snakemake --lint` on the default config, from the repository root (as .ci/run runs it)."""
     proc = subprocess.run(
@@ -314,9 +381,9 @@ def test_a_dry_run_prints_one_short_line_per_job(tmp_path):
         line for line in out.splitlines() if line.startswith("Shell command: ") and line != "Shell command: None"
     ]
     jobs = planned_jobs(proc)
-    assert len(commands) == sum(n for rule, n in jobs.items() if rule != "all"), jobs
+    assert len(commands) == sum(n for rule, n in jobs.items() if rule not in ("all", "settings")), jobs
     cells = [c for c in commands if " pretrain " in c or " evaluate " in c or " baseline " in c]
-    assert cells and all("--cell " in c and c.split("--cell ")[1].split()[0].endswith("/cell.json") for c in cells)
+    assert cells and all("--cell=" in c and c.split("--cell=")[1].split()[0].endswith("/cell.json") for c in cells)
     assert not any('"augment"' in c or "--cell-json" in c for c in commands)
     # the longest, paths aside: a pretraining's (1,560 characters when it carried the cell's JSON)
     assert max(len(c.replace(str(tmp_path / "results"), "R")) for c in commands) < 450
@@ -362,6 +429,49 @@ def test_a_moved_study_folder_plans_no_job(tmp_path):
     shutil.rmtree(first)  # nothing of the moved copy points back at the first folder
     proc = snakemake("-n", results="results", configfile=moved / "study.yaml", cwd=moved)
     assert "Nothing to be done" in proc.stdout + proc.stderr, proc.stdout[-3000:]
+
+
+def test_a_results_folder_never_serves_results_of_other_settings(tmp_path):
+    """A finished study, Snakemake's metadata (.snakemake/) deleted, rerun with a setting of
+    its cells changed (an overlay ``train: {steps: N+1}``): every cell reruns, and its
+    checkpoint, results and MLflow run are those of the new settings -- no old result is
+    served.  Run again with the first settings, it reruns them too (the folder now holds the
+    second's)."""
+    import shutil
+
+    import yaml
+
+    from smallbatch.pipeline.cells import expand_cells
+    from smallbatch.pipeline.config import deep_merge, load_config, read_config_file
+    from smallbatch.training.checkpoint import load_checkpoint
+
+    folder = tmp_path / "study"
+    config = _tiny_study(folder)
+    overlay = folder / "overlay.yaml"
+    steps = yaml.safe_load(config.read_text())["train"]["steps"]
+    overlay.write_text(yaml.safe_dump({"train": {"steps": steps + 1}}))
+    for i, configs in enumerate(((config,), (config, overlay), (config,))):
+        shutil.rmtree(folder / ".snakemake", ignore_errors=True)
+        if i:
+            planned = planned_jobs(snakemake("-n", results="results", configfile=configs, cwd=folder))
+            assert planned.get("pretrain") == 1 and planned.get("evaluate") == 1, planned
+        proc = snakemake("--cores", "2", "--quiet", results="results", configfile=configs, cwd=folder)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        merged = {}
+        for c in configs:
+            merged = deep_merge(merged, read_config_file(c))
+        (cell,) = expand_cells(load_config(None, {**merged, "results_dir": str(folder / "results")})).values()
+        run = folder / "results" / "runs" / cell["id"]
+        ck = load_checkpoint(run / "checkpoint.pt")
+        assert ck["cell_hash"] == cell["hash"] and ck["steps"] == cell["train"]["steps"], (ck["cell_hash"], ck["steps"])
+        assert json.loads((run / "cell.json").read_text())["hash"] == cell["hash"]
+        import mlflow
+
+        mlflow.set_tracking_uri(f"sqlite:///{folder / 'results' / 'mlflow.db'}")
+        runs = mlflow.search_runs(experiment_names=["smallbatch-smoke"])
+        runs = runs[runs["tags.smallbatch.kind"] == "cell"]  # (the report is a run of its own)
+        newest = runs.sort_values("start_time").iloc[-1]
+        assert newest["tags.smallbatch.cell_hash"] == cell["hash"], runs[["tags.smallbatch.cell_hash", "start_time"]]
 
 
 def test_snakemake_report_shows_the_figures_and_tables_with_captions(study, tmp_path):

@@ -43,7 +43,10 @@ class Mutant:
 
 #: the fast tests that guard each file (files missing at the commit are left out)
 TESTS = {
-    "src/smallbatch/losses.py": ["tests/core/test_losses.py", "tests/core/test_losses_precision.py"],
+    **{
+        f"src/smallbatch/losses/{f}.py": ["tests/core/test_losses.py", "tests/core/test_losses_precision.py"]
+        for f in ("base", "scores", "softmax", "flatnce", "decoupled")
+    },
     "src/smallbatch/pipeline/cells.py": ["tests/pipeline/test_config.py"],
     "src/smallbatch/report/evidence.py": ["tests/report/test_evidence.py"],
     "src/smallbatch/training/gradcache.py": ["tests/training/test_gradcache.py"],
@@ -54,65 +57,66 @@ TESTS = {
     ],
 }
 
-L, C, E, G, N = (
+LB, LS, LX, LF, LD = (f"src/smallbatch/losses/{f}.py" for f in ("base", "scores", "softmax", "flatnce", "decoupled"))
+C, E, G, N = (
     f"src/smallbatch/{f}"
-    for f in ("losses.py", "pipeline/cells.py", "report/evidence.py", "training/gradcache.py", "training/negatives.py")
+    for f in ("pipeline/cells.py", "report/evidence.py", "training/gradcache.py", "training/negatives.py")
 )
 MUTANTS = [
     # losses: the formulas, the scores, the mask
     Mutant(
-        L,
+        LB,
         "    logits = torch.cat([xp[:, None], xn], dim=1)\n    return torch.logsumexp(logits, dim=1) - xp",
         "    logits = torch.cat([xp[:, None], xn], dim=1)\n    return torch.logsumexp(logits, dim=1) + xp",
         "InfoNCE rows: + s_p/tau instead of -",
     ),
     Mutant(
-        L,
+        LS,
         "sim = z[rows] @ z.T\n    partner = (rows + n) % m",
         "sim = z[rows] @ z.T\n    partner = (rows + n - 1) % m",
         "in-batch positive: the neighbouring view",
     ),
     Mutant(
-        L,
+        LS,
         "z = F.normalize(torch.cat([z1, z2], dim=0).to(dt), dim=1)",
         "z = F.normalize(torch.cat([z1, z2], dim=0).to(dt), dim=0)",
         "scores: normalised over the batch axis",
     ),
     Mutant(
-        L,
+        LS,
         'x.masked_fill(~neg_mask, float("-inf"))',
         'x.masked_fill(neg_mask, float("-inf"))',
         "mask: the valid negatives removed instead of the invalid",
     ),
     Mutant(
-        L,
+        LD,
         "rows = torch.logsumexp(masked(neg / tau, neg_mask), dim=1) - pos / tau",
         "rows = torch.logsumexp(masked(neg / tau, neg_mask), dim=1) - pos",
         "DCL: the positive not divided by tau",
     ),
     Mutant(
-        L,
+        LD,
         "return 2.0 - p.shape[0] * torch.softmax(p / self.sigma, dim=0)",
         "return 1.0 - p.shape[0] * torch.softmax(p / self.sigma, dim=0)",
         "DCLW weights: 1 - ... (mean 0)",
     ),
     Mutant(
-        L,
+        LX,
         "xn = xn + torch.log(self.alpha / k)[:, None]",
         "xn = xn + torch.log(k / self.alpha)[:, None]",
         "EqCo: K/alpha instead of alpha/K",
     ),
     Mutant(
-        L,
+        LF,
         "l = (torch.logsumexp(masked(g * x, neg_mask), dim=1) - logk) / g + logk",
         "l = (torch.logsumexp(masked(g * x, neg_mask), dim=1) - logk) / g - logk",
         "FlatNCE Hoelder: - log K instead of +",
     ),
-    Mutant(L, "x = (neg - pos[:, None]) / tau", "x = (neg - pos[:, None]) * tau", "FlatNCE: logits times tau"),
+    Mutant(LF, "x = (neg - pos[:, None]) / tau", "x = (neg - pos[:, None]) * tau", "FlatNCE: logits times tau"),
     Mutant(
-        L,
-        "return LossOutput(loss=loss_rows.mean(),",
-        "return LossOutput(loss=loss_rows.sum(),",
+        LB,
+        "        return loss_rows.mean(), value_rows.mean()",
+        "        return loss_rows.sum(), value_rows.mean()",
         "loss: summed over anchors, not averaged",
     ),
     # cells: what the hash covers, K, the ids

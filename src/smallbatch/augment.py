@@ -70,7 +70,7 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
-__all__ = ["AugmentConfig", "BatchAugment", "RECIPES", "normalize", "rgb_to_hsv", "hsv_to_rgb"]
+__all__ = ["AugmentConfig", "BatchAugment", "MEANINGS", "RECIPES", "normalize", "rgb_to_hsv", "hsv_to_rgb"]
 
 #: Default parameter values of each recipe.
 RECIPES: dict[str, dict[str, Any]] = {
@@ -127,27 +127,29 @@ RECIPES: dict[str, dict[str, Any]] = {
 _CROP_TRIES = 10  # torchvision's RandomResizedCrop tries this many (scale, ratio) draws
 
 
+#: What each parameter of :class:`AugmentConfig` (the config's ``augment.<key>``) means
+MEANINGS: dict[str, str] = {
+    "recipe": "'gray_small', 'simclr' or 'none' (smallbatch.augment); its values fill the keys left unset",
+    "crop_scale": "(min, max) area fraction of the random resized crop, 0 < min <= max <= 1",
+    "crop_ratio": "(min, max) aspect ratio w/h of the crop, 0 < min <= max",
+    "flip_p": "probability of a horizontal flip",
+    "jitter_p": "probability of applying colour jitter",
+    "jitter_strength": "SimCLR's colour strength s: the jitter ranges are brightness, contrast, saturation and hue times s",
+    "brightness": "brightness factor f: drawn from [max(0, 1 - f s), 1 + f s]",
+    "contrast": "contrast factor f: drawn from [max(0, 1 - f s), 1 + f s]",
+    "saturation": "saturation factor f: drawn from [max(0, 1 - f s), 1 + f s] (3-channel images)",
+    "hue": "hue shift drawn from [-f s, f s], f s <= 0.5 (3-channel images)",
+    "grayscale_p": "probability of converting to grayscale (3-channel images)",
+    "blur_p": "probability of a Gaussian blur",
+    "blur_sigma": "(min, max) of the blur's standard deviation in pixels",
+    "blur_kernel_frac": "the blur kernel's size as a fraction of the image size",
+    "blur_min_size": "blur only images of at least this many pixels",
+}
+
+
 @dataclass
 class AugmentConfig:
-    """Parameters of the augmentation; ``None`` takes the value of ``recipe``.
-
-    Attributes:
-        recipe: ``'gray_small'``, ``'simclr'`` or ``'none'`` (see the module docstring).
-        crop_scale: (min, max) area fraction of the random resized crop, 0 < min <= max <= 1.
-        crop_ratio: (min, max) aspect ratio w/h of the crop, 0 < min <= max.
-        flip_p: probability of a horizontal flip.
-        jitter_p: probability of applying colour jitter.
-        jitter_strength: SimCLR's colour strength ``s``; the jitter ranges are the
-            following four factors times ``s``.
-        brightness, contrast, saturation: the factor is drawn from
-            ``[max(0, 1 - f*s), 1 + f*s]``.
-        hue: the hue shift is drawn from ``[-f*s, f*s]`` (``f*s <= 0.5``).
-        grayscale_p: probability of converting to grayscale (3-channel images).
-        blur_p: probability of a Gaussian blur.
-        blur_sigma: (min, max) of the blur's standard deviation in pixels.
-        blur_kernel_frac: the blur kernel's size as a fraction of the image size.
-        blur_min_size: blur only images of at least this many pixels.
-    """
+    """Parameters of the augmentation (:data:`MEANINGS`); ``None`` takes the value of ``recipe``."""
 
     recipe: str = "gray_small"
     crop_scale: tuple[float, float] | None = None
@@ -182,6 +184,22 @@ class AugmentConfig:
         if unknown:
             raise ValueError(f"augment: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}")
         return cls(**params)
+
+    @staticmethod
+    def reference() -> list[tuple[str, Any, str, dict[str, Any]]]:
+        """(key, default, meaning, {recipe: its value}) of every parameter; only ``recipe`` has a default of its own."""
+        rows = []
+        for f in fields(AugmentConfig):
+            per = {} if f.name == "recipe" else {r: v[f.name] for r, v in RECIPES.items()}
+            rows.append(
+                (
+                    f.name,
+                    f.default,
+                    MEANINGS[f.name],
+                    {r: list(v) if isinstance(v, tuple) else v for r, v in per.items()},
+                )
+            )
+        return rows
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved parameters (tuples as lists), e.g. for logging."""

@@ -53,6 +53,9 @@ class TrainSettings:
     neg_group: int | None = None
     bn_group: int | None = None
     mask_same_class: bool = False
+    extra_negatives: int | None = None
+    lr_schedule: str = "cosine"
+    snapshot_epochs: tuple[float, ...] | None = None
     ess_schedule: Mapping[str, Any] | None = None
     regime: Any = None
 
@@ -97,6 +100,7 @@ class _CellBase:
     dataset_options: Mapping[str, Any]
     data_root: str
     download: bool
+    data_digest: str
     seed: int
     train: TrainSettings
     eval: EvalSettings
@@ -156,6 +160,16 @@ class BaselineCell(_CellBase):
     baseline: str
     augment: Mapping[str, Any] | None = None
     batch_size: int | None = None
+
+
+def snapshot_name(epochs: float) -> str:
+    """The name of the budget of ``epochs`` (``train.snapshot_epochs``): ``ep0.3125``, ``ep5``."""
+    return f"ep{float(epochs):g}"
+
+
+def snapshot_names(cell: Cell) -> list[str]:
+    """The names of a cell's snapshot budgets, in its order (none without ``train.snapshot_epochs``)."""
+    return [snapshot_name(e) for e in cell.train.snapshot_epochs or ()]
 
 
 def read_cell(cell: Cell | BaselineCell | Mapping[str, Any]) -> Cell | BaselineCell:

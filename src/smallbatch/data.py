@@ -73,6 +73,9 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
+# where Debian installs Fashion-MNIST and its files' names: one place, shared with the digest of its content
+from .datadigest import DEBIAN_FASHION_MNIST, data_digest
+from .datadigest import FASHION_FILES as _FASHION_FILES
 from .io import atomic_write, save_torch
 
 __all__ = [
@@ -80,6 +83,8 @@ __all__ = [
     "DATASETS",
     "DEBIAN_FASHION_MNIST",
     "base_dataset",
+    "DISPLAY_NAMES",
+    "display_name",
     "SPLIT_SIZES",
     "ImageData",
     "pretrain_images",
@@ -127,6 +132,35 @@ SPLIT_SIZES: dict[str, dict[str, int]] = {
 }
 
 
+#: classes of every data set whose classes are fixed (the few-label probes' check before any job)
+NUM_CLASSES: dict[str, int] = {
+    "digits": 10,
+    "fashion_mnist": 10,
+    "cifar10": 10,
+    "cifar100": 100,
+    "stl10": 10,
+    "fashion_mnist_pairs": 100,
+    "fashion_mnist_triples": 1000,
+}
+
+
+#: what tables, figures and messages call each data set (its key in the config is the name on the left)
+DISPLAY_NAMES: dict[str, str] = {
+    "fashion_mnist": "Fashion-MNIST",
+    "cifar10": "CIFAR-10",
+    "cifar100": "CIFAR-100",
+    "stl10": "STL-10",
+    "imagefolder": "ImageFolder",
+    "fashion_mnist_pairs": "Fashion-MNIST pairs",
+    "fashion_mnist_triples": "Fashion-MNIST triples",
+}
+
+
+def display_name(name: str) -> str:
+    """The name a reader sees (``fashion_mnist`` -> ``Fashion-MNIST``); an unknown name unchanged."""
+    return DISPLAY_NAMES.get(str(name), str(name))
+
+
 def base_dataset(name: str) -> str:
     """The data set whose files ``name`` reads: a composite's base, else ``name`` itself."""
     return COMPOSITES[name][0] if name in COMPOSITES else name
@@ -155,15 +189,6 @@ def subset_problem(option: str, value: int | None, available: int, split: str, n
         return None
     return f"{option} = {value} is larger than the {available:,} {split} images of {name}"
 
-
-#: Where Debian's ``dataset-fashion-mnist`` package installs the IDX ``.gz`` files.
-DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
-_FASHION_FILES = (
-    "train-images-idx3-ubyte",
-    "train-labels-idx1-ubyte",
-    "t10k-images-idx3-ubyte",
-    "t10k-labels-idx1-ubyte",
-)
 
 _CACHE_FORMAT = "smallbatch.ImageData"
 _CACHE_VERSION = 1
@@ -329,7 +354,6 @@ def _labels(values: Any) -> torch.Tensor:
 
 
 #: how the data sets torchvision downloads are called in messages
-_DISPLAY = {"fashion_mnist": "Fashion-MNIST", "cifar10": "CIFAR-10", "cifar100": "CIFAR-100", "stl10": "STL-10"}
 #: a download that failed with one of these had no network to use
 _NETWORK_ERRNOS = {
     socket.EAI_NONAME,
@@ -361,7 +385,7 @@ def _failed_download(name: str, url: str, where: str, exc: Exception) -> FileNot
     """One line for a torchvision download that failed: the URL, why, and where to put
     the files by hand instead."""
     return FileNotFoundError(
-        f"{name}: could not download {_DISPLAY[name]} from {url}: {_download_reason(exc)}; put the files under {where}"
+        f"{name}: could not download {display_name(name)} from {url}: {_download_reason(exc)}; put the files under {where}"
     )
 
 
@@ -783,6 +807,7 @@ def load_dataset(
     mean, std = channel_stats(pre_t)
     meta = {
         "source": raw["source"],
+        "data_digest": data_digest(base_dataset(name), root, download),  # which data (check_cache compares)
         "classes": list(raw["classes"]),
         "image_size": int(train_t.shape[-1]),
         "train_subset": train_subset,
@@ -835,13 +860,14 @@ _CACHE_TENSORS = {"train_x": torch.uint8, "train_y": torch.int64, "test_x": torc
 
 
 def check_cache(data: ImageData, cell, path: str | Path) -> None:
-    """The cache holds the cell's data set at the cell's image size and subsets; a one-line
-    ValueError naming both otherwise (a cache of another data set or size would train the
-    cell on other data while its checkpoint and run still claim the cell's).  ``cell``: a
-    :class:`~smallbatch.cell.Cell` or BaselineCell."""
+    """The cache holds the cell's data set at the cell's image size and subsets, read from files
+    of the cell's data digest; a one-line ValueError naming both otherwise (a cache of another
+    data set, size or release would train the cell on other data while its checkpoint and run
+    still claim the cell's).  ``cell``: a :class:`~smallbatch.cell.Cell` or BaselineCell."""
     opts = cell.dataset_options
     want = {"dataset": cell.dataset, **{k: opts.get(k) for k in ("image_size", "train_subset", "test_subset")}}
     have = {"dataset": data.name, **(data.meta.get("options") or {})}
+    want["data digest"], have["data digest"] = cell.data_digest, data.meta.get("data_digest")
     if "options" not in data.meta:  # a cache from before the options were recorded
         have.update({k: data.meta.get(k) for k in ("train_subset", "test_subset")})
         have["image_size"] = data.meta.get("image_size") if want["image_size"] is not None else None

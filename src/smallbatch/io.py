@@ -5,9 +5,19 @@ fsyncs it, then moves it into place with ``os.replace``; a failed or interrupted
 leaves no partial file behind (the temporary file is removed) and never a file that
 looks finished.  Every file format of the pipeline (JSON results and cell files,
 ``torch.save`` checkpoints and states, ``.npz`` features, the data cache) goes through
-it, via :func:`write_json` / :func:`save_torch` or a ``write`` callback.  A written file
-gets the permissions the user's umask gives a new file (``0666 & ~umask``: ``-rw-r--r--``
-under umask 022, so a group shares a study's results), not ``mkstemp``'s ``-rw-------``.
+it, via :func:`write_json` / :func:`save_torch` / :func:`write_text` or a ``write``
+callback.  A written file gets the permissions the user's umask gives a new file
+(``0666 & ~umask``: ``-rw-r--r--`` under umask 022, so a group shares a study's results),
+not ``mkstemp``'s ``-rw-------``.
+
+A path is never clobbered (:func:`check_target`): the writer refuses, in one line naming
+the path, a target that exists and is not a regular file (a device such as ``/dev/null``, a
+FIFO, a socket, a folder) or is a symbolic link; it never writes into an existing file (the
+new file is renamed over the old name, so a hard link elsewhere keeps its content), and
+``exclusive=True`` refuses an existing target altogether.  Files this package keeps open
+(a cell's ``.lock``, a log) are opened by :func:`open_regular`: never through a link, never
+a FIFO or device, never a file with a second name (a hard link), whose content the PID or
+the log would overwrite.
 
 :class:`CellLock` is the one-writer-per-cell guarantee: an OS-level ``flock`` on
 ``<cell folder>/.lock``, held for the life of the process that trains the cell and
@@ -25,6 +35,7 @@ import errno
 import json
 import os
 import re
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
@@ -66,12 +77,60 @@ def current_umask(status: str = PROC_STATUS) -> int:
     return mask
 
 
-def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> Path:
+#: an exclusive write's refusal of an existing target (the CLI prints "<path>: <this>")
+EXISTS = "exists; refused (never overwritten): remove it or choose another path"
+
+
+class UnsafeTarget(ValueError):
+    """A path the package would write is not a plain file of its own (one line naming it)."""
+
+
+#: what an existing non-regular file is, by its ``stat`` type
+_KINDS = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def refusal(label: str, what: str, advice: str = "choose another path") -> str:
+    """The one line refusing to write ``label`` because it is ``what``."""
+    return (
+        f"{label} is {what}; refused (smallbatch writes only regular files of one name, never through a link): {advice}"
+    )
+
+
+def check_target(path: str | Path, label: str | None = None, advice: str = "choose another path") -> None:
+    """Refuse (:class:`UnsafeTarget`, one line naming ``path``, or ``label``) a target that
+    exists and is a symbolic link or not a regular file; a missing one or a regular file passes."""
+    try:
+        mode = os.lstat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):  # a parent that is a file: the write names it
+        return
+    if not stat.S_ISREG(mode):
+        raise UnsafeTarget(refusal(label or str(path), f"{_kind(mode)}, not a regular file", advice))
+
+
+def atomic_write(path: str | Path, write: Callable[[BinaryIO], None], exclusive: bool = False) -> Path:
     """Call ``write(fh)`` on a temporary binary file next to ``path``, fsync it and move it
     to ``path``, with the permissions ``open`` would give it (the umask's).  The folder is
     created; on any error the temporary file is removed, and a full disk is an OSError
-    "no space left on device" naming ``path`` (torch.save's own error for it names neither)."""
+    "no space left on device" naming ``path`` (torch.save's own error for it names neither).
+    A target that is not a regular file (:func:`check_target`) is refused before anything is
+    written; ``exclusive``: an existing target is refused too (and never replaced, even by a
+    writer racing this one)."""
     path = Path(path)
+    check_target(path)
+    if exclusive and os.path.lexists(path):
+        raise FileExistsError(errno.EEXIST, EXISTS, str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -80,7 +139,7 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> Path:
             write(fh)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        _move_into_place(tmp, path, exclusive)
     except BaseException as exc:
         try:
             os.unlink(tmp)
@@ -90,6 +149,20 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> Path:
             raise OSError(errno.ENOSPC, "no space left on device", str(path)) from None
         raise
     return path
+
+
+def _move_into_place(tmp: str, path: Path, exclusive: bool) -> None:
+    """``tmp`` under the name ``path``: renamed over it (checked again just before), or with
+    ``exclusive`` linked there only if the name is free (the kernel refuses an existing one)."""
+    if exclusive:
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            raise FileExistsError(errno.EEXIST, EXISTS, str(path)) from None
+        os.unlink(tmp)
+        return
+    check_target(path)
+    os.replace(tmp, path)
 
 
 def _disk_full(exc: BaseException, folder: Path) -> bool:
@@ -117,11 +190,51 @@ def write_json(path: str | Path, obj: Any, allow_nan: bool = True) -> Path:
     return atomic_write(path, lambda fh: fh.write(data))
 
 
-def save_torch(path: str | Path, obj: Any) -> Path:
+def write_text(path: str | Path, text: str, exclusive: bool = False) -> Path:
+    """Write ``text`` (UTF-8) atomically."""
+    data = text.encode("utf-8")
+    return atomic_write(path, lambda fh: fh.write(data), exclusive)
+
+
+def save_torch(path: str | Path, obj: Any, exclusive: bool = False) -> Path:
     """``torch.save(obj)`` atomically."""
     import torch
 
-    return atomic_write(path, lambda fh: torch.save(obj, fh))
+    return atomic_write(path, lambda fh: torch.save(obj, fh), exclusive)
+
+
+def open_regular(path: str | Path, label: str | None = None, flags: int = os.O_RDWR) -> int:
+    """A descriptor of the regular file ``path`` (created if missing, mode 0644 less the umask),
+    opened with ``flags`` but never through a symbolic link, never a FIFO, device, socket or
+    folder, and never a file with another name (a hard link: writing it would change that
+    other file); :class:`UnsafeTarget` naming ``label`` (default the path) otherwise.  Nothing
+    is written or truncated before these checks."""
+    label = label or str(path)
+    try:  # O_NONBLOCK: a FIFO opens without waiting for a reader (and is then refused)
+        fd = os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError:
+        check_target(path, label, "remove it")  # a link, a FIFO without a reader, a socket, a folder
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafeTarget(refusal(label, f"{_kind(st.st_mode)}, not a regular file", "remove it"))
+        if st.st_nlink > 1:
+            raise UnsafeTarget(refusal(label, f"a file with {st.st_nlink} names (a hard link)", "remove it"))
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_log(path: str | Path):
+    """A log file opened for writing from its start (:func:`open_regular`: never through a link,
+    never a FIFO or a hard-linked file); its folder is created."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fd = open_regular(path, f"log file {path}", os.O_WRONLY)
+    os.ftruncate(fd, 0)
+    return os.fdopen(fd, "w", encoding="utf-8")
 
 
 class CellBusy(RuntimeError):
@@ -150,15 +263,9 @@ class CellLock:
         if key in CellLock._held:
             CellLock._held[key] += 1
             return self
-        try:  # O_NOFOLLOW: a link planted as .lock would have the lock truncate its target
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise CellBusy(
-                    f"the lock of cell {self.name}, {self.path}, is a symbolic link; refused (a lock "
-                    "is never a link): remove the link"
-                ) from None
-            raise
+        # never through a link, never a FIFO or a hard-linked file: the PID written into it
+        # would otherwise truncate and overwrite another file (open_regular)
+        fd = open_regular(self.path, f"the lock of cell {self.name}, {self.path},")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:

@@ -22,7 +22,9 @@ g = 4 (the whole 4x4 map), against raw pixels' 81.5 / 82.7 %; after 3 epochs of 
 
 The projection head is SimCLR's 2-layer MLP (Chen et al., 2020, "A Simple Framework for
 Contrastive Learning of Visual Representations"): Linear-BN-ReLU-Linear. Probes (kNN,
-linear) read the backbone's features ``h``, never the head's output ``z``.
+linear) read the backbone's features ``h``, never the head's output ``z``.  A method whose
+loss declares a predictor (SimSiam, BYOL) adds one more MLP of the same form on ``z``
+(``ContrastiveModel.predictor``, trained and saved with the network, never probed).
 
 torchvision is imported lazily inside :func:`build_backbone` (it costs seconds to import).
 """
@@ -148,14 +150,21 @@ class ProjectionHead(nn.Module):
 
 class ContrastiveModel(nn.Module):
     """Backbone f + projection head g: ``forward(x) = g(f(x))`` (projections z),
-    ``features(x) = f(x)`` (the representation the probes evaluate)."""
+    ``features(x) = f(x)`` (the representation the probes evaluate).  With ``pred_hidden``, a
+    predictor q on the projections too (SimSiam's and BYOL's: Linear-BN-ReLU-Linear with that
+    hidden width, back to ``proj_dim``): ``predict(z) = q(z)``; registered after the backbone
+    and the head, so the first parameters are always those of f and g."""
 
-    def __init__(self, backbone: nn.Module, feat_dim: int, proj_hidden: int, proj_dim: int) -> None:
+    def __init__(
+        self, backbone: nn.Module, feat_dim: int, proj_hidden: int, proj_dim: int, pred_hidden: int | None = None
+    ) -> None:
         super().__init__()
         self.backbone = backbone
         self.head = ProjectionHead(feat_dim, proj_hidden, proj_dim)
         self.feat_dim = feat_dim
         self.proj_dim = proj_dim
+        if pred_hidden is not None:
+            self.predictor = ProjectionHead(proj_dim, pred_hidden, proj_dim)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """Backbone features h = f(x), shape (B, feat_dim)."""
@@ -164,6 +173,10 @@ class ContrastiveModel(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Projections z = g(f(x)), shape (B, proj_dim)."""
         return self.head(self.backbone(x))
+
+    def predict(self, z: torch.Tensor) -> torch.Tensor:
+        """The predictor's output q(z) of projections ``z`` (a model built with ``pred_hidden``)."""
+        return self.predictor(z)
 
     def forward_both(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(h, z) from a single backbone pass."""

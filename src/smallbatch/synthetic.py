@@ -37,8 +37,9 @@ def random_images(n: int, channels: int, size: int, seed: int = 0) -> tuple[torc
 
 
 def write_pickle(path: Path, obj) -> None:
-    with open(path, "wb") as fh:
-        pickle.dump(obj, fh, protocol=2)
+    from .io import atomic_write
+
+    atomic_write(path, lambda fh: pickle.dump(obj, fh, protocol=2))
 
 
 def cifar_images(n: int, rng: np.random.Generator) -> np.ndarray:

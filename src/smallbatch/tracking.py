@@ -58,6 +58,10 @@ TAG_PRETRAIN = "smallbatch.pretrain"  # how pretraining ended: finished | diverg
 #: when renewed); another folder's trainer is refused while it is live (see CellRun.take_lease)
 TAG_LEASE = "smallbatch.lease"
 TAG_ERROR = "smallbatch.error"  # why a failed run failed (its first line)
+#: the unit of a run's accuracies (every metric whose name holds top1 or top5), recorded when
+#: the run is made: the pipeline logs percent; the report reads a run by its tag, never by its values
+TAG_ACCURACY_UNIT = "smallbatch.accuracy_unit"
+ACCURACY_UNIT = "percent"
 LEASE_S = 120.0  # a lease of another host not renewed for this long is stale (its trainer is gone)
 #: a cell's outcome (tag TAG_STATUS): running until both probes are logged; the bad
 #: outcomes are results the report shows beside the numbers, never drops
@@ -333,7 +337,8 @@ def describe_study(experiment: str, config: str | None = None) -> str:
     return (
         f"smallbatch study **{experiment}**{cfg}: one run per cell (run name = cell id; tags "
         f"`{TAG_CELL}`, `{TAG_HASH}`, `{TAG_KIND}` = cell | baseline | mi | {KIND_PARENT} | {KIND_REPORT}). "
-        "A cell's artifacts: its resolved config (`cell.json`), its evaluation (`knn.json`, `linear.json`), "
+        "A cell's artifacts: its resolved config (`cell.json`), its evaluation (`knn.json`, `linear.json`, "
+        "`representation.json`), "
         "its backbone when `tracking.log_checkpoint` is on. The side experiments' rows are nested under a "
         f"parent run; the report is a run of kind `{KIND_REPORT}` with its tables and figures. Training "
         "curves: x-axis `train/images_seen` or `epoch` compares batch sizes (the step is the optimiser's). "
@@ -834,6 +839,7 @@ def _open_cell_run(
             TAG_KIND: kind,
             TAG_EXPERIMENT: cexp,
             TAG_STATUS: "running",
+            TAG_ACCURACY_UNIT: ACCURACY_UNIT,
             TAG_COMMIT: git_commit(),
             **_versions(),
         }

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from cluster import HANG_S
 
 import smallbatch.data as data_mod
 from smallbatch.data import (
@@ -387,7 +388,7 @@ def test_load_cache_does_not_import_torchvision(tmp_path):
         "assert d.train_x.shape[0] == 50; "
         "bad = [m for m in ('torchvision', 'sklearn') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)"
     )
-    result = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=HANG_S)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -447,3 +448,36 @@ def test_root_may_be_none_only_for_digits():
     assert load_dataset("digits", None, train_subset=10).train_x.shape[0] == 10
     with pytest.raises(ValueError, match="root"):
         load_dataset("cifar10", None)
+
+
+# --------------------------------------------------------------------------- which data: the digest in a cell's hash
+def test_the_pinned_md5s_of_the_data_digest_are_torchvisions():
+    """A release torchvision checks on every load (CIFAR, STL-10) or on download
+    (Fashion-MNIST's archives) is named by torchvision's own MD5."""
+    from torchvision.datasets import CIFAR10, CIFAR100, STL10, FashionMNIST
+
+    from smallbatch.datadigest import FASHION_MNIST_MD5, TORCHVISION_MD5
+
+    assert TORCHVISION_MD5 == {"cifar10": CIFAR10.tgz_md5, "cifar100": CIFAR100.tgz_md5, "stl10": STL10.tgz_md5}
+    assert FASHION_MNIST_MD5 == dict(FashionMNIST.resources)
+
+
+def test_fashion_mnists_digest_is_its_content_wherever_it_is_read_from(tmp_path, monkeypatch):
+    """Debian's archives and the files unpacked from them give one digest (a study that
+    unpacked its data plans the same cells after); other content gives another."""
+    import gzip
+
+    from smallbatch import datadigest
+
+    debian = tmp_path / "debian"
+    debian.mkdir()
+    for i, name in enumerate(datadigest.FASHION_FILES):
+        with gzip.open(debian / f"{name}.gz", "wb") as fh:
+            fh.write(bytes([i]) * 100)
+    monkeypatch.setattr(datadigest, "DEBIAN_FASHION_MNIST", debian)
+    archived = datadigest.data_digest("fashion_mnist", tmp_path / "fresh")
+    assert prepare_fashion_mnist(tmp_path / "unpacked", debian) is not None
+    assert datadigest.data_digest("fashion_mnist", tmp_path / "unpacked") == archived
+    (tmp_path / "unpacked" / "FashionMNIST" / "raw" / data_mod._FASHION_FILES[0]).write_bytes(b"other")
+    assert datadigest.data_digest("fashion_mnist", tmp_path / "unpacked" / ".." / "unpacked") != archived
+    assert archived.startswith("sha256:")

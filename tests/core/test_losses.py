@@ -28,6 +28,7 @@ from smallbatch.losses import (
     in_batch_scores,
     loss_param_names,
     queue_scores,
+    same_view_mask,
 )
 from smallbatch.training.negatives import MomentumQueue
 
@@ -421,11 +422,13 @@ def test_in_batch_scores_of_some_rows_are_those_rows_of_the_whole_batch():
     torch.testing.assert_close(batch_positives(z1, z2), pos, rtol=1e-14, atol=1e-14)
 
 
-@pytest.mark.parametrize("name", list(REGISTRY))
+@pytest.mark.parametrize("name", [n for n, cls in REGISTRY.items() if cls.per_anchor])
 def test_losses_of_disjoint_anchor_sets_average_to_the_whole_batch(name):
     """What a process that owns some anchors of a gathered batch computes: the mean of
     the per-process losses (equal shares) is the whole batch's loss, and so is its
-    gradient w.r.t. every embedding (DCLW's weights use the whole batch's positives)."""
+    gradient w.r.t. every embedding (DCLW's weights use the whole batch's positives; a
+    loss of same-view negatives masks the other view's, from the rows alone).  A loss that
+    is not a mean over anchors (``per_anchor`` False) runs on one process."""
     z1, z2 = _views(6, 5, seed=2)
     a, b = z1.clone().requires_grad_(True), z2.clone().requires_grad_(True)
     loss = at_tau(build_loss(name), 0.2)
@@ -436,6 +439,8 @@ def test_losses_of_disjoint_anchor_sets_average_to_the_whole_batch(name):
     for r in range(2):  # two "processes", each owning half of the images (both views)
         own = torch.cat([torch.arange(r * 3, r * 3 + 3), n + torch.arange(r * 3, r * 3 + 3)])
         pos, neg, mask = in_batch_scores(a, b, rows=own)
+        if loss.negatives == "same_view":
+            mask = same_view_mask(n, rows=own)
         parts.append(loss.from_scores(pos, neg, mask, batch_pos=batch_positives(a, b)).loss)
     split = (parts[0] + parts[1]) / 2
     g_split = torch.autograd.grad(split, (a, b))
@@ -444,7 +449,7 @@ def test_losses_of_disjoint_anchor_sets_average_to_the_whole_batch(name):
         torch.testing.assert_close(gs, gw, rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("name", list(REGISTRY))
+@pytest.mark.parametrize("name", [n for n, cls in REGISTRY.items() if cls.spec.contrastive])
 def test_a_temperature_tensor_equals_the_float(name):
     z1, z2 = _views(4, 3, seed=3)
     pos, neg, mask = in_batch_scores(z1, z2)
@@ -697,3 +702,40 @@ def test_the_ratio_is_not_q_b_when_anchors_differ():
     )
     assert float(qs.min()) <= ratio <= float(qs.max())
     assert ratio != pytest.approx(float(qs.mean()), rel=1e-6)
+
+
+def test_the_registry_loads_without_torch():
+    """Names, labels and the config schema's loss parts come from a module that imports no
+    torch: what the report and config planning read."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from smallbatch.losses import canonical_name, config_schema, display_name, loss_param_names, paper_family\n"
+        "assert canonical_name('ntxent') == 'infonce' and display_name('dclw') == 'DCLW'\n"
+        "assert config_schema()['loss_params'] and loss_param_names('eqco') == {'alpha': None}\n"
+        "assert paper_family('SimCLR (NT-Xent)') == 'infonce'\n"
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_every_registry_entry_is_its_class_and_every_lazy_name_resolves():
+    import smallbatch.losses as losses
+    from smallbatch.losses.registry import SPECS
+
+    for name, spec in SPECS.items():
+        cls = REGISTRY[name]
+        assert cls.spec is spec and cls.name == name and cls.display == spec.display, name
+        assert cls.param_defaults == spec.defaults and cls.stateful == spec.stateful, name
+        assert cls.__doc__ and spec.paper.split()[0] in cls.__doc__, f"{name}: its paper is not in its docstring"
+    for attr in losses.__all__:
+        assert getattr(losses, attr) is not None, attr
+    import importlib
+
+    for module, names in losses._LAZY.items():  # the lazy names are each module's public names, no more
+        assert set(names) == set(importlib.import_module(f"smallbatch.losses.{module}").__all__), module
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        losses.nope  # noqa: B018

@@ -52,7 +52,7 @@ def gcloss_v1_loop(h1, h2, index, u: dict, tau: float, gamma: float, per_image_i
     return total
 
 
-def ours(loss: SogCLR, z1, z2, idx, tau=TAU):
+def ours(loss: SogCLR, z1, z2, idx, tau: float | None = TAU):
     pos, neg, mask = in_batch_scores(z1, z2)
     return loss.from_scores(pos, neg, mask, temperature=tau, index=torch.stack([idx, idx]))
 
@@ -289,3 +289,117 @@ def test_a_tiny_sogclr_cell_trains_through_the_command_line(tmp_path):
 def test_sogclr_on_several_processes_is_refused_in_one_line():
     cell = _cell(devices=2)
     assert "one process" in train.control_problem(cell)
+
+
+# --------------------------------------------------------------------------- iSogCLR
+def isogclr_loop(h1, h2, index, state: dict, gamma, rho, eta, beta, tau_min, tau_max):
+    """LibAUC ``GCLoss_v1(enable_isogclr=True).forward`` (one process) as plain loops in float64,
+    with u set per image on its first visit (as ours): the loss (views summed, images
+    averaged; scores not divided by tau), and ``state`` (u, tau, its momentum per image)
+    updated in place -- tau after the loss is taken, from each view's own u."""
+    a_all, b_all = F.normalize(h1, dim=1), F.normalize(h2, dim=1)
+    n = a_all.shape[0]
+    k = 2 * (n - 1)
+    u, tau, mom = state["u"], state["tau"], state["mom"]
+    total, new_u, grads = 0.0, {}, {}
+    for a, b in ((a_all, b_all), (b_all, a_all)):
+        for i in range(n):
+            img = int(index[i])
+            t = tau[img]
+            negs = [a[i] @ b[j] for j in range(n) if j != i] + [a[i] @ a[j] for j in range(n) if j != i]
+            mean = sum(torch.exp(s.detach() / t) for s in negs) / k
+            old = u.get(img, 0.0)
+            ui = mean if old == 0 else (1 - gamma) * old + gamma * mean
+            w = [torch.exp(s.detach() / t) / ui for s in negs]
+            total = total + (-(a[i] @ b[i]) + sum(wj * s for wj, s in zip(w, negs)) / k) / n
+            new_u.setdefault(img, []).append(float(ui))
+            d = math.log(float(ui)) + rho - float(sum(wj * s.detach() / t for wj, s in zip(w, negs)) / k)
+            grads.setdefault(img, []).append(d)
+    for img, vals in new_u.items():
+        u[img] = sum(vals) / len(vals)
+        mom[img] = (1 - beta) * mom.get(img, 0.0) + beta * sum(grads[img]) / 2
+        tau[img] = min(max(tau[img] - eta * mom[img], tau_min), tau_max)
+    return total
+
+
+ISO = {"gamma": 0.8, "rho": 0.4, "eta": 0.05, "beta": 0.9, "tau_min": 0.05, "tau_max": 0.7}
+
+
+def test_isogclr_is_libaucs_enable_isogclr_step_after_step():
+    """Three steps over 5 of 12 images (new, then seen in other orders): loss and gradient are
+    half LibAUC's, and u, every image's tau and its momentum are LibAUC's, entry by entry."""
+    loss = build_loss("isogclr", **ISO)
+    loss.init_state(12, dtype=torch.float64)
+    loss.init_temperature(0.3)
+    state = {"u": {}, "tau": {i: 0.3 for i in range(12)}, "mom": {}}
+    batches = [torch.tensor([3, 7, 1, 9, 0]), torch.tensor([7, 3, 9, 0, 1]), torch.tensor([1, 0, 3, 7, 9])]
+    moved = 0
+    for step, idx in enumerate(batches):
+        z1, z2 = _views(5, 4, seed=20 + step)
+        ref_val, ref_g = _grads(lambda a, b: isogclr_loop(a, b, idx, state, **ISO), z1, z2)
+        val, g = _grads(lambda a, b: ours(loss, a, b, idx, tau=None), z1, z2)
+        assert float(val) * 2 == pytest.approx(float(ref_val), rel=1e-12, abs=1e-12)
+        for gr, go in zip(ref_g, g):
+            torch.testing.assert_close(go * 2, gr, rtol=1e-10, atol=1e-12)
+        for img, value in state["u"].items():
+            assert float(torch.exp(loss.log_u[img])) == pytest.approx(value, rel=1e-12)
+        for img, value in state["tau"].items():
+            assert float(loss.tau_i[img]) == pytest.approx(value, rel=1e-12)
+            moved += value != 0.3
+        for img, value in state["mom"].items():
+            assert float(loss.tau_momentum[img]) == pytest.approx(value, rel=1e-10, abs=1e-14)
+    assert moved and float(loss.learnt_temperature()) == pytest.approx(sum(state["tau"].values()) / 12, rel=1e-12)
+
+
+def test_isogclr_at_fixed_temperatures_is_tau_times_sogclr():
+    """eta = 0: the temperatures never move, and at tau the gradient is tau times SogCLR's, u the same."""
+    iso, sog = build_loss("isogclr", **{**ISO, "eta": 0.0}), build_loss("sogclr", gamma=ISO["gamma"])
+    for lo in (iso, sog):
+        lo.init_state(8, dtype=torch.float64)
+    iso.init_temperature(TAU)
+    for step, idx in enumerate([torch.tensor([0, 1, 2, 3]), torch.tensor([2, 3, 4, 5])]):
+        z1, z2 = _views(4, 3, seed=30 + step)
+        _, gi = _grads(lambda a, b: ours(iso, a, b, idx, tau=None), z1, z2)
+        _, gs = _grads(lambda a, b: ours(sog, a, b, idx), z1, z2)
+        for a, b in zip(gi, gs):
+            torch.testing.assert_close(a, TAU * b, rtol=1e-12, atol=1e-14)
+    assert torch.equal(iso.log_u, sog.log_u) and (iso.tau_i == TAU).all()
+
+
+def test_isogclr_bad_parameters_are_one_line():
+    with pytest.raises(ValueError, match="tau_min must be below tau_max"):
+        build_loss("isogclr", tau_min=0.5, tau_max=0.1)
+    with pytest.raises(ValueError, match=r"beta must be in \(0, 1\]"):
+        build_loss("isogclr", beta=0.0)
+    with pytest.raises(ValueError, match="rho must be a finite number >= 0"):
+        build_loss("isogclr", rho=-1)
+    assert list(build_loss("isogclr").parameters()) == []  # its temperatures are state, not parameters
+
+
+def test_an_isogclr_cell_logs_its_mean_temperature_and_resumes_bitwise(tmp_path, digits, capfd):
+    cfg = load_config(
+        None,
+        {
+            "datasets": {"digits": {}},
+            "train": {"width": 4, "proj_hidden": 16, "proj_dim": 8, "epochs": 2, "log_every": 5, "precision": "fp64"},
+        },
+    )
+    cell = make_cell(cfg, dataset="digits", loss="isogclr", loss_params={}, batch_size=32, temperature=0.5, seed=0)
+    logs: list = []
+
+    def run(out, **kw):
+        return train.pretrain(cell, digits.pretrain_x, digits.mean, digits.std, out, device="cpu", progress=False, **kw)
+
+    run(tmp_path / "ref", log_fn=lambda m, s: logs.append(m))
+    taus = [m["train/tau"] for m in logs]
+    assert taus[0] != taus[-1] and all(0.05 <= t <= 0.7 for t in taus)
+    spe = digits.pretrain_x.shape[0] // 32
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path / "cell", stop_after_steps=spe + 3)
+    run(tmp_path / "cell")
+    a, b = (train.load_checkpoint(tmp_path / f / "state.pt") for f in ("ref", "cell"))
+    assert set(a["loss"]) == {"log_u", "tau_i", "tau_momentum"}
+    for part in ("loss", "model"):
+        for k, v in a[part].items():
+            assert torch.equal(v, b[part][k]), (part, k)
+    assert float(a["loss"]["tau_i"].mean()) == pytest.approx(taus[-1], abs=0.05)

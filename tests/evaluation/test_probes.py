@@ -31,11 +31,32 @@ def test_validation_split_is_stratified_disjoint_and_fixed():
 
 
 def test_balanced_subset_takes_the_same_share_of_each_class_from_the_given_rows():
-    y = np.repeat(np.arange(3), [100, 40, 4])
-    rows = np.arange(0, len(y), 2)  # 50, 20, 2 rows per class
+    y = np.repeat(np.arange(3), [100, 40, 20])
+    rows = np.arange(0, len(y), 2)  # 50, 20, 10 rows per class
     picked = probes.balanced_subset(y, rows, 0.1, np.random.default_rng(0))
     assert np.isin(picked, rows).all()
-    assert np.bincount(y[picked]).tolist() == [5, 2, 1]  # round(0.1 n_c), at least one
+    assert np.bincount(y[picked]).tolist() == [10, 4, 2]  # round(0.1 n_c) of each class's rows of all
+
+
+@pytest.mark.parametrize(
+    "fraction,expect",
+    [
+        (
+            0.02,
+            r"gives class 2 round\(0\.02 x 20\) = 0 labelled images: none to fit a probe on; use a fraction of at least 0\.05",
+        ),
+        (
+            0.6,
+            r"gives class 0 round\(0\.6 x 100\) = 60 labelled images, but only 50 of its 100 lie outside the validation split",
+        ),
+    ],
+)
+def test_a_fraction_the_labelled_set_cannot_be_is_refused_not_rounded(fraction, expect):
+    """The metric is named by the fraction: a set that is not that fraction of each class (one
+    row where round gives none, fewer than asked where the fit rows run out) is refused."""
+    y = np.repeat(np.arange(3), [100, 40, 20])
+    with pytest.raises(ValueError, match=expect):
+        probes.balanced_subset(y, np.arange(0, len(y), 2), fraction, np.random.default_rng(0))
 
 
 def test_the_weight_decay_is_chosen_without_the_test_set_and_refitted_on_all_training_rows(feats):

@@ -489,6 +489,10 @@ def test_mi_step_logs_runs_and_report_section(tmp_path):
     for suffix in ("png", "svg"):
         assert (tmp_path / "report" / "figures" / f"mi_estimate_vs_true.{suffix}").is_file()
     assert "figures/mi_estimate_vs_true.png" in text
+    # every row's wall and CPU seconds reach the cost table: no blank for the MI toy
+    assert r0.data.metrics["mi/cpu_s"] > 0 and r0.data.metrics["mi/seconds"] > 0
+    cost = pd.read_csv(tables / "cost_study.csv").set_index("section").loc["mi"]
+    assert cost["other_wall_s"] > 0 and cost["other_cpu_s"] > 0 and cost["cpu_s"] == cost["other_cpu_s"]
     table = pd.read_csv(tables / "mi_bias_variance.csv")
     assert len(table) == 8  # the report finds the nested rows, and reads no row from the parent
     t_row = table[(table["estimator"] == "eqco") & (table["critic"] == "separable") & (table["true_mi"] == 6)].iloc[0]

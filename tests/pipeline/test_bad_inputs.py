@@ -417,6 +417,103 @@ CASES = [
         r"config file .*/c\.yaml is empty \(no settings, only blanks or comments\);.*",
         {"c.yaml": "# study: mine\n\n"},
     ),
+    # --- values that passed validation, then broke or changed meaning
+    Case(
+        "train.neg_group 8.0 (a whole float)",
+        CELLS,
+        r"config key 'train\.neg_group' = 8\.0 has the wrong type; expected \['integer', 'null'\]",
+        {"c.yaml": STUDY + "train: {neg_group: 8.0}\n"},
+    ),
+    Case(
+        "epochs 1:30 (YAML 1.1 base 60)",
+        CELLS,
+        r"config file .*/c\.yaml: key 'train\.epochs' = 1:30 \(line 3\) reads as 90 in YAML 1\.1 and as the text "
+        r"'1:30' in YAML 1\.2; write it so both read the same \(a plain decimal number, true or false, or the text in quotes\)",
+        {"c.yaml": STUDY + "train: {epochs: 1:30}\n"},
+    ),
+    Case(
+        "seeds [010] (YAML 1.1 octal)",
+        CELLS,
+        r"config file .*/c\.yaml: key 'grid\.seeds\[0\]' = 010 \(line 2\) reads as 8 in YAML 1\.1 and as 10 in YAML 1\.2; .*",
+        {"c.yaml": "datasets: {digits: {}}\ngrid: {losses: [infonce], seeds: [010]}\n"},
+    ),
+    Case(
+        "lr 1e-3 (text in YAML 1.1)",
+        CELLS,
+        r"config file .*/c\.yaml: key 'train\.lr' = 1e-3 \(line 3\) reads as the text '1e-3' in YAML 1\.1 and as "
+        r"0\.001 in YAML 1\.2; .*",
+        {"c.yaml": STUDY + "train: {lr: 1e-3}\n"},
+    ),
+    Case(
+        "two << merge keys in one mapping",
+        CELLS,
+        r"config file .*/c\.yaml: mapping train \(line 5\) has 2 '<<' merge keys \(lines 5, 6\); YAML keeps only one "
+        r"of them: write one '<<: \[\*a, \*b\]'",
+        {"c.yaml": STUDY + "a: &a {epochs: 2}\ntrain:\n  <<: *a\n  <<: {lr: 0.1}\n"},
+    ),
+    Case(
+        "a key ~ (null)",
+        CELLS,
+        r"config file .*/c\.yaml: the key ~ \(line 3\) is not a name \(YAML reads it as None\); a config key is text: "
+        r"quote it, or remove it",
+        {"c.yaml": STUDY + "~: 1\n"},
+    ),
+    Case(
+        "train.steps 10^15",
+        CELLS,
+        r"config key 'train\.steps' = 1000000000000000 is out of range; it must be <= 1000000000",
+        {"c.yaml": STUDY + "train: {steps: 1000000000000000}\n"},
+    ),
+    Case(
+        "threads 10^9",
+        CELLS,
+        r"config key 'threads' = 1000000000 is out of range; it must be <= 1024",
+        {"c.yaml": STUDY + "threads: 1000000000\n"},
+    ),
+    Case(
+        "a seed of 2^64",
+        CELLS,
+        r"config key 'grid\.seeds\[0\]' = 18446744073709551616 is out of range; it must be <= 4294967295",
+        {"c.yaml": "datasets: {digits: {}}\ngrid: {losses: [infonce], seeds: [18446744073709551616]}\n"},
+    ),
+    Case(
+        "a seed given twice",
+        CELLS,
+        r"config key 'grid\.seeds' = \[0, 0\] holds a value twice; give each once",
+        {"c.yaml": "datasets: {digits: {}}\ngrid: {losses: [infonce], seeds: [0, 0]}\n"},
+    ),
+    Case(
+        "an integer without its own bound above int32",
+        CELLS,
+        r"config key 'train\.width' = 4294967296 is out of range; it must be <= 2147483647",
+        {"c.yaml": STUDY + "train: {width: 4294967296}\n"},
+    ),
+    Case(
+        "experiments.mi with one seed",
+        CELLS,
+        r"config key 'experiments\.mi\.seeds' = \[0\] has 1; it needs at least 3",
+        {"c.yaml": STUDY + "experiments: {mi: {enabled: true, seeds: [0]}}\n"},
+    ),
+    Case(
+        "eval.fewshot_fractions [0.0001]: fewer than one label of a class",
+        CELLS,
+        r"cell 'digits/infonce/bs16-t0\.1-s0': eval\.fewshot_fractions = 0\.0001 gives a class of 144 training images "
+        r"no labelled image \(round\(0\.0001 x 144\) = 0\); use a fraction of at least 0\.007",
+        {"c.yaml": STUDY + "eval: {fewshot_fractions: [0.0001]}\n"},
+    ),
+    Case(
+        "eval.fewshot_fractions [1.0]: more labels than lie outside the validation split",
+        CELLS,
+        r"cell 'digits/infonce/bs16-t0\.1-s0': eval\.fewshot_fractions = 1 is more than the 0\.9 of each class's "
+        r"training images outside the validation split \(eval\.linear_val_fraction = 0\.1\); use at most that "
+        r"\(all labels: the linear probe, linear/top1\)",
+        {"c.yaml": STUDY + "eval: {fewshot_fractions: [1.0]}\n"},
+    ),
+    Case(
+        "--out ~/x (a literal tilde)",
+        ("prepare-data", "--dataset", "digits", "--out", "~/x.pt"),
+        r"--out = '~/x\.pt' starts with '~', which nothing expands here; write the full path \('.*/x\.pt'\?\)",
+    ),
     # --- the same checks on Snakemake's path, before any job
     Case(
         "YAML syntax error in config.yaml (snakemake)",

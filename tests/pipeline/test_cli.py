@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from cluster import HANG_S
 
 from smallbatch.pipeline import cli
 
@@ -195,7 +196,7 @@ def test_real_process_exit_status_and_single_stderr_line(tmp_path):
         ],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_S,
     )
     assert p.returncode == 2
     assert p.stderr.strip().splitlines() == ["smallbatch: error: --temperature must be a finite number > 0, not 0.0"]
@@ -218,7 +219,6 @@ SELF_EXPLANATORY = {
     "--optimizer",
     "--backbone",
     "--device",
-    "--no-progress",
     "--out",
     "--config",
     "--data-root",
@@ -333,13 +333,70 @@ def test_every_flag_a_workflow_rule_passes_is_an_option_of_its_subcommand():
         assert flags <= known, f"rule {rule}: smallbatch {command} has no {sorted(flags - known)}"
 
 
-def test_top_level_help_lists_every_subcommand(capsys):
+def test_top_level_help_lists_every_user_command_and_no_internal_one(capsys):
+    from smallbatch.pipeline.cli_parser import INTERNAL_COMMANDS
+
     with pytest.raises(SystemExit) as ei:
         cli.main(["--help"])
     assert ei.value.code == 0
     out = capsys.readouterr().out
-    for command in _subparsers():
-        assert command in out
+    listing = out.split("positional arguments:")[1].split("options:")[0]
+    assert set(re.findall(r"^    (\S+)", listing, re.M)) == set(_subparsers()) - set(INTERNAL_COMMANDS)
+    # what the commands do, truthfully: not every command runs a step of a cell
+    assert "cells, report and config-reference work on a whole study" in " ".join(out.split())
+    assert "-v, --verbose" in out and "-q, --quiet" in out
+    for command in INTERNAL_COMMANDS:  # hidden from the list, still there to call
+        assert _subparsers()[command].description
+
+
+@pytest.mark.parametrize("command", [None, *sorted(_subparsers())])
+def test_no_help_shows_rst_markup(capsys, command):
+    with pytest.raises(SystemExit):
+        cli.main(["--help"] if command is None else [command, "--help"])
+    out = capsys.readouterr().out
+    assert "`" not in out and ":mod:" not in out
+
+
+def test_loss_help_lists_every_loss_of_the_registry_and_its_parameters(capsys):
+    from smallbatch.losses.registry import SPECS, loss_param_names
+
+    with pytest.raises(SystemExit):
+        cli.main(["pretrain", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    for name, spec in SPECS.items():
+        assert f" {name}" in out, name
+        for alias in spec.aliases:
+            assert alias in out, alias
+        for param in loss_param_names(name):
+            assert param in out, (name, param)
+
+
+@pytest.mark.parametrize(
+    "argv, level",
+    [
+        (["cells"], 0),
+        (["-q", "cells"], -1),
+        (["cells", "--quiet"], -1),
+        (["--verbose", "cells"], 1),
+        (["cells", "-v"], 1),
+        (["-q", "cells", "-v"], 1),  # after the command it wins
+    ],
+)
+def test_verbosity_is_one_flag_before_or_after_the_command(argv, level):
+    assert cli.build_parser().parse_args(argv).verbosity == level
+
+
+def test_verbose_prints_the_traceback_of_an_error_and_quiet_does_not(capsys, monkeypatch):
+    import logging
+
+    monkeypatch.setattr(logging.getLogger(), "level", logging.getLogger().level)  # main sets it: restored after
+    bad = ["cells", "--config", "/nonexistent/config.yaml"]
+    assert cli.main(["-v", *bad]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith("smallbatch: error: ") and "Traceback (most recent call last)" in err
+    assert cli.main(["-q", *bad]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
 
 
 def test_every_option_is_explained():

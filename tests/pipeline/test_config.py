@@ -195,6 +195,8 @@ OTHER_VALUE = {
     ("datasets", "digits", "test_subset"): 200,
     ("datasets", "digits", "image_size"): 16,
 }
+#: settings valid only beside another one: that one is set in both cells compared
+COMPANIONS = {("train", "snapshot_epochs"): {"train": {"lr_schedule": "constant"}}}
 
 
 def _schema_node(path: tuple) -> dict:
@@ -274,11 +276,15 @@ def _digits_cell(overrides: dict, loss: str = "infonce") -> dict:
 def _changed_cells(path: tuple, node: dict) -> tuple[dict, dict]:
     """(the default digits cell, the cell with the setting at ``path`` changed)."""
     loss = path[1] if path[0] == "loss_params" else "infonce"
-    base = _digits_cell({}, loss)
+    companion = COMPANIONS.get(path, {})
+    base = _digits_cell(companion, loss)
     default = validate_config(grid(losses=[loss]))
     for part in path:
         default = default[part]
-    return base, _digits_cell(_nested(path, _other_value(path, node, default)), loss)
+    changed = _nested(path, _other_value(path, node, default))
+    for key, sub in companion.items():
+        changed[key] = {**sub, **changed.get(key, {})}
+    return base, _digits_cell(changed, loss)
 
 
 SETTINGS = schema_settings()
@@ -304,6 +310,39 @@ def test_hash_changes_with_every_science_setting_and_no_execution_setting(path, 
         assert other["hash"] == base["hash"], f"execution setting {'.'.join(path)} changed the hash"
     else:
         assert other["hash"] != base["hash"], f"{'.'.join(path)} changes the cell but not its hash"
+
+
+def test_a_cells_id_is_in_its_hash():
+    """A cell file whose id was edited to another cell's id fails its hash check."""
+    cell = _digits_cell({})
+    assert cell_hash({**cell, "id": cell["id"].replace("-s0", "-s1")}) != cell["hash"]
+
+
+def _fashion_root(root: Path, tweak: bool = False) -> Path:
+    """Four small files in Fashion-MNIST's layout (only their content is read: the digest)."""
+    from smallbatch.data import _FASHION_FILES
+
+    raw = root / "FashionMNIST" / "raw"
+    raw.mkdir(parents=True)
+    for i, name in enumerate(_FASHION_FILES):
+        (raw / name).write_bytes(bytes([i]) * 64 + (b"!" if tweak and i == 2 else b""))
+    return root
+
+
+def test_the_datas_content_is_in_the_hash_not_where_it_lies(tmp_path):
+    """Another copy of the same files (data.root or datasets.<name>.root) keeps every hash;
+    other content (one byte) changes every hash: the data's identity is hashed, not its place."""
+    a, b, other = (_fashion_root(tmp_path / n, tweak=n == "other") for n in ("a", "b", "other"))
+
+    def hashes(data: dict, dataset: dict | None = None) -> list[str]:
+        cfg = {**grid(seeds=[0, 1]), "datasets": {"fashion_mnist": dataset or {}}, "data": data}
+        return [c["hash"] for c in expand_cells(validate_config(cfg)).values()]
+
+    first = hashes({"root": str(a)})
+    assert len(first) == 2
+    assert hashes({"root": str(b)}) == first
+    assert hashes({"root": str(tmp_path / "none")}, {"root": str(b)}) == first
+    assert set(hashes({"root": str(other)})).isdisjoint(first)
 
 
 def test_keys_added_later_hash_at_their_default_as_if_absent():
@@ -413,7 +452,9 @@ def test_the_hash_tests_cover_every_part_of_a_cell():
         "seed",
         "experiment",
         "negatives",
-    }  # data.download, the augmentation test, the axes (negatives: 2N-2)
+        "id",
+        "data_digest",
+    }  # data.download, the augmentation test, the axes (negatives: 2N-2), the id and data tests
     assert set(base) - set(NAME_KEYS) == covered
 
 
@@ -538,25 +579,32 @@ def test_schema_loss_names_and_parameters_come_from_the_registry():
         assert sorted(lp[name]["properties"]) == sorted(cls.param_defaults), name
 
 
+class _ToyLoss:
+    """Made (by the test below) a DCL with a scaled positive, registered as "toy"."""
+
+
 def test_a_new_loss_needs_only_the_registry(monkeypatch):
-    """Adding a loss is one class in losses.py: the config schema, cells, labels and
-    build_loss pick it up from the registry (no other file lists loss names)."""
+    """Adding a loss is its registry entry plus its class: the config schema, cells, labels
+    and build_loss pick it up from the registry (no other file lists loss names)."""
     from smallbatch import losses
+    from smallbatch.losses import registry
     from smallbatch.pipeline import schema as schema_mod
 
-    class Toy(losses.DCL):
-        """A toy loss for this test: DCL with a scaled positive."""
+    spec = registry.LossSpec(
+        name="toy",
+        display="Toy",
+        paper="a test",
+        impl=f"{__name__}:_ToyLoss",
+        defaults={"beta": 1.0},
+        params={"beta": {"type": "number", "exclusiveMinimum": 0, "default": 2.0}},
+    )
+    monkeypatch.setitem(registry.SPECS, "toy", spec)
 
-        name = "toy"
-        display = "Toy"
-        param_defaults = {"beta": 1.0}
-        param_schema = {"beta": {"type": "number", "exclusiveMinimum": 0, "default": 2.0}}
-
+    class Toy(losses.DCL, spec="toy"):
         def _check_param(self, key, value):
             return float(value)
 
-    monkeypatch.setitem(losses.REGISTRY, "toy", Toy)
-    monkeypatch.setitem(losses.LOSSES, "toy", Toy)
+    monkeypatch.setitem(globals(), "_ToyLoss", Toy)
     monkeypatch.setattr(schema_mod, "_SCHEMA_CACHE", {})
     cfg = validate_config(grid(losses=["infonce", {"name": "toy", "beta": [2.0, 3.0]}]))
     cells = expand_cells(cfg)
@@ -566,7 +614,8 @@ def test_a_new_loss_needs_only_the_registry(monkeypatch):
         "digits/toy-beta3/bs16-t0.1-s0",
     }
     assert cfg["loss_params"]["toy"] == {"beta": 2.0}
-    assert at_tau(losses.build_loss("toy", beta=3.0), 0.1).beta == 3.0
+    built = losses.build_loss("toy", beta=3.0)
+    assert isinstance(built, Toy) and at_tau(built, 0.1).beta == 3.0
     assert losses.display_name("toy") == "Toy"
     with pytest.raises(ConfigError, match="beta"):
         validate_config(grid(losses=[{"name": "toy", "beta": -1}]))

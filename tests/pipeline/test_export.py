@@ -203,3 +203,39 @@ def test_refusals_are_one_line(tmp_path, trained):
         ["export", "--run-dir", str(tmp_path / "none"), "--out", str(tmp_path / "x.pt")]
     )
     assert not (tmp_path / "x.pt").exists()
+
+
+def test_a_backbone_with_nan_weights_is_refused(tmp_path, trained):
+    """A checkpoint whose backbone holds a NaN (a 'finished' cell whose weights broke) exports
+    nothing: one line naming the checkpoint and the first tensor."""
+    ck = load_checkpoint(trained["run_dir"] / "checkpoint.pt", kind="checkpoint")
+    model = {k: v.clone() for k, v in ck["model"].items()}
+    name = next(k for k, v in model.items() if k.startswith("backbone.") and v.is_floating_point())
+    model[name].view(-1)[0] = float("nan")
+    save_checkpoint(
+        tmp_path / "checkpoint.pt",
+        ck["cell"],
+        model=model,
+        status="finished",
+        channels=ck["channels"],
+        image_size=ck["image_size"],
+    )
+    line = error_line(["export", "--run-dir", str(tmp_path), "--out", str(tmp_path / "x.pt")])
+    assert f"checkpoint {tmp_path / 'checkpoint.pt'} of cell {CELL_ID}: 1 of the backbone's" in line, line
+    assert f"(first: {name[len('backbone.') :]}); refused" in line, line
+    assert not (tmp_path / "x.pt").exists()
+
+
+def test_the_default_export_never_replaces_an_existing_file(tmp_path, trained):
+    """`smallbatch export` without --out writes <cell folder>/backbone.pt, once: a second export
+    (or a file of the user's there) is refused, the file kept."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "checkpoint.pt").write_bytes((trained["run_dir"] / "checkpoint.pt").read_bytes())
+    (folder / "backbone.pt").write_text("mine\n")
+    line = error_line(["export", "--run-dir", str(folder)])
+    assert (
+        line
+        == f"smallbatch: error: {folder / 'backbone.pt'}: exists; refused (never overwritten): remove it or choose another path"
+    )
+    assert (folder / "backbone.pt").read_text() == "mine\n"

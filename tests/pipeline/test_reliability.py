@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cluster import HANG_S
 
 from smallbatch import data, tracking
 from smallbatch.errors import CheckpointError
@@ -67,7 +68,7 @@ def stderr_of(proc: subprocess.Popen) -> str:
     return proc.log.read_text()
 
 
-def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
+def wait_for(path: Path, proc: subprocess.Popen, timeout: float = HANG_S) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists():
         assert proc.poll() is None, f"process ended early: {stderr_of(proc)[-800:]}"
@@ -119,7 +120,7 @@ def test_a_second_trainer_of_a_cell_stops_at_once_naming_the_holder(tmp_path, ca
         first.wait()
     third = start_pretrain(cell, out, cache, "none")
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + HANG_S
         while "resuming" not in stderr_of(third) and time.monotonic() < deadline:
             assert third.poll() is None, stderr_of(third)[-800:]
             time.sleep(0.05)

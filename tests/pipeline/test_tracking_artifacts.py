@@ -23,7 +23,7 @@ from smallbatch.training import loop as train
 from smallbatch.training.checkpoint import load_checkpoint
 
 EXPERIMENT = "artifacts"
-ARTIFACTS = ["backbone.pt", "cell.json", "knn.json", "linear.json"]
+ARTIFACTS = ["backbone.pt", "cell.json", "knn.json", "linear.json", "representation.json"]
 
 
 def digits_cell(**top) -> dict:
@@ -79,7 +79,8 @@ def test_mlflow_ui_started_in_the_moved_folder_serves_the_artifacts(study, tmp_p
     from mlflow.tracking import MlflowClient
 
     results, cell, run_id, _ = study
-    with cluster.MlflowServer(results, artifacts=None) as server:
+    # the server answered its health check: this test's requests wait for their answers (hang guard only)
+    with cluster.MlflowServer(results, artifacts=None) as server, cluster.client_deadline(cluster.HANG_S):
         client = MlflowClient(tracking_uri=server.uri)
         assert sorted(a.path for a in client.list_artifacts(run_id)) == ARTIFACTS
         got = client.download_artifacts(run_id, "cell.json", str(tmp_path))

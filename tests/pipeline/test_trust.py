@@ -25,9 +25,11 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import torch
+from cluster import HANG_S
 
 from smallbatch import data
 from smallbatch.pipeline import cli
@@ -45,7 +47,21 @@ def tiny_cell(**train) -> dict:
 
 
 def with_id(cell: dict, cid: str) -> dict:
-    return {**cell, "id": cid}  # the id is not part of the hash: only the grammar can refuse it
+    return {**cell, "id": cid}  # the hash (which covers the id) not recomputed: the grammar refuses it first
+
+
+def rehashed(cell: dict) -> dict:
+    """``cell`` with the hash of its (edited) settings: only the cell checks can refuse it."""
+    return {**cell, "hash": cell_hash(cell)}
+
+
+def edited(section: str | None = None, drop: str | None = None, **values) -> dict:
+    """A tiny cell edited by hand (a top-level key, or one of ``section``), its hash recomputed."""
+    cell = tiny_cell()
+    if section is None:
+        return rehashed({**cell, **values})
+    part = {k: v for k, v in {**cell[section], **values}.items() if k != drop}
+    return rehashed({**cell, section: part})
 
 
 def one_line(capsys, argv: list[str]) -> str:
@@ -69,10 +85,14 @@ class Payload:
 
 
 # --------------------------------------------------------------------------- the rules' quoting
+#: a rule's `shell:` strings (comment lines between them and `shell:` skipped)
+SHELL_BLOCK = r"^\s+shell:\n(?:\s+#.*\n)*((?:\s+\".*\"\n?)+)"
+
+
 def shell_placeholders(text: str) -> list[str]:
     """The ``{...}`` placeholders of every ``shell:`` string of a rule file."""
     found = []
-    for block in re.findall(r"^\s+shell:\n((?:\s+\".*\"\n?)+)", text, flags=re.M):
+    for block in re.findall(SHELL_BLOCK, text, flags=re.M):
         joined = "".join(re.findall(r"\"(.*)\"", block))
         found += re.findall(r"(?<!\{)\{([^{}]+)\}(?!\})", joined)
     return found
@@ -90,14 +110,84 @@ def test_every_placeholder_of_every_rule_is_shell_quoted():
     assert seen >= 30  # the parser found the rules' commands
 
 
+def test_every_option_of_every_rule_takes_its_value_joined():
+    """`--opt={x:q}`, never `--opt {x:q}`: a value that starts with a dash (a study named
+    --help, a results_dir -rf, a data root --download) stays that option's value."""
+    files = sorted((ROOT / "workflow" / "rules").glob("*.smk"))
+    joined = 0
+    for smk in files:
+        for block in re.findall(SHELL_BLOCK, smk.read_text(), flags=re.M):
+            line = "".join(re.findall(r"\"(.*)\"", block))
+            assert not re.search(r"--[a-z][a-z-]* \{", line), f"{smk.name}: {line}"
+            joined += len(re.findall(r"--[a-z][a-z-]*=\{", line))
+    assert joined >= 25
+    common = (ROOT / "workflow" / "rules" / "common.smk").read_text()
+    assert 'else [f"{option}={value}"]' in common  # flag(): an optional option's value, joined
+
+
+def test_every_rule_removes_what_lies_at_its_log_path_before_writing_it():
+    """`> {log:q}` would write through a link, a FIFO or a hard link planted there: every rule
+    that redirects into its log first removes what is at that path (the link, not its target)."""
+    seen = 0
+    for smk in sorted((ROOT / "workflow" / "rules").glob("*.smk")):
+        for block in re.findall(SHELL_BLOCK, smk.read_text(), flags=re.M):
+            line = "".join(re.findall(r"\"(.*)\"", block))
+            if "> {log:q}" in line:
+                seen += 1
+                assert line.startswith("rm -f -- {log:q} && "), f"{smk.name}: {line}"
+    assert seen >= 7
+
+
 # --------------------------------------------------------------------------- one-line refusals
 @dataclass(frozen=True)
 class Row:
     name: str
     argv: tuple[str, ...]  # {tmp} is the test's folder, {cell} a tiny cell's JSON, {cache} the data cache
     expect: str  # regex of the line after "smallbatch: error: "
-    files: dict[str, str] = field(default_factory=dict)
+    files: dict[str, str | bytes] = field(default_factory=dict)
     cell: dict | None = None  # the cell {cell} stands for (default: tiny_cell())
+    setup: Callable[[Path], None] | None = None  # makes what files cannot (a FIFO, a link), in {tmp}
+
+
+def fifo(name: str) -> Callable[[Path], None]:
+    return lambda tmp: (tmp / name).parent.mkdir(parents=True, exist_ok=True) or os.mkfifo(tmp / name)
+
+
+def folder(name: str) -> Callable[[Path], None]:
+    return lambda tmp: (tmp / name).mkdir(parents=True)
+
+
+def symlink(name: str, target: str = "thesis.tex") -> Callable[[Path], None]:
+    def make(tmp: Path) -> None:
+        (tmp / target).write_text("my thesis\n")
+        (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / name).symlink_to(tmp / target)
+
+    return make
+
+
+def hardlink(name: str, target: str = "thesis.tex") -> Callable[[Path], None]:
+    def make(tmp: Path) -> None:
+        (tmp / target).write_text("my thesis\n")
+        (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+        os.link(tmp / target, tmp / name)
+
+    return make
+
+
+def socket_file(name: str) -> Callable[[Path], None]:
+    def make(tmp: Path) -> None:
+        import socket
+
+        (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(str(tmp / name))
+        SOCKETS.append(sock)
+
+    return make
+
+
+SOCKETS: list = []
 
 
 STUDY_YAML = "datasets: {digits: {}}\ngrid: {losses: [infonce], batch_sizes: [16], temperatures: [0.5], seeds: [0]}\n"
@@ -113,6 +203,20 @@ BY_JSON = (
     "{cache}",
     "--cell-json",
     "{cell}",
+)
+#: the writer's refusal of a target that is not a regular file (smallbatch.io.refusal)
+REFUSED = r"refused \(smallbatch writes only regular files of one name, never through a link\)"
+BASELINE_JSON = json.dumps(
+    {
+        **{k: v for k, v in tiny_cell().items() if k not in ("loss", "loss_params", "temperature", "negatives")},
+        "id": "baselines/digits/raw_pixels",
+        "experiment": "baseline",
+        "baseline": "raw_pixels",
+    }
+)
+#: an MI section of one short setting (the benchmark itself is never reached by a refused command)
+TINY_MI = json.dumps(
+    {"mi_values": [2], "ks": [4], "estimators": ["infonce"], "critics": ["oracle"], "steps": 2, "eval_batches": 1}
 )
 NOT_AN_ID = r"is not a cell id \(segments of letters, digits and _ \. = \+ - joined by single '/', none empty or starting with a dot\); use an id `smallbatch cells` lists"
 
@@ -172,7 +276,7 @@ ROWS = [
     Row(
         "--threads 0 with --cell-id",
         (*BY_ID, "--threads", "0"),
-        r"--threads must be >= 1, not 0",
+        r"--threads = 0 is out of range; it must be >= 1",
         {"c.yaml": STUDY_YAML},
     ),
     Row(
@@ -256,20 +360,178 @@ ROWS = [
         r"MLflow tracking store foo://bar: MLflow has no tracking store for the scheme 'foo'; use sqlite:///PATH, "
         r"http\(s\)://HOST:PORT, postgresql://, mysql://, mssql:// or databricks",
     ),
+    # --- a cell's id is inside its hash: a file edited to name another cell fails the hash check
+    Row(
+        "--cell-json whose id was edited to another real cell's",
+        BY_JSON,
+        r"--cell-json: cell digits/infonce/bs16-t0\.5-s1 says hash '\w+' but its settings hash to '\w+' "
+        r"\(edited by hand\?\); write it again with `smallbatch cells --write`, or change the config instead",
+        cell=with_id(tiny_cell(), "digits/infonce/bs16-t0.5-s1"),
+    ),
+    # --- a hand-edited cell is checked whole (schema, derived values, cell checks) before it is typed
+    Row(
+        "--cell-json without train.width",
+        BY_JSON,
+        r"--cell-json lacks the key 'train\.width' of a cell; write it with `smallbatch cells --write`",
+        cell=edited("train", drop="width"),
+    ),
+    Row(
+        "--cell-json with negatives 999",
+        BY_JSON,
+        r"--cell-json: key 'negatives' = 999 is not the K of its settings \(30: batch size, train\.neg_group, "
+        r"train\.queue_size, train\.extra_negatives\); write it with `smallbatch cells --write`",
+        cell=edited(negatives=999),
+    ),
+    Row(
+        "--cell-json with eval.knn_k [0]",
+        BY_JSON,
+        r"--cell-json: key 'eval\.knn_k\[0\]' = 0 is out of range; it must be >= 1",
+        cell=edited("eval", knn_k=[0]),
+    ),
+    Row(
+        "--cell-json with seed -1",
+        BY_JSON,
+        r"--cell-json: key 'seed' = -1 is out of range; it must be >= 0",
+        cell=edited(seed=-1),
+    ),
+    Row(
+        "--cell-json with tracking.log_checkpoint 'no'",
+        BY_JSON,
+        r"--cell-json: key 'tracking\.log_checkpoint' = 'no' has the wrong type; expected boolean",
+        cell=edited("tracking", log_checkpoint="no"),
+    ),
+    Row(
+        "--cell-json with train.neg_group 8.0",
+        BY_JSON,
+        r"--cell-json: key 'train\.neg_group' = 8\.0 has the wrong type; expected \['integer', 'null'\]",
+        cell=edited("train", neg_group=8.0),
+    ),
+    Row(
+        "--threads 2000 with --cell-json",
+        (*BY_JSON, "--threads", "2000"),
+        r"--threads = 2000 is out of range; it must be <= 1024",
+    ),
+    # --- a path the user names is never clobbered: no output through a device, FIFO, socket, folder or link
+    *(
+        Row(
+            f"{argv[0]} {flag} onto a {kind}",
+            (*argv, flag, "{tmp}/target"),
+            rf".*/target is a {kind}, not a regular file; {REFUSED}: choose another path",
+            setup=make("target"),
+        )
+        for argv, flag in (
+            (("prepare-data", "--dataset", "digits"), "--out"),
+            (("embed", "--checkpoint", "{tmp}/ck.pt", "--data-cache", "{cache}", "--cell-json", "{cell}"), "--out"),
+            (("knn", "--tracking-uri", "none", "--features", "{tmp}/f.npz", "--cell-json", "{cell}"), "--out"),
+            (("linear", "--tracking-uri", "none", "--features", "{tmp}/f.npz", "--cell-json", "{cell}"), "--out"),
+            (("baseline", "--tracking-uri", "none", "--data-cache", "{cache}", "--cell-json", BASELINE_JSON), "--out"),
+            (("mi", "--section-json", TINY_MI, "--tracking-uri", "none"), "--out"),
+            (("export", "--checkpoint", "{tmp}/ck.pt", "--cell-json", "{cell}"), "--out"),
+            (("init-store", "--tracking-uri", "sqlite:///{tmp}/m.db", "--experiment", "x"), "--touch"),
+            (
+                ("evaluate", "--tracking-uri", "none", "--checkpoint", "{tmp}/ck.pt", "--cell-json", "{cell}"),
+                "--features",
+            ),
+        )
+        for kind, make in (("FIFO", fifo), ("folder", folder), ("socket", socket_file))
+        if not (kind == "socket" and argv[0] not in ("prepare-data", "export"))
+    ),
+    Row(
+        "knn --out onto a symbolic link",
+        ("knn", "--tracking-uri", "none", "--features", "{tmp}/f.npz", "--cell-json", "{cell}", "--out", "{tmp}/link"),
+        rf".*/link is a symbolic link, not a regular file; {REFUSED}: choose another path",
+        setup=symlink("link"),
+    ),
+    Row(
+        "export --out onto an existing file",
+        ("export", "--checkpoint", "{tmp}/ck.pt", "--cell-json", "{cell}", "--out", "{tmp}/mine.pt"),
+        r".*/mine\.pt: exists; refused \(never overwritten\): remove it or choose another path",
+        {"mine.pt": "my weights\n", "ck.pt": "a checkpoint\n"},
+    ),
+    Row(
+        "export --out onto the cell's own checkpoint",
+        ("export", "--checkpoint", "{tmp}/ck.pt", "--cell-json", "{cell}", "--out", "{tmp}/ck.pt"),
+        r".*/ck\.pt: exists; refused \(never overwritten\): remove it or choose another path",
+        {"ck.pt": "the cell's checkpoint\n"},
+    ),
+    Row(
+        "embed --out onto the checkpoint it reads",
+        (
+            "embed",
+            "--checkpoint",
+            "{tmp}/ck.pt",
+            "--data-cache",
+            "{cache}",
+            "--cell-json",
+            "{cell}",
+            "--out",
+            "{tmp}/ck.pt",
+        ),
+        r"--out .*/ck\.pt is the checkpoint this command reads; refused \(it would be replaced\): choose another path",
+        {"ck.pt": "the cell's checkpoint\n"},
+    ),
+    Row(
+        "report --out ''",
+        ("report", "--tracking-uri", "sqlite:///{tmp}/none.db", "--out", ""),
+        r"--out is empty \(it would name the current folder\); name a file or folder",
+    ),
+    Row(
+        "report --out '~' (a literal tilde)",
+        ("report", "--tracking-uri", "sqlite:///{tmp}/none.db", "--out", "~"),
+        r"--out = '~' starts with '~', which nothing expands here; write the full path \('.*'\?\)",
+    ),
+    Row(
+        "report --out onto a folder with the user's own index.md",
+        ("report", "--tracking-uri", "sqlite:///{tmp}/none.db", "--out", "{tmp}/paper"),
+        r"report output .*/paper/index\.md exists and was not written by the report \(not in "
+        r".*/paper/\.smallbatch-report-files\); refused: move it, or choose another --out",
+        {"paper/index.md": "# my paper\n"},
+    ),
+    Row(
+        "report with a manifest that is not UTF-8",
+        ("report", "--tracking-uri", "sqlite:///{tmp}/none.db", "--out", "{tmp}/paper"),
+        r"report manifest .*/paper/\.smallbatch-report-files is not UTF-8 text; nothing was rewritten: remove it "
+        r"\(the report then treats every file already in the folder as not its own\) or choose another --out",
+        {"paper/index.md": "# built before\n", "paper/.smallbatch-report-files": b"index.md\n\xff\xfe\n"},
+    ),
+    Row(
+        "a FIFO as a cell's .lock",
+        BY_JSON,
+        rf"the lock of cell digits/infonce/bs16-t0\.5-s0, .*/out/\.lock, is a FIFO, not a regular file; {REFUSED}: "
+        r"remove it",
+        setup=fifo("out/.lock"),
+    ),
+    Row(
+        "a hard link as a cell's .lock",
+        BY_JSON,
+        rf"the lock of cell digits/infonce/bs16-t0\.5-s0, .*/out/\.lock, is a file with 2 names \(a hard link\); "
+        rf"{REFUSED}: remove it",
+        setup=hardlink("out/.lock"),
+    ),
 ]
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r.name for r in ROWS])
 def test_bad_input_stops_with_one_line_and_writes_nothing(row, tmp_path, cache, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # a '~' a library expanded would land here
     for name, text in row.files.items():
-        (tmp_path / name).write_text(text)
-    before = set(tmp_path.rglob("*"))
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(text if isinstance(text, bytes) else text.encode())
+    if row.setup is not None:
+        row.setup(tmp_path)
+    before = {p: p.read_bytes() if p.is_file() and not p.is_symlink() else None for p in tmp_path.rglob("*")}
     cell = json.dumps(row.cell or tiny_cell())
     argv = [a.replace("{tmp}", str(tmp_path)).replace("{cache}", str(cache)).replace("{cell}", cell) for a in row.argv]
-    line = one_line(capsys, argv)
+    try:
+        line = one_line(capsys, argv)
+    finally:
+        while SOCKETS:
+            SOCKETS.pop().close()
     assert re.fullmatch(row.expect, line), line
-    assert set(tmp_path.rglob("*")) == before, "a refused command wrote a file"
+    after = {p: p.read_bytes() if p.is_file() and not p.is_symlink() else None for p in tmp_path.rglob("*")}
+    assert set(after) == set(before), "a refused command wrote a file"
+    assert after == before, "a refused command changed a file"
     assert not (tmp_path.parent / "escape_cell").exists()
 
 
@@ -381,15 +643,14 @@ def test_a_lock_that_is_a_symlink_is_refused_and_its_target_untouched(tmp_path, 
     ]
     line = one_line(capsys, argv)
     assert re.fullmatch(
-        r"the lock of cell .*, .*/out/\.lock, is a symbolic link; refused \(a lock is never a link\): "
-        r"remove the link",
+        rf"the lock of cell .*, .*/out/\.lock, is a symbolic link, not a regular file; {REFUSED}: remove it",
         line,
     ), line
     assert victim.read_text() == "my thesis\n"
 
 
 def test_report_outputs_refuse_links_and_delete_only_files_the_report_wrote(tmp_path):
-    from smallbatch.report import MANIFEST, _check_out_dir, _remove_stale
+    from smallbatch.report import MANIFEST, _check_out_dir, _remove_stale, read_manifest
 
     out = tmp_path / "paper"
     (out / "tables").mkdir(parents=True)
@@ -398,16 +659,16 @@ def test_report_outputs_refuse_links_and_delete_only_files_the_report_wrote(tmp_
     ours = [out / "tables" / "grid.csv", out / "tables" / "old.csv", out / "index.md"]
     for p in ours:
         p.write_text("x\n")
-    _remove_stale(out, ours)  # first build: records its files, deletes nothing
+    _remove_stale(out, ours, read_manifest(out))  # first build: records its files, deletes nothing
     assert user.exists() and all(p.exists() for p in ours)
-    _remove_stale(out, [ours[0], ours[2]])  # a later build no longer writes old.csv
+    _remove_stale(out, [ours[0], ours[2]], read_manifest(out))  # a later build no longer writes old.csv
     assert not ours[1].exists(), "a stale file the report wrote was left"
     assert user.read_text() == "mine\n", "the report deleted a user's file"
     assert (out / MANIFEST).read_text().splitlines() == ["index.md", "tables/grid.csv"]
     # a manifest naming a path outside the output folders deletes nothing there
     (out / MANIFEST).write_text("../outside.txt\ntables/thesis_table.tex\n")
     (tmp_path / "outside.txt").write_text("keep\n")
-    _remove_stale(out, [ours[0]])
+    _remove_stale(out, [ours[0]], read_manifest(out))
     assert (tmp_path / "outside.txt").exists()
     # links: the folder, its tables/ and a file the report would write through
     elsewhere = tmp_path / "elsewhere"
@@ -424,7 +685,78 @@ def test_report_outputs_refuse_links_and_delete_only_files_the_report_wrote(tmp_
     _check_out_dir(out)
 
 
+def test_a_report_table_replaces_a_hard_linked_file_and_never_writes_through_it(tmp_path):
+    """A hard link planted among the report's tables: the table is written beside it and
+    renamed into place, so the file under its other name keeps its content."""
+    import pandas as pd
+
+    from smallbatch.report.context import ReportContext
+
+    user = tmp_path / "thesis_table.csv"
+    user.write_text("mine\n")
+    out = tmp_path / "paper"
+    (out / "tables").mkdir(parents=True)
+    os.link(user, out / "tables" / "t.csv")
+    ctx = ReportContext(
+        out_dir=out,
+        tracking_uri="",
+        experiment="x",
+        reader=None,
+        scale=1.0,
+        papers=pd.DataFrame(),
+        runs=pd.DataFrame(),
+        prior=frozenset({"tables/t.csv", "tables/t.md", "tables/t.tex"}),
+    )
+    ctx.write_table("t", "T", pd.DataFrame({"a": [1.5]}))
+    assert user.read_text() == "mine\n"
+    assert (out / "tables" / "t.csv").read_text() == "a\n1.5\n"
+
+
+@pytest.mark.parametrize("plant", [symlink, hardlink, fifo], ids=["symbolic link", "hard link", "FIFO"])
+def test_the_warm_servers_log_is_never_written_through_a_planted_file(plant, tmp_path, monkeypatch):
+    """logs/warm_server.log planted as a link or a FIFO: refused in one line naming it, the
+    planted target untouched and no server started."""
+    from smallbatch.io import UnsafeTarget
+    from smallbatch.pipeline import warm
+
+    def no_server(*args, **kwargs):
+        raise AssertionError("a server was started")
+
+    monkeypatch.setattr(warm.subprocess, "Popen", no_server)
+    plant("logs/warm_server.log")(tmp_path)
+    with pytest.raises(UnsafeTarget, match=r"log file .*/logs/warm_server\.log is a .*; refused"):
+        warm.start(tmp_path / "logs" / "warm_server.log", 1)
+    if (tmp_path / "thesis.tex").exists():
+        assert (tmp_path / "thesis.tex").read_text() == "my thesis\n"
+
+
 # --------------------------------------------------------------------------- the hostile study
+def run_study(config: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    """The study of ``config`` through Snakemake (the default profile) in ``cwd`` with ``args``
+    (default: 2 cores, quiet)."""
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "--snakefile",
+            str(ROOT / "Snakefile"),
+            "--configfile",
+            str(config),
+            "--workflow-profile",
+            str(ROOT / "workflow/profiles/default"),
+            *(args or ("--cores", "2", "--quiet")),
+        ],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+
+
 HOSTILE = "x'; touch PWNED_{n}; echo $(touch PWNED_{n}b) ü 'é"
 
 
@@ -451,30 +783,8 @@ def test_a_study_with_hostile_names_runs_no_payload_and_writes_only_in_results_d
     }
     config = tmp_path / "hostile.yaml"
     config.write_text(json.dumps(cfg))  # JSON is YAML
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
-    env.pop("MLFLOW_TRACKING_URI", None)
     top_before = set(os.listdir(ROOT))
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "snakemake",
-            "--snakefile",
-            str(ROOT / "Snakefile"),
-            "--configfile",
-            str(config),
-            "--workflow-profile",
-            str(ROOT / "workflow/profiles/default"),
-            "--cores",
-            "2",
-            "--quiet",
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    proc = run_study(config, ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert (results / "report" / "index.md").is_file()
     assert list(base.iterdir()) == [results], "a job wrote next to results_dir"
@@ -489,6 +799,65 @@ def test_a_study_with_hostile_names_runs_no_payload_and_writes_only_in_results_d
     exp_id, name = reader.experiment(cfg["study"])
     assert name == cfg["study"]
     assert [r["status"] for r in reader.runs(exp_id) if r["tags"].get("smallbatch.kind") == "cell"] == ["finished"] * 2
+
+
+@pytest.mark.slow
+def test_a_link_planted_at_a_jobs_log_is_replaced_not_written_through(tmp_path):
+    """Links planted where the jobs' logs go (a symbolic link, a hard link) before a study
+    runs: the study writes its logs as files of their own, the planted targets keep their text."""
+    results = tmp_path / "results"
+    cfg = {
+        "results_dir": str(results),
+        "device": "cpu",
+        "baselines": False,
+        "datasets": {"digits": {"train_subset": 256, "test_subset": 128}},
+        "grid": {"losses": ["infonce"], "batch_sizes": [16], "temperatures": [0.5], "seeds": [0]},
+        "train": {**TINY, "steps": 4, "log_every": 2},
+        "eval": {"knn_k": [5], "linear_iterations": 5},
+        "experiments": {"mi": {"enabled": False}},
+    }
+    config = tmp_path / "links.yaml"
+    config.write_text(json.dumps(cfg))
+    symlink("results/logs/init_store.log", "thesis.tex")(tmp_path)
+    hardlink("results/logs/report.log", "notes.txt")(tmp_path)
+    proc = run_study(config, tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (tmp_path / "thesis.tex").read_text() == "my thesis\n"
+    assert (tmp_path / "notes.txt").read_text() == "my thesis\n"
+    for log in ("init_store.log", "report.log"):
+        assert not (results / "logs" / log).is_symlink() and (results / "logs" / log).stat().st_nlink == 1
+
+
+@pytest.mark.slow
+def test_values_that_start_with_a_dash_reach_their_options_as_values(tmp_path):
+    """study '--help', results_dir '-rf' and data.root '--download' pass validation: the
+    study runs, its jobs read them as values (no job fails with an option parser's message),
+    and the store's experiment is named --help."""
+    cfg = {
+        "study": "--help",
+        "results_dir": "-rf",
+        "data": {"root": "--download"},
+        "device": "cpu",
+        "baselines": False,
+        "datasets": {"digits": {"train_subset": 256, "test_subset": 128}},
+        "grid": {"losses": ["infonce"], "batch_sizes": [16], "temperatures": [0.5], "seeds": [0]},
+        "train": {**TINY, "steps": 4, "log_every": 2},
+        "eval": {"knn_k": [5], "linear_iterations": 5},
+        "experiments": {"mi": {"enabled": False}},
+    }
+    config = tmp_path / "dash.yaml"
+    config.write_text(json.dumps(cfg))
+    proc = run_study(config, tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = tmp_path / "-rf"
+    assert (results / "report" / "index.md").is_file()
+    logs = "".join(p.read_text() for p in (results / "logs").rglob("*.log"))
+    assert "usage: smallbatch" not in logs and "expected one argument" not in logs
+    from smallbatch.tracking import StoreReader
+
+    reader = StoreReader(f"sqlite:///{results / 'mlflow.db'}")
+    exp_id, name = reader.experiment("--help")
+    assert [r["status"] for r in reader.runs(exp_id) if r["tags"].get("smallbatch.kind") == "cell"] == ["finished"]
 
 
 # --------------------------------------------------------------------------- one writer per cell per store
@@ -582,7 +951,7 @@ def test_the_same_cell_in_two_folders_against_one_store_refuses_the_second(tmp_p
         text=True,
     )
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + HANG_S
         lease = ""
         while not lease:  # the event: a's lease is in the store
             assert first.poll() is None and time.monotonic() < deadline, (
@@ -596,7 +965,7 @@ def test_the_same_cell_in_two_folders_against_one_store_refuses_the_second(tmp_p
         assert not (tmp_path / "b" / "state.pt").exists()
     finally:
         first.send_signal(signal.SIGTERM)
-        first.wait(60)
+        first.wait(HANG_S)
     assert tracking.count_cell_runs(store, "two-folders", cell["id"]) == 1
 
 
@@ -611,6 +980,14 @@ def test_a_cell_failing_in_setup_ends_its_run_failed_with_the_error(tmp_path, ca
     assert run["status"] == "failed" and "fp16" in run["tags"][tracking.TAG_ERROR], run
     assert run["tags"][tracking.TAG_ERROR].split(": ", 1)[1] in line
     assert run["tags"].get(tracking.TAG_LEASE, "") == ""
+
+
+def test_a_cells_run_records_the_unit_of_its_accuracies(store):
+    """The report reads a run's accuracies by the unit the run records, never by their values."""
+    from smallbatch import tracking
+
+    run = tracking.open_cell_run(store, "unit", tiny_cell(), kind="cell")
+    assert run.tags()[tracking.TAG_ACCURACY_UNIT] == "percent"
 
 
 def test_rerunning_a_finished_cell_never_reopens_its_run(tmp_path, cache, store):
@@ -672,7 +1049,7 @@ def serve(tmp_path):
         proc.wait()
 
 
-def wait_for(event, proc=None, what: str = "", limit: float = 120.0) -> None:
+def wait_for(event, proc=None, what: str = "", limit: float = HANG_S) -> None:
     """Poll for an event (a hang guard, not a timing assertion)."""
     import time
 
@@ -734,7 +1111,7 @@ def test_a_sigkilled_servers_child_stops_with_it_and_the_client_says_so_in_one_l
         proc.kill()
         proc.wait()
         wait_for(lambda: not Path(f"/proc/{child}").exists(), None, "the orphaned child to stop")
-        err = client.communicate(timeout=60)[1]
+        err = client.communicate(timeout=HANG_S)[1]
     finally:
         client.kill()
     # the job's own status: its server's end sent it SIGTERM (PR_SET_PDEATHSIG); it saved and said so
@@ -752,7 +1129,7 @@ def test_a_jobs_thread_settings_reach_blas_the_server_imported(serve, tmp_path, 
     proc, path, log = serve("threads")
     env = {**os.environ, "SMALLBATCH_WARM": str(path), "OMP_NUM_THREADS": omp, "OPENBLAS_NUM_THREADS": omp}
     res = subprocess.run(
-        [str(BIN / "smallbatch"), "config-reference"], env=env, capture_output=True, text=True, timeout=120
+        [str(BIN / "smallbatch"), "config-reference"], env=env, capture_output=True, text=True, timeout=HANG_S
     )
     assert res.returncode == 0, res.stderr
     assert " started: smallbatch config-reference" in log.read_text(), "the job did not run in the server"
@@ -854,7 +1231,7 @@ def test_a_stopped_tracking_server_fails_the_step_in_one_line(tmp_path):
             [str(BIN / "smallbatch"), "init-store", "--tracking-uri", uri, "--experiment", "x"],
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=HANG_S,
             env=env,
         )  # a hang guard
     finally:
@@ -930,31 +1307,8 @@ def test_a_second_snakemake_run_on_a_results_folder_stops_before_any_job(tmp_pat
     fd = os.open(results / ".snakemake-run.lock", os.O_RDWR | os.O_CREAT)
     fcntl.flock(fd, fcntl.LOCK_EX)  # the first run holds the folder
     os.write(fd, b"4242\n")
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
-    env.pop("MLFLOW_TRACKING_URI", None)
     try:
-        res = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "snakemake",
-                "--snakefile",
-                str(ROOT / "Snakefile"),
-                "--configfile",
-                str(config),
-                "--workflow-profile",
-                str(ROOT / "workflow/profiles/default"),
-                "--cores",
-                "1",
-                "--directory",
-                str(tmp_path),
-            ],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        res = run_study(config, tmp_path, "--cores", "1", "--directory", str(tmp_path))
     finally:
         os.close(fd)
     out = res.stdout + res.stderr

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cluster import HANG_S
 
 from smallbatch.pipeline import warm
 
@@ -122,7 +123,7 @@ def _state_step(out: Path) -> int:
 def test_sigterm_to_the_client_preempts_the_child(server, tmp_path):
     proc, first_state = _start_long(server, tmp_path / "cell")
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=HANG_S)
     assert proc.returncode == 143, err[-2000:]
     assert "smallbatch: preempted: SIGTERM received" in err
     assert _state_step(tmp_path / "cell") > first_state  # saved on the signal, at the step it was at
@@ -132,7 +133,7 @@ def test_a_killed_client_stops_its_child(server, tmp_path):
     proc, first_state = _start_long(server, tmp_path / "cell")
     proc.kill()
     proc.wait()
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + HANG_S
     while not any(str(tmp_path / "cell") in line for line in _children(server["log"], "exited 143")):
         assert time.monotonic() < deadline, server["log"].read_text()[-2000:]
         time.sleep(0.1)
@@ -162,7 +163,7 @@ def test_the_server_stops_with_the_process_it_watches(tmp_path):
     assert "ready on" in ready[-1], ready
     watched.stdin.close()
     watched.wait()
-    server.communicate(timeout=60)
+    server.communicate(timeout=HANG_S)
     assert server.returncode == 0 and not sock.exists()
 
 

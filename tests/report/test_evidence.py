@@ -235,3 +235,99 @@ def test_mde_beyond_the_first_search_bracket_still_has_its_power():
     lower = stats.nct.cdf(-c, 1, nc)  # NaN this far in the tail, where it is 0
     assert stats.nct.sf(c, 1, nc) + (lower if np.isfinite(lower) else 0.0) == pytest.approx(0.9, abs=1e-8)
     assert m > (c + 4.0) / math.sqrt(2)
+
+
+# --------------------------------------------------------------------------- equivalence (TOST)
+def test_tost_matches_a_hand_computation_with_scipys_t():
+    """Six paired seeds: d = mean, se = sd/sqrt(6), df = 5; TOST p = max(P(T > (d + 0.5)/se),
+    P(T < (d − 0.5)/se)), and it is below α exactly when the 90 % interval lies inside ±0.5."""
+    diffs = [0.12, -0.05, 0.20, 0.02, -0.10, 0.08]
+    e = paired({s: 60.0 + x for s, x in enumerate(diffs)}, {s: 60.0 for s in range(6)})
+    d, sd = float(np.mean(diffs)), float(np.std(diffs, ddof=1))
+    se = sd / math.sqrt(6)
+    by_hand = max(stats.t.sf((d + 0.5) / se, 5), stats.t.cdf((d - 0.5) / se, 5))
+    assert e.se == pytest.approx(se, rel=1e-12)
+    assert evidence.tost(e, 0.5) == pytest.approx(by_hand, rel=1e-10) and by_hand < 0.05
+    lo, hi = evidence.t_interval(d, se, 5, alpha=0.10)
+    assert -0.5 < lo and hi < 0.5 and evidence.equivalent(e, 0.5)
+    assert evidence.outcome(e, 0.5) == "equivalent"
+    assert evidence.describe_outcome(e, 0.5).startswith("equivalent within ± 0.5 points (TOST p")
+
+
+@pytest.mark.parametrize("shift", [0.0, 0.3, -0.3, 0.6])
+def test_tost_is_below_alpha_exactly_when_the_ninety_percent_interval_is_inside_the_margin(shift):
+    diffs = [shift + x for x in (0.1, -0.2, 0.15, 0.0, -0.05)]
+    e = paired({s: x for s, x in enumerate(diffs)}, {s: 0.0 for s in range(5)})
+    lo, hi = evidence.t_interval(e.diff, e.se, e.df, alpha=0.10)
+    assert (evidence.tost(e, 0.5) < 0.05) == (-0.5 < lo and hi < 0.5)
+
+
+def test_the_three_outcomes_and_an_untested_contrast():
+    sig = paired({s: 3.0 + 0.1 * s for s in range(4)}, {s: 0.0 for s in range(4)})
+    assert evidence.outcome(sig, 0.5) == "significant" and evidence.describe_outcome(sig, 0.5) == "significant"
+    tight = paired({s: 0.2 + 0.01 * (-1) ** s for s in range(6)}, {s: 0.0 for s in range(6)})
+    assert tight.significant and evidence.describe_outcome(tight, 0.5).startswith("significant, yet within ± 0.5")
+    noisy = paired({s: x for s, x in enumerate([1.0, -2.0, 1.5, -0.5])}, {s: 0.0 for s in range(4)})
+    assert evidence.outcome(noisy, 0.5) == "inconclusive"
+    assert "MDE at 80 % power" in evidence.describe_outcome(noisy, 0.5)
+    assert evidence.outcome(paired({0: 1.0}, {0: 0.0}), 0.5) == "untested"
+    assert math.isnan(evidence.tost(paired({0: 1.0}, {0: 0.0}), 0.5))
+
+
+# --------------------------------------------------------------------------- pooled over losses
+def _arms(diffs: dict) -> dict:
+    """{loss: ({seed: small}, {seed: large})} with large = 80 and small = 80 + the designed difference."""
+    return {g: ({s: 80.0 + d for s, d in v.items()}, {s: 80.0 for s in v}) for g, v in diffs.items()}
+
+
+def test_pooled_difference_matches_the_hand_computed_two_way_anova():
+    d = {"a": {0: 0.5, 1: 0.1}, "b": {0: 0.6, 1: 0.4}, "c": {0: 0.2, 1: 0.0}}
+    # by hand: grand mean 0.3; loss means 0.3, 0.5, 0.1; seed means 0.4333, 0.1667; residual
+    # d - loss mean - seed mean + grand mean = ±0.0667 (a), ±0.0333 (b, c); SSE = 0.013333 on (3-1)(2-1) = 2 df
+    sse = 2 * (0.2 / 3) ** 2 + 4 * (0.1 / 3) ** 2
+    se = math.sqrt(sse / 2) / math.sqrt(6)
+    e = evidence.pooled_difference(_arms(d))
+    assert e.test == evidence.POOLED_TEST and e.n == 6 and e.df == 2
+    assert e.diff == pytest.approx(0.3, abs=1e-12) and e.se == pytest.approx(se, rel=1e-10)
+    assert e.sd == pytest.approx(math.sqrt(sse / 2), rel=1e-10)
+    h = stats.t.ppf(0.975, 2) * se
+    assert (e.lo, e.hi) == pytest.approx((0.3 - h, 0.3 + h), rel=1e-10)
+    assert e.p == pytest.approx(2 * stats.t.sf(0.3 / se, 2), rel=1e-10) and e.significant
+    assert e.mde == pytest.approx(evidence.mde_se(se, 2)) and e.mde > 0
+    # the same numbers as a paired t over the 6 pairs would give the mean, not the interval: the seed
+    # effect (0.43 vs 0.17, shared by every loss) is taken out of the noise
+    assert paired({i: v for i, v in enumerate([0.5, 0.1, 0.6, 0.4, 0.2, 0.0])}, dict.fromkeys(range(6), 0.0)).hi > e.hi
+    text = describe(e, "Δ", nd=2)
+    assert text.startswith("Δ = +0.30 [") and "(loss + seed model, 6 loss × seed pairs, 2 df, p = " in text
+
+
+def test_pooled_difference_without_a_seed_of_one_loss_is_the_mean_of_the_fitted_cells():
+    d = {"a": {0: 0.5, 1: 0.1, 2: 0.3}, "b": {0: 0.6, 1: 0.4, 2: 0.9}, "c": {0: 0.2, 2: -0.1}}
+    rows = [(g, s, v) for g, vs in d.items() for s, v in vs.items()]
+    losses, seeds = ["a", "b", "c"], [0, 1, 2]
+    # treatment coding (another parameterisation than the code's): mu = mean over all 3 x 3 fitted cells
+    x = np.array([[1.0, g == "b", g == "c", s == 1, s == 2] for g, s, _ in rows], dtype=float)
+    y = np.array([v for _, _, v in rows])
+    beta = np.linalg.solve(x.T @ x, x.T @ y)
+    w = np.mean([[1.0, g == "b", g == "c", s == 1, s == 2] for g in losses for s in seeds], axis=0)
+    resid = y - x @ beta
+    df = len(rows) - 3 - 3 + 1
+    se = math.sqrt(resid @ resid / df * (w @ np.linalg.inv(x.T @ x) @ w))
+    e = evidence.pooled_difference(_arms(d))
+    assert e.df == df == 3 and e.n == 8
+    assert e.diff == pytest.approx(float(w @ beta), abs=1e-12) and e.se == pytest.approx(se, rel=1e-9)
+
+
+def test_pooled_difference_untested_without_residual_noise_or_degrees_of_freedom():
+    # a pure seed effect (every loss +0.2 at seed 0, -0.2 at seed 1 about its own change): no residual spread
+    e = evidence.pooled_difference(_arms({"a": {0: 0.7, 1: 0.3}, "b": {0: 0.2, 1: -0.2}}))
+    assert not e.tested and e.diff == pytest.approx(0.25) and e.sd == 0.0
+    # one loss, two seeds: the seed effect takes the only degree of freedom
+    one = evidence.pooled_difference(_arms({"a": {0: 0.7, 1: 0.1}}))
+    assert not one.tested and one.diff == pytest.approx(0.4) and math.isnan(one.p)
+    assert math.isnan(evidence.pooled_difference({}).diff)
+    # a seed only one arm has is left out
+    e = evidence.pooled_difference(
+        {"a": ({0: 1.0, 1: 2.0, 5: 9.0}, {0: 0.0, 1: 0.0}), "b": ({0: 1.0}, {0: 0.0, 1: 3.0})}
+    )
+    assert e.n == 3

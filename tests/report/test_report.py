@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 import time
+from itertools import takewhile
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +50,7 @@ def _cell_params(dataset: str, loss: str, bs: int, t: float, seed: int) -> dict:
         "backbone": "small_cnn",
         "queue_size": 0,
         "image_size": 8,
+        "pretrain_images": 1437,
         "loss.sigma": 0.5 if loss == "dclw" else None,
     }
 
@@ -251,20 +253,36 @@ def test_temperature_table_marks_best_temperature(main_store):
     assert line.count(" *") == 3
 
 
+def _batch_finding(text: str, head: str) -> list[str]:
+    """The lines of the finding (a list item of index.md) whose first line starts with ``head``."""
+    lines = text.splitlines()
+    i = next(i for i, ln in enumerate(lines) if ln.startswith(f"- {head}"))
+    return [lines[i]] + list(takewhile(lambda ln: not ln.startswith(("- ", "#")), lines[i + 1 :]))
+
+
 def test_findings_name_the_least_dependent_loss(main_store):
     text = main_store["index"].read_text()
-    for m in ("kNN top-1", "linear top-1"):
-        for t in ("0.1", "0.5"):
-            para = next(ln for ln in text.splitlines() if f"at τ={t} ({m})" in ln)
+    for t in ("0.1", "0.5"):
+        block = _batch_finding(text, f"On digits at τ = {t}, pooled over ")
+        for m in ("kNN top-1", "linear top-1"):
+            para = next(ln for ln in block if ln.startswith(f"  {m}: "))
             assert "**InfoNCE** depends" in para and "**FlatNCE** least" in para, para
-    lin01 = next(ln for ln in text.splitlines() if "at τ=0.1 (linear top-1)" in ln)
+    block = _batch_finding(text, "On digits at τ = 0.1, pooled over ")
+    lin01 = next(ln for ln in block if ln.startswith("  linear top-1: "))
     assert "**InfoNCE** depends most on batch size" in lin01 and "(paired t, 2 seeds, Holm p = " in lin01
-    exp = _expected(main_store["design"], "linear")["mean"]
-    assert f"InfoNCE = {exp[('infonce', 0.1, 16)] - exp[('infonce', 0.1, 256)]:+.1f} [" in lin01
     assert "EqCo is left out of the ranking (batch 16: ok, batch 256: pending)" in lin01
-    lin05 = next(ln for ln in text.splitlines() if "at τ=0.5 (linear top-1)" in ln)
+    # the table: each loss's change with its interval, the linear probe in the fourth column
+    exp = _expected(main_store["design"], "linear")["mean"]
+    row = next(ln for ln in block if ln.startswith("  | InfoNCE |")).split("|")
+    assert row[4].strip().startswith(f"{exp[('infonce', 0.1, 16)] - exp[('infonce', 0.1, 256)]:+.1f} [")
+    # the headline names the steps: 20 epochs of 1,437 images, 90 steps each at batch 16, 6 at 256
+    assert "at a fixed 20 epochs batch 16 took 15.0× the optimiser steps of batch 256 (1,800 against 120)" in block[0]
+    block05 = _batch_finding(text, "On digits at τ = 0.5, pooled over ")
+    lin05 = next(ln for ln in block05 if ln.startswith("  linear top-1: "))
     assert "**DCL** depends most on batch size: it diverged at batch 16" in lin05
     assert "**InfoNCE** depends more on batch size and **FlatNCE** least" in lin05
+    assert "| DCL | diverged |" in "\n".join(block05)
+
     # baseline comparison counted independently (diverged and pending cells count as not beating)
     exp_all = _expected(main_store["design"], "linear")
     n_cells = len(main_store["design"].groupby(["loss", "t", "bs"]))
@@ -291,6 +309,32 @@ def test_findings_name_the_least_dependent_loss(main_store):
     # runs of other study sections are counted, not dropped silently
     assert "of experiment 'mi' (kind 'mi')" in text and "of experiment 'custom' (kind 'cell')" in text
     assert "superseded" in text
+
+
+def test_the_pooled_change_is_the_hand_computed_loss_and_seed_model(main_store):
+    """linear top-1 at τ = 0.1: InfoNCE, FlatNCE and DCL at both batch sizes with 2 seeds (EqCo is pending at
+    256): d = small − large per loss and seed, d = μ + loss + seed + ε, μ = the mean of the 6 differences,
+    σ² = Σ (d − loss mean − seed mean + grand mean)² / ((3 − 1)(2 − 1))."""
+    d = main_store["design"].set_index(["loss", "t", "bs", "seed"])["linear"]
+    diffs = {(loss, s): d[(loss, 0.1, 16, s)] - d[(loss, 0.1, 256, s)] for loss in ALL_LOSSES for s in (0, 1)}
+    grand = np.mean(list(diffs.values()))
+    by_loss = {g: np.mean([diffs[(g, s)] for s in (0, 1)]) for g in ALL_LOSSES}
+    by_seed = {s: np.mean([diffs[(g, s)] for g in ALL_LOSSES]) for s in (0, 1)}
+    sse = sum((v - by_loss[g] - by_seed[s] + grand) ** 2 for (g, s), v in diffs.items())
+    se = math.sqrt(sse / 2 / 6)
+    pool = pd.read_csv(main_store["out"] / "tables" / "grid_pooled_digits.csv")
+    row = pool[(pool["metric"] == "linear") & (pool["temperature"] == 0.1)].iloc[0]
+    assert row["losses"] == 3 and row["n_pairs"] == 6 and row["df"] == 2 and row["left_out"] == "EqCo"
+    assert row["change_small_minus_large"] == pytest.approx(grand, abs=1e-5)
+    h = stats.t.ppf(0.975, 2) * se
+    assert (row["ci_low"], row["ci_high"]) == pytest.approx((grand - h, grand + h), abs=1e-5)
+    assert row["p"] == pytest.approx(2 * stats.t.sf(abs(grand) / se, 2), rel=1e-5)
+    # Holm over the dataset's 4 pooled tests (2 metrics x 2 τ)
+    ps = pool["p"].sort_values().to_numpy()
+    adj = np.maximum.accumulate([min(1.0, (len(ps) - i) * p) for i, p in enumerate(ps)])
+    assert row["p_holm"] == pytest.approx(adj[list(ps).index(row["p"])], rel=1e-5) and row["holm_family"] == 4
+    md = (main_store["out"] / "tables" / "grid_pooled_digits.md").read_text()
+    assert "additive effect of the loss and one of the seed" in md and "independent given loss and seed" in md
 
 
 def test_default_experiment_and_training_fraction(main_store):
@@ -356,6 +400,13 @@ def test_paper_tables_carry_sources_status_and_note(main_store):
         and (third["produced_by"] == "third-party reproduction (raminnakhli/Decoupled-Contrastive-Learning)").all()
     )
     assert (third["status"] == "third-party number").all()
+    # SimCo's README table (CIFAR-100, B = 64 ... 1024): the authors' code README, its family from the method
+    simco = rep[rep["paper"] == "SimCo (Zhang et al. 2022)"]
+    assert len(simco) == 15 and (simco["produced_by"] == "the authors' code README").all()
+    assert (simco["status"] == "checked against the authors' code README").all()
+    dual = side[(side["who"] == "paper") & (side["method"] == "SimCo")]
+    assert len(dual) == 1 and dual["family"].iloc[0] == "simco"
+    assert dual["gap_small_minus_large"].iloc[0] == pytest.approx(58.04 - 55.34)
     assert not side["status"].astype(str).str.contains("likely").any()
     exp = _expected(main_store["design"], "linear")["mean"]
     ours = side[
@@ -395,9 +446,10 @@ def test_flipped_data_flips_the_finding(store_uri, tmp_path, monkeypatch):
     assert "1 of experiment 'custom' (kind 'cell')" in text
     assert "no `diag/mi_fraction` history for InfoNCE runs; MI-saturation figure skipped" in text
     assert (tmp_path / "rep" / "figures" / "accuracy_vs_batch_digits.png").stat().st_size > 0
-    para = next(ln for ln in text.splitlines() if "at τ=0.1 (linear top-1)" in ln)
+    block = _batch_finding(text, "On digits at τ = 0.1, pooled over 3 losses, batch 32 − batch 128 = ")
+    para = next(ln for ln in block if ln.startswith("  linear top-1: "))
     assert "**FlatNCE** depends most on batch size and **InfoNCE** least" in para, para
-    assert "at τ=0.2 (linear top-1): only batch size 32 was run" in text
+    assert "On digits at τ = 0.2 only batch size 32 was run" in text
     assert "no baseline" in text
     got = pd.read_csv(tmp_path / "rep" / "tables" / "grid_top1_digits_linear.csv")
     single = got[got["temperature"] == 0.2]
@@ -486,7 +538,8 @@ def _sentence(values) -> str:
         {"linear": "linear/top1"},
         values=True,
     )
-    return grid_findings.dependence_finding(grid_findings.dependence(agg), "d", "linear", 0.1)
+    dep = grid_findings.dependence(agg)
+    return grid_findings.batch_finding(dep, grid_findings.pooled_changes(dep), "d", 0.1)
 
 
 def test_finding_sentence_ranks_only_with_a_test():
@@ -500,7 +553,7 @@ def test_finding_sentence_ranks_only_with_a_test():
         }
     )
     assert "**" not in tie and "indistinguishable at these seeds" in tie and "MDE at 80 % power = " in tie
-    assert "InfoNCE = -4.8 [" in tie and "FlatNCE = -5.1 [" in tie and "|Δ FlatNCE| − |Δ InfoNCE| = +0.3 [" in tie
+    assert "| InfoNCE | -4.8 [" in tie and "| FlatNCE | -5.1 [" in tie and "|Δ FlatNCE| − |Δ InfoNCE| = +0.3 [" in tie
     # the small batch ahead: a positive Δ, the same sign convention (small − large)
     small_best = _sentence(
         {
@@ -510,7 +563,7 @@ def test_finding_sentence_ranks_only_with_a_test():
             ("flatnce", 64): [64.0, 66.0, 64.6],
         }
     )
-    assert "InfoNCE = +4.8 [" in small_best and "FlatNCE = +1.1 [" in small_best
+    assert "| InfoNCE | +4.8 [" in small_best and "| FlatNCE | +1.1 [" in small_best
     # FlatNCE −1.0, DCL −1.5, InfoNCE −5.0 with little seed noise in the changes: a ranking with its test
     clear = _sentence(
         {

@@ -1,9 +1,14 @@
-"""The instrument section against designed arms: a penalty that lives in the negatives part, a
-null bounded below 0.5 points, and a null the seeds cannot bound."""
+"""The instrument section against synthetic stores of designed arms: the gates come first and a
+failed gate suppresses every sentence about negatives or steps (a store where self-supervision
+loses to raw pixels has no negatives sentence); the 2 x 2's main effects and interaction, at
+fixed epochs and at fixed steps (snapshots), at each batch size's rate chosen on validation
+accuracy, with the outcome of each (significant, equivalent, inconclusive)."""
 
 from __future__ import annotations
 
-import itertools
+import math
+import re
+import zlib
 
 import numpy as np
 import pandas as pd
@@ -11,58 +16,87 @@ import pytest
 
 from smallbatch.report.context import ReportContext
 from smallbatch.report.sections import instrument
+from smallbatch.report.sections.instrument_budgets import budget_rows
+from smallbatch.report.sections.instrument_gates import MARGIN, SUPERVISED_OVER_PIXELS
 
-SEEDS = range(5)
-#: per-seed noise shared by every arm of one seed (pairing removes it) plus a little of each arm's own
-SHARED = [0.9, -1.1, 0.4, -0.3, 0.1]
-OWN = {
-    "infonce@16": [0.05, -0.04, 0.02, -0.03, 0.0],
-    "infonce@256": [-0.02, 0.03, 0.0, 0.04, -0.05],
-    "infonce@256/G": [0.01, 0.02, -0.04, 0.0, 0.01],
-    "dcl@16": [0.0, 0.03, -0.02, 0.01, -0.02],
-    "sogclr@16": [0.02, -0.01, 0.0, -0.03, 0.02],
-}
-ARM_PARAMS = {
-    "infonce@16": ("infonce", 16, "None"),
-    "infonce@256": ("infonce", 256, "None"),
-    "infonce@256/G": ("infonce", 256, "16"),
-    "dcl@16": ("dcl", 16, "None"),
-    "sogclr@16": ("sogclr", 16, "None"),
+SEEDS = range(6)
+#: per-seed noise shared by every arm of one seed (pairing removes it)
+SHARED = [0.9, -1.1, 0.4, -0.3, 0.1, 0.6]
+IMAGES = 10_000
+EPOCHS = 5
+#: arm -> (loss, batch size, neg_group, extra_negatives)
+ARMS = {
+    "a": ("infonce", 256, None, None),
+    "b": ("infonce", 256, 16, None),
+    "c": ("infonce", 16, None, None),
+    "d": ("infonce", 16, None, 240),
+    "control": ("infonce", 256, 2, None),
 }
 
 
-def _runs(means: dict[str, dict[str, float]], own_scale: dict[str, float]) -> pd.DataFrame:
+def _own(arm: str, seed: int, lr: float, scale: float) -> float:
+    """Each arm's own noise (what pairing leaves): fixed, small, different per arm and seed."""
+    r = np.random.default_rng(zlib.crc32(f"{arm}-{seed}-{lr}".encode()))
+    return scale * float(r.normal())
+
+
+def _metrics(prefix: str, v: float, val: float) -> dict:
+    out = {f"metrics.{prefix}{key}": v for key, _ in instrument.METRICS.values()}
+    out[f"metrics.{prefix}{instrument.VAL_METRIC}"] = val
+    return out
+
+
+def _cell(ds, arm, seed, mean, *, tau=0.1, lr=1e-3, own=0.03, snapshots=(), val_shift=-1.0) -> dict:
+    """One cell run: final metrics at EPOCHS, and a snapshot at each of ``snapshots``
+    (epochs, its mean)."""
+    loss, bs, group, extra = ARMS[arm]
+    spe = IMAGES // bs
+    v = mean + SHARED[seed] + _own(arm, seed, lr, own)
+    row = {
+        "run_id": f"{ds}-{arm}-{tau}-{lr}-{seed}",
+        "kind": "cell",
+        "status": "finished",
+        "section": "instrument",
+        "cell_id": f"instrument/{ds}/{arm}-t{tau}-lr{lr}-s{seed}",
+        "start_time": 1,
+        "dataset": ds,
+        "loss": loss,
+        "batch_size": bs,
+        "temperature": tau,
+        "seed": seed,
+        "baseline": None,
+        "params.neg_group": str(group),
+        "params.extra_negatives": str(extra),
+        "params.lr": str(lr),
+        "params.lr_scaling": "none",
+        "params.epochs": str(EPOCHS),
+        "params.pretrain_images": str(IMAGES),
+        "metrics.train/steps": float(EPOCHS * spe),
+        **_metrics("", v, v + val_shift),
+    }
+    for e, m in snapshots:
+        steps = max(1, int(e * spe + 0.5))
+        pre = f"snapshot/ep{e:g}/"
+        sv = m + SHARED[seed] + _own(arm, seed + 100, lr, own)
+        row.update(_metrics(pre, sv, sv + val_shift))
+        row.update({f"metrics.{pre}steps": float(steps), f"metrics.{pre}epochs": steps / spe})
+        row.update({f"metrics.{pre}images_seen": float(steps * bs), f"metrics.{pre}status": 0.0})
+    return row
+
+
+def _baselines(ds, pixels=50.0, random_init=40.0, supervised=70.0) -> list[dict]:
     rows = []
-    for ds, arms in means.items():
-        for (arm, mean), s in itertools.product(arms.items(), SEEDS):
-            loss, bs, group = ARM_PARAMS[arm]
-            v = mean + SHARED[s] + own_scale[ds] * OWN[arm][s]
-            rows.append(
-                {
-                    "run_id": f"{ds}-{arm}-{s}",
-                    "kind": "cell",
-                    "status": "FINISHED",
-                    "section": "instrument",
-                    "cell_id": f"instrument/{ds}/{arm}-s{s}",
-                    "start_time": 1,
-                    "dataset": ds,
-                    "loss": loss,
-                    "batch_size": bs,
-                    "temperature": 0.1,
-                    "seed": s,
-                    "baseline": None,
-                    "params.neg_group": group,
-                    "params.mask_same_class": "False",
-                    **{f"metrics.{key}": v for key, _ in instrument.METRICS.values()},
-                }
-            )
-    for ds, (name, mean) in itertools.product(means, (("random_init", 40.0), ("supervised", 70.0))):
-        for s in (0, 1):
+    for name, mean, seeds in (
+        ("raw_pixels", pixels, [0]),
+        ("random_init", random_init, [0, 1, 2]),
+        ("supervised", supervised, [0, 1, 2]),
+    ):
+        for s in seeds:
             rows.append(
                 {
                     "run_id": f"{ds}-{name}-{s}",
                     "kind": "baseline",
-                    "status": "FINISHED",
+                    "status": "finished",
                     "section": "baseline",
                     "cell_id": f"baselines/{ds}/{name}-s{s}",
                     "start_time": 1,
@@ -75,168 +109,271 @@ def _runs(means: dict[str, dict[str, float]], own_scale: dict[str, float]) -> pd
                     **{f"metrics.{key}": mean + 0.3 * s for key, _ in instrument.METRICS.values()},
                 }
             )
-    return pd.DataFrame(rows)
+    return rows
 
 
-DESIGN = {
-    # the penalty is all negatives: grouped loses what small loses, at the large batch's steps
-    "negatives": {"infonce@16": 58.0, "infonce@256": 60.0, "infonce@256/G": 58.0, "dcl@16": 60.0, "sogclr@16": 60.0},
-    "null": {arm: 60.0 for arm in OWN},
-}
+#: a design that passes every gate: the steps matter (+2.2), the negatives do not (−0.2)
+PASSING = {"a": 60.0, "b": 60.0, "c": 62.0, "d": 62.4, "control": 57.0}
 
 
-def _rows(own_scale=None):
-    own_scale = own_scale or {"negatives": 1.0, "null": 1.0}
-    runs = _runs(DESIGN, own_scale)
-    cells = runs[runs["kind"] == "cell"].assign(arm=lambda d: [instrument.arm_of(r) for _, r in d.iterrows()])
-    vals, base = instrument.arm_values(cells, 100.0 / 100.0), instrument._baseline_values(runs, 1.0)
-    return instrument.contrast_rows(vals, base, sorted(DESIGN)), runs
+def _store(means=PASSING, ds="ds", own=0.03, baselines=None, **kw) -> pd.DataFrame:
+    rows = [_cell(ds, arm, s, m, own=own, **kw) for arm, m in means.items() for s in SEEDS]
+    return pd.DataFrame(rows + _baselines(ds, **(baselines or {})))
 
 
-def _by(rows, ds, name, metric="linear"):
-    return next(r for r in rows if r["dataset"] == ds and r["contrast"] == name and r["metric"] == metric)
+def _analyse(runs: pd.DataFrame):
+    cells = runs[runs["kind"] == "cell"]
+    rows = budget_rows(cells, 1.0)
+    return instrument.analyse(rows, instrument._baseline_values(runs, 1.0))
 
 
-def test_a_penalty_of_negatives_is_found_and_attributed_to_the_negatives_part():
-    rows, _ = _rows()
-    small_large = _by(rows, "negatives", "small − large")
-    neg, steps = (
-        _by(rows, "negatives", "negatives part (grouped − large)"),
-        _by(rows, "negatives", "steps part (small − grouped)"),
+def _row(results, key, view="epochs", metric="linear"):
+    return next(c for r in results if r.unit.view == view for c in r.rows if c["key"] == key and c["metric"] == metric)
+
+
+def _text(results) -> str:
+    return " ".join(instrument.findings(results))
+
+
+# --------------------------------------------------------------------------- the gates
+def test_a_store_where_ssl_loses_to_raw_pixels_yields_no_negatives_sentence():
+    passing = _analyse(_store())
+    assert all(r.ok for r in passing)
+    assert "negatives main effect" in _text(passing)  # the control: with the gates passed it is there
+    failing = _analyse(_store(baselines={"pixels": 61.0}))  # InfoNCE@256 (60) below raw pixels (61)
+    text = _text(failing)
+    g2 = next(s for s in instrument.findings(failing) if s.startswith("Gates, ds"))
+    assert re.search(r"G2 InfoNCE B=256 \(linear probe\) − raw pixels = -0\.\d \[", g2) and "FAILED" in g2
+    for s in instrument.findings(failing):  # the gate line, and the line saying why there is no verdict
+        assert s.startswith(("Gates, ds", "No verdict on negatives or steps for ds")), s
+    for word in (
+        "negatives main effect (K",
+        "steps main effect (B_opt",
+        "interaction (",
+        "small − large",
+        "steps part",
+    ):
+        assert word not in text
+    assert "No verdict on negatives or steps for ds, τ 0.1, 5 epochs (fixed epochs): G2 not passed." in text
+
+
+def test_the_gates_come_first_with_their_numbers():
+    res = _analyse(_store())
+    f = instrument.findings(res)
+    assert f[0].startswith("Gates, ds, τ 0.1, 5 epochs: G1 supervised − raw pixels (linear probe) = +20.3 points")
+    assert all(not s.startswith("Gates") for s in f[1:])
+    for g in ("G1", "G2", "G3", "G4 (fixed epochs)"):
+        assert f"{g} " in f[0]
+    assert "positive control" not in f[0] or "InfoNCE B=256, G=2 (K=2) − InfoNCE B=256" in f[0]
+
+
+@pytest.mark.parametrize(
+    "change,gate",
+    [
+        ({"baselines": {"supervised": 50.0 + SUPERVISED_OVER_PIXELS - 0.5}}, "G1"),
+        ({"means": {**PASSING, "control": 60.0}}, "G3"),
+        ({"means": {k: v for k, v in PASSING.items() if k != "control"}}, "G3"),
+        ({"own": 1.5}, "G4 (fixed epochs)"),
+        ({"baselines": {"random_init": 61.0}}, "G2"),
+    ],
+    ids=["supervised-close-to-pixels", "control-does-not-fire", "no-control", "noisy-seeds", "random-init-ahead"],
+)
+def test_each_failed_gate_withholds_the_verdict(change, gate):
+    res = _analyse(_store(**change))
+    (unit,) = [r for r in res if r.unit.view == "epochs"]
+    failed = [g.name for g in unit.gates if g.passed is not True]
+    assert failed == [gate]
+    text = _text(res)
+    assert "negatives main effect (K" not in text and f"{gate} not passed" in text
+
+
+def test_g2_takes_raw_pixels_as_a_constant_and_random_init_by_welch():
+    res = _analyse(_store())
+    g2 = res[0].gates[1]
+    ssl = [60.0 + SHARED[s] for s in SEEDS]
+    assert g2.passed and f"− raw pixels = +{np.mean(ssl) - 50.0:.1f}" in g2.text and "p < 0.001" in g2.text
+    assert "Welch t" in g2.text  # random-init: other networks, never paired with InfoNCE's seeds
+
+
+# --------------------------------------------------------------------------- the factorial
+def test_the_main_effects_and_interaction_of_the_two_by_two():
+    res = _analyse(_store())
+    neg, steps, inter = (_row(res, k) for k in ("negatives", "steps", "interaction"))
+    a, b, c, d = (PASSING[k] for k in "abcd")
+    assert neg["diff"] == pytest.approx(((b - a) + (c - d)) / 2, abs=0.05)
+    assert steps["diff"] == pytest.approx(((c - b) + (d - a)) / 2, abs=0.05)
+    assert inter["diff"] == pytest.approx((c - d) - (b - a), abs=0.08)
+    assert _row(res, "negatives_at_large")["diff"] == pytest.approx(b - a, abs=0.05)
+    assert _row(res, "negatives_at_small")["diff"] == pytest.approx(c - d, abs=0.05)
+    assert steps["outcome"] == neg["outcome"] == "significant"  # tight seeds: even −0.2 is significant
+    assert neg["tost_p"] < 0.05 and neg["lo"] > -MARGIN and neg["hi"] < MARGIN
+    assert {r["family"] for r in res[0].rows if r["metric"] == "linear" and r["key"] != "control"} == {7}
+    text = _text(res)
+    assert "negatives main effect (K 30 − 510) -0.2" in text
+    assert "— significant, yet within ± 0.5 points (TOST p < 0.001)" in text
+    assert "steps main effect (B_opt 16 − 256: 16x the steps at equal epochs) +2.2" in text
+
+
+def test_a_negatives_effect_that_costs_nothing_is_equivalent_and_says_its_mde():
+    """Negatives main effect 0 with some seed noise: not significant, the 90 % interval inside ± 0.5."""
+    res = _analyse(_store(means={**PASSING, "d": 62.0}, own=0.2))
+    assert res[0].ok
+    neg = _row(res, "negatives")
+    assert neg["outcome"] == "equivalent" and not neg["estimate"].significant and neg["tost_p"] < 0.05
+    text = _text(res)
+    assert "negatives main effect (K 30 − 510)" in text
+    clause = text.split("negatives main effect (K 30 − 510)")[1].split(";")[0]
+    assert "— equivalent within ± 0.5 points (TOST p" in clause and "MDE at 80 % power" in text
+
+
+def test_an_inconclusive_null_says_so_with_its_mde():
+    """An interaction of +0.4 whose seeds cannot tell it from 0 nor bound it within ± 0.5."""
+    res = _analyse(_store(means={**PASSING, "d": 61.6}, own=0.2))  # (c − d) − (b − a) = 0.4
+    assert res[0].ok
+    r = _row(res, "interaction")
+    assert r["outcome"] == "inconclusive" and not r["estimate"].significant and r["tost_p"] >= 0.05
+    assert r["lo"] < 0 < r["hi"] and r["hi"] > MARGIN
+    pattern = (
+        r"interaction \(negatives effect at B_opt 16 − at 256\) \+0\.4 \[[^]]+\] \(paired t, 6 seeds, "
+        rf"Holm p = [0-9.]+ of 7\) — inconclusive \(TOST p = [0-9.]+; MDE at 80 % power = {r['mde']:.2f}\)"
     )
-    assert small_large["diff"] == pytest.approx(-2.0, abs=0.1) and small_large["significant"]
-    assert neg["diff"] == pytest.approx(-2.0, abs=0.1) and neg["significant"]
-    assert steps["diff"] == pytest.approx(0.0, abs=0.1) and not steps["significant"]
-    # the decomposition is exact seed by seed
-    assert small_large["diff"] == pytest.approx(neg["diff"] + steps["diff"], abs=1e-9)
-    text = " ".join(instrument.findings(rows))
-    assert "negatives: a small-batch penalty" not in text  # the data set name is not part of the verdict
-    assert "On negatives (linear probe), InfoNCE small − large" in text and "a small-batch penalty" in text
-    assert "its negatives part" in text and "— significant" in text and "its steps part" in text
+    assert re.search(pattern, _text(res))
 
 
-def test_a_null_with_tight_seeds_is_bounded_and_a_noisy_one_is_not():
-    rows, _ = _rows()
-    e = _by(rows, "null", "small − large")
-    assert not e["significant"] and e["bounded"] and e["hi"] - e["lo"] < 2 * instrument.BOUND
-    text = " ".join(instrument.findings(rows))
-    assert (
-        "bounds it below 0.5 points" in text and "its negatives part" in text and "— bounded below 0.5 points" in text
-    )
-    noisy, _ = _rows({"negatives": 1.0, "null": 40.0})
-    e = _by(noisy, "null", "small − large")
-    assert not e["significant"] and not e["bounded"] and e["mde"] > instrument.BOUND
-    assert "not bounded below 0.5 points (MDE at 80 % power" in " ".join(instrument.findings(noisy))
+def test_fixed_steps_reads_the_small_batch_at_the_large_batch_steps():
+    """B=16's snapshot after 195 steps (0.3125 epochs) is the fixed-steps twin of B=256's 5 epochs."""
+    rows = []
+    for arm, m in PASSING.items():
+        snaps = [(0.3125, m - 5.0)] if ARMS[arm][1] == 16 else []
+        rows += [_cell("ds", arm, s, m, snapshots=snaps) for s in SEEDS]
+    runs = pd.DataFrame(rows + _baselines("ds"))
+    res = _analyse(runs)
+    assert [(r.unit.view, r.unit.steps) for r in res] == [("epochs", 195.0), ("steps", 195.0)]
+    fixed = _row(res, "steps", view="steps")
+    assert fixed["diff"] == pytest.approx(2.2 - 5.0, abs=0.05)  # c, d at 195 steps: 5 points lower
+    assert "1/16 of the images at equal steps" in fixed["contrast"]
+    assert "small_large" not in {r["key"] for r in res[1].rows}  # the earlier contrasts: fixed epochs only
 
 
-def test_contrasts_are_holm_adjusted_within_one_probe_and_scaled_by_the_supervised_gap():
-    rows, _ = _rows()
-    lin = [r for r in rows if r["metric"] == "linear"]
-    assert len(lin) == 2 * 5  # two data sets x five contrasts (no oracle arm)
-    assert all(r["p_holm"] >= r["p"] for r in lin if np.isfinite(r["p"]))
-    assert {r["estimate"].family for r in lin} == {len([r for r in lin if r["estimate"].tested])}
-    r = _by(rows, "negatives", "small − large")
-    assert r["fraction_of_supervised_gap"] == pytest.approx(r["diff"] / 30.0)
+def test_budgets_from_snapshots_and_the_final_checkpoint_counted_once():
+    rows = [_cell("ds", arm, s, m, snapshots=[(1, m - 3.0), (EPOCHS, m)]) for arm, m in PASSING.items() for s in SEEDS]
+    runs = pd.DataFrame(rows + _baselines("ds"))
+    b = budget_rows(runs[runs["kind"] == "cell"], 1.0)
+    a = b[(b["arm"] == "infonce@256") & (b["seed"] == 0)].sort_values("steps")
+    assert list(a["budget"]) == ["ep1", "final"] and list(a["steps"]) == [39.0, 195.0]
+    assert list(a["images"]) == [39.0 * 256, 195.0 * 256] and list(a["epochs"]) == [1.0, 5.0]
+    res = _analyse(runs)
+    assert [(r.unit.budget, r.unit.view) for r in res] == [("ep1", "epochs"), ("final", "epochs")]
+    assert _row(res, "steps")["unit"].startswith("ds, τ 0.1, 1 epoch")
+    f = instrument.findings(res)
+    assert [s.split(":")[0] for s in f[:2]] == ["Gates, ds, τ 0.1, 1 epoch", "Gates, ds, τ 0.1, 5 epochs"]
 
 
-def test_the_section_writes_its_tables_figure_and_findings(tmp_path):
-    _, runs = _rows()
+def test_a_diverged_snapshot_is_left_out():
+    row = _cell("ds", "c", 0, 60.0, snapshots=[(1, 50.0)])
+    row["metrics.snapshot/ep1/status"] = 2.0
+    b = budget_rows(pd.DataFrame([row]), 1.0)
+    assert list(b["status"]) == ["finished", "diverged"]
+
+
+# --------------------------------------------------------------------------- learning rate and τ
+def test_each_batch_size_is_read_at_its_validated_rate_never_the_test_best():
+    """Three rates per batch size; the best validation rate is read for every arm of that size
+    (the test split would pick another)."""
+    rows = []
+    for arm, m in PASSING.items():
+        for lr, dv, dt in ((5e-4, 0.0, 2.0), (1e-3, 1.0, 0.0), (2e-3, -1.0, 1.0)):  # val best: 1e-3; test best: 5e-4
+            rows += [_cell("ds", arm, s, m + dt, lr=lr, val_shift=dv - dt) for s in SEEDS]
+    runs = pd.DataFrame(rows + _baselines("ds"))
+    res = _analyse(runs)
+    assert res[0].lrs == {16: 1e-3, 256: 1e-3}
+    assert all(set(a["lr"]) == {1e-3} for a in res[0].arms.values())
+    lrs = instrument.lr_table(res, budget_rows(runs[runs["kind"] == "cell"], 1.0))
+    assert set(lrs[lrs["chosen"]]["lr"]) == {1e-3}
+    assert "at the validated lr (B=16: lr 0.001, B=256: lr 0.001)" in _text(res)
+
+
+def test_without_a_validation_score_the_rate_most_cells_use_is_read_not_the_test_best():
+    rows = []
+    for arm, m in PASSING.items():
+        rates = ((5e-4, 3.0), (1e-3, 0.0)) if arm in ("a", "c") else ((1e-3, 0.0),)
+        rows += [_cell("ds", arm, s, m + dt, lr=lr) for lr, dt in rates for s in SEEDS]
+    runs = pd.DataFrame(rows + _baselines("ds"))
+    runs = runs.drop(columns=[f"metrics.{instrument.VAL_METRIC}"])
+    res = _analyse(runs)
+    assert res[0].lrs == {16: 1e-3, 256: 1e-3}  # 5e-4 has the better test top-1, 1e-3 the most cells
+
+
+def test_an_arm_run_at_one_rate_only_is_read_at_it_and_named():
+    rows = []
+    for arm, m in PASSING.items():
+        rates = ((5e-4, -1.0), (1e-3, 0.0)) if arm in ("a", "c") else ((1e-3, 0.0),)
+        if arm == "d":
+            rates = ((2e-3, 0.0),)
+        rows += [_cell("ds", arm, s, m + dv, lr=lr) for lr, dv in rates for s in SEEDS]
+    res = _analyse(pd.DataFrame(rows + _baselines("ds")))
+    assert res[0].lrs == {16: 1e-3, 256: 1e-3} and set(res[0].arms["infonce@16/X240"]["lr"]) == {2e-3}
+    assert instrument.off_rate(res[0]) == [
+        "InfoNCE B=16, +240 fresh (K=510) at lr 0.002 (its only rate; B=16's validated lr is 0.001)"
+    ]
+    assert "read at another rate than the validated one: InfoNCE B=16, +240 fresh" in _text(res)
+
+
+def test_every_temperature_is_its_own_unit():
+    runs = pd.concat([_store(tau=0.1), _store(means={k: v - 1 for k, v in PASSING.items()}, tau=0.5)])
+    runs = runs.drop_duplicates("run_id")
+    res = _analyse(runs)
+    assert [r.unit.temperature for r in res] == [0.1, 0.5]
+    assert _row(res, "negatives")["unit"].startswith("ds, τ 0.1")
+
+
+# --------------------------------------------------------------------------- the section
+def test_the_section_writes_its_tables_figures_and_findings(tmp_path):
+    rows = []
+    for arm, m in PASSING.items():
+        snaps = [(0.3125, m - 5.0)] if ARMS[arm][1] == 16 else []
+        rows += [_cell("ds", arm, s, m, snapshots=snaps) for s in SEEDS]
+    runs = pd.DataFrame(rows + _baselines("ds"))
     ctx = ReportContext(
         out_dir=tmp_path, tracking_uri="", experiment="x", reader=None, scale=1.0, papers=pd.DataFrame(), runs=runs
     )
     out = instrument.build(runs, ctx)
     names = {p.name for p in out.files}
     assert {
+        "instrument_gates.csv",
         "instrument_arms.csv",
         "instrument_contrasts.md",
+        "instrument_ssl.csv",
         "instrument_arms.png",
-        "instrument_arms.svg",
         "instrument_contrasts.png",
     } <= names
-    assert any(s.startswith("Self-supervision on negatives (10 % labels") for s in out.findings)
+    assert out.findings[0].startswith("Gates, ds, τ 0.1, 5 epochs")
+    gates = pd.read_csv(tmp_path / "tables" / "instrument_gates.csv")
+    assert set(gates["gate"]) == {"G1", "G2", "G3", "G4 (fixed epochs)", "G4 (fixed steps)"}
+    contrasts = pd.read_csv(tmp_path / "tables" / "instrument_contrasts.csv")
+    assert {"tost_p", "outcome", "mde", "p_holm", "gates_passed"} <= set(contrasts.columns)
+    arms_md = (tmp_path / "tables" / "instrument_arms.md").read_text()
+    assert "InfoNCE B=16, +240 fresh (K=510)" in arms_md and "InfoNCE B=256, G=16 (K=30)" in arms_md
     ssl = pd.read_csv(tmp_path / "tables" / "instrument_ssl.csv")
-    row = ssl[(ssl["dataset"] == "negatives") & (ssl["metric"] == "linear") & (ssl["baseline"] == "random_init")]
-    # InfoNCE@256 = 60 + seed noise, random-init 40.0/40.3 over two seeds: the Welch difference of the means
-    assert row["diff"].iloc[0] == pytest.approx(60.0 + np.mean(SHARED) + np.mean(OWN["infonce@256"]) - 40.15)
-    assert "InfoNCE B=256, G=16" in (tmp_path / "tables" / "instrument_arms.md").read_text()
+    row = ssl[(ssl["metric"] == "linear") & (ssl["baseline"] == "raw_pixels")]
+    assert row["test"].iloc[0] == "paired t" and math.isfinite(row["lo"].iloc[0])  # one-sample t against the constant
 
 
-def _control_runs() -> pd.DataFrame:
-    """One data set, 4 seeds: InfoNCE at B=16 and 256 at lr 1e-3 (the common one: most cells),
-    B=16 at lr 3e-4 (validation best at 16) and 3e-3, B=256 at 3e-3 (validation best at 256),
-    B=16 stopped at B=256's steps, B=16 with the oracle mask. Test top-1 = validation top-1 + 1."""
-    arms = {  # (batch size, lr, steps, oracle): validation mean
-        (16, 1e-3, None, False): 60.0,
-        (256, 1e-3, None, False): 59.0,
-        (16, 3e-4, None, False): 62.0,
-        (16, 3e-3, None, False): 58.0,
-        (256, 3e-3, None, False): 61.0,
-        (16, 1e-3, 195, False): 50.0,
-        (16, 1e-3, None, True): 60.5,
-        (256, 1e-3, None, False, "G"): 59.0,
-    }
+def test_each_other_loss_at_the_small_batch_is_set_against_infonce_at_the_large_one():
+    """Any loss beside InfoNCE at B=16 gets its own contrast, named with the parameters its cell id
+    carries (two settings of one loss stay two arms), and its own sentence in the verdict."""
+    others = {"dcl": (62.5, "dcl"), "debiased": (61.0, "debiased-tau_plus0.01")}
     rows = []
-    for key, val in arms.items():
-        bs, lr, steps, oracle = key[:4]
-        for s in range(4):
-            v = val + SHARED[s] + 0.05 * OWN["infonce@16"][s]
-            rows.append(
-                {
-                    "run_id": f"{key}-{s}",
-                    "kind": "cell",
-                    "status": "FINISHED",
-                    "section": "instrument",
-                    "cell_id": f"instrument/ds/{key}-s{s}",
-                    "start_time": 1,
-                    "dataset": "ds",
-                    "loss": "infonce",
-                    "batch_size": bs,
-                    "temperature": 0.1,
-                    "seed": s,
-                    "baseline": None,
-                    "params.neg_group": "16" if len(key) > 4 else "None",
-                    "params.mask_same_class": str(oracle),
-                    "params.steps": str(steps),
-                    "params.lr": str(lr),
-                    f"metrics.{instrument.VAL_METRIC}": v,
-                    **{f"metrics.{k}": v + 1.0 for k, _ in instrument.METRICS.values()},
-                }
-            )
-    return pd.DataFrame(rows)
-
-
-def test_controls_name_their_arms_choose_the_lr_on_validation_and_state_their_contrasts(tmp_path):
-    runs = _control_runs()
-    common = instrument.base_lr(runs)
-    assert common == pytest.approx(1e-3)
-    cells = runs.assign(arm=[instrument.arm_of(r, common) for _, r in runs.iterrows()])
-    assert set(cells["arm"]) == {
-        "infonce@16",
-        "infonce@256",
-        "infonce@16/lr0.0003",
-        "infonce@16/lr0.003",
-        "infonce@256/lr0.003",
-        "infonce@16/S",
-        "infonce@16/oracle",
-        "infonce@256/G",
-    }
-    lrs = instrument.lr_table(cells, 1.0)
-    chosen = lrs[lrs["chosen"]].set_index("batch_size")["arm"].to_dict()
-    assert chosen == {16: "infonce@16/lr0.0003", 256: "infonce@256/lr0.003"}  # the best validation, not test
-    assert instrument.validated_contrasts(lrs) == {
-        "ds": {instrument.VALIDATED_LR: [(1.0, "infonce@16/lr0.0003"), (-1.0, "infonce@256/lr0.003")]}
-    }
-    vals = instrument.arm_values(cells, 1.0)
-    rows = instrument.contrast_rows(vals, {}, ["ds"], instrument.validated_contrasts(lrs))
-    assert _by(rows, "ds", instrument.VALIDATED_LR)["diff"] == pytest.approx(1.0, abs=0.05)
-    assert _by(rows, "ds", "small − large, equal steps")["diff"] == pytest.approx(-9.0, abs=0.05)
-    assert _by(rows, "ds", "oracle − plain, InfoNCE@16")["diff"] == pytest.approx(0.5, abs=0.05)
-    text = " ".join(instrument.control_findings(rows, lrs))
-    assert "at equal optimiser steps" in text and "B=16: lr 0.0003, B=256: lr 0.003" in text
-    assert "oracle − plain" in text
-    ctx = ReportContext(
-        out_dir=tmp_path, tracking_uri="", experiment="x", reader=None, scale=1.0, papers=pd.DataFrame(), runs=runs
-    )
-    out = instrument.build(runs, ctx)
-    assert "instrument_lr.csv" in {p.name for p in out.files}
-    assert "InfoNCE B=16, equal steps" in (tmp_path / "tables" / "instrument_arms.md").read_text()
+    for loss, (mean, named) in others.items():
+        for s in SEEDS:
+            row = _cell("ds", "c", s, mean)
+            row.update(loss=loss, run_id=f"{named}-{s}", cell_id=f"instrument/ds/{named}/bs16-t0.1-s{s}")
+            rows.append(row)
+    runs = pd.concat([_store(), pd.DataFrame(rows)], ignore_index=True)
+    res = _analyse(runs)
+    dcl, deb = _row(res, "loss:dcl@16"), _row(res, "loss:debiased-tau_plus0.01@16")
+    assert dcl["diff"] == pytest.approx(62.5 - PASSING["a"], abs=0.05)
+    assert deb["diff"] == pytest.approx(61.0 - PASSING["a"], abs=0.05)
+    text = _text(res)
+    assert "DCL@16 − InfoNCE@256 +2.5" in text
+    assert "(tau_plus0.01)@16 − InfoNCE@256 +1.0" in text

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from cluster import HANG_S
 from report_store import StoreBuilder
 
 from smallbatch import report
@@ -27,7 +28,7 @@ from smallbatch.tracking import StoreReader, TrackingError
 PACKAGE = Path(report.__file__).parent
 
 
-def _report_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+def _report_cli(*args: str, timeout: float = HANG_S) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(PACKAGE.parent.parent), env.get("PYTHONPATH", "")])
     return subprocess.run(

@@ -20,7 +20,14 @@ import pytest
 import torch
 from loss_at_tau import at_tau
 
-from smallbatch.losses import REGISTRY, build_loss, grouped_in_batch_scores, in_batch_columns, in_batch_scores
+from smallbatch.losses import (
+    REGISTRY,
+    build_loss,
+    grouped_in_batch_scores,
+    in_batch_columns,
+    in_batch_scores,
+    same_view_mask,
+)
 from smallbatch.models import ContrastiveModel, build_backbone
 from smallbatch.pipeline.cells import expand_cells, make_cell
 from smallbatch.pipeline.config import ConfigError, load_config
@@ -29,6 +36,9 @@ from smallbatch.training.ghostbn import GhostBatchNorm, ghost_batchnorm
 from smallbatch.training.negatives import InBatch, in_batch_mask
 
 N, D, TAU = 8, 5, 0.3
+
+#: the losses that contrast negatives (the methods without negatives have none to group or mask)
+CONTRASTIVE = [n for n, cls in REGISTRY.items() if cls.spec.contrastive]
 
 
 def _views(n: int = N, seed: int = 0):
@@ -47,7 +57,7 @@ def _rows_loss(name, pos, neg, mask):
 
 
 # --------------------------------------------------------------------------- grouped negatives
-@pytest.mark.parametrize("name", list(REGISTRY))
+@pytest.mark.parametrize("name", CONTRASTIVE)
 def test_one_group_of_the_whole_batch_is_the_ungrouped_loss(name):
     z1, z2 = _views()
     pos, neg, _ = in_batch_scores(z1, z2)
@@ -66,7 +76,12 @@ def _group_rows(rows: torch.Tensor, g: int, group: int) -> torch.Tensor:
     return torch.cat([rows[g * group : (g + 1) * group], rows[N + g * group : N + (g + 1) * group]])
 
 
-@pytest.mark.parametrize("name", [n for n in REGISTRY if n != "dclw"])
+#: losses that are a mean over anchors (align_uniform's uniformity is a log of the mean over
+#: every pair: grouped, it is taken over the groups' pairs together, not group by group)
+PER_ANCHOR = [n for n, cls in REGISTRY.items() if cls.per_anchor]
+
+
+@pytest.mark.parametrize("name", [n for n in PER_ANCHOR if n != "dclw"])
 @pytest.mark.parametrize("group", [2, 4])
 def test_each_groups_loss_is_the_loss_of_that_group_alone(name, group):
     """Grouped, anchor r's loss (and its gradient w.r.t. every embedding) is its loss in a
@@ -124,13 +139,20 @@ def test_the_in_batch_source_groups_and_masks_and_passes_the_image_index():
     assert torch.equal(sc.index, torch.stack([idx, idx]))
     plain = InBatch().scores(z1, z2, idx)
     assert plain.mask is None and torch.equal(plain.neg, in_batch_scores(z1, z2)[1])
+    # a loss of same-view negatives: the other view's masked too, grouped as the scores are
+    sv = InBatch(group=4, labels=labels, same_view=True).scores(z1, z2, idx)
+    assert torch.equal(sv.mask, in_batch_mask(N, labels[idx], 4) & same_view_mask(N, 4))
+    cols = in_batch_columns(torch.arange(8), 4)  # a group's negatives: views 0..7 of its 4 images
+    own_view = (cols >= 4) == (torch.arange(8) >= 4)[:, None]
+    assert torch.equal(same_view_mask(N, 4), torch.cat([own_view[:4], own_view[:4], own_view[4:], own_view[4:]]))
+    assert torch.equal(InBatch(same_view=True).rescore(z1, z2)[2], same_view_mask(N))
 
 
 # --------------------------------------------------------------------------- oracle mask
 LABELS = torch.tensor([0, 1, 0, 2, 1, 3, 0, 2])
 
 
-@pytest.mark.parametrize("name", list(REGISTRY))
+@pytest.mark.parametrize("name", CONTRASTIVE)
 def test_same_class_negatives_do_not_count(name):
     """The mask is False exactly where a negative's image has the anchor's class; masked
     entries get no gradient, and any value there leaves loss and value unchanged; the
@@ -150,7 +172,7 @@ def test_same_class_negatives_do_not_count(name):
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
 
 
-@pytest.mark.parametrize("name", [n for n in REGISTRY if n != "dclw"])
+@pytest.mark.parametrize("name", [n for n in PER_ANCHOR if n != "dclw"])
 def test_the_oracle_within_groups_is_each_groups_oracle_alone(name):
     z1, z2 = _views()
     pos, neg, _ = grouped_in_batch_scores(z1, z2, 4)
@@ -162,7 +184,7 @@ def test_the_oracle_within_groups_is_each_groups_oracle_alone(name):
         torch.testing.assert_close(_group_rows(rows, g, 4), alone, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("name", list(REGISTRY))
+@pytest.mark.parametrize("name", CONTRASTIVE)
 def test_all_distinct_labels_are_the_plain_loss(name):
     z1, z2 = _views()
     pos, neg, _ = in_batch_scores(z1, z2)

@@ -6,10 +6,12 @@ a free port) runs every check below; each check builds the 1-process reference i
 (the same seeds: a small_cnn + SimCLR projection head, a global batch of 8 images) and
 reports relative differences, which the tests then hold to 1e-10.
 
-* every loss of the registry with in-batch negatives gathered over processes, and with a
-  MoCo queue (keys gathered and enqueued in the same order: the queues stay identical),
+* every loss of the registry that is a mean over anchors with in-batch negatives gathered
+  over processes (a same-view loss's mask from the rows alone), and each that takes a MoCo
+  queue with one (keys gathered and enqueued in the same order: the queues stay identical),
   each with SyncBatchNorm (reference: the whole batch in one forward) and without it
-  (reference: BatchNorm statistics per share, each share forwarded separately);
+  (reference: BatchNorm statistics per share, each share forwarded separately); a loss's
+  learnt parameters (τ, a bias) get the 1-process gradient once averaged over processes;
 * one optimiser step (SGD with momentum, LARS, Adam), twice: the same updates,
   BatchNorm statistics and optimiser state on 2 processes as on 1;
 * the gather's gradient, the global batch's views, and the collective helpers.
@@ -34,12 +36,14 @@ import torch.multiprocessing as mp
 from loss_at_tau import at_tau
 
 from smallbatch.augment import AugmentConfig, BatchAugment
-from smallbatch.losses import REGISTRY, batch_positives, build_loss, in_batch_scores, queue_scores
+from smallbatch.losses import REGISTRY, batch_positives, build_loss, in_batch_scores, queue_scores, same_view_mask
 from smallbatch.models import ContrastiveModel, build_backbone
 from smallbatch.training.distributed import (
     GlobalBatchNorm,
     World,
     any_over_processes,
+    average_gradients,
+    claim_gpu,
     data_parallel,
     first_host,
     gather,
@@ -62,7 +66,18 @@ LOSS_PARAMS = {"eqco": {"alpha": 4.0}, "dclw": {"sigma": 0.5}, "flatnce": {"gamm
 
 # --------------------------------------------------------------------------- shared helpers (also test_gradcache)
 def make_loss(name: str):
-    return at_tau(build_loss(name, **LOSS_PARAMS.get(name, {})), 0.2)
+    """Loss ``name`` at τ = 0.2: given per call, or, for a loss that learns it, its own
+    (started at 0.2, float64: its parameters then get gradients)."""
+    loss = build_loss(name, **LOSS_PARAMS.get(name, {})).double()
+    if loss.owns_temperature:
+        loss.init_temperature(0.2)
+        return loss
+    return at_tau(loss, 0.2)
+
+
+def loss_grads(loss) -> list[torch.Tensor]:
+    """The gradients of a loss's own learnt parameters (none: [])."""
+    return [p.grad for p in loss.parameters()]
 
 
 def make_model(seed: int = 0) -> ContrastiveModel:
@@ -93,9 +108,13 @@ def embed(model, views, parts: int = 1):
 
 
 def share_in_batch_loss(loss, z1, z2, world: World):
-    """A process's loss: its anchors against the gathered batch (the negatives source)."""
+    """A process's loss: its anchors against the gathered batch (the negatives source; a
+    loss of same-view negatives masks the other view's)."""
     z1a, z2a = gather_with_grad(z1), gather_with_grad(z2)
-    pos, neg, mask = in_batch_scores(z1a, z2a, rows=world.anchor_rows(z1.shape[0]))
+    rows = world.anchor_rows(z1.shape[0])
+    pos, neg, mask = in_batch_scores(z1a, z2a, rows=rows)
+    if loss.negatives == "same_view":
+        mask = same_view_mask(z1a.shape[0], rows=rows)
     return loss.from_scores(pos, neg, mask, batch_pos=batch_positives(z1a, z2a))
 
 
@@ -128,7 +147,7 @@ def _spawned(rank: int, size: int, port: int, out: str, checks: str) -> None:
     torch.set_num_threads(1)
     module, name = checks.split(":")
     results = {}
-    with World.from_env(device="cpu", timeout_s=120) as world:
+    with World.from_env(device="cpu", timeout_s=cluster.HANG_S) as world:
         for key, fn in getattr(importlib.import_module(module), name)():
             try:
                 results[key] = fn(world)
@@ -162,11 +181,11 @@ def assert_results(results: list[dict], key: str, tol: float = TOL) -> None:
 
 # --------------------------------------------------------------------------- the checks (run in each process)
 def check_in_batch(world: World, name: str, sync_bn: bool) -> dict:
-    loss = make_loss(name)
+    loss_ref, loss = make_loss(name), make_loss(name)
     v1, v2, _ = make_batch(1)
     ref = make_model()
     z1, z2 = embed(ref, (v1, v2), 1 if sync_bn else world.size)
-    out = loss(z1, z2)
+    out = loss_ref(z1, z2)
     out.loss.backward()
     model = sync_batchnorm(make_model(), world, enabled=sync_bn)
     ddp = data_parallel(model, world)
@@ -180,6 +199,9 @@ def check_in_batch(world: World, name: str, sync_bn: bool) -> dict:
         "infonce": rel(mean_over_processes(mine.infonce), out.infonce),
         "grad": rel(grads(model), grads(ref)),
     }
+    if loss_grads(loss):  # a loss's learnt parameters: averaged as the training step does
+        average_gradients(list(loss.parameters()))
+        res["loss_param_grad"] = rel(loss_grads(loss), loss_grads(loss_ref))
     if sync_bn:
         res["bn_running_stats"] = rel(bn_buffers(model), bn_buffers(ref))
     return res
@@ -195,14 +217,14 @@ def _queue(idx: torch.Tensor) -> MomentumQueue:
 
 
 def check_queue(world: World, name: str, sync_bn: bool) -> dict:
-    loss = make_loss(name)
+    loss_ref, loss = make_loss(name), make_loss(name)
     v1, v2, idx = make_batch(2)
     parts = 1 if sync_bn else world.size
     ref, key_ref, queue_ref = make_model(), make_model().requires_grad_(False), _queue(idx)
     (q,) = embed(ref, (v1,), parts)
     with torch.no_grad():
         (k,) = embed(key_ref, (v2,), parts)
-    out = loss(q, k, queue=queue_ref, q_index=idx)
+    out = loss_ref(q, k, queue=queue_ref, q_index=idx)
     out.loss.backward()
     queue_ref.enqueue(k, idx)
 
@@ -219,13 +241,17 @@ def check_queue(world: World, name: str, sync_bn: bool) -> dict:
         queue_ref.ptr,
         queue_ref.count,
     )
-    return {
+    res = {
         "loss": rel(mean_over_processes(mine.loss), out.loss),
         "value": rel(mean_over_processes(mine.value), out.value),
         "grad": rel(grads(model), grads(ref)),
         "queue_keys": rel(queue.keys, queue_ref.keys),
         "queue_slots_differ": 0.0 if same_slots else 1.0,
     }
+    if loss_grads(loss):
+        average_gradients(list(loss.parameters()))
+        res["loss_param_grad"] = rel(loss_grads(loss), loss_grads(loss_ref))
+    return res
 
 
 def check_steps(world: World, opt_name: str) -> dict:
@@ -313,11 +339,19 @@ def check_world(world: World) -> dict:
     }
 
 
+#: the losses that are a mean over anchors, so a process's share computes its share (a whole-batch
+#: loss is not: training runs it on one process; SogCLR's state does too, its loss here is its gamma = 1 form)
+MULTI_PROCESS = [n for n, cls in REGISTRY.items() if cls.per_anchor]
+#: ... and those of them that take a queue's negatives (same-view negatives are in-batch only)
+WITH_QUEUE = [n for n in MULTI_PROCESS if REGISTRY[n].negatives == "all"]
+
+
 def checks() -> list[tuple[str, Callable[[World], dict]]]:
     out = [("world", check_world), ("gather", check_gather), ("global_batch", check_global_batch)]
     for bn in ("syncbn", "localbn"):
-        for name in REGISTRY:
+        for name in MULTI_PROCESS:
             out.append((f"in_batch/{name}/{bn}", lambda w, n=name, s=bn == "syncbn": check_in_batch(w, n, s)))
+        for name in WITH_QUEUE:
             out.append((f"queue/{name}/{bn}", lambda w, n=name, s=bn == "syncbn": check_queue(w, n, s)))
     for opt in ("sgd", "lars", "adam"):
         out.append((f"steps/{opt}", lambda w, o=opt: check_steps(w, o)))
@@ -454,31 +488,41 @@ def test_a_converted_model_saves_the_plain_models_state():
     plain.load_state_dict(state)
 
 
+def _hold_a_gpu_slot(slots_dir: str, conn) -> None:
+    """A one-process cell's claim: send the GPU claimed, hold its slot until told to end."""
+    conn.send(claim_gpu(4, slots_dir=slots_dir))
+    conn.recv()
+
+
 def test_one_process_cells_spread_over_a_nodes_gpus(tmp_path):
     """k processes per GPU on a node showing 4 GPUs (cells_per_gpu): each claims a slot file
     (held for its life), slot j of every GPU before slot j+1, so 8 processes use each GPU
-    twice; a process that ends frees its slot for the next."""
-    import subprocess
-    import sys
+    twice; a process that ends frees its slot for the next.  (The processes are forked from
+    this one: each a process of its own, as flock needs, without importing torch again.)"""
+    import multiprocessing
 
-    code = (
-        "import sys, time; from smallbatch.training.distributed import claim_gpu; "
-        f"print(claim_gpu(4, slots_dir={str(tmp_path)!r}), flush=True); sys.stdin.read()"
-    )
+    ctx = multiprocessing.get_context("fork")
     procs = []
+
+    def start():
+        ours, theirs = ctx.Pipe()
+        p = ctx.Process(target=_hold_a_gpu_slot, args=(str(tmp_path), theirs))
+        p.start()
+        assert ours.poll(cluster.HANG_S), "the process claimed no GPU"
+        procs.append((p, ours, ours.recv()))
+
     try:
         for _ in range(8):
-            p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-            procs.append((p, int(p.stdout.readline())))
-        assert sorted(g for _, g in procs) == [0, 0, 1, 1, 2, 2, 3, 3]
-        first, gpu = procs[0]
-        first.stdin.close()
-        first.wait(timeout=30)
-        p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        procs.append((p, int(p.stdout.readline())))
-        assert procs[-1][1] == gpu  # the freed slot
+            start()
+        assert sorted(g for _, _, g in procs) == [0, 0, 1, 1, 2, 2, 3, 3]
+        ending, conn, gpu = next(p for p in procs if p[2] == 2)  # not GPU 0, where slot 2 would go
+        conn.send("end")
+        ending.join(cluster.HANG_S)
+        assert ending.exitcode == 0
+        start()
+        assert procs[-1][2] == gpu  # the freed slot
     finally:
-        for p, _ in procs:
-            if p.poll() is None:
-                p.stdin.close()
-                p.wait(timeout=30)
+        for p, conn, _ in procs:
+            if p.is_alive():
+                conn.send("end")
+                p.join(cluster.HANG_S)

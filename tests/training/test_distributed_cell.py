@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from cluster import HANG_S
 
 pytestmark = pytest.mark.slow
 
@@ -151,7 +152,7 @@ def test_a_preempted_two_process_cell_resumes_on_one(tmp_path, one_process):
             assert time.monotonic() < deadline, "no state.pt within 300 s"
             time.sleep(0.05)
         proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=120)
+        proc.wait(timeout=HANG_S)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_train import assert_same_weights, digits_cell, one_thread, run, weights  # noqa: F401 - fixture
+from test_train import assert_same_weights, digits_cell, run, weights
 
 from smallbatch.evaluation.monitor import KnnMonitor, knn_monitor
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # the same weights, bitwise
 
 
 def test_the_monitor_logs_every_nth_epoch_and_trains_the_same_weights(tmp_path, digits):

@@ -80,14 +80,7 @@ def steps_per_epoch(cell: dict, d) -> int:
     return d.pretrain_x.shape[0] // cell["batch_size"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Bitwise comparisons need one fixed thread count (the CLI uses the cell's `threads`: 1)."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 # the cells the equivalence tests share (4 and 3 epochs: long enough to kill mid-run)
 MAIN = dict(epochs=4)

@@ -5,8 +5,12 @@
 # (Snakemake quotes it with shlex.quote; a list becomes one quoted word per item and an
 # empty list nothing), `{output:q}` and `{log:q}` included; an optional option is a list
 # param made by `flag()` below.  The one exception is `{params.launch}`, the launcher that
-# smallbatch.training.distributed.launch_command builds from no config value.  tests/pipeline/test_trust.py
-# checks every rule file for it.
+# smallbatch.training.distributed.launch_command builds from no config value.
+# An option's value is joined to it with `=` (`--experiment={params.exp:q}`), so a value
+# that starts with a dash (a study named `--help`, a results_dir `-rf`) is that option's
+# value, never another option.  A job's log is removed before the shell writes it
+# (`rm -f -- {log:q} && ... > {log:q}`): a link, FIFO or hard link planted at a log's path
+# is replaced, never written through.  tests/pipeline/test_trust.py checks every rule file.
 import json
 import math
 import os
@@ -20,8 +24,8 @@ from pathlib import Path
 try:
     from smallbatch.pipeline.config import (ConfigError, check_data_roots, check_results_dir, read_config_file,
                                    resolve_tracking_uri, validate_config)
-    from smallbatch.cell import read_cell
-    from smallbatch.pipeline.cells import baseline_cells, expand_cells
+    from smallbatch.cell import read_cell, snapshot_names
+    from smallbatch.pipeline.cells import baseline_cells, data_cache_settings, expand_cells, settings_hash
     from smallbatch.training.distributed import launch_command
 except ImportError as exc:  # pragma: no cover - a user without the package installed
     raise WorkflowError(f"the smallbatch package is not importable ({exc}); run `make install` or `pip install -e .`")
@@ -64,6 +68,65 @@ EXPERIMENT = config["study"]
 CELLS = {cid: read_cell(c) for cid, c in expand_cells(config).items()}
 BASELINES = {bid: read_cell(c) for bid, c in baseline_cells(config).items()}
 THREADS = int(config["threads"])
+
+
+# Settings stamps: <results_dir>/<folder>/.settings-<hash>, one per cell, baseline, data
+# cache and the MI benchmark, an input of the job that computes there; the local rule
+# `settings` writes it just before that job (and removes the folder's other stamps).  A
+# folder whose output exists but lacks the stamp of the settings planned now holds results
+# of other settings: its output is forced to rerun (stamp_of), and with it every job after
+# it -- with or without Snakemake's metadata (.snakemake/), so a results folder never
+# serves results of other settings.  Hashes: smallbatch.pipeline.cells (a cell's
+# covers its id, its settings and its data's digest, not where the data lie).
+SETTINGS = {f"runs/{cid}": (cell.hash, cell.to_json()) for cid, cell in CELLS.items()}
+SETTINGS.update({bid: (cell.hash, cell.to_json()) for bid, cell in BASELINES.items()})
+for _ds in config["datasets"]:
+    _data = data_cache_settings(config, _ds)
+    SETTINGS[f"data/cache/{_ds}"] = (settings_hash(_data), json.dumps(_data, sort_keys=True, indent=2) + "\n")
+#: folder -> the output of the job its stamp is an input of
+STAMPED = {f"runs/{cid}": f"{R}/runs/{cid}/checkpoint.pt" for cid in CELLS}
+STAMPED.update({bid: f"{R}/{bid}/result.json" for bid in BASELINES})
+STAMPED.update({f"data/cache/{ds}": f"{R}/data/cache/{ds}.pt" for ds in config["datasets"]})
+
+
+def settings_stamp(folder):
+    """The stamp of ``folder``'s planned settings (an input of the job that writes there)."""
+    return f"{R}/{folder}/.settings-{SETTINGS[folder][0]}"
+
+
+def write_settings(folder, stamp, log):
+    """The `settings` rule's job: ``stamp`` (<folder>/.settings-<hash>) holding the settings
+    planned for ``folder``, the folder's stamps of other settings removed (named in ``log``)."""
+    from smallbatch.io import write_text
+
+    planned, stamp = SETTINGS.get(folder), Path(stamp)
+    if planned is None or stamp.name != f".settings-{planned[0]}":
+        raise WorkflowError(f"{stamp}: no such settings are planned for {R}/{folder}")
+    removed = [old for old in stamp.parent.glob(".settings-*") if old.name != stamp.name and not old.is_dir()]
+    for old in removed:
+        old.unlink()
+    write_text(log, "".join(f"removed {old.name}: results of other settings\n" for old in removed))
+    write_text(stamp, planned[1])
+
+
+def stamp_of(folder):
+    """The input function part of a stamped job: the stamp of ``folder``'s planned settings.
+    When the job's output exists without that stamp (it was computed under other settings),
+    the output is forced to rerun, as `--forcerun FILE` would (Snakemake leaves a job whose
+    output exists alone when only an input is missing; it asks for the inputs while it
+    builds the DAG, before it decides which jobs run)."""
+    stamp, output = settings_stamp(folder), STAMPED[folder]
+    if os.path.exists(output) and not os.path.exists(stamp):
+        forced = getattr(workflow.dag, "forcefiles", None)
+        if not isinstance(forced, set):  # a Snakemake whose DAG keeps them elsewhere: say so, run nothing
+            raise WorkflowError(
+                f"{output} was computed under other settings than the config's (no {stamp}); delete "
+                f"{os.path.dirname(output)} to recompute it, or give the study another results_dir"
+            )
+        forced.add(output)
+    return stamp
+
+
 # features.npz: not written by default (the evaluation step keeps the features in memory);
 # keep_features writes it next to the probes' results.
 KEEP_FEATURES = bool(config["keep_features"])
@@ -83,10 +146,14 @@ def lock_results_folder():
     import fcntl
     import os
 
+    from smallbatch.io import open_regular
+
     Path(R).mkdir(parents=True, exist_ok=True)
     path = f"{R}/.snakemake-run.lock"
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    try:  # never through a link, a FIFO or a hard link (the PID written into it would land there)
+        fd = open_regular(path, f"the run lock of results folder {R}, {path},")
+    except ValueError as exc:
+        raise WorkflowError(str(exc)) from None
     except OSError as exc:
         raise WorkflowError(f"results folder {R}: cannot open its run lock {path} ({exc.strerror})") from None
     try:
@@ -127,8 +194,8 @@ def start_run():
 
         try:
             WARM["server"] = warm.start(f"{R}/logs/warm_server.log", THREADS)
-        except OSError as exc:
-            raise WorkflowError(f"results folder {R}: the warm-start server's log {exc}") from None
+        except ValueError as exc:  # its log is a link, a FIFO or a hard link (smallbatch.io.open_regular)
+            raise WorkflowError(str(exc)) from None
 
 
 def stop_warm_server():
@@ -179,15 +246,18 @@ if config["device"] != "cpu" and workflow.local_exec and not workflow.remote_exe
 wildcard_constraints:
     cell=r"[A-Za-z0-9_.=+/-]+?",
     dataset=r"[a-z0-9_]+",
+    folder=r"[A-Za-z0-9_.=+/-]+?",
+    hash=r"[0-9a-f]{10}",
+    snapshot=r"ep[0-9.e+-]+",
 
 
 def flag(option, value=True):
     """One optional command-line option as the words of a `{params.NAME:q}` placeholder:
     [] when ``value`` is None, False or "" (the option is left out), [option] for True,
-    else [option, str(value)]."""
+    else [f"{option}={value}"] (joined: a value starting with a dash stays a value)."""
     if value is None or value is False or value == "":
         return []
-    return [option] if value is True else [option, str(value)]
+    return [option] if value is True else [f"{option}={value}"]
 
 
 def cell_of(wildcards):
@@ -218,6 +288,17 @@ def cell_file(wildcards, output):
 def out_dir(wildcards, output):
     """The folder of the job's first output (derived, as cell_file)."""
     return os.path.dirname(output[0])
+
+
+def snapshot_cell_file(wildcards, output):
+    """The cell.json of a snapshot's cell: <cell folder>/cell.json, its outputs lying in
+    <cell folder>/snapshots (derived, as cell_file)."""
+    return f"{os.path.dirname(os.path.dirname(output[0]))}/cell.json"
+
+
+def snapshot_file(wildcards, output):
+    """<cell folder>/snapshots/<snapshot>.pt, which pretraining wrote (derived, as cell_file)."""
+    return f"{os.path.dirname(output[0])}/{wildcards.snapshot}.pt"
 
 
 def tracking_uri_at(marker):
@@ -276,5 +357,9 @@ def cell_dir(cell_id):
 
 
 CELL_OUTPUTS = [f"{cell_dir(c)}/{f}.json" for c in CELLS for f in ("knn", "linear")]
+# every snapshot of a cell (train.snapshot_epochs) evaluated as its final checkpoint is
+CELL_OUTPUTS += [
+    f"{cell_dir(c)}/snapshots/{name}.{f}.json" for c in CELLS for name in snapshot_names(CELLS[c]) for f in ("knn", "linear")
+]
 BASELINE_OUTPUTS = [f"{R}/{b}/result.json" for b in BASELINES]
 REPORT_INDEX = f"{R}/report/index.md"

@@ -32,15 +32,51 @@ rule evaluate:
     conda:
         conda_env
     shell:
-        "smallbatch evaluate --cell {params.cell:q} --checkpoint {input.ckpt:q} --data-cache {input.data:q} "
-        "--out-dir {params.out:q} {params.features:q} --tracking-uri {params.uri:q} --experiment {params.exp:q} "
-        "--threads {threads:q} > {log:q} 2>&1"
+        "rm -f -- {log:q} && smallbatch evaluate --cell={params.cell:q} --checkpoint={input.ckpt:q} --data-cache={input.data:q} "
+        "--out-dir={params.out:q} {params.features:q} --tracking-uri={params.uri:q} --experiment={params.exp:q} "
+        "--threads={threads:q} > {log:q} 2>&1"
+
+
+rule evaluate_snapshot:
+    # a snapshot of the cell's run (train.snapshot_epochs: the weights after a shorter budget),
+    # by the same probes, once the cell is trained; its results land in the cell's run as
+    # snapshot/<snapshot>/... (the job checks the file's cell id, hash and budget)
+    priority: 10
+    input:
+        ckpt=f"{R}/runs/{{cell}}/checkpoint.pt",
+        data=data_cache,
+        store=f"{R}/mlflow.ready",
+    output:
+        knn=f"{R}/runs/{{cell}}/snapshots/{{snapshot}}.knn.json",
+        linear=f"{R}/runs/{{cell}}/snapshots/{{snapshot}}.linear.json",
+    params:
+        cell=snapshot_cell_file,  # the cell's folder's cell.json
+        hash=cell_hash,
+        snapshot=snapshot_file,
+        uri=STORE_URI,
+        exp=EXPERIMENT,
+        out=out_dir,
+    log:
+        f"{R}/logs/evaluate/{{cell}}/{{snapshot}}.log",
+    threads: THREADS
+    resources:
+        gpu_permille=lambda w: gpu_permille(w, 1),
+        gres=gres,
+        mem_mb=4000,
+        runtime=30,
+    conda:
+        conda_env
+    shell:
+        "rm -f -- {log:q} && smallbatch evaluate --cell={params.cell:q} --snapshot={wildcards.snapshot:q} "
+        "--checkpoint={params.snapshot:q} --data-cache={input.data:q} --out-dir={params.out:q} "
+        "--tracking-uri={params.uri:q} --experiment={params.exp:q} --threads={threads:q} > {log:q} 2>&1"
 
 
 rule baseline:
     input:
         data=f"{R}/data/cache/{{dataset}}.pt",
         store=f"{R}/mlflow.ready",
+        settings=lambda w: stamp_of(f"baselines/{w.dataset}/{w.kind}"),
     output:
         f"{R}/baselines/{{dataset}}/{{kind}}/result.json",
     params:
@@ -57,5 +93,5 @@ rule baseline:
     conda:
         conda_env
     shell:
-        "smallbatch baseline --cell {params.cell:q} --data-cache {input.data:q} --out {output:q} "
-        "--tracking-uri {params.uri:q} --experiment {params.exp:q} --threads {threads:q} > {log:q} 2>&1"
+        "rm -f -- {log:q} && smallbatch baseline --cell={params.cell:q} --data-cache={input.data:q} --out={output:q} "
+        "--tracking-uri={params.uri:q} --experiment={params.exp:q} --threads={threads:q} > {log:q} 2>&1"

@@ -10,6 +10,9 @@ MI_ENABLED = bool(MI_SECTION.get("enabled", False))
 MI_RESULTS = f"{R}/mi/results.json"
 # The report rule adds these to its inputs (empty when the experiment is off).
 MI_OUTPUTS = [MI_RESULTS] if MI_ENABLED else []
+if MI_ENABLED:  # its settings stamp (common.smk: SETTINGS)
+    SETTINGS["mi"] = (settings_hash(MI_SECTION), json.dumps(MI_SECTION, sort_keys=True, indent=2) + "\n")
+    STAMPED["mi"] = MI_RESULTS
 
 
 rule mi_bench:
@@ -17,6 +20,7 @@ rule mi_bench:
     # trigger reruns the benchmark.
     input:
         store=f"{R}/mlflow.ready",
+        settings=lambda w: stamp_of("mi"),  # a changed section reruns it, with or without .snakemake/
     output:
         MI_RESULTS,
     params:
@@ -34,5 +38,5 @@ rule mi_bench:
     conda:
         conda_env
     shell:
-        "smallbatch mi --section-json {params.section:q} --out {output:q} "
-        "--tracking-uri {params.uri:q} --experiment {params.exp:q} > {log:q} 2>&1"
+        "rm -f -- {log:q} && smallbatch mi --section-json={params.section:q} --out={output:q} "
+        "--tracking-uri={params.uri:q} --experiment={params.exp:q} > {log:q} 2>&1"

@@ -3,6 +3,18 @@
 
 localrules:
     init_store,
+    settings,
+
+
+rule settings:
+    # <folder>/.settings-<hash>: the settings the folder's job computes with (common.smk:
+    # SETTINGS); a missing one (new or changed settings) reruns that job and all after it.
+    output:
+        f"{R}/{{folder}}/.settings-{{hash}}",
+    log:
+        f"{R}/logs/settings/{{folder}}.settings-{{hash}}.log",
+    run:
+        write_settings(wildcards.folder, output[0], log[0])
 
 
 rule init_store:
@@ -18,12 +30,14 @@ rule init_store:
     conda:
         conda_env
     shell:
-        "smallbatch init-store --tracking-uri {params.uri:q} --experiment {params.exp:q} --touch {output:q} > {log:q} 2>&1"
+        "rm -f -- {log:q} && smallbatch init-store --tracking-uri={params.uri:q} --experiment={params.exp:q} --touch={output:q} > {log:q} 2>&1"
 
 
 rule prepare_data:
     # Load the data set through its real (torchvision / scikit-learn) loader once
     # and cache it as one uint8 tensor file, so training jobs skip torchvision.
+    input:
+        settings=lambda w: stamp_of(f"data/cache/{w.dataset}"),
     output:
         f"{R}/data/cache/{{dataset}}.pt",
     params:
@@ -41,8 +55,8 @@ rule prepare_data:
     conda:
         conda_env
     shell:
-        "smallbatch prepare-data --dataset {wildcards.dataset:q} --data-root {params.root:q} {params.download:q} "
-        "{params.size:q} {params.train:q} {params.test:q} --out {output:q} > {log:q} 2>&1"
+        "rm -f -- {log:q} && smallbatch prepare-data --dataset={wildcards.dataset:q} --data-root={params.root:q} {params.download:q} "
+        "{params.size:q} {params.train:q} {params.test:q} --out={output:q} > {log:q} 2>&1"
 
 
 rule pretrain:
@@ -51,6 +65,7 @@ rule pretrain:
     input:
         data=data_cache,
         store=f"{R}/mlflow.ready",
+        settings=lambda w: stamp_of(f"runs/{w.cell}"),  # a cell trained under other settings reruns
     output:
         f"{R}/runs/{{cell}}/checkpoint.pt",
     params:
@@ -79,6 +94,6 @@ rule pretrain:
     conda:
         conda_env
     shell:
-        "{params.launch} pretrain --cell {params.cell:q} --data-cache {input.data:q} --out {params.out:q} "
-        "--tracking-uri {params.uri:q} --experiment {params.exp:q} --threads {params.threads:q} "
+        "rm -f -- {log:q} && {params.launch} pretrain --cell={params.cell:q} --data-cache={input.data:q} --out={params.out:q} "
+        "--tracking-uri={params.uri:q} --experiment={params.exp:q} --threads={params.threads:q} "
         "> {log:q} 2>&1"

@@ -28,5 +28,5 @@ rule report:
         conda_env
     shell:
         # a study without figures (or tables) still has its (empty) folder
-        "smallbatch report --tracking-uri {params.uri:q} --experiment {params.exp:q} --out {params.out:q} > {log:q} 2>&1 "
-        "&& mkdir -p {output.figures:q} {output.tables:q}"
+        "rm -f -- {log:q} && smallbatch report --tracking-uri={params.uri:q} --experiment={params.exp:q} --out={params.out:q} > {log:q} 2>&1 "
+        "&& mkdir -p -- {output.figures:q} {output.tables:q}"

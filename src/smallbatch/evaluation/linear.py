@@ -192,9 +192,9 @@ def _linear_metrics(fit: LinearFit, xtr, ytr, xte, yte, c: int, weight_decay: fl
     loss = nn.functional.cross_entropy(logits_tr, ytr) + 0.5 * weight_decay * fit.weight.pow(2).sum()
     top5_idx = logits.topk(min(5, c), dim=1).indices
     return {
-        "top1": (logits.argmax(1) == yte).float().mean().item(),
-        "top5": (top5_idx == yte[:, None]).any(dim=1).float().mean().item(),
-        "train_top1": (logits_tr.argmax(1) == ytr).float().mean().item(),
+        "top1": (logits.argmax(1) == yte).double().mean().item(),  # a count's ratio in float64
+        "top5": (top5_idx == yte[:, None]).any(dim=1).double().mean().item(),
+        "train_top1": (logits_tr.argmax(1) == ytr).double().mean().item(),
         "train_loss": loss.item(),
         "iterations": fit.iterations,
     }
@@ -303,7 +303,7 @@ def fit_linear(
 @torch.no_grad()
 def linear_top1(fit: LinearFit, x: torch.Tensor, y: torch.Tensor) -> float:
     """Top-1 accuracy (a fraction) of a fitted probe on standardised rows ``x``."""
-    return (nn.functional.linear(x, fit.weight, fit.bias).argmax(1) == y).float().mean().item()
+    return (nn.functional.linear(x, fit.weight, fit.bias).argmax(1) == y).double().mean().item()
 
 
 def _linear_probe(tr, ytr, te, yte, c, *, optimizer, epochs, lr, weight_decay, batch_size, seed, tol, device):

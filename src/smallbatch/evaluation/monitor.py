@@ -53,6 +53,7 @@ class KnnMonitor:
         self.mean, self.std, self.every, self.k, self.t, self.device = mean, std, every, k, t, device
 
     def __call__(self, backbone, epoch: int) -> dict | None:
+        from . import percent
         from .embed import embed
         from .knn import knn_eval
 
@@ -67,7 +68,7 @@ class KnnMonitor:
         fq = embed(backbone, self.xq, self.mean, self.std, batch_size=256, device=self.device)
         top1 = knn_eval(fb, self.yb, fq, self.yq, ks=(self.k,), t=self.t, backend="torch", device=self.device)["top1"]
         return {
-            "monitor/knn_top1": 100.0 * top1,
+            "monitor/knn_top1": percent(top1),
             "monitor/epoch": float(epoch),
             "monitor/seconds": time.perf_counter() - t0,
         }

@@ -13,11 +13,14 @@ Protocol (:func:`linear_probes`), on frozen features of the training and test im
    other training rows and scored on the validation rows; the best one (ties: the larger
    weight decay) is refitted on **all** training rows and scored on the test rows.
 4. **Few-label probes**: for each fraction f of ``fewshot_fractions`` and each of ``draws``
-   draws, a class-balanced labelled set of ``max(1, round(f * n_c))`` rows of each class c
-   (n_c its training rows outside the validation split) is drawn, the weight decay chosen
-   on the validation split as in 3, and that fit scored on the test rows. Reported: the
-   mean and sample sd over the draws (the draws are fixed by ``seed``: the same labelled
-   sets for every cell).
+   draws, a class-balanced labelled set of ``round(f * n_c)`` rows of each class c (n_c its
+   training rows) is drawn from its rows outside the validation split, the weight decay
+   chosen on the validation split as in 3, and that fit scored on the test rows. Reported:
+   the mean and sample sd over the draws (the draws are fixed by ``seed``: the same labelled
+   sets for every cell), named by f (``labels<100 f>pct``): so that the name says what was
+   computed, a fraction that gives some class no labelled row, or more rows than it has
+   outside the validation split, is refused (:func:`balanced_subset`), never rounded up or
+   cut down.
 
 Every probe is the default solver of :func:`smallbatch.evaluation.linear.linear_eval`
 (preconditioned L-BFGS, ``epochs`` iterations at most, stopping at ``tol``).
@@ -62,18 +65,33 @@ def validation_split(labels: np.ndarray, fraction: float, seed: int = 0) -> tupl
 
 
 def balanced_subset(labels: np.ndarray, rows: np.ndarray, fraction: float, rng: np.random.Generator) -> np.ndarray:
-    """Sorted rows (of ``rows``) of a class-balanced labelled set: ``max(1, round(fraction *
-    n_c))`` rows of each class c present among ``rows``, drawn at random from ``rng``."""
+    """Sorted rows (of ``rows``) of a class-balanced labelled set: ``round(fraction * n_c)`` rows
+    of each class c, n_c its rows among all of ``labels`` (every training row), drawn at random
+    from ``rng`` among its ``rows``.  ValueError (one line) when that is no row of some class,
+    or more than it has among ``rows``: the set would not be ``fraction`` of the labels."""
     if not 0 < fraction <= 1:
         raise ValueError(f"a few-label fraction must be in (0, 1], got {fraction!r}")
-    labels = np.asarray(labels)[rows]
+    labels = np.asarray(labels)
     picked = []
     for cls in np.unique(labels):
-        members = rows[labels == cls]
-        picked.append(
-            rng.choice(members, size=min(len(members), max(1, round(fraction * len(members)))), replace=False)
-        )
+        members, n_c = rows[labels[rows] == cls], int((labels == cls).sum())
+        need = round(fraction * n_c)
+        if not 1 <= need <= len(members):
+            raise ValueError(_unhonoured(fraction, int(cls), need, n_c, len(members)))
+        picked.append(rng.choice(members, size=need, replace=False))
     return np.sort(np.concatenate(picked))
+
+
+def _unhonoured(fraction: float, cls: int, need: int, n_c: int, available: int) -> str:
+    where = (
+        f"eval.fewshot_fractions = {fraction:g} gives class {cls} round({fraction:g} x {n_c}) = {need} labelled images"
+    )
+    if need < 1:
+        return f"{where}: none to fit a probe on; use a fraction of at least {1 / n_c:.2g}, or leave it out"
+    return (
+        f"{where}, but only {available} of its {n_c} lie outside the validation split (eval.linear_val_fraction); "
+        f"use at most {available / n_c:.2g} (all labels: the linear probe, linear/top1)"
+    )
 
 
 def fraction_tag(fraction: float) -> str:

@@ -80,7 +80,7 @@ def train_supervised(
         idx = perm[pos * bs : (pos + 1) * bs]
         x = x_all[idx]
         views = aug.apply(x, aug.draw(bs, rng.generator("augment", step), dev))
-        set_lr(opt, lr_at(step, total, warmup, peak))
+        set_lr(opt, lr_at(step, total, warmup, peak, tr.lr_schedule))
         loss = nn.functional.cross_entropy(net(views), y_all[idx])
         opt.zero_grad(set_to_none=True)
         loss.backward()

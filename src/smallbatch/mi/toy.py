@@ -507,6 +507,7 @@ class TrainResult:
     critic: nn.Module
     seconds: float
     diverged: bool = False
+    cpu_s: float = 0.0  # the process's CPU seconds (every thread) of this training
     steps: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -557,7 +558,7 @@ def train_estimator(
     opt, sched = _adam(params, lr, steps)
     trace: list[float] = []
     diverged = False
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     critic.train()
     for _ in range(steps if opt is not None else 0):
         x, y = _sample_groups(k, a_train, d, rho, gen)
@@ -576,6 +577,7 @@ def train_estimator(
         trace=trace,
         critic=critic,
         seconds=time.perf_counter() - t0,
+        cpu_s=time.process_time() - c0,
         diverged=diverged,
         steps=len(trace),
         extra={"train_anchors": a_train},
@@ -711,7 +713,7 @@ def train_estimators(
     opt, sched = _adam(list(stacked.parameters()), lr, steps)
     traces: list[list[float]] = [[] for _ in keys]
     stopped: dict[int, list[Tensor]] = {}  # a diverged estimator -> its critic at that step
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(steps):
         x, y = _sample_groups(k, anchors, d, rho, gen)
         s = stacked.group_scores(x[:, :anchors], y).reshape(len(keys), -1, k + 1)
@@ -731,7 +733,7 @@ def train_estimators(
         sched.step()
         for m, out in outs.items():
             traces[m].append(float(_estimate_from_output(keys[m], out, k, alpha)))
-    seconds = (time.perf_counter() - t0) / len(keys)
+    seconds, cpu_s = (time.perf_counter() - t0) / len(keys), (time.process_time() - c0) / len(keys)
     for m, c in enumerate(critics):
         _StackedSeparable.load_into(c, stopped.get(m) or stacked.state_of(m))
     return [
@@ -739,6 +741,7 @@ def train_estimators(
             trace=traces[m],
             critic=c,
             seconds=seconds,
+            cpu_s=cpu_s,
             diverged=m in stopped,
             steps=len(traces[m]),
             extra={"train_anchors": train_anchors(k, anchors, None)},
@@ -866,7 +869,7 @@ def _row(sec: dict, key: dict, res: TrainResult, oracle_eval_k: dict) -> dict:
     """One row of the experiment: the trained critic read out on fresh batches.  The
     oracle's readout at ``eval_k`` is the same for every K and estimator of one (seed,
     true MI): ``oracle_eval_k`` keeps it, so it is computed once."""
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     est, k, mi, d = key["estimator"], key["K"], key["true_mi"], sec["dim"]
     rho, alpha = rho_for_mi(mi, d), (sec["eqco_alpha"] if key["estimator"] == "eqco" else None)
     eval_k = sec["eval_k"] if sec.get("eval_k") is not None else max(sec["ks"])
@@ -910,6 +913,7 @@ def _row(sec: dict, key: dict, res: TrainResult, oracle_eval_k: dict) -> dict:
         "lr": sec["lr"],
         "critic_temperature": sec["critic_temperature"],
         "seconds": res.seconds + time.perf_counter() - t0,
+        "cpu_s": res.cpu_s + time.process_time() - c0,
     }
 
 

@@ -3,8 +3,11 @@
 A *cell* is one pretraining run and its evaluations: dataset x loss (with its
 parameters) x batch size x temperature x seed (x any extra axis such as
 precision).  Its id is readable and stable, e.g. ``fashion_mnist/flatnce/bs32-t0.1-s0``;
-its *hash* covers every resolved setting that changes the science (not the
-device or thread count), so a changed config is a new MLflow run.
+its *hash* covers its id and every resolved setting that changes the science, the
+data's identity among them (data set, image size, subsets and a digest of the source
+files, :mod:`smallbatch.datadigest`), but not where the data live, the device or the
+thread count: a changed config is a new MLflow run, and a cell file edited to carry
+another cell's id fails its hash check.
 
 Side experiments (``experiments:`` in config.yaml) add cells under their own
 prefix, e.g. ``precision/fashion_mnist/infonce/bs16-t0.1-s0-fp64``.
@@ -20,7 +23,7 @@ import json
 from typing import Any, Callable, Iterable
 
 from ..io import check_cell_id  # noqa: F401  (the one id check; import-light, for the CLI's fast paths)
-from ..losses import canonical_name, loss_param_names
+from ..losses.registry import canonical_name, loss_param_names, loss_spec
 
 AXIS_ABBREV = {
     "precision": "",
@@ -33,6 +36,7 @@ AXIS_ABBREV = {
     "neg_group": "ng",
     "bn_group": "bn",
     "mask_same_class": "oracle",
+    "extra_negatives": "xn",
 }
 
 
@@ -43,8 +47,10 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-#: what names a cell rather than sets it: left out of its hash (the hash cannot cover itself)
-NAME_KEYS = ("id", "hash")
+#: left out of a cell's hash: the hash itself (it cannot cover itself), and where the data
+#: are read from and whether they may be downloaded (``data_digest`` names which data they are)
+NAME_KEYS = ("hash",)
+WHERE_KEYS = ("data_root", "download")
 #: a cell's sections that are a config section's settings: cell key -> the schema path of that
 #: section's settings (``train.lr`` of the config is ``cell["train"]["lr"]``)
 CELL_SECTIONS = {"train": ("train",), "eval": ("eval",), "dataset_options": ("datasets", "additionalProperties")}
@@ -112,11 +118,12 @@ def with_current_names(cell: dict) -> dict:
 
 
 def cell_hash(cell: dict) -> str:
-    """Short hash of every setting of the cell except its execution settings
+    """Short hash of the cell's id and every setting of the cell except its execution settings
     (:func:`execution_keys`), the settings at a default that changes nothing
-    (:func:`hashed_when_set`) and its name (:data:`NAME_KEYS`); a renamed setting is
-    hashed under its former name (:func:`former_names`)."""
+    (:func:`hashed_when_set`), the hash itself and the data's location (:data:`NAME_KEYS`,
+    :data:`WHERE_KEYS`); a renamed setting is hashed under its former name (:func:`former_names`)."""
     skip, later, former = execution_keys(), hashed_when_set(), former_names()
+    skip = {**skip, "": skip[""] | set(WHERE_KEYS)}
 
     def kept(section: str, items) -> dict:
         return {
@@ -129,13 +136,37 @@ def cell_hash(cell: dict) -> str:
     for section in CELL_SECTIONS:
         if isinstance(science.get(section), dict):
             science[section] = kept(section, science[section].items())
-    blob = json.dumps(science, sort_keys=True, default=str).encode()
+    return settings_hash(science)
+
+
+def settings_hash(settings: Any) -> str:
+    """The short hash (10 hex digits) of a JSON-able value: of a cell's settings
+    (:func:`cell_hash`), of a data cache's (:func:`data_cache_settings`), of the MI section."""
+    blob = json.dumps(settings, sort_keys=True, default=str).encode()
     return hashlib.sha1(blob).hexdigest()[:10]
 
 
-def negatives_per_anchor(batch_size: int, queue_size: int) -> int:
-    """K in the papers' sense: 2N-2 in-batch negatives, or the queue length."""
-    return int(queue_size) if queue_size else 2 * int(batch_size) - 2
+def data_cache_settings(cfg: dict, dataset: str) -> dict:
+    """What a data set's cache (``smallbatch prepare-data``) holds: the data set, its options
+    except where its files are (:func:`execution_keys`), and the digest of its files."""
+    data = data_settings(cfg, dataset)
+    where = execution_keys()["dataset_options"]
+    options = {k: v for k, v in data["dataset_options"].items() if k not in where}
+    return {"dataset": dataset, "options": options, "data_digest": data["data_digest"]}
+
+
+def cell_negatives(train: dict, batch_size: int, loss: str = "infonce") -> int:
+    """A cell's K from its train settings (its group, queue, fresh extra images), batch size and loss."""
+    neg = train.get("neg_group") or batch_size
+    return negatives_per_anchor(neg, train["queue_size"], train.get("extra_negatives"), loss)
+
+
+def negatives_per_anchor(batch_size: int, queue_size: int, extra: int | None = None, loss: str = "infonce") -> int:
+    """K in the papers' sense: 2N-2 in-batch negatives (2(N+E)-2 with E fresh extra images), or
+    the queue length; 0 for a method without negatives (its registry entry's ``negatives``)."""
+    if not loss_spec(loss).contrastive:
+        return 0
+    return int(queue_size) if queue_size else 2 * (int(batch_size) + int(extra or 0)) - 2
 
 
 def _loss_variants(entry: Any, cfg: dict) -> list[tuple[str, dict, dict]]:
@@ -167,6 +198,24 @@ def loss_label(name: str, params: dict) -> str:
     )
 
 
+def data_settings(cfg: dict, dataset: str) -> dict:
+    """A cell's data: the data set, its options, where its files are and whether they may be
+    downloaded (not hashed: :data:`WHERE_KEYS`), and the digest of their content (hashed)."""
+    from ..data import base_dataset
+    from ..datadigest import data_digest
+
+    dopts = copy.deepcopy(cfg["datasets"][dataset])
+    root = dopts.get("root") or cfg["data"]["root"]
+    download = bool(cfg["data"]["download"])
+    return {
+        "dataset": dataset,
+        "dataset_options": dopts,
+        "data_root": root,
+        "download": download,
+        "data_digest": data_digest(base_dataset(dataset), root, download),
+    }
+
+
 def make_cell(
     cfg: dict,
     *,
@@ -183,7 +232,6 @@ def make_cell(
     """Resolve one cell: every setting it needs, JSON-serialisable."""
     train = copy.deepcopy(cfg["train"])
     train.update(train_overrides or {})
-    dopts = copy.deepcopy(cfg["datasets"][dataset])
     prefix = "" if experiment == "grid" else f"{experiment}/"
     cid = (
         f"{prefix}{dataset}/{loss_label(loss, loss_params)}/bs{batch_size}-t{_fmt(float(temperature))}-s{seed}{suffix}"
@@ -191,16 +239,13 @@ def make_cell(
     cell = {
         "id": cid,
         "experiment": experiment,
-        "dataset": dataset,
-        "dataset_options": dopts,
-        "data_root": dopts.get("root") or cfg["data"]["root"],
-        "download": bool(cfg["data"]["download"]),
+        **data_settings(cfg, dataset),
         "loss": loss,
         "loss_params": dict(loss_params),
         "batch_size": int(batch_size),
         "temperature": float(temperature),
         "seed": int(seed),
-        "negatives": negatives_per_anchor(train.get("neg_group") or batch_size, train["queue_size"]),
+        "negatives": cell_negatives(train, batch_size, loss),
         "train": train,
         "augment": copy.deepcopy(cfg["augment"]),
         "eval": copy.deepcopy(cfg["eval"]),
@@ -215,7 +260,7 @@ def make_cell(
 #: train keys a batch-size entry may set that change what a cell computes (the controls of
 #: the instrument study, e.g. ``{size: 256, train: {neg_group: 16}}``): they name the cell
 #: like an axis does, so two entries of one size never share an id
-ENTRY_SUFFIX_KEYS = ("neg_group", "bn_group", "mask_same_class", "steps", "lr")
+ENTRY_SUFFIX_KEYS = ("neg_group", "bn_group", "mask_same_class", "extra_negatives", "steps", "lr")
 
 
 def _batch_entry(entry: Any) -> tuple[int, dict, str]:
@@ -325,7 +370,6 @@ def baseline_cells(cfg: dict) -> dict[str, dict]:
         return out
     seeds = cfg["grid"]["seeds"]
     for dataset in cfg["datasets"]:
-        dopts = copy.deepcopy(cfg["datasets"][dataset])
         kinds = [("raw_pixels", None)] + [("random_init", s) for s in seeds]
         sup = cfg.get("supervised_baseline") or {}
         kinds += [("supervised", s) for s in seeds] if sup.get("enabled") else []
@@ -335,10 +379,7 @@ def baseline_cells(cfg: dict) -> dict[str, dict]:
                 "id": cid,
                 "experiment": "baseline",
                 "baseline": kind,
-                "dataset": dataset,
-                "dataset_options": dopts,
-                "data_root": dopts.get("root") or cfg["data"]["root"],
-                "download": bool(cfg["data"]["download"]),
+                **data_settings(cfg, dataset),
                 "seed": 0 if seed is None else int(seed),
                 "train": copy.deepcopy(cfg["train"]),
                 "eval": copy.deepcopy(cfg["eval"]),

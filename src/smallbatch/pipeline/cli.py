@@ -1,4 +1,5 @@
-"""The command line: ``smallbatch <command>``; each command runs one step of one cell.
+"""The command line: ``smallbatch <command>``; the study commands (cells, report, config-reference)
+work on a whole study, the others run one step of one cell (what the workflow's jobs run).
 
 A cell is named in one of four ways:
   --cell-json '{...}'                    (the cell itself)
@@ -16,8 +17,10 @@ and exit 2.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -44,15 +47,18 @@ def resolve_cell(args, baseline: bool = False) -> tuple[Cell | BaselineCell, dic
     from .cells import expand_cells
     from .config import load_config
 
-    if getattr(args, "threads", None) is not None and args.threads < 1:
-        raise ValueError(f"--threads must be >= 1, not {args.threads}")
+    if getattr(args, "threads", None) is not None:  # the config's bounds (threads: 1..1024)
+        from .config import check_value
+        from .schema import load_schema
+
+        check_value(load_schema()["properties"]["threads"], args.threads, "--threads")
     if args.cell is not None or getattr(args, "cell_json", None) is not None:
         _refuse_ignored(args, "--cell" if args.cell is not None else "--cell-json", keep=("threads",))
         cfg = load_config(args.config) if args.config else load_config(None)
         if args.cell is not None:
-            cell = _read_cell_file(args.cell, cfg, baseline)
+            cell = _read_cell_file(args.cell, baseline)
         else:
-            cell = _cell_from_text(args.cell_json, "--cell-json", cfg, baseline)
+            cell = _cell_from_text(args.cell_json, "--cell-json", baseline)
         if getattr(args, "threads", None):
             cell = cell.replaced(threads=args.threads)
         return cell, cfg
@@ -104,7 +110,7 @@ def _refuse_ignored(args, mode: str, keep: tuple[str, ...]) -> None:
             )
 
 
-def _read_cell_file(path: Path, cfg: dict, baseline: bool) -> Cell | BaselineCell:
+def _read_cell_file(path: Path, baseline: bool) -> Cell | BaselineCell:
     """A cell JSON file that holds every key a cell of its kind has (as `smallbatch cells
     --write` writes them); ValueError naming the file and the first missing key."""
     if not path.is_file():
@@ -113,13 +119,14 @@ def _read_cell_file(path: Path, cfg: dict, baseline: bool) -> Cell | BaselineCel
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"cell file {path} cannot be read: {getattr(exc, 'strerror', None) or exc}") from None
-    return _cell_from_text(text, f"cell file {path}", cfg, baseline)
+    return _cell_from_text(text, f"cell file {path}", baseline)
 
 
-def _cell_from_text(text: str, source: str, cfg: dict, baseline: bool) -> Cell | BaselineCell:
+def _cell_from_text(text: str, source: str, baseline: bool) -> Cell | BaselineCell:
     """A cell from its JSON text; ValueError naming ``source`` and the first missing key, an
     id outside the id grammar, or a hash that is not the hash of the cell's settings."""
-    from .cells import baseline_cells, cell_hash, check_cell_id, make_cell, with_current_names
+    from .cellcheck import cell_json_problem
+    from .cells import cell_hash, check_cell_id, with_current_names
 
     try:
         obj = json.loads(text)
@@ -128,27 +135,17 @@ def _cell_from_text(text: str, source: str, cfg: dict, baseline: bool) -> Cell |
     if not isinstance(obj, dict):
         raise ValueError(f"{source} must hold a JSON object (one cell), not a {type(obj).__name__}")
     obj = with_current_names(obj)  # written before a setting was renamed: the same cell, the same hash
-    dataset = next(iter(cfg["datasets"]))  # a reference cell of the same kind lists the keys
-    if baseline:
-        ref = next(iter(baseline_cells({**cfg, "baselines": True}).values()))
-    else:
-        ref = make_cell(cfg, dataset=dataset, loss="infonce", loss_params={}, batch_size=2, temperature=1.0, seed=0)
-    missing = [k for k in ref if k not in obj]
-    if missing:
-        kind = "baseline cell" if baseline else "cell"
+    problem = cell_json_problem(obj, baseline)  # whole, before it is typed (smallbatch.pipeline.cellcheck)
+    if problem:
+        raise ValueError(f"{source} {problem}" if problem.startswith("lacks ") else f"{source}: {problem}")
+    check_cell_id(obj["id"], f"{source}: id")
+    if cell_hash(obj) != obj["hash"]:
         raise ValueError(
-            f"{source} lacks the key {missing[0]!r} of a {kind}"
-            + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
-            + "; write it with `smallbatch cells --write`"
-        )
-    cell = (BaselineCell if baseline else Cell).from_dict(obj)
-    check_cell_id(cell.id, f"{source}: id")
-    if cell_hash(obj) != cell.hash:
-        raise ValueError(
-            f"{source}: cell {cell.id} says hash {cell.hash!r} but its settings hash to "
+            f"{source}: cell {obj['id']} says hash {obj['hash']!r} but its settings hash to "
             f"{cell_hash(obj)!r} (edited by hand?); write it again with `smallbatch cells --write`, "
             "or change the config instead"
         )
+    cell = (BaselineCell if baseline else Cell).from_dict(obj)
     if not baseline:  # the checks a config's cells get (an extreme tau, a k above the train set, ...)
         from .config import _cell_problem
 
@@ -175,7 +172,7 @@ def _standalone_cell(args, overrides: dict) -> tuple[dict, dict]:
     """A cell from --dataset, --loss, --batch-size, --temperature ...: the flags are checked
     first (messages name them), then the config is validated with the cell as its only
     grid cell, so the study's checks (data set size, warm-up, the loss's own) apply to it."""
-    from ..losses import canonical_name
+    from ..losses.registry import canonical_name
     from .cells import make_cell
     from .config import deep_merge, load_config, validate_config
 
@@ -219,7 +216,7 @@ def _standalone_cell(args, overrides: dict) -> tuple[dict, dict]:
 
 def _loss_params(name: str, pairs: list[str]) -> dict:
     """--loss-param KEY=VALUE pairs, each checked against the loss's parameter schema."""
-    from ..losses import loss_param_names
+    from ..losses.registry import loss_param_names
     from .config import check_value
     from .schema import load_schema
 
@@ -296,8 +293,9 @@ def cmd_init_store(args) -> int:
     eid = init_store(uri, exp, str(args.config) if args.config else None)  # the config names the study's description
     print(f"MLflow store {uri}: experiment '{exp}' (id {eid}) ready")
     if args.touch:
-        args.touch.parent.mkdir(parents=True, exist_ok=True)
-        args.touch.write_text(f"{uri}\n{exp}\n{eid}\n")
+        from ..io import write_text
+
+        write_text(args.touch, f"{uri}\n{exp}\n{eid}\n")
     return 0
 
 
@@ -334,7 +332,7 @@ def cmd_pretrain(args) -> int:
         experiment=exp,
         cache=args.data_cache,
         restart=args.restart,
-        progress=not args.no_progress,
+        progress=not args.no_progress and args.verbosity >= 0,
         device=args.device,
     )
     if res.pop("rank", 0) == 0:  # one summary per cell, however many processes trained it
@@ -349,18 +347,26 @@ def cmd_embed(args) -> int:
     out_dir = cell_folder(args, cell, cfg)
     ckpt = args.checkpoint or out_dir / "checkpoint.pt"
     out = args.out or out_dir / "features.npz"
+    _not_an_input(out, "--out", checkpoint=ckpt, data_cache=args.data_cache)
     res = run_embed(cell, ckpt, out, cache=args.data_cache, device=args.device)
     print(json.dumps(res, default=str))
     return 0
 
 
 def cmd_evaluate(args) -> int:
+    from ..training.checkpoint import snapshot_path
     from .jobs import run_evaluate
 
     cell, cfg = resolve_cell(args)
     uri, exp = _tracking(args, cfg)
-    out_dir = args.out_dir or cell_folder(args, cell, cfg)
-    ckpt = args.checkpoint or out_dir / "checkpoint.pt"
+    folder = cell_folder(args, cell, cfg)
+    if args.snapshot is None:
+        out_dir = args.out_dir or folder
+        ckpt = args.checkpoint or out_dir / "checkpoint.pt"
+    else:
+        out_dir = args.out_dir or folder / "snapshots"
+        ckpt = args.checkpoint or snapshot_path(folder, args.snapshot)
+    _not_an_input(args.features, "--features", checkpoint=ckpt, data_cache=args.data_cache)
     res = run_evaluate(
         cell,
         ckpt,
@@ -370,6 +376,7 @@ def cmd_evaluate(args) -> int:
         cache=args.data_cache,
         device=args.device,
         features=args.features,
+        snapshot=args.snapshot,
     )
     print(json.dumps(res))
     return 0
@@ -402,6 +409,7 @@ def _cmd_probe(kind: str, args) -> int:
     out_dir = cell_folder(args, cell, cfg)
     feats = args.features or out_dir / "features.npz"
     out = args.out or out_dir / f"{kind}.json"
+    _not_an_input(out, "--out", features=feats)
     overrides = _eval_overrides(kind, args)
     if overrides:  # a look at other settings: the cell's own result and MLflow run keep the study's
         cell, uri, out = cell.replaced(eval={**cell.to_dict()["eval"], **overrides}), None, args.out
@@ -459,6 +467,7 @@ def cmd_baseline(args) -> int:
 
     uri, exp = _tracking(args, cfg)
     out = args.out or Path(cfg["results_dir"]) / cell.id / "result.json"
+    _not_an_input(out, "--out", data_cache=args.data_cache, cell_file=args.cell)
     res = run_baseline(cell, out, tracking_uri=uri, experiment=exp, cache=args.data_cache, device=args.device)
     print(json.dumps(res))
     return 0
@@ -489,7 +498,7 @@ def cmd_mi(args) -> int:
             f"{source} must hold a JSON object (the experiments.mi section), not a {type(section).__name__}"
         )
     uri, exp = _tracking(args, cfg)
-    res = run_mi_step(section, args.out, uri, exp, progress=not args.quiet)
+    res = run_mi_step(section, args.out, uri, exp, progress=args.verbosity >= 0)
     print(json.dumps({"rows": len(res["rows"]), "out": str(args.out), "seconds": round(res["seconds"], 1)}))
     return 0
 
@@ -528,7 +537,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The parser of every subcommand (:mod:`smallbatch.pipeline.cli_parser`)."""
     from .cli_parser import build_parser as build
 
-    return build(__doc__.split("\n\n")[0])
+    return build()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -540,19 +549,86 @@ def main(argv: list[str] | None = None) -> int:
             return rc
     parser = build_parser()
     args = parser.parse_args(argv)
+    _set_verbosity(args.verbosity)
     from ..errors import Preempted
     from .allocator import tune
 
     tune()  # every step's own process (or warm-server child): freed blocks stay for the next step
 
     try:
+        _check_paths(args)
         return int(globals()[args.func](args) or 0)
     except Preempted as exc:
         print(f"smallbatch: preempted: {exc}", file=sys.stderr)
         return EXIT_PREEMPTED
     except (ValueError, OSError, RuntimeError) as exc:
         print(f"smallbatch: error: {_error_line(exc)}", file=sys.stderr)
+        if args.verbosity > 0:
+            import traceback
+
+            traceback.print_exc()
         return EXIT_USAGE
+
+
+#: the file each command writes, by its flag's dest: checked before any work (a device, FIFO,
+#: socket, folder or link there is refused: smallbatch.io.check_target)
+FILE_OUTPUTS = {
+    "cmd_init_store": "touch",
+    "cmd_prepare_data": "out",
+    "cmd_embed": "out",
+    "cmd_evaluate": "features",
+    "cmd_export": "out",
+    "cmd_knn": "out",
+    "cmd_linear": "out",
+    "cmd_baseline": "out",
+    "cmd_mi": "out",
+}
+
+
+def _check_paths(args) -> None:
+    """ValueError naming the first path flag whose value names no usable path
+    (:class:`~smallbatch.pipeline.cli_parser.BadPath`), or the command's output file when
+    it is not a regular file (:func:`smallbatch.io.check_target`)."""
+    from ..io import check_target
+    from .cli_parser import BadPath
+
+    for dest, value in vars(args).items():
+        if isinstance(value, BadPath):
+            raise ValueError(f"--{dest.replace('_', '-')} {value.problem()}")
+    out = getattr(args, FILE_OUTPUTS.get(args.func, ""), None)
+    if out is not None:
+        check_target(out)
+    if args.func == "cmd_export" and out is not None and os.path.lexists(out):  # export never overwrites
+        from ..io import EXISTS
+
+        raise FileExistsError(errno.EEXIST, EXISTS, str(out))
+
+
+def _not_an_input(out: Path | None, flag: str, **inputs: Path | None) -> None:
+    """ValueError when the output ``out`` would replace one of the files the command reads."""
+    if out is None or not Path(out).exists():
+        return
+    for name, path in inputs.items():
+        if path is not None and Path(path).exists() and Path(out).resolve() == Path(path).resolve():
+            raise ValueError(
+                f"{flag} {out} is the {name.replace('_', ' ')} this command reads; refused (it would be "
+                "replaced): choose another path"
+            )
+
+
+def _set_verbosity(level: int) -> None:
+    """-v: the libraries' log messages from INFO on; -q: from ERROR on, and no Python warnings."""
+    import logging
+
+    if not level:
+        return
+    logging.getLogger().setLevel(logging.INFO if level > 0 else logging.ERROR)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(format="%(name)s: %(message)s")
+    if level < 0:
+        import warnings
+
+        warnings.simplefilter("ignore")
 
 
 def _error_line(exc: BaseException) -> str:

@@ -24,13 +24,41 @@ before anything else, so a bad flag is reported without importing torch.
 from __future__ import annotations
 
 import argparse
+import os
+from dataclasses import dataclass
 from pathlib import Path
 
 DATASET_NAMES = (
     "fashion_mnist | fashion_mnist_pairs | fashion_mnist_triples | digits | cifar10 | cifar100 | stl10 | imagefolder"
 )
 DEVICES = ["auto", "cpu", "cuda"]
-FEATURES_HELP = "features from `smallbatch embed` (default: <cell folder>/features.npz)"
+FEATURES_HELP = "features from 'smallbatch embed' (default: <cell folder>/features.npz)"
+#: the top-level help: what the commands do (each command's own line comes from its parser)
+DESCRIPTION = """The study's command line.
+
+cells, report and config-reference work on a whole study (its cells, its report, every config
+key); prepare-data, pretrain, evaluate, embed, knn, linear, baseline and export each run one step
+of one cell (what the workflow's jobs run, and by hand: smallbatch <command> --help); mi runs the
+MI toy. The workflow's own commands (init-store, warm-server) are left out of this list."""
+#: commands the workflow runs for itself: callable, but not in the top-level list
+INTERNAL_COMMANDS = ("init-store", "warm-server")
+
+
+def loss_help() -> str:
+    """Every loss of the registry with its aliases: ``infonce (ntxent, simclr) | flatnce | …``."""
+    from ..losses.registry import SPECS
+
+    return " | ".join(f"{n} ({', '.join(s.aliases)})" if s.aliases else n for n, s in SPECS.items())
+
+
+def loss_param_help() -> str:
+    """The loss parameters of the registry, by loss: ``loss parameter KEY=VALUE: dclw: sigma; …``."""
+    from ..losses.registry import SPECS, loss_param_names
+
+    per = [f"{n}: {', '.join(loss_param_names(n))}" for n in SPECS if loss_param_names(n)]
+    return "a loss parameter, e.g. sigma=0.5 (repeat for several); " + "; ".join(per)
+
+
 #: the training overrides of a stand-alone or --cell-id cell: flag dest -> config key train.<dest>
 TRAIN_FLAGS = ("epochs", "steps", "precision", "lr", "lr_scaling", "optimizer", "backbone", "queue_size")
 #: a probe's evaluation overrides: flag dest -> the eval.<key> it overrides for this probe
@@ -38,6 +66,33 @@ EVAL_FLAGS = {
     "knn": ("knn_k", "knn_t"),
     "linear": ("linear_iterations", "linear_weight_decay", "linear_weight_decays", "linear_optimizer"),
 }
+
+
+@dataclass(frozen=True)
+class BadPath:
+    """A path flag's value that names no usable path; :func:`smallbatch.pipeline.cli.main` stops
+    with one line naming the flag (argparse's own error would print its usage too)."""
+
+    text: str
+
+    def problem(self) -> str:
+        if not self.text.strip():
+            return "is empty (it would name the current folder); name a file or folder"
+        if self.text.startswith("~"):
+            return (
+                f"= {self.text!r} starts with '~', which nothing expands here; write the full path "
+                f"({os.path.expanduser(self.text)!r}?)"
+            )
+        return f"= {self.text!r} holds a control character; rename it"
+
+
+def path_value(text: str) -> Path | BadPath:
+    """The type of every path flag: a Path, or a :class:`BadPath` for an empty value, one that
+    starts with '~' (no shell expanded it: a folder literally named '~' would be made, and a
+    library that expands it would write into the home folder) or one with control characters."""
+    if not text.strip() or text.startswith("~") or any(ord(c) < 32 or ord(c) == 127 for c in text):
+        return BadPath(text)
+    return Path(text)
 
 
 def _parent() -> argparse.ArgumentParser:
@@ -49,12 +104,12 @@ def which_cell() -> argparse.ArgumentParser:
     g = p.add_argument_group("which cell")
     g.add_argument(
         "--cell",
-        type=Path,
-        help="cell JSON file (as written by `smallbatch cells --write`, or the "
+        type=path_value,
+        help="cell JSON file (as written by 'smallbatch cells --write', or the "
         "cell.json pretraining writes into the cell's folder)",
     )
     g.add_argument("--cell-json", metavar="JSON", help="the cell itself as JSON (what the Snakemake rules pass)")
-    g.add_argument("--config", type=Path, help="study config YAML (default values otherwise)")
+    g.add_argument("--config", type=path_value, help="study config YAML (default values otherwise)")
     g.add_argument("--cell-id", help="id of a cell of --config, e.g. fashion_mnist/flatnce/bs32-t0.1-s0")
     return p
 
@@ -70,17 +125,11 @@ def standalone_cell() -> argparse.ArgumentParser:
     s = p.add_argument_group("stand-alone cell (when neither --cell nor --cell-id is given)")
     s.add_argument("--dataset", help=DATASET_NAMES)
     s.add_argument("--data-root", help="data root (default: config data.root)")
-    s.add_argument("--loss", help="infonce (ntxent, simclr) | flatnce | dcl | dclw | eqco")
+    s.add_argument("--loss", help=loss_help())
     s.add_argument("--batch-size", type=int, help="N images per step (2N views)")
     s.add_argument("--temperature", type=float, help="the loss's tau > 0")
     s.add_argument("--seed", type=int, default=None)
-    s.add_argument(
-        "--loss-param",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="loss parameter, e.g. sigma=0.5 (dclw), alpha=256 (eqco), gamma=1 (flatnce)",
-    )
+    s.add_argument("--loss-param", action="append", default=[], metavar="KEY=VALUE", help=loss_param_help())
     return p
 
 
@@ -173,8 +222,33 @@ def tracking() -> argparse.ArgumentParser:
 def data_and_device() -> argparse.ArgumentParser:
     p = _parent()
     g = p.add_argument_group("data and device")
-    g.add_argument("--data-cache", type=Path, help="data cache from `smallbatch prepare-data`")
+    g.add_argument("--data-cache", type=path_value, help="data cache from 'smallbatch prepare-data'")
     g.add_argument("--device", choices=DEVICES)
+    return p
+
+
+def verbosity(default=0) -> argparse.ArgumentParser:
+    """-v / -q, accepted before the command (default 0) and after it (default: what was given before)."""
+    p = _parent()
+    g = p.add_mutually_exclusive_group()
+    g.add_argument(
+        "-v",
+        "--verbose",
+        dest="verbosity",
+        action="store_const",
+        const=1,
+        default=default,
+        help="also print the libraries' log messages (MLflow's) and, with an error, its full traceback",
+    )
+    g.add_argument(
+        "-q",
+        "--quiet",
+        dest="verbosity",
+        action="store_const",
+        const=-1,
+        default=default,
+        help="no progress bars and no warnings: results and errors only",
+    )
     return p
 
 
@@ -189,9 +263,12 @@ def _version() -> str:
         return __version__
 
 
-def build_parser(description: str = "") -> argparse.ArgumentParser:
+def build_parser(description: str = DESCRIPTION) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="smallbatch", description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="smallbatch",
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[verbosity()],
     )
     p.add_argument("--version", action="version", version=f"smallbatch {_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -204,6 +281,7 @@ def build_parser(description: str = "") -> argparse.ArgumentParser:
         "linear": linear_probe(),
         "tracking": tracking(),
         "data": data_and_device(),
+        "verbosity": verbosity(argparse.SUPPRESS),
     }
     add = _adder(sub, parents)
     _study_commands(add)
@@ -218,7 +296,8 @@ def _adder(sub, parents: dict):
     commands) and its description (in its own --help), and the parents named."""
 
     def add(name: str, text: str, *concerns: str, func: str | None = None) -> argparse.ArgumentParser:
-        c = sub.add_parser(name, help=text, description=text, parents=[parents[k] for k in concerns])
+        listed = {} if name in INTERNAL_COMMANDS else {"help": text}  # argparse lists a command only with a help
+        c = sub.add_parser(name, description=text, parents=[parents[k] for k in (*concerns, "verbosity")], **listed)
         c.set_defaults(func=func or "cmd_" + name.replace("-", "_"))
         return c
 
@@ -227,23 +306,23 @@ def _adder(sub, parents: dict):
 
 def _study_commands(add) -> None:
     c = add("cells", "list the study's cells (id, hash, negatives K) and write their cell.json files")
-    c.add_argument("--config", type=Path, default=Path("config.yaml"), help="study config (default: config.yaml)")
+    c.add_argument("--config", type=path_value, default=Path("config.yaml"), help="study config (default: config.yaml)")
     c.add_argument("--write", action="store_true", help="write results/runs/<id>/cell.json for every cell")
     c.add_argument("--baselines", action="store_true", help="list the baseline cells too")
 
     c = add("init-store", "create the MLflow store's schema and the study's experiment once", "tracking")
-    c.add_argument("--config", type=Path, help="study config (its tracking_uri and study name)")
-    c.add_argument("--touch", type=Path, help="write this marker file when done (for the workflow)")
+    c.add_argument("--config", type=path_value, help="study config (its tracking_uri and study name)")
+    c.add_argument("--touch", type=path_value, help="write this marker file when done (for the workflow)")
 
     c = add("prepare-data", "load a data set through its real loader and cache it as one tensor file")
-    c.add_argument("--config", type=Path, help="study config (data.root, datasets.<name> options)")
+    c.add_argument("--config", type=path_value, help="study config (data.root, datasets.<name> options)")
     c.add_argument("--dataset", required=True, help=DATASET_NAMES)
     c.add_argument("--data-root")
     c.add_argument("--download", action="store_true", help="let torchvision download when files are missing")
     c.add_argument("--image-size", type=int)
     c.add_argument("--train-subset", type=int)
     c.add_argument("--test-subset", type=int)
-    c.add_argument("--out", type=Path, required=True)
+    c.add_argument("--out", type=path_value, required=True)
 
     add("config-reference", "print the table of every config key (CONFIGURATION.md)")
 
@@ -259,9 +338,13 @@ def _cell_commands(add) -> None:
         "tracking",
         "data",
     )
-    c.add_argument("--out", type=Path, help="cell folder (default results/runs/<id>)")
+    c.add_argument("--out", type=path_value, help="cell folder (default results/runs/<id>)")
     c.add_argument("--restart", action="store_true", help="ignore (and overwrite) a saved state.pt, e.g. a corrupt one")
-    c.add_argument("--no-progress", action="store_true")
+    c.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar (its log then holds the summary line alone; -q does this and more)",
+    )
 
     c = add(
         "embed",
@@ -271,8 +354,8 @@ def _cell_commands(add) -> None:
         "threads",
         "data",
     )
-    c.add_argument("--checkpoint", type=Path)
-    c.add_argument("--out", type=Path)
+    c.add_argument("--checkpoint", type=path_value)
+    c.add_argument("--out", type=path_value)
 
     c = add(
         "evaluate",
@@ -283,9 +366,15 @@ def _cell_commands(add) -> None:
         "tracking",
         "data",
     )
-    c.add_argument("--checkpoint", type=Path)
-    c.add_argument("--out-dir", type=Path, help="where knn.json and linear.json go (default results/runs/<id>)")
-    c.add_argument("--features", type=Path, help="also write the features to this .npz")
+    c.add_argument("--checkpoint", type=path_value)
+    c.add_argument("--out-dir", type=path_value, help="where knn.json and linear.json go (default results/runs/<id>)")
+    c.add_argument("--features", type=path_value, help="also write the features to this .npz")
+    c.add_argument(
+        "--snapshot",
+        help="evaluate the snapshot of this budget (ep<e>, train.snapshot_epochs) instead of the final checkpoint: "
+        "--checkpoint defaults to <cell folder>/snapshots/<snapshot>.pt, the results go to "
+        "<out-dir>/<snapshot>.knn.json and .linear.json (default out-dir <cell folder>/snapshots)",
+    )
 
     c = add(
         "export",
@@ -296,12 +385,14 @@ def _cell_commands(add) -> None:
     )
     c.add_argument(
         "--run-dir",
-        type=Path,
+        type=path_value,
         help="the cell's folder (results/runs/<id>): its checkpoint.pt names "
         "the cell, instead of --cell / --cell-id / a stand-alone cell",
     )
-    c.add_argument("--checkpoint", type=Path, help="the checkpoint to export (default: <cell folder>/checkpoint.pt)")
-    c.add_argument("--out", type=Path, help="the state dict file (default: <cell folder>/backbone.pt)")
+    c.add_argument(
+        "--checkpoint", type=path_value, help="the checkpoint to export (default: <cell folder>/checkpoint.pt)"
+    )
+    c.add_argument("--out", type=path_value, help="the state dict file (default: <cell folder>/backbone.pt)")
 
 
 def _probe_commands(add) -> None:
@@ -314,14 +405,14 @@ def _probe_commands(add) -> None:
         "knn",
         "tracking",
     )
-    c.add_argument("--features", type=Path, help=FEATURES_HELP)
-    c.add_argument("--out", type=Path, help="result JSON (default: <cell folder>/knn.json)")
+    c.add_argument("--features", type=path_value, help=FEATURES_HELP)
+    c.add_argument("--out", type=path_value, help="result JSON (default: <cell folder>/knn.json)")
 
     c = add(
         "linear", "linear probe on a cell's frozen features", "which", "standalone", "threads", "linear", "tracking"
     )
-    c.add_argument("--features", type=Path, help=FEATURES_HELP)
-    c.add_argument("--out", type=Path, help="result JSON (default: <cell folder>/linear.json)")
+    c.add_argument("--features", type=path_value, help=FEATURES_HELP)
+    c.add_argument("--out", type=path_value, help="result JSON (default: <cell folder>/linear.json)")
 
     c = add(
         "baseline",
@@ -332,23 +423,21 @@ def _probe_commands(add) -> None:
         "tracking",
         "data",
     )
-    c.add_argument("--out", type=Path, help="result JSON (default: <results_dir>/<id>/result.json)")
+    c.add_argument("--out", type=path_value, help="result JSON (default: <results_dir>/<id>/result.json)")
 
 
 def _study_outputs(add) -> None:
     c = add("mi", "MI bounds on correlated Gaussians (experiments.mi); one MLflow run per row", "tracking")
-    c.add_argument("--section", type=Path, help="JSON file with the experiments.mi section")
+    c.add_argument("--section", type=path_value, help="JSON file with the experiments.mi section")
     c.add_argument(
         "--section-json", metavar="JSON", help="the experiments.mi section itself as JSON (what the workflow passes)"
     )
-    c.add_argument("--config", type=Path, help="study config (its experiments.mi when --section is absent)")
-    c.add_argument("--out", type=Path, default=Path("results/mi/results.json"), help="rows as JSON")
-    c.add_argument("--quiet", action="store_true", help="no progress bar")
+    c.add_argument("--config", type=path_value, help="study config (its experiments.mi when --section is absent)")
+    c.add_argument("--out", type=path_value, default=Path("results/mi/results.json"), help="rows as JSON")
 
     c = add(
         "warm-server",
-        "serve the workflow's jobs from one process that imported torch once "
-        "(started by the workflow; smallbatch.pipeline.warm)",
+        "serve the workflow's jobs from one process that imported torch once (the workflow starts it)",
     )
     c.add_argument("--socket", required=True, help="Unix socket path to listen on")
     c.add_argument("--watch-pid", type=int, help="stop when this process (Snakemake) has ended")
@@ -357,7 +446,9 @@ def _study_outputs(add) -> None:
     c = add("report", "rebuild every table and figure of a study from the MLflow store alone", "tracking")
     c.add_argument(
         "--config",
-        type=Path,
+        type=path_value,
         help="study config (its tracking store and study name, when --tracking-uri / --experiment are not given)",
     )
-    c.add_argument("--out", type=Path, default=Path("results/report"), help="report folder (default: results/report)")
+    c.add_argument(
+        "--out", type=path_value, default=Path("results/report"), help="report folder (default: results/report)"
+    )

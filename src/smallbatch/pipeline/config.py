@@ -27,7 +27,16 @@ class ConfigError(ValueError):
     """A configuration value is wrong; the message is one line naming the key."""
 
 
-def _validator_with_defaults():
+#: the largest integer a key without its own maximum takes (int32: what every library's
+#: sizes and counts take without overflow); larger ones are refused before any job
+INT_MAX = 2**31 - 1
+
+
+def _validator_with_defaults(fill: bool = True):
+    """The config's validator: JSON Schema 2020-12 where an integer is an integer (``8.0`` is a
+    float: it would pass the schema and break reshape), every number is finite, every integer
+    without a ``maximum`` is at most :data:`INT_MAX`, and (``fill``) the schema's defaults are
+    filled in."""
     from jsonschema import Draft202012Validator, ValidationError, validators
 
     base_props = Draft202012Validator.VALIDATORS["properties"]
@@ -40,6 +49,8 @@ def _validator_with_defaults():
         if isinstance(instance, float) and not math.isfinite(instance):
             if math.isnan(instance) or not schema.get("x-loss-param"):
                 yield ValidationError(f"{instance!r} is not a finite number", validator="finite")
+        if _integer(None, instance) and abs(instance) > INT_MAX and "maximum" not in schema:
+            yield ValidationError(f"{instance!r} is too large", validator="maximum", validator_value=INT_MAX)
 
     def set_defaults(validator, properties, instance, schema):
         if isinstance(instance, dict):
@@ -59,10 +70,17 @@ def _validator_with_defaults():
                             value[prop] = copy.deepcopy(sub["default"])
         yield from Draft202012Validator.VALIDATORS["additionalProperties"](validator, aP, instance, schema)
 
+    checks = {"type": finite_numbers}
+    if fill:
+        checks.update(properties=set_defaults, additionalProperties=additional_with_defaults)
     return validators.extend(
-        Draft202012Validator,
-        {"properties": set_defaults, "additionalProperties": additional_with_defaults, "type": finite_numbers},
+        Draft202012Validator, checks, type_checker=Draft202012Validator.TYPE_CHECKER.redefine("integer", _integer)
     )
+
+
+def _integer(checker, instance) -> bool:
+    """JSON Schema's integer, without the floats that happen to be whole (``8.0``)."""
+    return isinstance(instance, int) and not isinstance(instance, bool)
 
 
 def _path_str(path) -> str:
@@ -76,11 +94,12 @@ def _allowed_keys(schema: dict) -> list[str]:
     return sorted(schema.get("properties", {}))
 
 
-def _one_line(err, root_schema: dict, label: str | None = None) -> str:
+def _one_line(err, root_schema: dict, label: str | None = None, what: str = "config key") -> str:
     """Turn a jsonschema ValidationError into one readable line naming the key (or ``label``,
-    e.g. a command-line flag, for a value checked on its own)."""
+    e.g. a command-line flag, for a value checked on its own); ``what`` names what a key is
+    (a cell file's: "key")."""
     where = _path_str(err.absolute_path)
-    name = label or f"config key '{where}'"
+    name = label or f"{what} '{where}'"
     v = err.validator
     if v == "additionalProperties":
         allowed = _allowed_keys(err.schema)
@@ -90,10 +109,10 @@ def _one_line(err, root_schema: dict, label: str | None = None) -> str:
         renamed = [k for k, sub in err.schema.get("properties", {}).items() if sub.get("x-renamed-from") == bad]
         if renamed:
             new = f"{where}.{renamed[0]}" if where != "<top level>" else renamed[0]
-            return f"config key '{full}' is now '{new}' (renamed; same meaning and values): rename it in the config"
+            return f"{what} '{full}' is now '{new}' (renamed; same meaning and values): rename it in the config"
         hint = difflib.get_close_matches(str(bad), allowed, n=1)
         sugg = f" (did you mean '{hint[0]}'?)" if hint else ""
-        return f"unknown config key '{full}'{sugg}; allowed keys here: {', '.join(allowed)}"
+        return f"unknown {what} '{full}'{sugg}; allowed keys here: {', '.join(allowed) or 'none'}"
     if v == "propertyNames":
         allowed = err.schema.get("propertyNames", {}).get("enum", [])
         return f"unknown name under '{where}': {err.instance!r}; allowed: {', '.join(allowed)}"
@@ -120,10 +139,14 @@ def _one_line(err, root_schema: dict, label: str | None = None) -> str:
             if best is None or len(sub.absolute_path) > len(best.absolute_path):
                 best = sub
         if best is not None:
-            return _one_line(best, root_schema, label)
+            return _one_line(best, root_schema, label, what)
         return f"{name} = {err.instance!r} is not valid: {err.message.splitlines()[0]}"
     if v in ("minItems", "minProperties"):
+        if err.validator_value > 1:
+            return f"{name} = {err.instance!r} has {len(err.instance)}; it needs at least {err.validator_value}"
         return f"{name} must not be empty"
+    if v == "uniqueItems":
+        return f"{name} = {err.instance!r} holds a value twice; give each once"
     if v == "required":
         return f"{name} is missing {err.message.split(' is a required')[0]}"
     return f"{name}: {err.message.splitlines()[0]}"
@@ -179,7 +202,7 @@ def _check_results_dir_value(value: Any) -> None:
 def _check_loss_entries(cfg: dict) -> None:
     """A loss entry ``{name: dclw, sigma: ...}`` holds only parameters of its own loss (the
     schema accepts every loss's parameters on every entry)."""
-    from ..losses import canonical_name, loss_param_names
+    from ..losses.registry import canonical_name, loss_param_names
 
     sections = [("grid", cfg.get("grid") or {})]
     sections += [
@@ -288,10 +311,14 @@ def _cell_problem(cell) -> str | None:
     cell = Cell.of(cell)
     name, subset = cell.dataset, cell.dataset_options.get("train_subset")
     images = pretrain_images(name, subset)
-    if images is not None and cell.batch_size > images:
-        capped = f" (datasets.{name}.train_subset)" if subset is not None and subset == images else ""
-        return f"batch size {cell.batch_size} is larger than the {images:,} pretraining images of {name}{capped}"
     tr = cell.train
+    step_images = cell.batch_size + (tr.extra_negatives or 0)
+    if images is not None and step_images > images:
+        capped = f" (datasets.{name}.train_subset)" if subset is not None and subset == images else ""
+        what = f"batch size {cell.batch_size}" + (
+            f" with {tr.extra_negatives} extra negatives" if step_images > cell.batch_size else ""
+        )
+        return f"{what} is larger than the {images:,} pretraining images of {name}{capped}"
     problem = (
         _extreme_problem(cell)
         or _train_problem(cell.to_dict()["train"])  # keys set by a side experiment, an axis, a batch-size entry
@@ -332,7 +359,7 @@ TAU_RANGE = (1e-3, 1e2)
 def _extreme_problem(cell) -> str | None:
     """A temperature outside :data:`TAU_RANGE`, or a kNN k above the images the probe votes
     over (it would be clamped, yet labelled with the k asked for).  ``cell``: a Cell."""
-    from ..data import SPLIT_SIZES, pretrain_split
+    from ..data import NUM_CLASSES, SPLIT_SIZES, pretrain_split
 
     tau, (lo, hi) = cell.temperature, TAU_RANGE
     if isinstance(tau, (int, float)) and not lo <= tau <= hi:
@@ -351,6 +378,26 @@ def _extreme_problem(cell) -> str | None:
             f"eval.knn_k = {big[0]} is more than the {n:,} train images of {name} the kNN probe votes over; "
             f"use k <= {n}"
         )
+    return _fewshot_problem(cell.eval, n / NUM_CLASSES[name] if name in NUM_CLASSES else None)
+
+
+def _fewshot_problem(ev, per_class: float | None) -> str | None:
+    """A few-label fraction the probe cannot honour (smallbatch.evaluation.probes.balanced_subset
+    checks each class exactly; here, before any job, what no class can meet): more than the
+    share of each class outside the validation split, or no image of a class of average size."""
+    outside = 1 - ev.linear_val_fraction
+    for f in ev.fewshot_fractions:
+        if f > outside:
+            return (
+                f"eval.fewshot_fractions = {f:g} is more than the {outside:g} of each class's training images "
+                f"outside the validation split (eval.linear_val_fraction = {ev.linear_val_fraction:g}); use at "
+                "most that (all labels: the linear probe, linear/top1)"
+            )
+        if per_class is not None and round(f * per_class) < 1:
+            return (
+                f"eval.fewshot_fractions = {f:g} gives a class of {per_class:,.0f} training images no labelled "
+                f"image (round({f:g} x {per_class:.0f}) = 0); use a fraction of at least {1 / per_class:.2g}"
+            )
     return None
 
 
@@ -435,6 +482,8 @@ def read_config_file(path: str | Path) -> dict:
             f"config file {p} has the key {exc.key!r} twice in one mapping (line {exc.first} and "
             f"line {exc.line}); YAML would keep only the second: merge them"
         ) from None
+    except _Ambiguous as exc:
+        raise ConfigError(f"config file {p}: {exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -457,8 +506,21 @@ class _DuplicateKey(ValueError):
         self.key, self.first, self.line = key, first, line
 
 
+class _Ambiguous(ValueError):
+    """A form YAML 1.1 and YAML 1.2 read differently (:mod:`.yaml12`)."""
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """yaml.safe_load, but a key given twice in one mapping is an error, not a silent override."""
+    """yaml.safe_load, but a key given twice in one mapping is an error, not a silent override,
+    and so is a form that YAML 1.1 and 1.2 read differently (:func:`.yaml12.ambiguities`)."""
+
+    def construct_document(self, node):
+        from .yaml12 import ambiguities
+
+        problem = next(ambiguities(self, node), None)
+        if problem:
+            raise _Ambiguous(problem)
+        return super().construct_document(node)
 
     def construct_mapping(self, node, deep=False):
         seen: dict = {}
@@ -553,7 +615,30 @@ def reference_rows(schema: dict | None = None) -> list[tuple[str, str, str]]:
             walk(extra, f"{path}.<name>")
 
     walk(schema, "")
-    return rows
+    at = next((i for i, r in enumerate(rows) if r[0] == "augment"), None)
+    return rows if at is None else rows[: at + 1] + _augment_rows() + rows[at + 1 :]
+
+
+def _augment_rows() -> list[tuple[str, str, str]]:
+    """The augment.<key> rows, from :class:`smallbatch.augment.AugmentConfig` (the schema leaves the section
+    to it): a key left unset takes its recipe's value, each recipe's listed."""
+    from ..augment import AugmentConfig
+
+    return [
+        (
+            f"augment.{key}",
+            _yaml_flow(default) if default is not None else "",
+            meaning + ("" if not per else "; unset: " + ", ".join(f"{r} {_yaml_flow(_g(v))}" for r, v in per.items())),
+        )
+        for key, default, meaning, per in AugmentConfig.reference()
+    ]
+
+
+def _g(v: Any) -> Any:
+    """A float (or a list of them) to 4 significant digits: 4/3 as 1.333."""
+    if isinstance(v, list):
+        return [_g(x) for x in v]
+    return float(f"{v:.4g}") if isinstance(v, float) else v
 
 
 def _yaml_flow(value: Any) -> str:

@@ -44,7 +44,8 @@ def backbone_state(model_state: dict[str, Any]) -> dict[str, Any]:
 
 def export_backbone(checkpoint: Path, out: Path, cell: Cell | dict | None = None) -> dict[str, Any]:
     """Write the backbone of ``checkpoint`` (the cell's own finished checkpoint when ``cell``
-    is given: another cell's or another config's is refused) to ``out``; what was written
+    is given: another cell's or another config's is refused) to ``out``, which must not exist
+    yet (nothing is overwritten), and only when every weight is finite; what was written
     and how to build the network it loads into: {cell_id, out, tensors, backbone,
     in_channels, image_size, width, pool_grid, feat_dim, mean, std}."""
     from ..io import save_torch
@@ -63,8 +64,15 @@ def export_backbone(checkpoint: Path, out: Path, cell: Cell | dict | None = None
             f"checkpoint {checkpoint} holds no backbone of a smallbatch cell (no '{PREFIX}*' weights "
             "or no cell settings)"
         )
+    bad = [k for k, v in state.items() if v.is_floating_point() and not bool(v.isfinite().all())]
+    if bad:
+        raise ValueError(
+            f"checkpoint {checkpoint} of cell {cid}: {len(bad)} of the backbone's {len(state)} tensors hold "
+            f"NaN or infinite weights (first: {bad[0]}); refused: they are not a representation to export"
+        )
     tr = ckcell.train
-    save_torch(out, {k: v.detach().cpu().contiguous() for k, v in state.items()})
+    # never over an existing file (the cell's own checkpoint.pt included): exclusive
+    save_torch(out, {k: v.detach().cpu().contiguous() for k, v in state.items()}, exclusive=True)
     info = {
         "cell_id": cid,
         "out": str(out),

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Mapping
 
-from ..cell import BaselineCell, Cell, read_cell
+from ..cell import BaselineCell, Cell, read_cell, snapshot_names
 from ..io import write_json
 from .cells import flat_params
 
@@ -88,8 +88,6 @@ def run_pretrain(
     _threads(cell)
     out_dir = Path(out_dir)
     with World.from_env(device=device or cell.device) as world:
-        if world.is_main:
-            record_cell(cell, out_dir / "cell.json")
         return _pretrain_in(world, cell, out_dir, tracking_uri, experiment, cache, restart, progress)
 
 
@@ -105,7 +103,7 @@ def _pretrain_in(
     world, cell: Cell, out_dir: Path, tracking_uri, experiment: str, cache, restart: bool, progress: bool
 ) -> dict:
     from ..errors import Preempted
-    from ..io import CellBusy, CellLock, nullcontext_lock
+    from ..io import CellBusy, CellLock, UnsafeTarget, nullcontext_lock
     from ..tracking import TrackingError
     from ..training import loop as train
     from ..training.distributed import any_over_processes
@@ -114,11 +112,13 @@ def _pretrain_in(
     busy = None
     try:
         lock.__enter__()
-    except CellBusy as exc:
+    except (CellBusy, UnsafeTarget) as exc:  # held, or a lock file that is a link, FIFO, hard link
         busy = exc
     try:
         if any_over_processes(busy is not None, world.device):  # the others stop with rank 0
             raise busy or CellBusy(f"cell {cell.id} is being trained by another process (rank 0 could not lock it)")
+        if world.is_main:  # the folder is this trainer's: its cell's settings beside its outputs
+            record_cell(cell, out_dir / "cell.json")
         d = load_cell_data(cell, cache)
         run = _pretrain_run(cell, out_dir, d, tracking_uri, experiment, restart) if world.is_main else None
         try:
@@ -264,15 +264,21 @@ def _log_pretrain_artifacts(run, cell: Cell, out_dir: Path, weights: bool = True
 
 
 # --------------------------------------------------------------------------- embed
-def _cell_features(cell: Cell, ck: dict, cache: Path | None, device: str | None):
-    """(train_f, train_y, test_f, test_y) of the checkpoint's frozen backbone."""
-    from ..evaluation import embed
+def _cell_model(cell: Cell, ck: dict, cache: Path | None, device: str | None):
+    """(data, the checkpoint's frozen model, device)."""
     from ..training import loop as train
 
     d = load_cell_data(cell, cache)
     dev = train.resolve_device(device or cell.device)
     model = train.build_model(ck["cell"], ck["channels"], ck["image_size"])
     model.load_state_dict(ck["model"])  # fp64 weights are cast to this float32 model; features are float32
+    return d, model, dev
+
+
+def _cell_features(cell: Cell, d, model, dev):
+    """(train_f, train_y, test_f, test_y) of the model's frozen backbone."""
+    from ..evaluation import embed
+
     bb, bs = model.backbone.to(dev), int(cell.eval.batch_size)
     return (
         embed.embed(bb, d.train_x, d.mean, d.std, batch_size=bs, device=dev),
@@ -282,12 +288,16 @@ def _cell_features(cell: Cell, ck: dict, cache: Path | None, device: str | None)
     )
 
 
-def _load_cell_checkpoint(cell: Cell, checkpoint: Path) -> tuple[dict, dict]:
-    """The cell's own finished checkpoint (refuses another cell's, another config's, a
-    state file) and the meta its features carry."""
+def _load_cell_checkpoint(cell: Cell, checkpoint: Path, snapshot: str | None = None) -> tuple[dict, dict]:
+    """The cell's own finished checkpoint, or its snapshot of budget ``snapshot`` (refuses
+    another cell's, another config's, another budget's, a state file) and the meta its
+    features carry."""
     from ..training import checkpoint as ckpt_mod
 
-    ck = ckpt_mod.load_checkpoint(checkpoint, cell=cell, kind="checkpoint")
+    if snapshot is None:
+        ck = ckpt_mod.load_checkpoint(checkpoint, cell=cell, kind="checkpoint")
+    else:
+        ck = ckpt_mod.load_snapshot(checkpoint, cell, snapshot)
     return ck, {"cell_id": cell.id, "cell_hash": cell.hash, "pretrain_status": ck.get("status", "finished")}
 
 
@@ -304,7 +314,7 @@ def run_embed(
         embed.save_status_features(out, {"status": "diverged", **meta})
         return {"status": "diverged"}
     t0 = time.perf_counter()
-    tr_f, tr_y, te_f, te_y = _cell_features(cell, ck, cache, device)
+    tr_f, tr_y, te_f, te_y = _cell_features(cell, *_cell_model(cell, ck, cache, device))
     embed.save_features(out, tr_f, tr_y, te_f, te_y, {"status": "finished", **meta})
     return {"status": "finished", "train": tr_f.shape, "test": te_f.shape, "seconds": time.perf_counter() - t0}
 
@@ -315,8 +325,10 @@ PROBES = ("knn", "linear")
 
 
 def _percent(metrics: dict) -> dict:
-    """Accuracies (top1/top5 keys) as percentages, like the papers' tables."""
-    return {k: (100.0 * v if ("top1" in k or "top5" in k) else v) for k, v in metrics.items()}
+    """Accuracies (top1/top5 keys) as percentages, like the papers' tables (:func:`..evaluation.percent`)."""
+    from ..evaluation import percent
+
+    return {k: (percent(v) if ("top1" in k or "top5" in k) else v) for k, v in metrics.items()}
 
 
 def _eval_on_features(kind: str, cell: Cell | BaselineCell | dict, feats, knn_backend: str | None = None) -> dict:
@@ -395,11 +407,17 @@ def _probe(
     uri: str | None,
     experiment: str,
     knn_backend: str | None = None,
+    budget: dict | None = None,
 ) -> dict:
     """One probe of features in memory: JSON result, MLflow metrics.  A kNN probe at chance
-    level marks the cell *collapsed* (:mod:`smallbatch.training.health`)."""
+    level marks the cell *collapsed* (:mod:`smallbatch.training.health`).  ``budget``: the
+    features are a snapshot's; its metrics are logged as ``snapshot/<name>/<metric>`` beside
+    the budget (epochs, steps, images seen) and its status as ``snapshot/<name>/status``
+    (:data:`SNAPSHOT_STATUS`), the cell's own status untouched."""
     if meta.get("status") == "diverged":
         result = {"status": "diverged", "cell_id": cell.id}
+        if budget is not None and uri:
+            _log_probe(cell, uri, experiment, snapshot_metrics(budget, {}, "diverged"), None)
         if out is not None:
             write_json(out, result)
         return result
@@ -410,12 +428,27 @@ def _probe(
     numeric[f"{kind}/cpu_s"] = time.process_time() - c0  # every thread's CPU time (the cost table)
     status = _probe_status(kind, metrics, meta, feats[3], feats[1])
     result = {"status": status, "cell_id": cell.id, **numeric}
+    if budget is not None:
+        numeric, status = snapshot_metrics(budget, numeric, status), None
     run = _log_probe(cell, uri, experiment, numeric, status) if uri else None
     if out is not None:
         write_json(out, result)  # only once logged: a failing store leaves no result file
         if run is not None:
             run.log_artifact(out)
     return result
+
+
+#: a snapshot's outcome as a number (MLflow metrics are numbers): ``snapshot/<name>/status``
+SNAPSHOT_STATUS = {"finished": 0.0, "collapsed": 1.0, "diverged": 2.0}
+
+
+def snapshot_metrics(budget: dict, numeric: dict, status: str) -> dict:
+    """A snapshot's probe metrics under ``snapshot/<name>/``, with its budget and status."""
+    pre = f"snapshot/{budget['name']}/"
+    out = {f"{pre}{k}": v for k, v in numeric.items()}
+    out.update({f"{pre}{k}": float(budget[k]) for k in ("epochs", "steps", "images_seen")})
+    out[f"{pre}status"] = SNAPSHOT_STATUS[status]
+    return out
 
 
 def run_evaluate(
@@ -428,33 +461,90 @@ def run_evaluate(
     cache: Path | None = None,
     device: str | None = None,
     features: Path | None = None,
+    snapshot: str | None = None,
 ) -> dict:
     """Embed, kNN and linear probe of one cell in one process (the features stay in memory;
     ``features``: also write them there).  Writes ``knn.json`` and ``linear.json`` in
-    ``out_dir``, as the separate steps do."""
+    ``out_dir``, as the separate steps do, and first ``representation.json``: what the
+    representation looks like (:mod:`smallbatch.evaluation.representation`), logged to the
+    cell's run as ``repr/*``.  ``snapshot``: ``checkpoint`` is the cell's snapshot of that
+    budget (``ep<e>``), evaluated by the same probes (not measured: ``repr/*`` is the final
+    network's); the results go to ``<snapshot>.knn.json`` and ``<snapshot>.linear.json`` and
+    to the cell's run as ``snapshot/<snapshot>/...`` (:func:`snapshot_metrics`)."""
     from ..evaluation import embed
 
     cell = Cell.of(cell)
     _threads(cell)
-    ck, meta = _load_cell_checkpoint(cell, checkpoint)
+    if snapshot is not None and snapshot not in snapshot_names(cell):
+        known = ", ".join(snapshot_names(cell)) or "none: train.snapshot_epochs is not set"
+        raise ValueError(f"cell {cell.id} has no snapshot {snapshot!r} (its snapshots: {known})")
+    ck, meta = _load_cell_checkpoint(cell, checkpoint, snapshot)
     t0 = time.perf_counter()
+    out_dir = Path(out_dir)
     if ck.get("status") == "diverged":
         feats, meta = None, {"status": "diverged", **meta}
         if features is not None:
             embed.save_status_features(features, meta)
+        parts = None
     else:
-        feats = _cell_features(cell, ck, cache, device)
+        d, model, dev = _cell_model(cell, ck, cache, device)
+        feats = _cell_features(cell, d, model, dev)
         meta = {"status": "finished", **meta}
         if features is not None:
             embed.save_features(features, *feats, meta)
+        parts = d, model, dev
+    geometry = None
+    if snapshot is None:
+        geometry = _representation(cell, parts, meta, out_dir / REPRESENTATION, tracking_uri, experiment)
     seconds = time.perf_counter() - t0
+    budget = ck.get("budget") if snapshot is not None else None
+    name = f"{snapshot}." if snapshot is not None else ""
     return {
         "embed_seconds": seconds,
+        "representation": geometry,
         **{
-            kind: _probe(kind, cell, feats, meta, Path(out_dir) / f"{kind}.json", tracking_uri, experiment)
+            kind: _probe(
+                kind, cell, feats, meta, out_dir / f"{name}{kind}.json", tracking_uri, experiment, budget=budget
+            )
             for kind in PROBES
         },
     }
+
+
+#: the evaluation's file of :func:`_representation`, beside ``knn.json`` and ``linear.json``
+REPRESENTATION = "representation.json"
+
+
+def _representation(cell: Cell, parts, meta: dict, out: Path, uri: str | None, experiment: str) -> dict:
+    """The frozen network's geometry on the fixed held-out sample (``parts``: data, model and
+    device; None for a diverged cell): written to ``out`` and logged as ``repr/<metric>``
+    (once: a rerun does not log the same step again)."""
+    if parts is None:
+        result = {"status": meta["status"], "cell_id": cell.id}
+        write_json(out, result)
+        return result
+    from ..evaluation.representation import representation_metrics
+
+    d, model, dev = parts
+    t0, c0 = time.perf_counter(), time.process_time()
+    metrics = representation_metrics(
+        model, d.test_x, d.mean, d.std, dict(cell.augment), device=dev, batch_size=int(cell.eval.batch_size)
+    )
+    numeric = {f"repr/{k}": float(v) for k, v in metrics.items()}
+    numeric["repr/seconds"] = time.perf_counter() - t0
+    numeric["repr/cpu_s"] = time.process_time() - c0
+    result = {"status": "finished", "cell_id": cell.id, **numeric}
+    if uri:
+        from .. import tracking
+
+        run = tracking.find_cell_run(uri, experiment, cell)
+        run.skip_logged_steps(sorted(numeric))
+        run.log(numeric, 0)
+        run.flush()
+    write_json(out, result)  # only once logged: a failing store leaves no result file
+    if uri:
+        run.log_artifact(out)
+    return result
 
 
 def _probe_status(kind: str, metrics: dict, meta: dict, te_y, tr_y) -> str:
@@ -468,14 +558,17 @@ def _probe_status(kind: str, metrics: dict, meta: dict, te_y, tr_y) -> str:
     return "finished"
 
 
-def _log_probe(cell: Cell, uri: str, experiment: str, numeric: dict, status: str):
-    """The probe's metrics, once; returns the run (its result file is logged as an artifact)."""
+def _log_probe(cell: Cell, uri: str, experiment: str, numeric: dict, status: str | None):
+    """The probe's metrics, once; returns the run (its result file is logged as an artifact).
+    ``status`` None: a snapshot's, which leaves the cell's status alone."""
     from .. import tracking
 
     run = tracking.find_cell_run(uri, experiment, cell)
     run.skip_logged_steps(sorted(numeric))  # a rerun of the probe logs nothing twice
     run.log(numeric, 0)
     run.flush()
+    if status is None:
+        return run
     if status == "collapsed":
         run.set_status("collapsed")
     _maybe_finish(run)
@@ -513,6 +606,7 @@ def run_baseline(
 
     cell = read_cell(cell)
     _threads(cell)
+    t0, c0 = time.perf_counter(), time.process_time()
     d = load_cell_data(cell, cache)
     if cell.baseline == "raw_pixels":
         tr_f, te_f = embed.raw_pixel_features(d.train_x), embed.raw_pixel_features(d.test_x)
@@ -539,16 +633,14 @@ def run_baseline(
     for kind in ("knn", "linear"):
         m = _eval_on_features(kind, cell, feats)
         numeric.update({f"{kind}/{k}": float(v) for k, v in m.items() if isinstance(v, (int, float))})
+    numeric["baseline/wall_s"] = time.perf_counter() - t0  # features and both probes (the cost table)
+    numeric["baseline/cpu_s"] = time.process_time() - c0
     if tracking_uri:
         from .. import tracking
 
-        params = {
-            "dataset": cell.dataset,
-            "baseline": cell.baseline,
-            "seed": str(cell.seed),
-            "image_size": str(d.train_x.shape[-1]),
-            "backbone": cell.train.backbone,
-        }
+        params = {"dataset": cell.dataset, "baseline": cell.baseline, "image_size": str(d.train_x.shape[-1])}
+        if cell.baseline != "raw_pixels":  # raw pixels: no network and nothing random
+            params.update(seed=str(cell.seed), backbone=cell.train.backbone)
         run = tracking.open_cell_run(tracking_uri, experiment, cell, kind="baseline", params=params)
         run.log(numeric, 0)
         run.set_status("finished")

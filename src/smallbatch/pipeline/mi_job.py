@@ -16,7 +16,7 @@ becomes one MLflow run of kind ``mi``:
   max_pairs, eval_batches``;
 * metrics (step = training steps): ``mi/estimate, mi/std, mi/variance,
   mi/bias, mi/ceiling, mi/true_mi, mi/dual_estimate, mi/dual_std,
-  mi/estimate_eval_k, mi/std_eval_k, mi/train_final, mi/seconds``, and the
+  mi/estimate_eval_k, mi/std_eval_k, mi/train_final, mi/seconds, mi/cpu_s``, and the
   training trace ``mi/train_estimate`` (window means, ``trace_points`` values
   per run);
 * tag ``mlflow.parentRunId``: the section's parent run (kind ``parent``, run name and
@@ -56,6 +56,7 @@ METRIC_KEYS = (
     "std_eval_k",
     "train_final",
     "seconds",
+    "cpu_s",
 )
 PARAM_KEYS = (
     "estimator",

@@ -31,7 +31,7 @@ _SCHEMA_CACHE: dict[str, Any] = {}
 
 def load_schema() -> dict:
     """The config schema: the YAML file plus the loss names and parameters of
-    ``smallbatch.losses.REGISTRY`` (filled into the keys marked ``x-loss-*``)."""
+    ``smallbatch.losses.registry.SPECS`` (filled into the keys marked ``x-loss-*``)."""
     path = schema_path()
     key = str(path)
     if key not in _SCHEMA_CACHE:
@@ -41,7 +41,7 @@ def load_schema() -> dict:
 
 
 def _with_losses(schema: dict) -> dict:
-    from ..losses import config_schema
+    from ..losses.registry import config_schema
 
     parts = config_schema()
     # a loss parameter may be infinite where its loss allows it (DCLW's sigma = inf is

@@ -611,7 +611,8 @@ def apply_thread_env(env) -> None:
 def _what(request: dict) -> str:
     """The command and its output folder, for the server's log."""
     argv = [str(a) for a in request.get("argv", [])[1:]]
-    out = argv[argv.index("--out") + 1] if "--out" in argv[:-1] else ""
+    joined = [a.split("=", 1)[1] for a in argv if a.startswith("--out=")]  # the workflow's --out=VALUE
+    out = joined[0] if joined else argv[argv.index("--out") + 1] if "--out" in argv[:-1] else ""
     return " ".join(filter(None, ["smallbatch", argv[0] if argv else "", out]))
 
 
@@ -679,40 +680,19 @@ def serve(
 
 
 # --------------------------------------------------------------------------- workflow hooks
-def _own_file(path: str | Path) -> int:
-    """``path`` opened for writing from its start: never through a link planted there, never
-    into what is not a regular file of one name (a device, a FIFO, a hard link's target);
-    OSError naming it otherwise."""
-    import stat
-
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
-    except OSError as exc:
-        raise OSError(f"{path} cannot be written ({exc.strerror}; a link planted there?)") from None
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
-        os.close(fd)
-        raise OSError(f"{path} is not a regular file of its own (a link, a device or a FIFO?); remove it")
-    os.ftruncate(fd, 0)
-    return fd
-
-
 def start(log: str | Path, threads: int) -> subprocess.Popen:
     """Start a server for this process's jobs (Snakemake's ``onstart``) and point them at it
     (``SMALLBATCH_WARM`` in this process's environment, which the jobs inherit); the jobs that
-    start before it is ready run as processes of their own.  OSError (one line) when its log
-    cannot be written."""
+    start before it is ready run as processes of their own.  A log that is a link, a FIFO or a
+    hard link is refused first (ValueError naming it, :func:`smallbatch.io.open_log`), nothing started."""
+    from ..io import open_log
+
+    out = open_log(log)  # never through a planted link, FIFO or hard link
     folder = tempfile.mkdtemp(prefix=FOLDER_PREFIX)  # short: a socket path has <= 107 bytes
     path = os.path.join(folder, "socket")
     env = dict(os.environ, **{k: str(threads) for k in THREAD_VARS})
     env.pop(ENV, None)
-    Path(log).parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fd = _own_file(log)
-    except OSError:
-        os.rmdir(folder)
-        raise
-    with os.fdopen(fd, "w") as out:
+    with out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "smallbatch", "warm-server", "--socket", path, "--watch-pid", str(os.getpid())],
             stdout=out,

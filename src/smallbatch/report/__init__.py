@@ -11,8 +11,10 @@ config's ``study``) through :class:`smallbatch.tracking.StoreReader` and writes
 
 Conventions
 -----------
-* Top-1 accuracies are in percent (the pipeline logs percent; a store whose
-  accuracies all lie in [0, 1] is read as fractions and scaled by 100).
+* Top-1 accuracies are in percent, read by the unit each run records
+  (``smallbatch.accuracy_unit``; the pipeline logs percent), never guessed from the
+  values; a run with an accuracy that is not a finite number in [0, 100] is a failed
+  run, listed as one (:func:`.runs.checked_accuracies`).
 * A *cell* is dataset x loss (+ its parameters that differ from the registry's
   default, and any extra axis such as ``epochs``) x temperature x batch size; its
   value is the mean and sample standard deviation (ddof=1) over seeds.  One seed
@@ -41,12 +43,27 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..io import write_text
 from ..tracking import StoreReader
 from .aggregate import aggregate_cells
-from .context import ReportContext, SectionOutput
+from .context import MANIFEST, ReportContext, SectionOutput, check_claim
 from .index import index_markdown
-from .runs import METRICS, accuracy_scale, load_runs
-from .sections import baselines, cost, diverged, ess, grid, instrument, ksweep, mi, papers, precision, regime, tsweep
+from .runs import METRICS, load_runs
+from .sections import (
+    baselines,
+    cost,
+    diverged,
+    ess,
+    grid,
+    instrument,
+    ksweep,
+    mi,
+    papers,
+    precision,
+    regime,
+    representation,
+    tsweep,
+)
 from .sections.papers import load_papers
 from .tables import latex_table, markdown_table, tex_escape
 
@@ -67,13 +84,24 @@ __all__ = [
 
 #: the report's sections in index.md's order: each a module of :mod:`.sections` with
 #: ``build(runs, ctx) -> SectionOutput | None``.  A new section is a module plus its entry here.
-SECTION_MODULES = (grid, instrument, baselines, diverged, papers, precision, ksweep, ess, tsweep, regime, mi, cost)
+SECTION_MODULES = (
+    grid,
+    representation,
+    instrument,
+    baselines,
+    diverged,
+    papers,
+    precision,
+    ksweep,
+    ess,
+    tsweep,
+    regime,
+    mi,
+    cost,
+)
 SECTIONS = [section.build for section in SECTION_MODULES]
 
 
-#: the files the last build wrote (paths relative to the report folder, one a line): the
-#: only files a later build deletes when it no longer writes them
-MANIFEST = ".smallbatch-report-files"
 _OUTPUT_DIRS = ("tables", "figures")
 
 
@@ -103,13 +131,28 @@ def _check_out_dir(out: Path) -> None:
             )
 
 
-def _remove_stale(out: Path, written: list[Path]) -> None:
-    """Delete what the previous build wrote (its manifest) and this one did not, then record
-    this build's files: a file the report never wrote (a user's) is never deleted."""
+def read_manifest(out: Path) -> frozenset[str]:
+    """The files the previous build wrote into ``out`` (its manifest; none without one);
+    ValueError naming the manifest when it cannot be read as UTF-8 text -- before anything
+    of the folder is rewritten."""
     manifest = out / MANIFEST
+    if not manifest.is_file():
+        return frozenset()
+    try:
+        return frozenset(manifest.read_text(encoding="utf-8").splitlines())
+    except (UnicodeDecodeError, OSError) as exc:
+        reason = "is not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else f"cannot be read ({exc.strerror})"
+        raise ValueError(
+            f"report manifest {manifest} {reason}; nothing was rewritten: remove it (the report then treats "
+            "every file already in the folder as not its own) or choose another --out"
+        ) from None
+
+
+def _remove_stale(out: Path, written: list[Path], before: frozenset[str]) -> None:
+    """Delete what the previous build wrote (``before``, its manifest) and this one did not,
+    then record this build's files: a file the report never wrote (a user's) is never deleted."""
     now = {p.relative_to(out).as_posix() for p in written}
-    before = manifest.read_text(encoding="utf-8").splitlines() if manifest.is_file() else []
-    for rel in before:
+    for rel in sorted(before):
         p = out / rel
         parts = Path(rel).parts
         if (
@@ -121,7 +164,7 @@ def _remove_stale(out: Path, written: list[Path]) -> None:
             and not p.is_symlink()
         ):
             p.unlink()
-    manifest.write_text("".join(f"{rel}\n" for rel in sorted(now)), encoding="utf-8")
+    write_text(out / MANIFEST, "".join(f"{rel}\n" for rel in sorted(now)))
 
 
 def build_report(
@@ -143,23 +186,29 @@ def build_report(
     """
     out = Path(out_dir)
     _check_out_dir(out)
+    before = read_manifest(out)
+    index = out / "index.md"
+    check_claim(out, before, [index])  # a user's own index.md: refused before the store is read
     papers = load_papers(paper_csv)
     reader = StoreReader(str(tracking_uri))
-    runs, exp_name = load_runs(reader, experiment)
+    notes: list[str] = []
+    runs, exp_name = load_runs(reader, experiment, notes)
     ctx = ReportContext(
         out_dir=out,
         tracking_uri=str(tracking_uri),
         experiment=exp_name,
         reader=reader,
-        scale=accuracy_scale(runs),
+        scale=1.0,  # load_runs gave every accuracy in percent
         papers=papers,
         runs=runs,
+        notes=notes,
+        prior=before,
     )
     out.mkdir(parents=True, exist_ok=True)
     outputs = [o for o in (build(runs, ctx) for build in SECTIONS) if o is not None]
-    index = out / "index.md"
-    index.write_text(index_markdown(runs, ctx, outputs), encoding="utf-8")
-    _remove_stale(out, [*ctx.written, index])
+    ctx.claim(index)
+    write_text(index, index_markdown(runs, ctx, outputs))
+    _remove_stale(out, [*ctx.written, index], before)
     if log_run:
         _log_run(str(tracking_uri), exp_name, out, [*ctx.written, index])
     return index

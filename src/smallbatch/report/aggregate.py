@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from ..losses import loss_rank
+from ..losses.registry import loss_rank
 from ..tracking import BAD_STATUSES
 from .fmt import finite, num
 from .runs import METRICS

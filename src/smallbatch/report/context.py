@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import pandas as pd
 
-from .tables import Block, write_table_files
+from ..io import atomic_write
+from .tables import Block, table_files, write_table_files
+
+#: the files the last build wrote (paths relative to the report folder, one a line): the
+#: only files a later build deletes when it no longer writes them, or replaces
+MANIFEST = ".smallbatch-report-files"
 
 #: columns of a frame that hold objects for computing (per-seed values, tests), never a table's
 COMPUTING_COLUMNS = (
@@ -21,6 +27,18 @@ COMPUTING_COLUMNS = (
     "values_best",
     "values_worst",
 )
+
+
+def check_claim(out_dir: Path, mine: frozenset[str] | set[str], paths: Iterable[Path]) -> None:
+    """ValueError naming the first of ``paths`` that exists but is not one of ``mine`` (the
+    files, relative to ``out_dir``, that the previous build's manifest lists or this build
+    wrote): a file of the user's in the --out folder is never replaced."""
+    for p in paths:
+        if os.path.lexists(p) and p.relative_to(out_dir).as_posix() not in mine:
+            raise ValueError(
+                f"report output {p} exists and was not written by the report (not in "
+                f"{out_dir / MANIFEST}); refused: move it, or choose another --out"
+            )
 
 
 @dataclass
@@ -59,6 +77,9 @@ class ReportContext:
     runs: pd.DataFrame
     notes: list[str] = field(default_factory=list)
     written: list[Path] = field(default_factory=list)
+    #: the files (relative to out_dir) the previous build wrote (its manifest): the only
+    #: existing files a build may replace (:meth:`claim`)
+    prior: frozenset[str] = frozenset()
     history_calls: int = 0
     _hist_cache: dict = field(default_factory=dict)
 
@@ -73,12 +94,17 @@ class ReportContext:
     def rel(self, p: Path) -> str:
         return p.relative_to(self.out_dir).as_posix()
 
+    def claim(self, *paths: Path) -> None:
+        """Refuse to write over a file of the user's (:func:`check_claim`)."""
+        check_claim(self.out_dir, self.prior | {self.rel(p) for p in self.written}, paths)
+
     def write_table(
         self, name: str, title: str, data: pd.DataFrame, blocks: Sequence[Block] | None = None, note: str | None = None
     ) -> list[Path]:
         """Write ``tables/<name>.csv`` (``data``, tidy) and ``.md`` / ``.tex`` (``blocks`` for reading).
         Columns that hold per-seed values or estimates for computing (:data:`COMPUTING_COLUMNS`) are not written."""
         data = data.drop(columns=[c for c in COMPUTING_COLUMNS if c in data.columns])
+        self.claim(*table_files(self.tables_dir, name))
         files = write_table_files(self.tables_dir, name, title, data, blocks, note)
         self.written += files
         return files
@@ -91,14 +117,22 @@ class ReportContext:
             if s in by
         )
 
-    def save_figure(self, fig, stem: str) -> list[Path]:
-        """Save ``figures/<stem>.png`` and ``.svg`` without dates or versions in them; close the figure."""
+    def save_figure(self, fig, stem: str, exact: bool = False) -> list[Path]:
+        """Save ``figures/<stem>.png`` and ``.svg`` without dates or versions in them; close the figure.
+        ``exact``: at the figure's own size (a paper figure laid out to its column width), else cropped
+        to what is drawn."""
         import matplotlib.pyplot as plt
 
         self.figures_dir.mkdir(parents=True, exist_ok=True)
         png, svg = self.figures_dir / f"{stem}.png", self.figures_dir / f"{stem}.svg"
-        fig.savefig(png, dpi=130, bbox_inches="tight", metadata={"Software": None})
-        fig.savefig(svg, bbox_inches="tight", metadata={"Date": None})
+        self.claim(png, svg)
+        crop = {} if exact else {"bbox_inches": "tight"}
+        # through the one writer (smallbatch.io.atomic_write): matplotlib gets a file, never a path
+        atomic_write(
+            png,
+            lambda fh: fig.savefig(fh, format="png", dpi=200 if exact else 130, metadata={"Software": None}, **crop),
+        )
+        atomic_write(svg, lambda fh: fig.savefig(fh, format="svg", metadata={"Date": None}, **crop))
         plt.close(fig)
         self.written += [png, svg]
         return [png, svg]

@@ -11,11 +11,24 @@ each cell has two or more does :func:`contrast` fall back to Welch's unpaired t
 contrasts that are all identical (a spread of exactly 0 is no noise estimate),
 the contrast is *untested*.
 
+:func:`pooled_difference` pools one change (small − large, say) over several losses: the
+per-seed differences of every loss and seed, fitted by least squares with an additive loss
+effect and seed effect; it tests their mean over the losses (:data:`POOLED_ASSUMPTIONS`).
+
 :func:`holm` adjusts a family of comparisons (Holm 1979, step-down, strong
 family-wise control): a section passes every comparison it states into one
 family and words each by its adjusted p.  :func:`mde` is the smallest true
 difference a two-sided paired t at level α detects with probability ``power``
 given the observed sd of the seed contrasts and their number (noncentral t).
+
+"Costs nothing" is an equivalence claim, tested by :func:`tost` (Schuirmann 1987, two
+one-sided tests at level α against a margin ±Δ stated before the data): the larger of the
+p values of ``H0: d <= -Δ`` and ``H0: d >= +Δ``, each a one-sided t on the contrast's own
+standard error and degrees of freedom.  ``tost(e, Δ) < α`` exactly when the (1 − 2α)
+interval lies inside ``(-Δ, +Δ)`` (:func:`equivalent`).  :func:`outcome` names the three
+results a contrast can have: *significant* (its adjusted p below α), *equivalent* (not
+significant, TOST p below α) and *inconclusive* (neither: the MDE says what the seeds
+could have seen).
 
 Wording: a difference is *significant* when its (adjusted) p is below α; a
 verdict from :func:`support` says "support" / "do not support" only then and
@@ -61,6 +74,7 @@ class Estimate:
     sd: float = math.nan
     df: float = math.nan
     test: str = "untested"
+    se: float = math.nan  # the standard error of ``diff`` (its t statistic's denominator)
 
     @property
     def tested(self) -> bool:
@@ -76,9 +90,13 @@ class Estimate:
         """The negation of :attr:`significant` (None when untested)."""
         return None if not self.tested else not self.significant
 
+    se: float = math.nan
+
     @property
     def mde(self) -> float:
-        """Minimum detectable effect at :data:`POWER` (paired t only; NaN otherwise)."""
+        """Minimum detectable effect at :data:`POWER` (paired t and the pooled model; NaN otherwise)."""
+        if self.test == POOLED_TEST:
+            return mde_se(self.se, self.df)
         return mde(self.sd, self.n) if self.test == "paired t" else math.nan
 
 
@@ -101,7 +119,7 @@ def _t_test(diff: float, se: float, df: float, n: int, sd: float, test: str) -> 
         return Estimate(diff=diff, n=n, sd=sd)
     lo, hi = t_interval(diff, se, df)
     p = float(2 * _t().sf(abs(diff) / se, df))
-    return Estimate(diff=diff, lo=lo, hi=hi, p=p, p_adj=p, n=n, sd=sd, df=df, test=test)
+    return Estimate(diff=diff, lo=lo, hi=hi, p=p, p_adj=p, n=n, sd=sd, df=df, test=test, se=se)
 
 
 def _clean(v: Values) -> dict:
@@ -150,6 +168,57 @@ def paired(a: Values, b: Values) -> Estimate:
     return contrast([(1.0, a), (-1.0, b)])
 
 
+#: the test name of :func:`pooled_difference`
+POOLED_TEST = "loss + seed model"
+#: what :func:`pooled_difference` assumes, in the words a finding states them
+POOLED_ASSUMPTIONS = (
+    "the seed-paired differences of every loss and seed, fitted with an additive effect of the loss and one of "
+    "the seed (least squares); the test is of their mean over the losses, with the residual degrees of freedom "
+    "(pairs − losses − seeds + 1); it assumes the differences are independent given loss and seed, normal, and "
+    "equally noisy for every loss"
+)
+
+
+def pooled_difference(groups: Mapping[Any, tuple[Values, Values]]) -> Estimate:
+    """The mean over groups (losses) of ``mean(a) − mean(b)``, from every group's seed-paired differences.
+
+    ``groups``: {loss: ({seed: value of arm a}, {seed: value of arm b})}.  Each loss's differences
+    ``d_ls = a_ls − b_ls`` (the seeds both arms have) are fitted by least squares with
+    ``d_ls = μ + α_l + β_s + ε_ls`` (effect coding: Σ α = Σ β = 0, so μ is the unweighted mean over
+    losses of their changes, and a seed's shared data order moves every loss's difference alike);
+    ``μ̂`` is tested with a Student t on the residual degrees of freedom ``N − L − S + 1``.  With
+    every loss at the same seeds, μ̂ is the mean of all differences and its standard error
+    ``σ̂ / √N``.  ``n`` is N (the pairs), ``sd`` the residual σ̂, ``se`` the standard error.
+    Untested (with the mean) without a residual degree of freedom or a residual spread."""
+    rows = []
+    for g, (a, b) in groups.items():
+        a, b = _clean(a), _clean(b)
+        rows += [(g, s, a[s] - b[s]) for s in sorted(set(a) & set(b), key=str)]
+    losses = sorted({g for g, _, _ in rows}, key=str)
+    seeds = sorted({s for _, s, _ in rows}, key=str)
+    if not rows:
+        return Estimate(diff=math.nan)
+    by_loss = {g: [d for h, _, d in rows if h == g] for g in losses}
+    mean = sum(sum(v) / len(v) for v in by_loss.values()) / len(losses)
+    df = len(rows) - len(losses) - len(seeds) + 1
+    if df < 1:
+        return Estimate(diff=mean, n=len(rows))
+    import numpy as np
+
+    def coding(levels: list, value) -> list[float]:  # effect coding: the last level is minus the others
+        return [1.0 if value == lv else (-1.0 if value == levels[-1] else 0.0) for lv in levels[:-1]]
+
+    x = np.array([[1.0, *coding(losses, g), *coding(seeds, s)] for g, s, _ in rows])
+    y = np.array([d for _, _, d in rows])
+    beta, *_ = np.linalg.lstsq(x, y, rcond=None)
+    resid = y - x @ beta
+    sd = math.sqrt(float(resid @ resid) / df)
+    if not sd > SPREAD_TOL * max(1.0, abs(float(beta[0]))):
+        return Estimate(diff=float(beta[0]), n=len(rows), sd=0.0)
+    se = sd * math.sqrt(float(np.linalg.inv(x.T @ x)[0, 0]))
+    return _t_test(float(beta[0]), se, df, len(rows), sd, POOLED_TEST)
+
+
 def holm(estimates: Iterable[Estimate | None]) -> list[Estimate | None]:
     """The same estimates with Holm-adjusted p over the tested ones (the family); untested and
     None pass through.  ``family`` is set to the number of tested estimates."""
@@ -169,9 +238,17 @@ def mde(sd: float, n: int, power: float = POWER, alpha: float = ALPHA) -> float:
     search (~70 ms of noncentral-t evaluations) per distinct (sd, n)."""
     if not (finite(sd) and finite(n) and int(n) >= 2 and sd > 0):
         return math.nan
+    return mde_se(sd / math.sqrt(int(n)), int(n) - 1, power, alpha)
+
+
+@lru_cache(maxsize=4096)
+def mde_se(se: float, df: float, power: float = POWER, alpha: float = ALPHA) -> float:
+    """Smallest true difference a two-sided t test of an estimate with standard error ``se`` on ``df``
+    degrees of freedom detects with probability ``power``; NaN without a standard error or a degree of freedom."""
+    if not (finite(se) and finite(df) and df >= 1 and se > 0):
+        return math.nan
     from scipy import optimize, stats
 
-    df, se = int(n) - 1, sd / math.sqrt(int(n))
     crit = float(stats.t.ppf(1 - alpha / 2, df))
 
     def short_of(delta: float) -> float:
@@ -183,6 +260,52 @@ def mde(sd: float, n: int, power: float = POWER, alpha: float = ALPHA) -> float:
     while short_of(hi) < 0:
         hi *= 2
     return float(optimize.brentq(short_of, 0.0, hi, xtol=1e-10 * se))
+
+
+def tost(e: Estimate | None, margin: float) -> float:
+    """The two one-sided tests' p of equivalence within ``± margin``: the larger of
+    ``P(T >= (d + Δ)/se)`` and ``P(T <= (d − Δ)/se)`` (T: Student t with the contrast's
+    degrees of freedom); NaN when the contrast is untested."""
+    if e is None or not (finite(e.diff) and finite(e.se) and e.se > 0 and finite(e.df) and e.df > 0):
+        return math.nan
+    t = _t()
+    p_low = float(t.sf((e.diff + margin) / e.se, e.df))  # H0: d <= -margin
+    p_high = float(t.cdf((e.diff - margin) / e.se, e.df))  # H0: d >= +margin
+    return max(p_low, p_high)
+
+
+def equivalent(e: Estimate | None, margin: float, alpha: float = ALPHA) -> bool | None:
+    """TOST at level ``alpha``: the effect lies within ``± margin`` (None when untested)."""
+    p = tost(e, margin)
+    return None if not finite(p) else bool(p < alpha)
+
+
+def outcome(e: Estimate | None, margin: float) -> str:
+    """'significant', 'equivalent' (not significant, TOST p < α), 'inconclusive' or 'untested'."""
+    if e is None or not e.tested:
+        return "untested"
+    if e.significant:
+        return "significant"
+    return "equivalent" if equivalent(e, margin) else "inconclusive"
+
+
+def describe_outcome(e: Estimate | None, margin: float, nd: int = 2) -> str:
+    """The outcome in words with the number that decides it: ``significant`` (and, where its
+    interval is narrow enough, ``yet within ± Δ (TOST p = …)``), ``equivalent within ± Δ (TOST
+    p = …; MDE at 80 % power = …)``, ``inconclusive (TOST p = …; MDE at 80 % power = …)``: the
+    MDE stated for every null."""
+    kind = outcome(e, margin)
+    if kind == "untested":
+        return "untested"
+    p = tost(e, margin)
+    tp = f"TOST p {'< 0.001' if p < 0.001 else '= ' + p_text(p)}"
+    if kind == "significant":
+        return f"significant, yet within ± {num(margin)} points ({tp})" if p < ALPHA else "significant"
+    m = describe_mde(e, nd)
+    m = f"; {m}" if m else ""
+    if kind == "equivalent":
+        return f"equivalent within ± {num(margin)} points ({tp}{m})"
+    return f"inconclusive ({tp}{m})"
 
 
 def describe(e: Estimate | None, what: str = "", nd: int = 1, null_mde: bool = True) -> str:
@@ -199,7 +322,13 @@ def describe(e: Estimate | None, what: str = "", nd: int = 1, null_mde: bool = T
             else ("one seed" if e.n == 1 else "fewer than two seeds in common")
         )
         return f"{head}{signed(e.diff, nd)} (untested: {why})"
-    seeds = f"{e.n} seeds" if e.test == "paired t" else f"≥{e.n} seeds per arm"
+    seeds = (
+        f"{e.n} seeds"
+        if e.test == "paired t"
+        else f"{e.n} loss × seed pairs, {e.df:g} df"
+        if e.test == POOLED_TEST
+        else f"≥{e.n} seeds per arm"
+    )
     pt = p_text(e.p_adj)
     pt = pt if pt.startswith("<") else f"= {pt}"
     p = f"Holm p {pt} of {e.family}" if e.family > 1 else f"p {pt}"

@@ -26,6 +26,44 @@ def plot_style():
     return plt, sns, {"svg.hashsalt": "smallbatch", "figure.max_open_warning": 0}
 
 
+#: a paper's column widths (inches): one column, and the two columns of a two-column page
+PAPER_WIDTHS = {1: 3.3, 2: 6.9}
+#: the smallest font of a paper figure (points)
+MIN_FONT_PT = 8.0
+#: rc of a paper figure: every text at least :data:`MIN_FONT_PT`, a light grid, no top/right spines
+PAPER_RC = {
+    "font.size": MIN_FONT_PT,
+    "axes.titlesize": 9.0,
+    "axes.labelsize": MIN_FONT_PT,
+    "xtick.labelsize": MIN_FONT_PT,
+    "ytick.labelsize": MIN_FONT_PT,
+    "legend.fontsize": MIN_FONT_PT,
+    "legend.title_fontsize": MIN_FONT_PT,
+    "figure.titlesize": 10.0,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+}
+#: what the seeds' marks mean, for every caption that draws them with :func:`draw_seeds`
+SEEDS_MEANING = "dots: the seeds; bar: their range (lowest to highest); open marker on the line: their mean"
+
+
+def paper_figure(plt, nrow: int, ncol: int, row_height: float = 2.2, extra_height: float = 0.8):
+    """A figure one paper column wide (one panel per row) or two (several), laid out by matplotlib's
+    constrained layout so that nothing is cut and no canvas is left empty; save it at its own size
+    (``ReportContext.save_figure(..., exact=True)``)."""
+    width = PAPER_WIDTHS[1 if ncol == 1 else 2]
+    return plt.subplots(
+        nrow,
+        ncol,
+        figsize=(width, row_height * nrow + extra_height),
+        squeeze=False,
+        sharex="col",
+        layout="constrained",
+    )
+
+
 #: one colour per loss in every figure of the report (Okabe–Ito, colour-blind safe), keyed by registry name
 LOSS_COLORS = {
     "infonce": "#0072B2",
@@ -149,61 +187,50 @@ def batch_order(h: pd.DataFrame) -> list[str]:
 
 
 # --------------------------------------------------------------------------- seeds, means, intervals, baselines
-def seed_summary(values: pd.Series) -> tuple[float, float, float]:
-    """(mean, lower, upper) of a cell's seeds: the 95 % Student-t interval of the mean (NaN bounds for one seed)."""
-    from .evidence import t_interval
-
+def seed_range(values: pd.Series) -> tuple[float, float, float]:
+    """(mean, lowest, highest) of a cell's finite seed values; NaN for none."""
     v = values.astype(float).to_numpy()
     v = v[np.isfinite(v)]
     if not len(v):
         return math.nan, math.nan, math.nan
-    m = float(v.mean())
-    if len(v) < 2:
-        return m, math.nan, math.nan
-    lo, hi = t_interval(m, float(v.std(ddof=1)) / math.sqrt(len(v)), len(v) - 1)
-    return m, lo, hi
+    return float(v.mean()), float(v.min()), float(v.max())
 
 
 def draw_seeds(ax, d: pd.DataFrame, x: str, y: str, labels: Sequence[str], pal: dict, log2: bool = True) -> list:
-    """Per label: every seed as a small point beside its x, the mean as a line with markers and its 95 %
-    interval as bars; labels are dodged apart on the (log) x axis so their seeds do not overlap.
-    Returns the values drawn (seeds and interval ends) for the y range."""
+    """Per label: every seed as a dot, their range (lowest to highest) as a bar, their mean as an open
+    marker on a line (:data:`SEEDS_MEANING`), the seeds drawn over it; labels are dodged apart on the (log) x axis so that their
+    seeds do not overlap.  No interval is drawn: with two seeds a 95 % t interval is 12.7 times the
+    seeds' half-difference, wider than any effect it would show.  Returns the values drawn."""
     drawn, n = [], max(len(labels), 1)
     for i, lab in enumerate(labels):
         g = d[d["label"] == lab]
-        if g.empty:
-            continue
-        off = (i - (n - 1) / 2) * 0.06
+        off = (i - (n - 1) / 2) * 0.1
         rows = []
         for xv, gx in g.groupby(x, sort=True):
-            m, lo, hi = seed_summary(gx[y])
+            m, lo, hi = seed_range(gx[y])
+            if not np.isfinite(m):
+                continue
             xs = float(xv) * 2**off if log2 else float(xv) + 2 * off
-            rows.append((xs, m, lo, hi))
-            ax.scatter(
-                [xs * 2**0.025 if log2 else xs + 0.05] * len(gx),
-                gx[y],
-                s=9,
-                color=pal[lab],
-                alpha=0.5,
-                linewidths=0,
-                zorder=2,
-            )
-            drawn += list(gx[y].astype(float)) + [v for v in (lo, hi) if np.isfinite(v)]
-        xs, ms, los, his = (np.array(c, dtype=float) for c in zip(*rows))
-        ax.plot(xs, ms, "-o", color=pal[lab], ms=4, lw=1.4, label=lab, zorder=3)
-        ok = np.isfinite(los)
-        if ok.any():
-            ax.errorbar(
-                xs[ok],
-                ms[ok],
-                yerr=[ms[ok] - los[ok], his[ok] - ms[ok]],
-                fmt="none",
-                ecolor=pal[lab],
-                elinewidth=1.2,
-                capsize=2.5,
-                zorder=3,
-            )
+            rows.append((xs, m))
+            v = gx[y].astype(float)
+            ax.vlines(xs, lo, hi, color=pal[lab], lw=1.0, zorder=2)
+            ax.scatter([xs] * len(v), v, s=9, color=pal[lab], linewidths=0, zorder=5)  # over the mean's marker
+            drawn += [float(t) for t in v if np.isfinite(t)]
+        if rows:
+            xs, ms = zip(*rows)
+            ax.plot(xs, ms, "-o", color=pal[lab], ms=4.5, mfc="white", mew=1.1, lw=1.2, label=lab, zorder=4)
     return drawn
+
+
+def seed_handles() -> list:
+    """Legend entries for :func:`draw_seeds`' marks: one seed, the seeds' range, their mean."""
+    from matplotlib.lines import Line2D
+
+    return [
+        Line2D([], [], color="grey", marker="o", ls="", ms=3.5, mew=0, label="one seed"),
+        Line2D([], [], color="grey", marker="|", ls="", ms=9, mew=1.0, label="range of the seeds"),
+        Line2D([], [], color="grey", marker="o", ls="", ms=4.5, mfc="white", mew=1.1, label="their mean"),
+    ]
 
 
 def y_range(values: Sequence[float], min_span: float = 2.0) -> tuple[float, float]:
@@ -221,41 +248,106 @@ def y_range(values: Sequence[float], min_span: float = 2.0) -> tuple[float, floa
     return lo, hi
 
 
-def baseline_lines(ax, base: dict[str, float]) -> None:
-    """A horizontal reference line per baseline inside the y range, labelled at the right; one outside the
-    range is named at the edge it lies beyond (with its value), so the range stays on the effect."""
+def spread_labels(targets: Sequence[float], sizes: Sequence[float], lo: float, hi: float, gap: float) -> list[float]:
+    """Centres for labels of heights ``sizes`` wanted at ``targets`` (ascending, one axis) such that no two
+    overlap (``gap`` between them) and all lie within [lo, hi] where they fit: labels that would collide are
+    stacked as a block centred, in the least-squares sense, on their targets (pool adjacent violators)."""
+    blocks: list[list] = []  # [first, last, bottom]
+
+    def offsets(i: int, j: int) -> list[float]:
+        out, acc = [], 0.0
+        for k in range(i, j + 1):
+            out.append(acc + sizes[k] / 2)
+            acc += sizes[k] + gap
+        return out
+
+    def place(i: int, j: int) -> float:
+        off = offsets(i, j)
+        bottom = sum(targets[k] - o for k, o in zip(range(i, j + 1), off)) / len(off)
+        total = off[-1] + sizes[j] / 2
+        return max(lo, min(bottom, hi - total)) if hi - lo >= total else lo
+
+    for i in range(len(targets)):
+        blocks.append([i, i, place(i, i)])
+        while len(blocks) > 1:
+            a, b = blocks[-2], blocks[-1]
+            top_a = a[2] + offsets(a[0], a[1])[-1] + sizes[a[1]] / 2
+            if top_a + gap <= b[2] + 1e-9:
+                break
+            blocks[-2:] = [[a[0], b[1], place(a[0], b[1])]]
+    centres = []
+    for i, j, bottom in blocks:
+        centres += [bottom + o for o in offsets(i, j)]
+    return centres
+
+
+def margin_labels(ax, items: Sequence[tuple[float, str, str]], fontsize: float = MIN_FONT_PT) -> list:
+    """Texts right of the axes at the heights (axes fraction) ``items`` = (y, text, colour) ask for, moved
+    apart where they would overlap (:func:`spread_labels`, measured with the figure's renderer after the
+    layout).  Returns the texts."""
+    fig = ax.figure
+    items = sorted(items, key=lambda it: it[0])
+    texts = [
+        ax.annotate(
+            text,
+            (1.0, y),
+            xycoords="axes fraction",
+            xytext=(4, 0),
+            textcoords="offset points",
+            va="center",
+            ha="left",
+            fontsize=fontsize,
+            color=col,
+            annotation_clip=False,
+        )
+        for y, text, col in items
+    ]
+    if texts:
+        fig.draw_without_rendering()  # the layout, with the labels' widths: the axes' final height in pixels
+        box, renderer = ax.get_window_extent(), fig.canvas.get_renderer()
+        targets = [box.y0 + y * box.height for y, _, _ in items]
+        sizes = [t.get_window_extent(renderer).height for t in texts]
+        for t, want, got in zip(texts, targets, spread_labels(targets, sizes, box.y0, box.y1, 1.0 * fig.dpi / 72)):
+            t.xyann = (4, (got - want) * 72 / fig.dpi)
+    return texts
+
+
+def baseline_lines(ax, base: dict[str, float]) -> list:
+    """A horizontal reference line per baseline inside the y range; every baseline named right of the axes
+    with its value, at its line or, when outside the range, at the edge it lies beyond (↑/↓), with labels
+    moved apart so that none overlaps another (:func:`margin_labels`).  Returns the label texts."""
     lo, hi = ax.get_ylim()
-    above, below = [], []
+    items = []
     for name, v in sorted(base.items()):
         if not np.isfinite(v):
             continue
         ls, col = BASELINE_STYLE.get(name, ("--", "#555555"))
+        text = f"{name.replace('_', ' ')} {v:.1f}"
         if lo <= v <= hi:
             ax.axhline(v, ls=ls, lw=1.0, color=col, zorder=1)
-            ax.annotate(
-                f"{name.replace('_', ' ')} {v:.1f}",
-                (1.0, v),
-                xycoords=("axes fraction", "data"),
-                xytext=(3, 0),
-                textcoords="offset points",
-                va="center",
-                fontsize=7,
-                color=col,
-            )
+            items.append(((v - lo) / (hi - lo), text, col))
         else:
-            (above if v > hi else below).append(f"{name.replace('_', ' ')} {v:.1f}")
-    for items, y, va, arrow in ((above, 0.99, "top", "↑"), (below, 0.01, "bottom", "↓")):
-        if items:
-            ax.text(
-                0.99,
-                y,
-                f"{arrow} " + ", ".join(items),
-                transform=ax.transAxes,
-                va=va,
-                ha="right",
-                fontsize=7,
-                color="#555555",
-            )
+            items.append((1.0 if v > hi else 0.0, ("↑ " if v > hi else "↓ ") + text, col))
+    return margin_labels(ax, items)
+
+
+def bottom_legend(fig, axes, extra: Sequence = (), ncol: int | None = None) -> None:
+    """One legend for all panels below them (constrained layout): each label once, in the order first drawn,
+    then ``extra`` handles (what the marks mean)."""
+    seen: dict = {}
+    for ax in axes.flat:
+        for handle, lab in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(lab, handle)
+    handles = [*seen.values(), *extra]
+    fig.legend(
+        handles,
+        [*seen, *(h.get_label() for h in extra)],
+        loc="outside lower center",
+        ncol=ncol or min(len(handles), 5 if fig.get_figwidth() > PAPER_WIDTHS[1] + 0.1 else 2),
+        frameon=False,
+        handletextpad=0.4,
+        columnspacing=1.2,
+    )
 
 
 def shared_legend(fig, axes, title: str) -> None:

@@ -10,8 +10,16 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from ..losses import canonical_name, display_name, loss_param_names
-from ..tracking import NON_RESULT_KINDS, TAG_BASELINE, TAG_CELL, TAG_EXPERIMENT, TAG_KIND
+from ..losses.registry import canonical_name, display_name, loss_param_names
+from ..tracking import (
+    BAD_STATUSES,
+    NON_RESULT_KINDS,
+    TAG_ACCURACY_UNIT,
+    TAG_BASELINE,
+    TAG_CELL,
+    TAG_EXPERIMENT,
+    TAG_KIND,
+)
 from .fmt import ABSENT
 
 #: short metric name -> MLflow metric key of the final top-1 accuracy
@@ -33,6 +41,7 @@ NOT_AXIS = {
     "pretrain_images",
     "data_root",
     "download",
+    "data_digest",
 }
 _GREEK = {"alpha": "α", "sigma": "σ", "gamma": "γ"}
 
@@ -67,6 +76,7 @@ def run_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
             "baseline": tags.get(TAG_BASELINE) or params.get("baseline"),
             "start_time": r["start_time"],
             "metric_keys": frozenset(r["metrics"]),
+            "accuracy_unit": tags.get(TAG_ACCURACY_UNIT) or DEFAULT_UNIT,
         }
         row.update({f"params.{k}": v for k, v in params.items()})
         row.update({f"metrics.{k}": v for k, v in r["metrics"].items()})
@@ -81,10 +91,12 @@ def run_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
     return df.reset_index(drop=True)
 
 
-def load_runs(reader, experiment: str | None) -> tuple[pd.DataFrame, str]:
-    """All active runs of one experiment that hold results (see :func:`run_frame`) and the
-    experiment's name: the report's own runs and the parents grouping a side experiment's rows
-    (:data:`smallbatch.tracking.NON_RESULT_KINDS`) are left out.
+def load_runs(reader, experiment: str | None, notes: list[str] | None = None) -> tuple[pd.DataFrame, str]:
+    """All active runs of one experiment that hold results (see :func:`run_frame`), their
+    accuracies in percent and checked (:func:`checked_accuracies`; a line per run it marks
+    failed is appended to ``notes``), and the experiment's name: the report's own runs and the
+    parents grouping a side experiment's rows (:data:`smallbatch.tracking.NON_RESULT_KINDS`)
+    are left out.
 
     ValueError for a missing or empty experiment.
     """
@@ -92,15 +104,48 @@ def load_runs(reader, experiment: str | None) -> tuple[pd.DataFrame, str]:
     records = [r for r in reader.runs(exp_id) if r["tags"].get(TAG_KIND) not in NON_RESULT_KINDS]
     if not records:
         raise ValueError(f"no runs in experiment {name!r} at URI {reader.uri!r}")
-    return run_frame(records), name
+    return checked_accuracies(run_frame(records), notes), name
 
 
-def accuracy_scale(runs: pd.DataFrame) -> float:
-    """100 when every logged top-1/top-5 lies in [0, 1] (fractions), else 1 (percent)."""
-    cols = [c for c in runs.columns if c.startswith("metrics.") and re.search(r"/top[15]", c)]
-    vals = pd.concat([runs[c] for c in cols]) if cols else pd.Series(dtype=float)
-    vals = vals[np.isfinite(vals.astype(float))] if len(vals) else vals
-    return 100.0 if len(vals) and float(vals.max()) <= 1.0 else 1.0
+#: the unit of a run's accuracies by its tag (smallbatch.tracking.TAG_ACCURACY_UNIT) -> the factor
+#: to percent; a run without the tag was logged by a version that always logged percent
+UNIT_FACTORS = {"percent": 1.0, "fraction": 100.0}
+DEFAULT_UNIT = "percent"
+ACCURACY_RANGE = (0.0, 100.0)
+
+
+def accuracy_columns(runs: pd.DataFrame) -> list[str]:
+    """The metric columns that are accuracies (their name holds top1 or top5, as the pipeline's)."""
+    return [c for c in runs.columns if c.startswith("metrics.") and re.search(r"top[15]", c)]
+
+
+def checked_accuracies(runs: pd.DataFrame, notes: list[str] | None = None) -> pd.DataFrame:
+    """``runs`` with every accuracy in percent by its run's recorded unit (never guessed from
+    the values), and each run whose unit is unknown, or that logged an accuracy that is not
+    a finite number in [0, 100], marked ``failed``: it gives no number, it is listed with the
+    failed runs, and a line in ``notes`` says which value (never silently dropped)."""
+    runs = runs.copy()
+    factor = runs["accuracy_unit"].map(UNIT_FACTORS)
+    problems = pd.Series(
+        [f"records its accuracies in {u!r}, not {' or '.join(UNIT_FACTORS)}" for u in runs["accuracy_unit"]],
+        index=runs.index,
+    ).where(factor.isna())
+    lo, hi = ACCURACY_RANGE
+    for col in accuracy_columns(runs):
+        key = col[len("metrics.") :]
+        logged = runs["metric_keys"].map(lambda keys: key in keys) & factor.notna()
+        runs.loc[logged, col] = runs.loc[logged, col].astype(float) * factor[logged]
+        values = runs[col].astype(float)
+        bad = logged & ~(np.isfinite(values) & (values >= lo) & (values <= hi)) & problems.isna()
+        problems[bad] = [f"logged {key} = {v:g}, not an accuracy in [{lo:g}, {hi:g}] %" for v in values[bad]]
+    flagged = problems.notna() & ~runs["status"].isin(BAD_STATUSES)
+    runs.loc[flagged, "status"] = "failed"
+    if notes is not None:
+        notes += [
+            f"Run {runs.at[i, 'run_id']} (cell {runs.at[i, 'cell_id']}) {problems[i]}: counted as a failed run."
+            for i in runs.index[flagged]
+        ]
+    return runs
 
 
 def newest(runs: pd.DataFrame) -> tuple[pd.DataFrame, int]:
@@ -126,6 +171,15 @@ def param(df: pd.DataFrame, key: str) -> pd.Series:
 
 def param_num(df: pd.DataFrame, key: str) -> pd.Series:
     return pd.to_numeric(param(df, key), errors="coerce").astype(float)
+
+
+def optimiser_steps(runs: pd.DataFrame) -> pd.Series:
+    """Each run's optimiser steps: ``train/steps`` where logged, else epochs × ⌈pretrain_images / B⌉ (NaN
+    where neither is known).  At a fixed number of epochs a smaller batch takes more steps."""
+    logged = pd.to_numeric(runs.get("metrics.train/steps", pd.Series(np.nan, index=runs.index)), errors="coerce")
+    b = pd.to_numeric(runs["batch_size"], errors="coerce").astype(float)
+    planned = param_num(runs, "epochs") * np.ceil(param_num(runs, "pretrain_images") / b)
+    return logged.astype(float).where(np.isfinite(logged.astype(float)), planned)
 
 
 # --------------------------------------------------------------------------- labels

@@ -9,6 +9,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
+from ..io import write_text
 from .fmt import csv_number, slug
 
 #: a table to read: (sub-heading or None, the frame as shown)
@@ -101,23 +102,27 @@ def latex_table(blocks: Sequence[Block], caption: str, label: str) -> str:
     return "\n".join(parts)
 
 
+def table_files(folder: Path, name: str) -> tuple[Path, Path, Path]:
+    """The files of table ``name``: ``<name>.csv``, ``.md``, ``.tex`` in ``folder``."""
+    return tuple(folder / f"{name}.{ext}" for ext in ("csv", "md", "tex"))
+
+
 def write_table_files(
     folder: Path, name: str, title: str, data: pd.DataFrame, blocks: Sequence[Block] | None, note: str | None
 ) -> list[Path]:
     """Write ``<name>.csv`` (``data``, tidy) and ``.md`` / ``.tex`` (``blocks``, default ``data``)."""
     folder.mkdir(parents=True, exist_ok=True)
     blocks = list(blocks) if blocks is not None else [(None, data)]
-    csv, md, tex = (folder / f"{name}.{ext}" for ext in ("csv", "md", "tex"))
-    data.to_csv(csv, index=False, float_format=csv_number)
+    csv, md, tex = table_files(folder, name)
+    # every file through the one writer (smallbatch.io): never in place, never through a link,
+    # and no library's path handling (pandas would expand a '~' in the folder's name)
+    write_text(csv, data.to_csv(None, index=False, float_format=csv_number))
     md_parts = [f"# {title}\n"] + ([f"> Note: {note}\n"] if note else [])
     for sub, df in blocks:
         if sub:
             md_parts.append(f"## {sub}\n")
         md_parts.append(markdown_table(df) if len(df) else "_(no rows)_\n")
-    md.write_text("\n".join(md_parts), encoding="utf-8")
+    write_text(md, "\n".join(md_parts))
     caption = title if not note else f"{title}. Note: {note}"
-    tex.write_text(
-        latex_table([(s, d) for s, d in blocks if len(d)] or [(None, data.head(0))], caption, slug(name)),
-        encoding="utf-8",
-    )
+    write_text(tex, latex_table([(s, d) for s, d in blocks if len(d)] or [(None, data.head(0))], caption, slug(name)))
     return [csv, md, tex]

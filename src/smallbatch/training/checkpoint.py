@@ -1,4 +1,4 @@
-"""The two files pretraining writes, in one place: ``state.pt`` and ``checkpoint.pt``.
+"""The files pretraining writes, in one place: ``state.pt``, ``checkpoint.pt`` and the snapshots.
 
 * ``state.pt`` (``kind: "state"``) — everything a rerun needs to continue a cell and end
   with the weights of an uninterrupted run: model, optimiser, negatives source (queue,
@@ -8,8 +8,13 @@
 * ``checkpoint.pt`` (``kind: "checkpoint"``) — the finished cell: the model, the cell it
   belongs to (id, hash, settings), how training ended and what the probes need to embed.
 
-Both carry the cell's id and hash; :func:`load_checkpoint` refuses, in one line, a file
-of another cell, another config of the cell, or the other kind.
+* ``snapshots/ep<e>.pt`` (``kind: "snapshot"``, ``train.snapshot_epochs``) — the weights after
+  ``round(e x steps per epoch)`` steps, and that *budget* (its name, epochs, steps, images
+  seen); written at that step, before any state after it (a resumed run rewrites it, the same).
+
+Each carries the cell's id and hash; :func:`load_checkpoint` refuses, in one line, a file
+of another cell, another config of the cell, or another kind, and :func:`load_snapshot` a
+snapshot of another budget.
 
 Random numbers are not state: every random draw of a step comes from a generator
 seeded by (cell seed, stream, step or epoch) (:class:`StepRandom`), so a state saved
@@ -25,12 +30,12 @@ from typing import Any
 
 import torch
 
-from ..cell import Cell
+from ..cell import Cell, snapshot_name  # noqa: F401  (the snapshot files' names: one rule, in cell)
 from ..errors import CheckpointError
 from ..io import save_torch
 
 STATE_VERSION = 2
-KINDS = ("state", "checkpoint")
+KINDS = ("state", "checkpoint", "snapshot")
 
 
 def load_checkpoint(
@@ -50,6 +55,7 @@ def load_checkpoint(
         what = {
             "state": "a training state (state.pt: training has not finished)",
             "checkpoint": "a finished checkpoint",
+            "snapshot": "a snapshot of a budget on the way (snapshots/ep<e>.pt)",
         }
         raise CheckpointError(f"{path} is {what[found]}, not {what[kind]}")
     if cell is not None:
@@ -147,13 +153,51 @@ def save_checkpoint(path: Path, cell: Cell | dict, **parts: Any) -> None:
     )
 
 
+def snapshot_steps(epochs: float, steps_per_epoch: int) -> int:
+    """The optimiser steps of a budget of ``epochs`` (fractions allowed): ``epochs x steps per
+    epoch`` rounded half up, at least 1."""
+    return max(1, int(float(epochs) * steps_per_epoch + 0.5))
+
+
+def snapshot_path(out_dir: str | Path, name: str) -> Path:
+    """``<cell folder>/snapshots/<name>.pt``."""
+    return Path(out_dir) / "snapshots" / f"{name}.pt"
+
+
+def save_snapshot(path: Path, cell: Cell | dict, budget: dict, **parts: Any) -> None:
+    """Write a snapshot: the cell's id/hash, its ``budget`` (name, epochs, steps, images_seen)
+    and ``parts`` (model, what the probes need to embed)."""
+    cell = Cell.of(cell)
+    save_torch(
+        path,
+        {
+            "kind": "snapshot",
+            "cell_id": cell.id,
+            "cell_hash": cell.hash,
+            "cell": cell.to_dict(),
+            "budget": dict(budget),
+            **parts,
+        },
+    )
+
+
+def load_snapshot(path: str | Path, cell: Cell | dict, name: str, map_location: Any = "cpu") -> dict:
+    """The cell's snapshot of budget ``name``; a one-line CheckpointError for a missing file,
+    another cell's or config's, another kind, or another budget."""
+    obj = load_checkpoint(path, map_location, cell=cell, kind="snapshot")
+    found = (obj.get("budget") or {}).get("name")
+    if found != name:
+        raise CheckpointError(f"{path} is the snapshot of budget {found!r}, not of {name!r}")
+    return obj
+
+
 class StepRandom:
     """Counter-based random streams: ``generator(stream, counter)`` is a generator on the
     device seeded by (cell seed, stream, counter) — the same draws whenever the same step
     is run, with no generator state to save (seeding is a host-side operation: no device
     synchronisation)."""
 
-    STREAMS = {"permutation": 1, "augment": 2}
+    STREAMS = {"permutation": 1, "augment": 2, "extra": 3}  # extra: the views of fresh negatives
 
     def __init__(self, seed: int, device: torch.device) -> None:
         self.seed = int(seed)

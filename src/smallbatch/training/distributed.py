@@ -46,7 +46,7 @@ import os
 import re
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -371,6 +371,21 @@ def mean_over_processes(x: Tensor) -> Tensor:
     y = x.detach().clone()
     dist.all_reduce(y, op=dist.ReduceOp.SUM)
     return y / dist.get_world_size()
+
+
+def average_gradients(params: Sequence[Tensor]) -> None:
+    """Average the gradients of ``params`` over processes, in place: what DDP does for the
+    module it wraps, for parameters outside it (a loss's learnt τ and bias).  Every process
+    computes the loss of its share of the anchors, so the mean of their gradients is the
+    whole batch's.  One all-reduce of the flattened gradients (a missing one counts as 0)."""
+    if not initialized() or not params:
+        return
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    flat /= dist.get_world_size()
+    for p, g in zip(params, flat.split([g.numel() for g in grads])):
+        p.grad = g.view_as(p).clone()
 
 
 def any_over_processes(flag: bool, device: torch.device | str = "cpu") -> bool:

@@ -97,6 +97,13 @@ def _loss_tensor(out: Any) -> Tensor:
     return out.loss if isinstance(out, LossOutput) else out
 
 
+def _accumulate(params: Sequence[Tensor], grads: Sequence[Tensor | None]) -> None:
+    """Add ``grads`` into the ``.grad`` of ``params`` (as ``backward`` would)."""
+    for p, g in zip(params, grads):
+        if g is not None:
+            p.grad = g.detach().clone() if p.grad is None else p.grad + g
+
+
 def _check_views(views: Sequence[Tensor]) -> tuple[Tensor, ...]:
     views = tuple(views)
     if not views or not all(isinstance(v, Tensor) for v in views):
@@ -303,6 +310,7 @@ def cached_backward(
     loss_of: Callable[..., LossOutput | Tensor],
     chunk_size: int,
     scale: Callable[[Tensor], Tensor] | None = None,
+    loss_params: Sequence[Tensor] = (),
 ) -> tuple[LossOutput | Tensor, tuple[Tensor, ...]]:
     """Back-propagate ``loss_of(*z)`` into ``model``'s gradients, embedding the batch in
     chunks (module docstring): the whole batch's gradient, BatchNorm statistics and
@@ -317,7 +325,8 @@ def cached_backward(
     :class:`LossOutput` or a scalar tensor; it may gather over processes.  ``scale``:
     applied to the loss before differentiation (``GradScaler.scale`` for fp16).  Run it
     inside ``torch.autocast`` for mixed precision.  Gradients accumulate into ``.grad``
-    (zero them before).  ``chunk_size >= N``: one ordinary forward and backward.
+    (zero them before), also those of ``loss_params`` (a loss's own learnt parameters).
+    ``chunk_size >= N``: one ordinary forward and backward.
     """
     views = _check_views(views)
     chunks = chunk_slices(views[0].shape[0], chunk_size)
@@ -333,8 +342,9 @@ def cached_backward(
         plan.statistics(lambda i: runner.run(module, i), len(chunks))
         zs = tuple(z.requires_grad_(True) for z in runner.embed(module, plan))
         out = loss_of(*zs)
-        got = torch.autograd.grad(scale(_loss_tensor(out)), zs, allow_unused=True)
-        got = tuple(torch.zeros_like(z) if g is None else g for z, g in zip(zs, got))
+        got = torch.autograd.grad(scale(_loss_tensor(out)), (*zs, *loss_params), allow_unused=True)
+        _accumulate(loss_params, got[len(zs) :])
+        got = tuple(torch.zeros_like(z) if g is None else g for z, g in zip(zs, got[: len(zs)]))
         grads = [torch.cat([g[sl] for g in got]) for sl in chunks]
         after_loss = _rng_state(views[0].device)
         plan.adjoints(lambda i: runner.run(module, i), grads)

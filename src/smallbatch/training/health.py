@@ -29,10 +29,15 @@ RANK_FLOOR = 1.5  # effective rank of the backbone features: 1 = one direction
 SAMPLE = 1024  # images the end-of-training check embeds
 
 
-def effective_rank(features: torch.Tensor) -> float:
-    """``exp(H(p))``, ``p`` = singular values of the centred ``(N, F)`` features / their sum."""
+def effective_rank(features: torch.Tensor, centre: bool = True) -> float:
+    """``exp(H(p))``, ``p`` = singular values of the centred ``(N, F)`` features / their sum
+    (Roy & Vetterli 2007); ``centre=False``: of the features as they are -- RankMe (Garrido et
+    al. 2023, "RankMe: Assessing the Downstream Performance of Pretrained Self-Supervised
+    Representations by Their Rank", ICML) without its ``p_k + eps`` (eps = 1e-7), which adds at
+    most ``-F eps log eps`` ~ 1.6e-6 F nats to the entropy: under 0.4 % of the rank at F <= 2048."""
     x = features.double()
-    x = x - x.mean(dim=0, keepdim=True)
+    if centre:
+        x = x - x.mean(dim=0, keepdim=True)
     # singular values as the square roots of the smaller Gram matrix's eigenvalues: 4x faster
     # than svdvals on the 1024 x 2048 sample (0.19 vs 0.84 s, one thread), the same rank to ~1e-8 relative
     gram = x @ x.T if x.shape[0] <= x.shape[1] else x.T @ x

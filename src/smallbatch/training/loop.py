@@ -6,10 +6,10 @@
 
 * the step — views, both views through the model, scores, temperature, loss, update:
   :mod:`smallbatch.training.step` (one graph, compilable with ``train.compile``);
-* where negatives come from (in-batch, MoCo queue): :mod:`smallbatch.training.negatives`;
+* where negatives come from (in-batch, fresh extra images, MoCo queue): :mod:`smallbatch.training.negatives`;
 * the temperature (fixed or ESS-scheduled): :mod:`smallbatch.training.temperature`;
 * optimisers and the learning-rate schedule: :mod:`smallbatch.training.optim`;
-* the state and checkpoint files, and the step's random streams: :mod:`smallbatch.training.checkpoint`;
+* the state, checkpoint and snapshot files, and the step's random streams: :mod:`smallbatch.training.checkpoint`;
 * the collapse criteria: :mod:`smallbatch.training.health`.
 
 The whole (small) data set sits on the device as one uint8 tensor; each epoch's
@@ -26,7 +26,8 @@ step it is in; several stop together at the next step where they compare flags (
 logging step or an epoch end: at most ``log_every`` steps on) whichever of them got the
 signal, rank 0 saves, and every process exits (143) once the state is written.  A rerun
 continues from it and ends with the same weights as an uninterrupted run (bitwise on the
-CPU; on a GPU with ``train.deterministic``).  ``checkpoint.pt`` is written only when training is complete.
+CPU; on a GPU with ``train.deterministic``).  ``checkpoint.pt`` is written only when training is complete;
+a snapshot (``train.snapshot_epochs``) at its step, once the loss is checked finite there.
 One process trains a cell at a time: the cell's folder is locked (:class:`io.CellLock`).
 """
 
@@ -46,16 +47,27 @@ import torch
 
 from ..augment import AugmentConfig, BatchAugment, normalize
 from ..cell import BaselineCell, Cell, read_cell
-from ..diagnostics import diagnostics, embedding_grad_norm, grad_rel_error
+from ..diagnostics import batch_covariance_rank, diagnostics, embedding_grad_norm, grad_rel_error
 from ..errors import Preempted
 from ..io import CellLock, nullcontext_lock
 from ..losses import build_loss, in_batch_scores
+from ..losses.registry import loss_spec
 from ..models import ContrastiveModel, build_backbone
 from . import health
-from .checkpoint import StepRandom, load_checkpoint, read_state, save_checkpoint, save_state  # noqa: F401
+from .checkpoint import (  # noqa: F401
+    StepRandom,
+    load_checkpoint,
+    read_state,
+    save_checkpoint,
+    save_snapshot,
+    save_state,
+    snapshot_name,
+    snapshot_path,
+    snapshot_steps,
+)
 from .distributed import World, any_over_processes, data_parallel, gather, mean_over_processes, sync_batchnorm
 from .ghostbn import ghost_batchnorm
-from .negatives import InBatch, QueueNegatives, Scores
+from .negatives import FreshNegatives, InBatch, QueueNegatives, Scores, Siamese, fresh_window, with_extra_views
 from .optim import LARS, lr_at, make_optimizer, scaled_lr, set_lr  # noqa: F401  (public through train)
 from .step import PRECISIONS, TrainStep, configure_backends
 from .temperature import build_temperature
@@ -107,6 +119,8 @@ class Training:
     steps_per_epoch: int
     warmup: int
     peak_lr: float
+    schedule: str = "cosine"  # train.lr_schedule
+    snapshots: dict = field(default_factory=dict)  # step -> its budget (train.snapshot_epochs)
     step: int = 0
     wall_before: float = 0.0
     cpu_before: float = 0.0  # CPU seconds spent before a resume (the state's)
@@ -132,11 +146,24 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     return torch.device(device)
 
 
-def build_model(cell: Cell | BaselineCell | dict, channels: int, image_size: int) -> ContrastiveModel:
-    """The network of a cell or of a baseline cell (random-init, supervised)."""
-    tr = read_cell(cell).train
+def build_model(
+    cell: Cell | BaselineCell | dict, channels: int, image_size: int, predictor: bool = True
+) -> ContrastiveModel:
+    """The network of a cell or of a baseline cell (random-init, supervised), with the predictor
+    its loss declares (``predictor=False``: without it, e.g. an EMA target network)."""
+    cell = read_cell(cell)
+    tr = cell.train
     backbone, feat_dim = build_backbone(tr.backbone, channels, image_size, width=tr.width, pool_grid=tr.pool_grid)
-    return ContrastiveModel(backbone, feat_dim, tr.proj_hidden, tr.proj_dim)
+    pred = predictor_hidden(cell) if predictor else None
+    return ContrastiveModel(backbone, feat_dim, tr.proj_hidden, tr.proj_dim, pred_hidden=pred)
+
+
+def predictor_hidden(cell: Cell | BaselineCell) -> int | None:
+    """The hidden width of the predictor the cell's loss declares (its registry entry's
+    ``predictor``), or None: a baseline, or a loss without one."""
+    if not isinstance(cell, Cell) or not loss_spec(cell.loss).predictor:
+        return None
+    return build_loss(cell.loss, **cell.loss_params).predictor_hidden(cell.train.proj_dim, cell.train.proj_hidden)
 
 
 # --------------------------------------------------------------------------- the cell
@@ -201,6 +228,12 @@ def _validate(cell: Cell, n_images: int, dev: torch.device, world: World) -> Non
         raise ValueError(f"batch_size must be an integer >= 2 (a batch of 1 has no negatives), not {bs!r}")
     if bs > n_images:
         raise ValueError(f"batch_size {bs} exceeds the {n_images} pretraining images of {cell.dataset}")
+    extra = cell.train.extra_negatives or 0
+    if bs + extra > n_images:
+        raise ValueError(
+            f"batch_size {bs} and train.extra_negatives = {extra} exceed the {n_images} pretraining images "
+            f"of {cell.dataset}"
+        )
     tr = cell.train
     if tr.precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, not {tr.precision!r}")
@@ -215,7 +248,9 @@ def _validate(cell: Cell, n_images: int, dev: torch.device, world: World) -> Non
 
 def control_problem(cell: Cell | dict) -> str | None:
     """One line naming what is wrong with a cell's control settings (``train.neg_group``,
-    ``bn_group``, ``mask_same_class``, a stateful loss such as SogCLR), or None."""
+    ``bn_group``, ``mask_same_class``) or with its loss's needs (its registry properties:
+    one process for a stateful or whole-batch loss, in-batch negatives for same-view ones,
+    no ESS schedule for a learnt τ), or None."""
     cell = Cell.of(cell)
     tr, bs = cell.train, cell.batch_size
     for key in ("neg_group", "bn_group"):
@@ -233,9 +268,100 @@ def control_problem(cell: Cell | dict) -> str | None:
         )
     if tr.mask_same_class and tr.devices > 1:
         return "train.mask_same_class runs on one process; set train.devices = 1"
-    if tr.devices > 1 and cell.loss == "sogclr":
-        return "SogCLR's per-image u runs on one process; set train.devices = 1"
+    return _extra_problem(cell) or _snapshot_problem(cell) or _loss_problem(cell)
+
+
+def _loss_problem(cell: Cell) -> str | None:
+    """What the cell's loss needs of the training, from its registry entry."""
+    spec, tr = loss_spec(cell.loss), cell.train
+    if tr.devices > 1 and spec.one_process:
+        return f"{spec.one_process} runs on one process; set train.devices = 1"
+    if not spec.contrastive:
+        return _no_negatives_problem(spec.display, tr)
+    if spec.negatives == "same_view" and tr.queue_size:
+        return f"{spec.display} contrasts same-view in-batch negatives, which a queue does not hold; set queue_size: 0"
+    if spec.owns_temperature and tr.ess_schedule:
+        return f"{spec.display} learns its temperature; set train.ess_schedule: null"
     return None
+
+
+def _no_negatives_problem(display: str, tr) -> str | None:
+    """A method without negatives against the settings that need negatives or chunks."""
+    needs = {
+        "queue_size": "a queue of negatives; set queue_size: 0",
+        "neg_group": "groups of negatives; set neg_group: null",
+        "mask_same_class": "the same-class mask of negatives; set mask_same_class: false",
+        "ess_schedule": "a temperature scheduled on its negatives' weights; set ess_schedule: null",
+        "chunk_size": "gradient caching, which chunks a contrastive loss's embeddings; set chunk_size: null",
+    }
+    for key, what in needs.items():
+        if getattr(tr, key):
+            return f"{display} has no negatives: train.{key} asks for {what}"
+    return None
+
+
+def _extra_problem(cell: Cell) -> str | None:
+    """What fresh negatives (``train.extra_negatives``) cannot be combined with, in one line."""
+    tr = cell.train
+    e = tr.extra_negatives
+    if not e:
+        return None
+    for key, on in (
+        ("queue_size", tr.queue_size),
+        ("neg_group", tr.neg_group),
+        ("mask_same_class", tr.mask_same_class),
+        ("chunk_size", tr.chunk_size),
+    ):
+        if on:
+            return f"train.extra_negatives adds in-batch negatives; set train.{key} off or extra_negatives: null"
+    if tr.devices > 1:
+        return "train.extra_negatives runs on one process; set train.devices = 1"
+    spec = loss_spec(cell.loss)
+    if spec.stateful or spec.negatives != "all" or not spec.per_anchor:
+        return (
+            f"train.extra_negatives scores each anchor against every other view; {spec.display} "
+            "(per-image state, same-view negatives or a whole-batch loss) does not take them: set extra_negatives: null"
+        )
+    if tr.bn_group and e % tr.bn_group:
+        return (
+            f"train.bn_group = {tr.bn_group} does not divide train.extra_negatives = {e} (the extra images are "
+            "normalised in groups too); use a multiple of bn_group"
+        )
+    return None
+
+
+def _snapshot_problem(cell: Cell) -> str | None:
+    """Snapshots are shorter runs only when nothing depends on the budget's length."""
+    tr = cell.train
+    if not tr.snapshot_epochs:
+        return None
+    if tr.lr_schedule != "constant":
+        return (
+            f"train.snapshot_epochs needs train.lr_schedule: constant ({tr.lr_schedule} depends on the whole "
+            "budget, so a snapshot would not be a shorter run); set lr_schedule: constant or snapshot_epochs: null"
+        )
+    if tr.ess_schedule:
+        return "train.snapshot_epochs needs a fixed tau (ess_schedule follows the whole budget); set one of them off"
+    if not tr.steps and max(tr.snapshot_epochs) > tr.epochs:
+        return f"train.snapshot_epochs {max(tr.snapshot_epochs):g} is past train.epochs = {tr.epochs:g}"
+    return None
+
+
+def snapshot_budgets(cell: Cell, steps_per_epoch: int, total: int) -> dict[int, dict]:
+    """step -> budget (name, epochs, steps, images_seen) of each of ``train.snapshot_epochs``;
+    ValueError (one line) for a budget past the cell's or two budgets on one step."""
+    out: dict[int, dict] = {}
+    for e in cell.train.snapshot_epochs or ():
+        step, name = snapshot_steps(e, steps_per_epoch), snapshot_name(e)
+        if step > total:
+            raise ValueError(f"cell {cell.id}: train.snapshot_epochs {e:g} is step {step}, past its {total} steps")
+        if step in out:
+            raise ValueError(
+                f"cell {cell.id}: train.snapshot_epochs {out[step]['name'][2:]} and {e:g} are both step {step}"
+            )
+        images = step * cell.batch_size
+        out[step] = {"name": name, "epochs": step / steps_per_epoch, "steps": step, "images_seen": images}
+    return out
 
 
 def build_training(
@@ -267,28 +393,29 @@ def build_training(
             f"({cell.dataset}'s pretraining split is unlabeled); set it to false"
         )
     mask_labels = labels.to(dev) if tr.mask_same_class else None
-    source = InBatch(world, full=bool(tr.ess_schedule) and world.size > 1, group=tr.neg_group, labels=mask_labels)
-    if tr.queue_size:
-        key_model = _network(cell, c, h, dev, dtype, world, views)
-        key_model.load_state_dict(model.state_dict())
-        source = QueueNegatives(
-            key_model, tr.queue_size, tr.proj_dim, tr.moco_momentum, dev, dtype, world, labels=mask_labels
-        )
     spe = n // bs
     total = int(tr.steps) if tr.steps else max(1, math.ceil(float(tr.epochs) * spe))
     peak = scaled_lr(float(tr.lr), bs, tr.lr_scaling)
+    loss_fn = build_loss(cell.loss, **cell.loss_params).to(dev, dtype)  # its learnt parameters, if any
+    source = _source(cell, model, loss_fn, (c, h, dev, dtype, world, views), mask_labels, total)
+    loss_fn.init_state(n, dev, dtype)  # SogCLR's u, one entry per image (stateless losses: nothing)
+    temperature = build_temperature(cell, total, dev, loss_fn)  # a learnt τ starts at the cell's
     opt = make_optimizer(
-        model.parameters(), tr.optimizer, peak, tr.momentum, tr.weight_decay, dev, compiled=bool(tr.compile)
+        trained_parameters(model, loss_fn),
+        tr.optimizer,
+        peak,
+        tr.momentum,
+        tr.weight_decay,
+        dev,
+        compiled=bool(tr.compile),
     )
     aug = BatchAugment(AugmentConfig(**cell.augment), image_size=h, channels=c, mean=mean, std=std)
-    loss_fn = build_loss(cell.loss, **cell.loss_params)
-    loss_fn.init_state(n, dev, dtype)  # SogCLR's u, one entry per image (stateless losses: nothing)
     step_fn = TrainStep(
         model,
         aug,
         source,
         loss_fn,
-        build_temperature(cell, total, dev),
+        temperature,
         opt,
         tr.precision,
         dev,
@@ -311,17 +438,66 @@ def build_training(
         spe,
         int(round(float(tr.warmup_epochs) * spe)),
         peak,
+        tr.lr_schedule,
+        snapshot_budgets(cell, spe, total),
     )
 
 
-def _network(cell: Cell, channels: int, size: int, dev: torch.device, dtype: torch.dtype, world: World, views: int = 2):
+def _source(cell: Cell, model, loss_fn, net_args: tuple, mask_labels, total: int):
+    """Where the step's negatives (or a method's targets) come from, as the loss's registry
+    entry and the cell's settings say: in the batch, fresh extra images, a MoCo queue, or the
+    two views of a method without negatives (with its EMA target network if it declares one)."""
+    spec, tr, (_, _, dev, dtype, world, _) = loss_spec(cell.loss), cell.train, net_args
+    if not spec.contrastive:
+        if not spec.ema_target:
+            return Siamese(spec.predictor)
+        target = _network(cell, *net_args, predictor=False)  # the online backbone and projector, copied
+        target.load_state_dict({k: v for k, v in model.state_dict().items() if not k.startswith("predictor.")})
+        return Siamese(spec.predictor, target, loss_fn.ema, loss_fn.ema_schedule, total)
+    if tr.queue_size:
+        key_model = _network(cell, *net_args)
+        key_model.load_state_dict(model.state_dict())
+        return QueueNegatives(
+            key_model, tr.queue_size, tr.proj_dim, tr.moco_momentum, dev, dtype, world, labels=mask_labels
+        )
+    if tr.extra_negatives:
+        return FreshNegatives(tr.extra_negatives, world)
+    return InBatch(
+        world,
+        full=bool(tr.ess_schedule) and world.size > 1,
+        group=tr.neg_group,
+        labels=mask_labels,
+        same_view=spec.negatives == "same_view",
+    )
+
+
+def trained_parameters(model: torch.nn.Module, loss_fn: torch.nn.Module):
+    """What the optimiser trains: the network's parameters, and a loss's learnt ones (τ,
+    a bias) as a second group without weight decay (CLIP's and SigLIP's practice)."""
+    own = [p for p in loss_fn.parameters() if p.requires_grad]
+    if not own:
+        return model.parameters()
+    return [{"params": list(model.parameters())}, {"params": own, "weight_decay": 0.0}]
+
+
+def _network(
+    cell: Cell,
+    channels: int,
+    size: int,
+    dev: torch.device,
+    dtype: torch.dtype,
+    world: World,
+    views: int = 2,
+    predictor: bool = True,
+):
     """The cell's model on the device; BatchNorm over every process's views (``sync_bn``),
     or over groups of ``train.bn_group`` images of the ``views`` a forward stacks."""
-    model = build_model(cell, channels, size).to(dev, dtype=dtype)
+    model = build_model(cell, channels, size, predictor).to(dev, dtype=dtype)
     if dtype != torch.float64:  # NHWC: cuDNN's and oneDNN's fast convolutions (CPU: ~1.2x per step)
         model = model.to(memory_format=torch.channels_last)
     group = cell.train.bn_group
-    if group and group != cell.batch_size:  # = the batch: plain BatchNorm, the same thing
+    # = the batch: plain BatchNorm, the same thing (not with fresh negatives: they come in groups too)
+    if group and (group != cell.batch_size or cell.train.extra_negatives):
         ghost_batchnorm(model, group, views)
     return sync_batchnorm(model, world, cell.train.sync_bn)
 
@@ -391,13 +567,14 @@ def run_loop(t: Training, hooks: Hooks, t_start: float) -> str:
                 if perm is None or pos == 0:
                     gen = t.rng.generator("permutation", t.step // t.steps_per_epoch)
                     perm = torch.randperm(t.images.shape[0], generator=gen, device=t.dev)
-                idx = perm[pos * t.cell.batch_size : (pos + 1) * t.cell.batch_size]
+                idx = step_images(t, perm, pos)
                 out, update = one_step(t, idx, watch=_log_due(t, t.step + 1) and hooks.log_fn is not None)
                 window[1] += t.cell.batch_size
                 if bar is not None:
                     bar.update(1)
                 epoch_end = t.step % t.steps_per_epoch == 0
-                if _log_due(t, t.step) or epoch_end or (term["flag"] and t.world.size == 1):
+                snap = t.snapshots.get(t.step)
+                if _log_due(t, t.step) or epoch_end or snap or (term["flag"] and t.world.size == 1):
                     stop = any_over_processes(term["flag"], t.dev)  # every process stops at the same step
                     if any_over_processes(not bool(t.finite), t.dev):
                         _log_diverged(t, hooks)
@@ -408,6 +585,8 @@ def run_loop(t: Training, hooks: Hooks, t_start: float) -> str:
                             hooks.log_fn(metrics, t.step)
                         if bar is not None:
                             bar.set_postfix(epoch=f"{t.step / t.steps_per_epoch:.2f}", loss=f"{_last_loss(t):.4f}")
+                if snap and t.world.is_main:
+                    write_snapshot(t, snap)
                 if epoch_end and hooks.at_epoch_end is not None:
                     _at_epoch_end(t, hooks)
                 if epoch_end or stop:
@@ -420,6 +599,31 @@ def run_loop(t: Training, hooks: Hooks, t_start: float) -> str:
         if bar is not None:
             bar.close()
     return "finished"
+
+
+def step_images(t: Training, perm: torch.Tensor, pos: int) -> torch.Tensor:
+    """The dataset indices of step ``pos`` of the epoch whose permutation is ``perm``: its
+    batch, then with fresh negatives the extra images (:func:`negatives.fresh_window`)."""
+    bs, extra = t.cell.batch_size, t.step_fn.source.extra
+    if extra:
+        return fresh_window(perm, pos, bs, extra)
+    return perm[pos * bs : (pos + 1) * bs]
+
+
+def write_snapshot(t: Training, budget: dict) -> None:
+    """The weights now, as the snapshot of ``budget`` (what :func:`finish` writes at the end)."""
+    c, size = t.images.shape[1], t.images.shape[-1]
+    save_snapshot(
+        snapshot_path(t.out_dir, budget["name"]),
+        t.cell,
+        budget,
+        model=t.step_fn.model.state_dict(),
+        status="finished",
+        channels=c,
+        image_size=size,
+        mean=t.mean,
+        std=t.std,
+    )
 
 
 def _at_epoch_end(t: Training, hooks: Hooks) -> None:
@@ -453,12 +657,14 @@ def one_step(t: Training, idx: torch.Tensor, watch: bool):
     and of the augmentation uniforms, drawn for the whole batch on every process); with
     ``watch`` also the parameter change (for the update-size diagnostic)."""
     s = t.step_fn
-    bs = idx.shape[0]
+    bs = t.cell.batch_size
     u = s.aug.draw(2 * bs, t.rng.generator("augment", t.step))
+    if s.source.extra:  # the extras' views from their own stream: the anchors' are the plain cell's
+        u = with_extra_views(u, s.aug.draw(2 * s.source.extra, t.rng.generator("extra", t.step)))
     if t.world.size > 1:
         share = t.world.share(bs)
         idx, u = idx[share], torch.cat([u[:bs][share], u[bs:][share]])
-    lr = lr_at(t.step, t.total, t.warmup, t.peak_lr)
+    lr = lr_at(t.step, t.total, t.warmup, t.peak_lr, t.schedule)
     set_lr(s.opt, lr)
     s.temperature.begin_step(t.step)
     before = [p.detach().clone() for p in s.model.parameters()] if watch else None
@@ -513,7 +719,7 @@ def step_metrics(t: Training, out, update, window: list) -> dict:
         "train/loss": loss,
         "train/infonce": infonce,
         "train/tau": tau,
-        "train/lr": lr_at(t.step - 1, t.total, t.warmup, t.peak_lr),
+        "train/lr": lr_at(t.step - 1, t.total, t.warmup, t.peak_lr, t.schedule),
         "train/images_per_s": window[1] / max(now - window[0], 1e-9),
         "epoch": t.step / t.steps_per_epoch,
         # the x-axis that compares batch sizes (the step is the optimiser's: 16x more at batch 16 than 256)
@@ -524,7 +730,9 @@ def step_metrics(t: Training, out, update, window: list) -> dict:
     m.update(
         {f"diag/{k}": v for k, v in diagnostics(sc.pos, sc.neg, tau, neg_mask=sc.mask, z1=out.z1, z2=out.z2).items()}
     )
+    m.update({f"diag/{k}": v for k, v in batch_covariance_rank(out.z1).items()})  # B images vs D dimensions
     m.update(mechanism_metrics(t, out, update))
+    m.update({f"train/loss_{k}": float(p.detach()) for k, p in s.loss_fn.named_parameters() if p.numel() == 1})
     target = s.temperature.target(t.step - 1)
     if target is not None:
         m["diag/ess_target"] = target
@@ -587,6 +795,10 @@ def finish(t: Training, status: str, elapsed: float) -> TrainResult:
                 file=sys.stderr,
             )
     final = _last_loss(t) if status != "diverged" else float("nan")
+    if status == "diverged" and t.world.is_main:  # the budgets not reached finite: each says so
+        for step, budget in t.snapshots.items():
+            if step >= t.step:
+                save_snapshot(snapshot_path(t.out_dir, budget["name"]), t.cell, budget, model={}, status="diverged")
     cpu = _cpu_s(t)
     c, size = t.images.shape[1], t.images.shape[-1]
     if t.world.is_main:

@@ -2,8 +2,10 @@
 
 ``train.lr`` is the rate at batch 256; :func:`scaled_lr` maps it to the cell's batch
 size N: ``linear`` lr*N/256 (SimCLR), ``sqrt`` lr*sqrt(N/256) (SimCLR's square-root
-rule, normalised at 256), ``none`` lr.  :func:`lr_at` is linear warm-up then cosine
-decay to zero, per step.
+rule, normalised at 256), ``none`` lr.  :func:`lr_at` is linear warm-up then, per step,
+cosine decay to zero over the whole budget (``train.lr_schedule: cosine``) or the peak held
+(``constant``: the rate at a step does not depend on the budget, so the first S steps of a
+longer run are a run of S steps -- what evaluating snapshots of one run needs).
 
 The learning rate lives in each parameter group as a 0-d tensor on the device
 (:func:`make_optimizer`; :func:`set_lr` fills it), so a changing rate is data, not a
@@ -25,6 +27,7 @@ import torch
 
 OPTIMIZERS = ("sgd", "lars", "adam")
 LR_SCALINGS = ("none", "linear", "sqrt")
+LR_SCHEDULES = ("cosine", "constant")
 
 
 class SGD(torch.optim.SGD):
@@ -209,10 +212,15 @@ def optimizer_step(opt: torch.optim.Optimizer) -> None:
         step(opt)
 
 
-def lr_at(step: int, total: int, warmup: int, peak: float) -> float:
+def lr_at(step: int, total: int, warmup: int, peak: float, schedule: str = "cosine") -> float:
     """Linear warm-up over ``warmup`` steps ((step+1)/warmup of the peak), then cosine
-    decay to 0 at ``total`` (clamped after it)."""
+    decay to 0 at ``total`` (clamped after it), or with ``schedule`` 'constant' the peak
+    (``total`` unused)."""
+    if schedule not in LR_SCHEDULES:
+        raise ValueError(f"lr_schedule must be one of {', '.join(LR_SCHEDULES)}, not {schedule!r}")
     if warmup > 0 and step < warmup:
         return peak * (step + 1) / warmup
+    if schedule == "constant":
+        return peak
     progress = (step - warmup) / max(1, total - warmup)
     return peak * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))

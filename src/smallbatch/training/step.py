@@ -32,6 +32,7 @@ from torch import Tensor
 
 from ..augment import BatchAugment
 from ..cell import TrainSettings
+from .distributed import average_gradients
 from .negatives import Scores
 from .optim import eager_optimizers, optimizer_step
 
@@ -76,6 +77,7 @@ class TrainStep:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
         self.model, self.net = model, model if net is None else net
         self.aug, self.source, self.loss_fn = aug, source, loss_fn
+        self.loss_params = [p for p in loss_fn.parameters() if p.requires_grad] if loss_fn is not None else []
         self.temperature, self.opt, self.device, self.chunk_size = temperature, opt, device, chunk_size
         self.fp64 = precision == "fp64"
         self.loss_dtype = torch.float64 if self.fp64 else torch.float32
@@ -96,11 +98,16 @@ class TrainStep:
             self.device.type, dtype=self.autocast_dtype or torch.bfloat16, enabled=self.autocast_dtype is not None
         )
 
-    def _loss(self, z1: Tensor, z2: Tensor, idx: Tensor):
-        """Scores (once), τ and the loss of the embeddings, in fp32 (fp64) outside autocast."""
+    def _loss(self, z1: Tensor, z2: Tensor, idx: Tensor, pairs: tuple | None = None):
+        """Scores (once), τ and the loss of the embeddings, in fp32 (fp64) outside autocast.
+        ``pairs``: a method without negatives' outputs and targets (``Siamese.outputs``), which
+        its loss takes instead of the scores (these are then diagnostics only)."""
         z1, z2 = z1.to(self.loss_dtype), z2.to(self.loss_dtype)
         sc = self.source.scores(z1, z2, idx)
         tau = self.temperature(sc.neg.detach() if sc.tau_neg is None else sc.tau_neg, sc.mask)
+        if pairs is not None:
+            out = self.loss_fn(*(t.to(self.loss_dtype) for t in pairs), temperature=tau)
+            return out, sc, tau
         out = self.loss_fn.from_scores(
             sc.pos, sc.neg, sc.mask, temperature=tau, batch_pos=sc.batch_pos, check=False, index=sc.index
         )
@@ -111,7 +118,8 @@ class TrainStep:
         v1, v2 = self._views(x, u)
         with self._autocast():
             z1, z2 = self.source.embed(self.net, v1, v2)
-        out, sc, tau = self._loss(z1, z2, idx)
+            pairs = self.source.outputs(self.net, v1, v2, z1, z2) if self.source.kind == "siamese" else None
+        out, sc, tau = self._loss(z1, z2, idx, pairs)
         return StepOut(
             out.loss,
             out.value,
@@ -119,7 +127,7 @@ class TrainStep:
             sc.detached(),
             z1.detach().to(self.loss_dtype),
             z2.detach().to(self.loss_dtype),
-            tau,
+            _detached(tau),
         )
 
     def run(self, x: Tensor, u: Tensor, idx: Tensor) -> StepOut:
@@ -154,7 +162,9 @@ class TrainStep:
                 return keep["out"]
 
             scale = self.scaler.scale if self.scaler is not None else None
-            _, zs = cached_backward(self.net, (v1, v2) if in_batch else (v1,), loss_of, self.chunk_size, scale)
+            _, zs = cached_backward(
+                self.net, (v1, v2) if in_batch else (v1,), loss_of, self.chunk_size, scale, self.loss_params
+            )
         out = keep["out"]
         return StepOut(
             out.loss.detach(),
@@ -163,7 +173,7 @@ class TrainStep:
             keep["sc"].detached(),
             zs[0].detach().to(self.loss_dtype),
             keep["z2"].detach().to(self.loss_dtype),
-            keep["tau"],
+            _detached(keep["tau"]),
         )
 
     def _keys(self, v2: Tensor) -> Tensor:
@@ -180,6 +190,7 @@ class TrainStep:
         self._apply_update()
 
     def _apply_update(self) -> None:
+        average_gradients(self.loss_params)  # outside the DDP module: averaged here (one process: nothing)
         if self.scaler is None:
             self._opt_step()
             return
@@ -192,7 +203,7 @@ class TrainStep:
         """``torch.compile`` the forward (one graph with in-batch negatives; a queue's
         filling changes shapes, so it may take several) and the optimiser update."""
         eager_optimizers(False)  # the compiler's own marks on torch's optimiser methods
-        fullgraph = fullgraph and self.source.kind == "in_batch"
+        fullgraph = fullgraph and self.source.kind in ("in_batch", "siamese")
         self.aug.prepare(self.device)
         self.forward = torch.compile(self.forward, fullgraph=fullgraph, mode=mode)
         self._opt_step = torch.compile(self._opt_step, fullgraph=True, mode=mode)
@@ -211,6 +222,11 @@ class TrainStep:
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.skipped_steps = int(state.get("skipped_steps", 0))
+
+
+def _detached(tau: float | Tensor) -> float | Tensor:
+    """The step's τ as reported: a learnt τ without its graph."""
+    return tau.detach() if isinstance(tau, Tensor) else tau
 
 
 def configure_backends(train_cfg: TrainSettings, device: torch.device) -> None:

@@ -1,6 +1,8 @@
-"""The temperature τ of a cell's loss: one object owns it, fixed or ESS-scheduled.
+"""The temperature τ of a cell's loss: one object owns it, fixed, ESS-scheduled or learnt.
 
-:class:`FixedTemperature` is the cell's τ, a constant.  :class:`EssTemperature` is
+:class:`FixedTemperature` is the cell's τ, a constant.  :class:`LearntTemperature` is the
+τ a loss learns (a loss whose registry entry ``owns_temperature``: its parameter t',
+τ = exp(-t'), started at the cell's τ and trained with the network).  :class:`EssTemperature` is
 FlatNCE's ESS-scheduled temperature (Chen et al. 2021, Algorithm S1, in spirit): before
 each step τ is chosen so that the effective sample size of the batch's negative weights
 equals a target moving from ``start`` (flat weights: many negatives count) to ``end``
@@ -124,8 +126,44 @@ class EssTemperature:
         self.value.copy_(torch.as_tensor(state["tau"], dtype=torch.float64))
 
 
-def build_temperature(cell: Cell, total_steps: int, device: torch.device) -> FixedTemperature | EssTemperature:
-    """The cell's temperature object (``train.ess_schedule`` set: ESS-scheduled)."""
+class LearntTemperature:
+    """τ learnt by the cell's loss: ``loss.learnt_temperature()`` = exp(-t'), its parameter
+    t' started at the cell's τ.  Each call returns it with its gradient (the step's loss
+    trains t' through it); ``value`` is its current value, what ``train/tau`` logs.  The
+    parameter is saved and restored with the loss (``state.pt``'s ``loss``), so this
+    object's own state is only a record of τ."""
+
+    def __init__(self, loss, tau0: float) -> None:
+        loss.init_temperature(tau0)
+        self.loss = loss
+
+    @property
+    def value(self) -> float:
+        return float(self.loss.learnt_temperature().detach())
+
+    def begin_step(self, step: int) -> None:
+        pass
+
+    def __call__(self, neg: Tensor, neg_mask: Tensor | None = None) -> Tensor:
+        return self.loss.learnt_temperature()
+
+    def target(self, step: int) -> None:
+        return None
+
+    def state_dict(self) -> dict:
+        return {"tau": self.value}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass  # t' comes back with the loss's own state
+
+
+def build_temperature(
+    cell: Cell, total_steps: int, device: torch.device, loss=None
+) -> FixedTemperature | EssTemperature | LearntTemperature:
+    """The cell's temperature object: learnt by ``loss`` when its registry entry
+    ``owns_temperature``, else ESS-scheduled with ``train.ess_schedule``, else fixed."""
+    if loss is not None and loss.owns_temperature:
+        return LearntTemperature(loss, cell.temperature)
     es = cell.train.ess_schedule
     if not es:
         return FixedTemperature(cell.temperature)

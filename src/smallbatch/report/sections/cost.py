@@ -2,8 +2,11 @@
 
 A cell's wall seconds are its pretraining's (``train/wall_s``, over resumes) plus its probes'
 (``knn/seconds``, ``linear/seconds``); its CPU seconds the same steps' process CPU time
-(``train/cpu_s``, ``knn/cpu_s``, ``linear/cpu_s``: every thread of the process).  An MI row's
-wall seconds are ``mi/seconds``.  A run that logged none of them reads blank, never 0."""
+(``train/cpu_s``, ``knn/cpu_s``, ``linear/cpu_s``: every thread of the process).  A baseline's
+are its whole job's (``baseline/wall_s``, ``baseline/cpu_s``: features and both probes), an MI
+row's its training and readout (``mi/seconds``, ``mi/cpu_s``; the critics trained together share
+theirs equally).  A run that logged none of them (one from before they were logged) reads blank,
+never 0."""
 
 from __future__ import annotations
 
@@ -20,9 +23,10 @@ PARTS = (
     ("train_cpu_s", ("train/cpu_s",)),
     ("eval_wall_s", ("knn/seconds", "linear/seconds")),
     ("eval_cpu_s", ("knn/cpu_s", "linear/cpu_s")),
-    ("other_wall_s", ("mi/seconds",)),
+    ("other_wall_s", ("mi/seconds", "baseline/wall_s")),
+    ("other_cpu_s", ("mi/cpu_s", "baseline/cpu_s")),
 )
-WALL, CPU = ("train_wall_s", "eval_wall_s", "other_wall_s"), ("train_cpu_s", "eval_cpu_s")
+WALL, CPU = ("train_wall_s", "eval_wall_s", "other_wall_s"), ("train_cpu_s", "eval_cpu_s", "other_cpu_s")
 
 
 def _sum(df: pd.DataFrame, cols) -> pd.Series:
@@ -59,8 +63,8 @@ def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
     per_section = cost_per_section(per_run)
     out = SectionOutput("cost", "Cost: wall and CPU seconds", "")
     note = (
-        "wall = pretraining (over resumes) + probes; CPU = the same steps' process CPU time, every thread; "
-        "blank: not logged"
+        "wall = pretraining (over resumes) + probes; other = a baseline's whole job, an MI row's training and "
+        "readout; CPU = the same steps' process CPU time, every thread; blank: not logged"
     )
     runs_files = ctx.write_table("cost_runs", "Wall and CPU seconds per run", per_run, note=note)
     files = ctx.write_table("cost_study", "Wall and CPU seconds per section and for the study", per_section, note=note)

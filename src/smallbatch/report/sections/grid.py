@@ -12,15 +12,26 @@ import math
 import numpy as np
 import pandas as pd
 
-from ...losses import loss_rank
+from ...data import display_name as dataset_name
+from ...losses.registry import loss_rank
 from ..aggregate import NO_NUMBER, aggregate_cells, pivot, shown, sort_by_loss
 from ..context import ReportContext, SectionOutput
 from ..fmt import signed, slug
-from ..runs import METRIC_LABELS, METRICS, select_cells
+from ..runs import METRIC_LABELS, METRICS, optimiser_steps, select_cells
 from ..tables import markdown_table
 from .baselines import best_baseline_values, best_baselines
 from .grid_figures import FIGURES
-from .grid_findings import HIDDEN, baseline_finding, dependence, dependence_display, dependence_finding
+from .grid_findings import (
+    HIDDEN,
+    POOLED_NOTE,
+    baseline_finding,
+    batch_finding,
+    budget,
+    dependence,
+    dependence_display,
+    pooled_changes,
+    pooled_display,
+)
 
 KEYS = ["dataset", "temperature", "loss", "label", "batch_size"]
 _TIDY = [
@@ -131,14 +142,32 @@ def _metric_tables(
     return f1 + f2 + f3 + f5, md
 
 
-def _seed_note(cells: pd.DataFrame) -> str:
-    seeds = cells.groupby(KEYS, dropna=False)["seed"].nunique()
-    n_lo, n_hi = int(seeds.min()), int(seeds.max())
+def _seed_note(agg: pd.DataFrame) -> str:
+    """The tables' note: over how many seeds a cell's mean is -- those that gave a number
+    (``n_seeds`` of the aggregate), not the runs (a failed run's seed does not enter)."""
+    n_lo, n_hi = int(agg["n_seeds"].min()), int(agg["n_seeds"].max())
     n_seeds = f"{n_lo} seed{'s' if n_lo != 1 else ''}" if n_lo == n_hi else f"{n_lo}–{n_hi} seeds"
     return (
-        f"mean ± sample std (ddof=1) over seeds ({n_seeds} per cell); "
+        f"mean ± sample std (ddof=1) over the seeds that gave a number ({n_seeds} per cell); "
         "'—' = one seed; diverged/failed runs give no number; 'pending' = not evaluated yet"
     )
+
+
+def _pooled_table(pool: pd.DataFrame, ds: str, ctx: ReportContext) -> tuple[list, str]:
+    """The dataset's pooled batch-size changes (one row per metric and τ); (files, the index.md paragraph)."""
+    p = pool[pool["dataset"] == ds] if len(pool) else pool
+    if p.empty:
+        return [], ""
+    shown_ = pooled_display(p)
+    files = ctx.write_table(
+        f"grid_pooled_{slug(ds)}",
+        f"{dataset_name(ds)}: small − large batch pooled over the losses",
+        p.drop(columns=[c for c in HIDDEN if c in p]),
+        [(None, shown_)],
+        note=POOLED_NOTE,
+    )
+    md = f"**Pooled over the losses** ({ctx.table_links(files)}): {POOLED_NOTE}.\n\n" + markdown_table(shown_)
+    return files, md
 
 
 def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
@@ -157,22 +186,27 @@ def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
         ),
         best,
     )
-    dep = dependence(agg)
-    seed_note = _seed_note(cells)
+    dep = dependence(agg, budget(cells, optimiser_steps(cells)))
+    pool = pooled_changes(dep)
+    seed_note = _seed_note(agg)
     md = [f"{len(cells)} runs, {len(agg) // max(len(METRICS), 1)} cells. Top-1 in percent, {seed_note}.\n"]
     figs_md = []
     for ds in sorted(agg["dataset"].unique()):
-        md.append(f"### {ds}\n")
+        md.append(f"### {dataset_name(ds)}\n")
+        a_ds = agg[agg["dataset"] == ds]
+        out.findings += [batch_finding(dep, pool, ds, t) for t in sorted(a_ds["temperature"].unique())]
         for m in METRICS:
-            a = agg[(agg["dataset"] == ds) & (agg["metric"] == m)]
+            a = a_ds[a_ds["metric"] == m]
             if a.empty:
                 continue
             d = dep[(dep["dataset"] == ds) & (dep["metric"] == m)]
-            files, text = _metric_tables(a, d, best, ds, m, ctx, seed_note)
+            files, text = _metric_tables(a, d, best, ds, m, ctx, _seed_note(a))
             out.files += files
             md += [text, markdown_table(dependence_display(d))]
-            out.findings += [dependence_finding(dep, ds, m, t) for t in sorted(a["temperature"].unique())]
             out.findings.append(baseline_finding(a, best, ds, m, base_values.get((ds, m))))
+        files, text = _pooled_table(pool, ds, ctx)
+        out.files += files
+        md += [text] if text else []
         for fig in FIGURES:
             files, text = fig(cells[cells["dataset"] == ds], agg[agg["dataset"] == ds], ds, ctx)
             out.files += files

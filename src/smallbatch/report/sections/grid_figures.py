@@ -10,25 +10,30 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from ...losses import display_name
+from ...data import display_name as dataset_name
+from ...losses.registry import display_name
 from ...tracking import BAD_STATUSES
 from ..aggregate import label_order
 from ..context import ReportContext
 from ..figures import (
+    PAPER_RC,
+    SEEDS_MEANING,
     accuracy_long,
     baseline_lines,
     batch_order,
     binned,
+    bottom_legend,
     draw_seeds,
     history,
     loss_palette,
     mark_bad,
+    paper_figure,
     plot_style,
-    shared_legend,
+    seed_handles,
     y_range,
 )
 from ..fmt import short, slug
-from ..runs import METRIC_LABELS, METRICS, param_num
+from ..runs import METRIC_LABELS, METRICS, optimiser_steps
 from .baselines import baseline_table
 
 #: the losses each diagnostic figure draws (the DCL paper's Figure 1 is about SimCLR/InfoNCE's q_B)
@@ -46,116 +51,146 @@ def _baselines(ctx: ReportContext, ds: str) -> dict[str, dict[str, float]]:
     return {METRIC_LABELS.get(m, m): dict(zip(g["baseline"], g["mean"].astype(float))) for m, g in t.groupby("metric")}
 
 
-def _facets(plt, nrow: int, ncol: int, extra_w: float = 0.3):
-    """A figure sized to its panels (3.2 × 2.6 in each) plus a legend column on the right."""
-    fig, axes = plt.subplots(nrow, ncol, figsize=(3.2 * ncol + extra_w, 2.6 * nrow + 0.5), squeeze=False, sharex="col")
-    return fig, axes
-
-
 def _log2_axis(ax, ticks: Sequence[int]) -> None:
     ax.set_xscale("log", base=2)
     ax.set_xticks(list(ticks))
-    ax.set_xticklabels([f"{t:,}" if t < 10_000 else f"{t / 1000:.0f}k" for t in ticks], fontsize=7)
+    ax.set_xticklabels([f"{t:,}" if t < 10_000 else f"{t / 1000:.0f}k" for t in ticks])
     ax.minorticks_off()
 
 
+def _steps_axis(ax, steps: dict[int, float]) -> None:
+    """The optimiser steps each batch size took, on a second x axis at the top (at a fixed number of
+    epochs the batch axis is also a steps axis)."""
+    top = ax.secondary_xaxis("top")
+    top.set_xticks(list(steps), labels=[f"{int(v):,}" for v in steps.values()])
+    top.tick_params(axis="x", which="minor", top=False, labeltop=False)
+    top.set_xlabel("optimiser steps")
+
+
+def _batch_steps(cells: pd.DataFrame) -> dict[int, float]:
+    """{batch size: optimiser steps} when every run of a batch size took the same number (else {})."""
+    steps = optimiser_steps(cells)
+    per = pd.DataFrame({"b": cells["batch_size"].astype(int), "s": steps}).dropna().groupby("b")["s"]
+    if per.ngroups == 0 or (per.nunique() > 1).any() or per.ngroups < cells["batch_size"].nunique():
+        return {}
+    return {int(b): float(v) for b, v in per.first().items()}
+
+
+def _common_span(limits: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Every panel's limits widened about its centre to the widest span: a point looks the same size in each."""
+    span = max(hi - lo for lo, hi in limits)
+    return [((lo + hi) / 2 - span / 2, (lo + hi) / 2 + span / 2) for lo, hi in limits]
+
+
 def accuracy_figure(cells: pd.DataFrame, agg: pd.DataFrame, ds: str, ctx: ReportContext) -> Figure:
-    """Top-1 vs batch size per loss: seeds as points beside each mean, the mean's 95 % t interval, the baselines
-    as reference lines; one column per τ, one row per metric; ▽ where no seed gave a number."""
+    """Top-1 vs batch size per loss, one column per metric and one row per τ: each seed, the seeds' range and
+    their mean; the baselines as reference lines named in the margin; the optimiser steps on the top axis
+    where every batch size's runs took one number; ▽ where no seed gave a number.  Paper-sized: one column
+    (3.3 in) for one panel, two (6.9 in) for more."""
     data = accuracy_long(cells, ctx.scale, ["batch_size", "temperature", "seed"])
+    name = dataset_name(ds)
     if data.empty:
-        return [], f"_{ds}: no kNN/linear top-1 logged yet; accuracy figure skipped._\n"
-    plt, sns, rc = plot_style()
+        return [], f"_{name}: no kNN/linear top-1 logged yet; accuracy figure skipped._\n"
+    plt, _, rc = plot_style()
     labels, pal = label_order(data), loss_palette(cells)
     metrics = [METRIC_LABELS[m] for m in METRICS if METRIC_LABELS[m] in set(data["metric"])]
     taus = sorted(cells["temperature"].unique())
-    bss, base = sorted(int(b) for b in cells["batch_size"].unique()), _baselines(ctx, ds)
-    with plt.rc_context(rc), sns.axes_style("whitegrid"):
-        fig, axes = _facets(plt, len(metrics), len(taus))
-        for i, m in enumerate(metrics):
-            drawn_row = []
-            for j, t in enumerate(taus):
+    bss, base, steps = sorted(int(b) for b in cells["batch_size"].unique()), _baselines(ctx, ds), _batch_steps(cells)
+    with plt.rc_context({**rc, **PAPER_RC}):
+        fig, axes = paper_figure(plt, len(taus), len(metrics))
+        limits = []
+        for i, t in enumerate(taus):
+            for j, m in enumerate(metrics):
                 ax = axes[i][j]
                 d = data[(data["metric"] == m) & (data["temperature"] == t)]
-                drawn_row += draw_seeds(ax, d, "batch_size", "top-1 (%)", labels, pal)
+                limits.append(y_range(draw_seeds(ax, d, "batch_size", "top-1 (%)", labels, pal), min_span=1.5))
                 _log2_axis(ax, bss)
-                ax.set_xlim(bss[0] / 1.4, bss[-1] * 1.4)
-                ax.set_title(f"{m}, τ = {short(t)}", fontsize=9)
-                ax.set_xlabel("batch size" if i == len(metrics) - 1 else "")
+                ax.set_xlim(bss[0] / 1.5, bss[-1] * 1.5)
+                ax.set_title(f"{m}" + (f", τ = {short(t)}" if len(taus) > 1 else ""))
+                ax.set_xlabel("batch size" if i == len(taus) - 1 else "")
                 ax.set_ylabel("top-1 (%)" if j == 0 else "")
-            for j, t in enumerate(taus):
-                ax = axes[i][j]
-                ax.set_ylim(*y_range(drawn_row))
-                baseline_lines(ax, base.get(m, {}))
-                for _, r in agg[
-                    agg["state"].isin(BAD_STATUSES)
-                    & (agg["temperature"] == t)
-                    & (agg["metric"].map(METRIC_LABELS) == m)
-                ].iterrows():
-                    mark_bad(ax, [int(r["batch_size"])], pal.get(r["label"], "k"))
-        shared_legend(fig, axes, "loss")
-        fig.suptitle(f"{ds}: top-1 vs batch size", fontsize=11)
-        fig.tight_layout(rect=(0, 0, 1, 0.97))
-        files = ctx.save_figure(fig, f"accuracy_vs_batch_{slug(ds)}")
-    bad = "; ▽ on the x axis: no seed gave a number" if agg["state"].isin(BAD_STATUSES).any() else ""
-    return files, (
-        f"**{ds}: accuracy vs batch size** (points: seeds; line: mean with its 95 % t interval; grey "
-        f"lines: baselines, named at the edge when outside the range{bad})\n\n"
-        + ctx.figure_md(files, f"{ds} accuracy vs batch size")
-    )
-
-
-def _budget(cells: pd.DataFrame) -> pd.DataFrame:
-    """Each run's optimiser steps (``train/steps`` if logged, else epochs × ⌈images / B⌉) and images seen."""
-    b = cells["batch_size"].astype(float)
-    logged = cells.get("metrics.train/steps", pd.Series(np.nan, index=cells.index)).astype(float)
-    ep, n = param_num(cells, "epochs"), param_num(cells, "pretrain_images")
-    steps = logged.where(np.isfinite(logged), ep * np.ceil(n / b))
-    return cells.assign(steps=steps, images=steps * b)
-
-
-def steps_figure(cells: pd.DataFrame, agg: pd.DataFrame, ds: str, ctx: ReportContext) -> Figure:
-    """Top-1 against optimiser steps (the batch axis's confound): at a fixed number of epochs every batch size
-    sees the same images, and a small batch takes more steps for them."""
-    cells = _budget(cells)
-    cells = cells[np.isfinite(cells["steps"]) & (cells["steps"] > 0)]
-    data = (
-        accuracy_long(cells, ctx.scale, ["batch_size", "temperature", "seed", "steps", "images"])
-        if len(cells)
-        else pd.DataFrame()
-    )
-    if data.empty:
-        return (
-            [],
-            f"_{ds}: no run logs its steps (train/steps, or epochs and pretrain_images); steps figure skipped._\n",
-        )
-    t = data["temperature"].value_counts().sort_index().idxmax()
-    data = data[data["temperature"] == t]
-    plt, sns, rc = plot_style()
-    labels, pal = label_order(data), loss_palette(cells)
-    metrics = [METRIC_LABELS[m] for m in METRICS if METRIC_LABELS[m] in set(data["metric"])]
-    base = _baselines(ctx, ds)
-    with plt.rc_context(rc), sns.axes_style("whitegrid"):
-        fig, axes = _facets(plt, 1, len(metrics))
-        for j, m in enumerate(metrics):
-            ax, d = axes[0][j], data[data["metric"] == m]
-            ax.set_ylim(*y_range(draw_seeds(ax, d, "steps", "top-1 (%)", labels, pal)))
-            _log2_axis(ax, sorted({int(v) for v in d["steps"].unique()}))
-            ax.tick_params(axis="x", labelrotation=45)
+                if i == 0 and steps:
+                    _steps_axis(ax, steps)
+        for ax, lim, (t, m) in zip(axes.flat, _common_span(limits), [(t, m) for t in taus for m in metrics]):
+            ax.set_ylim(*lim)
+            for _, r in agg[
+                agg["state"].isin(BAD_STATUSES) & (agg["temperature"] == t) & (agg["metric"].map(METRIC_LABELS) == m)
+            ].iterrows():
+                mark_bad(ax, [int(r["batch_size"])], pal.get(r["label"], "k"))
+        bottom_legend(fig, axes, seed_handles())
+        fig.suptitle(f"{name}: top-1 against batch size" + (f" (τ = {short(taus[0])})" if len(taus) == 1 else ""))
+        for ax, m in zip(axes.flat, [m for _ in taus for m in metrics]):
             baseline_lines(ax, base.get(m, {}))
-            ax.set_title(m, fontsize=9)
-            ax.set_xlabel("optimiser steps (log scale)")
-            ax.set_ylabel("top-1 (%)" if j == 0 else "")
-        shared_legend(fig, axes, "loss")
-        fig.suptitle(f"{ds}: top-1 vs optimiser steps (τ = {short(t)})", fontsize=11)
-        fig.tight_layout(rect=(0, 0, 1, 0.95))
-        files = ctx.save_figure(fig, f"accuracy_vs_steps_{slug(ds)}")
-    seen = ", ".join(f"{lab} {int(v):,}" for lab, v in data.groupby("label", sort=False)["images"].median().items())
+        files = ctx.save_figure(fig, f"accuracy_vs_batch_{slug(ds)}", exact=True)
+    return files, f"**{name}: accuracy against batch size** ({_caption(cells, agg, steps)})\n\n" + ctx.figure_md(
+        files, f"{name} accuracy vs batch size"
+    )
+
+
+def _caption(cells: pd.DataFrame, agg: pd.DataFrame, steps: dict[int, float]) -> str:
+    n = cells.groupby(["label", "batch_size", "temperature"])["seed"].nunique()
+    seeds = f"{int(n.min())}" if n.min() == n.max() else f"{int(n.min())}–{int(n.max())}"
+    why = "with two seeds a 95 % t interval is 12.7 times half their difference; " if n.max() == 2 else ""
+    parts = [
+        f"{seeds} seeds per cell; {SEEDS_MEANING}; no interval is drawn ({why}the findings state each change "
+        "with its test)",
+        "grey lines: the baselines, named at the right; ↑/↓: a baseline above/below the range shown",
+    ]
+    if steps:
+        b0, b1 = min(steps), max(steps)
+        parts.append(
+            f"top axis: the optimiser steps each batch size took (batch {b0} took {steps[b0] / steps[b1]:.1f}× "
+            f"those of batch {b1})"
+        )
+    if agg["state"].isin(BAD_STATUSES).any():
+        parts.append("▽ on the x axis: no seed gave a number")
+    return "; ".join(parts)
+
+
+#: the monitor's held-out kNN top-1 (:mod:`smallbatch.evaluation.monitor`), logged at the optimiser step
+MONITOR_KEY = "monitor/knn_top1"
+
+
+def learning_curve_figure(cells: pd.DataFrame, agg: pd.DataFrame, ds: str, ctx: ReportContext) -> Figure:
+    """The kNN monitor's top-1 against images seen, one panel per loss and one colour per batch size (each
+    seed thin, their mean with markers): at equal images seen a smaller batch has taken more optimiser
+    steps, so this separates what the images give from what the steps give.  Drawn where runs log the
+    monitor (``eval.monitor_every``); at the most common τ."""
+    name = dataset_name(ds)
+    h = history(cells, MONITOR_KEY, ctx, ["label", "loss", "batch_size", "temperature", "seed"])
+    if h.empty:
+        return [], (
+            f"_{name}: no run logged the kNN monitor (`{MONITOR_KEY}`, switched on by `eval.monitor_every`); "
+            "the figure of accuracy against images seen is skipped._\n"
+        )
+    t = h["temperature"].value_counts().sort_index().idxmax()
+    h = h[h["temperature"] == t].assign(images=lambda f: f["step"].astype(float) * f["batch_size"].astype(float))
+    labels, border = label_order(h), batch_order(h)
+    plt, sns, rc = plot_style()
+    pal = dict(zip(border, sns.color_palette("viridis", len(border))))
+    ncol = min(len(labels), 3)
+    with plt.rc_context({**rc, **PAPER_RC}):
+        fig, axes = paper_figure(plt, -(-len(labels) // ncol), ncol, row_height=1.9)
+        for ax in axes.flat[len(labels) :]:
+            ax.set_visible(False)
+        for ax, lab in zip(axes.flat, labels):
+            g = h[h["label"] == lab]
+            for b in border:
+                gb = g[g["batch_size"].astype(int).astype(str) == b]
+                for _, run in gb.groupby("run_id"):
+                    ax.plot(run["images"] / 1000, run["value"], color=pal[b], lw=0.6, alpha=0.45)
+                mean = gb.groupby("images")["value"].mean()
+                ax.plot(mean.index / 1000, mean.to_numpy(), "-o", color=pal[b], lw=1.4, ms=3, label=f"B = {b}")
+            ax.set_title(lab)
+            ax.set_xlabel("images seen (thousands)")
+            ax.set_ylabel("monitor kNN top-1 (%)" if ax in axes[:, 0] else "")
+        bottom_legend(fig, axes, ncol=len(border))
+        fig.suptitle(f"{name}: held-out kNN top-1 during training (τ = {short(t)})")
+        files = ctx.save_figure(fig, f"accuracy_vs_images_{slug(ds)}", exact=True)
     return files, (
-        f"**{ds}: accuracy vs optimiser steps** (τ = {short(t)}; the largest batch size takes the fewest "
-        "steps; at a fixed number of epochs every batch size sees the same images — images seen per run: "
-        f"{seen}; points: seeds, line: mean with its 95 % t interval)\n\n"
-        + ctx.figure_md(files, f"{ds} accuracy vs steps")
+        f"**{name}: accuracy against images seen** (τ = {short(t)}; the kNN monitor's top-1 on held-out training "
+        "images, never the test split; thin: each seed, markers: their mean; at equal images seen batch B has "
+        "taken 1/B of the optimiser steps per image)\n\n" + ctx.figure_md(files, f"{name} accuracy vs images seen")
     )
 
 
@@ -167,7 +202,7 @@ def _diagnostic(cells: pd.DataFrame, key: str, ctx: ReportContext, losses: Seque
 
 def _missing(ds: str, what: str, key: str, losses: Sequence[str]) -> Figure:
     names = ", ".join(display_name(x) for x in losses)
-    return [], f"_{ds}: no `{key}` history for {names} runs; {what} figure skipped._\n"
+    return [], f"_{dataset_name(ds)}: no `{key}` history for {names} runs; {what} figure skipped._\n"
 
 
 def _tau_order(h: pd.DataFrame) -> list[str]:
@@ -226,11 +261,11 @@ def mi_fraction_figure(cells: pd.DataFrame, agg: pd.DataFrame, ds: str, ctx: Rep
         g, _ = _over_training(sns, h, "MI estimate / log(K+1)")
         for ax in g.axes.flat:
             ax.axhline(1.0, ls="--", lw=1, color="grey")
-        g.figure.suptitle(f"{ds}: InfoNCE's MI estimate as a fraction of its ceiling log(K+1)", y=1.02)
+        g.figure.suptitle(f"{dataset_name(ds)}: InfoNCE's MI estimate as a fraction of its ceiling log(K+1)", y=1.02)
         files = ctx.save_figure(g.figure, f"mi_fraction_{slug(ds)}")
     return files, (
-        f"**{ds}: InfoNCE's MI bound saturation** (`{key}` over training, one colour per batch size; "
-        "thin: each seed, thick: their mean)\n\n" + ctx.figure_md(files, f"{ds} MI fraction")
+        f"**{dataset_name(ds)}: InfoNCE's MI bound saturation** (`{key}` over training, one colour per batch size; "
+        "thin: each seed, thick: their mean)\n\n" + ctx.figure_md(files, f"{dataset_name(ds)} MI fraction")
     )
 
 
@@ -263,11 +298,13 @@ def qb_figure(cells: pd.DataFrame, agg: pd.DataFrame, ds: str, ctx: ReportContex
         )
         g.set_titles("{row_name} | τ = {col_name}")
         g.set_axis_labels("batch size", "q_B (mean over the batch)")
-        g.figure.suptitle(f"{ds}: distribution of q_B over the second half of training (DCL, Fig. 1)", y=1.02)
+        g.figure.suptitle(
+            f"{dataset_name(ds)}: distribution of q_B over the second half of training (DCL, Fig. 1)", y=1.02
+        )
         files = ctx.save_figure(g.figure, f"qb_{slug(ds)}")
     return files, (
-        f"**{ds}: q_B per batch size** (`{key}` logged over the second half of training, all seeds; "
-        "the negative-positive coupling DCL removes)\n\n" + ctx.figure_md(files, f"{ds} q_B")
+        f"**{dataset_name(ds)}: q_B per batch size** (`{key}` logged over the second half of training, all seeds; "
+        "the negative-positive coupling DCL removes)\n\n" + ctx.figure_md(files, f"{dataset_name(ds)} q_B")
     )
 
 
@@ -283,14 +320,16 @@ def ess_figure(cells: pd.DataFrame, agg: pd.DataFrame, ds: str, ctx: ReportConte
         if (v > 0).all() and v.max() / v.min() > 20:
             for ax in g.axes.flat:
                 ax.set_yscale("log")
-        g.figure.suptitle(f"{ds}: normalised effective sample size of the softmax weights over negatives", y=1.02)
+        g.figure.suptitle(
+            f"{dataset_name(ds)}: normalised effective sample size of the softmax weights over negatives", y=1.02
+        )
         files = ctx.save_figure(g.figure, f"ess_{slug(ds)}")
     return files, (
-        f"**{ds}: ESS over training** (`{key}`, "
+        f"**{dataset_name(ds)}: ESS over training** (`{key}`, "
         + ", ".join(display_name(x) for x in ESS_LOSSES)
         + ", one colour per batch size; thin: each seed, thick: their mean)\n\n"
-        + ctx.figure_md(files, f"{ds} ESS")
+        + ctx.figure_md(files, f"{dataset_name(ds)} ESS")
     )
 
 
-FIGURES = (accuracy_figure, steps_figure, mi_fraction_figure, qb_figure, ess_figure)
+FIGURES = (accuracy_figure, learning_curve_figure, mi_fraction_figure, qb_figure, ess_figure)

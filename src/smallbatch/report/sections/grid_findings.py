@@ -8,8 +8,11 @@ seed (:mod:`.evidence`: paired t, Holm over the losses of one dataset, metric
 and τ).  A loss's batch-size dependence is the size of that change; a ranking
 of losses is stated only where the difference of two losses' changes is
 significant (paired t, Holm over every pair), else they are called
-indistinguishable with the minimum detectable effect.  Every number in a
-sentence comes from these tables.
+indistinguishable with the minimum detectable effect.  ``pooled_changes`` pools the
+losses' changes of one dataset, metric and τ in a model with loss and seed effects
+(:func:`.evidence.pooled_difference`, Holm over the metrics and τs of a dataset), which
+sees a shared pattern that a 2-seed test per loss cannot.  Every number in a sentence
+comes from these tables.
 """
 
 from __future__ import annotations
@@ -20,12 +23,17 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ...losses import loss_rank
+from ...data import display_name as dataset_name
+from ...losses.registry import loss_rank
 from ...tracking import BAD_STATUSES
 from ..aggregate import NO_NUMBER
-from ..evidence import Estimate, contrast, describe, holm, p_text
+from ..evidence import POOLED_ASSUMPTIONS, Estimate, contrast, describe, holm, p_text, pooled_difference
 from ..fmt import finite, num, short, signed
-from ..runs import METRIC_LABELS
+from ..runs import METRIC_LABELS, METRICS
+from ..tables import markdown_table
+
+#: {(dataset, τ, loss label, batch size): (optimiser steps, epochs)} of the grid's runs (medians over seeds)
+Budget = dict
 
 
 def _at(g: pd.DataFrame, b: Any, tag: str) -> dict[str, Any]:
@@ -48,9 +56,23 @@ def _at(g: pd.DataFrame, b: Any, tag: str) -> dict[str, Any]:
     }
 
 
-def dependence(agg: pd.DataFrame) -> pd.DataFrame:
-    """Per (dataset, metric, temperature, label): best batch size, drops, small-vs-large gap."""
-    rows = []
+def budget(cells: pd.DataFrame, steps: pd.Series) -> Budget:
+    """:data:`Budget` of the grid's runs: the median optimiser steps and epochs over a cell's seeds."""
+    from ..runs import param_num
+
+    b = cells.assign(_steps=steps.to_numpy(), _epochs=param_num(cells, "epochs").to_numpy())
+    keys = ["dataset", "temperature", "label", "batch_size"]
+    med = b.groupby(keys, dropna=False)[["_steps", "_epochs"]].median()
+    return {
+        (ds, float(t), lab, int(bs)): (float(r["_steps"]), float(r["_epochs"]))
+        for (ds, t, lab, bs), r in med.iterrows()
+    }
+
+
+def dependence(agg: pd.DataFrame, spent: Budget | None = None) -> pd.DataFrame:
+    """Per (dataset, metric, temperature, label): best batch size, drops, small-vs-large gap, and the
+    optimiser steps at the smallest and largest batch size (``spent``, NaN where unknown)."""
+    rows, spent = [], spent or {}
     for (ds, m, t, lab), g in agg.groupby(["dataset", "metric", "temperature", "label"], sort=False):
         bss_all = sorted(agg[(agg["dataset"] == ds) & (agg["temperature"] == t)]["batch_size"].unique())
         g = g.set_index("batch_size")
@@ -73,6 +95,8 @@ def dependence(agg: pd.DataFrame) -> pd.DataFrame:
         row["smallest_batch_size"], row["largest_batch_size"] = bmin, bmax
         row.update(_at(g, bmin, "smallest"))
         row.update(_at(g, bmax, "largest"))
+        for tag, b in (("smallest", bmin), ("largest", bmax)):
+            row[f"steps_{tag}"], row[f"epochs_{tag}"] = spent.get((ds, float(t), lab, int(b)), (math.nan, math.nan))
         row["drop_at_smallest"] = row.get(f"drop_bs{bmin}", math.nan)
         e = change(row) if bmax != bmin else Estimate(diff=math.nan)
         row.update(_estimate_columns(e))
@@ -219,35 +243,200 @@ def _ranking(ranked: list, bad: list, bmin: int, bmax: int) -> list[str]:
     ]
 
 
-def dependence_finding(dep: pd.DataFrame, ds: str, m: str, t: float) -> str:
-    """One paragraph for (dataset, metric, τ): small − large per loss with its test (Holm over the
-    losses), and which loss depends most and least on batch size where a test separates them."""
-    d = dep[(dep["dataset"] == ds) & (dep["metric"] == m) & (dep["temperature"] == t)]
-    if d.empty:
-        return ""
-    bmin, bmax = int(d["smallest_batch_size"].iloc[0]), int(d["largest_batch_size"].iloc[0])
-    head = f"On {ds} at τ={short(t)} ({METRIC_LABELS.get(m, m)})"
-    if bmin == bmax:
-        return f"{head}: only batch size {bmin} was run, so batch-size dependence cannot be measured."
+def _rankable(d: pd.DataFrame) -> tuple[list, list, list]:
+    """The rows of one setting with a change (rankable), with every seed bad at the small batch, and the rest."""
     rankable, bad, missing = [], [], []
     for _, r in d.iterrows():
         if finite(r["estimate"].diff):
             rankable.append(r)
         else:
             (bad if r["state_smallest"] in BAD_STATUSES else missing).append(r)
-    s = [
-        head + f", Δ = top-1 at batch {bmin} − at batch {bmax} (points; 95 % paired-t interval over seeds, "
-        "p Holm-adjusted over the losses):"
-    ]
-    if rankable:
-        s.append("; ".join(describe(r["estimate"], r["label"]) for r in rankable) + ".")
-    s += [f"{r['label']} {r['state_smallest']} at batch {bmin} (all seeds)." for r in bad]
+    return rankable, bad, missing
+
+
+def dependence_finding(dep: pd.DataFrame, ds: str, m: str, t: float) -> str:
+    """Which loss depends most and least on batch size at (dataset, metric, τ), stated only where a test
+    separates them (the changes themselves are in :func:`batch_finding`'s table); '' when only one batch
+    size was run."""
+    d = dep[(dep["dataset"] == ds) & (dep["metric"] == m) & (dep["temperature"] == t)]
+    if d.empty or int(d["smallest_batch_size"].iloc[0]) == int(d["largest_batch_size"].iloc[0]):
+        return ""
+    bmin, bmax = int(d["smallest_batch_size"].iloc[0]), int(d["largest_batch_size"].iloc[0])
+    rankable, bad, missing = _rankable(d)
+    s = [f"{r['label']} {r['state_smallest']} at batch {bmin} (all seeds)." for r in bad]
     s += [
         f"{r['label']} is left out of the ranking (batch {bmin}: {r['state_smallest']}, "
         f"batch {bmax}: {r['state_largest']})."
         for r in missing
     ]
-    return " ".join(s + _ranking(rankable, bad, bmin, bmax))
+    return f"{METRIC_LABELS.get(m, m)}: " + " ".join(s + _ranking(rankable, bad, bmin, bmax))
+
+
+# --------------------------------------------------------------------------- pooled over losses
+#: the pooled table's columns beyond an estimate's
+POOLED_KEYS = ["dataset", "metric", "temperature", "smallest_batch_size", "largest_batch_size", "losses", "left_out"]
+
+
+_BUDGET = ("steps_smallest", "steps_largest", "epochs_smallest", "epochs_largest")
+
+
+def _common_budget(rows: list) -> dict:
+    """The steps and epochs at either end that most of ``rows`` share, and how many share them (``budget_losses``)."""
+    seen: dict = {}
+    for r in rows:
+        key = tuple(float(r.get(k, math.nan)) for k in _BUDGET)
+        if all(finite(v) for v in key):
+            seen[key] = seen.get(key, 0) + 1
+    if not seen:
+        return {**dict.fromkeys(_BUDGET, math.nan), "budget_losses": 0}
+    key = max(seen, key=lambda k: (seen[k], k))
+    return {**dict(zip(_BUDGET, key)), "budget_losses": seen[key]}
+
+
+def pooled_changes(dep: pd.DataFrame) -> pd.DataFrame:
+    """One row per dataset x metric x τ with two batch sizes: small − large pooled over the losses with a change
+    (:func:`.evidence.pooled_difference`), Holm over the metrics and τs of a dataset; the optimiser steps of
+    the pooled losses at either end (a single value where they agree, else NaN)."""
+    rows = []
+    for (ds, m, t), d in dep.groupby(["dataset", "metric", "temperature"], sort=False):
+        bmin, bmax = int(d["smallest_batch_size"].iloc[0]), int(d["largest_batch_size"].iloc[0])
+        if bmin == bmax:
+            continue
+        ok, bad, missing = _rankable(d)
+        e = pooled_difference({r["label"]: (r["values_smallest"], r["values_largest"]) for r in ok})
+        row = dict(zip(POOLED_KEYS, (ds, m, t, bmin, bmax, len(ok), ", ".join(r["label"] for r in bad + missing))))
+        row.update(_common_budget(ok))
+        rows.append({**row, **_estimate_columns(e), "df": e.df})
+    out = pd.DataFrame(rows)
+    if out.empty:
+        return out
+    for _, g in out.groupby("dataset", sort=False):
+        for i, e in zip(g.index, holm(g["estimate"])):
+            for k, v in _estimate_columns(e).items():
+                out.at[i, k] = v
+    return out
+
+
+def pooled_display(pool: pd.DataFrame) -> pd.DataFrame:
+    """The pooled table for reading: one row per metric and τ."""
+    rows = []
+    for _, r in pool.iterrows():
+        e = r["estimate"]
+        rows.append(
+            {
+                "metric": METRIC_LABELS.get(r["metric"], r["metric"]),
+                "τ": r["temperature"],
+                "B small→large": f"{int(r['smallest_batch_size'])}→{int(r['largest_batch_size'])}",
+                "losses": int(r["losses"]),
+                "pairs": int(e.n),
+                "Δ small − large": signed(e.diff, 2),
+                "95 % CI": f"[{signed(e.lo, 2)}, {signed(e.hi, 2)}]" if e.tested else "untested",
+                "df": "" if not finite(e.df) else f"{e.df:g}",
+                "Holm p": p_text(e.p_adj) if e.tested else "",
+                "MDE (80 %)": num(e.mde, 2) if finite(e.mde) else "",
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+#: how the pooled test is described under the table (its assumptions)
+POOLED_NOTE = (
+    "pooled Δ = mean over the losses of small − large, from " + POOLED_ASSUMPTIONS + "; Holm over the metrics and "
+    "temperatures of the dataset; losses without a value at both batch sizes are left out"
+)
+
+
+def _interval_cell(e: Estimate, state: str) -> tuple[str, str]:
+    """(Δ [lo, hi], Holm p) of one loss for the finding's table; the state where there is no number."""
+    if not finite(e.diff):
+        return (state if state in NO_NUMBER else "—"), ""
+    if not e.tested:
+        return f"{signed(e.diff)} (untested)", ""
+    return f"{signed(e.diff)} [{signed(e.lo)}, {signed(e.hi)}]", p_text(e.p_adj)
+
+
+def _finding_table(dep: pd.DataFrame, pool: pd.DataFrame, metrics: list[str]) -> pd.DataFrame:
+    """Loss rows × (Δ [95 % CI], Holm p) per metric, then the pooled row."""
+    labels = list(dict.fromkeys(dep["label"]))
+    rows = []
+    for lab in labels:
+        row = {"loss": lab}
+        for m in metrics:
+            r = dep[(dep["label"] == lab) & (dep["metric"] == m)]
+            cell = ("—", "") if r.empty else _interval_cell(r["estimate"].iloc[0], str(r["state_smallest"].iloc[0]))
+            row[f"{METRIC_LABELS[m]}: Δ [95 % CI]"], row[f"{METRIC_LABELS[m]}: Holm p"] = cell
+        rows.append(row)
+    row = {"loss": "pooled (loss + seed model)"}
+    for m in metrics:
+        r = pool[pool["metric"] == m]
+        cell = ("—", "") if r.empty else _interval_cell(r["estimate"].iloc[0], "")
+        row[f"{METRIC_LABELS[m]}: Δ [95 % CI]"], row[f"{METRIC_LABELS[m]}: Holm p"] = cell
+    return pd.DataFrame([*rows, row])
+
+
+def _steps_clause(pool: pd.DataFrame, bmin: int, bmax: int) -> str:
+    """'at a fixed 3 epochs batch 16 took 15.6× the optimiser steps of batch 256 (1,875 against 120)', or ''."""
+    r = pool.iloc[0]
+    small, large, ep_s, ep_l = (r[k] for k in _BUDGET)
+    if not (finite(small) and finite(large) and large > 0):
+        return ""
+    at = f"at a fixed {short(ep_s)} epochs " if ep_s == ep_l else ""
+    some = (
+        ""
+        if r["budget_losses"] == r["losses"]
+        else f" (for {int(r['budget_losses'])} of the {int(r['losses'])} losses)"
+    )
+    return (
+        f"{at}batch {bmin} took {small / large:.1f}× the optimiser steps of batch {bmax} "
+        f"({int(small):,} against {int(large):,}){some}, so the difference is one of steps as much as of batch size"
+    )
+
+
+def _pooled_clause(pool: pd.DataFrame, metrics: list[str], bmin: int) -> str:
+    """'+0.33 [+0.24, +0.42] (loss + seed model, …) by kNN top-1, batch 16 ahead, and …'"""
+    parts = []
+    for m in metrics:
+        r = pool[pool["metric"] == m]
+        if r.empty:
+            continue
+        e = r["estimate"].iloc[0]
+        verdict = (
+            (f", batch {bmin} ahead" if e.diff > 0 else f", batch {bmin} behind")
+            if e.significant
+            else (", within noise" if e.tested else "")
+        )
+        parts.append(f"{describe(e, nd=2)} by {METRIC_LABELS[m]}{verdict}")
+    return ", and ".join(parts)
+
+
+def batch_finding(dep: pd.DataFrame, pool: pd.DataFrame, ds: str, t: float) -> str:
+    """The grid's batch-size finding for (dataset, τ): one sentence of conclusion (the change pooled over the
+    losses, per metric, and the optimiser steps the two batch sizes took), the table of every loss's change
+    with its interval, and the ranking of the losses per metric where a test allows one."""
+    d = dep[(dep["dataset"] == ds) & (dep["temperature"] == t)]
+    if d.empty:
+        return ""
+    bmin, bmax = int(d["smallest_batch_size"].iloc[0]), int(d["largest_batch_size"].iloc[0])
+    head = f"On {dataset_name(ds)} at τ = {short(t)}"
+    if bmin == bmax:
+        return f"{head} only batch size {bmin} was run, so batch-size dependence cannot be measured."
+    pool = pool[(pool["dataset"] == ds) & (pool["temperature"] == t)] if len(pool) else pool
+    metrics = [m for m in METRICS if m in set(d["metric"])]
+    n = int(pool["losses"].max()) if len(pool) else 0
+    steps = _steps_clause(pool, bmin, bmax) if len(pool) else ""
+    sentence = (
+        f"{head}, pooled over {n} loss{'es' if n != 1 else ''}, batch {bmin} − batch {bmax} = "
+        + _pooled_clause(pool, metrics, bmin)
+        + (f"; {steps}" if steps else "")
+        + "."
+    )
+    note = (
+        f"Δ = top-1 at batch {bmin} − at batch {bmax} (points), 95 % paired-t interval over seeds, p Holm-adjusted "
+        "over the losses; the pooled row fits the loss × seed differences with loss and seed effects "
+        "(its assumptions: Main grid)."
+    )
+    ranking = [x for x in (dependence_finding(dep, ds, m, t) for m in metrics) if x]
+    return "\n\n".join([sentence, markdown_table(_finding_table(d, pool, metrics)).rstrip("\n"), note, *ranking])
 
 
 def baseline_finding(agg: pd.DataFrame, best: dict, ds: str, m: str, base_values: dict | None = None) -> str:
@@ -256,7 +445,9 @@ def baseline_finding(agg: pd.DataFrame, best: dict, ds: str, m: str, base_values
     a = agg[(agg["dataset"] == ds) & (agg["metric"] == m)]
     mlabel = METRIC_LABELS.get(m, m)
     if (ds, m) not in best:
-        return f"On {ds} there is no baseline with a {mlabel}, so the pretraining gain cannot be computed."
+        return (
+            f"On {dataset_name(ds)} there is no baseline with a {mlabel}, so the pretraining gain cannot be computed."
+        )
     name, val = best[(ds, m)]
     base = dict(base_values or {})
     const = len(base) < 2
@@ -274,7 +465,7 @@ def baseline_finding(agg: pd.DataFrame, best: dict, ds: str, m: str, base_values
     how = "one-sample t against its one value" if const else "paired t by seed"
     fam = sum(1 for e in tests if e is not None and e.tested)
     return (
-        f"On {ds}, {beat} of {len(a)} grid cells have a mean above the best baseline's {mlabel} "
+        f"On {dataset_name(ds)}, {beat} of {len(a)} grid cells have a mean above the best baseline's {mlabel} "
         f"({name}, {val:.1f}%){tail}; tested (cell − baseline, {how}, Holm over {fam} cells), "
         f"{up} are significantly above it, {down} significantly below and {same} indistinguishable"
         + (f", {untested} untested (one seed or no spread)" if untested else "")

@@ -1,147 +1,88 @@
-"""Section 'instrument': can the study see a small-batch penalty, and which mechanism is it?
+"""Section 'instrument': does the number of negatives matter, at which training length, learning
+rate and temperature, and can the instrument see it at all?
 
-The instrument study (``workflow/configs/instrument.yaml``) trains, per data set and
-seed, the *arms*
+The instrument study (``workflow/configs/instrument.yaml``) trains, per data set, τ and seed,
+the arms of a 2 x 2 of the optimiser's batch (steps) and the negatives per anchor
+(:mod:`.instrument_contrasts`: InfoNCE at B = 256, at 256 with negatives within groups of 16,
+at 16, and at 16 with 240 fresh negatives), a positive control (negatives within groups of 2),
+the earlier controls where they ran (DCL and SogCLR at 16, the oracle mask, 16 stopped at
+256's steps), each batch size at a grid of learning rates, with BatchNorm over groups of the
+same size in every arm, and evaluates every cell at several budgets (snapshots of its run).
 
-* InfoNCE at B = 16 (``small``) and at B = 256 (``large``);
-* InfoNCE at B = 256 with each anchor's negatives restricted to its group of G images
-  (``grouped``, ``train.neg_group``): the large batch's steps with the small batch's K;
-* DCL and SogCLR at B = 16; optionally any arm with the oracle same-class mask;
-* the *fixed-steps budget*: InfoNCE at B = 16 stopped after the large batch's number of
-  optimiser steps (``train.steps``; the other arms share a fixed-epochs budget);
-* the *learning rate per batch size*: InfoNCE at B = 16 and 256 at further learning rates
-  (``train.lr``); the one with the best validation accuracy of the linear probe (a split of
-  the training data, never the test split) is each batch size's validated learning rate;
-
-with BatchNorm over groups of the same size in every arm (``train.bn_group``), so the
-arms differ only where their names say.  The decomposition, every term small − large
-(one sign convention; negative = the smaller configuration is worse)::
-
-    small − large  =  (grouped − large)   +   (small − grouped)
-                      negatives part          steps part
-                      (fewer negatives,       (same K, 16x the steps
-                       same steps)             and their gradient noise)
-
-Each contrast is paired by seed (the arms of one seed share data order and
-augmentations) and tested with :mod:`.evidence` (paired t, Holm over the contrasts of
-one metric, the minimum detectable effect at 80 % power).  A null result says
-whether its interval *bounds* the effect below :data:`BOUND` points.
+Per data set, τ and budget the section computes the validity gates first
+(:mod:`.instrument_gates`), then per view (fixed epochs, fixed steps) the contrasts at each
+batch size's validated learning rate (:mod:`.instrument_budgets`), each paired by seed, Holm
+within its unit and probe, tested for equivalence within ± MARGIN (TOST) and worded
+significant / equivalent / inconclusive with its MDE.  A sentence about negatives or steps is
+written only for a unit whose gates all pass; a failed gate is printed with its numbers.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import dataclass, field
 
 import pandas as pd
 
 from ...evaluation.probes import gap_fraction
-from ...losses import display_name
+from ...losses.registry import display_name
 from ...tracking import BAD_STATUSES
 from ..context import ReportContext, SectionOutput
-from ..evidence import Estimate, contrast, describe, describe_mde, holm
-from ..fmt import finite, num
-from ..runs import param, select_cells
+from ..evidence import Estimate, describe, describe_outcome
+from ..fmt import finite, num, short
+from ..runs import select_cells
 from .baselines import baseline_runs
+from .instrument_budgets import (
+    METRICS,
+    PRIMARY,
+    VAL_METRIC,
+    Unit,
+    arm_of,
+    arm_rows,
+    batch_levels,
+    budget_rows,
+    chosen_lrs,
+    lr_means,
+    matched,
+    seed_values,
+    units,
+)
+from .instrument_contrasts import key_estimates, unit_contrasts
+from .instrument_gates import MARGIN, Gate, g1, g2, g3, g4, passed, versus_baseline
+
+__all__ = ["METRICS", "VAL_METRIC", "MARGIN", "arm_of", "build", "analyse", "findings"]
 
 SECTION = "instrument"
-#: an effect whose whole interval lies within ± BOUND points is called bounded (negligible)
-BOUND = 0.5
-#: short name -> (MLflow metric key, label), in the tables' order; the first is the primary metric
-METRICS = {
-    "linear": ("linear/top1", "linear probe"),
-    "labels10": ("linear/labels10pct_top1_mean", "10 % labels"),
-    "labels1": ("linear/labels1pct_top1_mean", "1 % labels"),
-    "knn20": ("knn/top1_k20", "kNN@20"),
-    "knn200": ("knn/top1_k200", "kNN@200"),
-}
-#: the contrasts the section states: name -> [(coefficient, arm)]
-CONTRASTS = {
-    "small − large": [(1.0, "infonce@16"), (-1.0, "infonce@256")],
-    "negatives part (grouped − large)": [(1.0, "infonce@256/G"), (-1.0, "infonce@256")],
-    "steps part (small − grouped)": [(1.0, "infonce@16"), (-1.0, "infonce@256/G")],
-    "DCL@16 − InfoNCE@256": [(1.0, "dcl@16"), (-1.0, "infonce@256")],
-    "SogCLR@16 − InfoNCE@256": [(1.0, "sogclr@16"), (-1.0, "infonce@256")],
-    "oracle − plain, InfoNCE@16": [(1.0, "infonce@16/oracle"), (-1.0, "infonce@16")],
-    "small − large, equal steps": [(1.0, "infonce@16/S"), (-1.0, "infonce@256")],
-}
-#: the contrast made per data set from the learning rates chosen on the validation split
-VALIDATED_LR = "small − large, each at its validated lr"
-#: the metric the learning rate is chosen on: the linear probe's top-1 on the validation split
-VAL_METRIC = "linear/val_top1"
+#: the equivalence margin (points), drawn as the grey band of the contrasts figure
+BOUND = MARGIN
 
 
-def _is_set(v: Any) -> bool:
-    return str(v).strip().lower() not in ("", "none", "nan", "null", "false", "0")
+@dataclass
+class UnitResult:
+    """One unit analysed: its rates per batch size, its arms' rows at them, its contrast rows,
+    the positive control and its gates (G1-G3 of its data set, τ and budget; G4 of its view)."""
 
+    unit: Unit
+    lrs: dict
+    arms: dict
+    rows: list = field(default_factory=list)
+    gates: list = field(default_factory=list)
 
-def base_lr(cells: pd.DataFrame) -> float | None:
-    """The study's common learning rate: the one most cells use (ties: the smaller)."""
-    if "params.lr" not in cells:
-        return None
-    lrs = pd.to_numeric(cells["params.lr"], errors="coerce").dropna()
-    if lrs.empty:
-        return None
-    counts = lrs.value_counts()
-    return float(min(counts.index[counts == counts.max()]))
-
-
-def arm_of(row: pd.Series, common_lr: float | None = None) -> str:
-    """``infonce@256/G`` (grouped negatives), ``infonce@16/oracle``, ``infonce@16/S`` (a
-    fixed number of steps), ``infonce@16/lr0.003`` (a learning rate other than
-    ``common_lr``), ``dcl@16``."""
-    arm = f"{row['loss']}@{int(row['batch_size'])}"
-    if _is_set(row.get("params.neg_group")):
-        arm += "/G"
-    if _is_set(row.get("params.mask_same_class")):
-        arm += "/oracle"
-    if _is_set(row.get("params.steps")):
-        arm += "/S"
-    lr = pd.to_numeric(pd.Series([row.get("params.lr")]), errors="coerce").iloc[0]
-    if common_lr is not None and finite(lr) and not math.isclose(float(lr), common_lr):
-        arm += f"/lr{float(lr):g}"
-    return arm
-
-
-def _mark_label(mark: str, group: Any) -> str:
-    if mark == "G":
-        return f", G={group}"
-    if mark == "S":
-        return ", equal steps"
-    if mark.startswith("lr"):
-        return f", lr {mark[2:]}"
-    return ", oracle mask"
-
-
-def arm_label(arm: str, group: Any) -> str:
-    loss, rest = arm.split("@")
-    size, *marks = rest.split("/")
-    return f"{display_name(loss)} B={size}{''.join(_mark_label(m, group) for m in marks)}"
-
-
-def _values(runs: pd.DataFrame, key: str, scale: float) -> dict[Any, float]:
-    col = f"metrics.{key}"
-    if col not in runs:
-        return {}
-    good = runs[~runs["status"].isin(BAD_STATUSES)]
-    return {int(s): float(v) * scale for s, v in zip(good["seed"], good[col]) if finite(v)}
-
-
-def arm_values(cells: pd.DataFrame, scale: float) -> dict[tuple[str, str, str], dict]:
-    """(dataset, arm, metric) -> {seed: top-1 %}."""
-    out = {}
-    for (ds, arm), g in cells.groupby(["dataset", "arm"], sort=True):
-        for m, (key, _) in METRICS.items():
-            out[(ds, arm, m)] = _values(g, key, scale)
-    return out
+    @property
+    def ok(self) -> bool:
+        return passed(self.gates)
 
 
 def _baseline_values(runs: pd.DataFrame, scale: float) -> dict[tuple[str, str, str], dict]:
+    """(dataset, baseline, metric) -> {seed: top-1 %} of the baselines (raw pixels, random-init, supervised)."""
     b = baseline_runs(runs)
     out = {}
     for (ds, name), g in b.groupby(["dataset", "baseline"], sort=True):
+        ok = g[~g["status"].isin(BAD_STATUSES)]
         for m, (key, _) in METRICS.items():
-            out[(ds, str(name), m)] = _values(g, key, scale)
+            col = f"metrics.{key}"
+            vals = zip(ok["seed"], ok[col]) if col in ok else ()
+            out[(ds, str(name), m)] = {int(s): float(v) * scale for s, v in vals if finite(v)}
     return out
 
 
@@ -149,297 +90,191 @@ def _mean(v: dict) -> float:
     return sum(v.values()) / len(v) if v else math.nan
 
 
-def _sd(v: dict) -> float:
-    if len(v) < 2:
-        return math.nan
-    m = _mean(v)
-    return math.sqrt(sum((x - m) ** 2 for x in v.values()) / (len(v) - 1))
-
-
-def bounded(e: Estimate) -> bool:
-    """The interval lies within ± BOUND: the effect is bounded below BOUND points."""
-    return e.tested and -BOUND <= e.lo and e.hi <= BOUND
-
-
-def contrast_rows(vals: dict, base: dict, datasets: list[str], extra: dict | None = None) -> list[dict]:
-    """Every stated contrast of every data set and metric, Holm-adjusted within a metric;
-    ``extra``: data set -> {name: terms}, contrasts made for one data set (the validated lr)."""
-    rows = []
-    for m, (_, mlabel) in METRICS.items():
-        fam, keys = [], []
-        for ds in datasets:
-            for name, terms in {**CONTRASTS, **(extra or {}).get(ds, {})}.items():
-                cells = [(c, vals.get((ds, arm, m), {})) for c, arm in terms]
-                if any(not v for _, v in cells):
-                    continue
-                fam.append(contrast(cells))
-                keys.append((ds, name))
-        for (ds, name), e in zip(keys, holm(fam)):
-            span = _mean(base.get((ds, "supervised", m), {})) - _mean(base.get((ds, "random_init", m), {}))
-            rows.append(
-                {
-                    "dataset": ds,
-                    "metric": m,
-                    "metric_label": mlabel,
-                    "contrast": name,
-                    "diff": e.diff,
-                    "lo": e.lo,
-                    "hi": e.hi,
-                    "p": e.p,
-                    "p_holm": e.p_adj,
-                    "seeds": e.n,
-                    "test": e.test,
-                    "mde": e.mde,
-                    "bounded": bounded(e),
-                    "significant": e.significant,
-                    "fraction_of_supervised_gap": gap_fraction(e.diff, 0.0, span) if finite(span) else math.nan,
-                    "estimate": e,
-                }
-            )
-    return rows
-
-
-def _part(name: str, e: Estimate) -> str:
-    if e.significant:
-        verdict = "significant"
-    elif bounded(e):
-        verdict = f"bounded below {num(BOUND)} points"
-    else:
-        verdict = "within noise, not bounded"
-    return f"its {name.split(' (')[0]} {describe(e)} — {verdict}"
-
-
-def _verdict(ds: str, by: dict[str, Estimate], mlabel: str) -> str:
-    e = by.get("small − large")
-    if e is None:
-        return f"On {ds} the small−large contrast was not run."
-    head = f"On {ds} ({mlabel}), InfoNCE small − large {describe(e, null_mde=False)}"  # its MDE: below
-    if e.significant and e.diff < 0:
-        head += ": a small-batch penalty"
-    elif e.significant:
-        head += ": the small batch is ahead, no penalty"
-    elif bounded(e):
-        head += f": no penalty, and the interval bounds it below {num(BOUND)} points"
-    else:
-        mde = describe_mde(e)
-        head += f": within noise but not bounded below {num(BOUND)} points{f' ({mde})' if mde else ''}"
-    parts = [_part(p, by[p]) for p in ("negatives part (grouped − large)", "steps part (small − grouped)") if p in by]
-    return head + ("; " + "; ".join(parts) if parts else "") + "."
-
-
-def findings(rows: list[dict]) -> list[str]:
-    """One verdict per data set on the primary metric, plus the fixes at B=16 against InfoNCE at B=256."""
-    primary = next(iter(METRICS))
+def analyse(rows: pd.DataFrame, base: dict) -> list[UnitResult]:
+    """Every unit with its rates, arms, contrasts and gates."""
+    small, big = batch_levels(rows)
     out = []
-    prim = [r for r in rows if r["metric"] == primary]
-    for ds in dict.fromkeys(r["dataset"] for r in prim):
-        by = {r["contrast"]: r["estimate"] for r in prim if r["dataset"] == ds}
-        out.append(_verdict(ds, by, METRICS[primary][1]))
-        fixes = [
-            f"{name.split(' −')[0]} {describe(by[name])}"
-            for name in ("DCL@16 − InfoNCE@256", "SogCLR@16 − InfoNCE@256")
-            if name in by
-        ]
-        if fixes:
-            out.append(
-                f"On {ds}, the small-batch fixes against InfoNCE at B=256 ({METRICS[primary][1]}, "
-                "each at B=16 − InfoNCE at B=256): " + "; ".join(fixes) + "."
-            )
-    return out
-
-
-def _lr_of(g: pd.DataFrame) -> float:
-    return float(pd.to_numeric(g["params.lr"], errors="coerce").iloc[0]) if "params.lr" in g else math.nan
-
-
-def lr_table(cells: pd.DataFrame, scale: float) -> pd.DataFrame:
-    """InfoNCE's plain arms (no G, S or oracle mark) per data set, batch size and learning
-    rate: the linear probe's validation and test top-1 (mean over seeds), and ``chosen``:
-    the best validation mean where a batch size was run at more than one learning rate."""
-    plain = cells[cells["arm"].str.fullmatch(r"infonce@\d+(/lr[^/]+)?")]
-    rows = []
-    for (ds, bs, arm), g in plain.groupby(["dataset", "batch_size", "arm"], sort=True):
-        val, test = _values(g, VAL_METRIC, scale), _values(g, "linear/top1", scale)
-        rows.append(
-            {
-                "dataset": ds,
-                "batch_size": int(bs),
-                "arm": arm,
-                "lr": _lr_of(g),
-                "val_mean": _mean(val),
-                "val_sd": _sd(val),
-                "test_mean": _mean(test),
-                "seeds": len(val),
-                "chosen": False,
-            }
-        )
-    df = pd.DataFrame(rows)
-    for _, g in df.groupby(["dataset", "batch_size"]) if len(df) else []:
-        if len(g) > 1 and g["val_mean"].notna().any():
-            df.loc[g["val_mean"].idxmax(), "chosen"] = True
-    return df
-
-
-def validated_contrasts(lrs: pd.DataFrame) -> dict[str, dict[str, list]]:
-    """data set -> {VALIDATED_LR: InfoNCE@16 at its chosen lr − InfoNCE@256 at its chosen lr},
-    where both batch sizes were run at more than one learning rate."""
-    out = {}
-    for ds, g in lrs[lrs["chosen"]].groupby("dataset") if len(lrs) else []:
-        arms = dict(zip(g["batch_size"], g["arm"]))
-        if 16 in arms and 256 in arms:
-            out[ds] = {VALIDATED_LR: [(1.0, arms[16]), (-1.0, arms[256])]}
-    return out
-
-
-def control_findings(rows: list[dict], lrs: pd.DataFrame) -> list[str]:
-    """The controls on the primary metric: the fixed-steps budget, the oracle mask and the
-    learning rate chosen per batch size."""
-    primary = next(iter(METRICS))
-    mlabel, out = METRICS[primary][1], []
-    prim = [r for r in rows if r["metric"] == primary]
-    for ds in dict.fromkeys(r["dataset"] for r in prim):
-        by = {r["contrast"]: r["estimate"] for r in prim if r["dataset"] == ds}
-        if "small − large, equal steps" in by:
-            out.append(
-                f"On {ds} ({mlabel}), at equal optimiser steps (InfoNCE B=16 stopped after B=256's steps) "
-                f"small − large {describe(by['small − large, equal steps'])}."
-            )
-        if "oracle − plain, InfoNCE@16" in by:
-            out.append(
-                f"On {ds}, masking same-class negatives at B=16 (oracle − plain): "
-                f"{describe(by['oracle − plain, InfoNCE@16'])}."
-            )
-        chosen = lrs[(lrs["dataset"] == ds) & lrs["chosen"]] if len(lrs) else lrs
-        if VALIDATED_LR in by and len(chosen):
-            picks = ", ".join(f"B={b}: lr {lr:g}" for b, lr in zip(chosen["batch_size"], chosen["lr"]))
-            out.append(
-                f"On {ds}, with the learning rate chosen on the validation split ({picks}), "
-                f"small − large {describe(by[VALIDATED_LR])}."
-            )
-    return out
-
-
-def _lr_display(lrs: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
-    blocks = []
-    for ds, g in lrs.groupby("dataset", sort=True):
-        t = pd.DataFrame(
-            {
-                "batch size": g["batch_size"],
-                "lr": [f"{x:g}" for x in g["lr"]],
-                "validation top-1": [f"{num(m)} ± {num(s)}" for m, s in zip(g["val_mean"], g["val_sd"])],
-                "test top-1": [num(x) for x in g["test_mean"]],
-                "seeds": g["seeds"],
-                "chosen": ["yes" if c else "" for c in g["chosen"]],
-            }
-        )
-        blocks.append((f"{ds}: InfoNCE's linear probe by learning rate (mean ± sd over seeds, %)", t))
-    return blocks
-
-
-def ssl_rows(vals: dict, base: dict, datasets: list[str]) -> list[dict]:
-    """Does self-supervision learn here? InfoNCE@256 against the random-init encoder and raw
-    pixels on every probe (unpaired: Welch t over their seeds; raw pixels: one run, no test),
-    and as a fraction of supervised − random-init."""
-    rows = []
-    for ds, m, ref in ((ds, m, ref) for ds in datasets for m in METRICS for ref in ("random_init", "raw_pixels")):
-        ssl, other = vals.get((ds, "infonce@256", m), {}), base.get((ds, ref, m), {})
-        if not ssl or not other:
-            continue
-        e = contrast([(1.0, ssl), (-1.0, {f"r{k}": v for k, v in other.items()})])
-        sup, rnd = base.get((ds, "supervised", m), {}), base.get((ds, "random_init", m), {})
-        frac = gap_fraction(_mean(ssl), _mean(rnd), _mean(sup)) if sup and rnd and ref == "random_init" else math.nan
-        rows.append(
-            {
-                "dataset": ds,
-                "metric": m,
-                "metric_label": METRICS[m][1],
-                "baseline": ref,
-                "ssl": _mean(ssl),
-                "reference": _mean(other),
-                "diff": e.diff,
-                "lo": e.lo,
-                "hi": e.hi,
-                "p": e.p,
-                "test": e.test,
-                "fraction_of_supervised_gap": frac,
-                "estimate": e,
-            }
-        )
-    return rows
-
-
-def ssl_vs_random(rows: list[dict]) -> list[str]:
-    """The 10 %-label probe's rows against the random-init encoder, as sentences."""
-    out = []
-    for r in rows:
-        if r["metric"] != "labels10" or r["baseline"] != "random_init":
-            continue
-        frac = r["fraction_of_supervised_gap"]
-        where = f"; {num(100 * frac, 0)} % of the way from random-init to supervised" if finite(frac) else ""
-        out.append(
-            f"Self-supervision on {r['dataset']} (10 % labels, InfoNCE B=256 − random-init encoder): "
-            f"{describe(r['estimate'])}{where}."
-        )
-    return out
-
-
-def _ssl_display(rows: list[dict]) -> list[tuple[str, pd.DataFrame]]:
-    df = pd.DataFrame(rows)
-    t = pd.DataFrame(
-        {
-            "data set": df["dataset"],
-            "probe": df["metric_label"],
-            "baseline": df["baseline"],
-            "InfoNCE B=256": [num(x) for x in df["ssl"]],
-            "baseline top-1": [num(x) for x in df["reference"]],
-            "difference [95 % CI]": [
-                f"{num(d, 2)} [{num(lo, 2)}, {num(hi, 2)}]" if finite(lo) else num(d, 2)
-                for d, lo, hi in zip(df["diff"], df["lo"], df["hi"])
-            ],
-            "of supervised gap": [
-                f"{num(100 * f, 0)} %" if finite(f) else "—" for f in df["fraction_of_supervised_gap"]
-            ],
+    for unit in units(rows):
+        g = matched(rows, unit)
+        lrs = chosen_lrs(g)
+        res = UnitResult(unit, lrs, arm_rows(g, lrs))
+        span = {
+            m: _mean(base.get((unit.dataset, "supervised", m), {}))
+            - _mean(base.get((unit.dataset, "random_init", m), {}))
+            for m in METRICS
         }
+        res.rows, control = unit_contrasts(unit, res.arms, small, big, span)
+        res.gates = _gates(res, control, base, big)
+        out.append(res)
+    return out
+
+
+def _gates(res: UnitResult, control: dict, base: dict, big: int) -> list[Gate]:
+    ds, ref = res.unit.dataset, f"infonce@{big}"
+    at = lambda name: base.get((ds, name, PRIMARY), {})  # noqa: E731
+    ssl = seed_values(res.arms[ref], PRIMARY) if ref in res.arms else {}
+    full = arm_label(ref)
+    return [
+        g1(at("supervised"), at("raw_pixels")),
+        g2(ssl, at("raw_pixels"), at("random_init"), full),
+        g3(control.get(PRIMARY), arm_label(control["arm"]) if control.get("arm") else "", full),
+        g4(key_estimates(res.rows, PRIMARY), res.unit.view),
+    ]
+
+
+# --------------------------------------------------------------------------- labels
+def arm_label(arm: str) -> str:
+    """``InfoNCE B=256, G=16 (K=30)``, ``InfoNCE B=16, +240 fresh (K=510)``, ``... oracle mask``."""
+    loss, rest = arm.split("@")
+    size, *marks = rest.split("/")
+    text = f"{display_name(loss)} B={size}"
+    for m in marks:
+        if m.startswith("G"):
+            text += f", G={m[1:]} (K={2 * int(m[1:]) - 2})"
+        elif m.startswith("X"):
+            text += f", +{m[1:]} fresh (K={2 * (int(size) + int(m[1:])) - 2})"
+        elif m == "S":
+            text += ", equal steps"
+        else:
+            text += ", oracle mask"
+    return text
+
+
+def _rates(lrs: dict) -> str:
+    return ", ".join(f"B={b}: lr {short(lr)}" for b, lr in sorted(lrs.items()) if lr)
+
+
+def off_rate(res: UnitResult) -> list[str]:
+    """The arms a unit reads at a rate other than their batch size's validated one (an arm run
+    at one rate only), named with both rates."""
+    out = []
+    for arm, a in res.arms.items():
+        bs, lr = int(a["batch_size"].iloc[0]), float(a["lr"].iloc[0])
+        chosen = res.lrs.get(bs)
+        if chosen is not None and not math.isclose(lr, chosen):
+            out.append(f"{arm_label(arm)} at lr {short(lr)} (its only rate; B={bs}'s validated lr is {short(chosen)})")
+    return out
+
+
+# --------------------------------------------------------------------------- findings
+def gate_findings(results: list[UnitResult]) -> list[str]:
+    """One line per data set, τ and budget: every gate with its numbers (G4 per view)."""
+    out, seen = [], {}
+    for r in results:
+        seen.setdefault(r.unit.gate_key, []).append(r)
+    for rs in seen.values():
+        head = rs[0].unit.label().split(" (fixed")[0]
+        gates = rs[0].gates[:3] + [r.gates[3] for r in rs]
+        out.append(f"Gates, {head}: " + "; ".join(g.line() for g in gates) + ".")
+    return out
+
+
+def _clause(r: dict) -> str:
+    e = r["estimate"]
+    return f"{r['contrast']} {describe(e, null_mde=False)} — {describe_outcome(e, MARGIN)}"
+
+
+#: the order of the verdict's sentences: the factorial, then the earlier contrasts
+FACTORIAL = ("negatives", "steps", "interaction")
+SIMPLE = ("negatives_at_large", "negatives_at_small")
+EARLIER = ("small_large", "steps_part", "oracle", "equal_steps")
+
+
+def verdict(res: UnitResult) -> list[str]:
+    """The unit's sentences on the primary probe (only for a unit whose gates pass)."""
+    if not res.ok:
+        failed = [g.name for g in res.gates if g.passed is not True]
+        return [f"No verdict on negatives or steps for {res.unit.label()}: {', '.join(failed)} not passed."]
+    by = {r["key"]: r for r in res.rows if r["metric"] == PRIMARY}
+    head = f"{res.unit.label()}, {METRICS[PRIMARY][1]}" + (
+        f", at the validated lr ({_rates(res.lrs)})" if _rates(res.lrs) else ""
     )
-    return [("InfoNCE B=256 against the baselines (Welch t over seeds; raw pixels: one run, untested)", t)]
+    out = []
+    losses = tuple(sorted(k for k in by if k.startswith("loss:")))
+    for keys in (FACTORIAL, SIMPLE, EARLIER, losses):
+        clauses = [_clause(by[k]) for k in keys if k in by]
+        if clauses:
+            out.append(f"{head}: " + "; ".join(clauses) + ".")
+    off = off_rate(res)
+    if out and off:
+        out.append(f"{res.unit.label()}: read at another rate than the validated one: " + "; ".join(off) + ".")
+    return out
 
 
-def _arm_table(cells: pd.DataFrame, vals: dict) -> pd.DataFrame:
+def findings(results: list[UnitResult]) -> list[str]:
+    """The gates first (every data set, τ and budget), then each unit's verdict or why there is none."""
+    return gate_findings(results) + [s for r in results for s in verdict(r)]
+
+
+# --------------------------------------------------------------------------- tables
+def _gate_table(results: list[UnitResult]) -> pd.DataFrame:
     rows = []
-    for (ds, arm), g in cells.groupby(["dataset", "arm"], sort=True):
-        groups = param(g, "neg_group").dropna().astype(str) if "params.neg_group" in g else pd.Series(dtype=str)
-        group = groups.iloc[0] if len(groups) else ""
-        for m, (_, mlabel) in METRICS.items():
-            v = vals.get((ds, arm, m), {})
+    for r in results:
+        gates = r.gates if r.unit.view == "epochs" else r.gates[3:]
+        for g in gates:
+            u = r.unit
             rows.append(
                 {
-                    "dataset": ds,
-                    "arm": arm,
-                    "label": arm_label(arm, group),
-                    "metric": m,
-                    "metric_label": mlabel,
-                    "mean": _mean(v),
-                    "sd": _sd(v),
-                    "seeds": len(v),
+                    "unit": u.label().split(" (fixed")[0],
+                    "dataset": u.dataset,
+                    "temperature": u.temperature,
+                    "budget": u.budget,
+                    "epochs": u.epochs,
+                    "steps": u.steps,
+                    "gate": g.name,
+                    "passed": {True: "yes", False: "no", None: "not run"}[g.passed],
+                    "numbers": g.text,
                 }
             )
     return pd.DataFrame(rows)
 
 
-def _display(arms: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+def _gate_display(df: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     blocks = []
-    for ds, g in arms.groupby("dataset", sort=True):
-        t = g.assign(v=[f"{num(m)} ± {num(s)}" if finite(m) else "—" for m, s in zip(g["mean"], g["sd"])])
-        t = t.pivot(index="label", columns="metric_label", values="v")
+    for unit, g in df.groupby("unit", sort=False):
+        blocks.append((unit, g[["gate", "passed", "numbers"]].reset_index(drop=True)))
+    return blocks
+
+
+def _arm_table(rows: pd.DataFrame, results: list[UnitResult]) -> pd.DataFrame:
+    """Mean ± sd over seeds per data set, τ, budget, arm and rate; ``read``: the rate the
+    fixed-epochs unit of that budget read the arm at."""
+    read = {
+        (r.unit.dataset, r.unit.temperature, r.unit.budget, arm, float(a["lr"].iloc[0]))
+        for r in results
+        if r.unit.view == "epochs"
+        for arm, a in r.arms.items()
+    }
+    out = []
+    keys = ["dataset", "temperature", "budget", "epochs", "steps", "images", "arm", "lr", "peak_lr"]
+    for k, g in rows[~rows["status"].isin(BAD_STATUSES)].groupby(keys, sort=True, dropna=False):
+        rec = dict(zip(keys, k))
+        rec["label"] = arm_label(rec["arm"])
+        rec["read"] = (rec["dataset"], rec["temperature"], rec["budget"], rec["arm"], rec["lr"]) in read
+        for m in METRICS:
+            v = g[m].dropna()
+            out.append(
+                {**rec, "metric": m, "metric_label": METRICS[m][1], "mean": v.mean(), "sd": v.std(), "seeds": len(v)}
+            )
+    return pd.DataFrame(out)
+
+
+def _arm_display(arms: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    blocks = []
+    for (ds, tau, budget), g in arms.groupby(["dataset", "temperature", "budget"], sort=True):
+        several = g.groupby("arm")["lr"].nunique().max() > 1
+        lab = [f"{lb}, lr {short(lr)}" if several else lb for lb, lr in zip(g["label"], g["lr"])]
+        t = g.assign(label=lab, v=[f"{num(m)} ± {num(s)}" if finite(m) else "—" for m, s in zip(g["mean"], g["sd"])])
+        t = t.pivot_table(index="label", columns="metric_label", values="v", aggfunc="first")
         t = t[[lab for _, lab in METRICS.values() if lab in t.columns]].reset_index().rename(columns={"label": "arm"})
-        blocks.append((f"{ds} (mean ± sd over seeds, top-1 %)", t))
+        blocks.append((f"{ds}, τ {short(tau)}, budget {budget} (mean ± sd over seeds, top-1 %)", t))
     return blocks
 
 
 def _contrast_display(rows: list[dict]) -> list[tuple[str, pd.DataFrame]]:
     blocks = []
     df = pd.DataFrame(rows)
-    for (ds, m), g in df.groupby(["dataset", "metric"], sort=False):
+    for (unit, m), g in df.groupby(["unit", "metric"], sort=False):
         t = pd.DataFrame(
             {
                 "contrast": g["contrast"],
@@ -448,184 +283,243 @@ def _contrast_display(rows: list[dict]) -> list[tuple[str, pd.DataFrame]]:
                     for d, lo, hi in zip(g["diff"], g["lo"], g["hi"])
                 ],
                 "Holm p": [f"{p:.3g}" if finite(p) else "—" for p in g["p_holm"]],
+                "TOST p": [f"{p:.3g}" if finite(p) else "—" for p in g["tost_p"]],
                 "MDE (80 %)": [num(x, 2) for x in g["mde"]],
+                "outcome": g["outcome"],
+                "gates": ["passed" if ok else "not passed" for ok in g["gates_passed"]],
                 "seeds": g["seeds"],
             }
         )
-        blocks.append((f"{ds}, {METRICS[m][1]}", t))
+        blocks.append((f"{unit}, {METRICS[m][1]}", t))
     return blocks
 
 
-def _figure(ctx: ReportContext, arms_long: pd.DataFrame) -> list:
+def lr_table(results: list[UnitResult], rows: pd.DataFrame) -> pd.DataFrame:
+    """Per unit, the plain InfoNCE arms' validation and test top-1 at each rate; ``chosen``: the
+    rate the unit reads that batch size at."""
+    out = []
+    for r in results:
+        g = matched(rows, r.unit)
+        means = lr_means(g[g["arm"].str.fullmatch(r"infonce@\d+")])
+        for _, m in means.iterrows():
+            chosen = math.isclose(r.lrs.get(int(m["batch_size"]), math.nan), m["lr"])
+            out.append({"unit": r.unit.label(), "dataset": r.unit.dataset, **m.to_dict(), "chosen": chosen})
+    return pd.DataFrame(out)
+
+
+def _lr_display(lrs: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    blocks = []
+    for unit, g in lrs.groupby("unit", sort=False):
+        t = pd.DataFrame(
+            {
+                "batch size": g["batch_size"],
+                "lr": [short(x) for x in g["lr"]],
+                "validation top-1": [f"{num(m)} ± {num(s)}" for m, s in zip(g["val_mean"], g["val_sd"])],
+                "test top-1": [num(x) for x in g["test_mean"]],
+                "seeds": g["seeds"],
+                "chosen": ["yes" if c else "" for c in g["chosen"]],
+            }
+        )
+        blocks.append((f"{unit}: InfoNCE's linear probe by learning rate (mean ± sd over seeds, %)", t))
+    return blocks
+
+
+def ssl_rows(results: list[UnitResult], base: dict, big: int) -> list[dict]:
+    """Does self-supervision learn here?  The reference arm (InfoNCE at the largest batch, at its
+    validated rate) against raw pixels and the random-init encoder on every probe, per data
+    set, τ and budget (:func:`.instrument_gates.versus_baseline`), and as a fraction of
+    supervised − random-init."""
+    out = []
+    for r in (r for r in results if r.unit.view == "epochs" and f"infonce@{big}" in r.arms):
+        u = r.unit
+        for m in METRICS:
+            ssl = seed_values(r.arms[f"infonce@{big}"], m)
+            sup, rnd = base.get((u.dataset, "supervised", m), {}), base.get((u.dataset, "random_init", m), {})
+            for ref in ("random_init", "raw_pixels"):
+                other = base.get((u.dataset, ref, m), {})
+                if not ssl or not other:
+                    continue
+                e = versus_baseline(ssl, other)
+                frac = (
+                    gap_fraction(_mean(ssl), _mean(rnd), _mean(sup))
+                    if sup and rnd and ref == "random_init"
+                    else math.nan
+                )
+                out.append(
+                    {
+                        "unit": u.label().split(" (fixed")[0],
+                        "dataset": u.dataset,
+                        "temperature": u.temperature,
+                        "budget": u.budget,
+                        "metric": m,
+                        "metric_label": METRICS[m][1],
+                        "baseline": ref,
+                        "ssl": _mean(ssl),
+                        "reference": _mean(other),
+                        "diff": e.diff,
+                        "lo": e.lo,
+                        "hi": e.hi,
+                        "p": e.p,
+                        "test": e.test,
+                        "fraction_of_supervised_gap": frac,
+                        "estimate": e,
+                    }
+                )
+    return out
+
+
+def _ssl_display(rows: list[dict]) -> list[tuple[str, pd.DataFrame]]:
+    blocks = []
+    for unit, df in pd.DataFrame(rows).groupby("unit", sort=False):
+        t = pd.DataFrame(
+            {
+                "probe": df["metric_label"],
+                "baseline": df["baseline"],
+                "InfoNCE": [num(x) for x in df["ssl"]],
+                "baseline top-1": [num(x) for x in df["reference"]],
+                "difference [95 % CI]": [
+                    f"{num(d, 2)} [{num(lo, 2)}, {num(hi, 2)}]" if finite(lo) else num(d, 2)
+                    for d, lo, hi in zip(df["diff"], df["lo"], df["hi"])
+                ],
+                "of supervised gap": [
+                    f"{num(100 * f, 0)} %" if finite(f) else "—" for f in df["fraction_of_supervised_gap"]
+                ],
+            }
+        )
+        blocks.append((unit, t))
+    return blocks
+
+
+# --------------------------------------------------------------------------- figures
+def _figure(ctx: ReportContext, results: list[UnitResult]) -> list:
+    """The primary probe of every arm (seeds and mean with its interval) at the longest budget
+    of each data set (its first τ), each arm at the rate its unit reads."""
     from ..figures import LOSS_COLORS, plot_style
 
+    last = {}
+    for r in results:
+        if r.unit.view == "epochs":
+            last.setdefault(r.unit.dataset, {})[r.unit.temperature] = r  # budgets come in order: the last wins
+    picks = [next(iter(sorted(t.items())))[1] for _, t in sorted(last.items())]
+    d = pd.DataFrame(
+        [
+            {"dataset": r.unit.dataset, "label": arm_label(arm), "loss": arm.split("@")[0], "value": v}
+            for r in picks
+            for arm, a in r.arms.items()
+            for v in seed_values(a, PRIMARY).values()
+        ]
+    )
+    if d.empty:
+        return []
     plt, sns, rc = plot_style()
-    metric = next(iter(METRICS))
-    d = arms_long[arms_long["metric"] == metric]
-    datasets = sorted(d["dataset"].unique())
-    n_arms = d["label"].nunique()
+    datasets, order = sorted(d["dataset"].unique()), sorted(d["label"].unique())
     with plt.rc_context(rc), sns.axes_style("whitegrid"):
         fig, axes = plt.subplots(
-            1, len(datasets), figsize=(4.4 * len(datasets) + 1.6, 0.32 * n_arms + 1.6), squeeze=False, sharey=True
+            1, len(datasets), figsize=(4.4 * len(datasets) + 2.0, 0.32 * len(order) + 1.6), squeeze=False, sharey=True
         )
-        order = list(dict.fromkeys(d.sort_values(["loss", "batch_size", "label"])["label"]))
         pal = {lab: LOSS_COLORS.get(loss, "#777777") for loss, lab in zip(d["loss"], d["label"])}
-        for ax, ds in zip(axes[0], datasets):
+        for ax, ds, r in zip(axes[0], datasets, picks):
             g = d[d["dataset"] == ds]
-            sns.stripplot(
-                data=g,
-                y="label",
-                x="value",
-                hue="label",
-                order=order,
-                palette=pal,
-                ax=ax,
-                size=4,
-                alpha=0.6,
-                jitter=0.15,
-                legend=False,
-                orient="h",
-            )
-            sns.pointplot(
-                data=g,
-                y="label",
-                x="value",
-                order=order,
-                errorbar=("ci", 95),
-                color="black",
-                linestyle="none",
-                markers="|",
-                markersize=14,
-                ax=ax,
-                orient="h",
-            )
-            ax.set_title(ds, fontsize=10)
+            kw = dict(data=g, y="label", x="value", order=order, ax=ax, orient="h")
+            sns.stripplot(**kw, hue="label", palette=pal, size=4, alpha=0.6, jitter=0.15, legend=False)
+            sns.pointplot(**kw, errorbar=("ci", 95), color="black", linestyle="none", markers="|", markersize=14)
+            ax.set_title(r.unit.label(), fontsize=9)
             ax.set_ylabel("")
-            ax.set_xlabel(f"{METRICS[metric][1]} top-1 (%)")
+            ax.set_xlabel(f"{METRICS[PRIMARY][1]} top-1 (%)")
             ax.tick_params(axis="y", labelsize=8)
-        fig.suptitle("Instrument arms\nseeds (points), mean and 95 % bootstrap interval (bar)", fontsize=10)
+        fig.suptitle(
+            "Instrument arms at the longest budget\nseeds (points), mean and 95 % bootstrap interval (bar)", fontsize=10
+        )
         fig.tight_layout()
     return ctx.save_figure(fig, "instrument_arms")
 
 
 def _contrast_figure(ctx: ReportContext, rows: list[dict]) -> list:
-    """The paired contrasts of the primary probe with their intervals, the ± BOUND band and zero."""
+    """The factorial's contrasts of the primary probe per unit, with their intervals, the ± MARGIN band and zero."""
     from ..figures import plot_style
 
-    plt, sns, rc = plot_style()
-    metric = next(iter(METRICS))
-    d = pd.DataFrame([r for r in rows if r["metric"] == metric and finite(r["diff"])])
+    keep = ("negatives", "steps", "interaction", "negatives_at_large", "negatives_at_small", "control")
+    d = pd.DataFrame([r for r in rows if r["metric"] == PRIMARY and r["key"] in keep and finite(r["diff"])])
     if d.empty:
         return []
+    plt, sns, rc = plot_style()
+    d["y"] = [f"{c} · {u.split(', ', 1)[1]}" for c, u in zip(d["contrast"], d["unit"])]
     datasets = list(dict.fromkeys(d["dataset"]))
-    names = list(dict.fromkeys([n for n in CONTRASTS if n in set(d["contrast"])] + list(d["contrast"])))
+    names = list(dict.fromkeys(d["y"]))
     with plt.rc_context(rc), sns.axes_style("whitegrid"):
         fig, axes = plt.subplots(
-            1, len(datasets), figsize=(4.6 * len(datasets), 0.45 * len(names) + 1.4), squeeze=False, sharey=True
+            1, len(datasets), figsize=(5.2 * len(datasets) + 3.0, 0.3 * len(names) + 1.4), squeeze=False, sharey=True
         )
         for ax, ds in zip(axes[0], datasets):
-            g = d[d["dataset"] == ds].set_index("contrast")
-            ys = [i for i, n in enumerate(names) if n in g.index]
-            g = g.loc[[names[i] for i in ys]]
+            g = d[d["dataset"] == ds].set_index("y")
+            ys = [names.index(n) for n in g.index]
             err = [(g["diff"] - g["lo"]).fillna(0).to_numpy(), (g["hi"] - g["diff"]).fillna(0).to_numpy()]
             ax.axvspan(-BOUND, BOUND, color="#dddddd", zorder=0)
             ax.axvline(0, color="#555555", lw=0.8)
             ax.errorbar(g["diff"], ys, xerr=err, fmt="o", color="black", capsize=3)
-            ax.set_yticks(range(len(names)), names, fontsize=8)
+            ax.set_yticks(range(len(names)), names, fontsize=7)
             ax.invert_yaxis()
             ax.set_title(ds, fontsize=10)
-            ax.set_xlabel(f"{METRICS[metric][1]}: small − large (points)")
-        fig.suptitle(f"Paired contrasts (95 % t intervals)\ngrey: ± {num(BOUND)} points", fontsize=10)
+            ax.set_xlabel(f"{METRICS[PRIMARY][1]}: small − large (points)")
+        fig.suptitle(
+            f"Paired contrasts (95 % t intervals)\ngrey: ± {num(BOUND)} points (equivalence margin)", fontsize=10
+        )
         fig.tight_layout()
     return ctx.save_figure(fig, "instrument_contrasts")
 
 
-def _ssl_table(ctx: ReportContext, ssl: list[dict], out: SectionOutput) -> list[str]:
-    """The SSL-vs-baselines table written (its files added to ``out``); its markdown lines."""
-    if not ssl:
-        return []
-    f_ssl = ctx.write_table(
-        "instrument_ssl",
-        "Instrument: does self-supervision learn? (points)",
-        pd.DataFrame(ssl).drop(columns="estimate"),
-        _ssl_display(ssl),
-        note="fraction: (InfoNCE − random-init) / (supervised − random-init)",
-    )
-    out.files += f_ssl
-    return [f"Self-supervision against the baselines: {ctx.table_links(f_ssl)}"]
+# --------------------------------------------------------------------------- the section
+def _write(ctx: ReportContext, out: SectionOutput, md: list[str], name: str, title: str, data, blocks, note, what):
+    files = ctx.write_table(name, title, data, blocks, note=note)
+    out.files += files
+    md.append(f"{what}: {ctx.table_links(files)}")
 
 
 def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
     cells = select_cells(runs, SECTION, (), ctx.notes)
     if cells.empty:
         return None
-    common = base_lr(cells)
-    cells = cells.assign(arm=[arm_of(r, common) for _, r in cells.iterrows()])
-    out = SectionOutput(
-        SECTION, "The instrument: small vs large batch, negatives vs steps", "", run_ids=set(cells["run_id"])
-    )
-    vals, base = arm_values(cells, ctx.scale), _baseline_values(runs, ctx.scale)
-    datasets = sorted(cells["dataset"].unique())
-    arms = _arm_table(cells, vals)
-    lrs = lr_table(cells, ctx.scale)
-    rows = contrast_rows(vals, base, datasets, validated_contrasts(lrs))
-    f_arms = ctx.write_table(
-        "instrument_arms",
-        "Instrument arms: top-1 (%) by data set, arm and probe",
-        arms,
-        _display(arms),
-        note="mean ± sample sd over seeds",
-    )
-    out.files += f_arms
-    md = [f"Arms: {ctx.table_links(f_arms)}", ""]
-    if rows:
-        f_con = ctx.write_table(
-            "instrument_contrasts",
-            "Instrument contrasts (small − large, points)",
-            pd.DataFrame(rows),
-            _contrast_display(rows),
-            note="paired t over seeds; Holm over the contrasts of one probe; MDE: the smallest "
-            "difference these seeds detect with 80 % power",
-        )
-        out.files += f_con
-        md.append(f"Contrasts: {ctx.table_links(f_con)}")
-        if len(lrs) and lrs["chosen"].any():
-            f_lr = ctx.write_table(
-                "instrument_lr",
-                "Instrument: learning rate per batch size (InfoNCE)",
-                lrs,
-                _lr_display(lrs),
-                note="chosen: the best validation top-1 of the linear probe "
-                "(a split of the training data, never the test split)",
-            )
-            out.files += f_lr
-            md.append(f"Learning rates: {ctx.table_links(f_lr)}")
-        cfig = _contrast_figure(ctx, rows)
-        if cfig:
-            out.files += cfig
-            md += ["", ctx.figure_md(cfig, "instrument contrasts")]
-    long = pd.DataFrame(
-        [
-            {
-                "dataset": ds,
-                "arm": arm,
-                "metric": m,
-                "seed": s,
-                "value": v,
-                "loss": arm.split("@")[0],
-                "batch_size": int(arm.split("@")[1].split("/")[0]),
-                "label": arms.loc[(arms["dataset"] == ds) & (arms["arm"] == arm), "label"].iloc[0],
-            }
-            for (ds, arm, m), sv in vals.items()
-            for s, v in sv.items()
-        ]
-    )
-    if len(long):
-        figs = _figure(ctx, long)
-        out.files += figs
-        md += ["", ctx.figure_md(figs, "instrument arms")]
-    ssl = ssl_rows(vals, base, datasets)
-    md += _ssl_table(ctx, ssl, out)
-    out.findings += ssl_vs_random(ssl) + findings(rows) + control_findings(rows, lrs)
+    out = SectionOutput(SECTION, "The instrument: negatives × steps, gates first", "", run_ids=set(cells["run_id"]))
+    rows, base = budget_rows(cells, ctx.scale), _baseline_values(runs, ctx.scale)
+    results = analyse(rows, base)
+    _, big = batch_levels(rows)
+    md: list[str] = []
+    if results:
+        _write(ctx, out, md, "instrument_gates", "Instrument: validity gates per data set, τ and budget",
+               _gate_table(results), _gate_display(_gate_table(results)), None, "Gates")  # fmt: skip
+    arms = _arm_table(rows, results)
+    _write(ctx, out, md, "instrument_arms", "Instrument arms: top-1 (%) by data set, τ, budget, arm and rate", arms,
+           _arm_display(arms), "mean ± sample sd over seeds; read: the rate the fixed-epochs unit reads", "Arms")  # fmt: skip
+    crows = [{**c, "gates_passed": r.ok} for r in results for c in r.rows]
+    if crows:
+        note = (f"paired t over seeds; Holm within a unit and probe; TOST: equivalence within ± {num(MARGIN)} "
+                "points; MDE: the smallest difference these seeds detect with 80 % power")  # fmt: skip
+        _write(ctx, out, md, "instrument_contrasts", "Instrument contrasts (small − large, points)", pd.DataFrame(crows),
+               _contrast_display(crows), note, "Contrasts")  # fmt: skip
+    lrs = lr_table(results, rows)
+    if len(lrs) and (lrs.groupby("unit")["lr"].nunique() > 1).any():
+        _write(ctx, out, md, "instrument_lr", "Instrument: learning rate per batch size (InfoNCE)", lrs, _lr_display(lrs),
+               "chosen: the best validation top-1 of the linear probe (a split of the training data, never the test split)",
+               "Learning rates")  # fmt: skip
+    ssl = ssl_rows(results, base, big) if big else []
+    if ssl:
+        _write(ctx, out, md, "instrument_ssl", "Instrument: does self-supervision learn? (points)", pd.DataFrame(ssl),
+               _ssl_display(ssl), "Welch t against the random-init seeds; raw pixels (one run) as a constant: one-sample t; "
+               "fraction: (InfoNCE − random-init) / (supervised − random-init)", "Self-supervision against the baselines")  # fmt: skip
+    for fig, alt in (
+        (_contrast_figure(ctx, crows), "instrument contrasts"),
+        (_figure(ctx, results), "instrument arms"),
+    ):
+        if fig:
+            out.files += fig
+            md += ["", ctx.figure_md(fig, alt)]
+    out.findings += findings(results)
     out.markdown = "\n".join(md + [""] + [f"- {s}" for s in out.findings]) + "\n"
     return out
+
+
+def estimate_of(rows: list[dict], unit_label: str, key: str, metric: str = PRIMARY) -> Estimate | None:
+    """The estimate of contrast ``key`` in the unit labelled ``unit_label`` (tests, records)."""
+    return next(
+        (r["estimate"] for r in rows if r["unit"] == unit_label and r["key"] == key and r["metric"] == metric), None
+    )

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ...losses import display_name
+from ...losses.registry import display_name
 from ...mi.toy import CRITICS, ESTIMATORS
 from ..aggregate import pivot
 from ..context import ReportContext, SectionOutput

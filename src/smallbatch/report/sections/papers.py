@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ...losses import display_name, loss_rank, paper_family
+from ...losses.registry import display_name, loss_rank, paper_family
 from ..aggregate import aggregate_cells
 from ..context import ReportContext, SectionOutput
 from ..evidence import paired

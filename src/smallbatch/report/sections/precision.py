@@ -17,7 +17,16 @@ import pandas as pd
 
 from ..aggregate import aggregate_cells, label_order, pivot, shown, sort_by_loss
 from ..context import ReportContext, SectionOutput
-from ..figures import accuracy_long, draw_seeds, history, loss_palette, plot_style, shared_legend, y_range
+from ..figures import (
+    SEEDS_MEANING,
+    accuracy_long,
+    draw_seeds,
+    history,
+    loss_palette,
+    plot_style,
+    shared_legend,
+    y_range,
+)
 from ..fmt import finite, runs_count, sci, short, signed, slug
 from ..runs import METRIC_LABELS, METRICS, param, select_cells
 from ..tables import markdown_table
@@ -201,7 +210,7 @@ def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
 
 
 def _top1_figure(cells: pd.DataFrame, ds: str, ctx: ReportContext) -> tuple[list, str]:
-    """Top-1 per training precision: seeds as points beside each mean and its 95 % t interval; one panel per
+    """Top-1 per training precision: every seed, the seeds' range and their mean; one panel per
     metric (row) and batch size (column)."""
     data = accuracy_long(cells, ctx.scale, ["batch_size", "temperature", "precision", "seed"])
     if data.empty:
@@ -247,7 +256,7 @@ def _top1_figure(cells: pd.DataFrame, ds: str, ctx: ReportContext) -> tuple[list
         fig.tight_layout(rect=(0, 0, 1, 0.95))
         files = ctx.save_figure(fig, f"precision_top1_{slug(ds)}")
     return files, (
-        f"**{ds}: top-1 vs precision** (points: seeds; line: mean with its 95 % t interval; a missing "
+        f"**{ds}: top-1 vs precision** ({SEEDS_MEANING}; a missing "
         "point: every seed diverged or is not evaluated)\n\n" + ctx.figure_md(files, f"{ds} top-1 vs precision")
     )
 

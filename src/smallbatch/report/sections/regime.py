@@ -23,7 +23,17 @@ import pandas as pd
 from ...tracking import BAD_STATUSES
 from ..aggregate import aggregate_cells, label_order, pivot, sort_by_loss
 from ..context import ReportContext, SectionOutput
-from ..figures import accuracy_long, draw_seeds, history, mark_bad, palette, plot_style, shared_legend, y_range
+from ..figures import (
+    SEEDS_MEANING,
+    accuracy_long,
+    draw_seeds,
+    history,
+    mark_bad,
+    palette,
+    plot_style,
+    shared_legend,
+    y_range,
+)
 from ..fmt import num, runs_count, short, signed, slug
 from ..runs import METRIC_LABELS, METRICS, param, param_num, select_cells
 from ..tables import markdown_table
@@ -275,7 +285,7 @@ def _top1_figure(cells: pd.DataFrame, agg: pd.DataFrame, ctx: ReportContext, whe
         files = ctx.save_figure(fig, f"regime_top1_{slug(ds)}_t{slug(short(t))}_{m}")
     return files, (
         f"**{ds}, τ={short(t)}: {lab} vs batch size per training length and optimiser regime** (SimCLR "
-        "Figure 9's analogue; points: seeds, line: mean with its 95 % t interval; ▽ on the x axis: no seed "
+        f"Figure 9's analogue; {SEEDS_MEANING}; ▽ on the x axis: no seed "
         "gave a number; □: some seeds diverged, collapsed or failed)\n\n"
         + ctx.figure_md(files, f"{ds} {lab} vs batch size per regime")
     )

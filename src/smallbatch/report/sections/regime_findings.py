@@ -29,7 +29,7 @@ from typing import Iterable
 import numpy as np
 import pandas as pd
 
-from ...losses import loss_rank
+from ...losses.registry import loss_rank
 from ..evidence import Estimate, contrast, describe, holm, support
 from ..fmt import finite, join, num, short, signed
 from ..runs import METRIC_LABELS

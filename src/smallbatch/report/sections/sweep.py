@@ -13,7 +13,16 @@ import pandas as pd
 from ...tracking import BAD_STATUSES
 from ..aggregate import label_order
 from ..context import ReportContext
-from ..figures import accuracy_long, draw_seeds, loss_palette, mark_bad, plot_style, shared_legend, y_range
+from ..figures import (
+    SEEDS_MEANING,
+    accuracy_long,
+    draw_seeds,
+    loss_palette,
+    mark_bad,
+    plot_style,
+    shared_legend,
+    y_range,
+)
 from ..fmt import finite, short, slug
 from ..runs import METRIC_LABELS, METRICS
 
@@ -155,6 +164,6 @@ def sweep_figure(
         files = ctx.save_figure(fig, f"{stem}_{slug(ds)}")
     extra_t = "; dashed line: the number of pretraining images" if shown_line else ""
     return files, (
-        f"**{ds}: {title}** (points: seeds; line: mean with its 95 % t interval; ▽ on the x axis: no "
+        f"**{ds}: {title}** ({SEEDS_MEANING}; ▽ on the x axis: no "
         f"seed gave a number{extra_t})\n\n" + ctx.figure_md(files, f"{ds} {title}")
     )

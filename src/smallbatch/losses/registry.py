@@ -1,0 +1,484 @@
+"""The loss registry: every loss's names, paper, parameters and properties, without torch.
+
+One :class:`LossSpec` per loss, in :data:`SPECS` (the order tables show them).  Everything
+that only needs to *name* a loss -- the config schema and its checks, cells and their ids,
+the report's labels and colours, the papers table -- reads this module, which imports
+nothing heavier than the standard library (``import smallbatch.losses.registry`` loads no
+torch).  The formula lives in the loss's class (``spec.impl``, loaded by
+:func:`smallbatch.losses.build_loss`), its paper and formula in that class's docstring.
+
+Adding a loss is its class (a subclass of :class:`smallbatch.losses.base.ContrastiveLoss`
+declaring ``spec="<name>"``) plus its entry here; cells, the config schema, the CLI,
+CONFIGURATION.md (``smallbatch config-reference``) and the report follow from the two.
+
+A spec's properties say how the training loop treats the loss:
+
+* ``stateful`` -- per-image state across steps (SogCLR's ``u``): ``init_state`` allocates
+  it, ``state.pt`` saves it, and it runs on one process;
+* ``learnable`` -- the loss has parameters the optimiser trains (SigLIP's ``t'`` and
+  ``b``): they join the optimiser (no weight decay), move to the device, are saved and
+  restored with the loss's ``state_dict``, and their gradients are averaged over processes;
+* ``owns_temperature`` -- τ is one of those parameters, or of its state (iSogCLR's τ per
+  image): the cell's τ initialises it and ``train/tau`` logs its current value
+  (``learnt_temperature()``; per image: their mean);
+* ``uses_temperature`` -- False when the loss has no τ at all (a kernel loss): the cell's τ
+  only sets the InfoNCE it reports beside its value;
+* ``negatives`` -- ``"all"`` (every in-batch or queued negative) or ``"same_view"`` (only the
+  anchor's own view of the other images: DHEL's and the kernel losses' uniformity), built
+  as a mask from shapes; same-view negatives exist in the batch only (no queue);
+* ``per_anchor`` -- the loss is a mean over anchors, so a process's share of the anchors
+  computes its share of the loss (several processes); False: one process.
+
+A *method* is more than a loss.  The methods without negatives (SimSiam, VICReg, BYOL) are
+entries here too, with ``negatives = "none"``: their class (a
+:class:`smallbatch.losses.siamese.SiameseLoss`) takes the two views' outputs and targets,
+not scores, and two more properties declare what else the method needs:
+
+* ``predictor`` -- an MLP on the projection (SimSiam's, BYOL's): the model carries it
+  (:class:`smallbatch.models.ContrastiveModel`, its hidden width from the loss's
+  ``predictor_hidden``), the optimiser trains it and ``state.pt`` / ``checkpoint.pt`` save it
+  with the network; the online branch's output is the prediction;
+* ``ema_target`` -- the targets come from an exponential moving average of the online
+  network (BYOL): the training step's source keeps that target network, updates it after
+  every step at the loss's ``ema`` schedule, and saves it in ``state.pt``.
+
+From ``negatives = "none"`` the training takes its views source (no negatives: the scores it
+logs are diagnostics of the projections only) and refuses, in one line, what needs
+negatives or several processes (a queue, negatives' groups, the same-class mask, an ESS
+schedule, gradient caching, ``train.devices`` > 1).  Nothing outside this module names a
+method.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "LossSpec",
+    "SPECS",
+    "NEGATIVES",
+    "loss_spec",
+    "canonical_name",
+    "display_name",
+    "loss_rank",
+    "paper_family",
+    "loss_param_names",
+    "loss_names",
+    "config_schema",
+]
+
+#: which negatives a loss contrasts (see the module docstring; "none": a method without negatives)
+NEGATIVES = ("all", "same_view", "none")
+#: the schedules of an EMA target's momentum (see :class:`smallbatch.losses.siamese.BYOL`)
+EMA_SCHEDULES = ("cosine", "fixed")
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    """One loss of the registry (see the module docstring for the properties).
+
+    ``name``: the registry name (cell ids, configs); ``display``: the name tables show;
+    ``paper``: who proposed it; ``impl``: ``"<module>:<class>"``, the module relative to
+    :mod:`smallbatch.losses` when it starts with a dot; ``aliases``: other accepted names; ``paper_pattern``: a regex
+    that recognises the loss in the papers' method names (``paper_results.csv``);
+    ``defaults``: the constructor's parameters and their defaults; ``params``: one JSON
+    schema per parameter, whose ``default`` is the study's (written into the config schema)."""
+
+    name: str
+    display: str
+    paper: str
+    impl: str
+    aliases: tuple[str, ...] = ()
+    paper_pattern: str = ""
+    defaults: dict[str, Any] = field(default_factory=dict)
+    params: dict[str, dict] = field(default_factory=dict)
+    stateful: bool = False
+    learnable: bool = False
+    owns_temperature: bool = False
+    uses_temperature: bool = True
+    negatives: str = "all"
+    per_anchor: bool = True
+    predictor: bool = False
+    ema_target: bool = False
+
+    def __post_init__(self) -> None:
+        if self.negatives not in NEGATIVES:
+            raise ValueError(f"loss {self.name!r}: negatives must be one of {NEGATIVES}, not {self.negatives!r}")
+        if (self.predictor or self.ema_target) and self.contrastive:
+            raise ValueError(f"loss {self.name!r}: a predictor or an EMA target belongs to a method without negatives")
+        needs = ({"pred_hidden"} if self.predictor else set()) | ({"ema", "ema_schedule"} if self.ema_target else set())
+        if needs - set(self.defaults):
+            raise ValueError(
+                f"loss {self.name!r}: its method needs the parameters {sorted(needs - set(self.defaults))}"
+            )
+        if set(self.params) - set(self.defaults):
+            raise ValueError(
+                f"loss {self.name!r}: schema parameters {sorted(set(self.params) - set(self.defaults))} "
+                "have no constructor default"
+            )
+        if self.owns_temperature and not (self.learnable or self.stateful):
+            raise ValueError(f"loss {self.name!r}: a loss that owns its temperature learns it or keeps it as state")
+
+    @property
+    def contrastive(self) -> bool:
+        """The loss contrasts negatives (False: a method without negatives)."""
+        return self.negatives != "none"
+
+    @property
+    def one_process(self) -> str | None:
+        """Why the loss runs on one process only (a stateful or whole-batch loss, a method
+        without negatives), or None."""
+        if not self.contrastive:
+            return f"{self.display} (a method without negatives)"
+        if self.stateful:
+            return f"{self.display}'s per-image state"
+        if not self.per_anchor:
+            return f"{self.display}'s whole-batch mean"
+        return None
+
+
+def _number(description: str, default: Any, **bounds: Any) -> dict:
+    return {"type": "number", **bounds, "default": default, "description": description}
+
+
+def _PRED_HIDDEN(default: str) -> dict:  # noqa: N802 - a schema template, read as a constant
+    return {
+        "type": ["integer", "null"],
+        "minimum": 1,
+        "default": None,
+        "description": f"hidden width of the predictor MLP (null: {default})",
+    }
+
+
+_TAU_PLUS = "Debiased, HCL: the class prior tau+ (the chance a negative shares the anchor's class; 0 = no debiasing)"
+
+
+#: The one list of losses, in the order tables show them.
+SPECS: dict[str, LossSpec] = {
+    s.name: s
+    for s in (
+        LossSpec(
+            name="infonce",
+            display="InfoNCE",
+            paper="van den Oord et al. 2018; Chen et al. 2020 (SimCLR)",
+            impl=".softmax:InfoNCE",
+            aliases=("ntxent", "simclr"),
+            paper_pattern=r"nt-xent|simclr|infonce|cross-entropy|moco",
+        ),
+        LossSpec(
+            name="flatnce",
+            display="FlatNCE",
+            paper="Chen et al. 2021 (FlatNCE)",
+            impl=".flatnce:FlatNCE",
+            paper_pattern=r"flatnce",
+            defaults={"gamma": 1.0},
+            params={"gamma": _number("Hölder-mean exponent (1 = FlatNCE)", 1.0, exclusiveMinimum=0)},
+        ),
+        LossSpec(
+            name="dcl",
+            display="DCL",
+            paper="Yeh et al. 2021 (DCL)",
+            impl=".decoupled:DCL",
+            paper_pattern=r"\bdcl\b",
+        ),
+        LossSpec(
+            name="dclw",
+            display="DCLW",
+            paper="Yeh et al. 2021 (DCLW)",
+            impl=".decoupled:DCLW",
+            paper_pattern=r"dclw",
+            defaults={"sigma": 0.5},
+            params={
+                "sigma": _number(
+                    "width of the von Mises-Fisher weights of the positives (inf = DCL)", 0.5, exclusiveMinimum=0
+                )
+            },
+        ),
+        LossSpec(
+            name="eqco",
+            display="EqCo",
+            paper="Zhu et al. 2020 (EqCo)",
+            impl=".softmax:EqCo",
+            paper_pattern=r"eqco|simo",
+            defaults={"alpha": None},
+            params={
+                "alpha": {
+                    "type": ["number", "null"],
+                    "exclusiveMinimum": 0,
+                    "default": 256,
+                    "description": "the negatives' term is scaled by alpha/K (null: alpha = K, i.e. InfoNCE)",
+                }
+            },
+        ),
+        LossSpec(
+            name="sogclr",
+            display="SogCLR",
+            paper="Yuan et al. 2022 (SogCLR)",
+            impl=".sogclr:SogCLR",
+            paper_pattern=r"sogclr",
+            defaults={"gamma": 0.9},
+            params={
+                "gamma": _number(
+                    "SogCLR: weight of the batch in u's moving average (1 = no memory: DCL's gradient)",
+                    0.9,
+                    exclusiveMinimum=0,
+                    maximum=1,
+                )
+            },
+            stateful=True,
+        ),
+        LossSpec(
+            name="isogclr",
+            display="iSogCLR",
+            paper="Qiu et al. 2023 (iSogCLR)",
+            impl=".sogclr:ISogCLR",
+            paper_pattern=r"isogclr",
+            defaults={"gamma": 0.9, "rho": 0.3, "eta": 0.01, "beta": 0.9, "tau_min": 0.05, "tau_max": 0.7},
+            params={
+                "gamma": _number(
+                    "iSogCLR: weight of the batch in u's moving average", 0.9, exclusiveMinimum=0, maximum=1
+                ),
+                "rho": _number("iSogCLR: rho, the size of the KL ball of its robust objective", 0.3, minimum=0),
+                "eta": _number("iSogCLR: step size of the per-image temperatures", 0.01, minimum=0),
+                "beta": _number(
+                    "iSogCLR: weight of the new gradient in the temperatures' momentum",
+                    0.9,
+                    exclusiveMinimum=0,
+                    maximum=1,
+                ),
+                "tau_min": _number("iSogCLR: lower bound of the per-image temperatures", 0.05, exclusiveMinimum=0),
+                "tau_max": _number("iSogCLR: upper bound of the per-image temperatures", 0.7, exclusiveMinimum=0),
+            },
+            stateful=True,
+            owns_temperature=True,
+        ),
+        LossSpec(
+            name="siglip",
+            display="SigLIP",
+            paper="Zhai et al. 2023 (SigLIP); Çağatan 2024 (SigCLR)",
+            impl=".sigmoid:SigLIP",
+            aliases=("sigclr",),
+            paper_pattern=r"siglip|sigclr",
+            defaults={"bias_init": -10.0},
+            params={
+                "bias_init": {
+                    "type": "number",
+                    "default": -10.0,
+                    "description": "SigLIP: the learnt bias b at the start (the learnt t = 1/τ starts at the cell's τ)",
+                }
+            },
+            learnable=True,
+            owns_temperature=True,
+        ),
+        LossSpec(
+            name="dhel",
+            display="DHEL",
+            paper="Koromilas et al. 2024 (DHEL)",
+            impl=".decoupled:DHEL",
+            paper_pattern=r"dhel",
+            negatives="same_view",
+        ),
+        LossSpec(
+            name="kcl",
+            display="KCL",
+            paper="Koromilas et al. 2024 (KCL)",
+            impl=".kernel:KCL",
+            paper_pattern=r"\bkcl\b",
+            defaults={"t": 2.0, "gamma": 16.0},
+            params={
+                "t": _number("kernel losses: t of the Gaussian kernel exp(-t ||z - z'||^2)", 2.0, exclusiveMinimum=0),
+                "gamma": _number("KCL: weight of the energy (negatives') term", 16.0, exclusiveMinimum=0),
+            },
+            uses_temperature=False,
+            negatives="same_view",
+        ),
+        LossSpec(
+            name="simco",
+            display="SimCo",
+            paper="Zhang et al. 2022 (SimCo, dual temperature)",
+            impl=".softmax:DualTemperature",
+            paper_pattern=r"simco|simmoco",
+            defaults={"m": 10.0},
+            params={"m": _number("SimCo: the inter-anchor temperature is tau * m (1 = InfoNCE)", 10.0, minimum=1)},
+        ),
+        LossSpec(
+            name="align_uniform",
+            display="Align+Uniform",
+            paper="Wang & Isola 2020 (alignment and uniformity)",
+            impl=".kernel:AlignUniform",
+            paper_pattern=r"uniformity",
+            defaults={"lam": 1.0, "alpha": 2.0, "t": 2.0},
+            params={
+                "lam": _number("align_uniform: weight of the uniformity term", 1.0, exclusiveMinimum=0),
+                "alpha": _number("align_uniform: the alignment's power of ||z - z+||", 2.0, exclusiveMinimum=0),
+                "t": _number("kernel losses: t of the Gaussian kernel exp(-t ||z - z'||^2)", 2.0, exclusiveMinimum=0),
+            },
+            uses_temperature=False,
+            negatives="same_view",
+            per_anchor=False,
+        ),
+        LossSpec(
+            name="debiased",
+            display="Debiased",
+            paper="Chuang et al. 2020 (debiased contrastive learning)",
+            impl=".debiased:Debiased",
+            paper_pattern=r"debiased",
+            defaults={"tau_plus": 0.1},
+            params={"tau_plus": _number(_TAU_PLUS, 0.1, minimum=0, exclusiveMaximum=1)},
+        ),
+        LossSpec(
+            name="hcl",
+            display="HCL",
+            paper="Robinson et al. 2021 (hard negatives, HCL)",
+            impl=".debiased:HardNegatives",
+            paper_pattern=r"\bhcl\b|hard negative",
+            defaults={"tau_plus": 0.1, "beta": 1.0},
+            params={
+                "tau_plus": _number(_TAU_PLUS, 0.1, minimum=0, exclusiveMaximum=1),
+                "beta": _number("HCL: hardness, negatives weighted by exp(beta s/tau) (0 = Debiased)", 1.0, minimum=0),
+            },
+        ),
+        LossSpec(
+            name="infonce_lt",
+            display="InfoNCE (learnt τ)",
+            paper="Radford et al. 2021 (CLIP's learnt temperature)",
+            impl=".softmax:LearntTemperatureInfoNCE",
+            learnable=True,
+            owns_temperature=True,
+        ),
+        LossSpec(
+            name="simsiam",
+            display="SimSiam",
+            paper="Chen & He 2021 (SimSiam)",
+            impl=".siamese:SimSiam",
+            paper_pattern=r"simsiam",
+            defaults={"pred_hidden": None},
+            params={"pred_hidden": _PRED_HIDDEN("train.proj_dim / 4, SimSiam's bottleneck (2048 -> 512)")},
+            uses_temperature=False,
+            negatives="none",
+            per_anchor=False,
+            predictor=True,
+        ),
+        LossSpec(
+            name="vicreg",
+            display="VICReg",
+            paper="Bardes, Ponce & LeCun 2022 (VICReg)",
+            impl=".siamese:VICReg",
+            paper_pattern=r"vicreg",
+            defaults={"lam": 25.0, "mu": 25.0, "nu": 1.0},
+            params={
+                "lam": _number("VICReg: weight of the invariance (mean squared error) term", 25.0, minimum=0),
+                "mu": _number("VICReg: weight of the variance (hinge on each dimension's std) term", 25.0, minimum=0),
+                "nu": _number("VICReg: weight of the covariance (off-diagonal) term", 1.0, minimum=0),
+            },
+            uses_temperature=False,
+            negatives="none",
+            per_anchor=False,
+        ),
+        LossSpec(
+            name="byol",
+            display="BYOL",
+            paper="Grill et al. 2020 (BYOL)",
+            impl=".siamese:BYOL",
+            paper_pattern=r"\bbyol\b",
+            defaults={"pred_hidden": None, "ema": 0.99, "ema_schedule": "cosine"},
+            params={
+                "pred_hidden": _PRED_HIDDEN("train.proj_hidden, as wide as the projector (BYOL: 4096 and 4096)"),
+                "ema": _number(
+                    "BYOL: the target network's EMA momentum at the first step (its schedule's start)",
+                    0.99,
+                    minimum=0,
+                    maximum=1,
+                ),
+                "ema_schedule": {
+                    "type": "string",
+                    "enum": list(EMA_SCHEDULES),
+                    "default": "cosine",
+                    "description": "BYOL: cosine = the momentum rises from ema to 1 over training "
+                    "(1 - (1 - ema)(cos(pi k/K) + 1)/2); fixed = ema at every step",
+                },
+            },
+            uses_temperature=False,
+            negatives="none",
+            per_anchor=False,
+            predictor=True,
+            ema_target=True,
+        ),
+    )
+}
+
+
+# --------------------------------------------------------------------------- look-ups
+def loss_names() -> dict[str, str]:
+    """Every accepted name (registry names and aliases) -> its registry name."""
+    return {**{n: n for n in SPECS}, **{a: s.name for s in SPECS.values() for a in s.aliases}}
+
+
+def loss_spec(name: str) -> LossSpec:
+    """The spec of ``name`` (any accepted name, any case); ValueError naming the allowed names."""
+    names = loss_names()
+    key = str(name).strip().lower()
+    if key not in names:
+        raise ValueError(f"unknown loss {name!r}; allowed: {', '.join(sorted(names))}")
+    return SPECS[names[key]]
+
+
+def canonical_name(name: str) -> str:
+    """The registry name of ``name`` (an alias such as ``ntxent`` -> ``infonce``);
+    ValueError naming the allowed names for an unknown one."""
+    return loss_spec(name).name
+
+
+def display_name(name: str) -> str:
+    """The name tables show (``InfoNCE``); an unknown name is returned unchanged."""
+    key = loss_names().get(str(name).strip().lower())
+    return SPECS[key].display if key is not None else str(name)
+
+
+def loss_rank(name: str) -> tuple[int, str]:
+    """Sort key: registry order first, unknown names after, alphabetically."""
+    order = list(SPECS)
+    return (order.index(name) if name in order else len(order), str(name))
+
+
+def paper_family(method: Any) -> str | None:
+    """The loss a paper's method name belongs to (``'SimCLR (NT-Xent)'`` -> ``infonce``),
+    matched by each loss's ``paper_pattern``; the most specific loss wins (the registry
+    is searched from its end, so DCLW before DCL and every fix before InfoNCE)."""
+    s = str(method).lower()
+    for spec in reversed(list(SPECS.values())):
+        if spec.paper_pattern and re.search(spec.paper_pattern, s):
+            return spec.name
+    return None
+
+
+def loss_param_names(name: str) -> dict[str, Any]:
+    """The extra parameters loss ``name`` accepts, with defaults (temperature excluded)."""
+    return dict(loss_spec(name).defaults)
+
+
+def config_schema() -> dict[str, Any]:
+    """The config schema's loss parts, generated from the registry:
+    ``names`` (enum of accepted names), ``loss_params`` (one object per loss with its
+    parameters and the study's defaults) and ``entry_params`` (a grid entry's
+    parameter may be a value or a list of values to sweep)."""
+    loss_params, scalars = {}, {}
+    for name, spec in SPECS.items():
+        loss_params[name] = {
+            "type": "object",
+            "default": {},
+            "additionalProperties": False,
+            "description": f"{spec.display} ({spec.paper})",
+            "properties": {k: dict(v) for k, v in spec.params.items()},
+        }
+        for key, sch in spec.params.items():
+            scalar = {k: v for k, v in sch.items() if k != "default"}
+            if scalar not in scalars.setdefault(key, []):
+                scalars[key].append(scalar)
+    entry_params = {}
+    for key, alts in scalars.items():  # a name shared by losses (gamma: FlatNCE, SogCLR) takes either's values
+        scalar = alts[0] if len(alts) == 1 else {"anyOf": alts}
+        entry_params[key] = {"anyOf": [scalar, {"type": "array", "minItems": 1, "items": scalar}]}
+    return {"names": sorted(loss_names()), "loss_params": loss_params, "entry_params": entry_params}

@@ -1,0 +1,131 @@
+"""A cell read from a file or the command line, checked whole before it is typed.
+
+A cell's JSON (``cell.json``, ``--cell-json``) may have been edited by hand.  Before it
+becomes a :class:`~smallbatch.cell.Cell` it must be a cell in every part: every key a cell
+of its kind has and no other (:func:`cell_schema`: the config schema's own nodes for
+``train``, ``eval``, the data set's options, ``tracking``, seeds, threads and device, every
+key required), its derived values its settings' (``negatives``), its hash the hash of its
+settings and id, then the checks a config's cells get (:func:`.config._cell_problem`).  The
+first problem is one line naming the source and the key.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import MISSING, fields
+
+from ..cell import BaselineCell, Cell
+from .schema import load_schema
+
+BASELINE_KINDS = ("raw_pixels", "random_init", "supervised")
+
+
+def _required(node: dict) -> dict:
+    """``node`` (an object's schema) with every one of its properties required."""
+    return {**node, "required": sorted(node.get("properties", {}))}
+
+
+def _field_names(cls, with_defaults: bool) -> list[str]:
+    return [
+        f.name
+        for f in fields(cls)
+        if not f.name.startswith("_") and (with_defaults or (f.default is MISSING and f.default_factory is MISSING))
+    ]
+
+
+@functools.lru_cache(maxsize=2)
+def cell_schema(baseline: bool) -> dict:
+    """The JSON schema of a study cell (or a baseline cell): its keys are the fields of
+    :class:`~smallbatch.cell.Cell` (:class:`~smallbatch.cell.BaselineCell`), each typed by the
+    config schema's node for it where the config has one."""
+    root = load_schema()
+    props, defs = root["properties"], root["$defs"]
+    keys = {
+        "id": {"type": "string"},
+        "hash": {"type": "string"},
+        "experiment": {"type": "string"},
+        "dataset": {"type": "string", "enum": props["datasets"]["propertyNames"]["enum"]},
+        "dataset_options": _required(props["datasets"]["additionalProperties"]),
+        "data_root": {"type": "string"},
+        "download": {"type": "boolean"},
+        "data_digest": {"type": "string"},
+        "seed": defs["seeds"]["items"],
+        "train": _required(props["train"]),
+        "eval": _required(props["eval"]),
+        "device": props["device"],
+        "threads": props["threads"],
+        "tracking": props["tracking"],
+        "augment": {"type": "object"},
+        "batch_size": {"type": "integer", "minimum": 2},
+    }
+    if baseline:
+        keys["baseline"] = {"type": "string", "enum": list(BASELINE_KINDS)}
+    else:
+        keys.update(
+            loss={"$ref": "#/$defs/loss_name"},
+            loss_params={"type": "object"},
+            temperature={"type": "number", "exclusiveMinimum": 0},
+            negatives={"type": "integer", "minimum": 1},
+        )
+    cls = BaselineCell if baseline else Cell
+    return {
+        "type": "object",
+        "properties": {k: keys[k] for k in _field_names(cls, True)},
+        "required": _field_names(cls, False),
+        "additionalProperties": False,
+        "$defs": defs,
+    }
+
+
+def cell_json_problem(obj: dict, baseline: bool) -> str | None:
+    """The first problem of a cell's JSON object (see the module docstring), one line without
+    its source, or None; the hash is checked by the caller, after this."""
+    from .config import _one_line, _validator_with_defaults
+
+    schema = cell_schema(baseline)
+    errors = list(_validator_with_defaults(fill=False)(schema).iter_errors(obj))
+    missing = [e for e in errors if e.validator == "required"]
+    if missing:
+        keys = [_dotted(e.absolute_path, name) for e in missing for name in _absent(e)]
+        kind = "baseline cell" if baseline else "cell"
+        more = f" (and {len(keys) - 1} more)" if len(keys) > 1 else ""
+        return f"lacks the key {keys[0]!r} of a {kind}{more}; write it with `smallbatch cells --write`"
+    if errors:
+        err = max(errors, key=lambda e: len(e.absolute_path))
+        return _one_line(err, schema, what="key")
+    if not baseline:
+        return _loss_params_problem(obj) or _derived_problem(obj)
+    if obj["baseline"] == "supervised" and obj.get("batch_size") is None:
+        return "a supervised baseline lacks its batch_size; write it with `smallbatch cells --write`"
+    return None
+
+
+def _absent(err) -> list[str]:
+    return [k for k in err.validator_value if isinstance(err.instance, dict) and k not in err.instance]
+
+
+def _dotted(path, name: str) -> str:
+    return ".".join([*(str(p) for p in path), name])
+
+
+def _loss_params_problem(obj: dict) -> str | None:
+    """The cell's loss parameters against its loss's schema (the registry's)."""
+    from .config import _one_line, _validator_with_defaults
+
+    node = load_schema()["properties"]["loss_params"]["properties"][obj["loss"]]
+    wrapped = {"type": "object", "properties": {"loss_params": node}}
+    errors = list(_validator_with_defaults(fill=False)(wrapped).iter_errors({"loss_params": obj["loss_params"]}))
+    return _one_line(errors[0], wrapped, what="key") if errors else None
+
+
+def _derived_problem(obj: dict) -> str | None:
+    """A value a cell derives from its settings that is not theirs (``negatives``: K)."""
+    from .cells import cell_negatives
+
+    k = cell_negatives(obj["train"], obj["batch_size"], obj["loss"])
+    if obj["negatives"] != k:
+        return (
+            f"key 'negatives' = {obj['negatives']!r} is not the K of its settings ({k}: batch size, "
+            "train.neg_group, train.queue_size, train.extra_negatives); write it with `smallbatch cells --write`"
+        )
+    return None

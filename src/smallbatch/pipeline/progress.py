@@ -1,0 +1,221 @@
+"""A study's compact console: one line per finished cell with its time and an ETA.
+
+:class:`StudyProgress` reads Snakemake's job events (planned counts, a job started, finished,
+failed) and returns the lines to print; :class:`ConsoleHandler` is the Snakemake logger plugin
+(``snakemake --logger smallbatch``, registered by the ``snakemake_logger_plugin_smallbatch``
+package) that feeds it from Snakemake's log records and prints them instead of Snakemake's rule
+blocks.  Snakemake's full log still goes to ``.snakemake/log/*.snakemake.log`` and each job's to
+its file under ``<results>/logs``.
+
+A *cell* is what the study reports: a grid cell (its ``evaluate`` job finishing, timed from its
+``pretrain`` job's start), a baseline, or the MI toy.  The ETA is the cells left times the mean
+time of the cells done so far, divided by how many ran at once (the cells' busy time over the
+wall time): cells run longest first, so the first estimates are high.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass, field
+
+#: rules whose finished job completes a cell, and how a job of each names its cell
+CELL_RULES = {
+    "evaluate": lambda w: w.get("cell", "cell"),
+    "baseline": lambda w: f"baselines/{w.get('dataset', '?')}/{w.get('kind', '?')}",
+    "mi_bench": lambda w: "mi (the MI toy)",
+}
+#: rules whose finished job gets a line of its own without being a cell
+STEP_RULES = {
+    "prepare_data": lambda w: f"data {w.get('dataset', '')} ready".replace("  ", " "),
+    "report": lambda w: "report written",
+}
+#: the rule whose start starts a grid cell's clock, and the rule that completes a grid cell
+START_RULE, GRID_RULE = "pretrain", "evaluate"
+#: Snakemake's plain messages still shown (the rest is in its log file)
+KEPT_MESSAGES = re.compile(r"^(Nothing to be done|Complete log|Exiting because|Will exit after|Shutting down)")
+#: Snakemake's message when it restarts a failed job
+RESTART = re.compile(r"^Trying to restart job (\S+)\.")
+#: exceptions Snakemake logs for a failed job, before the job's own error (which names it and its log)
+JOB_EXCEPTIONS = ("RuleException", "CalledProcessError")
+
+
+def clock(seconds: float) -> str:
+    """``42 s``, ``3 min 07 s``, ``1 h 02 min``."""
+    s = max(0, int(round(seconds)))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+@dataclass
+class StudyProgress:
+    """The console's state: cells planned per kind (the rule that completes them), jobs running (their rule,
+    cell and start), the times of the cells done per kind.  Every method takes the event's time (seconds)
+    and returns the lines to print."""
+
+    plan: dict = field(default_factory=dict)  # completing rule -> cells planned
+    start: float | None = None
+    running: dict = field(default_factory=dict)  # jobid -> (rule, name, start)
+    cell_start: dict = field(default_factory=dict)  # cell name -> (completing rule, its first job's start)
+    durations: dict = field(default_factory=dict)  # completing rule -> [seconds of each cell done]
+    failed: dict = field(default_factory=dict)  # cell -> completing rule, failed and not finished since (a retry may)
+
+    @property
+    def cells_planned(self) -> int:
+        return sum(self.plan.values())
+
+    @property
+    def cells_done(self) -> int:
+        return sum(len(d) for d in self.durations.values())
+
+    def planned(self, counts: dict, now: float) -> list[str]:
+        """Snakemake's job counts per rule for this run."""
+        self.plan = {r: int(counts.get(r, 0)) for r in CELL_RULES if counts.get(r)}
+        self.start = now if self.start is None else self.start
+        n = self.cells_planned
+        if not n:
+            return []
+        return [
+            f"{n} cell{'s' if n != 1 else ''} to run ({int(counts.get('total', 0))} jobs); one line per finished cell"
+        ]
+
+    def job_started(self, jobid, rule: str, wildcards: dict, now: float) -> list[str]:
+        self.start = now if self.start is None else self.start
+        name = _name(rule, wildcards)
+        self.running[jobid] = (rule, name, now)
+        if rule in (START_RULE, *CELL_RULES):
+            self.cell_start.setdefault(name, (rule if rule in CELL_RULES else GRID_RULE, now))
+        return []
+
+    def job_finished(self, jobid, now: float) -> list[str]:
+        rule, name, began = self.running.pop(jobid, (None, None, now))
+        if rule in STEP_RULES:
+            return [f"{name} ({clock(now - began)})"]
+        if rule not in CELL_RULES:
+            return []
+        took = now - self.cell_start.pop(name, (rule, began))[1]
+        self.durations.setdefault(rule, []).append(took)
+        self.failed.pop(name, None)
+        done, total = self.cells_done, max(self.cells_planned, self.cells_done)
+        eta = self.eta(now)
+        tail = f"elapsed {clock(now - self.start)}" + (f", ETA {clock(eta)}" if eta is not None else ", all done")
+        return [f"[{done:>{len(str(total))}}/{total}] {name}  {clock(took)}  ({tail})"]
+
+    def job_failed(self, jobid, rule: str, logs, now: float) -> list[str]:
+        """A job failed: its cell (or step) with its log files.  The job stays known by its id: Snakemake
+        may retry it (:meth:`retried`), and the cell's clock keeps its first start."""
+        _, name, _ = self.running.get(jobid, (rule, rule, now))
+        if rule in CELL_RULES or rule == START_RULE:
+            self.failed[name] = rule if rule in CELL_RULES else GRID_RULE
+        where = f"; its log: {', '.join(str(x) for x in logs)}" if logs else ""
+        return [f"FAILED {name} (rule {rule}){where}"]
+
+    def retried(self, jobid, now: float) -> list[str]:
+        """Snakemake restarts a failed job (``retries``)."""
+        rule, name, _ = self.running.pop(jobid, (None, f"job {jobid}", now))
+        return [f"retrying {name}" + (f" (rule {rule})" if rule else "")]
+
+    def eta(self, now: float) -> float | None:
+        """Seconds until the planned cells are done, from the cells done so far: the cells left of each kind
+        (grid cell, baseline, MI toy) times the mean time of that kind's cells done (of all cells done while
+        a kind has none), less what the running cells have done, over how many ran at once.  None when no
+        cell is left."""
+        left = {r: n - len(self.durations.get(r, [])) for r, n in self.plan.items()}
+        for r in self.failed.values():
+            left[r] = left.get(r, 0) - 1
+        if sum(max(0, n) for n in left.values()) <= 0:
+            return None
+        done = [d for ds in self.durations.values() for d in ds]
+        if not done or self.start is None or now <= self.start:
+            return 0.0
+        mean = {r: sum(self.durations.get(r) or done) / len(self.durations.get(r) or done) for r in left}
+        cells = [self.cell_start[n] for n in {n for _, n, _ in self.running.values() if n in self.cell_start}]
+        at_once = max(1.0, (sum(done) + sum(now - t for _, t in cells)) / (now - self.start))
+        work = sum(max(0, n) * mean[r] for r, n in left.items()) - sum(min(now - t, mean.get(r, 0.0)) for r, t in cells)
+        return max(0.0, work) / at_once
+
+
+def _name(rule: str, wildcards: dict) -> str:
+    w = dict(wildcards or {})
+    if rule in CELL_RULES:
+        return CELL_RULES[rule](w)
+    if rule == START_RULE:
+        return w.get("cell", "cell")
+    if rule in STEP_RULES:
+        return STEP_RULES[rule](w)
+    return rule
+
+
+def console_handler_class():
+    """The Snakemake logger plugin's handler class (imports Snakemake's plugin interface, so only when asked)."""
+    from snakemake_interface_logger_plugins.base import LogHandlerBase
+    from snakemake_interface_logger_plugins.common import LogEvent
+
+    class ConsoleHandler(LogHandlerBase):
+        """Prints :class:`StudyProgress`'s lines, errors and a few of Snakemake's plain messages; a dry run
+        (``-n``) is printed as Snakemake prints it."""
+
+        def __post_init__(self) -> None:
+            from snakemake.logging import DefaultFilter
+
+            s = self.common_settings
+            self.progress = StudyProgress()
+            self.stream = sys.stdout if getattr(s, "stdout", False) else sys.stderr
+            self.plain = DefaultFilter(s.quiet, s.debug_dag, s.verbose, s.dryrun, s.printshellcmds)
+
+        def emit(self, record) -> None:
+            try:
+                for line in self.lines(record):
+                    self.stream.write(line + "\n")
+                self.stream.flush()
+            except Exception:
+                self.handleError(record)
+
+        def lines(self, record) -> list[str]:
+            event, now = getattr(record, "event", None), record.created
+            if self.common_settings.dryrun:
+                return [self.format(record)] if self.plain.filter(record) else []
+            p = self.progress
+            if event == LogEvent.RUN_INFO:
+                return p.planned(getattr(record, "stats", {}) or {}, now)
+            if event == LogEvent.JOB_INFO:
+                return p.job_started(record.jobid, record.rule_name, record.wildcards, now)
+            if event == LogEvent.JOB_FINISHED:
+                return p.job_finished(record.job_id, now)
+            if event == LogEvent.JOB_ERROR:
+                return p.job_failed(record.jobid, record.rule_name, getattr(record, "log", []), now)
+            if event == LogEvent.ERROR:
+                return [] if getattr(record, "exception", None) in JOB_EXCEPTIONS else [self.format(record)]
+            message = str(record.getMessage()) if record.msg is not None else ""
+            restart = RESTART.match(message)
+            if event is None and restart:
+                jobid = restart.group(1)
+                return p.retried(int(jobid) if jobid.isdigit() else jobid, now)
+            if event is None and (record.levelno >= 30 or KEPT_MESSAGES.match(message)):
+                return [message]
+            return []
+
+        @property
+        def writes_to_stream(self) -> bool:
+            return True
+
+        @property
+        def writes_to_file(self) -> bool:
+            return False
+
+        @property
+        def has_filter(self) -> bool:
+            return True
+
+        @property
+        def has_formatter(self) -> bool:
+            return False
+
+        @property
+        def needs_rulegraph(self) -> bool:
+            return False
+
+    return ConsoleHandler
