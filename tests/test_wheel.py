@@ -1,7 +1,7 @@
 """The package where users install it: a wheel built from the repository's files, installed
 into a fresh virtual environment outside the checkout, plans the default study and runs one
-digits cell (pretrain, evaluate, tracked in MLflow) from a folder outside the checkout, and
-``smallbatch.results`` reads that cell back.
+digits cell (pretrain, evaluate, tracked in MLflow) from a folder outside the checkout;
+``smallbatch.results`` reads that cell back and ``smallbatch report`` builds its report.
 
 The fresh environment has no ``PYTHONPATH`` and no access to the checkout: it reaches the
 test environment's dependencies (torch, MLflow, ...) through one ``.pth`` line naming their
@@ -123,3 +123,7 @@ def test_the_installed_command_plans_a_study_and_runs_a_digits_cell(installed):
     assert rows == [
         {"cell_id": "digits/infonce/bs32-t0.5-s0", "status": "finished", "metrics.knn/top1": knn["knn/top1"]}
     ]
+    # the report reads the papers' numbers from the package's data (resources/paper_results.csv)
+    _run(["smallbatch", "report", "--tracking-uri", uri, "--out", "report"], cwd=work, env=env)
+    assert "digits/infonce/bs32-t0.5-s0" in (work / "report" / "tables" / "cost_runs.csv").read_text()
+    assert (work / "report" / "tables" / "papers_reported.csv").stat().st_size > 0
