@@ -54,7 +54,8 @@ def installed(tmp_path_factory) -> dict:
     _run([sys.executable, "-m", "venv", "--without-pip", venv], cwd=tmp)
     py = venv / "bin" / "python"
     purelib = _run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=tmp).stdout.strip()
-    Path(purelib, "test-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    ours = dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))  # one folder, or two
+    Path(purelib, "test-dependencies.pth").write_text("".join(f"{p}\n" for p in ours))
     _run([*pip, "--python", py, "install", "--no-deps", "--no-index", wheel], cwd=tmp)
 
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
