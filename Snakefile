@@ -1,6 +1,6 @@
 # smallbatch: do contrastive learners really need large batches?
 # `snakemake --cores N` runs the whole study in config.yaml (validated against
-# workflow/schemas/config.schema.yaml); every rule calls the `smallbatch` CLI.
+# src/smallbatch/resources/config.schema.yaml); every rule calls the `smallbatch` CLI.
 from snakemake.utils import min_version
 
 min_version("9.0")

@@ -162,14 +162,13 @@ def test_every_cell_has_real_numbers_in_mlflow_and_files(study):
 
 
 def test_jobs_ran_in_the_warm_server_which_stopped_with_the_run(study):
-    """A local run hands its jobs to the warm-start server (smallbatch.pipeline.warm), one child per
-    job, each exiting 0; Snakemake's onsuccess stops it and its socket is gone."""
+    """A local run hands its jobs to the warm-start server (smallbatch.pipeline.warm) once it has
+    imported what they need (the first jobs may run by themselves before), one child per job,
+    each exiting 0; Snakemake's onsuccess stops it and its socket is gone."""
     log = (study / "logs" / "warm_server.log").read_text().splitlines()
     socket_path = next(line.split(" ready on ")[1] for line in log if " ready on " in line)
     started = [line.split("started: ")[1] for line in log if " started: " in line]
     exited = [line.split(" s: ")[1] for line in log if " exited 0 after " in line]
-    cells = list((study / "runs").glob("*/*/*/checkpoint.pt"))
-    assert sum(w.startswith("smallbatch pretrain ") for w in started) == len(cells) > 0
     assert sorted(started) == sorted(exited) and any(w.startswith("smallbatch report") for w in started)
     assert not os.path.exists(socket_path)
 

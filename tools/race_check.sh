@@ -23,6 +23,8 @@ TESTS=(
   "tests/test_faults.py::test_sigterm_preempted_job_exits_143_and_snakemake_retry_finishes_it"
   "tests/test_faults.py::test_mlflow_server_goes_away_mid_study_then_rerun_completes_without_duplicates"
   "tests/pipeline/test_warm.py"
+  "tests/pipeline/test_warm_status.py"
+  "tests/pipeline/test_store_deadlines.py"
   "tests/pipeline/test_reliability.py::test_a_second_trainer_of_a_cell_stops_at_once_naming_the_holder"
   "tests/pipeline/test_reliability.py::test_a_store_deleted_while_the_cell_trains_stops_it_before_the_next_save"
   "tests/training/test_train.py::test_resume_after_sigkill_is_bitwise_identical"

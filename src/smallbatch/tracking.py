@@ -20,15 +20,27 @@ one value per step even when a job was killed between logging and checkpointing.
 
 Concurrency: several processes creating a *fresh* SQLite store at once race on
 its schema; ``init_store`` is therefore run once (the workflow's ``init_store``
-rule) before any job logs.
+rule) before any job logs.  It builds a new store in a file beside it and links
+it into place once whole, so a killed creation never leaves a half-built store.
+
+An HTTP store (``mlflow server``) may be slow -- a shared server busy with other
+studies -- but not silent: every request must be answered whole within one
+deadline, ``$SMALLBATCH_STORE_TIMEOUT`` seconds (60), MLflow's own tries and
+backoff included; a step whose request is not ends in one line saying which way
+it failed: no whole answer within the deadline, nothing listening, or HTTP error N.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import glob
 import logging
+import math
 import os
+import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 from types import MappingProxyType
@@ -61,16 +73,120 @@ class TrackingError(RuntimeError):
     """The tracking store could not be reached or used; one line, names the URI."""
 
 
+#: the one setting of how long an HTTP tracking store may take: every request (MLflow's own
+#: tries and their backoff included) must be answered whole within this many seconds, or the step
+#: fails in one line.  A busy shared server answers well within it; a silent one, or one that
+#: trickles its answer a byte at a time, ends the step once it has passed.
+DEADLINE_ENV = "SMALLBATCH_STORE_TIMEOUT"
+DEADLINE_S = 60.0
+#: MLflow's own knobs (mlflow.environment_variables), each kept when the user set it: a request
+#: that could not connect or got HTTP 408/429/5xx is tried 4 times (again at once, then 2 and 4 s
+#: later: urllib3's backoff), within the deadline
+MLFLOW_DEFAULTS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0.5",
+}
+#: MLflow's per-read timeout (it bounds each read, not the request): the deadline's, unless the user set one
+_READ_TIMEOUT = "MLFLOW_HTTP_REQUEST_TIMEOUT"
+_OWN_READ_TIMEOUT: list[str] = []  # the value this process set, if it set one
+
+
+def store_deadline() -> float:
+    """The deadline of one request to an HTTP store, in seconds (:data:`DEADLINE_ENV`)."""
+    text = os.environ.get(DEADLINE_ENV, "").strip()
+    if not text:
+        return DEADLINE_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (0 < value < 1e6):
+        raise TrackingError(f"${DEADLINE_ENV} = {text!r}: give the seconds a tracking request may take (e.g. 60)")
+    return value
+
+
 def _mlflow():
-    # a stopped or unreachable server fails a step within ~12 s (two 5 s tries, 1 s apart),
-    # not minutes; each variable may be set higher for a slow server
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    for key, value in MLFLOW_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+    if os.environ.get(_READ_TIMEOUT) in (None, *_OWN_READ_TIMEOUT):  # never shorter than the deadline
+        _OWN_READ_TIMEOUT[:] = [str(math.ceil(store_deadline()))]
+        os.environ[_READ_TIMEOUT] = _OWN_READ_TIMEOUT[0]
     import mlflow  # noqa: F401  (heavy: ~1.5 s)
     from mlflow.tracking import MlflowClient
 
     return mlflow, MlflowClient
+
+
+class _TooSlow(BaseException):
+    """Raised by the deadline's alarm inside a request (a BaseException: MLflow and urllib3
+    catch Exception around their tries, and must not retry past the deadline)."""
+
+
+class StoreTooSlow(Exception):
+    """A request to an HTTP store had no whole answer within the deadline."""
+
+
+def _http(uri: str) -> bool:
+    return uri.split(":", 1)[0].lower() in ("http", "https")
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float):
+    """Raise :class:`StoreTooSlow` when the block has not ended within ``seconds`` (a real-time
+    alarm: it interrupts a socket read that trickles as well as one that waits).  Only in the
+    main thread and when no other alarm is set; elsewhere MLflow's per-read timeout alone bounds it."""
+    free = (
+        threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, signal.SIG_IGN, None)
+        and signal.getitimer(signal.ITIMER_REAL)[0] == 0
+    )
+    if not free:
+        yield
+        return
+
+    def alarm(_signum, _frame):
+        raise _TooSlow
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+        try:
+            yield
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    except _TooSlow:
+        raise StoreTooSlow(
+            f"no whole answer within {seconds:g} s (a stalled or overloaded server; ${DEADLINE_ENV} sets the deadline)"
+        ) from None
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+
+
+class _BoundedClient:
+    """An MlflowClient of an HTTP store whose every call ends within :func:`store_deadline`."""
+
+    def __init__(self, client, seconds: float):
+        self._client, self._seconds = client, seconds
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._client, name)
+        if not callable(attr):
+            return attr
+
+        @functools.wraps(attr)
+        def bounded(*args, **kwargs):
+            with _deadline(self._seconds):
+                return attr(*args, **kwargs)
+
+        return bounded
+
+
+def _open_client(uri: str):
+    """MLflow's client of ``uri``; an HTTP store's calls bounded by the deadline."""
+    _, MlflowClient = _mlflow()
+    client = MlflowClient(tracking_uri=uri)
+    return _BoundedClient(client, store_deadline()) if _http(uri) else client
 
 
 #: URI schemes MLflow 3.17 has a tracking store for (mlflow.tracking._tracking_service.utils;
@@ -116,13 +232,14 @@ def _client(uri: str):
     if problem:
         raise TrackingError(f"MLflow tracking store {uri}: {problem}")
     try:
-        _, MlflowClient = _mlflow()
         # MLflow logs a failed SQL statement with its whole traceback before raising; the
         # user gets the error's root cause as one line instead (_wrap)
         logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
         if uri.startswith("sqlite:///") and not uri.startswith("sqlite:///file:"):  # not a SQLite URI filename
             Path(uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
-        return MlflowClient(tracking_uri=uri)
+        return _open_client(uri)
+    except TrackingError:
+        raise
     except Exception as exc:  # noqa: BLE001 - any store failure becomes one clear line
         raise _wrap(uri, "opening the store", exc) from None
 
@@ -143,11 +260,55 @@ def _root_cause(exc: BaseException) -> BaseException:
     return found
 
 
+def _chain(exc: BaseException | None):
+    """``exc`` and every exception it was raised from or during (each once)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def _http_failure(exc: BaseException) -> str | None:
+    """Which way a request to an HTTP store failed, in words: too slow (the deadline), nothing
+    listening (no connection after MLflow's tries), or the server's HTTP error; None otherwise."""
+    import re
+
+    from mlflow.exceptions import RestException
+
+    n = int(os.environ.get("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0") or 0) + 1
+    tries = "1 try" if n == 1 else f"{n} tries"
+    chain = list(_chain(exc))
+    for e in chain:
+        if isinstance(e, StoreTooSlow):
+            return str(e)
+        if isinstance(e, ConnectionRefusedError):
+            return f"nothing is listening there (connection refused, {tries})"
+        if m := re.search(r"too many (\d{3}) error responses", str(e)):
+            return f"HTTP error {m.group(1)} ({tries})"
+        if m := re.search(r"failed with error code (\d{3}) != 200", str(e)):
+            return f"HTTP error {m.group(1)}"
+    for e in chain:
+        if isinstance(e, RestException):  # the server's own error, as JSON
+            return f"HTTP error {e.get_http_status_code()} ({e.error_code}: {_first_line(e.message)})"
+    return None
+
+
+def _first_line(exc: object) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return (lines[0] if lines else type(exc).__name__)[:300]
+
+
 def _wrap(uri: str, what: str, exc: Exception) -> TrackingError:
-    cause = _root_cause(exc)
-    lines = [line.strip() for line in str(cause).splitlines() if line.strip()]
-    msg = lines[0] if lines else type(cause).__name__
-    return TrackingError(f"MLflow tracking store {uri} failed while {what}: {msg[:300]}")
+    db = _sqlite_path(uri) if _sqlite_file(uri) is not None else None
+    try:
+        problem = half_built(db) if db is not None and db.is_file() else None
+    except Exception:  # noqa: BLE001 - no MLflow to compare with: the error itself says it
+        problem = None
+    if problem:
+        return TrackingError(problem)
+    msg = (_http_failure(exc) if _http(uri) else None) or _first_line(_root_cause(exc))
+    return TrackingError(f"MLflow tracking store {uri} failed while {what}: {msg}")
 
 
 #: where a SQLite store's artifacts live: this folder beside the database file.  A new experiment's
@@ -221,24 +382,108 @@ def get_or_create_experiment(uri: str, experiment: str, note: str | None = None)
 
 def init_store(uri: str, experiment: str, config: str | None = None) -> str:
     """Create the store's schema and the study's experiment (described: :func:`describe_study`)
-    once; return its id.  A new SQLite schema is made with the proxied artifact root, so even
-    MLflow's own 'Default' experiment names no absolute folder (the creator's ./mlruns)."""
+    once; return its id.  A new SQLite store comes into existence whole (:func:`_build_sqlite_store`)
+    with the proxied artifact root, so even MLflow's own 'Default' experiment names no absolute
+    folder (the creator's ./mlruns).  An existing one MLflow cannot complete (half-built by an
+    interrupted creation or migration) fails in one line saying how to recover (:func:`_wrap`)."""
     db = _sqlite_file(uri)
-    if (
-        db is not None
-        and not uri.startswith("sqlite:///file:")
-        and not tracking_uri_problem(uri)
-        and not Path(str(db).split("?", 1)[0]).exists()
-    ):
-        try:
-            _mlflow()
-            from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
-
-            Path(str(db).split("?", 1)[0]).parent.mkdir(parents=True, exist_ok=True)
-            SqlAlchemyStore(uri, PROXIED_ROOT)
-        except Exception as exc:  # noqa: BLE001 - any store failure becomes one clear line
-            raise _wrap(uri, "opening the store", exc) from None
+    if db is not None and not uri.startswith("sqlite:///file:") and not tracking_uri_problem(uri):
+        path = _sqlite_path(uri)
+        _remove_dead_builds(path)
+        if not path.exists():
+            try:
+                _build_sqlite_store(uri, path)
+            except Exception as exc:  # noqa: BLE001 - any store failure becomes one clear line
+                raise _wrap(uri, "creating the store", exc) from None
     return get_or_create_experiment(uri, experiment, describe_study(experiment, config))
+
+
+#: the file a new SQLite store is built in, beside it: <name>.tmp-<host>-<pid>
+_BUILD_SUFFIX = ".tmp-"
+
+
+def _build_sqlite_store(uri: str, path: Path) -> None:
+    """MLflow's migrations (65 tables, seconds) run in a file beside ``path``, which is linked
+    into place once whole: a step killed half-way leaves only that file (removed by the next
+    build, once its process is gone), never a half-built store at ``path``.  A store another
+    process put at ``path`` meanwhile is kept (a link never replaces a file)."""
+    import socket
+
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}{_BUILD_SUFFIX}{socket.gethostname()}-{os.getpid()}")
+    query = uri.split("?", 1)[1] if "?" in uri else ""
+    try:
+        store = SqlAlchemyStore(f"sqlite:///{tmp}" + (f"?{query}" if query else ""), PROXIED_ROOT)
+        store.engine.dispose()
+        try:
+            os.link(tmp, path)
+        except FileExistsError:  # another process created it meanwhile: theirs stays
+            pass
+        except OSError:  # a file system without hard links
+            if not path.exists():
+                os.replace(tmp, path)
+    finally:
+        for leftover in _sqlite_files(tmp):
+            leftover.unlink(missing_ok=True)
+
+
+def _sqlite_files(db: Path) -> list[Path]:
+    """A SQLite database file and the files SQLite keeps beside it."""
+    return [db, *(db.with_name(db.name + s) for s in ("-journal", "-wal", "-shm"))]
+
+
+def _remove_dead_builds(path: Path) -> None:
+    """The build files beside ``path`` of this host's processes that are gone (a creation killed
+    half-way, or between linking the store into place and removing its build file)."""
+    import socket
+
+    prefix = f"{path.name}{_BUILD_SUFFIX}{socket.gethostname()}-"
+    for f in path.parent.glob(f"{glob.escape(prefix)}*"):
+        pid = f.name[len(prefix) :].split("-", 1)[0]
+        if not pid.isdigit() or f.name[len(prefix) + len(pid) :] not in ("", "-journal", "-wal", "-shm"):
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            f.unlink(missing_ok=True)
+        except (PermissionError, OverflowError):
+            pass
+
+
+def half_built(path: Path) -> str | None:
+    """One line when the SQLite file ``path`` holds some of MLflow's tables but not all (a
+    creation or migration interrupted where MLflow cannot take it up again: its migrations
+    fail on it forever, "table ... already exists"), saying how to recover; None for a whole
+    store, an empty file or another kind of file (MLflow's own checks name those).  Asked
+    once MLflow failed on the store (:func:`_wrap`)."""
+    import sqlite3
+
+    from mlflow.store.db.utils import Base  # every table of MLflow's schema (its ORM's)
+
+    try:
+        con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            tables = {r[0] for r in con.execute("select name from sqlite_master where type = 'table'")}
+            runs = con.execute("select count(*) from runs").fetchone()[0] if "runs" in tables else 0
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return None
+    expected = set(Base.metadata.tables)
+    present = tables & expected
+    if not present or expected <= tables:
+        return None
+    what = (
+        f"MLflow store {path} is half-built: {len(present)} of MLflow's {len(expected)} tables (MLflow's "
+        "creation or migration of it was interrupted)"
+    )
+    if runs:
+        return f"{what}, with {runs} runs: restore it from a backup, or move it aside to start a new store"
+    beside = [f.name for f in _sqlite_files(path)[1:] if f.exists()]
+    also = f" (and {', '.join(beside)} beside it)" if beside else ""
+    return f"{what}, with no runs: delete it{also} and run again (the store is then created whole)"
 
 
 def local_artifacts(uri: str, artifact_uri: str):
@@ -717,7 +962,7 @@ class StoreReader:
     def __init__(self, uri: str):
         self.uri = str(uri)
         _check_existing_store(self.uri)
-        self._client = self._call("opening the store", lambda: _mlflow()[1](tracking_uri=self.uri))
+        self._client = self._call("opening the store", lambda: _open_client(self.uri))
 
     def _call(self, what: str, fn):
         try:

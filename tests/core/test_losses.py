@@ -739,3 +739,15 @@ def test_every_registry_entry_is_its_class_and_every_lazy_name_resolves():
         assert set(names) == set(importlib.import_module(f"smallbatch.losses.{module}").__all__), module
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         losses.nope  # noqa: B018
+
+
+def test_the_documented_examples_run_as_written():
+    """The ``Examples:`` of smallbatch.losses and of build_loss (README shows the same calls)."""
+    import doctest
+
+    import smallbatch.losses as losses
+    from smallbatch.losses import build
+
+    for module in (losses, build):
+        result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+        assert result.attempted >= 4 and result.failed == 0, f"{module.__name__}: {result}"

@@ -41,8 +41,11 @@ def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("warm") / "server.log"
     saved = os.environ.pop(warm.ENV, None)
     proc = warm.start(log, threads=1)
-    assert proc is not None, log.read_text()
     path = os.environ[warm.ENV]
+    deadline = time.monotonic() + 600  # a hang guard: it imports torch, MLflow and faiss first
+    while "ready on" not in log.read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+        time.sleep(0.1)
     yield {"proc": proc, "log": log, "env": dict(os.environ), "path": path}
     warm.stop(proc)
     if saved is not None:
@@ -54,8 +57,15 @@ def _run(argv, env, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([str(SMALLBATCH), *argv], env=env, capture_output=True, text=True, timeout=300, **kw)
 
 
-def _children(log: Path, status: str) -> list[str]:
-    return [line for line in log.read_text().splitlines() if f" {status}" in line]
+def _children(log: Path, status: str, naming: str | None = None) -> list[str]:
+    """The server log's child lines with ``status``; with ``naming``, waits (hang guard 300 s) until
+    one names it: the client has its status from the child itself, before the server reaps and logs."""
+    deadline = time.monotonic() + 300
+    while True:
+        lines = [line for line in log.read_text().splitlines() if f" {status}" in line]
+        if naming is None or any(naming in line for line in lines) or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.05)
 
 
 def test_a_command_in_a_child_is_the_command_in_its_own_process(server, tmp_path):
@@ -63,7 +73,8 @@ def test_a_command_in_a_child_is_the_command_in_its_own_process(server, tmp_path
     served = _run(["pretrain", *CELL, "--epochs", "1", "--out", str(tmp_path / "served")], server["env"])
     plain = _run(["pretrain", *CELL, "--epochs", "1", "--out", str(tmp_path / "plain")], plain_env)
     assert served.returncode == plain.returncode == 0, served.stderr[-2000:] + plain.stderr[-2000:]
-    assert any(str(tmp_path / "served") in line for line in _children(server["log"], "exited 0"))
+    exited = _children(server["log"], "exited 0", str(tmp_path / "served"))
+    assert any(str(tmp_path / "served") in line for line in exited), server["log"].read_text()[-3000:]
     assert not any(str(tmp_path / "plain") in line for line in _children(server["log"], "started"))
     a, b = (torch.load(tmp_path / d / "checkpoint.pt", weights_only=False) for d in ("served", "plain"))
     assert a["model"].keys() == b["model"].keys()
@@ -81,7 +92,7 @@ def test_bad_input_gives_the_exit_status_and_one_line(server, tmp_path):
     p = _run(["pretrain", *argv, "--out", str(tmp_path)], server["env"])
     assert p.returncode == 2 and p.stderr.strip().count("\n") == 0
     assert p.stderr.startswith("smallbatch: error: --batch-size must be >= 2")
-    assert any(str(tmp_path) in line for line in _children(server["log"], "exited 2"))
+    assert any(str(tmp_path) in line for line in _children(server["log"], "exited 2", naming=str(tmp_path)))
 
 
 def _start_long(server, out: Path) -> tuple[subprocess.Popen, int]:
@@ -141,16 +152,19 @@ def test_without_a_server_or_in_a_worker_the_command_runs_itself(server, tmp_pat
 
 def test_the_server_stops_with_the_process_it_watches(tmp_path):
     sock = tmp_path / "s"
-    watched = subprocess.Popen(["sleep", "2"])
+    watched = subprocess.Popen(["cat"], stdin=subprocess.PIPE)  # ends when its input is closed
     server = subprocess.Popen(
         [str(SMALLBATCH), "warm-server", "--socket", str(sock), "--watch-pid", str(watched.pid)],
         stdout=subprocess.PIPE,
         text=True,
         env={k: v for k, v in os.environ.items() if k != warm.ENV},
     )
+    ready = [server.stdout.readline() for _ in range(2)]  # preloaded ..., then ready on ...
+    assert "ready on" in ready[-1], ready
+    watched.stdin.close()
     watched.wait()
-    out, _ = server.communicate(timeout=HANG_S)
-    assert server.returncode == 0 and "ready" in out and not sock.exists()
+    server.communicate(timeout=HANG_S)
+    assert server.returncode == 0 and not sock.exists()
 
 
 def test_preload_entry_calls_its_function(monkeypatch):

@@ -6,6 +6,7 @@ monitor.  The figures are built from a real SQLite store logged with designed va
 from __future__ import annotations
 
 import itertools
+import shutil
 
 import numpy as np
 import pytest
@@ -95,7 +96,10 @@ def _figures(store, metrics=("knn", "linear")) -> tuple[dict, dict]:
     runs, exp = load_runs(reader, None)
     for m in {"knn", "linear"} - set(metrics):
         runs = runs.drop(columns=[f"metrics.{m}/top1"])
-    ctx = Capture(out / "-".join(metrics), uri, exp, reader, 1.0, report.load_papers(None), runs)
+    # a fresh folder per call: the report never writes over files it did not write (ReportContext.claim)
+    folder = out / "-".join(metrics)
+    shutil.rmtree(folder, ignore_errors=True)
+    ctx = Capture(folder, uri, exp, reader, 1.0, report.load_papers(None), runs)
     ctx.seen = {}
     cells = select_cells(runs, "grid", (), [])
     agg = report.aggregate_cells(cells, ["dataset", "temperature", "loss", "label", "batch_size"], 1.0)

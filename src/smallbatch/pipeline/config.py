@@ -1,7 +1,7 @@
 """Load and validate a study configuration (``config.yaml``).
 
-The schema lives in ``workflow/schemas/config.schema.yaml`` (the Snakemake
-convention); this module validates against the same file, fills the schema's
+The schema lives in ``src/smallbatch/resources/config.schema.yaml`` (package data, so an
+installed wheel has it; the workflow validates through this module); this module validates against the same file, fills the schema's
 defaults, and turns the first schema violation into a one-line error that names
 the offending key and the allowed values, so a typo stops the study before any
 job runs.
@@ -734,7 +734,7 @@ def reference_markdown() -> str:
     """CONFIGURATION.md: the table of every key (``smallbatch config-reference`` prints it)."""
     head = (
         "# Configuration reference\n\n"
-        "Generated from `workflow/schemas/config.schema.yaml` (and the loss registry in "
+        "Generated from `src/smallbatch/resources/config.schema.yaml` (and the loss registry in "
         "`smallbatch.losses`) by `smallbatch config-reference > CONFIGURATION.md`; "
         "`tests/pipeline/test_config.py` fails when this file and the schema differ.\n\n"
         "## Several files\n\n"

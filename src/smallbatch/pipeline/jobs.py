@@ -20,10 +20,14 @@ from .cells import flat_params
 
 
 def _threads(cell: Cell) -> None:
+    """A job's torch: the cell's threads, and optimisers that import no compiler (a cell
+    that compiles its step restores torch's wrappers: TrainStep.compile)."""
     import torch
 
-    n = int(cell.threads or 1)
-    torch.set_num_threads(n)
+    from ..training.optim import eager_optimizers
+
+    torch.set_num_threads(int(cell.threads or 1))
+    eager_optimizers()
 
 
 # --------------------------------------------------------------------------- data

@@ -146,7 +146,9 @@ def run_mi_step(
     ``tracking_uri`` is None) and write ``{"section": ..., "rows": [...],
     "seconds": ...}`` to ``out_path`` atomically.  Returns that dict."""
     from .. import tracking
+    from ..training.optim import eager_optimizers
 
+    eager_optimizers()  # the critics' optimisers import no compiler
     sec = validate_section(section)
     t0 = time.perf_counter()
     parent = (

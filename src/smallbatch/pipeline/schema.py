@@ -14,16 +14,10 @@ import yaml
 
 
 def schema_path() -> Path:
-    """Path of the JSON schema (YAML) shared by Snakemake and the CLI."""
-    here = Path(__file__).resolve()
-    # Source checkout (editable install): <repo>/src/smallbatch/pipeline/config.py
-    for parent in here.parents:
-        cand = parent / "workflow" / "schemas" / "config.schema.yaml"
-        if cand.is_file():
-            return cand
-    # Installed wheel: the schema is shipped as package data.
-    res = resources.files("smallbatch") / "resources" / "config.schema.yaml"
-    return Path(str(res))
+    """Path of the JSON schema (YAML) shared by Snakemake and the CLI: package data
+    (``smallbatch/resources/config.schema.yaml``), so a checkout and an installed wheel read the
+    same file."""
+    return Path(str(resources.files("smallbatch") / "resources" / "config.schema.yaml"))
 
 
 _SCHEMA_CACHE: dict[str, Any] = {}

@@ -1,30 +1,44 @@
 """Warm start: the workflow's jobs run in children of one process that imported torch once.
 
-A local study runs ~45 short `smallbatch` processes, and each paid ~6 s of imports (torch,
-the compiler stack that ``torch.optim`` loads, MLflow and its SQL store, faiss) before its
-first step: a fifth of the default study's CPU time.  During a local Snakemake run a
-**server** (started by the workflow's ``onstart``, stopped by ``onsuccess``/``onerror``)
-binds a Unix socket and imports all that once, between its first requests.  Each job's
-``smallbatch COMMAND ...`` is then a **client**: it hands the server its arguments, working
-folder, environment and standard streams (the file descriptors themselves), and the server
-forks a child that runs ``cli.main`` exactly as the job's own process would -- same files,
-same log, same exit status -- while the client waits and passes on what happens to it:
+A local study runs ~90 short ``smallbatch`` processes, and each would pay its imports (torch,
+MLflow and its SQL store, faiss: 4-9 CPU-s, more on a loaded machine) before its first step
+(benchmarks/results/2026-12-02-warm-start.md).  During a local Snakemake run a **server**
+(started by the workflow's ``onstart``, stopped by ``onsuccess``/``onerror``) imports all that
+once and then binds a Unix socket.  Each job's ``smallbatch COMMAND ...`` is a **client**: it
+hands the server its arguments, working folder, environment and standard streams (the file
+descriptors themselves), and the server forks a child that runs ``cli.main`` exactly as the
+job's own process would -- same files, same log, same exit status:
 
-* SIGTERM / SIGINT / SIGHUP sent to the client (Snakemake cancelling, a preemption) go to
-  the child's process group, from the client itself, which stops as it would (pretraining
-  saves its state and exits 143);
+* the exit status is the child's own: the child writes it to the client (through a pipe the
+  client made) as its last act, so it arrives whatever the server is doing; a child killed by a
+  signal N cannot, and the server, which reaps it, reports 128 + N;
+* SIGTERM / SIGINT / SIGHUP sent to the client (Snakemake cancelling, a preemption) go to the
+  child's process group, from the client itself (once it has checked that the process is the
+  server's child); the client then waits ``FORWARD_GRACE_S`` at most for the child's status
+  (pretraining saves its state and exits 143 well within it), and otherwise SIGKILLs the group
+  and exits 128 + N itself: a client ends within 5 s of a signal, and its job with it;
 * a client that dies (SIGKILL) closes its socket: the child gets SIGTERM, and SIGKILL
   ``GRACE_S`` later;
 * a server that dies (SIGKILL) takes its children with it: each asks the kernel for SIGTERM
   when its parent dies (``PR_SET_PDEATHSIG``), so pretraining saves its state and exits 143
-  and no orphan keeps a cell's lock;
-* the exit status comes back as the child's (128 + N for a child killed by signal N).
+  (the status its client then gets) and no orphan keeps a cell's lock.
 
-Without the variable ``SMALLBATCH_WARM`` (the socket's path), or when nothing answers
-there (a cluster job on another node, a server that stopped: no answer within
+Without the variable ``SMALLBATCH_WARM`` (the socket's path), or when nothing answers there
+(a server still importing, a cluster job on another node, a stopped server: no answer within
 ``ACK_TIMEOUT_S``), or when the socket's server runs as another user, or in a worker of a
 multi-process launch (``RANK`` set), the command runs in its own process as before.  The
-server serves only connections of its own user (``SO_PEERCRED``).
+server serves only connections of its own user (``SO_PEERCRED``) and reads each request with
+bounds (its size, its time, its fields): bytes that are not a request close that connection
+and nothing else.
+
+Protocol: the client sends 8 bytes (the request's length, at most ``MAX_REQUEST``) with four
+descriptors attached (SCM_RIGHTS: 0, 1, 2 and the write end of its status pipe), then the
+request as JSON ``{argv, cwd, env}``.  The server answers ``R`` once it has read a valid
+request; the client answers ``G`` to have it run (it waited ``ACK_TIMEOUT_S`` at most for the
+``R``: a client that gave up has closed its socket, the server then starts nothing, and the
+client runs the command itself).  The server then forks, sends the child's PID (4 bytes)
+and, once it has reaped the child, its exit status (4 bytes); the child writes its exit
+status (4 bytes) into the status pipe.  The client takes the first status it gets.
 
 Threads at fork: the server imports torch, MLflow (pyarrow starts a jemalloc background
 thread at import) and numpy/scipy (OpenBLAS sizes its worker pool from the server's thread
@@ -33,15 +47,8 @@ holds only the thread that forked; the libraries' pools start again in the child
 and the child sizes them from the *job's* environment (:func:`apply_thread_env`: OpenBLAS,
 MKL and OpenMP through threadpoolctl, torch's intra-op pool through
 ``torch.set_num_threads``), so ``OMP_NUM_THREADS=1`` in a job means one BLAS thread even
-though the server imported numpy with two (tests/pipeline/test_trust.py).  Each child computes as a
-fresh process would (tests/pipeline/test_warm.py: bit-identical checkpoints).
-
-Protocol: the client sends 8 bytes (the request's length) with its descriptors 0, 1, 2
-attached (SCM_RIGHTS), then the request as JSON ``{argv, cwd, env}``.  The server answers
-4 bytes, the child's PID, once the child is started (a client that gave up waiting for
-them has closed its socket, and the server then starts nothing), and 4 bytes, the exit
-status, once it has reaped the child.  A client that sees the child gone and no status
-within ``STATUS_GRACE_S`` (a stopped server) says so in one line.
+though the server imported numpy with two (tests/pipeline/test_trust.py).  Each child computes
+as a fresh process would (tests/pipeline/test_warm.py: bit-identical checkpoints).
 """
 
 from __future__ import annotations
@@ -58,6 +65,7 @@ import sys
 import tempfile
 import time
 import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -65,11 +73,14 @@ ENV = "SMALLBATCH_WARM"
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 FOLDER_PREFIX = "smallbatch-warm-"
 GRACE_S = 30.0  # after a client vanished: SIGTERM, then SIGKILL this much later
-ACK_TIMEOUT_S = 15.0  # a server that has not started the job by then (stopped, hung): run it here
-STATUS_GRACE_S = 5.0  # the child is gone but no status came: give up waiting after this long
+ACK_TIMEOUT_S = 15.0  # a server that has not read the request by then (busy, stopped): run it here
+FORWARD_GRACE_S = 3.0  # after forwarding a signal: the longest the client waits for the child's status
+REQUEST_S = 5.0  # the longest the server waits for a connection's request
+GO_S = 60.0  # the longest it waits for the go-ahead once it answered ready
+MAX_REQUEST = 1 << 20  # bytes of a request's JSON (its environment is most of it)
+READY, GO = b"R", b"G"
 PRELOAD = (
     "torch",
-    "torch._dynamo",
     "torch.optim",
     "mlflow",
     "mlflow.tracking",
@@ -94,98 +105,156 @@ THREAD_VARS = (
 )
 
 
+def _log(message: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} {message}", flush=True)
+
+
+def peer(conn: socket.socket) -> tuple[int, int]:
+    """(pid, uid) of the process at the other end of a Unix socket (SO_PEERCRED)."""
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, _gid = struct.unpack("3i", creds)
+    return pid, uid
+
+
 # --------------------------------------------------------------------------- client
 def delegate(argv: list[str]) -> int | None:
     """Run ``smallbatch *argv`` in a child of the warm server; its exit status, or None when
-    there is no server to ask (the caller then runs the command itself)."""
+    no server took the command (the caller then runs it itself: nothing was started)."""
     path = os.environ.get(ENV)
     if not path or not argv or argv[0] == "warm-server" or "RANK" in os.environ:
         return None
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.settimeout(ACK_TIMEOUT_S)
+    status_r, status_w = os.pipe()
+    try:
+        server = _handshake(conn, path, argv, status_w)
+    finally:
+        os.close(status_w)  # the child holds the write end now (and the server until it forks)
+    if server is None:
+        conn.close()
+        os.close(status_r)
+        return None  # run here
+    try:
+        return _Waiter(conn, status_r, server).wait()  # None: the server stopped before it started the command
+    finally:
+        conn.close()
+        os.close(status_r)
+
+
+def _handshake(conn: socket.socket, path: str, argv: list[str], status_w: int) -> int | None:
+    """Send the request and, once the server has read it, the go-ahead; the server's PID, or
+    None when it was not taken (refused, timed out, another user's server): nothing runs then."""
     try:
         conn.connect(path)
-        if peer_uid(conn) != os.getuid():
-            raise OSError("the socket's server runs as another user")
+        server_pid, uid = peer(conn)
+        if uid != os.getuid():
+            return None  # the socket's server runs as another user
         payload = json.dumps(
             {"argv": [sys.argv[0] or "smallbatch", *argv], "cwd": os.getcwd(), "env": dict(os.environ)}
         ).encode()
-        socket.send_fds(conn, [len(payload).to_bytes(8, "big")], [0, 1, 2])
+        socket.send_fds(conn, [len(payload).to_bytes(8, "big")], [0, 1, 2, status_w])
         conn.sendall(payload)
-        ack = _recv_exact(conn, 4)
-    except OSError:  # refused, timed out (a stopped server), another user's: nothing was started
-        ack = None
-    if ack is None:
-        conn.close()
-        return None  # run here
-    child = int.from_bytes(ack, "big")
-    for sig in FORWARDED:
-        signal.signal(sig, lambda n, _f: _kill_group(child, n))
-    return _wait_status(conn, child)
+        if _recv_exact(conn, 1) != READY:
+            return None
+        conn.sendall(GO)  # from here on the server runs the command: the client waits for its status
+    except OSError:  # refused, timed out (a busy or stopped server), closed: nothing was started
+        return None
+    return server_pid
 
 
-def peer_uid(conn: socket.socket) -> int:
-    """The user id of the process at the other end of a Unix socket (SO_PEERCRED)."""
-    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return struct.unpack("3i", creds)[1]
+@dataclass
+class _Waiter:
+    """The client's wait for the child's status (see the module's docstring)."""
 
+    conn: socket.socket
+    status_r: int
+    server: int
+    child: int | None = None
+    got: bytes = b""  # from the server: the child's PID, then the status it reaped
+    pipe: bytes = b""  # from the child itself: its status
+    signals: list[int] = field(default_factory=list)
+    forwarded_at: float | None = None
 
-def _wait_status(conn: socket.socket, child: int) -> int:
-    """The 4 bytes of the child's exit status; 1 with one line when the server closed the
-    connection, or the child is gone and no status came within STATUS_GRACE_S (a server
-    stopped or killed while its child ran)."""
-    conn.settimeout(1.0)
-    buf, gone_since = b"", None
-    while len(buf) < 4:
+    def wait(self) -> int | None:
+        for sig in FORWARDED:
+            signal.signal(sig, lambda n, _f: self.signals.append(n))
+        self.conn.setblocking(False)
+        open_fds = {self.conn.fileno(), self.status_r}
+        while True:
+            code = self._signalled()
+            if code is not None:
+                return code
+            if len(self.pipe) == 4:
+                return int.from_bytes(self.pipe, "big", signed=True)
+            if len(self.got) == 8:
+                return int.from_bytes(self.got[4:], "big", signed=True)
+            if not open_fds:
+                return self._no_status()
+            for fd in select.select(list(open_fds), [], [], 0.25)[0]:
+                if not self._read(fd):
+                    open_fds.discard(fd)
+
+    def _read(self, fd: int) -> bool:
+        """Read what ``fd`` has; False at its end."""
         try:
-            chunk = conn.recv(4 - len(buf))
-        except TimeoutError:
-            if not _running(child):
-                gone_since = gone_since or time.monotonic()
-                if time.monotonic() - gone_since > STATUS_GRACE_S:
-                    print(
-                        f"smallbatch: error: the command's process {child} ended but the warm-start server did not "
-                        "report its exit status (server stopped?); see the job's log, and rerun the job",
-                        file=sys.stderr,
-                    )
-                    return 1
-            continue
+            if fd == self.status_r:
+                data = os.read(fd, 4 - len(self.pipe))
+                self.pipe += data
+            else:
+                data = self.conn.recv(8 - len(self.got))
+                self.got += data
+        except BlockingIOError:
+            return True
         except OSError:
-            chunk = b""
-        if not chunk:
-            print("smallbatch: error: the warm-start server stopped before the command finished", file=sys.stderr)
-            return 1
-        buf += chunk
-    return int.from_bytes(buf, "big", signed=True)
+            return False
+        if self.child is None and len(self.got) >= 4:
+            self.child = int.from_bytes(self.got[:4], "big")
+        return bool(data)
+
+    def _signalled(self) -> int | None:
+        """Forward a signal the client got to the child's group; the client's exit status once
+        the child has not reported within FORWARD_GRACE_S (or there is no child yet)."""
+        if not self.signals:
+            return None
+        sig = self.signals[0]
+        if self.child is None:
+            return 128 + sig  # nothing started yet (the server stops what it starts for a closed socket)
+        ours = _parent_of(self.child) == self.server  # never a process that is not the server's child
+        if self.forwarded_at is None:
+            self.forwarded_at = time.monotonic()
+            if ours:
+                _kill_group(self.child, sig)
+        elif time.monotonic() - self.forwarded_at > FORWARD_GRACE_S or len(self.signals) > 1:
+            if ours:  # the job ends with its client: nothing of it outlives the status
+                _kill_group(self.child, signal.SIGKILL)
+            print(
+                f"smallbatch: error: the command's process {self.child} did not report within "
+                f"{FORWARD_GRACE_S:g} s of the signal {sig}; it was stopped, see the job's log",
+                file=sys.stderr,
+            )
+            return 128 + sig
+        return None
+
+    def _no_status(self) -> int | None:
+        """Both ends closed without a status.  Without a PID no child ran the command (or one
+        was stopped as it started, by its server's end): None, the client runs it itself.  With
+        one, the child was killed by a signal and its server stopped before it could say so: the
+        signal its server's end sent it (SIGTERM, ``_die_with_parent``), as 128 + 15."""
+        if self.child is None:
+            return None
+        print(
+            "smallbatch: error: the warm-start server stopped while the command ran, and stopped it (SIGTERM)",
+            file=sys.stderr,
+        )
+        return 128 + signal.SIGTERM
 
 
-def _running(pid: int) -> bool:
-    """Whether ``pid`` is a live process (not gone, not a zombie nobody reaped)."""
+def _parent_of(pid: int) -> int | None:
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[-1].split()[0] not in (b"Z", b"X")
-    except FileNotFoundError:
-        return False
-    except OSError:
-        return _alive(pid)
-
-
-def _client_gone(conn: socket.socket) -> bool:
-    """The client closed its end (it gave up waiting): nothing is to be started for it."""
-    readable, _, _ = select.select([conn], [], [], 0)
-    if not readable:
-        return False
-    try:
-        return conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-    except OSError:
-        return True
-
-
-def _send_quietly(conn: socket.socket, data: bytes) -> None:
-    try:
-        conn.send(data)
-    except OSError:
-        pass
+            return int(fh.read().rsplit(b")", 1)[-1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _recv_exact(conn: socket.socket, n: int) -> bytes | None:
@@ -199,8 +268,56 @@ def _recv_exact(conn: socket.socket, n: int) -> bytes | None:
 
 
 # --------------------------------------------------------------------------- server
+@dataclass
+class _Conn:
+    """A client connection while its request is read: ``head`` (8 bytes and the descriptors),
+    ``body`` (the JSON), ``go`` (waiting for the go-ahead), then ``running`` (its child's PID)."""
+
+    sock: socket.socket
+    deadline: float
+    state: str = "head"
+    buf: bytes = b""
+    need: int = 8
+    fds: list[int] = field(default_factory=list)
+    request: dict | None = None
+    pid: int | None = None
+    started: float = 0.0
+
+    def close(self) -> None:
+        for fd in self.fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.fds = []
+        self.sock.close()
+
+
+class BadRequest(ValueError):
+    """Bytes on the socket that are not a request (one line for the server's log)."""
+
+
+def check_request(request) -> dict:
+    """A request as the client sends it: ``argv`` a non-empty list of strings, ``cwd`` a string,
+    ``env`` an object of strings; BadRequest otherwise (the connection is closed, no child runs)."""
+    if not isinstance(request, dict) or set(request) != {"argv", "cwd", "env"}:
+        raise BadRequest("not an object of argv, cwd and env")
+    argv, cwd, env = request["argv"], request["cwd"], request["env"]
+    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) and "\0" not in a for a in argv):
+        raise BadRequest("argv is not a list of strings")
+    if not isinstance(cwd, str) or not cwd or "\0" in cwd:
+        raise BadRequest("cwd is not a path")
+    if not isinstance(env, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and k and "=" not in k and "\0" not in k + v for k, v in env.items()
+    ):
+        raise BadRequest("env is not an object of strings")
+    return request
+
+
 class _Server:
-    """The accept / fork / reap loop (single-threaded: forking is safe)."""
+    """The accept / fork / reap loop (single-threaded: forking is safe).  Every connection's
+    bytes are read without blocking and with bounds; whatever they are, only that connection
+    is closed."""
 
     def __init__(
         self, path: str, watch_pid: int | None, idle_timeout: float, entry: Callable[[list[str]], int]
@@ -210,105 +327,159 @@ class _Server:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.bind(path)
         self.sock.listen(256)
+        self.sock.setblocking(False)
         self.sel = selectors.DefaultSelector()
         self.sel.register(self.sock, selectors.EVENT_READ, None)
-        self.children: dict[int, tuple[socket.socket, float, str]] = {}  # pid -> (client, start, what it runs)
+        self.conns: dict[int, _Conn] = {}  # fileno -> connection
+        self.children: dict[int, _Conn] = {}  # pid -> its client's connection
         self.kill_at: dict[int, float] = {}  # pid -> when SIGKILL follows (client gone)
         self.stop = False
         self.pid = os.getpid()
 
-    def loop(self, preload: list[str]) -> None:
-        """Serve; between requests import the next module of ``preload`` (the first jobs
-        need not wait for all of them: a child imports what is not loaded yet itself)."""
+    def loop(self) -> None:
         last_busy = time.monotonic()
         while not self.stop:
-            events = self.sel.select(timeout=0 if preload else 0.2)
-            for key, _ in events:
-                if key.data is None:
-                    self._accept()
-                else:
-                    self._from_client(key.fileobj, key.data)
-            if preload and not events:
-                _import(preload.pop(0))
-                if not preload:
-                    print(f"{time.strftime('%H:%M:%S')} preloaded {', '.join(PRELOAD)}", flush=True)
+            for key, _ in self.sel.select(timeout=0.2):
+                try:
+                    self._accept() if key.data is None else self._readable(key.data)
+                except Exception as exc:  # noqa: BLE001 - no connection's bytes may stop the server
+                    if key.data is not None:
+                        self._drop(key.data, f"{type(exc).__name__}: {exc}")
             self._reap()
             now = time.monotonic()
+            for conn in [c for c in self.conns.values() if c.state != "running" and now > c.deadline]:
+                self._drop(conn, "no request within its time" if conn.state != "go" else None)
             for pid, when in list(self.kill_at.items()):
                 if now >= when:
                     _kill_group(pid, signal.SIGKILL)
-            if self.children:
+            if self.children or self.conns:
                 last_busy = now
             elif now - last_busy > self.idle_timeout or not _alive(self.watch_pid):
                 break
 
     def _accept(self) -> None:
-        conn, _ = self.sock.accept()
-        conn.settimeout(10.0)
-        fds: list[int] = []
         try:
-            if peer_uid(conn) != os.getuid():  # only this user's jobs: the request carries an environment
-                raise OSError("a connection of another user")
-            head, fds, _flags, _addr = socket.recv_fds(conn, 8, 3)
-            body = _recv_exact(conn, int.from_bytes(head, "big")) if len(head) == 8 and len(fds) == 3 else None
-            request = json.loads(body) if body else None
-            if request is not None and _client_gone(conn):
-                print(
-                    f"{time.strftime('%H:%M:%S')} a client gave up waiting before its command started: "
-                    f"not started ({_what(request)})",
-                    flush=True,
-                )
-                request = None
-        except (OSError, ValueError) as exc:
-            if "another user" in str(exc):
-                print(f"{time.strftime('%H:%M:%S')} refused a connection of another user", flush=True)
-            request = None
-        if request is None:
-            for fd in fds:
-                os.close(fd)
-            conn.close()
+            sock, _ = self.sock.accept()
+        except (BlockingIOError, InterruptedError):
             return
+        sock.setblocking(False)
+        conn = _Conn(sock, time.monotonic() + REQUEST_S)
+        if peer(sock)[1] != os.getuid():  # only this user's jobs: the request carries an environment
+            _log("refused a connection of another user")
+            sock.close()
+            return
+        self.conns[sock.fileno()] = conn
+        self.sel.register(sock, selectors.EVENT_READ, conn)
+
+    def _readable(self, conn: _Conn) -> None:
+        if conn.state == "running":
+            return self._running(conn)
+        try:
+            if conn.state == "head":
+                data, fds, _flags, _addr = socket.recv_fds(conn.sock, conn.need, 4)
+                conn.fds += fds
+            else:
+                data = conn.sock.recv(conn.need)
+        except (BlockingIOError, InterruptedError):
+            return
+        if not data:
+            return self._drop(conn, None if conn.state == "go" else "closed before its request was complete")
+        conn.buf, conn.need = conn.buf + data, conn.need - len(data)
+        if conn.need == 0:
+            self._advance(conn)
+
+    def _running(self, conn: _Conn) -> None:
+        """Bytes from a client whose child runs are ignored; its end (it died) stops the child."""
+        try:
+            if conn.sock.recv(64):
+                return
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            pass
+        self.sel.unregister(conn.sock)
+        self.conns.pop(conn.sock.fileno(), None)
+        conn.sock.close()
+        _kill_group(conn.pid, signal.SIGTERM)
+        self.kill_at[conn.pid] = time.monotonic() + GRACE_S
+
+    def _advance(self, conn: _Conn) -> None:
+        """A part of the request is complete: the next part, the ready answer, or the child."""
+        if conn.state == "head":
+            size = int.from_bytes(conn.buf, "big")
+            if len(conn.fds) != 4 or not 0 < size <= MAX_REQUEST:
+                raise BadRequest(f"a head announcing {size} bytes with {len(conn.fds)} descriptors")
+            conn.state, conn.buf, conn.need = "body", b"", size
+        elif conn.state == "body":
+            try:
+                conn.request = check_request(json.loads(conn.buf))
+            except (ValueError, RecursionError) as exc:
+                raise BadRequest(str(exc).splitlines()[0][:200]) from None
+            conn.state, conn.buf, conn.need = "go", b"", 1
+            conn.deadline = time.monotonic() + GO_S
+            try:
+                conn.sock.send(READY)
+            except OSError:  # the client gave up waiting and closed its end
+                self._drop(conn, None)
+        elif conn.buf != GO:
+            raise BadRequest("no go-ahead")
+        else:
+            self._fork(conn)
+
+    def _drop(self, conn: _Conn, why: str | None) -> None:
+        """Close a connection whose command is not started (``why`` None: its client gave up)."""
+        if conn.request is not None and why is None:
+            _log(f"a client gave up waiting before its command started: not started ({_what(conn.request)})")
+        elif why:
+            _log(f"closed a connection: {why}")
+        try:
+            self.sel.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+        self.conns.pop(conn.sock.fileno(), None)
+        conn.close()
+
+    def _fork(self, conn: _Conn) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            self._child(request, fds, conn)  # never returns
+            self._child(conn)  # never returns
         try:
             os.setpgid(pid, pid)  # as the child does: a signal forwarded at once reaches its group
         except OSError:
             pass
-        for fd in fds:
+        for fd in conn.fds:
             os.close(fd)
-        conn.settimeout(None)
-        _send_quietly(conn, pid.to_bytes(4, "big"))  # started: the client now waits for the status
-        self.children[pid] = (conn, time.monotonic(), _what(request))
-        print(f"{time.strftime('%H:%M:%S')} child {pid} started: {self.children[pid][2]}", flush=True)
-        self.sel.register(conn, selectors.EVENT_READ, pid)
+        conn.fds, conn.state, conn.pid, conn.started = [], "running", pid, time.monotonic()
+        self.children[pid] = conn
+        _log(f"child {pid} started: {_what(conn.request)}")
+        _send_quietly(conn.sock, pid.to_bytes(4, "big"))  # started: the client now waits for the status
 
-    def _child(self, request: dict, fds: list[int], conn: socket.socket) -> None:
-        code = 1
+    def _child(self, conn: _Conn) -> None:
+        code, status_w = 1, conn.fds[3]
         try:
             _die_with_parent(self.pid)
             self.sel.close()
             self.sock.close()
-            conn.close()
-            for other, _t0, _what_runs in self.children.values():
-                other.close()
+            for other in self.conns.values():
+                if other is not conn:
+                    other.close()
+            conn.sock.close()
             os.setpgid(0, 0)
-            for target, fd in enumerate(fds):
+            for target, fd in enumerate(conn.fds[:3]):
                 os.dup2(fd, target)
                 os.close(fd)
+            os.set_inheritable(status_w, False)
             for sig in (signal.SIGTERM, signal.SIGHUP):
                 signal.signal(sig, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.default_int_handler)
-            os.chdir(request["cwd"])
-            os.environ.clear()
-            os.environ.update({k: v for k, v in request["env"].items() if k != ENV})
-            apply_thread_env(os.environ)
-            sys.argv = list(request["argv"])
-            code = self.entry(sys.argv[1:])
+            code = exit_status(_run_request(self.entry, conn.request))
         except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            code = exit_status(exc.code)
+        except KeyboardInterrupt:  # a process dies of the SIGINT then: 128 + 2
+            traceback.print_exc()
+            code = 128 + signal.SIGINT
         except BaseException:  # noqa: BLE001 - the child reports and exits like a process would
             traceback.print_exc()
         finally:
@@ -317,20 +488,11 @@ class _Server:
                     stream.flush()
                 except (OSError, ValueError):
                     pass
-            os._exit(code & 0xFF if code >= 0 else 1)
-
-    def _from_client(self, conn: socket.socket, pid: int) -> None:
-        try:
-            data = conn.recv(64)
-        except OSError:
-            data = b""
-        if data:  # signals the client received
-            for sig in data:
-                _kill_group(pid, sig)
-            return
-        self.sel.unregister(conn)  # the client is gone: stop its child
-        _kill_group(pid, signal.SIGTERM)
-        self.kill_at[pid] = time.monotonic() + GRACE_S
+            try:
+                os.write(status_w, code.to_bytes(4, "big", signed=True))
+            except OSError:  # the client is gone
+                pass
+            os._exit(code)
 
     def _reap(self) -> None:
         while self.children:
@@ -341,24 +503,21 @@ class _Server:
             if pid == 0:
                 return
             code = os.waitstatus_to_exitcode(status)
-            if pid not in self.children:
-                continue
-            conn, t0, what = self.children.pop(pid)
+            conn = self.children.pop(pid, None)
             self.kill_at.pop(pid, None)
-            print(
-                f"{time.strftime('%H:%M:%S')} child {pid} exited {code} after {time.monotonic() - t0:.1f} s: {what}",
-                flush=True,
-            )
-            _send_quietly(conn, (code if code >= 0 else 128 - code).to_bytes(4, "big", signed=True))
-            try:
-                self.sel.unregister(conn)
-            except (KeyError, ValueError):  # already, when its client vanished
-                pass
+            if conn is None:
+                continue
+            _log(f"child {pid} exited {code} after {time.monotonic() - conn.started:.1f} s: {_what(conn.request)}")
+            _send_quietly(conn.sock, (code if code >= 0 else 128 - code).to_bytes(4, "big", signed=True))
+            if conn.sock.fileno() >= 0 and self.conns.pop(conn.sock.fileno(), None) is not None:
+                self.sel.unregister(conn.sock)
             conn.close()
 
     def close(self) -> None:
         for pid in list(self.children):
             _kill_group(pid, signal.SIGTERM)
+        for conn in list(self.conns.values()):
+            conn.close()
         self.sel.close()
         self.sock.close()
         Path(self.path).unlink(missing_ok=True)
@@ -367,6 +526,41 @@ class _Server:
                 Path(self.path).parent.rmdir()
             except OSError:
                 pass
+
+
+def exit_status(value) -> int:
+    """The exit status of a process that ends with ``sys.exit(value)`` (what the CLI's
+    ``main`` returns goes there): None 0, an integer modulo 256, anything else printed, 1."""
+    if value is None:
+        return 0
+    if isinstance(value, int):
+        return value & 0xFF
+    try:
+        print(value, file=sys.stderr)
+    except Exception:  # noqa: BLE001 - as the interpreter: the status is 1 whatever the message
+        pass
+    return 1
+
+
+def _run_request(entry: Callable[[list[str]], int], request: dict) -> int:
+    """In the child: the job's folder, environment and arguments, then the command."""
+    try:
+        os.chdir(request["cwd"])
+    except OSError as exc:
+        print(f"smallbatch: error: cannot enter the job's folder {request['cwd']}: {exc.strerror}", file=sys.stderr)
+        return 2
+    os.environ.clear()
+    os.environ.update({k: v for k, v in request["env"].items() if k != ENV})
+    apply_thread_env(os.environ)
+    sys.argv = list(request["argv"])
+    return entry(sys.argv[1:])
+
+
+def _send_quietly(conn: socket.socket, data: bytes) -> None:
+    try:
+        conn.send(data)
+    except OSError:
+        pass
 
 
 def _die_with_parent(parent: int) -> None:
@@ -459,8 +653,17 @@ def _import(name: str) -> None:
 def serve(
     path: str, entry: Callable[[list[str]], int], watch_pid: int | None = None, idle_timeout: float = 3600.0
 ) -> int:
-    """Run the server on ``path`` until SIGTERM/SIGINT, ``watch_pid`` ends, or no command ran
-    for ``idle_timeout`` seconds; each request runs ``entry(argv)`` (the CLI's ``main``) in a child."""
+    """Import :data:`PRELOAD`, then serve on ``path`` until SIGTERM/SIGINT, ``watch_pid`` ends,
+    or no command ran for ``idle_timeout`` seconds; each request runs ``entry(argv)`` (the
+    CLI's ``main``) in a child.  Until the socket exists the jobs run as processes of their own."""
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_a: stop.append(1))
+    signal.signal(signal.SIGINT, lambda *_a: stop.append(1))
+    for name in PRELOAD:
+        if stop or not _alive(watch_pid):
+            return 0
+        _import(name)
+    _log(f"preloaded {', '.join(PRELOAD)}")
     server = _Server(path, watch_pid, idle_timeout, entry)
 
     def _stop(*_a) -> None:
@@ -470,18 +673,18 @@ def serve(
     signal.signal(signal.SIGINT, _stop)
     try:
         print(f"warm-start server {os.getpid()} ready on {path}", flush=True)
-        server.loop(list(PRELOAD))
+        server.loop()
     finally:
         server.close()
     return 0
 
 
 # --------------------------------------------------------------------------- workflow hooks
-def start(log: str | Path, threads: int, timeout_s: float = 30.0) -> subprocess.Popen | None:
+def start(log: str | Path, threads: int) -> subprocess.Popen:
     """Start a server for this process's jobs (Snakemake's ``onstart``) and point them at it
-    (``SMALLBATCH_WARM`` in this process's environment, which the jobs inherit).  None (the
-    jobs then run as plain processes) when it could not be started; the reason is in ``log``
-    (a log that is a link, a FIFO or a hard link is refused first: ValueError, nothing started)."""
+    (``SMALLBATCH_WARM`` in this process's environment, which the jobs inherit); the jobs that
+    start before it is ready run as processes of their own.  A log that is a link, a FIFO or a
+    hard link is refused first (ValueError naming it, :func:`smallbatch.io.open_log`), nothing started."""
     from ..io import open_log
 
     out = open_log(log)  # never through a planted link, FIFO or hard link
@@ -497,24 +700,25 @@ def start(log: str | Path, threads: int, timeout_s: float = 30.0) -> subprocess.
             env=env,
             start_new_session=True,
         )
-    deadline = time.monotonic() + timeout_s
-    while not os.path.exists(path):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            os.rmdir(folder)
-            return None
-        time.sleep(0.05)
     os.environ[ENV] = path
     return proc
 
 
 def stop(proc: subprocess.Popen | None, timeout_s: float = 30.0) -> None:
     """Stop a server :func:`start` returned (Snakemake's ``onsuccess`` / ``onerror``)."""
-    os.environ.pop(ENV, None)
-    if proc is None or proc.poll() is not None:
+    path = os.environ.pop(ENV, None)
+    if proc is None:
         return
-    proc.terminate()
-    try:
-        proc.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    if path and Path(path).parent.name.startswith(FOLDER_PREFIX):  # a server stopped before it bound
+        Path(path).unlink(missing_ok=True)
+        try:
+            Path(path).parent.rmdir()
+        except OSError:
+            pass

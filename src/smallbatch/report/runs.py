@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from typing import Any, Sequence
 
 import numpy as np
@@ -19,6 +20,7 @@ from ..tracking import (
     TAG_CELL,
     TAG_EXPERIMENT,
     TAG_KIND,
+    StoreReader,
 )
 from .fmt import ABSENT
 
@@ -105,6 +107,30 @@ def load_runs(reader, experiment: str | None, notes: list[str] | None = None) ->
     if not records:
         raise ValueError(f"no runs in experiment {name!r} at URI {reader.uri!r}")
     return checked_accuracies(run_frame(records), notes), name
+
+
+#: run_frame's columns for the report's own bookkeeping, left out of :func:`results`
+#: (the logged metric keys; the accuracy unit, which load_runs has turned into percent)
+INTERNAL_COLUMNS = ("metric_keys", "accuracy_unit")
+
+
+def results(tracking_uri: str, experiment: str | None = None) -> pd.DataFrame:
+    """A study's runs from its MLflow store, one row per cell or baseline run: what the
+    report reads (:func:`load_runs`), as ``smallbatch.results(tracking_uri, experiment)``.
+
+    Columns: ``cell_id, kind`` ("cell" or "baseline"), ``status, section, baseline``, the typed
+    settings ``dataset, loss, batch_size, temperature, seed``, every logged setting as
+    ``params.<key>`` (text) and every final metric as ``metrics.<key>`` (accuracies in
+    percent); ``run_id, run_name, start_time``.  ``experiment`` None: 'smallbatch' or the
+    store's only experiment.  A run whose accuracies are not valid is marked ``failed``, with
+    a warning naming it.  ValueError for a missing or empty experiment;
+    :class:`smallbatch.tracking.TrackingError` for a store that cannot be read.
+    """
+    notes: list[str] = []
+    runs, _ = load_runs(StoreReader(str(tracking_uri)), experiment, notes)
+    for note in notes:
+        warnings.warn(note, stacklevel=2)
+    return runs.drop(columns=list(INTERNAL_COLUMNS))
 
 
 #: the unit of a run's accuracies by its tag (smallbatch.tracking.TAG_ACCURACY_UNIT) -> the factor

@@ -170,6 +170,30 @@ def build_optimizer(
     )
 
 
+#: the methods of torch.optim.Optimizer that torch wraps with ``torch._disable_dynamo``
+_DYNAMO_WRAPPED = ("add_param_group", "load_state_dict", "state_dict", "zero_grad")
+
+
+def eager_optimizers(eager: bool = True) -> None:
+    """Let torch's optimisers run without importing the compiler.  torch wraps four methods of
+    every optimiser (building one included) in ``torch._disable_dynamo``, which imports
+    ``torch._dynamo`` -- the compiler stack and scikit-learn with it: 2-3 s, the largest
+    import of a job after torch and MLflow -- on the first call, only to mark them as not to
+    be compiled.  A process that compiles nothing (``eager``) gives each wrapper its method as
+    the cached result of that import (torch's ``__dynamo_disable``), so it calls the method
+    directly; before a compile (``eager=False``) the wrappers get torch's behaviour back.
+    Identical numbers either way (tests/training/test_optim.py); a torch whose wrapper caches
+    under another name imports the compiler as before."""
+    for name in _DYNAMO_WRAPPED:
+        method = getattr(getattr(torch.optim.Optimizer, name), "__wrapped__", None)
+        if method is None:
+            continue
+        if eager:
+            setattr(method, "__dynamo_disable", method)
+        elif getattr(method, "__dynamo_disable", None) is method:
+            delattr(method, "__dynamo_disable")
+
+
 def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
     """Write ``lr`` into every group's rate tensor (in place: no new tensor, no sync)."""
     for g in opt.param_groups:

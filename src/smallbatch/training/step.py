@@ -34,7 +34,7 @@ from ..augment import BatchAugment
 from ..cell import TrainSettings
 from .distributed import average_gradients
 from .negatives import Scores
-from .optim import optimizer_step
+from .optim import eager_optimizers, optimizer_step
 
 PRECISIONS = ("fp32", "bf16", "fp16", "fp64")
 _AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -202,6 +202,7 @@ class TrainStep:
     def compile(self, mode: str | None = None, fullgraph: bool = True) -> None:
         """``torch.compile`` the forward (one graph with in-batch negatives; a queue's
         filling changes shapes, so it may take several) and the optimiser update."""
+        eager_optimizers(False)  # the compiler's own marks on torch's optimiser methods
         fullgraph = fullgraph and self.source.kind in ("in_batch", "siamese")
         self.aug.prepare(self.device)
         self.forward = torch.compile(self.forward, fullgraph=fullgraph, mode=mode)

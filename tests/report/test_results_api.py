@@ -1,0 +1,81 @@
+"""``smallbatch.results``: the public table of a study's runs, read from the golden store
+(``report_store.build_golden_store``) and compared with the report's own CSV tables of that
+store (``tests/fixtures/report_golden/tables``, which test_report_golden keeps equal to the
+report)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+from report_store import GOLDEN, GOLDEN_EXPERIMENT, build_golden_store
+
+import smallbatch
+from smallbatch.report.runs import newest
+
+TABLES = GOLDEN / "tables"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> str:
+    uri = f"sqlite:///{tmp_path_factory.mktemp('golden') / 'mlflow.db'}"
+    build_golden_store(uri, GOLDEN_EXPERIMENT)
+    return uri
+
+
+@pytest.fixture(scope="module")
+def runs(store) -> pd.DataFrame:
+    return smallbatch.results(store, experiment=GOLDEN_EXPERIMENT)
+
+
+def test_results_has_one_row_per_cell_and_baseline_run(runs):
+    cost = pd.read_csv(TABLES / "cost_runs.csv")  # the report's one row per cell (its newest run)
+    assert set(runs["cell_id"]) == set(cost["cell_id"])
+    assert {"cell", "baseline"} <= set(runs["kind"])
+    assert not {"report", "parent"} & set(runs["kind"])  # the runs that hold no result are left out
+    latest, superseded = newest(runs)
+    assert superseded == 1 and len(runs) == len(cost) + 1  # a rerun cell: both its runs are rows
+    got = latest.set_index("cell_id").loc[cost["cell_id"]]
+    assert list(got["status"]) == list(cost["status"])
+    assert list(got["batch_size"].astype("Float64")) == list(cost["batch_size"].astype("Float64"))
+
+
+def test_results_settings_and_metrics_equal_the_report_tables(runs):
+    latest, _ = newest(runs)
+    base = pd.read_csv(TABLES / "baselines.csv")
+    for row in base.itertuples():
+        sel = latest[(latest["baseline"] == row.baseline) & (latest["dataset"] == row.dataset)]
+        assert len(sel) == row.n_runs
+        assert sel[f"metrics.{row.metric}/top1"].mean() == pytest.approx(row.mean, rel=1e-6)
+    top1 = pd.read_csv(TABLES / "grid_top1_digits_knn.csv")
+    checked = 0
+    for row in top1[top1["label"].isin(["DCL", "FlatNCE", "InfoNCE (epochs=20)"]) & (top1["n_runs"] > 0)].itertuples():
+        cell = latest[
+            (latest["section"] == "grid")
+            & (latest["dataset"] == row.dataset)
+            & (latest["loss"] == row.loss)
+            & (latest["batch_size"] == row.batch_size)
+            & (latest["temperature"] == row.temperature)
+            & (latest["params.epochs"] == "20")
+        ]
+        assert len(cell) == row.n_runs, row
+        ok = cell[cell["status"] == "finished"]
+        assert len(ok) == row.n_runs - row.n_diverged - row.n_failed
+        if len(ok):
+            assert ok["metrics.knn/top1"].mean() == pytest.approx(row.mean, rel=1e-6), row
+            checked += 1
+    assert checked >= 6
+
+
+def test_results_names_a_missing_experiment(store):
+    with pytest.raises(ValueError, match=f"no such experiment; available: .*{GOLDEN_EXPERIMENT}"):
+        smallbatch.results(store, experiment="no-such-study")
+
+
+def test_import_smallbatch_stays_light():
+    code = "import sys, smallbatch; print(sorted({'pandas', 'mlflow', 'torch'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+    assert callable(smallbatch.results) and "results" in dir(smallbatch)

@@ -1,0 +1,130 @@
+"""The package where users install it: a wheel built from the repository's files, installed
+into a fresh virtual environment outside the checkout, plans the default study and runs one
+digits cell (pretrain, evaluate, tracked in MLflow) from a folder outside the checkout;
+``smallbatch.results`` reads that cell back and ``smallbatch report`` builds its report.
+
+The fresh environment has no ``PYTHONPATH`` and no access to the checkout: it reaches the
+test environment's dependencies (torch, MLflow, ...) through one ``.pth`` line naming their
+site-packages, whose own ``.pth`` files -- the editable install of the checkout among them --
+Python does not run for a folder a ``.pth`` line adds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+from cluster import HANG_S
+
+ROOT = Path(__file__).resolve().parents[1]
+#: the top-level packages under src/ that the wheel must hold, every file of them
+PACKAGES = ("smallbatch", "snakemake_logger_plugin_smallbatch")
+
+pytestmark = pytest.mark.slow
+
+
+def _run(argv: list, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    proc = subprocess.run([str(a) for a in argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=HANG_S)
+    assert proc.returncode == 0, f"{' '.join(map(str, argv))}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> dict:
+    """The wheel, a fresh venv holding it, and a working folder outside the checkout."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    # built from a copy: setuptools writes build/ and *.egg-info beside the sources
+    tree = tmp / "tree"
+    shutil.copytree(ROOT / "src", tree / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, tree / name)
+    dist = tmp / "dist"
+    pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
+    _run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", dist, tree], cwd=tmp)
+    (wheel,) = dist.glob("smallbatch-*.whl")
+
+    venv = tmp / "venv"
+    _run([sys.executable, "-m", "venv", "--without-pip", venv], cwd=tmp)
+    py = venv / "bin" / "python"
+    purelib = _run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=tmp).stdout.strip()
+    ours = dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))  # one folder, or two
+    Path(purelib, "test-dependencies.pth").write_text("".join(f"{p}\n" for p in ours))
+    _run([*pip, "--python", py, "install", "--no-deps", "--no-index", wheel], cwd=tmp)
+
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    work = tmp / "work"
+    work.mkdir()
+    return {"wheel": wheel, "venv": venv, "py": py, "env": env, "work": work}
+
+
+def test_the_wheel_holds_every_file_of_the_packages(installed):
+    with zipfile.ZipFile(installed["wheel"]) as zf:
+        held = set(zf.namelist())
+    files = {
+        p.relative_to(ROOT / "src").as_posix()
+        for pkg in PACKAGES
+        for p in (ROOT / "src" / pkg).rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    }
+    assert {"smallbatch/resources/config.schema.yaml", "smallbatch/resources/paper_results.csv"} <= files
+    assert files - held == set()
+
+
+def test_the_installed_package_is_the_wheels_not_the_checkout(installed):
+    code = (
+        "import json, smallbatch, snakemake_logger_plugin_smallbatch as plugin\n"
+        "from smallbatch.pipeline.schema import schema_path\n"
+        "print(json.dumps([smallbatch.__file__, plugin.__file__, str(schema_path())]))"
+    )
+    paths = json.loads(_run([installed["py"], "-c", code], cwd=installed["work"], env=installed["env"]).stdout)
+    for p in paths:
+        assert Path(p).resolve().is_relative_to(installed["venv"].resolve()), p
+    version = _run(["smallbatch", "--version"], cwd=installed["work"], env=installed["env"]).stdout
+    assert version.strip() == f"smallbatch {installed['wheel'].name.split('-')[1]}"
+
+
+def test_the_installed_command_plans_a_study_and_runs_a_digits_cell(installed):
+    work, env = installed["work"], installed["env"]
+    shutil.copy2(ROOT / "config.yaml", work / "config.yaml")
+    planned = _run(["smallbatch", "cells", "--config", "config.yaml"], cwd=work, env=env)
+    here = _run([sys.executable, "-m", "smallbatch", "cells", "--config", "config.yaml"], cwd=work)
+    assert planned.stdout == here.stdout and planned.stdout.count("\n") >= 10  # the checkout's cells
+    assert planned.stderr.strip().splitlines()[-1].endswith("baselines")  # "N cells, M baselines"
+
+    (work / "tiny.yaml").write_text(
+        f"study: wheel\nresults_dir: {work / 'results'}\n"
+        "datasets: {digits: {}}\n"
+        "train: {width: 4, proj_hidden: 16, proj_dim: 8, lr: 0.003, epochs: 1, log_every: 5}\n"
+        "eval: {knn_k: [5, 20], linear_iterations: 20}\n"
+    )
+    uri = f"sqlite:///{work / 'mlflow.db'}"
+    cell = ["--config", "tiny.yaml", "--dataset", "digits", "--loss", "infonce", "--batch-size", "32"]
+    cell += ["--temperature", "0.5"]
+    _run(["smallbatch", "init-store", "--tracking-uri", uri, "--experiment", "wheel"], cwd=work, env=env)
+    trained = _run(["smallbatch", "pretrain", "--tracking-uri", uri, "--no-progress", *cell], cwd=work, env=env)
+    assert json.loads(trained.stdout.strip().splitlines()[-1])["status"] == "finished"
+    evaluated = _run(["smallbatch", "evaluate", "--tracking-uri", uri, *cell], cwd=work, env=env)
+    knn = json.loads(evaluated.stdout.strip().splitlines()[-1])["knn"]
+    assert knn["status"] == "finished"
+
+    code = (
+        "import json, sys, smallbatch\n"
+        "df = smallbatch.results(sys.argv[1])\n"
+        "print(json.dumps(df[['cell_id', 'status', 'metrics.knn/top1']].to_dict('records')))"
+    )
+    rows = json.loads(_run([installed["py"], "-c", code, uri], cwd=work, env=env).stdout)
+    assert rows == [
+        {"cell_id": "digits/infonce/bs32-t0.5-s0", "status": "finished", "metrics.knn/top1": knn["knn/top1"]}
+    ]
+    # the report reads the papers' numbers from the package's data (resources/paper_results.csv)
+    _run(["smallbatch", "report", "--tracking-uri", uri, "--out", "report"], cwd=work, env=env)
+    assert "digits/infonce/bs32-t0.5-s0" in (work / "report" / "tables" / "cost_runs.csv").read_text()
+    assert (work / "report" / "tables" / "papers_reported.csv").stat().st_size > 0
