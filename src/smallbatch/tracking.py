@@ -4,7 +4,9 @@ One experiment per study, one run per cell.  A run is found again by its cell
 id and config hash (tags ``smallbatch.cell_id`` / ``smallbatch.cell_hash``), so
 a re-run of an unfinished cell resumes the same run and never duplicates it;
 a changed config (new hash) is a new run, and so is a pretraining rerun of a
-finished cell (a finished run is never flipped back to RUNNING).
+finished cell (a finished run is never flipped back to RUNNING).  A new run carries
+MLflow's own source tags (the command, LOCAL, the user, the git commit when the package runs
+from a checkout) beside the package's versions (:func:`source_tags`).
 
 One trainer per cell per store: a pretraining leases its run (tag
 ``smallbatch.lease``: its folder, host and PID, renewed as it logs) and a trainer
@@ -53,6 +55,8 @@ TAG_STATUS = "smallbatch.status"
 TAG_EXPERIMENT = "smallbatch.experiment"
 TAG_BASELINE = "smallbatch.baseline"
 TAG_COMMIT = "smallbatch.git_commit"
+TAG_GIT_DIRTY = "smallbatch.git_dirty"  # "true" when the checkout the run's code came from had changes
+TAG_PYTHON, TAG_PLATFORM = "smallbatch.python", "smallbatch.platform"
 TAG_PRETRAIN = "smallbatch.pretrain"  # how pretraining ended: finished | diverged | collapsed
 #: one writer per cell per store: the trainer that logs into a cell's run (JSON: folder, host, pid,
 #: when renewed); another folder's trainer is refused while it is live (see CellRun.take_lease)
@@ -503,21 +507,80 @@ def local_artifacts(uri: str, artifact_uri: str):
     return LocalArtifactRepository(str((root / rel).resolve()))
 
 
-@functools.lru_cache(maxsize=None)
-def git_commit() -> str:
-    """The package's commit (12 hex digits) or "unknown"; asked once per process (a git
-    subprocess: ~3 ms, paid by each of the MI step's 150 runs before)."""
+def _git(*args: str) -> str | None:
+    """``git ARGS`` run (no shell) in the package's folder: its output, or None when git is
+    missing, fails, or the package's own file is not in that checkout (an installed wheel)."""
     try:
         out = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            cwd=Path(__file__).resolve().parent,
+            ["git", *args], capture_output=True, text=True, timeout=5, cwd=Path(__file__).resolve().parent
         )
-        return out.stdout.strip() or "unknown"
-    except Exception:  # noqa: BLE001
-        return "unknown"
+    except Exception:  # noqa: BLE001 - no git, or none that answers: the run goes on without it
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+@functools.lru_cache(maxsize=None)
+def git_state() -> tuple[str, bool] | None:
+    """(commit, its 40 hex digits; whether the checkout has changes: ``git status --porcelain``) of
+    the package's checkout, or None outside one (a wheel, even one installed in a checkout's
+    virtual environment) or without git; asked once per process (subprocesses: ~10 ms, paid
+    by each of the MI step's 150 runs before)."""
+    if _git("ls-files", "--error-unmatch", "--", Path(__file__).name) is None:
+        return None
+    commit = (_git("rev-parse", "HEAD") or "").strip()
+    status = _git("status", "--porcelain")
+    return (commit, bool(status.strip())) if commit and status is not None else None
+
+
+def git_commit() -> str:
+    """The package's commit (12 hex digits) or "unknown" (:func:`git_state`)."""
+    state = git_state()
+    return state[0][:12] if state else "unknown"
+
+
+#: the command a run is logged by (MLflow's ``mlflow.source.name``): the CLI sets it
+#: (:func:`set_source`); a run logged by another program names that program
+_SOURCE: list[str] = []
+
+
+def set_source(command: str) -> None:
+    """Name the command (``smallbatch pretrain``) that this process's new runs are logged by."""
+    _SOURCE[:] = [command]
+
+
+def source_tags() -> dict[str, str]:
+    """MLflow's own tags of where a new run comes from (the command, LOCAL, the user, the git
+    commit in a checkout) and smallbatch's (whether that checkout had changes, Python, platform)."""
+    import sys
+
+    from mlflow.utils import mlflow_tags as mt
+
+    command = _SOURCE[0] if _SOURCE else Path(sys.argv[0] or "python").name
+    return {mt.MLFLOW_SOURCE_NAME: command, **_machine_tags()}
+
+
+@functools.lru_cache(maxsize=None)
+def _machine_tags() -> Mapping[str, str]:
+    """The source tags that hold for the whole process, read once (read-only: every run shares them)."""
+    import getpass
+    import platform
+
+    from mlflow.utils import mlflow_tags as mt
+
+    try:
+        user = getpass.getuser()
+    except Exception:  # noqa: BLE001 - no user name (a container's bare uid): MLflow's own fallback
+        user = "unknown"
+    tags = {
+        mt.MLFLOW_SOURCE_TYPE: "LOCAL",
+        mt.MLFLOW_USER: user,
+        TAG_PYTHON: platform.python_version(),
+        TAG_PLATFORM: platform.platform(),
+    }
+    state = git_state()
+    if state:
+        tags[mt.MLFLOW_GIT_COMMIT], tags[TAG_GIT_DIRTY] = state[0], str(state[1]).lower()
+    return MappingProxyType(tags)
 
 
 @functools.lru_cache(maxsize=None)
@@ -842,6 +905,7 @@ def _open_cell_run(
             TAG_ACCURACY_UNIT: ACCURACY_UNIT,
             TAG_COMMIT: git_commit(),
             **_versions(),
+            **source_tags(),
         }
         if kind == "baseline":
             tags[TAG_BASELINE] = baseline

@@ -349,7 +349,8 @@ def test_every_new_run_is_tagged_with_the_commit_and_versions_read_once_per_proc
     calls = []
     real_run = subprocess.run
     monkeypatch.setattr(tracking.subprocess, "run", lambda *a, **k: calls.append(a) or real_run(*a, **k))
-    tracking.git_commit.cache_clear()
+    tracking.git_state.cache_clear()
+    tracking._machine_tags.cache_clear()
     tracking._versions.cache_clear()
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     tracking.init_store(uri, "e")
@@ -357,5 +358,5 @@ def test_every_new_run_is_tagged_with_the_commit_and_versions_read_once_per_proc
         run = tracking.open_cell_run(uri, "e", {"id": f"c{i}", "hash": f"h{i}"}, kind="mi")
         tags = run.tags()
         assert tags[tracking.TAG_COMMIT] and torch.__version__.startswith(tags["smallbatch.version.torch"])
-    assert sum("rev-parse" in a[0] for a in calls) == 1
-    assert tracking._versions.cache_info().misses == 1
+    assert sum("rev-parse" in a[0] for a in calls) == 1 and sum("status" in a[0] for a in calls) <= 1
+    assert tracking._versions.cache_info().misses == 1 and tracking._machine_tags.cache_info().misses == 1

@@ -553,7 +553,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _set_verbosity(args.verbosity)
+    from .. import tracking
     from ..errors import Preempted
+
+    tracking.set_source(f"smallbatch {args.command}")  # the runs it logs name it (mlflow.source.name)
     from .allocator import tune
 
     tune()  # every step's own process (or warm-server child): freed blocks stay for the next step
