@@ -182,7 +182,8 @@ def build_report(
     missing experiment or an ``out_dir`` that is a file, and
     :class:`smallbatch.tracking.TrackingError` for a store that does not exist or
     cannot be read; nothing is written then.  ``log_run``: also log the report as a run of
-    its experiment (:func:`smallbatch.tracking.log_report_run`), which later builds leave out.
+    its experiment (:func:`smallbatch.tracking.log_report_run`: one run per experiment, replaced
+    by a changed build), which later builds leave out.
     """
     out = Path(out_dir)
     _check_out_dir(out)
