@@ -347,7 +347,7 @@ def describe_study(experiment: str, config: str | None = None) -> str:
         f"parent run; the report is a run of kind `{KIND_REPORT}` with its tables and figures. Training "
         "curves: x-axis `train/images_seen` or `epoch` compares batch sizes (the step is the optimiser's). "
         f"Browse: `mlflow ui --backend-store-uri sqlite:///mlflow.db` in the folder holding the store "
-        f"(its artifacts are `./{ARTIFACTS_DIR}`)."
+        f"(its artifacts are `./{ARTIFACTS_DIR}`); in Python: `smallbatch.tracking.artifact_path(uri, run_id)`."
     )
 
 
@@ -505,6 +505,34 @@ def local_artifacts(uri: str, artifact_uri: str):
     from mlflow.store.artifact.local_artifact_repo import LocalArtifactRepository
 
     return LocalArtifactRepository(str((root / rel).resolve()))
+
+
+def artifact_path(uri: str, run_id: str) -> Path:
+    """The local folder holding a run's artifacts, wherever the study folder now is: a SQLite
+    store's proxied root (:func:`local_artifacts`) or a ``file:`` one (a store made before).
+    MLflow's own client cannot read a proxied root through a ``sqlite:`` URI (it asks an
+    ``mlflow server`` for it), and a ``file:`` root MLflow always makes absolute, which a moved
+    study folder breaks: so the store keeps the proxied root, and this is how a script reads
+    the artifacts without a server (``mlflow ui`` started in the store's folder serves them).
+    TrackingError for a run whose artifacts are on a server or another remote store."""
+    from urllib.parse import urlparse
+
+    client = _client(uri)
+    try:
+        root = client.get_run(run_id).info.artifact_uri
+    except Exception as exc:  # noqa: BLE001
+        raise _wrap(uri, f"reading run {run_id}", exc) from None
+    repo = local_artifacts(uri, root)
+    if repo is not None:
+        return Path(repo.artifact_dir)
+    if urlparse(root).scheme in ("", "file"):
+        from mlflow.utils.file_utils import local_file_uri_to_path
+
+        return Path(local_file_uri_to_path(root))
+    raise TrackingError(
+        f"run {run_id}'s artifacts are at {root}, not in a local folder: read them with MLflow's client "
+        f"(MlflowClient('{uri}').download_artifacts)"
+    )
 
 
 def _git(*args: str) -> str | None:

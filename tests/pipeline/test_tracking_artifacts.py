@@ -73,6 +73,31 @@ def test_a_moved_study_still_reads_its_artifacts(study, tmp_path):
         assert torch.equal(v, model[f"backbone.{k}"]), k
 
 
+def test_a_script_finds_a_moved_studys_artifacts_in_a_local_folder(study):
+    """tracking.artifact_path: the folder under the moved store's ``mlartifacts`` (MLflow's
+    client cannot read a proxied root through the sqlite URI)."""
+    results, cell, run_id, _ = study
+    uri = f"sqlite:///{results / 'mlflow.db'}"
+    folder = tracking.artifact_path(uri, run_id)
+    assert folder.is_relative_to(results / tracking.ARTIFACTS_DIR)
+    assert sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()) == ARTIFACTS
+    assert json.loads((folder / "cell.json").read_text()) == cell
+
+
+def test_a_file_artifact_root_of_a_store_made_before_is_read_as_its_folder(tmp_path):
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    uri = f"sqlite:///{tmp_path / 'old.db'}"
+    old = SqlAlchemyStore(uri, (tmp_path / "old-artifacts").as_uri())
+    old.create_experiment(EXPERIMENT)  # an experiment with MLflow's file root, as stores were once made
+    old.engine.dispose()
+    run = tracking.open_cell_run(uri, EXPERIMENT, {"id": "c", "hash": "h"})
+    (tmp_path / "cell.json").write_text("{}")
+    run.log_artifact(tmp_path / "cell.json")
+    folder = tracking.artifact_path(uri, run.run_id)
+    assert folder.is_relative_to(tmp_path / "old-artifacts") and (folder / "cell.json").read_text() == "{}"
+
+
 def test_mlflow_ui_started_in_the_moved_folder_serves_the_artifacts(study, tmp_path):
     """``mlflow server`` with MLflow's default artifact destination, started where the store is
     (as ``mlflow ui`` is): its proxy lists and downloads the run's artifacts."""
