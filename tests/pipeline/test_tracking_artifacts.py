@@ -138,6 +138,8 @@ def test_the_knn_monitor_is_logged_at_each_epoch_end(study):
     top1, epoch = reader.history(run_id, "monitor/knn_top1"), reader.history(run_id, "monitor/epoch")
     steps_run = int(reader._client.get_run(run_id).data.metrics["train/steps"])
     assert [s for s, _ in top1] == [s for s, _ in epoch] == [steps_run] and [v for _, v in epoch] == [1.0]
+    seen = reader.history(run_id, "monitor/images_seen")  # its x-axis beside the step: images seen by then
+    assert seen == [(steps_run, float(steps_run * cell["batch_size"]))]
     assert 20 < top1[0][1] <= 100  # well above chance (10 classes) after an epoch of digits
 
 

@@ -7,7 +7,7 @@ gives the queries, another part of them the bank.  The backbone is embedded in e
 under ``no_grad`` (:func:`smallbatch.evaluation.embed.embed` restores every module's mode), so a cell
 trains to the same weights with the monitor on or off: an execution setting, not in the hash.
 Logged at the epoch end's optimiser step: ``monitor/knn_top1`` (percent), ``monitor/epoch``,
-``monitor/seconds``."""
+``monitor/seconds``, and (by the training loop) ``monitor/images_seen``."""
 
 from __future__ import annotations
 

@@ -627,10 +627,11 @@ def write_snapshot(t: Training, budget: dict) -> None:
 
 
 def _at_epoch_end(t: Training, hooks: Hooks) -> None:
-    """Rank 0's epoch-end hook (the kNN monitor); its metrics logged at this step."""
+    """Rank 0's epoch-end hook (the kNN monitor); its metrics logged at this step, with the
+    images seen by then (``monitor/images_seen``: the x-axis that compares batch sizes)."""
     m = hooks.at_epoch_end(t.step_fn.model.backbone, t.step // t.steps_per_epoch)
     if m and hooks.log_fn is not None:
-        hooks.log_fn(m, t.step)
+        hooks.log_fn({**m, "monitor/images_seen": float(t.step * t.cell.batch_size)}, t.step)
 
 
 def _preempted(t: Training, signalled: bool) -> Preempted:
