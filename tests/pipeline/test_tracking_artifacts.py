@@ -116,6 +116,15 @@ def test_mlflow_ui_started_in_the_moved_folder_serves_the_artifacts(study, tmp_p
         run.log_artifact(results / "runs" / "cell" / "cell.json")
         assert tracking.StoreReader(server.uri).artifacts(run.run_id) == ["cell.json"]
         assert list((results / "mlartifacts").glob(f"*/{run.run_id}/artifacts/cell.json"))
+        # a changed report over HTTP replaces its run's artifacts through the server's proxy
+        ids = []
+        for i, name in enumerate(["a.md", "b.md"]):
+            (tmp_path / f"r{i}").mkdir()
+            (tmp_path / f"r{i}" / name).write_text(name)
+            ids.append(
+                tracking.log_report_run(server.uri, "over-http", tmp_path / f"r{i}", [tmp_path / f"r{i}" / name])
+            )
+        assert ids[0] == ids[1] and tracking.StoreReader(server.uri).artifacts(ids[1]) == ["b.md"]
 
 
 def test_images_seen_and_cpu_seconds_are_logged_and_the_experiment_is_described(study):
