@@ -548,16 +548,16 @@ def _git(*args: str) -> str | None:
 
 
 @functools.lru_cache(maxsize=None)
-def git_state() -> tuple[str, bool] | None:
-    """(commit, its 40 hex digits; whether the checkout has changes: ``git status --porcelain``) of
-    the package's checkout, or None outside one (a wheel, even one installed in a checkout's
+def git_state() -> tuple[str, bool | None] | None:
+    """(commit, its 40 hex digits; whether the checkout has changes: ``git status --porcelain``,
+    None when git could not say in time) of the package's checkout, or None outside one (a wheel, even one installed in a checkout's
     virtual environment) or without git; asked once per process (subprocesses: ~10 ms, paid
     by each of the MI step's 150 runs before)."""
     if _git("ls-files", "--error-unmatch", "--", Path(__file__).name) is None:
         return None
     commit = (_git("rev-parse", "HEAD") or "").strip()
     status = _git("status", "--porcelain")
-    return (commit, bool(status.strip())) if commit and status is not None else None
+    return (commit, None if status is None else bool(status.strip())) if commit else None
 
 
 def git_commit() -> str:
@@ -607,7 +607,9 @@ def _machine_tags() -> Mapping[str, str]:
     }
     state = git_state()
     if state:
-        tags[mt.MLFLOW_GIT_COMMIT], tags[TAG_GIT_DIRTY] = state[0], str(state[1]).lower()
+        tags[mt.MLFLOW_GIT_COMMIT] = state[0]
+    if state and state[1] is not None:
+        tags[TAG_GIT_DIRTY] = str(state[1]).lower()
     return MappingProxyType(tags)
 
 
