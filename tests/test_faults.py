@@ -130,6 +130,25 @@ def new_study(tmp_path: Path, ref: dict, tracking_uri: str | None = None) -> tup
     return fault_config(tmp_path / "config.yaml", results, tracking_uri=uri), results
 
 
+def stamp_as_the_workflow_does(cfg: Path, results: Path) -> None:
+    """The settings stamps a study's `settings` rule writes before its data and cell jobs
+    (workflow/rules/common.smk), an hour old: the outputs in place are then results of the
+    settings planned now, not of others (which the workflow would recompute)."""
+    from smallbatch.pipeline import cells, config
+
+    conf = config.load_config(cfg)
+    cell = cells.expand_cells(conf)[CELL_ID]
+    data = cells.data_cache_settings(conf, "digits")
+    old = time.time() - 3600
+    for stamp in (
+        results / "runs" / CELL_ID / f".settings-{cell['hash']}",
+        results / "data" / "cache" / "digits" / f".settings-{cells.settings_hash(data)}",
+    ):
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        stamp.write_text("stamped by the test\n")
+        os.utime(stamp, (old, old))
+
+
 def start_snakemake(tmp_path: Path, cfg: Path, *args: str, log: str = "snakemake.log") -> subprocess.Popen:
     cmd = snakemake_cmd(tmp_path, cfg, DEFAULT_PROFILE, "--cores", "2", *args)
     fh = open(tmp_path / log, "w")
@@ -310,6 +329,7 @@ def test_truncated_checkpoint_in_a_study_fails_its_step_naming_the_file(tmp_path
     ckpt = results / "runs" / CELL_ID / "checkpoint.pt"
     blob = (ref["config"].parent / "ref" / "checkpoint.pt").read_bytes()
     ckpt.write_bytes(blob[: len(blob) // 2])
+    stamp_as_the_workflow_does(cfg, results)  # the checkpoint is this study's, of the settings planned now
     later = time.time() + 5  # newer than every input, so Snakemake has no reason to retrain
     os.utime(ckpt, (later, later))
     res = run(
