@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from loss_at_tau import at_tau
 
+from smallbatch import checks
 from smallbatch.losses import REGISTRY, SogCLR, build_loss, display_name, in_batch_scores
 from smallbatch.pipeline.cells import expand_cells, make_cell
 from smallbatch.pipeline.config import ConfigError, load_config
@@ -288,7 +289,7 @@ def test_a_tiny_sogclr_cell_trains_through_the_command_line(tmp_path):
 
 def test_sogclr_on_several_processes_is_refused_in_one_line():
     cell = _cell(devices=2)
-    assert "one process" in train.control_problem(cell)
+    assert "one process" in checks.control_problem(cell)
 
 
 # --------------------------------------------------------------------------- iSogCLR

@@ -20,6 +20,7 @@ import pytest
 import torch
 from loss_at_tau import at_tau
 
+from smallbatch import checks
 from smallbatch.losses import (
     REGISTRY,
     build_loss,
@@ -121,7 +122,7 @@ def test_a_group_that_does_not_divide_the_batch_is_one_line():
     with pytest.raises(ValueError, match="group of 3 images must be >= 2 and divide the batch of 8"):
         grouped_in_batch_scores(z1, z2, 3)
     cell = _cell(batch_size=24, neg_group=16, bn_group=16)
-    problem = train.control_problem(cell)
+    problem = checks.control_problem(cell)
     assert problem.startswith("train.neg_group = 16 does not divide batch_size 24") and "\n" not in problem
     with pytest.raises(ValueError, match="does not divide batch_size 24"):
         train.pretrain(cell, torch.zeros(64, 1, 8, 8, dtype=torch.uint8), [0.5], [0.2], Path("unused"), device="cpu")
@@ -289,8 +290,8 @@ def test_bn_group_reaches_the_networks_and_equal_to_the_batch_is_plain(tmp_path)
     assert all(m.views == 1 for m in q.step_fn.source.key_model.modules() if isinstance(m, GhostBatchNorm))
     same = train.build_training(_cell(bn_group=8), images, [0.5], [0.2], torch.device("cpu"), tmp_path)
     assert not any(isinstance(m, GhostBatchNorm) for m in same.step_fn.model.modules())
-    assert "chunk_size" in train.control_problem(_cell(bn_group=4, chunk_size=4))
-    assert "queue_size" in train.control_problem(_cell(neg_group=4, queue_size=16))
+    assert "chunk_size" in checks.control_problem(_cell(bn_group=4, chunk_size=4))
+    assert "queue_size" in checks.control_problem(_cell(neg_group=4, queue_size=16))
 
 
 # --------------------------------------------------------------------------- budgets, lr, ids

@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from smallbatch import checks
 from smallbatch.losses import build_loss
 from smallbatch.models import ContrastiveModel, build_backbone
 from smallbatch.pipeline.cells import expand_cells, make_cell
@@ -200,9 +201,9 @@ def test_the_arm_is_a_control_with_its_id_k_and_hash_and_its_refusals_are_one_li
         ({"mask_same_class": True}, "mask_same_class"),
         ({"bn_group": None, "chunk_size": 4}, "chunk_size"),
     ):
-        problem = train.control_problem(_cell(extra_negatives=16, **opts))
+        problem = checks.control_problem(_cell(extra_negatives=16, **opts))
         assert f"train.{key}" in problem and "\n" not in problem
-    assert "does not divide train.extra_negatives = 12" in train.control_problem(_cell(extra_negatives=12))
+    assert "does not divide train.extra_negatives = 12" in checks.control_problem(_cell(extra_negatives=12))
     with pytest.raises(ConfigError, match="with 1500 extra negatives is larger than the 1,437 pretraining images"):
         load_config(None, {"datasets": {"digits": {}}, "train": {**TINY, "extra_negatives": 1500}})
 

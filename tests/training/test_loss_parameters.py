@@ -17,6 +17,7 @@ import torch
 from test_distributed import run_spawned
 
 from smallbatch import data
+from smallbatch.checks import control_problem
 from smallbatch.pipeline.cells import make_cell
 from smallbatch.pipeline.config import load_config
 from smallbatch.training import loop as train
@@ -86,7 +87,7 @@ def test_the_learnt_temperature_trains_logs_its_value_and_resumes_bitwise(loss, 
 
 
 def test_a_learnt_temperature_and_an_ess_schedule_are_refused_in_one_line():
-    problem = train.control_problem(learnt_tau_cell(epochs=1, ess_schedule={"start": 0.9, "end": 0.3}))
+    problem = control_problem(learnt_tau_cell(epochs=1, ess_schedule={"start": 0.9, "end": 0.3}))
     assert problem == "InfoNCE (learnt τ) learns its temperature; set train.ess_schedule: null"
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from smallbatch import checks
 from smallbatch.pipeline.cells import make_cell
 from smallbatch.pipeline.config import load_config
 from smallbatch.training import loop as train
@@ -135,6 +136,6 @@ def test_a_method_cell_trains_logs_the_covariance_rank_and_resumes_bitwise(loss,
     ids=["devices", "queue", "neg_group", "oracle", "ess", "chunks"],
 )
 def test_what_needs_negatives_or_processes_is_refused_in_one_line(opts, says):
-    problem = train.control_problem(method_cell("simsiam", epochs=1, **opts))
+    problem = checks.control_problem(method_cell("simsiam", epochs=1, **opts))
     assert problem is not None and says in problem and "\n" not in problem
-    assert train.control_problem(method_cell("simsiam", epochs=1, bn_group=8)) is None
+    assert checks.control_problem(method_cell("simsiam", epochs=1, bn_group=8)) is None

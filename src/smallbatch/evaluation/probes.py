@@ -38,6 +38,7 @@ import torch
 
 from ..data import stratified_subset
 from .embed import check_pair
+from .gap import gap_fraction
 from .linear import _linear_metrics, fit_linear, linear_eval, linear_top1, standardise
 
 __all__ = [
@@ -239,15 +240,3 @@ def linear_probes(
         )
     )
     return out
-
-
-def gap_fraction(value: float, random_init: float, supervised: float) -> float:
-    """Where ``value`` lies between the random-init encoder (0) and the supervised upper bound
-    (1) of the same network: ``(value - random_init) / (supervised - random_init)``. A
-    difference d between two encoders is ``d / (supervised - random_init)`` of that range:
-    ``gap_fraction(d, 0, supervised - random_init)``. NaN when the range is not positive
-    (supervision added nothing: no fraction of it is defined)."""
-    span = float(supervised) - float(random_init)
-    if not span > 0:
-        return float("nan")
-    return (float(value) - float(random_init)) / span

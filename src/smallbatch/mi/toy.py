@@ -120,6 +120,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ..losses import build_loss
+from .names import CRITICS, ESTIMATORS
 
 __all__ = [
     "ESTIMATORS",
@@ -148,9 +149,6 @@ __all__ = [
     "grid",
     "run_mi_experiment",
 ]
-
-ESTIMATORS: tuple[str, ...] = ("infonce", "flatnce", "eqco")
-CRITICS: tuple[str, ...] = ("separable", "concat", "oracle")
 
 
 # --------------------------------------------------------------------------- analytic part

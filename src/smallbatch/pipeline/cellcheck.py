@@ -5,17 +5,23 @@ becomes a :class:`~smallbatch.cell.Cell` it must be a cell in every part: every 
 of its kind has and no other (:func:`cell_schema`: the config schema's own nodes for
 ``train``, ``eval``, the data set's options, ``tracking``, seeds, threads and device, every
 key required), its derived values its settings' (``negatives``), its hash the hash of its
-settings and id, then the checks a config's cells get (:func:`.config._cell_problem`).  The
+settings and id, then the checks a config's cells get (:func:`cell_problem`).  The
 first problem is one line naming the source and the key.
+
+:func:`cell_problem` is the one check of a typed cell, for the config's cells and a cell file
+alike: its ``train`` settings against the schema (an axis, a side experiment or a batch-size
+entry may have set them), then every check of :mod:`smallbatch.checks`.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 from dataclasses import MISSING, fields
 
+from .. import checks
 from ..cell import BaselineCell, Cell
-from .schema import load_schema
+from .schema import load_schema, one_line, schema_path, validator_with_defaults
 
 BASELINE_KINDS = ("raw_pixels", "random_init", "supervised")
 
@@ -80,10 +86,9 @@ def cell_schema(baseline: bool) -> dict:
 def cell_json_problem(obj: dict, baseline: bool) -> str | None:
     """The first problem of a cell's JSON object (see the module docstring), one line without
     its source, or None; the hash is checked by the caller, after this."""
-    from .config import _one_line, _validator_with_defaults
 
     schema = cell_schema(baseline)
-    errors = list(_validator_with_defaults(fill=False)(schema).iter_errors(obj))
+    errors = list(validator_with_defaults(fill=False)(schema).iter_errors(obj))
     missing = [e for e in errors if e.validator == "required"]
     if missing:
         keys = [_dotted(e.absolute_path, name) for e in missing for name in _absent(e)]
@@ -92,7 +97,7 @@ def cell_json_problem(obj: dict, baseline: bool) -> str | None:
         return f"lacks the key {keys[0]!r} of a {kind}{more}; write it with `smallbatch cells --write`"
     if errors:
         err = max(errors, key=lambda e: len(e.absolute_path))
-        return _one_line(err, schema, what="key")
+        return one_line(err, schema, what="key")
     if not baseline:
         return _loss_params_problem(obj) or _derived_problem(obj)
     if obj["baseline"] == "supervised" and obj.get("batch_size") is None:
@@ -110,12 +115,11 @@ def _dotted(path, name: str) -> str:
 
 def _loss_params_problem(obj: dict) -> str | None:
     """The cell's loss parameters against its loss's schema (the registry's)."""
-    from .config import _one_line, _validator_with_defaults
 
     node = load_schema()["properties"]["loss_params"]["properties"][obj["loss"]]
     wrapped = {"type": "object", "properties": {"loss_params": node}}
-    errors = list(_validator_with_defaults(fill=False)(wrapped).iter_errors({"loss_params": obj["loss_params"]}))
-    return _one_line(errors[0], wrapped, what="key") if errors else None
+    errors = list(validator_with_defaults(fill=False)(wrapped).iter_errors({"loss_params": obj["loss_params"]}))
+    return one_line(errors[0], wrapped, what="key") if errors else None
 
 
 def _derived_problem(obj: dict) -> str | None:
@@ -129,3 +133,28 @@ def _derived_problem(obj: dict) -> str | None:
             "train.neg_group, train.queue_size, train.extra_negatives); write it with `smallbatch cells --write`"
         )
     return None
+
+
+def cell_problem(cell: Cell | dict) -> str | None:
+    """The first problem of a typed cell (or its JSON object), one line without its source:
+    its ``train`` settings against the schema, then :func:`smallbatch.checks.cell_problem`."""
+    cell = Cell.of(cell)
+    return train_problem(cell.to_dict()["train"]) or checks.cell_problem(cell)
+
+
+def train_problem(train: dict) -> str | None:
+    """One line naming the first wrong key or value of a cell's ``train`` settings."""
+
+    validator, node = _train_validator(str(schema_path()))
+    errors = sorted(validator.iter_errors({"train": copy.deepcopy(train)}), key=lambda e: -len(e.absolute_path))
+    return one_line(errors[0], node) if errors else None
+
+
+@functools.lru_cache(maxsize=4)
+def _train_validator(path: str):
+    """The validator of a ``{train: ...}`` object and its schema, built once per schema file (a
+    full study checks every one of its ~1,400 cells with it)."""
+
+    schema = load_schema()
+    node = {"type": "object", "properties": {"train": schema["properties"]["train"]}, "$defs": schema["$defs"]}
+    return validator_with_defaults()(node), node

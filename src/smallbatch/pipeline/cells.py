@@ -201,8 +201,8 @@ def loss_label(name: str, params: dict) -> str:
 def data_settings(cfg: dict, dataset: str) -> dict:
     """A cell's data: the data set, its options, where its files are and whether they may be
     downloaded (not hashed: :data:`WHERE_KEYS`), and the digest of their content (hashed)."""
-    from ..data import base_dataset
     from ..datadigest import data_digest
+    from ..datasets import base_dataset
 
     dopts = copy.deepcopy(cfg["datasets"][dataset])
     root = dopts.get("root") or cfg["data"]["root"]

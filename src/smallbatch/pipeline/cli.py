@@ -126,7 +126,7 @@ def _read_cell_file(path: Path, baseline: bool) -> Cell | BaselineCell:
 def _cell_from_text(text: str, source: str, baseline: bool) -> Cell | BaselineCell:
     """A cell from its JSON text; ValueError naming ``source`` and the first missing key, an
     id outside the id grammar, or a hash that is not the hash of the cell's settings."""
-    from .cellcheck import cell_json_problem
+    from .cellcheck import cell_json_problem, cell_problem
     from .cells import cell_hash, check_cell_id, with_current_names
 
     try:
@@ -148,9 +148,7 @@ def _cell_from_text(text: str, source: str, baseline: bool) -> Cell | BaselineCe
         )
     cell = (BaselineCell if baseline else Cell).from_dict(obj)
     if not baseline:  # the checks a config's cells get (an extreme tau, a k above the train set, ...)
-        from .config import _cell_problem
-
-        problem = _cell_problem(cell)
+        problem = cell_problem(cell)
         if problem:
             raise ValueError(f"{source}: cell {cell.id}: {problem}")
     return cell
@@ -312,7 +310,7 @@ def cmd_prepare_data(args) -> int:
         v = getattr(args, k)
         if v is not None:
             ds[k] = v
-    from ..data import DATASETS
+    from ..datasets import DATASETS
 
     if args.dataset not in DATASETS:
         raise ValueError(f"--dataset {args.dataset!r} is not known; allowed: {', '.join(DATASETS)}")

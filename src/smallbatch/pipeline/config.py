@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import difflib
 import functools
-import math
 import os
 import tempfile
 from pathlib import Path
@@ -20,136 +19,13 @@ from typing import Any
 
 import yaml
 
-from .schema import load_schema, schema_path
+from .schema import load_schema
+from .schema import one_line as _one_line
+from .schema import validator_with_defaults as _validator_with_defaults
 
 
 class ConfigError(ValueError):
     """A configuration value is wrong; the message is one line naming the key."""
-
-
-#: the largest integer a key without its own maximum takes (int32: what every library's
-#: sizes and counts take without overflow); larger ones are refused before any job
-INT_MAX = 2**31 - 1
-
-
-def _validator_with_defaults(fill: bool = True):
-    """The config's validator: JSON Schema 2020-12 where an integer is an integer (``8.0`` is a
-    float: it would pass the schema and break reshape), every number is finite, every integer
-    without a ``maximum`` is at most :data:`INT_MAX`, and (``fill``) the schema's defaults are
-    filled in."""
-    from jsonschema import Draft202012Validator, ValidationError, validators
-
-    base_props = Draft202012Validator.VALIDATORS["properties"]
-    base_type = Draft202012Validator.VALIDATORS["type"]
-
-    def finite_numbers(validator, types, instance, schema):
-        # JSON Schema has no "finite": YAML's .nan / .inf pass every bound (nan > 0 is False
-        # both ways), so a number must also be finite; a loss parameter may be infinite
-        yield from base_type(validator, types, instance, schema)
-        if isinstance(instance, float) and not math.isfinite(instance):
-            if math.isnan(instance) or not schema.get("x-loss-param"):
-                yield ValidationError(f"{instance!r} is not a finite number", validator="finite")
-        if _integer(None, instance) and abs(instance) > INT_MAX and "maximum" not in schema:
-            yield ValidationError(f"{instance!r} is too large", validator="maximum", validator_value=INT_MAX)
-
-    def set_defaults(validator, properties, instance, schema):
-        if isinstance(instance, dict):
-            for prop, sub in properties.items():
-                if isinstance(sub, dict) and "default" in sub and prop not in instance:
-                    instance[prop] = copy.deepcopy(sub["default"])
-        yield from base_props(validator, properties, instance, schema)
-
-    def additional_with_defaults(validator, aP, instance, schema):
-        # Fill defaults of free-form mappings such as ``datasets: {name: {...}}``.
-        if isinstance(instance, dict) and isinstance(aP, dict) and "properties" in aP:
-            known = set(schema.get("properties", {}))
-            for key, value in instance.items():
-                if key not in known and isinstance(value, dict):
-                    for prop, sub in aP["properties"].items():
-                        if isinstance(sub, dict) and "default" in sub and prop not in value:
-                            value[prop] = copy.deepcopy(sub["default"])
-        yield from Draft202012Validator.VALIDATORS["additionalProperties"](validator, aP, instance, schema)
-
-    checks = {"type": finite_numbers}
-    if fill:
-        checks.update(properties=set_defaults, additionalProperties=additional_with_defaults)
-    return validators.extend(
-        Draft202012Validator, checks, type_checker=Draft202012Validator.TYPE_CHECKER.redefine("integer", _integer)
-    )
-
-
-def _integer(checker, instance) -> bool:
-    """JSON Schema's integer, without the floats that happen to be whole (``8.0``)."""
-    return isinstance(instance, int) and not isinstance(instance, bool)
-
-
-def _path_str(path) -> str:
-    parts = []
-    for p in path:
-        parts.append(f"[{p}]" if isinstance(p, int) else (("." if parts else "") + str(p)))
-    return "".join(parts) or "<top level>"
-
-
-def _allowed_keys(schema: dict) -> list[str]:
-    return sorted(schema.get("properties", {}))
-
-
-def _one_line(err, root_schema: dict, label: str | None = None, what: str = "config key") -> str:
-    """Turn a jsonschema ValidationError into one readable line naming the key (or ``label``,
-    e.g. a command-line flag, for a value checked on its own); ``what`` names what a key is
-    (a cell file's: "key")."""
-    where = _path_str(err.absolute_path)
-    name = label or f"{what} '{where}'"
-    v = err.validator
-    if v == "additionalProperties":
-        allowed = _allowed_keys(err.schema)
-        extra = [k for k in err.instance if k not in allowed] if isinstance(err.instance, dict) else []
-        bad = extra[0] if extra else "?"
-        full = f"{where}.{bad}" if where != "<top level>" else bad
-        renamed = [k for k, sub in err.schema.get("properties", {}).items() if sub.get("x-renamed-from") == bad]
-        if renamed:
-            new = f"{where}.{renamed[0]}" if where != "<top level>" else renamed[0]
-            return f"{what} '{full}' is now '{new}' (renamed; same meaning and values): rename it in the config"
-        hint = difflib.get_close_matches(str(bad), allowed, n=1)
-        sugg = f" (did you mean '{hint[0]}'?)" if hint else ""
-        return f"unknown {what} '{full}'{sugg}; allowed keys here: {', '.join(allowed) or 'none'}"
-    if v == "propertyNames":
-        allowed = err.schema.get("propertyNames", {}).get("enum", [])
-        return f"unknown name under '{where}': {err.instance!r}; allowed: {', '.join(allowed)}"
-    if v == "enum" and "propertyNames" in list(err.schema_path):
-        return f"unknown name {err.instance!r} under '{where}'; allowed: {', '.join(map(str, err.validator_value))}"
-    if v == "enum":
-        return f"{name} = {err.instance!r} is not allowed; allowed values: {', '.join(map(str, err.validator_value))}"
-    if v in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
-        op = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<"}[v]
-        return f"{name} = {err.instance!r} is out of range; it must be {op} {err.validator_value}"
-    if v == "finite":
-        return f"{name} = {err.instance!r} is not a finite number"
-    if v == "type":
-        return f"{name} = {err.instance!r} has the wrong type; expected {err.validator_value}"
-    if v == "anyOf":
-        # Report the most specific sub-error (e.g. an unknown loss name).
-        best = None
-        stack = list(err.context or [])
-        while stack:
-            sub = stack.pop()
-            stack.extend(sub.context or [])
-            if sub.validator in ("anyOf", "type"):
-                continue
-            if best is None or len(sub.absolute_path) > len(best.absolute_path):
-                best = sub
-        if best is not None:
-            return _one_line(best, root_schema, label, what)
-        return f"{name} = {err.instance!r} is not valid: {err.message.splitlines()[0]}"
-    if v in ("minItems", "minProperties"):
-        if err.validator_value > 1:
-            return f"{name} = {err.instance!r} has {len(err.instance)}; it needs at least {err.validator_value}"
-        return f"{name} must not be empty"
-    if v == "uniqueItems":
-        return f"{name} = {err.instance!r} holds a value twice; give each once"
-    if v == "required":
-        return f"{name} is missing {err.message.split(' is a required')[0]}"
-    return f"{name}: {err.message.splitlines()[0]}"
 
 
 def validate_config(cfg: dict) -> dict:
@@ -244,7 +120,7 @@ def _check_sections(cfg: dict) -> None:
 
 
 def _check_augment(cfg: dict) -> None:
-    from .. import augment as _aug  # light module (torch only)
+    from .. import augment_config as _aug  # torch-free
 
     try:
         _aug.AugmentConfig(**cfg.get("augment", {}))
@@ -271,7 +147,7 @@ def _check_tracking_uri(cfg: dict) -> None:
 def _check_subsets(cfg: dict) -> None:
     """``train_subset`` / ``test_subset`` against the size of the split they subset
     (data.SPLIT_SIZES; imagefolder's size is checked when it is read)."""
-    from ..data import SPLIT_SIZES, pretrain_split, subset_problem
+    from ..datasets import SPLIT_SIZES, pretrain_split, subset_problem
 
     for name, opts in cfg["datasets"].items():
         sizes = SPLIT_SIZES.get(name)
@@ -294,127 +170,12 @@ def _check_cells(cfg: dict) -> None:
         cells = expand_cells(cfg)
     except ValueError as exc:  # two cells with one id
         raise ConfigError(str(exc)) from None
+    from .cellcheck import cell_problem
+
     for cid, cell in cells.items():
-        problem = _cell_problem(cell)
+        problem = cell_problem(cell)
         if problem:
             raise ConfigError(f"cell '{cid}': {problem}")
-
-
-def _cell_problem(cell) -> str | None:
-    """The first problem of a cell (a :class:`~smallbatch.cell.Cell` or its JSON object) that the
-    schema cannot see: its batch against its images and devices, τ, k, the controls, the
-    warm-up, its loss's parameters."""
-    from ..cell import Cell
-    from ..data import pretrain_images
-    from ..losses import build_loss
-
-    cell = Cell.of(cell)
-    name, subset = cell.dataset, cell.dataset_options.get("train_subset")
-    images = pretrain_images(name, subset)
-    tr = cell.train
-    step_images = cell.batch_size + (tr.extra_negatives or 0)
-    if images is not None and step_images > images:
-        capped = f" (datasets.{name}.train_subset)" if subset is not None and subset == images else ""
-        what = f"batch size {cell.batch_size}" + (
-            f" with {tr.extra_negatives} extra negatives" if step_images > cell.batch_size else ""
-        )
-        return f"{what} is larger than the {images:,} pretraining images of {name}{capped}"
-    problem = (
-        _extreme_problem(cell)
-        or _train_problem(cell.to_dict()["train"])  # keys set by a side experiment, an axis, a batch-size entry
-        or _devices_problem(cell)
-    )
-    if problem:
-        return problem
-    from ..training.loop import control_problem  # neg_group / bn_group against the batch, one-process controls
-
-    problem = control_problem(cell)
-    if problem:
-        return problem
-    # with train.steps the budget is in steps and the warm-up in epochs of a data set
-    # whose size may be unknown (imagefolder): not compared (CONFIGURATION.md, train.warmup_epochs)
-    if not tr.steps and tr.warmup_epochs > tr.epochs:
-        return (
-            f"train.warmup_epochs = {tr.warmup_epochs:g} is longer than train.epochs = {tr.epochs:g} "
-            "(the learning rate would never finish warming up)"
-        )
-    try:
-        build_loss(cell.loss, **cell.loss_params)  # its parameters (τ: _extreme_problem)
-    except ValueError as exc:
-        return str(exc)
-    return None
-
-
-def _devices_problem(cell) -> str | None:
-    if cell.batch_size % cell.train.devices:
-        return f"batch size {cell.batch_size} is not a multiple of train.devices = {cell.train.devices}"
-    return None
-
-
-#: the temperatures a cell may train at: below, s/tau overflows float32's exp range (loss ~1e7 at
-#: tau = 1e-9); above, every logit is ~0 and the loss is constant (nothing is learnt)
-TAU_RANGE = (1e-3, 1e2)
-
-
-def _extreme_problem(cell) -> str | None:
-    """A temperature outside :data:`TAU_RANGE`, or a kNN k above the images the probe votes
-    over (it would be clamped, yet labelled with the k asked for).  ``cell``: a Cell."""
-    from ..data import NUM_CLASSES, SPLIT_SIZES, pretrain_split
-
-    tau, (lo, hi) = cell.temperature, TAU_RANGE
-    if isinstance(tau, (int, float)) and not lo <= tau <= hi:
-        return (
-            f"temperature τ = {tau:g} is outside [{lo:g}, {hi:g}], where the losses stop being meaningful "
-            "(s/τ overflows, or every logit is ~0); choose a τ in that range"
-        )
-    name, subset = cell.dataset, cell.dataset_options.get("train_subset")
-    sizes = SPLIT_SIZES.get(name)
-    if sizes is None:
-        return None
-    n = sizes["train"] if subset is None or pretrain_split(name) != "train" else min(sizes["train"], subset)
-    big = [k for k in cell.eval.knn_k if k > n]
-    if big:
-        return (
-            f"eval.knn_k = {big[0]} is more than the {n:,} train images of {name} the kNN probe votes over; "
-            f"use k <= {n}"
-        )
-    return _fewshot_problem(cell.eval, n / NUM_CLASSES[name] if name in NUM_CLASSES else None)
-
-
-def _fewshot_problem(ev, per_class: float | None) -> str | None:
-    """A few-label fraction the probe cannot honour (smallbatch.evaluation.probes.balanced_subset
-    checks each class exactly; here, before any job, what no class can meet): more than the
-    share of each class outside the validation split, or no image of a class of average size."""
-    outside = 1 - ev.linear_val_fraction
-    for f in ev.fewshot_fractions:
-        if f > outside:
-            return (
-                f"eval.fewshot_fractions = {f:g} is more than the {outside:g} of each class's training images "
-                f"outside the validation split (eval.linear_val_fraction = {ev.linear_val_fraction:g}); use at "
-                "most that (all labels: the linear probe, linear/top1)"
-            )
-        if per_class is not None and round(f * per_class) < 1:
-            return (
-                f"eval.fewshot_fractions = {f:g} gives a class of {per_class:,.0f} training images no labelled "
-                f"image (round({f:g} x {per_class:.0f}) = 0); use a fraction of at least {1 / per_class:.2g}"
-            )
-    return None
-
-
-def _train_problem(train: dict) -> str | None:
-    """One line naming the first wrong key or value of a cell's ``train`` settings."""
-    validator, node = _train_validator(str(schema_path()))
-    errors = sorted(validator.iter_errors({"train": copy.deepcopy(train)}), key=lambda e: -len(e.absolute_path))
-    return _one_line(errors[0], node) if errors else None
-
-
-@functools.lru_cache(maxsize=4)
-def _train_validator(path: str):
-    """The validator of a ``{train: ...}`` object and its schema, built once per schema file (a
-    full study checks every one of its ~1,400 cells with it)."""
-    schema = load_schema()
-    node = {"type": "object", "properties": {"train": schema["properties"]["train"]}, "$defs": schema["$defs"]}
-    return _validator_with_defaults()(node), node
 
 
 _DATA_DIRS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python", "stl10": "stl10_binary"}
@@ -425,7 +186,7 @@ def check_data_roots(cfg: dict) -> None:
     """Every data set of a validated study has its files under its root (or
     ``data.download`` is on); otherwise a one-line ConfigError naming the key.
     The workflow calls this so a wrong root stops ``snakemake -n``, before any job."""
-    from ..data import base_dataset
+    from ..datasets import base_dataset
 
     if cfg["data"].get("download"):
         return

@@ -6,6 +6,8 @@ both read it without importing each other."""
 from __future__ import annotations
 
 import copy
+import difflib
+import math
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -60,3 +62,128 @@ def _with_losses(schema: dict) -> dict:
 
     walk(schema)
     return schema
+
+
+#: the largest integer a key without its own maximum takes (int32: what every library's
+#: sizes and counts take without overflow); larger ones are refused before any job
+INT_MAX = 2**31 - 1
+
+
+def validator_with_defaults(fill: bool = True):
+    """The config's validator: JSON Schema 2020-12 where an integer is an integer (``8.0`` is a
+    float: it would pass the schema and break reshape), every number is finite, every integer
+    without a ``maximum`` is at most :data:`INT_MAX`, and (``fill``) the schema's defaults are
+    filled in."""
+    from jsonschema import Draft202012Validator, ValidationError, validators
+
+    base_props = Draft202012Validator.VALIDATORS["properties"]
+    base_type = Draft202012Validator.VALIDATORS["type"]
+
+    def finite_numbers(validator, types, instance, schema):
+        # JSON Schema has no "finite": YAML's .nan / .inf pass every bound (nan > 0 is False
+        # both ways), so a number must also be finite; a loss parameter may be infinite
+        yield from base_type(validator, types, instance, schema)
+        if isinstance(instance, float) and not math.isfinite(instance):
+            if math.isnan(instance) or not schema.get("x-loss-param"):
+                yield ValidationError(f"{instance!r} is not a finite number", validator="finite")
+        if _integer(None, instance) and abs(instance) > INT_MAX and "maximum" not in schema:
+            yield ValidationError(f"{instance!r} is too large", validator="maximum", validator_value=INT_MAX)
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for prop, sub in properties.items():
+                if isinstance(sub, dict) and "default" in sub and prop not in instance:
+                    instance[prop] = copy.deepcopy(sub["default"])
+        yield from base_props(validator, properties, instance, schema)
+
+    def additional_with_defaults(validator, aP, instance, schema):
+        # Fill defaults of free-form mappings such as ``datasets: {name: {...}}``.
+        if isinstance(instance, dict) and isinstance(aP, dict) and "properties" in aP:
+            known = set(schema.get("properties", {}))
+            for key, value in instance.items():
+                if key not in known and isinstance(value, dict):
+                    for prop, sub in aP["properties"].items():
+                        if isinstance(sub, dict) and "default" in sub and prop not in value:
+                            value[prop] = copy.deepcopy(sub["default"])
+        yield from Draft202012Validator.VALIDATORS["additionalProperties"](validator, aP, instance, schema)
+
+    checks = {"type": finite_numbers}
+    if fill:
+        checks.update(properties=set_defaults, additionalProperties=additional_with_defaults)
+    return validators.extend(
+        Draft202012Validator, checks, type_checker=Draft202012Validator.TYPE_CHECKER.redefine("integer", _integer)
+    )
+
+
+def _integer(checker, instance) -> bool:
+    """JSON Schema's integer, without the floats that happen to be whole (``8.0``)."""
+    return isinstance(instance, int) and not isinstance(instance, bool)
+
+
+def _path_str(path) -> str:
+    parts = []
+    for p in path:
+        parts.append(f"[{p}]" if isinstance(p, int) else (("." if parts else "") + str(p)))
+    return "".join(parts) or "<top level>"
+
+
+def _allowed_keys(schema: dict) -> list[str]:
+    return sorted(schema.get("properties", {}))
+
+
+def one_line(err, root_schema: dict, label: str | None = None, what: str = "config key") -> str:
+    """Turn a jsonschema ValidationError into one readable line naming the key (or ``label``,
+    e.g. a command-line flag, for a value checked on its own); ``what`` names what a key is
+    (a cell file's: "key")."""
+    where = _path_str(err.absolute_path)
+    name = label or f"{what} '{where}'"
+    v = err.validator
+    if v == "additionalProperties":
+        allowed = _allowed_keys(err.schema)
+        extra = [k for k in err.instance if k not in allowed] if isinstance(err.instance, dict) else []
+        bad = extra[0] if extra else "?"
+        full = f"{where}.{bad}" if where != "<top level>" else bad
+        renamed = [k for k, sub in err.schema.get("properties", {}).items() if sub.get("x-renamed-from") == bad]
+        if renamed:
+            new = f"{where}.{renamed[0]}" if where != "<top level>" else renamed[0]
+            return f"{what} '{full}' is now '{new}' (renamed; same meaning and values): rename it in the config"
+        hint = difflib.get_close_matches(str(bad), allowed, n=1)
+        sugg = f" (did you mean '{hint[0]}'?)" if hint else ""
+        return f"unknown {what} '{full}'{sugg}; allowed keys here: {', '.join(allowed) or 'none'}"
+    if v == "propertyNames":
+        allowed = err.schema.get("propertyNames", {}).get("enum", [])
+        return f"unknown name under '{where}': {err.instance!r}; allowed: {', '.join(allowed)}"
+    if v == "enum" and "propertyNames" in list(err.schema_path):
+        return f"unknown name {err.instance!r} under '{where}'; allowed: {', '.join(map(str, err.validator_value))}"
+    if v == "enum":
+        return f"{name} = {err.instance!r} is not allowed; allowed values: {', '.join(map(str, err.validator_value))}"
+    if v in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
+        op = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<"}[v]
+        return f"{name} = {err.instance!r} is out of range; it must be {op} {err.validator_value}"
+    if v == "finite":
+        return f"{name} = {err.instance!r} is not a finite number"
+    if v == "type":
+        return f"{name} = {err.instance!r} has the wrong type; expected {err.validator_value}"
+    if v == "anyOf":
+        # Report the most specific sub-error (e.g. an unknown loss name).
+        best = None
+        stack = list(err.context or [])
+        while stack:
+            sub = stack.pop()
+            stack.extend(sub.context or [])
+            if sub.validator in ("anyOf", "type"):
+                continue
+            if best is None or len(sub.absolute_path) > len(best.absolute_path):
+                best = sub
+        if best is not None:
+            return one_line(best, root_schema, label, what)
+        return f"{name} = {err.instance!r} is not valid: {err.message.splitlines()[0]}"
+    if v in ("minItems", "minProperties"):
+        if err.validator_value > 1:
+            return f"{name} = {err.instance!r} has {len(err.instance)}; it needs at least {err.validator_value}"
+        return f"{name} must not be empty"
+    if v == "uniqueItems":
+        return f"{name} = {err.instance!r} holds a value twice; give each once"
+    if v == "required":
+        return f"{name} is missing {err.message.split(' is a required')[0]}"
+    return f"{name}: {err.message.splitlines()[0]}"

@@ -47,6 +47,7 @@ import torch
 
 from ..augment import AugmentConfig, BatchAugment, normalize
 from ..cell import BaselineCell, Cell, read_cell
+from ..checks import settings_problem
 from ..diagnostics import batch_covariance_rank, diagnostics, embedding_grad_norm, grad_rel_error
 from ..errors import Preempted
 from ..io import CellLock, nullcontext_lock
@@ -69,7 +70,7 @@ from .distributed import World, any_over_processes, data_parallel, gather, mean_
 from .ghostbn import ghost_batchnorm
 from .negatives import FreshNegatives, InBatch, QueueNegatives, Scores, Siamese, fresh_window, with_extra_views
 from .optim import LARS, lr_at, make_optimizer, scaled_lr, set_lr  # noqa: F401  (public through train)
-from .step import PRECISIONS, TrainStep, configure_backends
+from .step import TrainStep, configure_backends
 from .temperature import build_temperature
 
 
@@ -214,6 +215,8 @@ def pretrain(
 
 
 def _validate(cell: Cell, n_images: int, dev: torch.device, world: World) -> None:
+    """What only the run knows (the processes launched, the images read, the device), then
+    the cell's settings (:func:`smallbatch.checks.settings_problem`)."""
     bs = cell.batch_size
     devices = cell.train.devices
     if world.size != devices:
@@ -222,10 +225,9 @@ def _validate(cell: Cell, n_images: int, dev: torch.device, world: World) -> Non
             f"launch it with `torchrun --nproc-per-node {devices} -m smallbatch pretrain ...` "
             "(the workflow does) or srun"
         )
-    if bs % devices:
-        raise ValueError(f"batch_size {bs} is not a multiple of train.devices = {devices}")
-    if not isinstance(bs, int) or bs < 2:
-        raise ValueError(f"batch_size must be an integer >= 2 (a batch of 1 has no negatives), not {bs!r}")
+    problem = settings_problem(cell)
+    if problem:
+        raise ValueError(f"cell {cell.id}: {problem}")
     if bs > n_images:
         raise ValueError(f"batch_size {bs} exceeds the {n_images} pretraining images of {cell.dataset}")
     extra = cell.train.extra_negatives or 0
@@ -234,117 +236,8 @@ def _validate(cell: Cell, n_images: int, dev: torch.device, world: World) -> Non
             f"batch_size {bs} and train.extra_negatives = {extra} exceed the {n_images} pretraining images "
             f"of {cell.dataset}"
         )
-    tr = cell.train
-    if tr.precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, not {tr.precision!r}")
-    if tr.steps is None and not tr.epochs > 0:
-        raise ValueError(f"epochs must be > 0, not {tr.epochs!r}")
-    if tr.precision == "fp16" and dev.type != "cuda":
+    if cell.train.precision == "fp16" and dev.type != "cuda":
         raise ValueError("precision fp16 needs CUDA (GradScaler); use bf16 or fp32 on the CPU")
-    problem = control_problem(cell)
-    if problem:
-        raise ValueError(f"cell {cell.id}: {problem}")
-
-
-def control_problem(cell: Cell | dict) -> str | None:
-    """One line naming what is wrong with a cell's control settings (``train.neg_group``,
-    ``bn_group``, ``mask_same_class``) or with its loss's needs (its registry properties:
-    one process for a stateful or whole-batch loss, in-batch negatives for same-view ones,
-    no ESS schedule for a learnt τ), or None."""
-    cell = Cell.of(cell)
-    tr, bs = cell.train, cell.batch_size
-    for key in ("neg_group", "bn_group"):
-        g = getattr(tr, key)
-        if g and bs % g:
-            return f"train.{key} = {g} does not divide batch_size {bs}; use a divisor of the batch size or null"
-        if g and tr.devices > 1:
-            return f"train.{key} runs on one process; set train.devices = 1 or {key}: null"
-    if tr.neg_group and tr.queue_size:
-        return "train.neg_group groups in-batch negatives; set queue_size: 0 or neg_group: null"
-    if tr.bn_group and tr.chunk_size and tr.bn_group != bs:
-        return (
-            "train.bn_group normalises over groups of images, train.chunk_size over the whole batch; "
-            "set one of them to null"
-        )
-    if tr.mask_same_class and tr.devices > 1:
-        return "train.mask_same_class runs on one process; set train.devices = 1"
-    return _extra_problem(cell) or _snapshot_problem(cell) or _loss_problem(cell)
-
-
-def _loss_problem(cell: Cell) -> str | None:
-    """What the cell's loss needs of the training, from its registry entry."""
-    spec, tr = loss_spec(cell.loss), cell.train
-    if tr.devices > 1 and spec.one_process:
-        return f"{spec.one_process} runs on one process; set train.devices = 1"
-    if not spec.contrastive:
-        return _no_negatives_problem(spec.display, tr)
-    if spec.negatives == "same_view" and tr.queue_size:
-        return f"{spec.display} contrasts same-view in-batch negatives, which a queue does not hold; set queue_size: 0"
-    if spec.owns_temperature and tr.ess_schedule:
-        return f"{spec.display} learns its temperature; set train.ess_schedule: null"
-    return None
-
-
-def _no_negatives_problem(display: str, tr) -> str | None:
-    """A method without negatives against the settings that need negatives or chunks."""
-    needs = {
-        "queue_size": "a queue of negatives; set queue_size: 0",
-        "neg_group": "groups of negatives; set neg_group: null",
-        "mask_same_class": "the same-class mask of negatives; set mask_same_class: false",
-        "ess_schedule": "a temperature scheduled on its negatives' weights; set ess_schedule: null",
-        "chunk_size": "gradient caching, which chunks a contrastive loss's embeddings; set chunk_size: null",
-    }
-    for key, what in needs.items():
-        if getattr(tr, key):
-            return f"{display} has no negatives: train.{key} asks for {what}"
-    return None
-
-
-def _extra_problem(cell: Cell) -> str | None:
-    """What fresh negatives (``train.extra_negatives``) cannot be combined with, in one line."""
-    tr = cell.train
-    e = tr.extra_negatives
-    if not e:
-        return None
-    for key, on in (
-        ("queue_size", tr.queue_size),
-        ("neg_group", tr.neg_group),
-        ("mask_same_class", tr.mask_same_class),
-        ("chunk_size", tr.chunk_size),
-    ):
-        if on:
-            return f"train.extra_negatives adds in-batch negatives; set train.{key} off or extra_negatives: null"
-    if tr.devices > 1:
-        return "train.extra_negatives runs on one process; set train.devices = 1"
-    spec = loss_spec(cell.loss)
-    if spec.stateful or spec.negatives != "all" or not spec.per_anchor:
-        return (
-            f"train.extra_negatives scores each anchor against every other view; {spec.display} "
-            "(per-image state, same-view negatives or a whole-batch loss) does not take them: set extra_negatives: null"
-        )
-    if tr.bn_group and e % tr.bn_group:
-        return (
-            f"train.bn_group = {tr.bn_group} does not divide train.extra_negatives = {e} (the extra images are "
-            "normalised in groups too); use a multiple of bn_group"
-        )
-    return None
-
-
-def _snapshot_problem(cell: Cell) -> str | None:
-    """Snapshots are shorter runs only when nothing depends on the budget's length."""
-    tr = cell.train
-    if not tr.snapshot_epochs:
-        return None
-    if tr.lr_schedule != "constant":
-        return (
-            f"train.snapshot_epochs needs train.lr_schedule: constant ({tr.lr_schedule} depends on the whole "
-            "budget, so a snapshot would not be a shorter run); set lr_schedule: constant or snapshot_epochs: null"
-        )
-    if tr.ess_schedule:
-        return "train.snapshot_epochs needs a fixed tau (ess_schedule follows the whole budget); set one of them off"
-    if not tr.steps and max(tr.snapshot_epochs) > tr.epochs:
-        return f"train.snapshot_epochs {max(tr.snapshot_epochs):g} is past train.epochs = {tr.epochs:g}"
-    return None
 
 
 def snapshot_budgets(cell: Cell, steps_per_epoch: int, total: int) -> dict[int, dict]:

@@ -32,11 +32,11 @@ from torch import Tensor
 
 from ..augment import BatchAugment
 from ..cell import TrainSettings
+from ..checks import PRECISIONS
 from .distributed import average_gradients
 from .negatives import Scores
 from .optim import eager_optimizers, optimizer_step
 
-PRECISIONS = ("fp32", "bf16", "fp16", "fp64")
 _AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 

@@ -10,7 +10,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from ...data import display_name as dataset_name
+from ...datasets import display_name as dataset_name
 from ...losses.registry import display_name
 from ...tracking import BAD_STATUSES
 from ..aggregate import label_order

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from ...evaluation.probes import gap_fraction
+from ...evaluation.gap import gap_fraction
 from ...losses.registry import display_name
 from ...tracking import BAD_STATUSES
 from ..context import ReportContext, SectionOutput

@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from ...evaluation.probes import gap_fraction
+from ...evaluation.gap import gap_fraction
 from ...losses import display_name
 from ..evidence import contrast, holm, outcome, tost
 from ..fmt import finite

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from ...losses.registry import display_name
-from ...mi.toy import CRITICS, ESTIMATORS
+from ...mi.names import CRITICS, ESTIMATORS
 from ..aggregate import pivot
 from ..context import ReportContext, SectionOutput
 from ..figures import LOSS_COLORS, palette, plot_style

@@ -59,7 +59,7 @@ def _learned(a: pd.DataFrame, estimator: str) -> pd.DataFrame:
 
 
 def _first_learned_critic(df: pd.DataFrame) -> str | None:
-    from ...mi.toy import CRITICS
+    from ...mi.names import CRITICS
 
     learned = [c for c in CRITICS if c != "oracle" and c in set(df["critic"])]
     return learned[0] if learned else None

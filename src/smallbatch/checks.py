@@ -1,0 +1,247 @@
+"""Every check of a cell's settings, in one torch-free place.
+
+A cell's settings are checked before any job runs (the config's cells, a cell file, a cell
+on the command line: :mod:`smallbatch.pipeline.cellcheck`) and again when it trains
+(:func:`smallbatch.training.loop.pretrain`, which adds what only the run knows: the
+processes launched, the images read, the device).  Each check returns one line naming the
+key and what to do, or None; what a loss needs of the training is read from its registry
+entry (:mod:`smallbatch.losses.registry`: stateful, negatives, per anchor, ...), never
+from its name.
+
+* :func:`cell_problem` -- all of them, for a cell whose data set's size is known;
+* :func:`settings_problem` -- those that need no data set size (the training loop's);
+* :func:`control_problem` -- the controls and the loss's needs of the training.
+"""
+
+from __future__ import annotations
+
+from .cell import Cell
+from .datasets import NUM_CLASSES, SPLIT_SIZES, pretrain_images, pretrain_split
+from .losses.registry import loss_spec
+
+#: the numeric precisions a cell may train in (``train.precision``)
+PRECISIONS = ("fp32", "bf16", "fp16", "fp64")
+
+#: the temperatures a cell may train at: below, s/tau overflows float32's exp range (loss ~1e7 at
+#: tau = 1e-9); above, every logit is ~0 and the loss is constant (nothing is learnt)
+TAU_RANGE = (1e-3, 1e2)
+
+
+def cell_problem(cell: Cell | dict) -> str | None:
+    """The first problem of a cell (a :class:`~smallbatch.cell.Cell` or its JSON object) that the
+    schema cannot see: its batch against its images and devices, τ, k, the controls, the
+    warm-up, its loss's parameters."""
+    cell = Cell.of(cell)
+    return (
+        images_problem(cell)
+        or extreme_problem(cell)
+        or settings_problem(cell)
+        or warmup_problem(cell)
+        or loss_params_problem(cell)
+    )
+
+
+def images_problem(cell: Cell) -> str | None:
+    """A step's images (the batch and its fresh negatives) against the pretraining images of
+    the cell's data set, where their number is known before it is read."""
+    name, subset = cell.dataset, cell.dataset_options.get("train_subset")
+    images = pretrain_images(name, subset)
+    tr = cell.train
+    step_images = cell.batch_size + (tr.extra_negatives or 0)
+    if images is None or step_images <= images:
+        return None
+    capped = f" (datasets.{name}.train_subset)" if subset is not None and subset == images else ""
+    what = f"batch size {cell.batch_size}" + (
+        f" with {tr.extra_negatives} extra negatives" if step_images > cell.batch_size else ""
+    )
+    return f"{what} is larger than the {images:,} pretraining images of {name}{capped}"
+
+
+def settings_problem(cell: Cell | dict) -> str | None:
+    """The checks that need no data set size: the batch against the devices, the precision,
+    the budget, the controls and the loss's needs."""
+    cell = Cell.of(cell)
+    bs, tr = cell.batch_size, cell.train
+    if not isinstance(bs, int) or bs < 2:
+        return f"batch_size must be an integer >= 2 (a batch of 1 has no negatives), not {bs!r}"
+    if bs % tr.devices:
+        return f"batch size {bs} is not a multiple of train.devices = {tr.devices}"
+    if tr.precision not in PRECISIONS:
+        return f"precision must be one of {', '.join(PRECISIONS)}, not {tr.precision!r}"
+    if tr.steps is None and not tr.epochs > 0:
+        return f"epochs must be > 0, not {tr.epochs!r}"
+    return control_problem(cell)
+
+
+def warmup_problem(cell: Cell) -> str | None:
+    """A warm-up longer than the budget.  With train.steps the budget is in steps and the
+    warm-up in epochs of a data set whose size may be unknown (imagefolder): not compared
+    (CONFIGURATION.md, train.warmup_epochs)."""
+    tr = cell.train
+    if not tr.steps and tr.warmup_epochs > tr.epochs:
+        return (
+            f"train.warmup_epochs = {tr.warmup_epochs:g} is longer than train.epochs = {tr.epochs:g} "
+            "(the learning rate would never finish warming up)"
+        )
+    return None
+
+
+def loss_params_problem(cell: Cell) -> str | None:
+    """The loss's own checks of its parameters (bounds the schema holds too, and relations
+    between them such as iSogCLR's tau_min < tau_max).  Its registry defaults are valid (the
+    registry's tests build every loss with them), so only other values build the loss, the one
+    check here that loads torch."""
+    spec = loss_spec(cell.loss)
+    if dict(cell.loss_params) == spec.defaults:
+        return None
+    from .losses import build_loss
+
+    try:
+        build_loss(cell.loss, **cell.loss_params)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def extreme_problem(cell: Cell) -> str | None:
+    """A temperature outside :data:`TAU_RANGE`, or a kNN k above the images the probe votes
+    over (it would be clamped, yet labelled with the k asked for)."""
+    tau, (lo, hi) = cell.temperature, TAU_RANGE
+    if isinstance(tau, (int, float)) and not lo <= tau <= hi:
+        return (
+            f"temperature τ = {tau:g} is outside [{lo:g}, {hi:g}], where the losses stop being meaningful "
+            "(s/τ overflows, or every logit is ~0); choose a τ in that range"
+        )
+    name, subset = cell.dataset, cell.dataset_options.get("train_subset")
+    sizes = SPLIT_SIZES.get(name)
+    if sizes is None:
+        return None
+    n = sizes["train"] if subset is None or pretrain_split(name) != "train" else min(sizes["train"], subset)
+    big = [k for k in cell.eval.knn_k if k > n]
+    if big:
+        return (
+            f"eval.knn_k = {big[0]} is more than the {n:,} train images of {name} the kNN probe votes over; "
+            f"use k <= {n}"
+        )
+    return fewshot_problem(cell.eval, n / NUM_CLASSES[name] if name in NUM_CLASSES else None)
+
+
+def fewshot_problem(ev, per_class: float | None) -> str | None:
+    """A few-label fraction the probe cannot honour (smallbatch.evaluation.probes.balanced_subset
+    checks each class exactly; here, before any job, what no class can meet): more than the
+    share of each class outside the validation split, or no image of a class of average size."""
+    outside = 1 - ev.linear_val_fraction
+    for f in ev.fewshot_fractions:
+        if f > outside:
+            return (
+                f"eval.fewshot_fractions = {f:g} is more than the {outside:g} of each class's training images "
+                f"outside the validation split (eval.linear_val_fraction = {ev.linear_val_fraction:g}); use at "
+                "most that (all labels: the linear probe, linear/top1)"
+            )
+        if per_class is not None and round(f * per_class) < 1:
+            return (
+                f"eval.fewshot_fractions = {f:g} gives a class of {per_class:,.0f} training images no labelled "
+                f"image (round({f:g} x {per_class:.0f}) = 0); use a fraction of at least {1 / per_class:.2g}"
+            )
+    return None
+
+
+def control_problem(cell: Cell | dict) -> str | None:
+    """One line naming what is wrong with a cell's control settings (``train.neg_group``,
+    ``bn_group``, ``mask_same_class``) or with its loss's needs (its registry properties:
+    one process for a stateful or whole-batch loss, in-batch negatives for same-view ones,
+    no ESS schedule for a learnt τ), or None."""
+    cell = Cell.of(cell)
+    tr, bs = cell.train, cell.batch_size
+    for key in ("neg_group", "bn_group"):
+        g = getattr(tr, key)
+        if g and bs % g:
+            return f"train.{key} = {g} does not divide batch_size {bs}; use a divisor of the batch size or null"
+        if g and tr.devices > 1:
+            return f"train.{key} runs on one process; set train.devices = 1 or {key}: null"
+    if tr.neg_group and tr.queue_size:
+        return "train.neg_group groups in-batch negatives; set queue_size: 0 or neg_group: null"
+    if tr.bn_group and tr.chunk_size and tr.bn_group != bs:
+        return (
+            "train.bn_group normalises over groups of images, train.chunk_size over the whole batch; "
+            "set one of them to null"
+        )
+    if tr.mask_same_class and tr.devices > 1:
+        return "train.mask_same_class runs on one process; set train.devices = 1"
+    return _extra_problem(cell) or _snapshot_problem(cell) or _loss_problem(cell)
+
+
+def _loss_problem(cell: Cell) -> str | None:
+    """What the cell's loss needs of the training, from its registry entry."""
+    spec, tr = loss_spec(cell.loss), cell.train
+    if tr.devices > 1 and spec.one_process:
+        return f"{spec.one_process} runs on one process; set train.devices = 1"
+    if not spec.contrastive:
+        return _no_negatives_problem(spec.display, tr)
+    if spec.negatives == "same_view" and tr.queue_size:
+        return f"{spec.display} contrasts same-view in-batch negatives, which a queue does not hold; set queue_size: 0"
+    if spec.owns_temperature and tr.ess_schedule:
+        return f"{spec.display} learns its temperature; set train.ess_schedule: null"
+    return None
+
+
+def _no_negatives_problem(display: str, tr) -> str | None:
+    """A method without negatives against the settings that need negatives or chunks."""
+    needs = {
+        "queue_size": "a queue of negatives; set queue_size: 0",
+        "neg_group": "groups of negatives; set neg_group: null",
+        "mask_same_class": "the same-class mask of negatives; set mask_same_class: false",
+        "ess_schedule": "a temperature scheduled on its negatives' weights; set ess_schedule: null",
+        "chunk_size": "gradient caching, which chunks a contrastive loss's embeddings; set chunk_size: null",
+    }
+    for key, what in needs.items():
+        if getattr(tr, key):
+            return f"{display} has no negatives: train.{key} asks for {what}"
+    return None
+
+
+def _extra_problem(cell: Cell) -> str | None:
+    """What fresh negatives (``train.extra_negatives``) cannot be combined with, in one line."""
+    tr = cell.train
+    e = tr.extra_negatives
+    if not e:
+        return None
+    for key, on in (
+        ("queue_size", tr.queue_size),
+        ("neg_group", tr.neg_group),
+        ("mask_same_class", tr.mask_same_class),
+        ("chunk_size", tr.chunk_size),
+    ):
+        if on:
+            return f"train.extra_negatives adds in-batch negatives; set train.{key} off or extra_negatives: null"
+    if tr.devices > 1:
+        return "train.extra_negatives runs on one process; set train.devices = 1"
+    spec = loss_spec(cell.loss)
+    if spec.stateful or spec.negatives != "all" or not spec.per_anchor:
+        return (
+            f"train.extra_negatives scores each anchor against every other view; {spec.display} "
+            "(per-image state, same-view negatives or a whole-batch loss) does not take them: set extra_negatives: null"
+        )
+    if tr.bn_group and e % tr.bn_group:
+        return (
+            f"train.bn_group = {tr.bn_group} does not divide train.extra_negatives = {e} (the extra images are "
+            "normalised in groups too); use a multiple of bn_group"
+        )
+    return None
+
+
+def _snapshot_problem(cell: Cell) -> str | None:
+    """Snapshots are shorter runs only when nothing depends on the budget's length."""
+    tr = cell.train
+    if not tr.snapshot_epochs:
+        return None
+    if tr.lr_schedule != "constant":
+        return (
+            f"train.snapshot_epochs needs train.lr_schedule: constant ({tr.lr_schedule} depends on the whole "
+            "budget, so a snapshot would not be a shorter run); set lr_schedule: constant or snapshot_epochs: null"
+        )
+    if tr.ess_schedule:
+        return "train.snapshot_epochs needs a fixed tau (ess_schedule follows the whole budget); set one of them off"
+    if not tr.steps and max(tr.snapshot_epochs) > tr.epochs:
+        return f"train.snapshot_epochs {max(tr.snapshot_epochs):g} is past train.epochs = {tr.epochs:g}"
+    return None
