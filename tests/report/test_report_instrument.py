@@ -377,3 +377,14 @@ def test_each_other_loss_at_the_small_batch_is_set_against_infonce_at_the_large_
     text = _text(res)
     assert "DCL@16 − InfoNCE@256 +2.5" in text
     assert "(tau_plus0.01)@16 − InfoNCE@256 +1.0" in text
+
+
+def test_a_raw_pixel_baseline_without_a_seed_is_read_as_the_constant_it_is():
+    """The raw-pixel baseline logs no seed (it has no randomness): G2 still reads it."""
+    runs = _store()
+    raw = runs["baseline"] == "raw_pixels"
+    runs["seed"] = runs["seed"].astype("Int64")
+    runs.loc[raw, "seed"] = pd.NA
+    res = _analyse(runs)
+    g2 = next(g for g in res[0].gates if g.name == "G2")
+    assert g2.passed and "raw pixels" in g2.text and res[0].ok

@@ -74,7 +74,8 @@ class UnitResult:
 
 
 def _baseline_values(runs: pd.DataFrame, scale: float) -> dict[tuple[str, str, str], dict]:
-    """(dataset, baseline, metric) -> {seed: top-1 %} of the baselines (raw pixels, random-init, supervised)."""
+    """(dataset, baseline, metric) -> {seed: top-1 %} of the baselines (raw pixels, random-init, supervised);
+    a baseline without a seed (raw pixels: nothing random) is keyed 0."""
     b = baseline_runs(runs)
     out = {}
     for (ds, name), g in b.groupby(["dataset", "baseline"], sort=True):
@@ -82,7 +83,7 @@ def _baseline_values(runs: pd.DataFrame, scale: float) -> dict[tuple[str, str, s
         for m, (key, _) in METRICS.items():
             col = f"metrics.{key}"
             vals = zip(ok["seed"], ok[col]) if col in ok else ()
-            out[(ds, str(name), m)] = {int(s): float(v) * scale for s, v in vals if finite(v)}
+            out[(ds, str(name), m)] = {int(s) if pd.notna(s) else 0: float(v) * scale for s, v in vals if finite(v)}
     return out
 
 
