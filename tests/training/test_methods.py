@@ -139,3 +139,16 @@ def test_what_needs_negatives_or_processes_is_refused_in_one_line(opts, says):
     problem = checks.control_problem(method_cell("simsiam", epochs=1, **opts))
     assert problem is not None and says in problem and "\n" not in problem
     assert checks.control_problem(method_cell("simsiam", epochs=1, bn_group=8)) is None
+
+
+@pytest.mark.parametrize("method", ["simsiam", "vicreg", "byol"])
+def test_a_method_cell_file_with_no_negatives_is_a_valid_cell_file(method):
+    """K = 0 for a method without negatives: the cell file the planner writes passes the whole-file check."""
+    import json
+
+    from smallbatch.pipeline import cellcheck, cells
+
+    cfg = load_config(None, overrides={"grid": {"losses": [method], "batch_sizes": [16], "seeds": [0]}})
+    cell = next(c for c in cells.expand_cells(cfg).values() if c["loss"] == method)
+    assert cell["negatives"] == 0
+    assert cellcheck.cell_json_problem(json.loads(json.dumps(cell)), baseline=False) is None

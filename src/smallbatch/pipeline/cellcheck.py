@@ -71,7 +71,7 @@ def cell_schema(baseline: bool) -> dict:
             loss={"$ref": "#/$defs/loss_name"},
             loss_params={"type": "object"},
             temperature={"type": "number", "exclusiveMinimum": 0},
-            negatives={"type": "integer", "minimum": 1},
+            negatives={"type": "integer", "minimum": 0},  # 0: a method without negatives
         )
     cls = BaselineCell if baseline else Cell
     return {

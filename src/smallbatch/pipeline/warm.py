@@ -73,6 +73,7 @@ ENV = "SMALLBATCH_WARM"
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 FOLDER_PREFIX = "smallbatch-warm-"
 GRACE_S = 30.0  # after a client vanished: SIGTERM, then SIGKILL this much later
+EXIT_GRACE_S = 1.0  # a child whose client is gone (or whose server stops) may be between its status and its exit
 ACK_TIMEOUT_S = 15.0  # a server that has not read the request by then (busy, stopped): run it here
 FORWARD_GRACE_S = 3.0  # after forwarding a signal: the longest the client waits for the child's status
 REQUEST_S = 5.0  # the longest the server waits for a connection's request
@@ -333,6 +334,7 @@ class _Server:
         self.conns: dict[int, _Conn] = {}  # fileno -> connection
         self.children: dict[int, _Conn] = {}  # pid -> its client's connection
         self.kill_at: dict[int, float] = {}  # pid -> when SIGKILL follows (client gone)
+        self.term_at: dict[int, float] = {}  # pid -> when SIGTERM follows (client gone; EXIT_GRACE_S)
         self.stop = False
         self.pid = os.getpid()
 
@@ -349,6 +351,11 @@ class _Server:
             now = time.monotonic()
             for conn in [c for c in self.conns.values() if c.state != "running" and now > c.deadline]:
                 self._drop(conn, "no request within its time" if conn.state != "go" else None)
+            for pid, when in list(self.term_at.items()):
+                if now >= when:  # still running after its client left: stop it
+                    del self.term_at[pid]
+                    _kill_group(pid, signal.SIGTERM)
+                    self.kill_at[pid] = now + GRACE_S
             for pid, when in list(self.kill_at.items()):
                 if now >= when:
                     _kill_group(pid, signal.SIGKILL)
@@ -400,8 +407,9 @@ class _Server:
         self.sel.unregister(conn.sock)
         self.conns.pop(conn.sock.fileno(), None)
         conn.sock.close()
-        _kill_group(conn.pid, signal.SIGTERM)
-        self.kill_at[conn.pid] = time.monotonic() + GRACE_S
+        # a client leaves also once it has its status from the child, which may not have exited yet:
+        # the child is stopped only if it still runs EXIT_GRACE_S later (then SIGKILL GRACE_S after)
+        self.term_at[conn.pid] = time.monotonic() + EXIT_GRACE_S
 
     def _advance(self, conn: _Conn) -> None:
         """A part of the request is complete: the next part, the ready answer, or the child."""
@@ -505,6 +513,7 @@ class _Server:
             code = os.waitstatus_to_exitcode(status)
             conn = self.children.pop(pid, None)
             self.kill_at.pop(pid, None)
+            self.term_at.pop(pid, None)
             if conn is None:
                 continue
             _log(f"child {pid} exited {code} after {time.monotonic() - conn.started:.1f} s: {_what(conn.request)}")
@@ -514,6 +523,10 @@ class _Server:
             conn.close()
 
     def close(self) -> None:
+        deadline = time.monotonic() + EXIT_GRACE_S  # children that have reported are exiting: let them
+        while self.children and time.monotonic() < deadline:
+            self._reap()
+            time.sleep(0.02)
         for pid in list(self.children):
             _kill_group(pid, signal.SIGTERM)
         for conn in list(self.conns.values()):
