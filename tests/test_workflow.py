@@ -147,8 +147,8 @@ def test_every_cell_has_real_numbers_in_mlflow_and_files(study):
     assert sorted(base["tags.smallbatch.baseline"]) == ["random_init", "raw_pixels"]
     assert base["metrics.linear/top1"].between(80, 100).all()
     raw, rnd = (base[base["tags.smallbatch.baseline"] == b].iloc[0] for b in ("raw_pixels", "random_init"))
-    assert pd.isna(raw["params.seed"]) and pd.isna(raw["params.backbone"])  # no network, nothing random
-    assert rnd["params.seed"] == "0" and rnd["params.backbone"] == "small_cnn"
+    assert pd.isna(raw["params.seed"]) and pd.isna(raw["params.train.backbone"])  # no network, nothing random
+    assert rnd["params.seed"] == "0" and rnd["params.train.backbone"] == "small_cnn"
     # accuracies are counts over 360 test images in percent, rounded to 4 decimals: no float32 digits
     for col in ("metrics.knn/top1", "metrics.linear/top1"):
         for v in pd.concat([cell_runs[col], base[col]]).astype(float):

@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import glob
+import json
 import logging
 import math
 import os
@@ -637,8 +638,6 @@ class LeaseHeld(TrackingError):
 
 
 def _lease_holder(text: str | None) -> dict | None:
-    import json
-
     try:
         held = json.loads(text) if text else None
     except ValueError:
@@ -719,8 +718,6 @@ class CellRun:
         self._renew_lease()
 
     def _renew_lease(self) -> None:
-        import json
-
         self._lease["at"] = time.time()
         self._lease_renewed = time.monotonic()
         self.set_tags({TAG_LEASE: json.dumps(self._lease, sort_keys=True)})
@@ -836,6 +833,35 @@ class CellRun:
             raise
         except Exception as exc:  # noqa: BLE001
             raise _wrap(self.uri, f"logging the artifact {Path(path).name}", exc) from None
+
+    def log_dataset(self, name: str, digest: str, source: str, profile: dict[str, Any], context: str) -> None:
+        """Record the data set the run read as an MLflow dataset input (the UI's "Dataset"
+        column): ``name`` with the ``digest`` of its files, ``source`` where they were read, a
+        ``profile`` of sizes and ``context`` (``training``).  Logging it again is a no-op."""
+        from mlflow.entities import Dataset, DatasetInput, InputTag
+        from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+        inputs = self._data_inputs()
+        if any(i.dataset.name == name and i.dataset.digest == digest[:36] for i in inputs):
+            return
+        ds = Dataset(
+            name=name,
+            digest=digest[:36],  # MLflow's limit; the cell's hash holds the whole digest
+            source_type="local",
+            source=json.dumps({"uri": source}),
+            profile=json.dumps(profile, sort_keys=True),
+        )
+        try:
+            self.client.log_inputs(self.run_id, [DatasetInput(ds, [InputTag(MLFLOW_DATASET_CONTEXT, context)])])
+        except Exception as exc:  # noqa: BLE001
+            raise _wrap(self.uri, f"logging the data set {name}", exc) from None
+
+    def _data_inputs(self) -> list:
+        try:
+            inputs = self.client.get_run(self.run_id).inputs
+        except Exception as exc:  # noqa: BLE001
+            raise _wrap(self.uri, f"reading the inputs of run {self.run_id}", exc) from None
+        return list(inputs.dataset_inputs) if inputs is not None else []
 
     def _data(self, what: str):
         try:

@@ -538,10 +538,14 @@ def test_standalone_cell_pipeline_logs_one_mlflow_run(tracked):
         "batch_size": "32",
         "temperature": "0.5",
         "negatives": "62",
-        "epochs": "2",
-        "precision": "fp32",
+        "train.epochs": "2",
+        "train.precision": "fp32",
     }.items():
         assert params.get(key) == value, key
+    inputs = run.inputs.dataset_inputs  # the UI's "Dataset": once, though the pretrain job ran twice
+    assert [(i.dataset.name, i.tags[0].value) for i in inputs] == [("digits", "training")]
+    profile = json.loads(inputs[0].dataset.profile)
+    assert profile["classes"] == 10 and profile["test_images"] > 0 and inputs[0].dataset.digest
     history = client.get_metric_history(run.info.run_id, "train/loss")
     steps_logged = [m.step for m in history]
     assert len(history) > 1 and len(steps_logged) == len(set(steps_logged))

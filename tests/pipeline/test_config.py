@@ -543,15 +543,16 @@ def test_flat_params_has_the_documented_keys():
         "batch_size",
         "temperature",
         "seed",
-        "precision",
-        "lr_scaling",
-        "epochs",
+        "train.precision",
+        "train.lr_scaling",
+        "train.epochs",
         "negatives",
-        "queue_size",
+        "train.queue_size",
         "loss.sigma",
-        "backbone",
+        "train.backbone",
+        "eval.knn_k",
     ):
-        assert key in p, key
+        assert key in p, key  # the config's dotted keys: what a user searches the MLflow UI for
     assert p["loss.sigma"] == "0.5" and p["negatives"] == "30" and p["batch_size"] == "16"
     assert all(isinstance(v, str) and len(v) <= 500 for v in p.values())
     assert "id" not in p and "hash" not in p

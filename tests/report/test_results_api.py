@@ -79,3 +79,20 @@ def test_import_smallbatch_stays_light():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
     assert callable(smallbatch.results) and "results" in dir(smallbatch)
+
+
+def test_train_settings_read_alike_with_and_without_their_config_prefix():
+    """Runs log the config's dotted keys (``train.lr``); stores logged before that wrote ``lr``:
+    the report's table reads both as one column, so an old store's report does not change."""
+    from smallbatch.report.runs import run_frame
+
+    def record(params):
+        tags = {"smallbatch.cell_id": "d/infonce/bs16-t0.1-s0", "smallbatch.kind": "cell"}
+        base = {"dataset": "digits", "loss": "infonce", "batch_size": "16", "temperature": "0.1", "seed": "0"}
+        return {"run_id": "r", "run_name": "n", "status": "FINISHED", "start_time": 0, "tags": tags,
+                "params": {**base, **params}, "metrics": {"knn/top1": 90.0}}  # fmt: skip
+
+    new = run_frame([record({"train.lr": "0.001", "train.epochs": "4", "augment.crop_scale": "[0.8, 1.0]"})])
+    old = run_frame([record({"lr": "0.001", "epochs": "4", "augment.crop_scale": "[0.8, 1.0]"})])
+    pd.testing.assert_frame_equal(new, old)
+    assert new.loc[0, "params.lr"] == "0.001" and "params.train.lr" not in new.columns

@@ -115,7 +115,7 @@ def test_two_processes_through_snakemake_equal_one_and_log_one_run(tmp_path, one
     (exp,) = [e for e in client.search_experiments() if e.name == "ddp-cell"]
     runs = client.search_runs([exp.experiment_id], filter_string=f"tags.`smallbatch.cell_id` = '{CELL}'")
     assert len(runs) == 1 and runs[0].data.tags["smallbatch.status"] == "finished"
-    assert runs[0].data.params["devices"] == "2"
+    assert runs[0].data.params["train.devices"] == "2"
     steps = [m.step for m in client.get_metric_history(runs[0].info.run_id, "train/loss")]
     assert steps == sorted(set(steps)) and steps[0] == TRAIN["log_every"]
 

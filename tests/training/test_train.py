@@ -696,7 +696,7 @@ def test_tf32_and_determinism_are_explicit_settings(tmp_path, digits, monkeypatc
     assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
     assert torch.get_float32_matmul_precision() == "highest"
     p = flat_params(cell)
-    assert p["tf32"] == "True" and p["deterministic"] == "False" and p["compile"] == "False"
+    assert p["train.tf32"] == "True" and p["train.deterministic"] == "False" and p["train.compile"] == "False"
     assert cell["hash"] != digits_cell(epochs=1)["hash"]  # tf32 changes the numbers: another config
     assert digits_cell(epochs=1, compile=True)["hash"] == digits_cell(epochs=1)["hash"]  # compile does not
     # deterministic: the GPU's switches (set as flags; no CUDA call is made, so this runs on a CPU too)
@@ -714,7 +714,7 @@ def test_tf32_and_determinism_are_explicit_settings(tmp_path, digits, monkeypatc
         torch.use_deterministic_algorithms(False)
         configure_backends(Cell.of(digits_cell(epochs=1)).train, torch.device("cpu"))
     assert not torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark  # the CPU: neither
-    assert flat_params(det)["deterministic"] == "True"
+    assert flat_params(det)["train.deterministic"] == "True"
     assert det["hash"] == digits_cell(epochs=1)["hash"]  # how it runs, not what it computes
 
 

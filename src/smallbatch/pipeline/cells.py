@@ -394,7 +394,11 @@ def baseline_cells(cfg: dict) -> dict[str, dict]:
 
 
 def flat_params(cell: dict) -> dict[str, str]:
-    """Flatten a cell into dotted MLflow params (values as strings, <= 500 chars)."""
+    """Flatten a cell into MLflow params named by the config's dotted keys (``train.lr``,
+    ``augment.crop_scale``, ``eval.knn_k``; a loss's own parameters as ``loss.<name>``, the grid's
+    axes as ``loss``, ``batch_size``, ``temperature``, ``seed``); values as strings, <= 500 chars.
+    The report reads stores written before the train settings carried their ``train.`` prefix as
+    well (:func:`smallbatch.report.runs.report_param`)."""
     out: dict[str, str] = {}
 
     def rec(prefix: str, obj: Any) -> None:
@@ -410,8 +414,6 @@ def flat_params(cell: dict) -> dict[str, str]:
         if k == "loss_params":
             for pk, pv in v.items():
                 out[f"loss.{pk}"] = str(pv)
-        elif k == "train":
-            rec("", v)  # train keys are top-level params: epochs, precision, lr_scaling ...
         else:
             rec(k, v)
     return out

@@ -202,10 +202,24 @@ def _pretrain_run(cell: Cell, out_dir: Path, d, uri: str | None, experiment: str
             "cell started; run `smallbatch pretrain --restart` for this cell to train it "
             "afresh into this store"
         ) from None
+    _log_data(run, cell, d)
     if run.resumed:  # skip the steps already logged, for every metric of the run (not only the loss)
         run.skip_logged_steps(sorted(run.metrics()))
         run.set_status("running")
     return run
+
+
+def _log_data(run, cell, d) -> None:
+    """The run's MLflow dataset input: the data set's name, the digest of its files (the
+    cell's ``data_digest``), where it was read and the sizes the run saw."""
+    profile = {
+        "pretrain_images": int(d.pretrain_x.shape[0]),
+        "train_images": int(d.train_x.shape[0]),
+        "test_images": int(d.test_x.shape[0]),
+        "image_shape": [int(n) for n in d.train_x.shape[1:]],
+        "classes": int(d.num_classes),
+    }
+    run.log_dataset(cell.dataset, cell.data_digest or "unknown", cell.data_root, profile, context="training")
 
 
 def _before_save(run):
@@ -640,8 +654,9 @@ def run_baseline(
 
         params = {"dataset": cell.dataset, "baseline": cell.baseline, "image_size": str(d.train_x.shape[-1])}
         if cell.baseline != "raw_pixels":  # raw pixels: no network and nothing random
-            params.update(seed=str(cell.seed), backbone=cell.train.backbone)
+            params.update({"seed": str(cell.seed), "train.backbone": cell.train.backbone})
         run = tracking.open_cell_run(tracking_uri, experiment, cell, kind="baseline", params=params)
+        _log_data(run, cell, d)
         run.log(numeric, 0)
         run.set_status("finished")
     result = {"status": "finished", "cell_id": cell.id, **numeric}

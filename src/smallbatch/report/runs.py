@@ -48,6 +48,13 @@ NOT_AXIS = {
 _GREEK = {"alpha": "α", "sigma": "σ", "gamma": "γ"}
 
 
+def report_param(key: str) -> str:
+    """The report's name of a logged param: a train setting without its ``train.`` prefix
+    (``train.lr`` -> ``lr``), so stores logged with the config's dotted keys
+    (:func:`smallbatch.pipeline.cells.flat_params`) and stores logged before it read alike."""
+    return key[len("train.") :] if key.startswith("train.") else key
+
+
 def _canonical(v: Any) -> str | None:
     if not isinstance(v, str):
         return None
@@ -80,7 +87,7 @@ def run_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
             "metric_keys": frozenset(r["metrics"]),
             "accuracy_unit": tags.get(TAG_ACCURACY_UNIT) or DEFAULT_UNIT,
         }
-        row.update({f"params.{k}": v for k, v in params.items()})
+        row.update({f"params.{report_param(k)}": v for k, v in params.items()})
         row.update({f"metrics.{k}": v for k, v in r["metrics"].items()})
         rows.append(row)
     df = pd.DataFrame(rows)
