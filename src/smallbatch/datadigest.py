@@ -30,8 +30,9 @@ import gzip
 import hashlib
 import importlib.util
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import BinaryIO, Iterable
+from typing import BinaryIO
 
 #: torchvision's MD5 of each release it downloads and checks (torchvision.datasets.*: tgz_md5,
 #: FashionMNIST.resources); tests/core/test_data.py compares them with torchvision's own

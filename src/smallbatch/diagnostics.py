@@ -41,7 +41,7 @@ def batch_covariance_rank(z: Tensor) -> dict[str, float]:
 
 
 def embedding_grad_norm(
-    loss: "ContrastiveLoss",
+    loss: ContrastiveLoss,
     z1: Tensor,
     z2: Tensor,
     scores=None,
@@ -66,7 +66,7 @@ def embedding_grad_norm(
 
 
 def grad_rel_error(
-    loss: "ContrastiveLoss", z1: Tensor, z2: Tensor, dtype: torch.dtype, temperature: float | Tensor
+    loss: ContrastiveLoss, z1: Tensor, z2: Tensor, dtype: torch.dtype, temperature: float | Tensor
 ) -> float:
     """Relative error ``||g_dtype - g_fp64|| / ||g_fp64||`` of the in-batch loss gradient
     w.r.t. one batch's embeddings when they are held in ``dtype`` (the loss computes half

@@ -37,8 +37,9 @@ import os
 import re
 import stat
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO, Callable
+from typing import Any, BinaryIO
 
 #: a cell id's grammar: segments of letters, digits and ``_ . = + -`` joined by single
 #: slashes, no segment empty or starting with a dot (so no ``..``, no absolute path)
@@ -255,7 +256,7 @@ class CellLock:
         self.name = name or str(folder)
         self._fd: int | None = None
 
-    def acquire(self) -> "CellLock":
+    def acquire(self) -> CellLock:
         import fcntl
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -296,7 +297,7 @@ class CellLock:
             os.close(self._fd)  # closing the descriptor releases the flock
             self._fd = None
 
-    def __enter__(self) -> "CellLock":
+    def __enter__(self) -> CellLock:
         return self.acquire()
 
     def __exit__(self, *exc: Any) -> None:

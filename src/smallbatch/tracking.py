@@ -44,9 +44,10 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
 TAG_CELL = "smallbatch.cell_id"
 TAG_HASH = "smallbatch.cell_hash"
@@ -547,7 +548,7 @@ def _git(*args: str) -> str | None:
     return out.stdout if out.returncode == 0 else None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def git_state() -> tuple[str, bool | None] | None:
     """(commit, its 40 hex digits; whether the checkout has changes: ``git status --porcelain``,
     None when git could not say in time) of the package's checkout, or None outside one (a wheel, even one installed in a checkout's
@@ -587,7 +588,7 @@ def source_tags() -> dict[str, str]:
     return {mt.MLFLOW_SOURCE_NAME: command, **_machine_tags()}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _machine_tags() -> Mapping[str, str]:
     """The source tags that hold for the whole process, read once (read-only: every run shares them)."""
     import getpass
@@ -613,7 +614,7 @@ def _machine_tags() -> Mapping[str, str]:
     return MappingProxyType(tags)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _versions() -> Mapping[str, str]:
     """The version tags of a new run, read once per process (~8 ms of package metadata;
     read-only, as every run shares it)."""
@@ -1103,7 +1104,8 @@ class StoreReader:
         token = None
         while True:
             page = self._call(
-                "searching runs", lambda: self._client.search_runs([experiment_id], max_results=5000, page_token=token)
+                "searching runs",
+                lambda token=token: self._client.search_runs([experiment_id], max_results=5000, page_token=token),
             )
             runs.extend(page)
             token = page.token

@@ -11,7 +11,8 @@ faiss is imported lazily, by the kNN functions only.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch

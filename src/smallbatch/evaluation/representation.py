@@ -27,7 +27,7 @@ for embedding its 20,000 training and test images (logged per cell as ``repr/cpu
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

@@ -39,9 +39,10 @@ verdict from :func:`support` says "support" / "do not support" only then and
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from .fmt import finite, num, signed
 

@@ -3,8 +3,9 @@ Markdown and LaTeX (for reading; numbers formatted by :mod:`.fmt`)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd

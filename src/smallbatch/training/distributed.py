@@ -44,9 +44,9 @@ from __future__ import annotations
 import datetime
 import os
 import re
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -251,7 +251,7 @@ class World(AbstractContextManager):
         backend: str | None = None,
         env: Mapping[str, str] | None = None,
         timeout_s: float = 1800.0,
-    ) -> "World":
+    ) -> World:
         """Join the launch in the environment (:func:`launch_from_env`); size 1 joins nothing.
 
         ``backend`` overrides NCCL/gloo (e.g. gloo for several processes on one GPU).

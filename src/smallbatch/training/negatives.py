@@ -73,7 +73,7 @@ class Scores(NamedTuple):
     tau_neg: Tensor | None = None
     index: Tensor | None = None
 
-    def detached(self) -> "Scores":
+    def detached(self) -> Scores:
         return Scores(*(None if t is None else t.detach() for t in self))
 
 
@@ -486,7 +486,7 @@ class MomentumQueue:
             return self.keys, self.indices
         return self.keys[: self.count], self.indices[: self.count]
 
-    def to(self, device: Any) -> "MomentumQueue":
+    def to(self, device: Any) -> MomentumQueue:
         self.keys = self.keys.to(device)
         self.indices = self.indices.to(device)
         return self

@@ -132,7 +132,7 @@ def _long(cells: pd.DataFrame) -> pd.DataFrame:
         sub["metric"], sub["value"] = m, cells[col].astype(float)
         if m in CONTRASTIVE_ONLY:
             names = loss_names()
-            sub = sub[sub["loss"].map(lambda n: n in names and loss_spec(n).contrastive)]
+            sub = sub[sub["loss"].map(lambda n, names=names: n in names and loss_spec(n).contrastive)]
         rows.append(sub[np.isfinite(sub["value"])])
     return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()
 
