@@ -62,7 +62,7 @@ def embedding_grad_norm(
     pos, neg, mask = (scores or in_batch_scores)(a, b)
     out = loss.from_scores(pos, neg, mask, temperature=temperature, check=False)
     grads = torch.autograd.grad(out.loss, (a, b) if through_z2 else (a,))
-    return torch.sqrt(sum((g.double() ** 2).sum() for g in grads))
+    return torch.sqrt(torch.stack([(g.double() ** 2).sum() for g in grads]).sum())
 
 
 def grad_rel_error(

@@ -120,7 +120,7 @@ def check_target(path: str | Path, label: str | None = None, advice: str = "choo
         raise UnsafeTarget(refusal(label or str(path), f"{_kind(mode)}, not a regular file", advice))
 
 
-def atomic_write(path: str | Path, write: Callable[[BinaryIO], None], exclusive: bool = False) -> Path:
+def atomic_write(path: str | Path, write: Callable[[BinaryIO], object], exclusive: bool = False) -> Path:
     """Call ``write(fh)`` on a temporary binary file next to ``path``, fsync it and move it
     to ``path``, with the permissions ``open`` would give it (the umask's).  The folder is
     created; on any error the temporary file is removed, and a full disk is an OSError

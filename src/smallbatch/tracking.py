@@ -254,14 +254,15 @@ def _root_cause(exc: BaseException) -> BaseException:
     "attempt to write a readonly database" as ``orig``, under MLflow's error raised from it)
     or the deepest OS error of the chain (connection refused, disk full); else ``exc``."""
     found, seen = exc, set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        orig = getattr(exc, "orig", None)
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        orig = getattr(cur, "orig", None)
         if isinstance(orig, BaseException):
             return orig
-        if isinstance(exc, OSError):
-            found = exc
-        exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+        if isinstance(cur, OSError):
+            found = cur
+        cur = cur.__cause__ or (None if cur.__suppress_context__ else cur.__context__)
     return found
 
 
@@ -722,6 +723,7 @@ class CellRun:
     def _renew_lease(self) -> None:
         import json
 
+        assert self._lease is not None  # take_lease set it before the first renewal
         self._lease["at"] = time.time()
         self._lease_renewed = time.monotonic()
         self.set_tags({TAG_LEASE: json.dumps(self._lease, sort_keys=True)})
@@ -1036,11 +1038,12 @@ def _connection_refused(exc: BaseException) -> bool:
     """Whether ``exc`` (or an exception it came from) is a failed HTTP connection."""
     from requests.exceptions import ConnectionError as HTTPConnectionError
 
+    cur: BaseException | None = exc
     seen = 0
-    while exc is not None and seen < 10:
-        if isinstance(exc, HTTPConnectionError):
+    while cur is not None and seen < 10:
+        if isinstance(cur, HTTPConnectionError):
             return True
-        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+        cur, seen = cur.__cause__ or cur.__context__, seen + 1
     return False
 
 

@@ -121,7 +121,7 @@ def _integer(checker, instance) -> bool:
 
 
 def _path_str(path) -> str:
-    parts = []
+    parts: list[str] = []
     for p in path:
         parts.append(f"[{p}]" if isinstance(p, int) else (("." if parts else "") + str(p)))
     return "".join(parts) or "<top level>"

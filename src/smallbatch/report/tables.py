@@ -105,7 +105,7 @@ def latex_table(blocks: Sequence[Block], caption: str, label: str) -> str:
 
 def table_files(folder: Path, name: str) -> tuple[Path, Path, Path]:
     """The files of table ``name``: ``<name>.csv``, ``.md``, ``.tex`` in ``folder``."""
-    return tuple(folder / f"{name}.{ext}" for ext in ("csv", "md", "tex"))
+    return folder / f"{name}.csv", folder / f"{name}.md", folder / f"{name}.tex"
 
 
 def write_table_files(

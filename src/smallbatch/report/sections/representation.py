@@ -163,7 +163,7 @@ def _figure(cells: pd.DataFrame, ds: str, tau: float, ctx: ReportContext) -> lis
             ax.yaxis.set_major_locator(plt.MaxNLocator(4))
         for ax in axes[-1]:
             ax.set_xlabel("batch size", labelpad=1)
-        handles = {}
+        handles: dict = {}
         for ax in axes.flat:
             for h, lab in zip(*ax.get_legend_handles_labels()):
                 handles.setdefault(lab, h)
