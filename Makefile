@@ -65,10 +65,11 @@ test: install
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow"
 
-# what .ci/run checks before the tests: formatting and lint (ruff, pinned in pyproject.toml's [dev])
+# what .ci/run checks before the tests: formatting, lint and types (ruff, mypy: pinned in pyproject.toml's [dev])
 lint: install
 	$(BIN)/ruff format --check src tests benchmarks tools
 	$(BIN)/ruff check src tests benchmarks tools
+	$(BIN)/mypy
 
 clean-results:
 	rm -rf results/runs results/baselines results/logs results/report results/mlflow.db results/mlartifacts results/mlflow.ready results/smoke

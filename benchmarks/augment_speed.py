@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -98,16 +98,16 @@ def main(argv: list[str] | None = None) -> None:
         own = BatchAugment(cfg, size, channels, mean, std)
         kornia = _kornia_pipeline(cfg, size, channels, mean, std)
         if kornia is None:
-            (own_s,) = _time([lambda: own(x, gen)], args.repeats, device)
+            (own_s,) = _time([lambda own=own, x=x, gen=gen: own(x, gen)], args.repeats, device)
             print(f"{label:28s} {own_s * 1e3:9.2f} {'n/a':>10s} {'(no kornia)':>11s}")
             continue
         kornia = kornia.to(device)
 
-        def run_kornia() -> torch.Tensor:
+        def run_kornia(kornia=kornia, x=x) -> torch.Tensor:
             with torch.no_grad():
                 return kornia(x.float() / 255.0)
 
-        own_s, kornia_s = _time([lambda: own(x, gen), run_kornia], args.repeats, device)
+        own_s, kornia_s = _time([lambda own=own, x=x, gen=gen: own(x, gen), run_kornia], args.repeats, device)
         print(f"{label:28s} {own_s * 1e3:9.2f} {kornia_s * 1e3:10.2f} {kornia_s / own_s:10.2f}x")
 
 

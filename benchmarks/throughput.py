@@ -306,7 +306,7 @@ def share_rates(common: list[str], ks) -> dict[int, list[float]]:
     for k in ks:
         with tempfile.TemporaryDirectory() as meet, cf.ThreadPoolExecutor(k) as ex:
             args = [*common, "--barrier", meet, "--parties", str(k)]
-            rates[k] = list(ex.map(lambda _: _in_subprocess(args)["rate"], range(k)))
+            rates[k] = list(ex.map(lambda _, args=args: _in_subprocess(args)["rate"], range(k)))
     return rates
 
 

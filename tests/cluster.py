@@ -26,8 +26,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import yaml
 
@@ -109,25 +109,23 @@ def run(
     """Run a command with a hard timeout; on timeout its whole process group is killed
     and ``TimeoutError`` carries the output's tail.  With ``log`` the output is
     written there as it comes (and returned as ``stdout`` too)."""
-    fh = open(log, "w") if log else None
-    proc = subprocess.Popen(
-        cmd,
-        cwd=cwd,
-        env=env or env_with_venv(),
-        stdout=fh or subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        kill_group(proc, signal.SIGTERM, grace=10)
-        out = Path(log).read_text() if log else (proc.stdout.read() if proc.stdout else "")
-        raise TimeoutError(f"{' '.join(map(str, cmd[:6]))} ... ran over {timeout:.0f} s; output tail:\n{out[-3000:]}")
-    finally:
-        if fh:
-            fh.close()
+    with open(log, "w") if log else contextlib.nullcontext() as fh:
+        proc = subprocess.Popen(
+            cmd,
+            cwd=cwd,
+            env=env or env_with_venv(),
+            stdout=fh or subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_group(proc, signal.SIGTERM, grace=10)
+            out = Path(log).read_text() if log else (proc.stdout.read() if proc.stdout else "")
+            msg = f"{' '.join(map(str, cmd[:6]))} ... ran over {timeout:.0f} s; output tail:\n{out[-3000:]}"
+            raise TimeoutError(msg) from None
     if log:
         out = Path(log).read_text()
     res = subprocess.CompletedProcess(cmd, proc.returncode, out, "")
@@ -303,7 +301,7 @@ class MlflowServer:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             return s.connect_ex(("127.0.0.1", self.port)) == 0
 
-    def start(self, timeout: float = HANG_S) -> "MlflowServer":
+    def start(self, timeout: float = HANG_S) -> MlflowServer:
         if self.proc is not None and self.proc.poll() is None:
             return self
         cmd = [
@@ -444,7 +442,7 @@ class LocalSlurm:
         except (OSError, subprocess.TimeoutExpired):
             return False
 
-    def start(self, timeout: float = HANG_S) -> "LocalSlurm":
+    def start(self, timeout: float = HANG_S) -> LocalSlurm:
         self._check_prerequisites()
         if _slurm_ok():
             return self  # somebody's SLURM on this config is already up: use it, leave it
@@ -468,7 +466,7 @@ class LocalSlurm:
                 raise SlurmUnavailable(f"{name} did not start: {r.stderr.strip()[-300:]}")
             self.started.append((name, pidfile))
             # the event: the daemon has forked and written its PID file (slurm.conf names it)
-            wait_until(lambda: _pid_alive(_read_pid(pidfile)), HANG_S, f"{name}'s PID file {pidfile}")
+            wait_until(lambda pidfile=pidfile: _pid_alive(_read_pid(pidfile)), HANG_S, f"{name}'s PID file {pidfile}")
 
         def node_up() -> bool:
             if _slurm_ok():
@@ -499,7 +497,7 @@ class LocalSlurm:
             if pid and _pid_alive(pid):
                 os.kill(pid, signal.SIGTERM)
                 try:
-                    wait_until(lambda: not _pid_alive(pid), HANG_S, f"{name} to stop")
+                    wait_until(lambda pid=pid: not _pid_alive(pid), HANG_S, f"{name} to stop")
                 except TimeoutError:
                     os.kill(pid, signal.SIGKILL)
         self.started.clear()

@@ -151,15 +151,16 @@ def stamp_as_the_workflow_does(cfg: Path, results: Path) -> None:
 
 def start_snakemake(tmp_path: Path, cfg: Path, *args: str, log: str = "snakemake.log") -> subprocess.Popen:
     cmd = snakemake_cmd(tmp_path, cfg, DEFAULT_PROFILE, "--cores", "2", *args)
-    fh = open(tmp_path / log, "w")
-    return subprocess.Popen(
-        cmd,
-        cwd=tmp_path,
-        env=cluster.env_with_venv(CLIENT_ENV),
-        stdout=fh,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    # the child writes to its own copy of the descriptor: ours closes once it has started
+    with open(tmp_path / log, "w") as fh:
+        return subprocess.Popen(
+            cmd,
+            cwd=tmp_path,
+            env=cluster.env_with_venv(CLIENT_ENV),
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def finish(proc: subprocess.Popen, tmp_path: Path, log: str = "snakemake.log", timeout: float = SNAKE_TIMEOUT) -> str:
@@ -167,7 +168,7 @@ def finish(proc: subprocess.Popen, tmp_path: Path, log: str = "snakemake.log", t
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         cluster.kill_group(proc, signal.SIGTERM)
-        raise AssertionError(f"snakemake ran over {timeout} s:\n{(tmp_path / log).read_text()[-3000:]}")
+        raise AssertionError(f"snakemake ran over {timeout} s:\n{(tmp_path / log).read_text()[-3000:]}") from None
     return (tmp_path / log).read_text()
 
 

@@ -226,15 +226,16 @@ def test_preempted_slurm_job_resumes_on_retry(tmp_path, slurm):
     env = cluster.env_with_venv({"SBATCH_PARTITION": "local"})
     target = str(results / "runs" / cell / "checkpoint.pt")
     log = tmp_path / "snakemake.out"
-    fh = open(log, "w")
-    proc = subprocess.Popen(
-        snakemake_cmd(tmp_path, cfg, prof, target),
-        cwd=tmp_path,
-        env=env,
-        stdout=fh,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    # the child writes to its own copy of the descriptor: ours closes once it has started
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(
+            snakemake_cmd(tmp_path, cfg, prof, target),
+            cwd=tmp_path,
+            env=env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     state = results / "runs" / cell / "state.pt"
     try:
         cluster.wait_until(lambda: state.exists() or proc.poll() is not None, 600, "the first state.pt", 0.05)
@@ -258,9 +259,8 @@ def test_preempted_slurm_job_resumes_on_retry(tmp_path, slurm):
     except subprocess.TimeoutExpired:
         cluster.kill_group(proc)
         slurm.cancel(cluster.submitted_slurm_jobs(log.read_text()))
-        raise AssertionError(f"snakemake did not finish after the preemption:\n{log.read_text()[-3000:]}")
+        raise AssertionError(f"snakemake did not finish after the preemption:\n{log.read_text()[-3000:]}") from None
     finally:
-        fh.close()
         if proc.poll() is None:
             cluster.kill_group(proc)
     out = log.read_text()

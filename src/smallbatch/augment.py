@@ -64,7 +64,7 @@ code is used and kornia is not a dependency.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F

@@ -47,7 +47,7 @@ def composite_labels(item_labels: np.ndarray, base_classes: int) -> np.ndarray:
 
 
 def composite_sources(
-    labels: np.ndarray, k: int, n: int, seed: int, base_classes: int | None = None
+    labels: np.ndarray, k: int, n: int, seed: int | list[int], base_classes: int | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Which source images make each of ``n`` composites of ``k`` items.
 
@@ -122,7 +122,7 @@ def _resize(images: torch.Tensor, height: int, width: int, chunk: int = 8192) ->
 
 
 def make_composites(
-    images: torch.Tensor, labels, k: int, n: int, size: int, seed: int, base_classes: int | None = None
+    images: torch.Tensor, labels, k: int, n: int, size: int, seed: int | list[int], base_classes: int | None = None
 ) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
     """``n`` composites of ``k`` items of ``images`` (one split): (images ``uint8 (n, C, size,
     size)``, labels ``int64 (n,)``, sources ``int64 (n, k)`` indexing ``images``)."""

@@ -65,10 +65,11 @@ import os
 import re
 import shutil
 import socket
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -487,8 +488,8 @@ def _read_square_rgb(path: str, size: int | None) -> np.ndarray:
     """One image as ``uint8 (3, S, S)``: RGB, shorter side resized to ``size``, centre crop."""
     from PIL import Image
 
-    with Image.open(path) as img:
-        img = img.convert("RGB")
+    with Image.open(path) as opened:
+        img = opened.convert("RGB")
         w, h = img.size
         if size is None:
             if w != h:
@@ -590,7 +591,7 @@ def _load_composite(
     last = raw["channels_last"]
     size = image_size or int(_as_images(raw["train_x"][:1], last).shape[-1])
     c = int(raw["num_classes"])
-    built = {}
+    built: dict[str, Any] = {}
     for split, count, salt in (("train", train_subset or sizes["train"], 0), ("test", test_subset or sizes["test"], 1)):
         x, y, src = make_composites(
             _as_images(raw[f"{split}_x"], last),
@@ -655,7 +656,7 @@ def _take_subsets(raw: dict[str, Any], train_subset: int | None, test_subset: in
 # --------------------------------------------------------------------------- public API
 
 
-def _check_load_args(name, root, image_size, train_subset, test_subset, seed):
+def _check_load_args(name, root, image_size, train_subset, test_subset, seed) -> tuple[Path, Any, Any, Any]:
     """:func:`load_dataset`'s arguments checked: (root as a Path, image_size, train_subset, test_subset)."""
     if name not in DATASETS:
         raise ValueError(f"dataset must be one of {', '.join(DATASETS)}; got {name!r}")

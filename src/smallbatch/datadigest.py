@@ -30,8 +30,9 @@ import gzip
 import hashlib
 import importlib.util
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import BinaryIO, Iterable
+from typing import BinaryIO
 
 #: torchvision's MD5 of each release it downloads and checks (torchvision.datasets.*: tgz_md5,
 #: FashionMNIST.resources); tests/core/test_data.py compares them with torchvision's own
@@ -95,7 +96,7 @@ def _digest(name: str, root: str, download: bool, stats: tuple) -> str:
     return _fashion_mnist(Path(root), download)
 
 
-def _sha256(streams: Iterable[BinaryIO]) -> str:
+def _sha256(streams: Iterable[BinaryIO | gzip.GzipFile]) -> str:
     h = hashlib.sha256()
     for stream in streams:
         with stream:
@@ -106,7 +107,8 @@ def _sha256(streams: Iterable[BinaryIO]) -> str:
 
 def _sklearn_digits() -> BinaryIO:
     spec = importlib.util.find_spec("sklearn")  # the file's place without importing scikit-learn
-    folder = Path(next(iter(spec.submodule_search_locations))) if spec else Path(".")
+    places = spec.submodule_search_locations if spec else None
+    folder = Path(next(iter(places))) if places else Path(".")
     return open(folder / "datasets" / "data" / "digits.csv.gz", "rb")
 
 

@@ -41,7 +41,7 @@ def batch_covariance_rank(z: Tensor) -> dict[str, float]:
 
 
 def embedding_grad_norm(
-    loss: "ContrastiveLoss",
+    loss: ContrastiveLoss,
     z1: Tensor,
     z2: Tensor,
     scores=None,
@@ -62,11 +62,11 @@ def embedding_grad_norm(
     pos, neg, mask = (scores or in_batch_scores)(a, b)
     out = loss.from_scores(pos, neg, mask, temperature=temperature, check=False)
     grads = torch.autograd.grad(out.loss, (a, b) if through_z2 else (a,))
-    return torch.sqrt(sum((g.double() ** 2).sum() for g in grads))
+    return torch.sqrt(torch.stack([(g.double() ** 2).sum() for g in grads]).sum())
 
 
 def grad_rel_error(
-    loss: "ContrastiveLoss", z1: Tensor, z2: Tensor, dtype: torch.dtype, temperature: float | Tensor
+    loss: ContrastiveLoss, z1: Tensor, z2: Tensor, dtype: torch.dtype, temperature: float | Tensor
 ) -> float:
     """Relative error ``||g_dtype - g_fp64|| / ||g_fp64||`` of the in-batch loss gradient
     w.r.t. one batch's embeddings when they are held in ``dtype`` (the loss computes half

@@ -37,8 +37,9 @@ import os
 import re
 import stat
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO, Callable
+from typing import Any, BinaryIO
 
 #: a cell id's grammar: segments of letters, digits and ``_ . = + -`` joined by single
 #: slashes, no segment empty or starting with a dot (so no ``..``, no absolute path)
@@ -119,7 +120,7 @@ def check_target(path: str | Path, label: str | None = None, advice: str = "choo
         raise UnsafeTarget(refusal(label or str(path), f"{_kind(mode)}, not a regular file", advice))
 
 
-def atomic_write(path: str | Path, write: Callable[[BinaryIO], None], exclusive: bool = False) -> Path:
+def atomic_write(path: str | Path, write: Callable[[BinaryIO], object], exclusive: bool = False) -> Path:
     """Call ``write(fh)`` on a temporary binary file next to ``path``, fsync it and move it
     to ``path``, with the permissions ``open`` would give it (the umask's).  The folder is
     created; on any error the temporary file is removed, and a full disk is an OSError
@@ -255,7 +256,7 @@ class CellLock:
         self.name = name or str(folder)
         self._fd: int | None = None
 
-    def acquire(self) -> "CellLock":
+    def acquire(self) -> CellLock:
         import fcntl
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -296,7 +297,7 @@ class CellLock:
             os.close(self._fd)  # closing the descriptor releases the flock
             self._fd = None
 
-    def __enter__(self) -> "CellLock":
+    def __enter__(self) -> CellLock:
         return self.acquire()
 
     def __exit__(self, *exc: Any) -> None:

@@ -45,9 +45,10 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
 TAG_CELL = "smallbatch.cell_id"
 TAG_HASH = "smallbatch.cell_hash"
@@ -254,14 +255,15 @@ def _root_cause(exc: BaseException) -> BaseException:
     "attempt to write a readonly database" as ``orig``, under MLflow's error raised from it)
     or the deepest OS error of the chain (connection refused, disk full); else ``exc``."""
     found, seen = exc, set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        orig = getattr(exc, "orig", None)
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        orig = getattr(cur, "orig", None)
         if isinstance(orig, BaseException):
             return orig
-        if isinstance(exc, OSError):
-            found = exc
-        exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+        if isinstance(cur, OSError):
+            found = cur
+        cur = cur.__cause__ or (None if cur.__suppress_context__ else cur.__context__)
     return found
 
 
@@ -548,7 +550,7 @@ def _git(*args: str) -> str | None:
     return out.stdout if out.returncode == 0 else None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def git_state() -> tuple[str, bool | None] | None:
     """(commit, its 40 hex digits; whether the checkout has changes: ``git status --porcelain``,
     None when git could not say in time) of the package's checkout, or None outside one (a wheel, even one installed in a checkout's
@@ -588,7 +590,7 @@ def source_tags() -> dict[str, str]:
     return {mt.MLFLOW_SOURCE_NAME: command, **_machine_tags()}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _machine_tags() -> Mapping[str, str]:
     """The source tags that hold for the whole process, read once (read-only: every run shares them)."""
     import getpass
@@ -614,7 +616,7 @@ def _machine_tags() -> Mapping[str, str]:
     return MappingProxyType(tags)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _versions() -> Mapping[str, str]:
     """The version tags of a new run, read once per process (~8 ms of package metadata;
     read-only, as every run shares it)."""
@@ -718,6 +720,7 @@ class CellRun:
         self._renew_lease()
 
     def _renew_lease(self) -> None:
+        assert self._lease is not None  # take_lease set it before the first renewal
         self._lease["at"] = time.time()
         self._lease_renewed = time.monotonic()
         self.set_tags({TAG_LEASE: json.dumps(self._lease, sort_keys=True)})
@@ -1061,11 +1064,12 @@ def _connection_refused(exc: BaseException) -> bool:
     """Whether ``exc`` (or an exception it came from) is a failed HTTP connection."""
     from requests.exceptions import ConnectionError as HTTPConnectionError
 
+    cur: BaseException | None = exc
     seen = 0
-    while exc is not None and seen < 10:
-        if isinstance(exc, HTTPConnectionError):
+    while cur is not None and seen < 10:
+        if isinstance(cur, HTTPConnectionError):
             return True
-        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+        cur, seen = cur.__cause__ or cur.__context__, seen + 1
     return False
 
 
@@ -1129,7 +1133,8 @@ class StoreReader:
         token = None
         while True:
             page = self._call(
-                "searching runs", lambda: self._client.search_runs([experiment_id], max_results=5000, page_token=token)
+                "searching runs",
+                lambda token=token: self._client.search_runs([experiment_id], max_results=5000, page_token=token),
             )
             runs.extend(page)
             token = page.token

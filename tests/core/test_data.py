@@ -458,8 +458,8 @@ def test_the_pinned_md5s_of_the_data_digest_are_torchvisions():
 
     from smallbatch.datadigest import FASHION_MNIST_MD5, TORCHVISION_MD5
 
-    assert TORCHVISION_MD5 == {"cifar10": CIFAR10.tgz_md5, "cifar100": CIFAR100.tgz_md5, "stl10": STL10.tgz_md5}
-    assert FASHION_MNIST_MD5 == dict(FashionMNIST.resources)
+    assert {"cifar10": CIFAR10.tgz_md5, "cifar100": CIFAR100.tgz_md5, "stl10": STL10.tgz_md5} == TORCHVISION_MD5
+    assert dict(FashionMNIST.resources) == FASHION_MNIST_MD5
 
 
 def test_fashion_mnists_digest_is_its_content_wherever_it_is_read_from(tmp_path, monkeypatch):

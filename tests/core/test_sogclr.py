@@ -37,7 +37,7 @@ def gcloss_v1_loop(h1, h2, index, u: dict, tau: float, gamma: float, per_image_i
     k = 2 * (n - 1)
     batch_new = sum(u.get(int(i), 0.0) for i in index) == 0
     total, new_u = 0.0, {}
-    for view, (a, b) in enumerate(((a_all, b_all), (b_all, a_all))):
+    for a, b in ((a_all, b_all), (b_all, a_all)):
         for i in range(n):
             img = int(index[i])
             negs = [a[i] @ b[j] for j in range(n) if j != i] + [a[i] @ a[j] for j in range(n) if j != i]
@@ -75,8 +75,8 @@ def test_sogclr_is_gcloss_v1_over_two_tau_step_after_step(gamma):
     batches = [torch.tensor([3, 7, 1, 9, 0]), torch.tensor([7, 3, 9, 0, 1]), torch.tensor([1, 0, 3, 7, 9])]
     for step, idx in enumerate(batches):  # step 0: all new; then all seen, in other orders
         z1, z2 = _views(5, 4, seed=step)
-        ref_val, ref_g = _grads(lambda a, b: gcloss_v1_loop(a, b, idx, u, TAU, gamma), z1, z2)
-        val, g = _grads(lambda a, b: ours(loss, a, b, idx), z1, z2)
+        ref_val, ref_g = _grads(lambda a, b, idx=idx: gcloss_v1_loop(a, b, idx, u, TAU, gamma), z1, z2)
+        val, g = _grads(lambda a, b, idx=idx: ours(loss, a, b, idx), z1, z2)
         assert float(val) * 2 * TAU == pytest.approx(float(ref_val), rel=1e-12, abs=1e-12)
         for gr, go in zip(ref_g, g):
             torch.testing.assert_close(go * 2 * TAU, gr, rtol=1e-10, atol=1e-12)
@@ -96,9 +96,11 @@ def test_a_batch_mixing_new_and_seen_images_starts_each_new_image_from_its_batch
     u_libauc: dict = {}
     for step, idx in enumerate([torch.tensor([0, 1, 2, 3]), torch.tensor([2, 3, 4, 5])]):
         z1, z2 = _views(4, 3, seed=10 + step)
-        ref_val, ref_g = _grads(lambda a, b: gcloss_v1_loop(a, b, idx, u_ours, TAU, gamma, per_image_init=True), z1, z2)
+        ref_val, ref_g = _grads(
+            lambda a, b, idx=idx: gcloss_v1_loop(a, b, idx, u_ours, TAU, gamma, per_image_init=True), z1, z2
+        )
         lib_val = gcloss_v1_loop(z1, z2, idx, u_libauc, TAU, gamma)
-        val, g = _grads(lambda a, b: ours(loss, a, b, idx), z1, z2)
+        val, g = _grads(lambda a, b, idx=idx: ours(loss, a, b, idx), z1, z2)
         assert float(val) * 2 * TAU == pytest.approx(float(ref_val), rel=1e-12)
         for gr, go in zip(ref_g, g):
             torch.testing.assert_close(go * 2 * TAU, gr, rtol=1e-10, atol=1e-12)
@@ -121,7 +123,7 @@ def test_gamma_one_is_dcl_whatever_u_held_before():
     _, g_dcl = _grads(lambda a, b: at_tau(build_loss("dcl"), TAU)(a, b), z1, z2)
     dcl_value = at_tau(build_loss("dcl"), TAU)(z1, z2).value
     for lo in (fresh, used, at_tau(SogCLR(gamma=1.0), TAU)):  # the last: no index, no state
-        call = (lambda a, b: ours(lo, a, b, idx)) if lo.log_u.numel() else (lambda a, b: lo(a, b))
+        call = (lambda a, b, lo=lo: ours(lo, a, b, idx)) if lo.log_u.numel() else (lambda a, b, lo=lo: lo(a, b))
         _, g = _grads(call, z1, z2)
         for gd, go in zip(g_dcl, g):
             torch.testing.assert_close(go, gd, rtol=1e-12, atol=1e-14)
@@ -337,8 +339,8 @@ def test_isogclr_is_libaucs_enable_isogclr_step_after_step():
     moved = 0
     for step, idx in enumerate(batches):
         z1, z2 = _views(5, 4, seed=20 + step)
-        ref_val, ref_g = _grads(lambda a, b: isogclr_loop(a, b, idx, state, **ISO), z1, z2)
-        val, g = _grads(lambda a, b: ours(loss, a, b, idx, tau=None), z1, z2)
+        ref_val, ref_g = _grads(lambda a, b, idx=idx: isogclr_loop(a, b, idx, state, **ISO), z1, z2)
+        val, g = _grads(lambda a, b, idx=idx: ours(loss, a, b, idx, tau=None), z1, z2)
         assert float(val) * 2 == pytest.approx(float(ref_val), rel=1e-12, abs=1e-12)
         for gr, go in zip(ref_g, g):
             torch.testing.assert_close(go * 2, gr, rtol=1e-10, atol=1e-12)
@@ -360,8 +362,8 @@ def test_isogclr_at_fixed_temperatures_is_tau_times_sogclr():
     iso.init_temperature(TAU)
     for step, idx in enumerate([torch.tensor([0, 1, 2, 3]), torch.tensor([2, 3, 4, 5])]):
         z1, z2 = _views(4, 3, seed=30 + step)
-        _, gi = _grads(lambda a, b: ours(iso, a, b, idx, tau=None), z1, z2)
-        _, gs = _grads(lambda a, b: ours(sog, a, b, idx), z1, z2)
+        _, gi = _grads(lambda a, b, idx=idx: ours(iso, a, b, idx, tau=None), z1, z2)
+        _, gs = _grads(lambda a, b, idx=idx: ours(sog, a, b, idx), z1, z2)
         for a, b in zip(gi, gs):
             torch.testing.assert_close(a, TAU * b, rtol=1e-12, atol=1e-14)
     assert torch.equal(iso.log_u, sog.log_u) and (iso.tau_i == TAU).all()

@@ -84,7 +84,7 @@ def test_the_instrument_arms_are_paired_by_seed_and_differ_only_in_their_control
         assert {c["seed"] for c in arms.values()} == {s}
         assert arms["fresh"]["train"]["extra_negatives"] == 240 and arms["small"]["train"]["extra_negatives"] is None
         drop = {"id", "hash", "batch_size", "negatives", "train"}
-        same = lambda c: {k: v for k, v in c.items() if k not in drop}  # noqa: E731
+        same = lambda c, drop=drop: {k: v for k, v in c.items() if k not in drop}  # noqa: E731
         large, grouped = arms["large"], arms["grouped"]
         assert same(large) == same(grouped)
         assert {k: v for k, v in large["train"].items() if k != "neg_group"} == {

@@ -59,7 +59,8 @@ def start_pretrain(cell: dict, out: Path, cache: Path, uri: str = "none", *extra
         *extra,
     ]
     log = out.parent / f"{out.name}.{time.monotonic_ns()}.stderr"
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log, "w"), text=True)
+    with open(log, "w") as err:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, text=True)
     proc.log = log
     return proc
 

@@ -19,9 +19,9 @@ import sqlite3
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import cluster
 import pytest

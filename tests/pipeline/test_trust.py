@@ -23,9 +23,9 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import torch
@@ -1036,9 +1036,10 @@ def serve(tmp_path):
             "OMP_NUM_THREADS": "2",
             "OPENBLAS_NUM_THREADS": "2",
         }
-        proc = subprocess.Popen(
-            [sys.executable, "-c", SERVER, str(path), mode], stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env
-        )
+        with open(log, "w") as out:  # the child keeps its own copy of the descriptor
+            proc = subprocess.Popen(
+                [sys.executable, "-c", SERVER, str(path), mode], stdout=out, stderr=subprocess.STDOUT, env=env
+            )
         started.append(proc)
         wait_for(lambda: "ready on" in log.read_text(), proc, "the server to be ready")
         return proc, path, log

@@ -102,12 +102,13 @@ def cpu_hog():
 
 def start_server(tmp_path: Path, env: dict, preload_work: int) -> tuple[subprocess.Popen, Path, Path]:
     sock, log = tmp_path / "s.sock", tmp_path / "server.log"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", SERVER, str(sock)],
-        stdout=open(log, "w"),
-        stderr=subprocess.STDOUT,
-        env={**env, "HARNESS_PRELOAD": str(preload_work)},
-    )
+    with open(log, "w") as out:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen(
+            [sys.executable, "-c", SERVER, str(sock)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**env, "HARNESS_PRELOAD": str(preload_work)},
+        )
     return proc, sock, log
 
 

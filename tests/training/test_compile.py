@@ -106,7 +106,7 @@ def test_compiled_training_follows_the_eager_loss_curve(tmp_path):
             tmp_path / str(compiled),
             device="cpu",
             progress=False,
-            log_fn=lambda m, s: logs.append(m["train/loss"]),
+            log_fn=lambda m, s, logs=logs: logs.append(m["train/loss"]),
         )
         curves[compiled] = logs
     assert len(curves[True]) == len(curves[False]) == 6

@@ -26,8 +26,8 @@ import json
 import os
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import cluster
 import pytest

@@ -14,8 +14,9 @@ from __future__ import annotations
 import io
 import json
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -166,7 +167,7 @@ def _to_channels_last(backbone: nn.Module) -> list[torch.Tensor] | None:
     convolutions (as training does; the default cell embeds in 0.8 instead of 1.9 s, features
     equal to ~1e-6); returns the weights that were NCHW (for the caller to restore), or None
     for a float64 backbone (kept NCHW, as in training) or one without 4-D weights."""
-    weights = [p for p in backbone.parameters() if p.dim() == 4]
+    weights: list[torch.Tensor] = [p for p in backbone.parameters() if p.dim() == 4]
     if not weights or any(p.dtype == torch.float64 for p in weights):
         return None
     nchw = [p for p in weights if not p.is_contiguous(memory_format=torch.channels_last)]

@@ -11,7 +11,8 @@ faiss is imported lazily, by the kNN functions only.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -56,10 +57,10 @@ def _resolve_knn_backend(backend: str, device: Any) -> tuple[str, torch.device |
     try:
         import faiss
     except ImportError:
-        faiss = None
-    if faiss is not None and _faiss_gpus(faiss) > 0:
+        return _resolve_knn_backend("torch", device)
+    if _faiss_gpus(faiss) > 0:
         return "faiss-gpu", None
-    if torch.cuda.is_available() or faiss is None:
+    if torch.cuda.is_available():
         return _resolve_knn_backend("torch", device)
     return "faiss-cpu", None
 
@@ -73,7 +74,7 @@ def _faiss_search(
     CPU the heap keeps the first-seen (lowest) indices at the k-th place, in no stated order."""
     import faiss  # lazy
 
-    index = faiss.IndexFlatIP(train.shape[1])
+    index: faiss.Index = faiss.IndexFlatIP(train.shape[1])
     if gpu:
         res = faiss.StandardGpuResources()
         index = faiss.index_cpu_to_gpu(res, 0, index)
@@ -108,11 +109,12 @@ def _torch_search(
             block = q @ tr[j : j + train_chunk].T
             s, ix = torch.topk(block, min(k, block.shape[1]), dim=1)
             ix += j
-            if best_s is not None:
+            if best_s is not None and best_i is not None:  # set together
                 s, ix = torch.cat([best_s, s], 1), torch.cat([best_i, ix], 1)
                 s, pos = torch.topk(s, min(k, s.shape[1]), dim=1)
                 ix = ix.gather(1, pos)
             best_s, best_i = s, ix
+        assert best_s is not None and best_i is not None  # the train set has rows (check_features)
         best_i, pos = torch.sort(best_i, dim=1)  # ties by index: sort by index, then stably by similarity
         best_s, pos2 = torch.sort(best_s.gather(1, pos), dim=1, descending=True, stable=True)
         sims.append(best_s)
@@ -163,6 +165,7 @@ def knn_search(
     name, dev = _resolve_knn_backend(backend, device)
     k = min(int(k), tr.shape[0])
     if name == "torch":
+        assert dev is not None  # the torch backend always comes with its device
         return _torch_search(tr, te, k, dev, batch_size)
     return _faiss_search(tr, te, k, name == "faiss-gpu", batch_size)
 

@@ -57,7 +57,8 @@ def _standardise(tr: np.ndarray, te: np.ndarray, device: torch.device) -> tuple[
     (float64 statistics; a dimension with std < 1e-8 is only centred), as float32 tensors."""
     mu, sd = mean_std(tr)
     sd = np.where(sd < 1e-8, 1.0, sd)
-    return tuple(torch.from_numpy(rowwise_float32(a, lambda blk: (blk - mu) / sd)).to(device) for a in (tr, te))
+    tr_t, te_t = (torch.from_numpy(rowwise_float32(a, lambda blk: (blk - mu) / sd)).to(device) for a in (tr, te))
+    return tr_t, te_t
 
 
 def _softmax_loss_grad(x, x_t, y, weight, bias, weight_decay):

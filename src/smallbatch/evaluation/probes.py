@@ -31,7 +31,8 @@ the supervised upper bound and the random-init encoder of the same network.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch

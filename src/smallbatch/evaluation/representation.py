@@ -27,7 +27,7 @@ for embedding its 20,000 training and test images (logged per cell as ``repr/cpu
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -48,7 +48,9 @@ def held_out_sample(n_test: int, size: int = SAMPLE) -> torch.Tensor:
 
 
 @torch.no_grad()
-def _embed_views(model, views: Sequence[torch.Tensor], batch_size: int, device) -> list[tuple[torch.Tensor, ...]]:
+def _embed_views(
+    model, views: Sequence[torch.Tensor], batch_size: int, device
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """``(h, z)`` of each normalised image batch in ``views``, float64 on the CPU."""
     out = []
     for x in views:

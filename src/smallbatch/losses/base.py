@@ -143,7 +143,7 @@ class ContrastiveLoss(torch.nn.Module):
         self,
         z1: Tensor,
         z2: Tensor,
-        queue: "Tensor | KeyQueue | None" = None,
+        queue: Tensor | KeyQueue | None = None,
         q_index: Tensor | None = None,
         queue_index: Tensor | None = None,
         *,

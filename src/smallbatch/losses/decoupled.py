@@ -46,6 +46,8 @@ class DCLW(ContrastiveLoss, spec="dclw"):
     Parameters (τ is given per call): ``sigma > 0`` (default 0.5, the paper's).
     """
 
+    sigma: float  # set by ContrastiveLoss.__init__ from the registry's parameters
+
     def _check_param(self, key, value):
         s = float(value)
         if not (s > 0):  # allows +inf (the DCL limit)

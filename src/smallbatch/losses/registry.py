@@ -464,7 +464,8 @@ def config_schema() -> dict[str, Any]:
     ``names`` (enum of accepted names), ``loss_params`` (one object per loss with its
     parameters and the study's defaults) and ``entry_params`` (a grid entry's
     parameter may be a value or a list of values to sweep)."""
-    loss_params, scalars = {}, {}
+    loss_params: dict[str, Any] = {}
+    scalars: dict[str, Any] = {}
     for name, spec in SPECS.items():
         loss_params[name] = {
             "type": "object",

@@ -222,7 +222,7 @@ class KeyQueue(Protocol):
 def queue_scores(
     q: Tensor,
     k: Tensor,
-    queue: "Tensor | KeyQueue",
+    queue: Tensor | KeyQueue,
     q_index: Tensor | None = None,
     queue_index: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:

@@ -37,7 +37,7 @@ class SiameseLoss(ContrastiveLoss):
     the in-batch scores of the targets (of the online outputs without targets): a diagnostic,
     the method never reads it.  A subclass implements :meth:`_pair`."""
 
-    def forward(
+    def forward(  # type: ignore[override]  # no negatives: (p1, p2, t1, t2), not (z1, z2, queue, ...)
         self,
         p1: Tensor,
         p2: Tensor,
@@ -51,15 +51,17 @@ class SiameseLoss(ContrastiveLoss):
             raise ValueError(
                 f"{self.display} needs two views of shape (N >= 2, D), got {tuple(p1.shape)}, {tuple(p2.shape)}"
             )
-        if (t1 is None) != (t2 is None) or (t1 is not None and (t1.shape != p1.shape or t2.shape != p2.shape)):
+        if (t1 is None) != (t2 is None) or (
+            t1 is not None and t2 is not None and (t1.shape != p1.shape or t2.shape != p2.shape)
+        ):
             raise ValueError(f"{self.display}: the targets must be both None or both shaped like the outputs")
         dt = compute_dtype(p1.dtype, p2.dtype)
         p1, p2 = p1.to(dt), p2.to(dt)
-        if t1 is not None:
+        if t1 is not None and t2 is not None:  # both or neither (checked above)
             t1, t2 = t1.to(dt), t2.to(dt)
         loss = self._pair(p1, p2, t1, t2)
         with torch.no_grad():
-            a, b = (p1, p2) if t1 is None else (t1, t2)
+            a, b = (p1, p2) if t1 is None or t2 is None else (t1, t2)
             pos, neg, mask = in_batch_scores(a.detach(), b.detach())
             info = infonce_rows(pos, neg, mask, tau.detach() if torch.is_tensor(tau) else tau).mean()
         return LossOutput(loss=loss, value=loss.detach(), infonce=info)
@@ -114,6 +116,8 @@ class SimSiam(SiameseLoss, spec="simsiam"):
     and a BatchNorm on its output; ours has none there).  Parameters: ``pred_hidden``.
     """
 
+    pred_hidden: int | None  # set by ContrastiveLoss.__init__ from the registry's parameters
+
     def _pair(self, p1, p2, t1, t2):
         if t1 is None:
             raise ValueError("SimSiam needs its targets (the projections z1, z2)")
@@ -141,6 +145,8 @@ class BYOL(SiameseLoss, spec="byol"):
     Parameters: ``pred_hidden`` (default the projector's hidden width: BYOL's predictor is as
     wide as its projector), ``ema``, ``ema_schedule``.
     """
+
+    pred_hidden: int | None  # set by ContrastiveLoss.__init__ from the registry's parameters
 
     def _pair(self, p1, p2, t1, t2):
         if t1 is None:

@@ -40,6 +40,8 @@ class SigLIP(ContrastiveLoss, spec="siglip"):
     Parameters: ``bias_init`` (default -10); learnt: ``log_scale`` (t') and ``bias`` (b).
     """
 
+    bias_init: float  # set by ContrastiveLoss.__init__ from the registry's parameters
+
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
         self.bias = torch.nn.Parameter(torch.tensor(float(self.bias_init)))

@@ -71,6 +71,8 @@ class SogCLR(ContrastiveLoss, spec="sogclr"):
     Parameters (τ is given per call): ``gamma`` in (0, 1] (default 0.9, GCLoss_v1's).
     """
 
+    gamma: float  # set by ContrastiveLoss.__init__ from the registry's parameters
+
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
         self.register_buffer("log_u", torch.empty(0))
@@ -165,6 +167,9 @@ class ISogCLR(SogCLR, spec="isogclr"):
     Parameters: ``gamma`` in (0, 1] (default 0.9), ``rho >= 0`` (0.3), ``eta >= 0`` (0.01),
     ``beta`` in (0, 1] (0.9), ``0 < tau_min < tau_max`` (0.05, 0.7): LibAUC's defaults.
     """
+
+    tau_min: float
+    tau_max: float
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)

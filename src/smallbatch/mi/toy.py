@@ -112,8 +112,9 @@ import math
 import sys
 import time
 import zlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -269,7 +270,15 @@ def _pair_index(a: int, n: int, device: Any = None) -> Tensor:
     return (torch.arange(a, device=device)[:, None] + torch.arange(n, device=device)[None, :]) % n
 
 
-class SeparableCritic(nn.Module):
+class Critic(nn.Module):
+    """What every critic has: ``group_scores(xa (G, A, d), y (G, n, d)) -> (G, A, n)``, column
+    m the score of anchor i with ``y_{(i+m) mod n}`` (m = 0: its positive)."""
+
+    def group_scores(self, xa: Tensor, y: Tensor) -> Tensor:
+        raise NotImplementedError
+
+
+class SeparableCritic(Critic):
     """Separable critic ``s(x, y) = f(x)^T g(y)`` (Poole et al. 2019), f and g MLPs
     ``d -> hidden -> hidden -> embed`` (ReLU).  All anchor-candidate scores of a
     group come from one ``(A, E) x (E, n)`` matrix product.
@@ -309,7 +318,7 @@ class SeparableCritic(nn.Module):
         return torch.gather(full, 2, idx)
 
 
-class ConcatCritic(nn.Module):
+class ConcatCritic(Critic):
     """Concatenated critic ``s(x, y) = h([x, y])`` (Poole et al. 2019), h an MLP
     ``2d -> hidden -> hidden -> 1`` (ReLU), evaluated on every anchor-candidate pair.
 
@@ -356,7 +365,7 @@ class ConcatCritic(nn.Module):
         return self._bound(self.rest(torch.relu(pre)).squeeze(-1))
 
 
-class GaussianRatioCritic(nn.Module):
+class GaussianRatioCritic(Critic):
     """The oracle critic: the true log density ratio :func:`log_density_ratio` (no parameters)."""
 
     def __init__(self, rho: float) -> None:
@@ -381,7 +390,7 @@ def build_critic(
     layers: int = 2,
     rho: float | None = None,
     temperature: float | None = None,
-) -> nn.Module:
+) -> Critic:
     """``separable`` | ``concat`` | ``oracle`` (the oracle needs ``rho``; ``temperature``
     bounds the learned critics' scores, see :class:`SeparableCritic`)."""
     key = str(name).strip().lower()
@@ -423,7 +432,7 @@ def _sample_groups(k: int, anchors: int, d: int, rho: float, generator: torch.Ge
     return x.view(g, n, d), y.view(g, n, d)
 
 
-def batch_scores(critic: nn.Module, x: Tensor, y: Tensor, anchors: int) -> tuple[Tensor, Tensor]:
+def batch_scores(critic: Critic, x: Tensor, y: Tensor, anchors: int) -> tuple[Tensor, Tensor]:
     """Scores of a batch ``x, y (G, n, d)`` (n = K+1 pairs per group):
     ``pos (G*A,)`` and ``neg (G*A, K)`` for the first ``A = min(n, anchors)`` anchors of each group."""
     n = x.shape[1]
@@ -484,6 +493,7 @@ def mi_estimate(estimator: str, pos: Tensor, neg: Tensor, alpha: float | None = 
 
 def _estimate_from_output(key: str, out, k: int, alpha: float | None) -> Tensor:
     if key == "eqco":
+        assert alpha is not None  # estimator_loss gave EqCo its alpha
         return math.log1p(float(alpha)) - out.value
     return math.log1p(k) - out.infonce
 
@@ -502,7 +512,7 @@ class TrainResult:
     """Per-step training estimates (the estimator's readout on each training batch) and the critic."""
 
     trace: list[float]
-    critic: nn.Module
+    critic: Critic
     seconds: float
     diverged: bool = False
     cpu_s: float = 0.0  # the process's CPU seconds (every thread) of this training
@@ -516,7 +526,7 @@ def _stable_seed(*parts: Any) -> int:
 
 def train_estimator(
     estimator: str,
-    critic: nn.Module | str,
+    critic: Critic | str,
     K: int,
     true_mi: float,  # noqa: F811 - the argument shadows the function on purpose (the brief's signature)
     d: int,
@@ -595,7 +605,7 @@ def _check_training(K, d, true_mi_value, steps, lr) -> tuple[int, int, float, in
 
 def _new_critic(
     name: str, seed: int, d: int, rho: float, hidden: int, embed: int, layers: int, temperature: float | None = None
-) -> nn.Module:
+) -> Critic:
     """The critic ``name`` initialised from ``seed`` (the same start for every estimator, K and MI)."""
     torch.manual_seed(_stable_seed("critic", seed, name))
     return build_critic(name, d, hidden=hidden, embed=embed, layers=layers, rho=rho, temperature=temperature)
@@ -605,7 +615,7 @@ def _train_generator(seed: int, k: int, mi: float, d: int) -> torch.Generator:
     return torch.Generator().manual_seed(_stable_seed("train", seed, k, float(mi), d))
 
 
-def _adam(params: list[Tensor], lr: float, steps: int):
+def _adam(params: Sequence[Tensor], lr: float, steps: int):
     """Adam at ``lr`` with cosine decay to 0 over ``steps`` steps; (None, None) without parameters."""
     if not params:
         return None, None
@@ -701,12 +711,13 @@ def train_estimators(
     keys = [_check_estimator(e) for e in estimators]
     k, d, rho, steps, lr = _check_training(K, d, true_mi, steps, lr)
     critics = [_new_critic(critic, seed, d, rho, hidden, embed, layers, temperature) for _ in keys]
-    if len(keys) < 2 or not isinstance(critics[0], SeparableCritic):
+    separable = [c for c in critics if isinstance(c, SeparableCritic)]  # all or none: one kind
+    if len(keys) < 2 or len(separable) < len(critics):
         return [
             train_estimator(e, c, K, true_mi, d, steps, lr, seed, alpha=alpha, anchors=anchors, max_pairs=max_pairs)
             for e, c in zip(keys, critics)
         ]
-    stacked = _StackedSeparable(critics)
+    stacked = _StackedSeparable(separable)
     gen, losses = _train_generator(seed, k, true_mi, d), [estimator_loss(key, alpha) for key in keys]
     opt, sched = _adam(list(stacked.parameters()), lr, steps)
     traces: list[list[float]] = [[] for _ in keys]
@@ -732,7 +743,7 @@ def train_estimators(
         for m, out in outs.items():
             traces[m].append(float(_estimate_from_output(keys[m], out, k, alpha)))
     seconds, cpu_s = (time.perf_counter() - t0) / len(keys), (time.process_time() - c0) / len(keys)
-    for m, c in enumerate(critics):
+    for m, c in enumerate(separable):
         _StackedSeparable.load_into(c, stopped.get(m) or stacked.state_of(m))
     return [
         TrainResult(
@@ -751,7 +762,7 @@ def train_estimators(
 @torch.no_grad()
 def evaluate_estimator(
     estimator: str,
-    critic: nn.Module,
+    critic: Critic,
     K: int,
     rho: float,
     d: int,
@@ -801,7 +812,7 @@ def evaluate_estimator(
 
 @torch.no_grad()
 def eval_k_estimate(
-    critic: nn.Module, eval_k: int, rho: float, d: int, batches: int, seed: int, *, anchors: int = 128
+    critic: Critic, eval_k: int, rho: float, d: int, batches: int, seed: int, *, anchors: int = 128
 ) -> dict[str, float]:
     """The critic's InfoNCE bound with ``eval_k`` negatives per anchor on ``batches`` fresh
     batches: ``{'estimate_eval_k': mean, 'std_eval_k': population std}``.
@@ -924,7 +935,7 @@ def failed(diverged: bool, estimate: float, bounded: bool) -> bool:
     return bool(diverged) or not math.isfinite(estimate) or (not bounded and estimate < 0.0)
 
 
-def _bounded(critic: nn.Module) -> bool:
+def _bounded(critic: Critic) -> bool:
     """Scores that cannot blow up: a learned critic with a temperature, or the (untrained) oracle."""
     return isinstance(critic, GaussianRatioCritic) or getattr(critic, "temperature", None) is not None
 
@@ -941,7 +952,7 @@ def _print_row(i: int, n: int, row: dict) -> None:
 
 
 def run_mi_experiment(
-    section: dict | None,
+    section: dict,
     *,
     log_fn: Callable[[dict, list[tuple[int, float]]], None] | None = None,
     progress: bool = True,

@@ -20,7 +20,8 @@ import functools
 import hashlib
 import itertools
 import json
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from ..io import check_cell_id  # noqa: F401  (the one id check; import-light, for the CLI's fast paths)
 from ..losses.registry import canonical_name, loss_param_names, loss_spec
@@ -56,7 +57,7 @@ WHERE_KEYS = ("data_root", "download")
 CELL_SECTIONS = {"train": ("train",), "eval": ("eval",), "dataset_options": ("datasets", "additionalProperties")}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _marked(marker: str, field: str = "default") -> dict[str, dict[str, Any]]:
     """The schema's keys marked ``marker`` by cell section ("" for the cell's top level):
     {section: {key: its ``field`` (its default; ``marker``: the marker's value)}}."""
@@ -354,7 +355,7 @@ SECTION_CELLS: dict[str, Callable[[dict], Iterable[dict]]] = {
 def expand_cells(cfg: dict) -> dict[str, dict]:
     """All cells of the study, keyed by cell id (insertion-ordered)."""
     cells: dict[str, dict] = {}
-    for section, fn in SECTION_CELLS.items():
+    for fn in SECTION_CELLS.values():
         for cell in fn(cfg):
             check_cell_id(cell["id"])
             if cell["id"] in cells and cells[cell["id"]]["hash"] != cell["hash"]:

@@ -360,7 +360,8 @@ def _lay_over(base: dict, doc: dict, source: str | Path) -> dict:
     out = deep_merge(base, doc)
     for key in keys:
         *parents, last = key.split(".")
-        here, there = out, doc
+        here: Any = out
+        there: Any = doc
         for part in parents:
             here = here.get(part) if isinstance(here, dict) else None
             there = there.get(part) if isinstance(there, dict) else None
@@ -381,7 +382,8 @@ def _check_replace(keys: Any, source: str | Path) -> None:
         raise ConfigError(f"{where} must be a list of config keys, e.g. [datasets, grid.losses], not {keys!r}")
     schema = load_schema()
     for key in keys:
-        node, done = schema, []
+        node = schema
+        done: list[str] = []
         for part in key.split("."):
             node = _resolve_ref(schema, node)
             props, extra = node.get("properties", {}), node.get("additionalProperties")

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from ..cell import BaselineCell, Cell, read_cell, snapshot_names
 from ..io import write_json

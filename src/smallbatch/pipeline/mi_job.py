@@ -158,6 +158,7 @@ def run_mi_step(
     )
 
     def log_row(row: dict, trace: list[tuple[int, float]]) -> None:
+        assert tracking_uri is not None and parent is not None  # passed on only with a store
         run = tracking.open_cell_run(
             tracking_uri, experiment, cell_of(sec, row), kind="mi", params=row_params(sec, row), parent=parent.run_id
         )

@@ -101,6 +101,7 @@ class StudyProgress:
         self.failed.pop(name, None)
         done, total = self.cells_done, max(self.cells_planned, self.cells_done)
         eta = self.eta(now)
+        assert self.start is not None  # job_started ran for this job
         tail = f"elapsed {clock(now - self.start)}" + (f", ETA {clock(eta)}" if eta is not None else ", all done")
         return [f"[{done:>{len(str(total))}}/{total}] {name}  {clock(took)}  ({tail})"]
 

@@ -83,9 +83,9 @@ def validator_with_defaults(fill: bool = True):
         # JSON Schema has no "finite": YAML's .nan / .inf pass every bound (nan > 0 is False
         # both ways), so a number must also be finite; a loss parameter may be infinite
         yield from base_type(validator, types, instance, schema)
-        if isinstance(instance, float) and not math.isfinite(instance):
-            if math.isnan(instance) or not schema.get("x-loss-param"):
-                yield ValidationError(f"{instance!r} is not a finite number", validator="finite")
+        nonfinite = isinstance(instance, float) and not math.isfinite(instance)
+        if nonfinite and (math.isnan(instance) or not schema.get("x-loss-param")):
+            yield ValidationError(f"{instance!r} is not a finite number", validator="finite")
         if _integer(None, instance) and abs(instance) > INT_MAX and "maximum" not in schema:
             yield ValidationError(f"{instance!r} is too large", validator="maximum", validator_value=INT_MAX)
 
@@ -121,7 +121,7 @@ def _integer(checker, instance) -> bool:
 
 
 def _path_str(path) -> str:
-    parts = []
+    parts: list[str] = []
     for p in path:
         parts.append(f"[{p}]" if isinstance(p, int) else (("." if parts else "") + str(p)))
     return "".join(parts) or "<top level>"

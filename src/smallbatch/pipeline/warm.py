@@ -65,9 +65,9 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 ENV = "SMALLBATCH_WARM"
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -409,6 +409,7 @@ class _Server:
         conn.sock.close()
         # a client leaves also once it has its status from the child, which may not have exited yet:
         # the child is stopped only if it still runs EXIT_GRACE_S later (then SIGKILL GRACE_S after)
+        assert conn.pid is not None  # a running connection has its child
         self.term_at[conn.pid] = time.monotonic() + EXIT_GRACE_S
 
     def _advance(self, conn: _Conn) -> None:
@@ -448,6 +449,7 @@ class _Server:
         conn.close()
 
     def _fork(self, conn: _Conn) -> None:
+        assert conn.request is not None  # read before the go-ahead
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
@@ -482,6 +484,7 @@ class _Server:
             for sig in (signal.SIGTERM, signal.SIGHUP):
                 signal.signal(sig, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.default_int_handler)
+            assert conn.request is not None  # read before the go-ahead
             code = exit_status(_run_request(self.entry, conn.request))
         except SystemExit as exc:
             code = exit_status(exc.code)
@@ -516,6 +519,7 @@ class _Server:
             self.term_at.pop(pid, None)
             if conn is None:
                 continue
+            assert conn.request is not None  # _fork had it
             _log(f"child {pid} exited {code} after {time.monotonic() - conn.started:.1f} s: {_what(conn.request)}")
             _send_quietly(conn.sock, (code if code >= 0 else 128 - code).to_bytes(4, "big", signed=True))
             if conn.sock.fileno() >= 0 and self.conns.pop(conn.sock.fileno(), None) is not None:

@@ -10,7 +10,8 @@ a cell whose runs have not logged the metric yet reads ``pending``.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd

@@ -39,9 +39,10 @@ verdict from :func:`support` says "support" / "do not support" only then and
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, overload
 
 from .fmt import finite, num, signed
 
@@ -89,8 +90,6 @@ class Estimate:
     def within_noise(self) -> bool | None:
         """The negation of :attr:`significant` (None when untested)."""
         return None if not self.tested else not self.significant
-
-    se: float = math.nan
 
     @property
     def mde(self) -> float:
@@ -219,15 +218,19 @@ def pooled_difference(groups: Mapping[Any, tuple[Values, Values]]) -> Estimate:
     return _t_test(float(beta[0]), se, df, len(rows), sd, POOLED_TEST)
 
 
-def holm(estimates: Iterable[Estimate | None]) -> list[Estimate | None]:
+@overload
+def holm(estimates: Iterable[Estimate]) -> list[Estimate]: ...
+@overload
+def holm(estimates: Iterable[Estimate | None]) -> list[Any]: ...
+def holm(estimates: Iterable[Estimate | None]) -> list[Any]:
     """The same estimates with Holm-adjusted p over the tested ones (the family); untested and
     None pass through.  ``family`` is set to the number of tested estimates."""
-    ests = list(estimates)
-    idx = sorted((i for i, e in enumerate(ests) if e is not None and e.tested), key=lambda i: ests[i].p)
-    m, running, out = len(idx), 0.0, list(ests)
-    for rank, i in enumerate(idx):
-        running = max(running, min(1.0, (m - rank) * ests[i].p))
-        out[i] = replace(ests[i], p_adj=running, family=m)
+    out = list(estimates)
+    tested = sorted(((i, e) for i, e in enumerate(out) if e is not None and e.tested), key=lambda ie: ie[1].p)
+    m, running = len(tested), 0.0
+    for rank, (i, e) in enumerate(tested):
+        running = max(running, min(1.0, (m - rank) * e.p))
+        out[i] = replace(e, p_adj=running, family=m)
     return out
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -96,7 +96,8 @@ def loss_palette(frame: pd.DataFrame) -> dict:
     a loss's further variants (another epochs or σ) in shades of it; the same label gets the same colour in
     every figure."""
     pairs = frame[["loss", "label"]].drop_duplicates()
-    out, seen = {}, {}
+    out: dict = {}
+    seen: dict = {}
     for loss, lab in sorted(zip(pairs["loss"], pairs["label"]), key=lambda p: (str(p[0]), str(p[1]))):
         k = seen.get(loss, 0)
         seen[loss] = k + 1
@@ -217,8 +218,7 @@ def draw_seeds(ax, d: pd.DataFrame, x: str, y: str, labels: Sequence[str], pal: 
             ax.scatter([xs] * len(v), v, s=9, color=pal[lab], linewidths=0, zorder=5)  # over the mean's marker
             drawn += [float(t) for t in v if np.isfinite(t)]
         if rows:
-            xs, ms = zip(*rows)
-            ax.plot(xs, ms, "-o", color=pal[lab], ms=4.5, mfc="white", mew=1.1, lw=1.2, label=lab, zorder=4)
+            ax.plot(*zip(*rows), "-o", color=pal[lab], ms=4.5, mfc="white", mew=1.1, lw=1.2, label=lab, zorder=4)
     return drawn
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 import re
 import warnings
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -166,7 +167,7 @@ def checked_accuracies(runs: pd.DataFrame, notes: list[str] | None = None) -> pd
     lo, hi = ACCURACY_RANGE
     for col in accuracy_columns(runs):
         key = col[len("metrics.") :]
-        logged = runs["metric_keys"].map(lambda keys: key in keys) & factor.notna()
+        logged = runs["metric_keys"].map(lambda keys, key=key: key in keys) & factor.notna()
         runs.loc[logged, col] = runs.loc[logged, col].astype(float) * factor[logged]
         values = runs[col].astype(float)
         bad = logged & ~(np.isfinite(values) & (values >= lo) & (values <= hi)) & problems.isna()

@@ -3,8 +3,9 @@ Markdown and LaTeX (for reading; numbers formatted by :mod:`.fmt`)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -104,7 +105,7 @@ def latex_table(blocks: Sequence[Block], caption: str, label: str) -> str:
 
 def table_files(folder: Path, name: str) -> tuple[Path, Path, Path]:
     """The files of table ``name``: ``<name>.csv``, ``.md``, ``.tex`` in ``folder``."""
-    return tuple(folder / f"{name}.{ext}" for ext in ("csv", "md", "tex"))
+    return folder / f"{name}.csv", folder / f"{name}.md", folder / f"{name}.tex"
 
 
 def write_table_files(

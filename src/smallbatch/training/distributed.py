@@ -44,9 +44,9 @@ from __future__ import annotations
 import datetime
 import os
 import re
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -120,10 +120,10 @@ def _slurm_master(env: Mapping[str, str]) -> tuple[str, int]:
         nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
         addr = first_host(nodes) if nodes else env.get("SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1")
     port = env.get("MASTER_PORT")
-    if not port:
-        job, step = int(env.get("SLURM_JOB_ID", "0")), int(env.get("SLURM_STEP_ID", "0") or 0)
-        port = 10000 + (job * 64 + step) % 20000
-    return addr, int(port)
+    if port:
+        return addr, int(port)
+    job, step = int(env.get("SLURM_JOB_ID", "0")), int(env.get("SLURM_STEP_ID", "0") or 0)
+    return addr, 10000 + (job * 64 + step) % 20000
 
 
 def launch_from_env(env: Mapping[str, str] | None = None) -> Launch:
@@ -173,7 +173,7 @@ def launch_command(processes: int, env: Mapping[str, str] | None = None) -> str:
     )
 
 
-_SLOT = {}  # the GPU slot this process holds (its file descriptor), for the life of the process
+_SLOT: dict[str, int] = {}  # the GPU slot this process holds (its file descriptor), for the life of the process
 
 
 def claim_gpu(count: int, slots_dir: str | None = None, max_slots: int = 256) -> int:
@@ -251,7 +251,7 @@ class World(AbstractContextManager):
         backend: str | None = None,
         env: Mapping[str, str] | None = None,
         timeout_s: float = 1800.0,
-    ) -> "World":
+    ) -> World:
         """Join the launch in the environment (:func:`launch_from_env`); size 1 joins nothing.
 
         ``backend`` overrides NCCL/gloo (e.g. gloo for several processes on one GPU).
@@ -472,6 +472,7 @@ def update_running_stats(bn: _BatchNorm, mean: Tensor, var: Tensor, total: Tenso
     of ``total`` elements per channel with batch ``mean`` and biased variance ``var``: the
     running variance takes the unbiased ``var * total / (total - 1)``; momentum None is the
     cumulative average."""
+    assert bn.running_mean is not None and bn.running_var is not None and bn.num_batches_tracked is not None
     bn.num_batches_tracked.add_(1)
     f = (1.0 / bn.num_batches_tracked) if bn.momentum is None else bn.momentum
     f = torch.as_tensor(f, dtype=mean.dtype, device=mean.device)

@@ -68,12 +68,14 @@ class GhostBatchNorm(_BatchNorm):
         # the k groups side by side as k*C channels: one BatchNorm call normalises each group
         # by its own statistics (and updates k copies of the running statistics)
         xs = x.reshape(v, k, g, c, *rest).transpose(1, 2).reshape(v * g, k * c, *rest)
-        weight = self.weight.repeat(k) if self.affine else None
-        bias = self.bias.repeat(k) if self.affine else None
-        run_mean = self.running_mean.repeat(k) if self.track_running_stats else None
-        run_var = self.running_var.repeat(k) if self.track_running_stats else None
+        # weight and bias exist when affine, the running statistics when track_running_stats
+        weight = self.weight.repeat(k) if self.weight is not None else None
+        bias = self.bias.repeat(k) if self.bias is not None else None
+        run_mean = self.running_mean.repeat(k) if self.running_mean is not None else None
+        run_var = self.running_var.repeat(k) if self.running_var is not None else None
+        assert self.momentum is not None  # checked in __init__
         y = F.batch_norm(xs, run_mean, run_var, weight, bias, True, self.momentum, self.eps)
-        if self.track_running_stats:
+        if run_mean is not None and run_var is not None:
             self._update_in_turn(run_mean.view(k, c), run_var.view(k, c), k)
         y = y.reshape(v, g, k, c, *rest).transpose(1, 2).reshape(x.shape)
         return y.contiguous(memory_format=torch.channels_last) if _channels_last(x) else y
@@ -83,6 +85,8 @@ class GhostBatchNorm(_BatchNorm):
         """The running statistics after the k groups one after the other: group j's update
         ``p_j = (1 - m) r + m s_j`` (made from the same r for every group) composed in turn,
         ``r_k = (1 - m)^k r + sum_j (1 - m)^(k-1-j) (p_j - (1 - m) r)``."""
+        assert self.momentum is not None and self.running_mean is not None and self.running_var is not None
+        assert self.num_batches_tracked is not None  # all four: forward calls this with track_running_stats
         keep = 1.0 - self.momentum
         coef = torch.tensor([keep ** (k - 1 - j) for j in range(k)], dtype=mean_k.dtype, device=mean_k.device)
         for run, upd in ((self.running_mean, mean_k), (self.running_var, var_k)):

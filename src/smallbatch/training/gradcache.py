@@ -45,8 +45,9 @@ last chunk's backward.  All processes must have the same number of chunks.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -136,7 +137,7 @@ class _AddStatisticsGrad(torch.autograd.Function):
 class _Layer:
     """One BatchNorm normalising with batch statistics, during one chunked step."""
 
-    def __init__(self, module: _BatchNorm, plan: "_Plan") -> None:
+    def __init__(self, module: _BatchNorm, plan: _Plan) -> None:
         self.m, self.plan, self.shared = module, plan, batch_statistics_shared(module)
         self.pieces: list[Tensor] = []  # (count, mean, biased var) of each chunk at this layer
         self.count = self.mean = self.var = None  # the whole batch's (detached)
@@ -198,7 +199,7 @@ class _Plan:
         self.target: _Layer | None = None
 
     @contextmanager
-    def patched(self) -> Iterator["_Plan"]:
+    def patched(self) -> Iterator[_Plan]:
         saved = [layer.m.__dict__.get("forward") for layer in self.layers]
         try:
             for layer in self.layers:

@@ -20,9 +20,13 @@ collapse at small batch — by two tests:
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from ..models import ContrastiveModel
 
 STD_FLOOR = 1e-3  # mean per-dimension std of unit-length projections: 0 = one point
 RANK_FLOOR = 1.5  # effective rank of the backbone features: 1 = one direction
@@ -50,7 +54,7 @@ def effective_rank(features: torch.Tensor, centre: bool = True) -> float:
 
 
 @torch.no_grad()
-def embedding_health(model: torch.nn.Module, views: torch.Tensor) -> dict[str, float]:
+def embedding_health(model: ContrastiveModel, views: torch.Tensor) -> dict[str, float]:
     """Effective rank of the backbone features and the mean per-dimension std of the
     L2-normalised projections of ``views`` (normalised images), in eval mode (the model's
     modes are restored)."""

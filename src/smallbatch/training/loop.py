@@ -38,10 +38,10 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -285,7 +285,7 @@ def build_training(
             f"cell {cell.id} has train.mask_same_class but its pretraining images have no labels "
             f"({cell.dataset}'s pretraining split is unlabeled); set it to false"
         )
-    mask_labels = labels.to(dev) if tr.mask_same_class else None
+    mask_labels = labels.to(dev) if tr.mask_same_class and labels is not None else None  # None: refused above
     spe = n // bs
     total = int(tr.steps) if tr.steps else max(1, math.ceil(float(tr.epochs) * spe))
     peak = scaled_lr(float(tr.lr), bs, tr.lr_scaling)
@@ -336,7 +336,14 @@ def build_training(
     )
 
 
-def _source(cell: Cell, model, loss_fn, net_args: tuple, mask_labels, total: int):
+def _source(
+    cell: Cell,
+    model,
+    loss_fn,
+    net_args: tuple[int, int, torch.device, torch.dtype, World, int],
+    mask_labels,
+    total: int,
+):
     """Where the step's negatives (or a method's targets) come from, as the loss's registry
     entry and the cell's settings say: in the batch, fresh extra images, a MoCo queue, or the
     two views of a method without negatives (with its EMA target network if it declares one)."""
@@ -522,6 +529,7 @@ def write_snapshot(t: Training, budget: dict) -> None:
 def _at_epoch_end(t: Training, hooks: Hooks) -> None:
     """Rank 0's epoch-end hook (the kNN monitor); its metrics logged at this step, with the
     images seen by then (``monitor/images_seen``: the x-axis that compares batch sizes)."""
+    assert hooks.at_epoch_end is not None  # the caller calls this only with one
     m = hooks.at_epoch_end(t.step_fn.model.backbone, t.step // t.steps_per_epoch)
     if m and hooks.log_fn is not None:
         hooks.log_fn({**m, "monitor/images_seen": float(t.step * t.cell.batch_size)}, t.step)
@@ -603,6 +611,7 @@ def step_metrics(t: Training, out, update, window: list) -> dict:
     gradient-scale mechanism (DCL) and, every ``grad_error_every`` steps, the rounding
     error of the loss gradient (FlatNCE)."""
     s, tr = t.step_fn, t.cell.train
+    assert t.last_value is not None  # a logging step follows a step
     loss, infonce = float(mean_over_processes(t.last_value)), float(mean_over_processes(out.infonce))
     out = whole_batch(t, out)  # collectives: every process takes part, rank 0 reports
     if not t.world.is_main:

@@ -71,10 +71,10 @@ class Scores(NamedTuple):
     mask: Tensor | None
     batch_pos: Tensor | None = None
     tau_neg: Tensor | None = None
-    index: Tensor | None = None
+    index: Tensor | None = None  # type: ignore[assignment]  # a field named as tuple's index(): read only as .index
 
-    def detached(self) -> "Scores":
-        return Scores(*(None if t is None else t.detach() for t in self))
+    def detached(self) -> Scores:
+        return Scores._make(None if t is None else t.detach() for t in self)
 
 
 def _gathered_in_batch(z1: Tensor, z2: Tensor, world: World, full: bool, same_view: bool = False) -> Scores:
@@ -314,7 +314,8 @@ class QueueNegatives:
     def after_step(self, model: torch.nn.Module, z2: Tensor, idx: Tensor) -> None:
         """EMA of the query encoder into the key encoder (buffers copied), then enqueue."""
         mom = self.momentum
-        keys_p, query_p = list(self.key_model.parameters()), [p.detach() for p in model.parameters()]
+        keys_p: list[Tensor] = list(self.key_model.parameters())
+        query_p = [p.detach() for p in model.parameters()]
         torch._foreach_mul_(keys_p, mom)
         torch._foreach_add_(keys_p, query_p, alpha=1 - mom)
         for bk, bq in zip(self.key_model.buffers(), model.buffers()):
@@ -404,10 +405,10 @@ class Siamese:
             return
         m = ema_momentum(self.ema, self.schedule, self.updates, self.total)
         names = [name for name, _ in self.target.named_parameters()]
-        target_p = [p for _, p in self.target.named_parameters()]
+        target_p: list[Tensor] = [p for _, p in self.target.named_parameters()]
         online_p = [model.get_parameter(name).detach() for name in names]
         torch._foreach_mul_(target_p, m)
-        torch._foreach_add_(target_p, torch._foreach_mul(online_p, 1 - m))  # m xi + (1 - m) theta, op by op
+        torch._foreach_add_(target_p, list(torch._foreach_mul(online_p, 1 - m)))  # m xi + (1 - m) theta, op by op
         for name, buf in self.target.named_buffers():
             buf.copy_(model.get_buffer(name))
         self.updates += 1
@@ -486,7 +487,7 @@ class MomentumQueue:
             return self.keys, self.indices
         return self.keys[: self.count], self.indices[: self.count]
 
-    def to(self, device: Any) -> "MomentumQueue":
+    def to(self, device: Any) -> MomentumQueue:
         self.keys = self.keys.to(device)
         self.indices = self.indices.to(device)
         return self

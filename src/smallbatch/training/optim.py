@@ -82,7 +82,7 @@ class LARS(torch.optim.Optimizer):
                 self._update(group, params)
 
     def _update(self, group: dict, params: list[torch.Tensor]) -> None:
-        grads = [p.grad for p in params]
+        grads = [p.grad for p in params if p.grad is not None]  # all of them: step() passes those with one
         adapt = [i for i, p in enumerate(params) if p.ndim > 1]
         if adapt:
             w = [params[i] for i in adapt]

@@ -25,6 +25,7 @@ host, so an fp16 step synchronises once; the skipped steps are counted).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -84,7 +85,7 @@ class TrainStep:
         self.autocast_dtype = _AUTOCAST.get(precision)
         self.scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
         self.skipped_steps = 0  # fp16 steps the GradScaler skipped (overflow)
-        self._opt_step = functools.partial(optimizer_step, opt)
+        self._opt_step: Callable[[], None] = functools.partial(optimizer_step, opt)
         self.cuda_graphs = False  # compiled with CUDA graphs (compile(mode="reduce-overhead"))
 
     def _views(self, x: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
@@ -139,11 +140,11 @@ class TrainStep:
             self.update(out.loss)
             return out
         self.opt.zero_grad(set_to_none=True)
-        out = self._chunked(x, u, idx)
+        out = self._chunked(x, u, idx, self.chunk_size)
         self._apply_update()
         return out
 
-    def _chunked(self, x: Tensor, u: Tensor, idx: Tensor) -> StepOut:
+    def _chunked(self, x: Tensor, u: Tensor, idx: Tensor, chunk_size: int) -> StepOut:
         """Forward and backward with gradient caching (the gradient, BatchNorm statistics and
         running statistics of the whole batch, see :mod:`smallbatch.training.gradcache`)."""
         from .gradcache import cached_backward
@@ -163,7 +164,7 @@ class TrainStep:
 
             scale = self.scaler.scale if self.scaler is not None else None
             _, zs = cached_backward(
-                self.net, (v1, v2) if in_batch else (v1,), loss_of, self.chunk_size, scale, self.loss_params
+                self.net, (v1, v2) if in_batch else (v1,), loss_of, chunk_size, scale, self.loss_params
             )
         out = keep["out"]
         return StepOut(
@@ -205,7 +206,7 @@ class TrainStep:
         eager_optimizers(False)  # the compiler's own marks on torch's optimiser methods
         fullgraph = fullgraph and self.source.kind in ("in_batch", "siamese")
         self.aug.prepare(self.device)
-        self.forward = torch.compile(self.forward, fullgraph=fullgraph, mode=mode)
+        self.forward = torch.compile(self.forward, fullgraph=fullgraph, mode=mode)  # type: ignore[method-assign]  # in place
         self._opt_step = torch.compile(self._opt_step, fullgraph=True, mode=mode)
         # CUDA graph trees need each training iteration marked (measured on an H200: without
         # it the second step fails, "accessing tensor output of CUDAGraphs that has been

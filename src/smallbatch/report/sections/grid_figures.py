@@ -4,8 +4,8 @@ diagnostics (InfoNCE's MI-bound saturation, DCL's q_B, the softmax weights' ESS)
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import pandas as pd

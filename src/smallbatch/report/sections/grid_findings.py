@@ -245,7 +245,9 @@ def _ranking(ranked: list, bad: list, bmin: int, bmax: int) -> list[str]:
 
 def _rankable(d: pd.DataFrame) -> tuple[list, list, list]:
     """The rows of one setting with a change (rankable), with every seed bad at the small batch, and the rest."""
-    rankable, bad, missing = [], [], []
+    rankable: list = []
+    bad: list = []
+    missing: list = []
     for _, r in d.iterrows():
         if finite(r["estimate"].diff):
             rankable.append(r)

@@ -79,7 +79,7 @@ def definitions(small: int, big: int, view: str, others: Iterable[str] = ()) -> 
     steps = f"B_opt {small} − {big}: " + (
         f"{r}x the steps at equal epochs" if view == "epochs" else f"1/{r} of the images at equal steps"
     )
-    out = [
+    out: list[tuple[str, str, list]] = [
         ("negatives", f"negatives main effect (K {ks} − {kl})", [(0.5, b), (-0.5, a), (0.5, c), (-0.5, d)]),
         ("steps", f"steps main effect ({steps})", [(0.5, c), (-0.5, b), (0.5, d), (-0.5, a)]),
         (

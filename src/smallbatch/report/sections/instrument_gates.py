@@ -77,7 +77,8 @@ def g2(ssl: dict, pixels: dict, random_init: dict, ref: str) -> Gate:
     """The reference arm's linear probe above raw pixels and random-init, lower ends above 0."""
     if not ssl:
         return Gate("G2", None, f"{ref}: not run at this budget")
-    parts, results = [], []
+    parts: list[str] = []
+    results: list[bool | None] = []
     for name, base in (("raw pixels", pixels), ("random-init", random_init)):
         if not base:
             parts.append(f"− {name}: not run")

@@ -369,7 +369,7 @@ def _figure_vs_true(a: pd.DataFrame, df: pd.DataFrame, ctx: ReportContext) -> tu
             extra.append(dict(color="crimson", ls=(0, (1, 3)), lw=0.6, label=f"values below {clip_lo:g} drawn here"))
         _legend(fig, colors, ests, extra)
         fig.suptitle(
-            f"MI estimate vs true MI, {CRITIC_NAMES.get(critic, critic)} critic: mean over seeds, 95 % t-interval",
+            f"MI estimate vs true MI, {CRITIC_NAMES.get(critic, critic) if critic else critic} critic: mean over seeds, 95 % t-interval",
             fontsize=10,
         )
         fig.tight_layout(rect=(0, 0.13, 1, 1))

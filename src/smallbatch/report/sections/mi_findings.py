@@ -14,7 +14,7 @@ failures of the setup, never used as measurements.
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 import pandas as pd

@@ -504,9 +504,9 @@ def _mechanism(cells: pd.DataFrame, ctx: ReportContext, out: SectionOutput) -> l
         md.append(f"_No InfoNCE and DCL runs of one cell logged `{HISTORIES['update']}`; update-size table skipped._\n")
     figures = [_ratio_figure(pts[pts["dataset"] == ds], ctx, ds) for ds in dict.fromkeys(pts["dataset"])]
     figures += [_update_figure(us[us["dataset"] == ds], ctx, ds) for ds in dict.fromkeys(us["dataset"])]
-    for files, text in figures:
-        out.files += files
-        md.append(text)
+    for fig_files, fig_md in figures:
+        out.files += fig_files
+        md.append(fig_md)
     return md
 
 

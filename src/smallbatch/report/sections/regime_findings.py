@@ -24,7 +24,7 @@ and :func:`update_finding` (whether the mechanism shows), :func:`length_finding`
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 import pandas as pd

@@ -132,7 +132,7 @@ def _long(cells: pd.DataFrame) -> pd.DataFrame:
         sub["metric"], sub["value"] = m, cells[col].astype(float)
         if m in CONTRASTIVE_ONLY:
             names = loss_names()
-            sub = sub[sub["loss"].map(lambda n: n in names and loss_spec(n).contrastive)]
+            sub = sub[sub["loss"].map(lambda n, names=names: n in names and loss_spec(n).contrastive)]
         rows.append(sub[np.isfinite(sub["value"])])
     return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()
 
@@ -163,7 +163,7 @@ def _figure(cells: pd.DataFrame, ds: str, tau: float, ctx: ReportContext) -> lis
             ax.yaxis.set_major_locator(plt.MaxNLocator(4))
         for ax in axes[-1]:
             ax.set_xlabel("batch size", labelpad=1)
-        handles = {}
+        handles: dict = {}
         for ax in axes.flat:
             for h, lab in zip(*ax.get_legend_handles_labels()):
                 handles.setdefault(lab, h)

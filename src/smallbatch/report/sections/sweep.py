@@ -4,8 +4,8 @@ value, and the top-1-vs-swept-value figure."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import pandas as pd
