@@ -20,6 +20,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from .io import json_text
+from .probe_registry import DEFAULT_PROBES
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,9 @@ class EvalSettings:
     fewshot_draws: int
     batch_size: int
     monitor_every: int | None = None
+    #: the probes the evaluate step runs (:mod:`smallbatch.probe_registry`); a cell.json written
+    #: before ``eval.probes`` existed ran the default ones
+    probes: tuple[str, ...] = DEFAULT_PROBES
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> EvalSettings:
