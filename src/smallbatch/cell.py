@@ -82,6 +82,7 @@ class EvalSettings:
     fewshot_fractions: tuple[float, ...]
     fewshot_draws: int
     batch_size: int
+    kmeans_iterations: int
     monitor_every: int | None = None
     #: the probes the evaluate step runs (:mod:`smallbatch.probe_registry`); a cell.json written
     #: before ``eval.probes`` existed ran the default ones

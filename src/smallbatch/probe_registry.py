@@ -117,6 +117,16 @@ SPECS: dict[str, ProbeSpec] = {
             threads=True,
             default=True,
         ),
+        ProbeSpec(
+            name="kmeans",
+            title="k-means of a cell's frozen test features into as many clusters as classes: NMI with the labels",
+            impl=".kmeans:run_probe",
+            metric="nmi",
+            label="k-means NMI",
+            settings=("kmeans_iterations",),
+            flags=("kmeans_iterations",),
+            threads=True,
+        ),
     )
 }
 

@@ -15,7 +15,7 @@ def test_the_default_probes_are_the_ones_every_study_ran():
     assert reg.DEFAULT_PROBES == ("knn", "linear")
     assert reg.report_metrics() == {"knn": "knn/top1", "linear": "linear/top1"}
     assert reg.report_labels()["knn"] == "kNN top-1" and reg.report_labels()["linear"] == "linear top-1"
-    assert [reg.probe_spec(p).file for p in reg.probe_names()] == ["knn.json", "linear.json"]
+    assert [reg.probe_spec(p).file for p in reg.probe_names()] == ["knn.json", "linear.json", "kmeans.json"]
 
 
 def test_the_report_the_cli_and_the_schema_read_the_registry():
@@ -36,7 +36,7 @@ def test_the_report_the_cli_and_the_schema_read_the_registry():
 @pytest.mark.parametrize(
     "names, words",
     [
-        (["knn", "nope"], "unknown probe 'nope'; known probes: knn, linear"),
+        (["knn", "nope"], "unknown probe 'nope'; known probes: knn, linear, kmeans"),
         (["knn", "knn"], "names a probe twice"),
         ([], "eval.probes is empty"),
     ],
@@ -59,7 +59,7 @@ def test_an_opt_in_probe_keeps_the_default_cells_hash():
         return {c: v["hash"] for c, v in expand_cells(cfg).items()}
 
     assert hashes({}) == hashes({"probes": ["knn", "linear"]})
-    assert hashes({}) != hashes({"probes": ["linear", "knn"]})  # another list: another cell
+    assert hashes({}) != hashes({"probes": ["knn", "linear", "kmeans"]})  # more results: another cell
 
 
 def test_an_unknown_probe_and_a_bad_spec_are_refused():
