@@ -769,3 +769,22 @@ def test_an_opt_in_probes_metric_gets_the_grid_tables_of_the_others(store_uri, t
     plain.run("grid", "digits/infonce/bs16-t0.1-s0", _params("grid", "infonce", 16, 0.1, 0), _final(50.0))
     report.build_report(store_uri, tmp_path / "plain", experiment="default-probes")
     assert not list((tmp_path / "plain" / "tables").glob("*kmeans*"))
+
+
+def test_the_cost_of_a_cell_counts_every_probe_it_ran():
+    from smallbatch.report.sections.cost import cost_per_run
+
+    base = {"section": "grid", "kind": "cell", "batch_size": 16, "status": "finished", "start_time": 1}
+    runs = pd.DataFrame(
+        [
+            {**base, "cell_id": "a", "metrics.knn/seconds": 1.0, "metrics.linear/seconds": 2.0},
+            {
+                **base,
+                "cell_id": "b",
+                "metrics.knn/seconds": 1.0,
+                "metrics.linear/seconds": 2.0,
+                "metrics.kmeans/seconds": 4.0,
+            },
+        ]
+    )
+    assert cost_per_run(runs).set_index("cell_id")["eval_wall_s"].to_dict() == {"a": 3.0, "b": 7.0}
