@@ -115,7 +115,8 @@ def test_a_digits_cell_with_the_probe_logs_its_metric(tmp_path):
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     which = ["--config", str(cfg), "--cell-id", "digits/infonce/bs64-t0.5-s0", "--tracking-uri", uri]
     assert cli.main(["pretrain", *which, "--no-progress"]) == 0
-    assert cli.main(["evaluate", *which]) == 0
+    feats = tmp_path / "features.npz"
+    assert cli.main(["evaluate", *which, "--features", str(feats)]) == 0
     written = json.loads(
         (tmp_path / "results" / "runs" / "digits" / "infonce" / "bs64-t0.5-s0" / "kmeans.json").read_text()
     )
@@ -126,3 +127,11 @@ def test_a_digits_cell_with_the_probe_logs_its_metric(tmp_path):
     assert run.data.metrics["kmeans/clusters"] == 10
     assert {"knn/top1", "linear/top1"} <= set(run.data.metrics)
     assert run.data.tags[tracking.TAG_STATUS] == "finished"  # finished once every probe it asked for logged
+    # the probe's own command, its flag from the registry: a look by hand, not logged
+    look = tmp_path / "look.json"
+    assert cli.main(["kmeans", *which, "--features", str(feats), "--kmeans-iterations", "5", "--out", str(look)]) == 0
+    assert 0 < json.loads(look.read_text())["kmeans/nmi"] <= 100
+    assert len(client.get_metric_history(run.info.run_id, "kmeans/nmi")) == 1
+    assert (
+        cli.main(["kmeans", *which, "--features", str(feats), "--kmeans-iterations", "0"]) != 0
+    )  # the schema's minimum
