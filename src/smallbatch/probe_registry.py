@@ -12,15 +12,18 @@ test_x, test_y)`` and ``settings`` maps each of the spec's ``settings`` (``eval.
 the cell's value, plus ``seed`` (the cell's) and ``knn_backend`` (the neighbour search's).
 Its metrics are logged to the cell's run as ``<probe>/<metric>``.
 
-Adding a probe is its function plus its entry here (its settings in the config schema's
-``eval`` section, marked ``x-hash-when-set``); ``eval.probes`` chooses the probes a study
-runs (default: :data:`DEFAULT_PROBES`, the ones every study ran before the key existed).
+Adding a probe is its function plus its entry here: a setting of its own is declared in its
+``params`` (one JSON schema per ``eval.<key>``, with its default and description), which
+the config schema's ``eval`` section, CONFIGURATION.md and the cell's
+:meth:`~smallbatch.cell.EvalSettings.setting` take from here -- hashed only when set off its
+default, so a probe that is not run changes no cell.  ``eval.probes`` chooses the probes a
+study runs (default: :data:`DEFAULT_PROBES`, the ones every study ran before the key existed).
 """
 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 __all__ = [
@@ -34,6 +37,8 @@ __all__ = [
     "report_metrics",
     "report_labels",
     "probe_schema",
+    "probe_params",
+    "param_defaults",
 ]
 
 
@@ -49,7 +54,8 @@ class ProbeSpec:
     (logged as ``<name>/<metric>``; the report's column, labelled ``label``); ``threads``:
     it sets torch's threads to the cell's; ``chance_collapses``: a headline at chance level
     marks the cell collapsed; ``default``: run by every study unless ``eval.probes`` says
-    otherwise."""
+    otherwise; ``params``: the schema of each setting of its own (``eval.<key>``; the settings
+    it shares, or that came before the registry, are the YAML schema's)."""
 
     name: str
     title: str
@@ -61,8 +67,13 @@ class ProbeSpec:
     threads: bool = False
     chance_collapses: bool = False
     default: bool = False
+    params: dict[str, dict] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if set(self.params) - set(self.settings):
+            raise ValueError(
+                f"probe {self.name!r}: params {sorted(set(self.params) - set(self.settings))} are no setting"
+            )
         if set(self.flags) - set(self.settings):
             raise ValueError(
                 f"probe {self.name!r}: flags {sorted(set(self.flags) - set(self.settings))} are no setting"
@@ -126,6 +137,15 @@ SPECS: dict[str, ProbeSpec] = {
             settings=("kmeans_iterations",),
             flags=("kmeans_iterations",),
             threads=True,
+            params={
+                "kmeans_iterations": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "default": 50,
+                    "description": "the k-means probe's Lloyd iterations at most (it clusters the test features "
+                    "into as many clusters as classes, seed 0; kmeans/nmi: NMI with the labels x 100)",
+                }
+            },
         ),
     )
 }
@@ -181,3 +201,14 @@ def probe_schema(description: str) -> dict[str, Any]:
     (:data:`DEFAULT_PROBES`) and ``description`` followed by the known probes."""
     known = "; ".join(f"{n}: {s.key}{' (default)' if s.default else ''}" for n, s in SPECS.items())
     return {"default": list(DEFAULT_PROBES), "description": f"{description}. Known probes and their metric: {known}"}
+
+
+def probe_params() -> dict[str, dict]:
+    """The ``eval`` keys the probes declare (their ``params``), each a JSON schema marked
+    ``x-hash-when-set`` (at its default a cell keeps its hash), in registry order."""
+    return {k: {"x-hash-when-set": True, **sch} for s in SPECS.values() for k, sch in s.params.items()}
+
+
+def param_defaults() -> dict[str, Any]:
+    """{eval key: its default} of every probe's own settings (:func:`probe_params`)."""
+    return {k: sch.get("default") for k, sch in probe_params().items()}

@@ -67,6 +67,24 @@ def test_an_unknown_probe_and_a_bad_spec_are_refused():
         reg.probe_spec("x")
     with pytest.raises(ValueError, match="flags"):
         reg.ProbeSpec("p", "t", ".m:f", "m", "l", settings=("a",), flags=("b",))
+    with pytest.raises(ValueError, match="params"):
+        reg.ProbeSpec("p", "t", ".m:f", "m", "l", settings=("a",), params={"b": {"type": "integer"}})
+
+
+def test_a_probes_own_setting_is_a_config_key_and_a_cell_setting_from_the_registry_alone():
+    from smallbatch.cell import EvalSettings
+    from smallbatch.pipeline.cells import hashed_when_set
+    from smallbatch.pipeline.config import ConfigError, load_config
+
+    cfg = load_config(None, {"datasets": {"digits": {}}, "eval": {"kmeans_iterations": 7}})
+    assert cfg["eval"]["kmeans_iterations"] == 7
+    assert hashed_when_set()["eval"]["kmeans_iterations"] == 50  # at its default a cell keeps its hash
+    assert EvalSettings.from_dict(cfg["eval"]).setting("kmeans_iterations") == 7
+    older = {k: v for k, v in cfg["eval"].items() if k != "kmeans_iterations"}  # a cell.json from before the probe
+    assert EvalSettings.from_dict(older).setting("kmeans_iterations") == 50
+    assert EvalSettings.from_dict(older).setting("knn_t") == cfg["eval"]["knn_t"]
+    with pytest.raises(ConfigError, match="kmeans_iterations"):
+        load_config(None, {"datasets": {"digits": {}}, "eval": {"kmeans_iterations": 0}})
 
 
 def test_each_probe_function_loads_and_the_registry_loads_no_torch():

@@ -506,7 +506,7 @@ def reference_markdown() -> str:
     head = (
         "# Configuration reference\n\n"
         "Generated from `src/smallbatch/resources/config.schema.yaml` (and the loss registry in "
-        "`smallbatch.losses`) by `smallbatch config-reference > CONFIGURATION.md`; "
+        "`smallbatch.losses`, the probe registry `smallbatch.probe_registry`) by `smallbatch config-reference > CONFIGURATION.md`; "
         "`tests/pipeline/test_config.py` fails when this file and the schema differ.\n\n"
         "## Several files\n\n"
         "`snakemake --configfile A B C` and `smallbatch <command> --config A --config B --config C` "

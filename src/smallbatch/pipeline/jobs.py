@@ -338,7 +338,7 @@ def _eval_on_features(kind: str, cell: Cell | BaselineCell | dict, feats, knn_ba
     """The registry's probe ``kind`` on the features; accuracies returned in percent."""
     cell = read_cell(cell)
     spec = probe_spec(kind)
-    settings = {k: getattr(cell.eval, k) for k in spec.settings}
+    settings = {k: cell.eval.setting(k) for k in spec.settings}
     settings["seed"] = cell.seed
     settings["knn_backend"] = knn_backend or (
         "faiss-cpu" if cell.device == "cpu" else "auto"
