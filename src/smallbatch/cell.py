@@ -21,6 +21,7 @@ from types import MappingProxyType
 from typing import Any
 
 from .io import json_text
+from .probe_registry import DEFAULT_PROBES, param_defaults
 
 
 @dataclass(frozen=True)
@@ -83,10 +84,23 @@ class EvalSettings:
     fewshot_draws: int
     batch_size: int
     monitor_every: int | None = None
+    #: the probes the evaluate step runs (:mod:`smallbatch.probe_registry`); a cell.json written
+    #: before ``eval.probes`` existed ran the default ones
+    probes: tuple[str, ...] = DEFAULT_PROBES
+    #: the probes' own settings (``params`` of the registry), read by :meth:`setting`
+    probe_params: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> EvalSettings:
-        return cls(**_known(cls, d))
+        own = {k: _frozen(d.get(k, v)) for k, v in param_defaults().items()}
+        return cls(**_known(cls, d), probe_params=MappingProxyType(own))
+
+    def setting(self, key: str) -> Any:
+        """The value of ``eval.<key>``: a field, or a probe's own setting (its registry default
+        for a cell.json written before the probe existed)."""
+        if key in self.probe_params:
+            return self.probe_params[key]
+        return getattr(self, key)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -388,3 +388,22 @@ def test_a_raw_pixel_baseline_without_a_seed_is_read_as_the_constant_it_is():
     res = _analyse(runs)
     g2 = next(g for g in res[0].gates if g.name == "G2")
     assert g2.passed and "raw pixels" in g2.text and res[0].ok
+
+
+def test_an_opt_in_probes_metric_is_a_column_of_the_arms_table_never_a_contrast(tmp_path):
+    def build(runs, out):
+        ctx = ReportContext(
+            out_dir=out, tracking_uri="", experiment="x", reader=None, scale=1.0, papers=pd.DataFrame(), runs=runs
+        )
+        instrument.build(runs, ctx)
+        return (out / "tables" / "instrument_arms.md").read_text(), pd.read_csv(
+            out / "tables" / "instrument_contrasts.csv"
+        )
+
+    plain = _store()
+    with_nmi = plain.assign(**{"metrics.kmeans/nmi": [70.0 if k == "cell" else np.nan for k in plain["kind"]]})
+    arms, contrasts = build(with_nmi, tmp_path / "nmi")
+    assert "k-means NMI" in arms
+    assert "70.0 ± 0.0" in arms and "kmeans" not in set(contrasts["metric"])
+    arms_plain, contrasts_plain = build(plain, tmp_path / "plain")
+    assert "k-means NMI" not in arms_plain and contrasts_plain.equals(contrasts)

@@ -749,3 +749,42 @@ def test_ksweep_finding_when_eqco_diverges_at_small_k():
         "arm failed)."
     ) in f
     assert "exceeds" not in f  # no data set size known: no note about K > N
+
+
+def test_an_opt_in_probes_metric_gets_the_grid_tables_of_the_others(store_uri, tmp_path):
+    """A probe outside the defaults (eval.probes: k-means NMI) is listed where the grid lists its
+    metrics once its runs logged it; without it the grid is as before."""
+    s = Store(store_uri, "opt-in-probe")
+    for bs in (16, 64):
+        for seed in (0, 1):
+            final = {**_final(50.0 + bs / 16 + seed), "kmeans/nmi": 40.0 + bs / 8 + seed}
+            s.run("grid", f"digits/infonce/bs{bs}-t0.1-s{seed}", _params("grid", "infonce", bs, 0.1, seed), final)
+    index = report.build_report(store_uri, tmp_path / "rep", experiment="opt-in-probe")
+    text = index.read_text()
+    assert "4 runs, 2 cells." in text
+    got = pd.read_csv(tmp_path / "rep" / "tables" / "grid_top1_digits_kmeans.csv")
+    assert got.loc[got["batch_size"] == 16, "mean"].item() == pytest.approx(42.5)
+    assert "k-means NMI" in text
+    plain = Store(store_uri, "default-probes")
+    plain.run("grid", "digits/infonce/bs16-t0.1-s0", _params("grid", "infonce", 16, 0.1, 0), _final(50.0))
+    report.build_report(store_uri, tmp_path / "plain", experiment="default-probes")
+    assert not list((tmp_path / "plain" / "tables").glob("*kmeans*"))
+
+
+def test_the_cost_of_a_cell_counts_every_probe_it_ran():
+    from smallbatch.report.sections.cost import cost_per_run
+
+    base = {"section": "grid", "kind": "cell", "batch_size": 16, "status": "finished", "start_time": 1}
+    runs = pd.DataFrame(
+        [
+            {**base, "cell_id": "a", "metrics.knn/seconds": 1.0, "metrics.linear/seconds": 2.0},
+            {
+                **base,
+                "cell_id": "b",
+                "metrics.knn/seconds": 1.0,
+                "metrics.linear/seconds": 2.0,
+                "metrics.kmeans/seconds": 4.0,
+            },
+        ]
+    )
+    assert cost_per_run(runs).set_index("cell_id")["eval_wall_s"].to_dict() == {"a": 3.0, "b": 7.0}

@@ -25,6 +25,7 @@ try:
     from smallbatch.pipeline.config import (ConfigError, base_notice, check_data_roots, check_results_dir,
                                    load_config, resolve_tracking_uri)
     from smallbatch.cell import read_cell, snapshot_names
+    from smallbatch.probe_registry import probe_spec
     from smallbatch.pipeline.cells import baseline_cells, data_cache_settings, expand_cells, settings_hash
     from smallbatch.training.distributed import launch_command
 except ImportError as exc:  # pragma: no cover - a user without the package installed
@@ -131,6 +132,8 @@ def stamp_of(folder):
 KEEP_FEATURES = bool(config["keep_features"])
 FEATURES = f"{R}/runs/{{cell}}/features.npz"
 EVAL_FEATURES = [FEATURES] if KEEP_FEATURES else []
+# the probes' result files (eval.probes, study-wide; smallbatch.probe_registry): probe -> file name
+PROBE_FILES = {p: probe_spec(p).file for p in config["eval"]["probes"]}
 
 
 RUN_LOCK = {}
@@ -355,10 +358,10 @@ def cell_dir(cell_id):
     return f"{R}/runs/{cell_id}"
 
 
-CELL_OUTPUTS = [f"{cell_dir(c)}/{f}.json" for c in CELLS for f in ("knn", "linear")]
+CELL_OUTPUTS = [f"{cell_dir(c)}/{f}" for c in CELLS for f in PROBE_FILES.values()]
 # every snapshot of a cell (train.snapshot_epochs) evaluated as its final checkpoint is
 CELL_OUTPUTS += [
-    f"{cell_dir(c)}/snapshots/{name}.{f}.json" for c in CELLS for name in snapshot_names(CELLS[c]) for f in ("knn", "linear")
+    f"{cell_dir(c)}/snapshots/{name}.{f}" for c in CELLS for name in snapshot_names(CELLS[c]) for f in PROBE_FILES.values()
 ]
 BASELINE_OUTPUTS = [f"{R}/{b}/result.json" for b in BASELINES]
 REPORT_INDEX = f"{R}/report/index.md"

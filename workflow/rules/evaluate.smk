@@ -1,6 +1,6 @@
-# Frozen-feature evaluation of each cell (embed + kNN + linear probe in one process, the
-# features kept in memory), and the baselines.  The single steps (`smallbatch embed`,
-# `knn`, `linear`) stay in the CLI for reruns by hand.
+# Frozen-feature evaluation of each cell (embed + the probes of eval.probes in one process, the
+# features kept in memory), and the baselines.  The single steps (`smallbatch embed`, and
+# one command per probe: `knn`, `linear`, ...) stay in the CLI for reruns by hand.
 
 
 rule evaluate:
@@ -12,8 +12,7 @@ rule evaluate:
         store=f"{R}/mlflow.ready",
     output:
         *EVAL_FEATURES,
-        knn=f"{R}/runs/{{cell}}/knn.json",
-        linear=f"{R}/runs/{{cell}}/linear.json",
+        **{p: f"{R}/runs/{{cell}}/{f}" for p, f in PROBE_FILES.items()},
     params:
         cell=cell_file,  # every output lies in the cell's folder
         hash=cell_hash,
@@ -47,8 +46,7 @@ rule evaluate_snapshot:
         data=data_cache,
         store=f"{R}/mlflow.ready",
     output:
-        knn=f"{R}/runs/{{cell}}/snapshots/{{snapshot}}.knn.json",
-        linear=f"{R}/runs/{{cell}}/snapshots/{{snapshot}}.linear.json",
+        **{p: f"{R}/runs/{{cell}}/snapshots/{{snapshot}}.{f}" for p, f in PROBE_FILES.items()},
     params:
         cell=snapshot_cell_file,  # the cell's folder's cell.json
         hash=cell_hash,

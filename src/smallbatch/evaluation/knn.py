@@ -11,7 +11,7 @@ faiss is imported lazily, by the kNN functions only.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -267,3 +267,11 @@ def knn_eval(
     result["top5"] = result[f"top5_k{k_main}"]
     result["k"] = k_main
     return result
+
+
+def run_probe(features: Sequence[Any], settings: Mapping[str, Any]) -> dict[str, float]:
+    """The registry's kNN probe (:mod:`smallbatch.probe_registry`): :func:`knn_eval` at the
+    cell's ``knn_k`` and ``knn_t`` with the ``knn_backend`` search."""
+    tr, ytr, te, yte = features
+    ks = tuple(settings["knn_k"])
+    return knn_eval(tr, ytr, te, yte, ks=ks, t=settings["knn_t"], backend=settings["knn_backend"])

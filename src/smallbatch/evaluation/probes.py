@@ -31,7 +31,7 @@ the supervised upper bound and the random-init encoder of the same network.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -50,6 +50,7 @@ __all__ = [
     "few_label_probes",
     "linear_probes",
     "gap_fraction",
+    "run_probe",
 ]
 
 
@@ -241,3 +242,27 @@ def linear_probes(
         )
     )
     return out
+
+
+def run_probe(features: Sequence[Any], settings: Mapping[str, Any]) -> dict[str, float]:
+    """The registry's linear probe (:mod:`smallbatch.probe_registry`): :func:`linear_probes`
+    at the cell's ``linear_*`` and ``fewshot_*`` settings and its ``seed``."""
+    tr, ytr, te, yte = features
+    s = settings
+    return linear_probes(
+        tr,
+        ytr,
+        te,
+        yte,
+        epochs=s["linear_iterations"],
+        lr=s["linear_lr"],
+        weight_decay=s["linear_weight_decay"],
+        seed=s["seed"],
+        optimizer=s["linear_optimizer"],
+        batch_size=s["linear_batch_size"],
+        tol=s["linear_tol"],
+        weight_decays=s["linear_weight_decays"],
+        val_fraction=s["linear_val_fraction"],
+        fewshot_fractions=s["fewshot_fractions"],
+        fewshot_draws=s["fewshot_draws"],
+    )

@@ -403,13 +403,14 @@ def cmd_export(args) -> int:
 
 
 def _cmd_probe(kind: str, args) -> int:
+    from ..probe_registry import probe_spec
     from .jobs import run_probe
 
     cell, cfg = resolve_cell(args)
     uri, exp = _tracking(args, cfg)
     out_dir = cell_folder(args, cell, cfg)
     feats = args.features or out_dir / "features.npz"
-    out = args.out or out_dir / f"{kind}.json"
+    out = args.out or out_dir / probe_spec(kind).file
     _not_an_input(out, "--out", features=feats)
     overrides = _eval_overrides(kind, args)
     if overrides:  # a look at other settings: the cell's own result and MLflow run keep the study's
@@ -428,12 +429,9 @@ def _cmd_probe(kind: str, args) -> int:
     return 0
 
 
-def cmd_knn(args) -> int:
-    return _cmd_probe("knn", args)
-
-
-def cmd_linear(args) -> int:
-    return _cmd_probe("linear", args)
+def cmd_probe(args) -> int:
+    """``smallbatch <probe>``: a probe of the registry (:mod:`smallbatch.probe_registry`) on a cell's features."""
+    return _cmd_probe(args.probe, args)
 
 
 def _eval_overrides(kind: str, args) -> dict:
@@ -584,8 +582,7 @@ FILE_OUTPUTS = {
     "cmd_embed": "out",
     "cmd_evaluate": "features",
     "cmd_export": "out",
-    "cmd_knn": "out",
-    "cmd_linear": "out",
+    "cmd_probe": "out",
     "cmd_baseline": "out",
     "cmd_mi": "out",
 }

@@ -12,10 +12,12 @@ parent                    flags
 ``training``              --epochs, --steps, --lr, --optimizer, --backbone, ... (pretrain)
 ``kNN probe``             --knn-k, --knn-t, --knn-backend (knn)
 ``linear probe``          --linear-iterations, --linear-weight-decay(s), --linear-optimizer
+``<probe> probe``         --<flag> for each of its registry ``flags`` (the other probes)
 ``tracking``              --tracking-uri, --experiment
 ``data and device``       --data-cache, --device
 ========================  ==========================================================
 
+Each probe of :mod:`smallbatch.probe_registry` is a command of its name (``cmd_probe``).
 Each subcommand's ``func`` is the name of its ``cmd_*`` function in :mod:`smallbatch.pipeline.cli`
 (no import cycle).  Imports nothing heavy: the workflow's jobs parse their arguments
 before anything else, so a bad flag is reported without importing torch.
@@ -24,9 +26,12 @@ before anything else, so a bad flag is reported without importing torch.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..probe_registry import SPECS as PROBE_SPECS
 
 DATASET_NAMES = (
     "fashion_mnist | fashion_mnist_pairs | fashion_mnist_triples | digits | cifar10 | cifar100 | stl10 | imagefolder"
@@ -34,10 +39,10 @@ DATASET_NAMES = (
 DEVICES = ["auto", "cpu", "cuda"]
 FEATURES_HELP = "features from 'smallbatch embed' (default: <cell folder>/features.npz)"
 #: the top-level help: what the commands do (each command's own line comes from its parser)
-DESCRIPTION = """The study's command line.
+DESCRIPTION = f"""The study's command line.
 
 cells, report and config-reference work on a whole study (its cells, its report, every config
-key); prepare-data, pretrain, evaluate, embed, knn, linear, baseline and export each run one step
+key); prepare-data, pretrain, evaluate, embed, {", ".join(PROBE_SPECS)}, baseline and export each run one step
 of one cell (what the workflow's jobs run, and by hand: smallbatch <command> --help); mi runs the
 MI toy. The workflow's own commands (init-store, warm-server) are left out of this list."""
 #: commands the workflow runs for itself: callable, but not in the top-level list
@@ -61,11 +66,8 @@ def loss_param_help() -> str:
 
 #: the training overrides of a stand-alone or --cell-id cell: flag dest -> config key train.<dest>
 TRAIN_FLAGS = ("epochs", "steps", "precision", "lr", "lr_scaling", "optimizer", "backbone", "queue_size")
-#: a probe's evaluation overrides: flag dest -> the eval.<key> it overrides for this probe
-EVAL_FLAGS = {
-    "knn": ("knn_k", "knn_t"),
-    "linear": ("linear_iterations", "linear_weight_decay", "linear_weight_decays", "linear_optimizer"),
-}
+#: a probe's evaluation overrides: probe -> the eval.<key> its flags override (flag dest = key)
+EVAL_FLAGS = {name: spec.flags for name, spec in PROBE_SPECS.items()}
 
 
 @dataclass(frozen=True)
@@ -218,6 +220,33 @@ def linear_probe() -> argparse.ArgumentParser:
     return p
 
 
+def _setting_value(text: str):
+    """A probe flag's value: JSON where it parses (a number, a list), else the text; the
+    command checks it against its ``eval`` key's schema."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def generic_probe(name: str) -> argparse.ArgumentParser:
+    """A probe's flags from its registry entry: ``--<flag>`` overrides ``eval.<flag>``."""
+    p = _parent()
+    g = p.add_argument_group(f"{name} probe", EVAL_NOTE)
+    for key in PROBE_SPECS[name].flags:
+        g.add_argument(
+            "--" + key.replace("_", "-"), type=_setting_value, metavar="VALUE", help=f"(default: eval.{key})"
+        )
+    return p
+
+
+def probe_parents() -> dict[str, argparse.ArgumentParser]:
+    """Each probe's parent parser by its name: kNN's and the linear probe's written out, the
+    others' from the registry (:func:`generic_probe`)."""
+    written = {"knn": knn_probe, "linear": linear_probe}
+    return {name: written.get(name, lambda n=name: generic_probe(n))() for name in PROBE_SPECS}
+
+
 def tracking() -> argparse.ArgumentParser:
     p = _parent()
     g = p.add_argument_group("tracking")
@@ -288,8 +317,7 @@ def build_parser(description: str = DESCRIPTION) -> argparse.ArgumentParser:
         "threads": threads(),
         "standalone": standalone_cell(),
         "training": training(),
-        "knn": knn_probe(),
-        "linear": linear_probe(),
+        **probe_parents(),
         "tracking": tracking(),
         "data": data_and_device(),
         "verbosity": verbosity(argparse.SUPPRESS),
@@ -378,13 +406,17 @@ def _cell_commands(add) -> None:
         "data",
     )
     c.add_argument("--checkpoint", type=path_value)
-    c.add_argument("--out-dir", type=path_value, help="where knn.json and linear.json go (default results/runs/<id>)")
+    c.add_argument(
+        "--out-dir",
+        type=path_value,
+        help="where each probe's <probe>.json goes (eval.probes; default results/runs/<id>)",
+    )
     c.add_argument("--features", type=path_value, help="also write the features to this .npz")
     c.add_argument(
         "--snapshot",
         help="evaluate the snapshot of this budget (ep<e>, train.snapshot_epochs) instead of the final checkpoint: "
         "--checkpoint defaults to <cell folder>/snapshots/<snapshot>.pt, the results go to "
-        "<out-dir>/<snapshot>.knn.json and .linear.json (default out-dir <cell folder>/snapshots)",
+        "<out-dir>/<snapshot>.<probe>.json (default out-dir <cell folder>/snapshots)",
     )
 
     c = add(
@@ -407,23 +439,11 @@ def _cell_commands(add) -> None:
 
 
 def _probe_commands(add) -> None:
-    c = add(
-        "knn",
-        "weighted kNN (InstDisc) on a cell's frozen features: faiss, or torch on a GPU without faiss-gpu",
-        "which",
-        "standalone",
-        "threads",
-        "knn",
-        "tracking",
-    )
-    c.add_argument("--features", type=path_value, help=FEATURES_HELP)
-    c.add_argument("--out", type=path_value, help="result JSON (default: <cell folder>/knn.json)")
-
-    c = add(
-        "linear", "linear probe on a cell's frozen features", "which", "standalone", "threads", "linear", "tracking"
-    )
-    c.add_argument("--features", type=path_value, help=FEATURES_HELP)
-    c.add_argument("--out", type=path_value, help="result JSON (default: <cell folder>/linear.json)")
+    for name, spec in PROBE_SPECS.items():  # one command per probe of the registry
+        c = add(name, spec.title, "which", "standalone", "threads", name, "tracking", func="cmd_probe")
+        c.set_defaults(probe=name)
+        c.add_argument("--features", type=path_value, help=FEATURES_HELP)
+        c.add_argument("--out", type=path_value, help=f"result JSON (default: <cell folder>/{spec.file})")
 
     c = add(
         "baseline",

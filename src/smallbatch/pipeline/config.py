@@ -40,6 +40,7 @@ def validate_config(cfg: dict) -> dict:
         raise ConfigError(_one_line(max(errors, key=lambda e: len(e.absolute_path)), schema))
     _check_results_dir_value(cfg.get("results_dir"))
     _check_loss_entries(cfg)
+    _check_probes(cfg)
     _check_sections(cfg)
     _check_augment(cfg)
     _check_tracking_uri(cfg)
@@ -96,6 +97,15 @@ def _check_loss_entries(cfg: dict) -> None:
                         f"config key '{where}.losses[{i}].{key}' is not a parameter of {name}; "
                         f"its parameters: {', '.join(allowed) or 'none'}"
                     )
+
+
+def _check_probes(cfg: dict) -> None:
+    """``eval.probes`` names probes of the registry, each once (:mod:`smallbatch.probe_registry`)."""
+    from ..probe_registry import probes_problem
+
+    problem = probes_problem(cfg["eval"]["probes"])
+    if problem:
+        raise ConfigError(problem)
 
 
 def _check_sections(cfg: dict) -> None:
@@ -498,7 +508,7 @@ def reference_markdown() -> str:
     head = (
         "# Configuration reference\n\n"
         "Generated from `src/smallbatch/resources/config.schema.yaml` (and the loss registry in "
-        "`smallbatch.losses`) by `smallbatch config-reference > CONFIGURATION.md`; "
+        "`smallbatch.losses`, the probe registry `smallbatch.probe_registry`) by `smallbatch config-reference > CONFIGURATION.md`; "
         "`tests/pipeline/test_config.py` fails when this file and the schema differ.\n\n"
         "## Several files\n\n"
         "`snakemake --configfile A B C` and `smallbatch <command> --config A --config B --config C` "

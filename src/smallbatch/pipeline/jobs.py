@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..cell import BaselineCell, Cell, read_cell, snapshot_names
 from ..io import write_json
+from ..probe_registry import probe_function, probe_spec
 from .cells import flat_params
 
 
@@ -334,8 +335,10 @@ def run_embed(
 
 
 # --------------------------------------------------------------------------- probes
-#: the probes the evaluate step runs, each written to ``<cell>/<probe>.json``
-PROBES = ("knn", "linear")
+def cell_probes(cell: Cell | BaselineCell) -> tuple[str, ...]:
+    """The probes the evaluate step runs on the cell (``eval.probes``), each written to
+    ``<cell>/<probe>.json`` (:mod:`smallbatch.probe_registry`)."""
+    return tuple(cell.eval.probes)
 
 
 def _percent(metrics: dict) -> dict:
@@ -346,36 +349,15 @@ def _percent(metrics: dict) -> dict:
 
 
 def _eval_on_features(kind: str, cell: Cell | BaselineCell | dict, feats, knn_backend: str | None = None) -> dict:
-    """kNN or linear probe; accuracies returned in percent."""
-    from ..evaluation import knn
-
+    """The registry's probe ``kind`` on the features; accuracies returned in percent."""
     cell = read_cell(cell)
-    tr_f, tr_y, te_f, te_y = feats
-    ev = cell.eval
-    backend = knn_backend or ("faiss-cpu" if cell.device == "cpu" else "auto")  # a cpu study stays off a GPU
-    if kind == "knn":
-        return _percent(knn.knn_eval(tr_f, tr_y, te_f, te_y, ks=tuple(ev.knn_k), t=ev.knn_t, backend=backend))
-    from ..evaluation import probes  # the linear probe (L2 chosen on a validation split when asked) + few-label probes
-
-    return _percent(
-        probes.linear_probes(
-            tr_f,
-            tr_y,
-            te_f,
-            te_y,
-            epochs=ev.linear_iterations,
-            lr=ev.linear_lr,
-            weight_decay=ev.linear_weight_decay,
-            seed=cell.seed,
-            optimizer=ev.linear_optimizer,
-            batch_size=ev.linear_batch_size,
-            tol=ev.linear_tol,
-            weight_decays=ev.linear_weight_decays,
-            val_fraction=ev.linear_val_fraction,
-            fewshot_fractions=ev.fewshot_fractions,
-            fewshot_draws=ev.fewshot_draws,
-        )
-    )
+    spec = probe_spec(kind)
+    settings = {k: cell.eval.setting(k) for k in spec.settings}
+    settings["seed"] = cell.seed
+    settings["knn_backend"] = knn_backend or (
+        "faiss-cpu" if cell.device == "cpu" else "auto"
+    )  # a cpu study stays off a GPU
+    return _percent(probe_function(kind)(feats, settings))
 
 
 def check_features_cell(meta: dict, cell: Cell | BaselineCell | dict, path: Path) -> None:
@@ -400,12 +382,13 @@ def run_probe(
     experiment: str,
     knn_backend: str | None = None,
 ) -> dict:
-    """kind = 'knn' | 'linear': evaluate the cell's frozen features file, write JSON (unless
-    ``out`` is None), log to the cell's run (once: a rerun does not log the same step again)."""
+    """kind: a probe of the registry (:mod:`smallbatch.probe_registry`): evaluate the cell's
+    frozen features file, write JSON (unless ``out`` is None), log to the cell's run (once: a
+    rerun does not log the same step again)."""
     from ..evaluation import embed
 
     cell = Cell.of(cell)
-    if kind in ("linear",):
+    if probe_spec(kind).threads:
         _threads(cell)
     tr_f, tr_y, te_f, te_y, meta = embed.load_features(features)
     check_features_cell(meta, cell, Path(features))
@@ -477,13 +460,13 @@ def run_evaluate(
     features: Path | None = None,
     snapshot: str | None = None,
 ) -> dict:
-    """Embed, kNN and linear probe of one cell in one process (the features stay in memory;
-    ``features``: also write them there).  Writes ``knn.json`` and ``linear.json`` in
-    ``out_dir``, as the separate steps do, and first ``representation.json``: what the
+    """Embed and the probes of one cell (:func:`cell_probes`) in one process (the features stay
+    in memory; ``features``: also write them there).  Writes each probe's ``<probe>.json``
+    (``knn.json``, ``linear.json``, ...) in ``out_dir``, as the separate steps do, and first ``representation.json``: what the
     representation looks like (:mod:`smallbatch.evaluation.representation`), logged to the
     cell's run as ``repr/*``.  ``snapshot``: ``checkpoint`` is the cell's snapshot of that
     budget (``ep<e>``), evaluated by the same probes (not measured: ``repr/*`` is the final
-    network's); the results go to ``<snapshot>.knn.json`` and ``<snapshot>.linear.json`` and
+    network's); the results go to ``<snapshot>.<probe>.json`` and
     to the cell's run as ``snapshot/<snapshot>/...`` (:func:`snapshot_metrics`)."""
     from ..evaluation import embed
 
@@ -518,14 +501,21 @@ def run_evaluate(
         "representation": geometry,
         **{
             kind: _probe(
-                kind, cell, feats, meta, out_dir / f"{name}{kind}.json", tracking_uri, experiment, budget=budget
+                kind,
+                cell,
+                feats,
+                meta,
+                out_dir / f"{name}{probe_spec(kind).file}",
+                tracking_uri,
+                experiment,
+                budget=budget,
             )
-            for kind in PROBES
+            for kind in cell_probes(cell)
         },
     }
 
 
-#: the evaluation's file of :func:`_representation`, beside ``knn.json`` and ``linear.json``
+#: the evaluation's file of :func:`_representation`, beside the probes' ``<probe>.json``
 REPRESENTATION = "representation.json"
 
 
@@ -567,7 +557,8 @@ def _probe_status(kind: str, metrics: dict, meta: dict, te_y, tr_y) -> str:
     if meta.get("pretrain_status") == "collapsed":
         return "collapsed"
     n_classes = int(max(te_y.max(), tr_y.max())) + 1
-    if kind == "knn" and health.at_chance(metrics["top1"], len(te_y), n_classes):
+    spec = probe_spec(kind)
+    if spec.chance_collapses and health.at_chance(metrics[spec.metric], len(te_y), n_classes):
         return "collapsed"
     return "finished"
 
@@ -585,19 +576,18 @@ def _log_probe(cell: Cell, uri: str, experiment: str, numeric: dict, status: str
         return run
     if status == "collapsed":
         run.set_status("collapsed")
-    _maybe_finish(run)
+    _maybe_finish(run, cell)
     return run
 
 
-def _maybe_finish(run) -> None:
-    """Mark the run finished once pretraining succeeded, both probes are logged and
-    nothing marked the cell collapsed."""
+def _maybe_finish(run, cell: Cell) -> None:
+    """Mark the run finished once pretraining succeeded, every probe of the cell is logged
+    and nothing marked the cell collapsed."""
     from .. import tracking
 
     m, tags = run.metrics(), run.tags()
     if (
-        "knn/top1" in m
-        and "linear/top1" in m
+        all(probe_spec(p).key in m for p in cell_probes(cell))
         and tags.get(tracking.TAG_PRETRAIN) == "finished"
         and tags.get(tracking.TAG_STATUS) not in tracking.BAD_STATUSES
     ):
@@ -644,7 +634,7 @@ def run_baseline(
         raise ValueError(f"baseline must be raw_pixels, random_init or supervised, not {cell.baseline!r}")
     feats = (tr_f, d.train_y.numpy(), te_f, d.test_y.numpy())
     numeric, run = {}, None
-    for kind in ("knn", "linear"):
+    for kind in cell_probes(cell):
         m = _eval_on_features(kind, cell, feats)
         numeric.update({f"{kind}/{k}": float(v) for k, v in m.items() if isinstance(v, (int, float))})
     numeric["baseline/wall_s"] = time.perf_counter() - t0  # features and both probes (the cost table)

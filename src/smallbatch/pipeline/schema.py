@@ -27,7 +27,9 @@ _SCHEMA_CACHE: dict[str, Any] = {}
 
 def load_schema() -> dict:
     """The config schema: the YAML file plus the loss names and parameters of
-    ``smallbatch.losses.registry.SPECS`` (filled into the keys marked ``x-loss-*``)."""
+    ``smallbatch.losses.registry.SPECS`` (filled into the keys marked ``x-loss-*``) and the
+    probes of ``smallbatch.probe_registry.SPECS`` (their names into the key marked
+    ``x-probe-names``, their own settings into the section marked ``x-probe-params``)."""
     path = schema_path()
     key = str(path)
     if key not in _SCHEMA_CACHE:
@@ -38,6 +40,7 @@ def load_schema() -> dict:
 
 def _with_losses(schema: dict) -> dict:
     from ..losses.registry import config_schema
+    from ..probe_registry import probe_params, probe_schema
 
     parts = config_schema()
     # a loss parameter may be infinite where its loss allows it (DCLW's sigma = inf is
@@ -54,6 +57,10 @@ def _with_losses(schema: dict) -> dict:
                 node["properties"] = copy.deepcopy(parts["loss_params"])
             if node.get("x-loss-entry"):
                 node["properties"].update(copy.deepcopy(parts["entry_params"]))
+            if node.get("x-probe-names"):
+                node.update(probe_schema(node.get("description", "")))
+            if node.get("x-probe-params"):
+                node["properties"].update(probe_params())
             for v in node.values():
                 walk(v)
         elif isinstance(node, list):

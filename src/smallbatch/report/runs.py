@@ -13,6 +13,8 @@ import numpy as np
 import pandas as pd
 
 from ..losses.registry import canonical_name, display_name, loss_param_names
+from ..probe_registry import SPECS as PROBE_SPECS
+from ..probe_registry import report_labels, report_metrics
 from ..tracking import (
     BAD_STATUSES,
     NON_RESULT_KINDS,
@@ -25,9 +27,23 @@ from ..tracking import (
 )
 from .fmt import ABSENT
 
-#: short metric name -> MLflow metric key of the final top-1 accuracy
-METRICS = {"knn": "knn/top1", "linear": "linear/top1"}
-METRIC_LABELS = {"knn": "kNN top-1", "linear": "linear top-1"}
+#: short metric name (the probe's) -> MLflow metric key of its headline metric, for the probes
+#: every study runs (smallbatch.probe_registry: the final top-1 accuracies)
+METRICS = report_metrics()
+#: every probe's headline label, by its short name
+METRIC_LABELS = report_labels()
+
+
+def shown_metrics(runs: pd.DataFrame) -> dict[str, str]:
+    """:data:`METRICS` and each other probe's headline key that some run of ``runs`` logged (an
+    opt-in probe of ``eval.probes``): the metrics a table of these runs lists, in registry order."""
+
+    def logged(key: str) -> bool:
+        return f"metrics.{key}" in runs and bool(runs[f"metrics.{key}"].notna().any())
+
+    return {n: s.key for n, s in PROBE_SPECS.items() if n in METRICS or logged(s.key)}
+
+
 #: the params that define a cell (with a section's own axes); the others may label it
 CELL_KEYS = ("dataset", "loss", "batch_size", "temperature")
 #: params that never tell two cells apart on their own (grid axes, seed, derived values)

@@ -1,8 +1,9 @@
 """Section 'cost': wall and CPU seconds per run and per study section, from the store alone.
 
 A cell's wall seconds are its pretraining's (``train/wall_s``, over resumes) plus its probes'
-(``knn/seconds``, ``linear/seconds``); its CPU seconds the same steps' process CPU time
-(``train/cpu_s``, ``knn/cpu_s``, ``linear/cpu_s``: every thread of the process).  A baseline's
+(``<probe>/seconds`` of each probe of :mod:`smallbatch.probe_registry` it ran: ``knn``,
+``linear``, ...); its CPU seconds the same steps' process CPU time (``train/cpu_s``,
+``<probe>/cpu_s``: every thread of the process).  A baseline's
 are its whole job's (``baseline/wall_s``, ``baseline/cpu_s``: features and both probes), an MI
 row's its training and readout (``mi/seconds``, ``mi/cpu_s``; the critics trained together share
 theirs equally).  A run that logged none of them (one from before they were logged) reads blank,
@@ -13,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ...probe_registry import SPECS as PROBE_SPECS
 from ..context import ReportContext, SectionOutput
 from ..runs import newest
 from ..tables import markdown_table
@@ -21,8 +23,8 @@ from ..tables import markdown_table
 PARTS = (
     ("train_wall_s", ("train/wall_s",)),
     ("train_cpu_s", ("train/cpu_s",)),
-    ("eval_wall_s", ("knn/seconds", "linear/seconds")),
-    ("eval_cpu_s", ("knn/cpu_s", "linear/cpu_s")),
+    ("eval_wall_s", tuple(f"{p}/seconds" for p in PROBE_SPECS)),  # every probe of the registry the run logged
+    ("eval_cpu_s", tuple(f"{p}/cpu_s" for p in PROBE_SPECS)),
     ("other_wall_s", ("mi/seconds", "baseline/wall_s")),
     ("other_cpu_s", ("mi/cpu_s", "baseline/cpu_s")),
 )

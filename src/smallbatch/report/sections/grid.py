@@ -17,7 +17,7 @@ from ...losses.registry import loss_rank
 from ..aggregate import NO_NUMBER, aggregate_cells, pivot, shown, sort_by_loss
 from ..context import ReportContext, SectionOutput
 from ..fmt import signed, slug
-from ..runs import METRIC_LABELS, METRICS, optimiser_steps, select_cells
+from ..runs import METRIC_LABELS, optimiser_steps, select_cells, shown_metrics
 from ..tables import markdown_table
 from .baselines import best_baseline_values, best_baselines
 from .grid_figures import FIGURES
@@ -177,11 +177,12 @@ def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
         out.markdown = "No grid cells (runs with kind 'cell' and experiment 'grid') in this experiment.\n"
         return out
     out.run_ids = set(cells["run_id"])
+    metrics = shown_metrics(cells)  # the default probes' and any opt-in probe's the cells logged
     best = best_baselines(runs, ctx.scale)
     base_values = best_baseline_values(runs, ctx.scale)
     agg = _with_gain(
         sort_by_loss(
-            aggregate_cells(cells, KEYS, ctx.scale, values=True),
+            aggregate_cells(cells, KEYS, ctx.scale, metrics, values=True),
             ["dataset", "metric", "temperature", "loss", "label", "batch_size"],
         ),
         best,
@@ -189,13 +190,13 @@ def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
     dep = dependence(agg, budget(cells, optimiser_steps(cells)))
     pool = pooled_changes(dep)
     seed_note = _seed_note(agg)
-    md = [f"{len(cells)} runs, {len(agg) // max(len(METRICS), 1)} cells. Top-1 in percent, {seed_note}.\n"]
+    md = [f"{len(cells)} runs, {len(agg) // max(len(metrics), 1)} cells. Top-1 in percent, {seed_note}.\n"]
     figs_md = []
     for ds in sorted(agg["dataset"].unique()):
         md.append(f"### {dataset_name(ds)}\n")
         a_ds = agg[agg["dataset"] == ds]
         out.findings += [batch_finding(dep, pool, ds, t) for t in sorted(a_ds["temperature"].unique())]
-        for m in METRICS:
+        for m in metrics:
             a = a_ds[a_ds["metric"] == m]
             if a.empty:
                 continue

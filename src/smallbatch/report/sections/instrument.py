@@ -34,6 +34,7 @@ from ..runs import select_cells
 from .baselines import baseline_runs
 from .instrument_budgets import (
     METRICS,
+    OPT_IN,
     PRIMARY,
     VAL_METRIC,
     Unit,
@@ -247,15 +248,17 @@ def _arm_table(rows: pd.DataFrame, results: list[UnitResult]) -> pd.DataFrame:
         for arm, a in r.arms.items()
     }
     out = []
+    labels = {**METRICS, **OPT_IN}  # an opt-in probe's metric is a column where some run logged it
+    shown = [*METRICS, *(m for m in OPT_IN if m in rows and rows[m].notna().any())]
     keys = ["dataset", "temperature", "budget", "epochs", "steps", "images", "arm", "lr", "peak_lr"]
     for k, g in rows[~rows["status"].isin(BAD_STATUSES)].groupby(keys, sort=True, dropna=False):
         rec = dict(zip(keys, k))
         rec["label"] = arm_label(rec["arm"])
         rec["read"] = (rec["dataset"], rec["temperature"], rec["budget"], rec["arm"], rec["lr"]) in read
-        for m in METRICS:
+        for m in shown:
             v = g[m].dropna()
             out.append(
-                {**rec, "metric": m, "metric_label": METRICS[m][1], "mean": v.mean(), "sd": v.std(), "seeds": len(v)}
+                {**rec, "metric": m, "metric_label": labels[m][1], "mean": v.mean(), "sd": v.std(), "seeds": len(v)}
             )
     return pd.DataFrame(out)
 
@@ -267,7 +270,8 @@ def _arm_display(arms: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
         lab = [f"{lb}, lr {short(lr)}" if several else lb for lb, lr in zip(g["label"], g["lr"])]
         t = g.assign(label=lab, v=[f"{num(m)} ± {num(s)}" if finite(m) else "—" for m, s in zip(g["mean"], g["sd"])])
         t = t.pivot_table(index="label", columns="metric_label", values="v", aggfunc="first")
-        t = t[[lab for _, lab in METRICS.values() if lab in t.columns]].reset_index().rename(columns={"label": "arm"})
+        order = [lab for _, lab in {**METRICS, **OPT_IN}.values() if lab in t.columns]
+        t = t[order].reset_index().rename(columns={"label": "arm"})
         blocks.append((f"{ds}, τ {short(tau)}, budget {budget} (mean ± sd over seeds, top-1 %)", t))
     return blocks
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import pandas as pd
 
+from ...probe_registry import SPECS as PROBE_SPECS
 from ...tracking import BAD_STATUSES
 from ..fmt import finite, short
 
@@ -41,6 +42,9 @@ METRICS = {
     "knn200": ("knn/top1_k200", "kNN@200"),
 }
 PRIMARY = next(iter(METRICS))
+#: the opt-in probes' headline metrics (smallbatch.probe_registry: not run unless eval.probes names
+#: them), short name -> (MLflow key, label): a column of the arms table where runs logged them, never contrasted
+OPT_IN = {n: (s.key, s.label) for n, s in PROBE_SPECS.items() if not s.default}
 #: the metric the learning rate is chosen on: the linear probe's top-1 on the validation split
 VAL_METRIC = "linear/val_top1"
 #: a snapshot's ``snapshot/<name>/status`` code -> its outcome (``smallbatch.pipeline.jobs.SNAPSHOT_STATUS``)
@@ -105,7 +109,7 @@ def _final_budget(row: pd.Series) -> dict:
 
 
 def _values(row: pd.Series, prefix: str) -> dict:
-    out = {m: _num(row.get(f"metrics.{prefix}{key}")) for m, (key, _) in METRICS.items()}
+    out = {m: _num(row.get(f"metrics.{prefix}{key}")) for m, (key, _) in {**METRICS, **OPT_IN}.items()}
     out["val"] = _num(row.get(f"metrics.{prefix}{VAL_METRIC}"))
     return out
 
@@ -135,7 +139,7 @@ def _snapshots(row: pd.Series, final_steps: float) -> list[dict]:
 def budget_rows(cells: pd.DataFrame, scale: float) -> pd.DataFrame:
     """One row per cell and budget: ``dataset, temperature, arm, loss, batch_size, group, extra,
     lr, peak_lr, seed, status, budget, epochs, steps, images`` and the metrics (top-1 %) of
-    :data:`METRICS` plus ``val`` (:data:`VAL_METRIC`)."""
+    :data:`METRICS` and :data:`OPT_IN` plus ``val`` (:data:`VAL_METRIC`)."""
     rows = []
     for _, r in cells.iterrows():
         lr, bs = _num(r.get("params.lr")), int(r["batch_size"])
@@ -157,7 +161,7 @@ def budget_rows(cells: pd.DataFrame, scale: float) -> pd.DataFrame:
         rows += [{**base, **b} for b in [final, *_snapshots(r, final["steps"])]]
     df = pd.DataFrame(rows)
     if len(df):
-        cols = [*METRICS, "val"]
+        cols = [*METRICS, *OPT_IN, "val"]
         df[cols] = df[cols].astype(float) * scale
     return df
 
