@@ -176,6 +176,14 @@ class BaselineCell(_CellBase):
     augment: Mapping[str, Any] | None = None
     batch_size: int | None = None
 
+    @classmethod
+    def of(cls, cell: Cell | BaselineCell | Mapping[str, Any]) -> BaselineCell:
+        """``cell`` as a BaselineCell (a JSON object is read once); ValueError for a study cell."""
+        typed = read_cell(cell)
+        if not isinstance(typed, BaselineCell):
+            raise ValueError(f"cell {typed.id} is not a baseline (it names no 'baseline')")
+        return typed
+
 
 def snapshot_name(epochs: float) -> str:
     """The name of the budget of ``epochs`` (``train.snapshot_epochs``): ``ep0.3125``, ``ep5``."""

@@ -82,3 +82,17 @@ def test_run_baseline_evaluates_the_supervised_backbone_with_the_same_probes(tmp
     res = run_baseline(_digits_cell(), out, tracking_uri=None, experiment="x")
     assert res["status"] == "finished" and json.loads(out.read_text())["cell_id"] == "baselines/digits/supervised-s0"
     assert {"knn/top1", "linear/top1"} <= set(res)
+
+
+def test_a_baseline_job_refuses_a_study_cell_and_a_supervised_cell_without_its_training_keys():
+    from smallbatch.cell import BaselineCell
+    from smallbatch.pipeline.cells import expand_cells
+
+    study = next(iter(expand_cells(_config()).values()))
+    with pytest.raises(ValueError, match="is not a baseline"):
+        BaselineCell.of(study)
+    d = load_dataset("digits", None)
+    for key in ("batch_size", "augment"):
+        cell = {k: v for k, v in _digits_cell().items() if k != key}
+        with pytest.raises(ValueError, match="needs a batch_size and augment"):
+            train_supervised(cell, d.train_x, d.train_y, 10, d.mean, d.std)

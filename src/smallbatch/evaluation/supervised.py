@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from ..augment import AugmentConfig, BatchAugment
-from ..cell import BaselineCell, TrainSettings, read_cell
+from ..cell import BaselineCell, TrainSettings
 from ..models import build_backbone
 from ..training.checkpoint import StepRandom
 from ..training.optim import lr_at, make_optimizer, scaled_lr, set_lr
@@ -57,18 +57,20 @@ def train_supervised(
     ``device``). ``cell`` needs ``train``, ``augment``, ``seed`` and ``batch_size``;
     ``images`` uint8 ``(N, C, H, W)``, ``labels`` int64 ``(N,)``."""
     dev = torch.device(device)
-    cell = read_cell(cell)
+    cell = BaselineCell.of(cell)
+    bs, augment = cell.batch_size, cell.augment
+    if bs is None or augment is None:  # a supervised baseline cell has both (pipeline.cells)
+        raise ValueError(f"the supervised baseline {cell.id} needs a batch_size and augment")
     tr = cell.train
     n, c, h, _ = images.shape
     if labels.shape != (n,):
         raise ValueError(f"labels must have shape ({n},), got {tuple(labels.shape)}")
-    bs = cell.batch_size
     spe, total, warmup, peak = supervised_schedule(tr, n, bs)
     torch.manual_seed(cell.seed)
     backbone, feat_dim = build_backbone(tr.backbone, c, h, width=tr.width, pool_grid=tr.pool_grid)
     net = nn.Sequential(backbone, nn.Linear(feat_dim, int(num_classes))).to(dev)
     opt = make_optimizer(net.parameters(), tr.optimizer, peak, tr.momentum, tr.weight_decay, dev)
-    aug = BatchAugment(AugmentConfig(**cell.augment), image_size=h, channels=c, mean=mean, std=std)
+    aug = BatchAugment(AugmentConfig(**augment), image_size=h, channels=c, mean=mean, std=std)
     rng = StepRandom(cell.seed, dev)
     x_all, y_all = images.to(dev), labels.to(dev)
     net.train()
