@@ -160,3 +160,16 @@ def test_budgets_a_diverged_run_did_not_reach_finite_say_so(tmp_path, digits, ca
         cell, snapshot_path(tmp_path, "ep1"), tmp_path, tracking_uri=None, experiment="x", cache=cache, snapshot="ep1"
     )
     assert res["linear"]["status"] == res["knn"]["status"] == "diverged"
+
+
+def test_evaluate_writes_the_features_it_probed_with_their_meta(long_run, cache, tmp_path):
+    from smallbatch.evaluation.embed import load_features
+
+    cell, out, _ = long_run
+    path = tmp_path / "features.npz"
+    jobs.run_evaluate(
+        cell, out / "checkpoint.pt", tmp_path, tracking_uri=None, experiment="x", cache=cache, features=path
+    )
+    fs = load_features(path)
+    assert fs.meta["status"] == "finished" and fs.meta["cell_id"] == cell["id"]
+    assert len(fs.train_f) == len(fs.train_y) > 0 and len(fs.test_f) == len(fs.test_y) > 0

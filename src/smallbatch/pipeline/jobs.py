@@ -13,14 +13,21 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ..cell import BaselineCell, Cell, read_cell, snapshot_names
 from ..io import write_json
 from ..probe_registry import probe_function, probe_spec
 from .cells import flat_params
 
+if TYPE_CHECKING:
+    import numpy as np
 
-def _threads(cell: Cell) -> None:
+    #: a cell's (train_f, train_y, test_f, test_y), as :func:`_cell_features` embeds them
+    Features = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+def _threads(cell: Cell | BaselineCell) -> None:
     """A job's torch: the cell's threads, and optimisers that import no compiler (a cell
     that compiles its step restores torch's wrappers: TrainStep.compile)."""
     import torch
@@ -290,7 +297,7 @@ def _cell_model(cell: Cell, ck: dict, cache: Path | None, device: str | None):
     return d, model, dev
 
 
-def _cell_features(cell: Cell, d, model, dev):
+def _cell_features(cell: Cell, d, model, dev) -> Features:
     """(train_f, train_y, test_f, test_y) of the model's frozen backbone."""
     from ..evaluation import embed
 
@@ -412,7 +419,7 @@ def _probe(
     the budget (epochs, steps, images seen) and its status as ``snapshot/<name>/status``
     (:data:`SNAPSHOT_STATUS`), the cell's own status untouched."""
     if meta.get("status") == "diverged":
-        result = {"status": "diverged", "cell_id": cell.id}
+        result: dict[str, Any] = {"status": "diverged", "cell_id": cell.id}
         if budget is not None and uri:
             _log_probe(cell, uri, experiment, snapshot_metrics(budget, {}, "diverged"), None)
         if out is not None:
@@ -425,9 +432,10 @@ def _probe(
     numeric[f"{kind}/cpu_s"] = time.process_time() - c0  # every thread's CPU time (the cost table)
     status = _probe_status(kind, metrics, meta, feats[3], feats[1])
     result = {"status": status, "cell_id": cell.id, **numeric}
-    if budget is not None:
-        numeric, status = snapshot_metrics(budget, numeric, status), None
-    run = _log_probe(cell, uri, experiment, numeric, status) if uri else None
+    log_status: str | None = status
+    if budget is not None:  # a snapshot's: the cell's own status is left alone
+        numeric, log_status = snapshot_metrics(budget, numeric, status), None
+    run = _log_probe(cell, uri, experiment, numeric, log_status) if uri else None
     if out is not None:
         write_json(out, result)  # only once logged: a failing store leaves no result file
         if run is not None:
@@ -478,8 +486,9 @@ def run_evaluate(
     ck, meta = _load_cell_checkpoint(cell, checkpoint, snapshot)
     t0 = time.perf_counter()
     out_dir = Path(out_dir)
+    feats: Features | None = None
     if ck.get("status") == "diverged":
-        feats, meta = None, {"status": "diverged", **meta}
+        meta = {"status": "diverged", **meta}
         if features is not None:
             embed.save_status_features(features, meta)
         parts = None
@@ -608,7 +617,7 @@ def run_baseline(
     from ..evaluation import embed
     from ..training import loop as train
 
-    cell = read_cell(cell)
+    cell = BaselineCell.of(cell)
     _threads(cell)
     t0, c0 = time.perf_counter(), time.process_time()
     d = load_cell_data(cell, cache)
