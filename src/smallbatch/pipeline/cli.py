@@ -23,6 +23,7 @@ import math
 import os
 import sys
 from pathlib import Path
+from typing import Any, Literal, overload
 
 from ..cell import BaselineCell, Cell, read_cell
 from .cli_parser import EVAL_FLAGS, TRAIN_FLAGS
@@ -40,6 +41,12 @@ def _coerce(v: str):
     return {"none": None, "null": None, "true": True, "false": False}.get(v.lower(), v)
 
 
+# the kind of cell follows ``baseline``: study cells come from a config's grid or the flags, and
+# a baseline is named only by --cell or --cell-json (cmd_baseline), read as the kind asked for
+@overload
+def resolve_cell(args, baseline: Literal[False] = False) -> tuple[Cell, dict]: ...
+@overload
+def resolve_cell(args, baseline: Literal[True]) -> tuple[BaselineCell, dict]: ...
 def resolve_cell(args, baseline: bool = False) -> tuple[Cell | BaselineCell, dict]:
     """(cell, config) from the arguments, the cell typed (:mod:`smallbatch.cell`); raises
     ValueError with one line.  ``baseline``: a --cell file must hold a baseline cell (else a
@@ -78,12 +85,12 @@ def resolve_cell(args, baseline: bool = False) -> tuple[Cell | BaselineCell, dic
                 + (f"; did you mean {', '.join(near)}?" if near else "")
             )
         return read_cell(cells[args.cell_id]), cfg
-    cell, cfg = _standalone_cell(args, overrides)
-    return read_cell(cell), cfg
+    obj, cfg = _standalone_cell(args, overrides)
+    return read_cell(obj), cfg
 
 
 #: every flag of the stand-alone group (_add_cell_args), with its empty value
-STANDALONE_FLAGS = {
+STANDALONE_FLAGS: dict[str, Any] = {
     "dataset": None,
     "data_root": None,
     "loss": None,
@@ -261,8 +268,8 @@ def cmd_cells(args) -> int:
     from .config import load_config
 
     cfg = load_config(args.config or [Path("config.yaml")])
-    cells = {cid: read_cell(c) for cid, c in expand_cells(cfg).items()}
-    base = {bid: read_cell(c) for bid, c in baseline_cells(cfg).items()}
+    cells = {cid: Cell.of(c) for cid, c in expand_cells(cfg).items()}
+    base = {bid: BaselineCell.of(c) for bid, c in baseline_cells(cfg).items()}
     if args.write:
         from ..io import write_json
         from .config import check_results_dir
@@ -460,7 +467,7 @@ def cmd_baseline(args) -> int:
         cells = baseline_cells(cfg)
         if args.cell_id not in cells:
             raise ValueError(f"no baseline {args.cell_id!r}; baselines of this config: {', '.join(cells)}")
-        cell = read_cell(cells[args.cell_id])
+        cell = BaselineCell.of(cells[args.cell_id])
         cell = cell.replaced(threads=args.threads) if args.threads else cell
     from .jobs import run_baseline
 
