@@ -69,9 +69,18 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from .augment_config import MEANINGS, RECIPES, AugmentConfig
+from .augment_config import MEANINGS, RECIPES, AugmentConfig, AugmentSettings
 
-__all__ = ["AugmentConfig", "BatchAugment", "MEANINGS", "RECIPES", "normalize", "rgb_to_hsv", "hsv_to_rgb"]
+__all__ = [
+    "AugmentConfig",
+    "AugmentSettings",
+    "BatchAugment",
+    "MEANINGS",
+    "RECIPES",
+    "normalize",
+    "rgb_to_hsv",
+    "hsv_to_rgb",
+]
 
 _CROP_TRIES = 10  # torchvision's RandomResizedCrop tries this many (scale, ratio) draws
 
@@ -188,24 +197,26 @@ class BatchAugment:
         if channels not in (1, 3):
             raise ValueError(f"channels must be 1 or 3; got {channels!r}")
         self.cfg = cfg
+        #: the parameters as they were when this augmentation was made (each one set)
+        self.settings = st = cfg.resolved()
         self.size = image_size
         self.channels = channels
         self.mean = _stats(mean, channels, "mean")
         self.std = _stats(std, channels, "std")
-        s = cfg.jitter_strength
+        s = st.jitter_strength
         self._ranges = (
-            (max(0.0, 1.0 - cfg.brightness * s), 1.0 + cfg.brightness * s),
-            (max(0.0, 1.0 - cfg.contrast * s), 1.0 + cfg.contrast * s),
-            (max(0.0, 1.0 - cfg.saturation * s), 1.0 + cfg.saturation * s),
-            (-cfg.hue * s, cfg.hue * s),
+            (max(0.0, 1.0 - st.brightness * s), 1.0 + st.brightness * s),
+            (max(0.0, 1.0 - st.contrast * s), 1.0 + st.contrast * s),
+            (max(0.0, 1.0 - st.saturation * s), 1.0 + st.saturation * s),
+            (-st.hue * s, st.hue * s),
         )
         colour_ops = (0, 1, 2, 3) if channels == 3 else (0, 1)
         identity = (1.0, 1.0, 1.0, 0.0)
         # ops whose range is not a single identity point
         self._active_ops = tuple(o for o in colour_ops if self._ranges[o] != (identity[o], identity[o]))
         self.blur_kernel = 0
-        if cfg.blur_p > 0 and image_size >= cfg.blur_min_size:
-            k = max(3, int(cfg.blur_kernel_frac * image_size))
+        if st.blur_p > 0 and image_size >= st.blur_min_size:
+            k = max(3, int(st.blur_kernel_frac * image_size))
             self.blur_kernel = k if k % 2 == 1 else k + 1
         self._constants: dict[torch.device, tuple[torch.Tensor, ...]] = {}
 
@@ -236,7 +247,7 @@ class BatchAugment:
 
     def _crop_boxes(self, u: torch.Tensor, height: int, width: int) -> torch.Tensor:
         """Per-sample crop (x0, y0, w, h) in pixels, torchvision's RandomResizedCrop rule, continuous."""
-        cfg = self.cfg
+        cfg = self.settings
         area = float(height * width)
         lo_s, hi_s = cfg.crop_scale
         lo_r, hi_r = math.log(cfg.crop_ratio[0]), math.log(cfg.crop_ratio[1])
@@ -291,7 +302,7 @@ class BatchAugment:
         whose every step is shaped by the sizes alone (per-sample choices are masks, never
         index lists), so on a GPU it never waits for the device and ``torch.compile`` sees
         one graph."""
-        cfg = self.cfg
+        cfg = self.settings
         device = x.device
         batch, channels, height, width = x.shape
         size = self.size
@@ -332,7 +343,7 @@ class BatchAugment:
         size = self.size
         box = self._crop_boxes(u_crop, height, width)
         x0, y0, w, h = box.unbind(1)
-        flip = torch.where(u_flip < self.cfg.flip_p, -1.0, 1.0)
+        flip = torch.where(u_flip < self.settings.flip_p, -1.0, 1.0)
         k = max(1, math.ceil(max(height, width) / size))
         grid = _axis_aligned_grid(
             flip * w / width, (2 * x0 + w) / width - 1, h / height, (2 * y0 + h) / height - 1, size * k
@@ -364,7 +375,7 @@ class BatchAugment:
         return views[: x.shape[0]], views[x.shape[0] :]
 
     def _blur(self, x: torch.Tensor, blurred: torch.Tensor, u_sigma: torch.Tensor) -> torch.Tensor:
-        lo, hi = self.cfg.blur_sigma
+        lo, hi = self.settings.blur_sigma
         sigma = lo + (hi - lo) * u_sigma
         ksize = self.blur_kernel
         half = ksize // 2

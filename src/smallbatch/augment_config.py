@@ -81,6 +81,28 @@ MEANINGS: dict[str, str] = {
 }
 
 
+@dataclass(frozen=True)
+class AugmentSettings:
+    """:class:`AugmentConfig`'s parameters once its recipe has filled the unset ones and they are
+    checked (:meth:`AugmentConfig.resolved`): every one set, so typed without ``None``."""
+
+    recipe: str
+    crop_scale: tuple[float, float]
+    crop_ratio: tuple[float, float]
+    flip_p: float
+    jitter_p: float
+    jitter_strength: float
+    brightness: float
+    contrast: float
+    saturation: float
+    hue: float
+    grayscale_p: float
+    blur_p: float
+    blur_sigma: tuple[float, float]
+    blur_kernel_frac: float
+    blur_min_size: int
+
+
 @dataclass
 class AugmentConfig:
     """Parameters of the augmentation (:data:`MEANINGS`); ``None`` takes the value of ``recipe``."""
@@ -135,6 +157,10 @@ class AugmentConfig:
             )
         return rows
 
+    def resolved(self) -> AugmentSettings:
+        """The parameters as they stand (each one set since ``__post_init__``), typed so."""
+        return AugmentSettings(**asdict(self))
+
     def to_dict(self) -> dict[str, Any]:
         """The resolved parameters (tuples as lists), e.g. for logging."""
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
@@ -152,7 +178,7 @@ class AugmentConfig:
                 raise ValueError(f"augment.{name} must satisfy {lo_min} < min{upper}; got {value!r}")
             setattr(self, name, (lo, hi))
 
-        def number(name: str, lo: float, hi: float | None) -> None:
+        def number(name: str, lo: float, hi: float | None) -> float:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ValueError(f"augment.{name} must be a number; got {value!r}")
@@ -160,15 +186,17 @@ class AugmentConfig:
                 bound = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
                 raise ValueError(f"augment.{name} must be {bound}; got {value!r}")
             setattr(self, name, float(value))
+            return float(value)
 
         pair("crop_scale", 0.0, 1.0)
         pair("crop_ratio", 0.0, None)
         pair("blur_sigma", 0.0, None)
         for name in ("flip_p", "jitter_p", "grayscale_p", "blur_p"):
             number(name, 0.0, 1.0)
-        for name in ("jitter_strength", "brightness", "contrast", "saturation", "hue"):
-            number(name, 0.0, None)
-        if self.hue * self.jitter_strength > 0.5:
+        jitter = {
+            name: number(name, 0.0, None) for name in ("jitter_strength", "brightness", "contrast", "saturation", "hue")
+        }
+        if jitter["hue"] * jitter["jitter_strength"] > 0.5:
             raise ValueError(
                 f"augment.hue * augment.jitter_strength must be <= 0.5; got {self.hue} * {self.jitter_strength}"
             )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -226,6 +227,16 @@ def test_recipes_resolve_their_defaults_and_overrides_stick():
     assert custom.crop_scale == (0.2, 1.0) and custom.jitter_strength == 0.5 and custom.flip_p == 0.5
     assert custom.to_dict()["crop_scale"] == [0.2, 1.0]
     assert set(RECIPES) == {"simclr", "gray_small", "none"}
+
+
+def test_the_resolved_settings_are_the_configs_values_as_the_augmentation_was_made():
+    cfg = AugmentConfig.from_dict({"recipe": "simclr", "hue": 0.1})
+    settings = cfg.resolved()
+    assert dataclasses.asdict(settings) == dataclasses.asdict(cfg)  # every key, none left None
+    assert settings.hue == 0.1 and settings.crop_scale == (0.08, 1.0) and settings.blur_min_size == 96
+    aug = BatchAugment(cfg, 8, 3, MEAN3, STD3)
+    cfg.flip_p = 0.0  # a config changed afterwards is not the augmentation's
+    assert aug.settings == settings and aug.settings.flip_p == 0.5
 
 
 @pytest.mark.parametrize(
