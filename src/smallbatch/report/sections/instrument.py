@@ -95,7 +95,9 @@ def _mean(v: dict) -> float:
 def analyse(rows: pd.DataFrame, base: dict) -> list[UnitResult]:
     """Every unit with its rates, arms, contrasts and gates."""
     small, big = batch_levels(rows)
-    out = []
+    out: list[UnitResult] = []
+    if small is None or big is None:  # no plain InfoNCE arm, so no unit (units)
+        return out
     for unit in units(rows):
         g = matched(rows, unit)
         lrs = chosen_lrs(g)
@@ -161,7 +163,8 @@ def off_rate(res: UnitResult) -> list[str]:
 # --------------------------------------------------------------------------- findings
 def gate_findings(results: list[UnitResult]) -> list[str]:
     """One line per data set, τ and budget: every gate with its numbers (G4 per view)."""
-    out, seen = [], {}
+    out: list[str] = []
+    seen: dict[tuple, list[UnitResult]] = {}
     for r in results:
         seen.setdefault(r.unit.gate_key, []).append(r)
     for rs in seen.values():
@@ -401,7 +404,7 @@ def _figure(ctx: ReportContext, results: list[UnitResult]) -> list:
     of each data set (its first τ), each arm at the rate its unit reads."""
     from ..figures import LOSS_COLORS, plot_style
 
-    last = {}
+    last: dict[str, dict[float, UnitResult]] = {}
     for r in results:
         if r.unit.view == "epochs":
             last.setdefault(r.unit.dataset, {})[r.unit.temperature] = r  # budgets come in order: the last wins
