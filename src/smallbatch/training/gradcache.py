@@ -47,7 +47,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -140,7 +140,7 @@ class _Layer:
     def __init__(self, module: _BatchNorm, plan: _Plan) -> None:
         self.m, self.plan, self.shared = module, plan, batch_statistics_shared(module)
         self.pieces: list[Tensor] = []  # (count, mean, biased var) of each chunk at this layer
-        self.count = self.mean = self.var = None  # the whole batch's (detached)
+        self.stats: tuple[Tensor, Tensor, Tensor] | None = None  # the whole batch's (count, mean, biased var), detached
         self.adj: tuple[Tensor, Tensor] | None = None  # (dL/dmean, dL/dvar) of the whole batch
         self.leaves: tuple[Tensor, Tensor] | None = None  # the statistics as leaves (adjoint sweep)
         self.calls = 0
@@ -149,15 +149,16 @@ class _Layer:
         self.calls += 1
         m = self.m
         xs = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-        if self.mean is None:
+        if self.stats is None:
             self.plan.found(self, xs)  # raises _Stop
+        count, batch_mean, batch_var = self.stats
         shape = (1, x.shape[1]) + (1,) * (x.dim() - 2)
-        mean, var = self.leaves if self.leaves is not None else (self.mean, self.var)
+        mean, var = self.leaves if self.leaves is not None else (batch_mean, batch_var)
         if self.leaves is not None:
             torch.set_grad_enabled(True)  # the graph starts here (the sweep runs without one before)
         elif self.adj is not None and torch.is_grad_enabled():
             a, b = (t.view(shape) for t in self.adj)
-            xs = _AddStatisticsGrad.apply(xs, a, b, self.mean.view(shape), self.count)
+            xs = _AddStatisticsGrad.apply(xs, a, b, batch_mean.view(shape), count)
         y = (xs - mean.view(shape)) * torch.rsqrt(var.view(shape) + m.eps)
         if m.affine:
             y = y * m.weight.view(shape) + m.bias.view(shape)
@@ -166,12 +167,19 @@ class _Layer:
     def pool(self) -> None:
         """The whole batch's statistics from the chunks' (and the processes', if shared)."""
         stats = torch.stack(self.pieces)
-        self.count, self.mean, self.var = pool_moments(gather(stats) if self.shared else stats)
+        self.stats = pool_moments(gather(stats) if self.shared else stats)
         self.pieces = []
+
+    def pooled(self) -> tuple[Tensor, Tensor, Tensor]:
+        """(count, mean, biased var) of the whole batch, once :meth:`pool` has run."""
+        if self.stats is None:
+            raise RuntimeError("a BatchNorm's batch statistics were used before a sweep pooled them")
+        return self.stats
 
     def update_running(self) -> None:
         if self.m.training and self.m.track_running_stats:
-            update_running_stats(self.m, self.mean, self.var, self.count)
+            count, mean, var = self.pooled()
+            update_running_stats(self.m, mean, var, count)
 
 
 _PLAIN_BATCHNORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm, GlobalBatchNorm)
@@ -202,16 +210,16 @@ class _Plan:
     def patched(self) -> Iterator[_Plan]:
         saved = [layer.m.__dict__.get("forward") for layer in self.layers]
         try:
-            for layer in self.layers:
-                layer.m.forward = layer.forward
+            for layer in self.layers:  # an instance attribute, as `saved` reads and `del` removes it
+                vars(layer.m)["forward"] = layer.forward
             yield self
         finally:
             for layer, fwd in zip(self.layers, saved):
                 del layer.m.forward
                 if fwd is not None:
-                    layer.m.forward = fwd
+                    vars(layer.m)["forward"] = fwd
 
-    def found(self, layer: _Layer, xs: Tensor) -> None:
+    def found(self, layer: _Layer, xs: Tensor) -> NoReturn:
         """Statistics sweep: the first layer without statistics; its chunk moments, then stop."""
         if self.target not in (None, layer):
             raise RuntimeError("a statistics sweep met a second BatchNorm without statistics")
@@ -225,18 +233,23 @@ class _Plan:
 
     def statistics(self, run_chunk: Callable[[int], Tensor], n_chunks: int) -> None:
         """Pass 1: sweeps until a chunk runs to the end (every layer has its statistics)."""
-        while True:
-            self.target = None
-            with torch.no_grad():
-                for i in range(n_chunks):
-                    try:
-                        run_chunk(i)
-                    except _Stop:
-                        continue
-                    if self.target is None:
-                        return
-                    raise RuntimeError("a statistics sweep ran a chunk to the end")  # pragma: no cover
-            self.target.pool()
+        while (target := self._sweep(run_chunk, n_chunks)) is not None:
+            target.pool()
+
+    def _sweep(self, run_chunk: Callable[[int], Tensor], n_chunks: int) -> _Layer | None:
+        """One statistics sweep: the layer whose chunk moments it gathered (:meth:`found`), or
+        None when a chunk ran to the end."""
+        self.target = None
+        with torch.no_grad():
+            for i in range(n_chunks):
+                try:
+                    run_chunk(i)
+                except _Stop:
+                    continue
+                if self.target is None:
+                    return None
+                raise RuntimeError("a statistics sweep ran a chunk to the end")  # pragma: no cover
+        return self.target
 
     def check_single_calls(self) -> None:
         for layer in self.layers:
@@ -250,7 +263,8 @@ class _Plan:
     def adjoints(self, run_chunk: Callable[[int], Tensor], grads: list[Tensor]) -> None:
         """Pass 3: each layer's ``(dL/dmean, dL/dvar)`` over the whole batch, deepest first."""
         for layer in reversed(self.order):
-            layer.leaves = tuple(t.detach().clone().requires_grad_(True) for t in (layer.mean, layer.var))
+            _, mean, var = layer.pooled()
+            layer.leaves = (mean.detach().clone().requires_grad_(True), var.detach().clone().requires_grad_(True))
             total = [torch.zeros_like(t) for t in layer.leaves]
             for i, g in enumerate(grads):
                 with torch.no_grad():  # the graph starts at the layer (_Layer.forward)
@@ -263,7 +277,8 @@ class _Plan:
             adj = torch.cat(total)
             if layer.shared:
                 dist.all_reduce(adj, op=dist.ReduceOp.SUM)
-            layer.adj = tuple(adj.chunk(2))
+            d_mean, d_var = adj.chunk(2)
+            layer.adj = (d_mean, d_var)
 
     def update_running(self) -> None:
         for layer in self.order:
