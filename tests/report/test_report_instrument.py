@@ -293,6 +293,19 @@ def test_each_batch_size_is_read_at_its_validated_rate_never_the_test_best():
     assert "at the validated lr (B=16: lr 0.001, B=256: lr 0.001)" in _text(res)
 
 
+def test_a_run_still_training_is_no_seed_of_the_learning_rate_table():
+    """A cell whose run has no evaluation yet (still training when the report was built) adds no
+    seed to its rate's row: the row counts only the seeds it averaged."""
+    last = max(SEEDS)
+    rows = [_cell("ds", arm, s, m) for arm, m in PASSING.items() for s in SEEDS if (arm, s) != ("c", last)]
+    running = _cell("ds", "c", last, PASSING["c"])  # B = 16, plain: its last seed still training
+    running.update({k: math.nan for k in running if k.startswith("metrics.")}, status="running")
+    runs = pd.DataFrame([*rows, running, *_baselines("ds")])
+    lrs = instrument.lr_table(_analyse(runs), budget_rows(runs[runs["kind"] == "cell"], 1.0))
+    plain16 = lrs[(lrs["batch_size"] == 16) & (lrs["arm"] == "infonce@16")]
+    assert list(plain16["seeds"]) == [len(SEEDS) - 1]
+
+
 def test_without_a_validation_score_the_rate_most_cells_use_is_read_not_the_test_best():
     rows = []
     for arm, m in PASSING.items():

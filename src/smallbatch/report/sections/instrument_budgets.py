@@ -239,8 +239,9 @@ def good(g: pd.DataFrame) -> pd.DataFrame:
 
 
 def lr_means(g: pd.DataFrame) -> pd.DataFrame:
-    """Per (batch size, arm, lr) of ``g``: the mean validation and test top-1 over seeds."""
-    ok = good(g)
+    """Per (batch size, arm, lr) of ``g``: the mean validation and test top-1 over the seeds
+    that have a test top-1 (a run still training at this budget is no seed of it)."""
+    ok = good(g).dropna(subset=[PRIMARY])
     agg = ok.groupby(["batch_size", "arm", "lr"], sort=True).agg(
         val_mean=("val", "mean"), val_sd=("val", "std"), test_mean=(PRIMARY, "mean"), seeds=("seed", "nunique")
     )
