@@ -860,15 +860,15 @@ class CellRun:
             raise _wrap(self.uri, f"logging the data set {name}", exc) from None
 
     def _data_inputs(self) -> list:
-        try:
-            inputs = self.client.get_run(self.run_id).inputs
-        except Exception as exc:  # noqa: BLE001
-            raise _wrap(self.uri, f"reading the inputs of run {self.run_id}", exc) from None
+        inputs = self._run("inputs").inputs
         return list(inputs.dataset_inputs) if inputs is not None else []
 
     def _data(self, what: str):
+        return self._run(what).data
+
+    def _run(self, what: str):
         try:
-            return self.client.get_run(self.run_id).data
+            return self.client.get_run(self.run_id)
         except Exception as exc:  # noqa: BLE001 - one line naming the store, not a traceback
             raise _wrap(self.uri, f"reading the {what} of run {self.run_id}", exc) from None
 
