@@ -16,6 +16,7 @@ import random
 import re
 import signal
 import sqlite3
+import stat
 import subprocess
 import sys
 import threading
@@ -244,7 +245,15 @@ def kill_when(cmd: list[str], ready: Callable[[], bool], what: str) -> None:
 
 def grown(folder: Path, size: int) -> Callable[[], bool]:
     """A file of the store under construction in ``folder`` (``mlflow.db`` or one beside it) holds ``size`` bytes."""
-    return lambda: any(f.stat().st_size >= size for f in folder.glob("mlflow.db*") if f.is_file())
+
+    def size_of(f: Path) -> int:
+        try:  # the creator renames and deletes its journal and temporary files while this looks
+            st = f.stat()
+            return st.st_size if stat.S_ISREG(st.st_mode) else 0
+        except FileNotFoundError:
+            return 0
+
+    return lambda: any(size_of(f) >= size for f in folder.glob("mlflow.db*"))
 
 
 def has_table(db: Path, name: str) -> Callable[[], bool]:
