@@ -58,8 +58,8 @@ smoke: install
 report: install
 	$(BIN)/smallbatch report --config $(CONFIG) --out results/report
 
-test: install
-	$(BIN)/python -m pytest -q
+test: install  # the 25 slowest tests listed at the end: where the suite spends its time
+	$(BIN)/python -m pytest -q --durations=25
 
 # the fast tier for the edit-test loop: everything but the end-to-end (workflow) tests
 test-fast: install
