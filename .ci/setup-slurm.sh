@@ -101,9 +101,11 @@ JobCompType=jobcomp/none
 ReturnToService=2
 # trust this file over the hardware slurmd finds (keeps the node out of DRAIN)
 SlurmdParameters=config_overrides
-# finished jobs stay visible to squeue/scontrol for 5 minutes: the Snakemake
-# plugin's squeue status command needs to see them finish
-MinJobAge=300
+# finished jobs stay visible to squeue/scontrol for an hour: the Snakemake plugin's
+# squeue status command needs to see them finish, and tests/test_slurm.py reads every
+# job of a smoke study after it ends (on a loaded machine the study takes 16 min and the
+# test reads it minutes later: with 300 s its first jobs had aged out)
+MinJobAge=3600
 KillWait=10
 # The daemons run only while the tests do; a client meanwhile retries the controller
 # MessageTimeout - 1 times, a second apart, and Snakemake's SLURM plugin runs

@@ -505,7 +505,7 @@ class LocalSlurm:
     # -- queries ---------------------------------------------------------------
     @staticmethod
     def job(jobid: str) -> dict[str, str]:
-        """``scontrol show job`` as a dict (finished jobs stay visible MinJobAge = 300 s)."""
+        """``scontrol show job`` as a dict (finished jobs stay visible MinJobAge = 3600 s)."""
         out = subprocess.run(
             ["scontrol", "show", "job", "-o", str(jobid)], capture_output=True, text=True, timeout=HANG_S
         ).stdout

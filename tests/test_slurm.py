@@ -175,7 +175,7 @@ def test_smoke_study_runs_as_slurm_jobs_and_builds_the_report(smoke_slurm, slurm
     assert len(r["jobids"]) == planned["total"], r["output"][-3000:]
     local_only = re.findall(r"^localrule (\w+):", r["output"], re.M)
     assert set(local_only) <= cluster.local_rules(), local_only
-    # what SLURM says about them (kept MinJobAge = 300 s after they end)
+    # what SLURM says about them (kept MinJobAge = 3600 s after they end: .ci/setup-slurm.sh)
     kinds: dict[str, str] = {}
     for m in re.finditer(r"submitted with SLURM jobid (\d+) \(log: ([^)]+)\)", r["output"]):
         rel = Path(m.group(2)).relative_to(r["root"] / "slurm_logs")
