@@ -25,8 +25,9 @@ import math
 
 import torch
 
+from ..lr_scaling import LR_SCALINGS, scaled_lr  # noqa: F401  (the rule lives in one torch-free place)
+
 OPTIMIZERS = ("sgd", "lars", "adam")
-LR_SCALINGS = ("none", "linear", "sqrt")
 LR_SCHEDULES = ("cosine", "constant")
 
 
@@ -117,17 +118,6 @@ def _momentum_buffers(
 def _momentum(bufs: list[torch.Tensor], grads: list[torch.Tensor], momentum: float) -> None:
     torch._foreach_mul_(bufs, momentum)
     torch._foreach_add_(bufs, grads)
-
-
-def scaled_lr(base_lr: float, batch_size: int, rule: str) -> float:
-    """The peak rate of a cell: ``train.lr`` (at batch 256) scaled to ``batch_size``."""
-    if rule == "linear":
-        return base_lr * batch_size / 256
-    if rule == "sqrt":
-        return base_lr * math.sqrt(batch_size / 256)
-    if rule == "none":
-        return base_lr
-    raise ValueError(f"lr_scaling must be one of {', '.join(LR_SCALINGS)}, not {rule!r}")
 
 
 def make_optimizer(

@@ -29,6 +29,7 @@ from typing import Any
 
 import pandas as pd
 
+from ...lr_scaling import scaled_lr
 from ...probe_registry import SPECS as PROBE_SPECS
 from ...tracking import BAD_STATUSES
 from ..fmt import finite, short
@@ -87,12 +88,7 @@ def _loss_label(row: pd.Series) -> str:
 
 def peak_lr(lr: float, batch_size: int, rule: Any) -> float:
     """The rate the cell trained at (``train.lr`` scaled to its batch, ``train.lr_scaling``)."""
-    rule = str(rule).strip().lower() if _is_set(rule) else "none"
-    if rule == "linear":
-        return lr * batch_size / 256
-    if rule == "sqrt":
-        return lr * math.sqrt(batch_size / 256)
-    return lr
+    return scaled_lr(lr, batch_size, str(rule).strip().lower() if _is_set(rule) else "none")
 
 
 def _final_budget(row: pd.Series) -> dict:
