@@ -26,6 +26,7 @@ try:
                                    load_config, resolve_tracking_uri)
     from smallbatch.cell import read_cell, snapshot_names
     from smallbatch.probe_registry import probe_spec
+    from smallbatch.report.captions import captions
     from smallbatch.pipeline.cells import baseline_cells, data_cache_settings, expand_cells, settings_hash
     from smallbatch.training.distributed import launch_command
 except ImportError as exc:  # pragma: no cover - a user without the package installed

@@ -1,6 +1,7 @@
 # The papers' tables and figures, rebuilt from the MLflow store alone.  Its outputs are
 # marked for Snakemake's own report (`snakemake --report report.html`, after the study):
-# every figure (PNG) and table (CSV) of results/report with a caption from workflow/report/.
+# every figure (PNG) and table (CSV) of results/report with a caption from workflow/report/,
+# whose sentences come from smallbatch.report.captions (the params below).
 
 
 rule report:
@@ -19,6 +20,8 @@ rule report:
         uri=STORE_URI,
         exp=EXPERIMENT,
         out=out_dir,
+        table_captions=captions("tables"),
+        figure_captions=captions("figures"),
     log:
         f"{R}/logs/report.log",
     resources:

@@ -23,6 +23,7 @@ import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from ..experiments import SIDE_EXPERIMENTS
 from ..io import check_cell_id  # noqa: F401  (the one id check; import-light, for the CLI's fast paths)
 from ..losses.registry import canonical_name, loss_param_names, loss_spec
 
@@ -344,8 +345,7 @@ def _side_cells(name: str) -> Callable[[dict], Iterable[dict]]:
     return cells
 
 
-# Side experiments register a function cfg -> iterable of cells here.
-SIDE_EXPERIMENTS = ("precision", "ksweep", "ess", "tsweep", "regime", "instrument")
+# The grid and each side experiment of the registry (smallbatch.experiments): cfg -> its cells.
 SECTION_CELLS: dict[str, Callable[[dict], Iterable[dict]]] = {
     "grid": _grid_cells,
     **{name: _side_cells(name) for name in SIDE_EXPERIMENTS},

@@ -29,7 +29,8 @@ def load_schema() -> dict:
     """The config schema: the YAML file plus the loss names and parameters of
     ``smallbatch.losses.registry.SPECS`` (filled into the keys marked ``x-loss-*``) and the
     probes of ``smallbatch.probe_registry.SPECS`` (their names into the key marked
-    ``x-probe-names``, their own settings into the section marked ``x-probe-params``)."""
+    ``x-probe-names``, their own settings into the section marked ``x-probe-params``) and the side
+    experiments of ``smallbatch.experiments.SPECS`` (into the key marked ``x-side-experiments``)."""
     path = schema_path()
     key = str(path)
     if key not in _SCHEMA_CACHE:
@@ -39,6 +40,7 @@ def load_schema() -> dict:
 
 
 def _with_losses(schema: dict) -> dict:
+    from ..experiments import experiment_schema
     from ..losses.registry import config_schema
     from ..probe_registry import probe_params, probe_schema
 
@@ -61,6 +63,8 @@ def _with_losses(schema: dict) -> dict:
                 node.update(probe_schema(node.get("description", "")))
             if node.get("x-probe-params"):
                 node["properties"].update(probe_params())
+            if node.get("x-side-experiments"):
+                node["properties"] = {**experiment_schema(), **node["properties"]}
             for v in node.values():
                 walk(v)
         elif isinstance(node, list):

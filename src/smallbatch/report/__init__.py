@@ -41,29 +41,17 @@ section reported are counted in index.md, never silently dropped.
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
+from ..experiments import section_names
 from ..io import write_text
 from ..tracking import StoreReader
 from .aggregate import aggregate_cells
 from .context import MANIFEST, ReportContext, SectionOutput, check_claim
 from .index import index_markdown
 from .runs import METRICS, load_runs
-from .sections import (
-    baselines,
-    cost,
-    diverged,
-    ess,
-    grid,
-    instrument,
-    ksweep,
-    mi,
-    papers,
-    precision,
-    regime,
-    representation,
-    tsweep,
-)
+from .sections import baselines, cost, diverged, grid, mi, papers, representation
 from .sections.papers import load_papers
 from .tables import latex_table, markdown_table, tex_escape
 
@@ -82,20 +70,23 @@ __all__ = [
     "tex_escape",
 ]
 
+
+def _side_sections(main: bool) -> tuple:
+    """The report modules of the side experiments of :mod:`smallbatch.experiments`."""
+    return tuple(importlib.import_module(f".sections.{name}", __name__) for name in section_names(main))
+
+
 #: the report's sections in index.md's order: each a module of :mod:`.sections` with
-#: ``build(runs, ctx) -> SectionOutput | None``.  A new section is a module plus its entry here.
+#: ``build(runs, ctx) -> SectionOutput | None``.  A side experiment's section comes from its
+#: entry in :data:`smallbatch.experiments.SPECS`; any other section is a module plus its entry here.
 SECTION_MODULES = (
     grid,
     representation,
-    instrument,
+    *_side_sections(main=True),
     baselines,
     diverged,
     papers,
-    precision,
-    ksweep,
-    ess,
-    tsweep,
-    regime,
+    *_side_sections(main=False),
     mi,
     cost,
 )
