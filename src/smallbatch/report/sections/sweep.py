@@ -134,7 +134,7 @@ def sweep_figure(
     xs = sorted(float(v) for v in cells[x].unique())
     shown_line = finite(vline) and xs[0] / 2 <= vline <= xs[-1] * 2
     metrics = [METRIC_LABELS[m] for m in METRICS if METRIC_LABELS[m] in set(data["metric"])]
-    settings = sorted(data["setting"].unique())
+    settings = list(dict.fromkeys(data.sort_values(fixed)["setting"]))  # B=16 before B=256
     with plt.rc_context(rc), sns.axes_style("whitegrid"):
         fig, axes = plt.subplots(
             len(settings), len(metrics), figsize=(3.4 * len(metrics) + 0.3, 2.7 * len(settings) + 0.5), squeeze=False
@@ -146,7 +146,9 @@ def sweep_figure(
                 ax.set_ylim(*y_range(draw_seeds(ax, d, x, "top-1 (%)", labels, pal)))
                 ax.set_xscale("log", base=base)
                 ax.set_xticks(xs)
-                ax.set_xticklabels([short(v) for v in xs], fontsize=7)
+                ax.set_xticklabels(
+                    [short(v) if v >= 1e-3 else f"{v:.3g}" for v in xs], fontsize=7, rotation=45 if len(xs) > 5 else 0
+                )
                 ax.set_xlim(xs[0] / 1.5, xs[-1] * 1.5)
                 ax.minorticks_off()
                 if shown_line:
