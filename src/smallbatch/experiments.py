@@ -117,6 +117,26 @@ SPECS: tuple[SideExperiment, ...] = (
         ),
     ),
     SideExperiment(
+        "lrsweep",
+        "the learning rate each batch size wants: a grid of rates per batch size (axes: {lr: [...]}), the rate "
+        "validated on the linear probe's validation split and its exponent k (rate ∝ N^k) against SimCLR's rules",
+        "lrsweep",
+        tables=(
+            (
+                "lrsweep",
+                "Side experiment (learning-rate sweep): top-1 by batch size and peak rate; the validated "
+                "rate per batch size and its scaling exponent with a seed-bootstrap interval.",
+            ),
+        ),
+        figures=(
+            (
+                "lrsweep",
+                "Side experiment (learning-rate sweep): top-1 against the peak learning rate, one "
+                "panel per batch size and probe.",
+            ),
+        ),
+    ),
+    SideExperiment(
         "instrument",
         "the instrument study (workflow/configs/instrument.yaml): small vs large batch with the controls that split "
         "negatives from steps (batch entries {size, train: {neg_group}}), BatchNorm over equal groups in every arm, "
