@@ -121,8 +121,10 @@ def test_every_option_of_every_rule_takes_its_value_joined():
             assert not re.search(r"--[a-z][a-z-]* \{", line), f"{smk.name}: {line}"
             joined += len(re.findall(r"--[a-z][a-z-]*=\{", line))
     assert joined >= 25
-    common = (ROOT / "workflow" / "rules" / "common.smk").read_text()
-    assert 'else [f"{option}={value}"]' in common  # flag(): an optional option's value, joined
+    from smallbatch.pipeline.plan import flag  # the rules' optional options: the value joined too
+
+    assert flag("--image-size", "-rf") == ["--image-size=-rf"] and flag("--download") == ["--download"]
+    assert flag("--train-subset", None) == [] and flag("--features", "") == [] and flag("--x", False) == []
 
 
 def test_every_rule_removes_what_lies_at_its_log_path_before_writing_it():

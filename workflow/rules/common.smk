@@ -4,7 +4,7 @@
 # reaches the shell unquoted.  Every `{...}` placeholder in a `shell:` carries `:q`
 # (Snakemake quotes it with shlex.quote; a list becomes one quoted word per item and an
 # empty list nothing), `{output:q}` and `{log:q}` included; an optional option is a list
-# param made by `flag()` below.  The one exception is `{params.launch}`, the launcher that
+# param made by `flag()` (smallbatch.pipeline.plan).  The one exception is `{params.launch}`, the launcher that
 # smallbatch.training.distributed.launch_command builds from no config value.
 # An option's value is joined to it with `=` (`--experiment={params.exp:q}`), so a value
 # that starts with a dash (a study named `--help`, a results_dir `-rf`) is that option's
@@ -12,7 +12,6 @@
 # (`rm -f -- {log:q} && ... > {log:q}`): a link, FIFO or hard link planted at a log's path
 # is replaced, never written through.  tests/pipeline/test_trust.py checks every rule file.
 import json
-import math
 import os
 import sys
 from pathlib import Path
@@ -24,10 +23,9 @@ from pathlib import Path
 try:
     from smallbatch.pipeline.config import (ConfigError, base_notice, check_data_roots, check_results_dir,
                                    load_config, resolve_tracking_uri)
-    from smallbatch.cell import read_cell, snapshot_names
-    from smallbatch.probe_registry import probe_spec
+    from smallbatch.pipeline.plan import StudyPlan, flag, hold_results_folder
+    from smallbatch.pipeline import plan as _plan
     from smallbatch.report.captions import captions
-    from smallbatch.pipeline.cells import baseline_cells, data_cache_settings, expand_cells, settings_hash
     from smallbatch.training.distributed import launch_command
 except ImportError as exc:  # pragma: no cover - a user without the package installed
     raise WorkflowError(f"the smallbatch package is not importable ({exc}); run `make install` or `pip install -e .`")
@@ -65,49 +63,26 @@ if _note:
 
 R = config["results_dir"]
 EXPERIMENT = config["study"]
-# typed cells (smallbatch.cell): the rules read attributes
-CELLS = {cid: read_cell(c) for cid, c in expand_cells(config).items()}
-BASELINES = {bid: read_cell(c) for bid, c in baseline_cells(config).items()}
+# The plan (smallbatch.pipeline.plan): typed cells and baselines, their settings stamps and
+# outputs.  Settings stamps: <results_dir>/<folder>/.settings-<hash>, an input of the job
+# that computes in that folder, written by the local rule `settings` just before it; an
+# output that exists without its stamp holds results of other settings and reruns (stamp_of).
+PLAN = StudyPlan.from_config(config)
+CELLS, BASELINES = PLAN.cells, PLAN.baselines
 THREADS = int(config["threads"])
 
 
-# Settings stamps: <results_dir>/<folder>/.settings-<hash>, one per cell, baseline, data
-# cache and the MI benchmark, an input of the job that computes there; the local rule
-# `settings` writes it just before that job (and removes the folder's other stamps).  A
-# folder whose output exists but lacks the stamp of the settings planned now holds results
-# of other settings: its output is forced to rerun (stamp_of), and with it every job after
-# it -- with or without Snakemake's metadata (.snakemake/), so a results folder never
-# serves results of other settings.  Hashes: smallbatch.pipeline.cells (a cell's
-# covers its id, its settings and its data's digest, not where the data lie).
-SETTINGS = {f"runs/{cid}": (cell.hash, cell.to_json()) for cid, cell in CELLS.items()}
-SETTINGS.update({bid: (cell.hash, cell.to_json()) for bid, cell in BASELINES.items()})
-for _ds in config["datasets"]:
-    _data = data_cache_settings(config, _ds)
-    SETTINGS[f"data/cache/{_ds}"] = (settings_hash(_data), json.dumps(_data, sort_keys=True, indent=2) + "\n")
-#: folder -> the output of the job its stamp is an input of
-STAMPED = {f"runs/{cid}": f"{R}/runs/{cid}/checkpoint.pt" for cid in CELLS}
-STAMPED.update({bid: f"{R}/{bid}/result.json" for bid in BASELINES})
-STAMPED.update({f"data/cache/{ds}": f"{R}/data/cache/{ds}.pt" for ds in config["datasets"]})
-
-
-def settings_stamp(folder):
-    """The stamp of ``folder``'s planned settings (an input of the job that writes there)."""
-    return f"{R}/{folder}/.settings-{SETTINGS[folder][0]}"
+def _workflow_error(fn, *args):
+    """``fn(*args)``, its ValueError shown as Snakemake's one-line WorkflowError."""
+    try:
+        return fn(*args)
+    except ValueError as exc:
+        raise WorkflowError(str(exc)) from None
 
 
 def write_settings(folder, stamp, log):
-    """The `settings` rule's job: ``stamp`` (<folder>/.settings-<hash>) holding the settings
-    planned for ``folder``, the folder's stamps of other settings removed (named in ``log``)."""
-    from smallbatch.io import write_text
-
-    planned, stamp = SETTINGS.get(folder), Path(stamp)
-    if planned is None or stamp.name != f".settings-{planned[0]}":
-        raise WorkflowError(f"{stamp}: no such settings are planned for {R}/{folder}")
-    removed = [old for old in stamp.parent.glob(".settings-*") if old.name != stamp.name and not old.is_dir()]
-    for old in removed:
-        old.unlink()
-    write_text(log, "".join(f"removed {old.name}: results of other settings\n" for old in removed))
-    write_text(stamp, planned[1])
+    """The `settings` rule's job (StudyPlan.write_settings)."""
+    _workflow_error(PLAN.write_settings, folder, stamp, log)
 
 
 def stamp_of(folder):
@@ -116,16 +91,16 @@ def stamp_of(folder):
     the output is forced to rerun, as `--forcerun FILE` would (Snakemake leaves a job whose
     output exists alone when only an input is missing; it asks for the inputs while it
     builds the DAG, before it decides which jobs run)."""
-    stamp, output = settings_stamp(folder), STAMPED[folder]
-    if os.path.exists(output) and not os.path.exists(stamp):
+    stale = PLAN.stale_output(folder)
+    if stale:
         forced = getattr(workflow.dag, "forcefiles", None)
         if not isinstance(forced, set):  # a Snakemake whose DAG keeps them elsewhere: say so, run nothing
             raise WorkflowError(
-                f"{output} was computed under other settings than the config's (no {stamp}); delete "
-                f"{os.path.dirname(output)} to recompute it, or give the study another results_dir"
+                f"{stale} was computed under other settings than the config's (no {PLAN.settings_stamp(folder)}); "
+                f"delete {os.path.dirname(stale)} to recompute it, or give the study another results_dir"
             )
-        forced.add(output)
-    return stamp
+        forced.add(stale)
+    return PLAN.settings_stamp(folder)
 
 
 # features.npz: not written by default (the evaluation step keeps the features in memory);
@@ -134,64 +109,21 @@ KEEP_FEATURES = bool(config["keep_features"])
 FEATURES = f"{R}/runs/{{cell}}/features.npz"
 EVAL_FEATURES = [FEATURES] if KEEP_FEATURES else []
 # the probes' result files (eval.probes, study-wide; smallbatch.probe_registry): probe -> file name
-PROBE_FILES = {p: probe_spec(p).file for p in config["eval"]["probes"]}
+PROBE_FILES = PLAN.probe_files
 
 
 RUN_LOCK = {}
-
-
-def lock_results_folder():
-    """One Snakemake run per results folder (called by onstart, so a dry run writes nothing):
-    an flock on <results_dir>/.snakemake-run.lock, held for the life of this process.  Two
-    runs on one folder from different working directories (Snakemake's own lock is per working
-    directory) would otherwise remove each other's job logs and outputs; the second stops
-    before any job with one line naming the first."""
-    import fcntl
-    import os
-
-    from smallbatch.io import open_regular
-
-    Path(R).mkdir(parents=True, exist_ok=True)
-    path = f"{R}/.snakemake-run.lock"
-    try:  # never through a link, a FIFO or a hard link (the PID written into it would land there)
-        fd = open_regular(path, f"the run lock of results folder {R}, {path},")
-    except ValueError as exc:
-        raise WorkflowError(str(exc)) from None
-    except OSError as exc:
-        raise WorkflowError(f"results folder {R}: cannot open its run lock {path} ({exc.strerror})") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
-        os.close(fd)
-        raise WorkflowError(f"results folder {R} is in use by another Snakemake run (process {holder}); wait for it "
-                            "to finish, or give this run another results_dir") from None
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
-    RUN_LOCK["fd"] = fd
-
-
-def write_cell_files():
-    """Every cell's and baseline's settings as <its folder>/cell.json (what `smallbatch cells
-    --write` writes), rewritten only when they change: the jobs read their cell from it.
-    Called once the run holds the results folder (onstart), so a dry run writes nothing."""
-    from smallbatch.pipeline.jobs import record_cell
-
-    for cid, cell in CELLS.items():
-        record_cell(cell, Path(cell_dir(cid)) / "cell.json")
-    for bid, cell in BASELINES.items():
-        record_cell(cell, Path(R) / bid / "cell.json")
-
-
 # Warm start (smallbatch.pipeline.warm): a local run serves its jobs from one process that has
 # imported torch, MLflow and faiss once; jobs on a cluster run as plain processes.
 WARM = {}
 
 
 def start_run():
-    """onstart: hold the results folder, write the cells' files, start the warm server."""
-    lock_results_folder()
-    write_cell_files()
+    """onstart (so a dry run writes nothing): hold the results folder (one Snakemake run per
+    results folder: smallbatch.pipeline.plan.hold_results_folder), write every cell's and
+    baseline's cell.json (the jobs read their cell from it), start the warm server."""
+    RUN_LOCK["fd"] = _workflow_error(hold_results_folder, R)
+    PLAN.write_cell_files()
     if config["warm_start"] and workflow.local_exec:
         from smallbatch.pipeline import warm
 
@@ -254,20 +186,8 @@ wildcard_constraints:
     snapshot=r"ep[0-9.e+-]+",
 
 
-def flag(option, value=True):
-    """One optional command-line option as the words of a `{params.NAME:q}` placeholder:
-    [] when ``value`` is None, False or "" (the option is left out), [option] for True,
-    else [f"{option}={value}"] (joined: a value starting with a dash stays a value)."""
-    if value is None or value is False or value == "":
-        return []
-    return [option] if value is True else [f"{option}={value}"]
-
-
 def cell_of(wildcards):
-    try:
-        return CELLS[wildcards.cell]
-    except KeyError:
-        raise WorkflowError(f"unknown cell {wildcards.cell!r}: not in the config's grid")
+    return _workflow_error(PLAN.cell, wildcards.cell)
 
 
 def cell_hash(wildcards):
@@ -321,12 +241,7 @@ STORE_URI_OF_OUTPUT = TRACKING_URI if EXPLICIT_URI else (lambda wildcards, outpu
 
 
 def pretrain_priority(wildcards):
-    """Longest cells first (1..9 by log2 of epochs x 256 / batch size: the steps a cell takes
-    relative to batch 256), so the jobs that end the study are short ones and neither core
-    waits long for the other (the MI toy, longer still, has 10)."""
-    cell = cell_of(wildcards)
-    work = float(cell.train.epochs) * 256 / int(cell.batch_size)
-    return min(9, max(1, round(math.log2(max(1.0, work)))))
+    return _plan.pretrain_priority(cell_of(wildcards))
 
 
 def devices(wildcards):
@@ -335,10 +250,7 @@ def devices(wildcards):
 
 def gpu_permille(wildcards, n=None):
     """A cell's share of the node's GPUs in permille (local runs; see above)."""
-    if not gpu_study():
-        return None
-    n = n or devices(wildcards)
-    return 1000 * n if n > 1 else 1000 // CELLS_PER_GPU
+    return _plan.gpu_permille(n or devices(wildcards), CELLS_PER_GPU) if gpu_study() else None
 
 
 def gres(wildcards, n=None):
@@ -356,13 +268,9 @@ def data_cache(wildcards):
 
 
 def cell_dir(cell_id):
-    return f"{R}/runs/{cell_id}"
+    return PLAN.cell_dir(cell_id)
 
 
-CELL_OUTPUTS = [f"{cell_dir(c)}/{f}" for c in CELLS for f in PROBE_FILES.values()]
-# every snapshot of a cell (train.snapshot_epochs) evaluated as its final checkpoint is
-CELL_OUTPUTS += [
-    f"{cell_dir(c)}/snapshots/{name}.{f}" for c in CELLS for name in snapshot_names(CELLS[c]) for f in PROBE_FILES.values()
-]
-BASELINE_OUTPUTS = [f"{R}/{b}/result.json" for b in BASELINES]
+CELL_OUTPUTS = PLAN.cell_outputs()
+BASELINE_OUTPUTS = PLAN.baseline_outputs()
 REPORT_INDEX = f"{R}/report/index.md"

@@ -10,9 +10,8 @@ MI_ENABLED = bool(MI_SECTION.get("enabled", False))
 MI_RESULTS = f"{R}/mi/results.json"
 # The report rule adds these to its inputs (empty when the experiment is off).
 MI_OUTPUTS = [MI_RESULTS] if MI_ENABLED else []
-if MI_ENABLED:  # its settings stamp (common.smk: SETTINGS)
-    SETTINGS["mi"] = (settings_hash(MI_SECTION), json.dumps(MI_SECTION, sort_keys=True, indent=2) + "\n")
-    STAMPED["mi"] = MI_RESULTS
+if MI_ENABLED:  # its settings stamp (common.smk: PLAN)
+    PLAN.stamp_section("mi", MI_SECTION, MI_RESULTS)
 
 
 rule mi_bench:

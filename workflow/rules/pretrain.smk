@@ -8,7 +8,7 @@ localrules:
 
 rule settings:
     # <folder>/.settings-<hash>: the settings the folder's job computes with (common.smk:
-    # SETTINGS); a missing one (new or changed settings) reruns that job and all after it.
+    # PLAN.settings); a missing one (new or changed settings) reruns that job and all after it.
     output:
         f"{R}/{{folder}}/.settings-{{hash}}",
     log:

@@ -1,0 +1,81 @@
+"""The workflow's plan (:mod:`smallbatch.pipeline.plan`), which ``workflow/rules/common.smk``
+calls: the settings stamps, the cells' outputs, the results folder's run lock and the jobs'
+resources, read without Snakemake."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from smallbatch.pipeline.config import load_config
+from smallbatch.pipeline.plan import StudyPlan, gpu_permille, hold_results_folder, pretrain_priority
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def plan(tmp_path) -> StudyPlan:
+    overlay = {"results_dir": str(tmp_path / "results"), "train": {"snapshot_epochs": [1], "lr_schedule": "constant"}}
+    return StudyPlan.from_config(load_config([REPO / "config.yaml"], overlay))
+
+
+def test_every_cell_baseline_and_data_cache_folder_has_one_planned_stamp(plan):
+    cfg = load_config([REPO / "config.yaml"])
+    assert len(plan.cells) == 40 and plan.baselines
+    assert len(plan.settings) == len(plan.cells) + len(plan.baselines) + len(cfg["datasets"])
+    cid, cell = next(iter(plan.cells.items()))
+    assert plan.settings_stamp(f"runs/{cid}") == f"{plan.results_dir}/runs/{cid}/.settings-{cell.hash}"
+    assert plan.stamped[f"runs/{cid}"] == f"{plan.results_dir}/runs/{cid}/checkpoint.pt"
+    assert plan.settings[f"runs/{cid}"][1] == cell.to_json()
+
+
+def test_an_output_without_its_stamp_is_stale_and_the_settings_job_writes_the_stamp(plan):
+    cid = next(iter(plan.cells))
+    folder = f"runs/{cid}"
+    out = Path(plan.stamped[folder])
+    assert plan.stale_output(folder) is None  # nothing computed yet
+    out.parent.mkdir(parents=True)
+    out.write_bytes(b"a checkpoint of other settings")
+    old = out.parent / ".settings-0123456789"
+    old.write_text("{}")
+    assert plan.stale_output(folder) == str(out)
+    log = out.parent / "settings.log"
+    plan.write_settings(folder, plan.settings_stamp(folder), log)
+    assert plan.stale_output(folder) is None and not old.exists()
+    assert "removed .settings-0123456789: results of other settings" in log.read_text()
+    with pytest.raises(ValueError, match="no such settings are planned"):
+        plan.write_settings(folder, out.parent / ".settings-ffffffffff", log)
+
+
+def test_the_outputs_are_every_probe_of_every_cell_and_snapshot(plan):
+    outs = plan.cell_outputs()
+    per_cell = len(plan.probe_files) * 2  # the final checkpoint and the snapshot at epoch 1
+    assert len(outs) == len(plan.cells) * per_cell and len(set(outs)) == len(outs)
+    cid = next(iter(plan.cells))
+    assert f"{plan.results_dir}/runs/{cid}/snapshots/ep1.knn.json" in outs
+    assert plan.baseline_outputs()[0].endswith("/result.json")
+    with pytest.raises(ValueError, match="unknown cell 'nope': not in the config's grid"):
+        plan.cell("nope")
+
+
+def test_a_second_run_on_a_results_folder_is_refused_naming_the_first(tmp_path):
+    fd = hold_results_folder(str(tmp_path / "r"))
+    try:
+        with pytest.raises(ValueError, match=rf"in use by another Snakemake run \(process {os.getpid()}\)"):
+            hold_results_folder(str(tmp_path / "r"))
+    finally:
+        os.close(fd)
+    os.close(hold_results_folder(str(tmp_path / "r")))  # released with its descriptor
+    (tmp_path / "s").mkdir()
+    os.symlink(tmp_path / "elsewhere", tmp_path / "s" / ".snakemake-run.lock")
+    with pytest.raises(ValueError, match="run lock of results folder"):
+        hold_results_folder(str(tmp_path / "s"))
+    assert not (tmp_path / "elsewhere").exists()
+
+
+def test_longer_cells_start_first_and_share_gpus_by_permille(plan):
+    prio = {int(c.batch_size): pretrain_priority(c) for c in plan.cells.values()}
+    assert prio[16] > prio[256] and all(1 <= p <= 9 for p in prio.values())
+    assert gpu_permille(1, 4) == 250 and gpu_permille(2, 4) == 2000
