@@ -52,8 +52,26 @@ TESTS = {
     "src/smallbatch/training/gradcache.py": ["tests/training/test_gradcache.py"],
     "src/smallbatch/training/negatives.py": [
         "tests/training/test_controls.py",
+        "tests/training/test_fresh_negatives.py",
         "tests/training/test_train.py::test_queue_cell_trains_with_k_equal_to_queue_size",
         "tests/training/test_train.py::test_momentum_encoder_is_the_ema_of_the_query_encoder_and_its_keys_are_queued",
+    ],
+    # added with the instrument, the new losses and the registries
+    "src/smallbatch/losses/kernel.py": ["tests/core/test_kernel_losses.py"],
+    "src/smallbatch/losses/sogclr.py": ["tests/core/test_sogclr.py"],
+    "src/smallbatch/losses/sigmoid.py": ["tests/core/test_siglip.py"],
+    "src/smallbatch/report/sections/instrument_gates.py": ["tests/report/test_report_instrument.py"],
+    "src/smallbatch/report/sections/lrsweep.py": ["tests/report/test_report_lrsweep.py"],
+    "src/smallbatch/lr_scaling.py": ["tests/report/test_report_lrsweep.py"],
+    "src/smallbatch/probe_registry.py": ["tests/core/test_probe_registry.py"],
+    "src/smallbatch/experiments.py": ["tests/core/test_experiments.py"],
+    "src/smallbatch/report/captions.py": ["tests/core/test_experiments.py"],
+    "src/smallbatch/pipeline/plan.py": ["tests/pipeline/test_plan.py"],
+    "src/smallbatch/io.py": [
+        "tests/core/test_permissions.py",
+        "tests/pipeline/test_trust.py::test_a_lock_that_is_a_symlink_is_refused_and_its_target_untouched",
+        "tests/pipeline/test_trust.py::test_report_outputs_refuse_links_and_delete_only_files_the_report_wrote",
+        "tests/pipeline/test_trust.py::test_a_report_table_replaces_a_hard_linked_file_and_never_writes_through_it",
     ],
 }
 
@@ -237,6 +255,114 @@ MUTANTS = [
         "return grouped_rows(lab[:, rows % g][:, :, None] != lab[:, cols])",
         "return grouped_rows(lab[:, rows % g][:, :, None] == lab[:, cols])",
         "in-batch: same-class negatives kept, others masked",
+    ),
+    # fresh negatives: the window never holds an anchor
+    Mutant(
+        N,
+        "perm[start + k + n * (k >= a0 - start).long()]",
+        "perm[start + k]",
+        "fresh negatives: the window's anchors taken as extra negatives",
+    ),
+    # the losses published since the four papers
+    Mutant(
+        "src/smallbatch/losses/kernel.py",
+        "self.gamma * k_neg.sum(dim=1) / row_counts(neg, neg_mask)",
+        "self.gamma * k_neg.sum(dim=1)",
+        "KCL: negatives' kernel summed, not averaged (depends on the batch size)",
+    ),
+    Mutant(
+        "src/smallbatch/losses/kernel.py",
+        "align = (2 - 2 * pos).clamp_min(0).pow(self.alpha / 2).mean()",
+        "align = (2 - 2 * pos).clamp_min(0).pow(self.alpha).mean()",
+        "alignment: squared distance to the power alpha, not alpha / 2",
+    ),
+    Mutant(
+        "src/smallbatch/losses/sogclr.py",
+        "moved = torch.logaddexp(old + keep, log_g + math.log(self.gamma))",
+        "moved = torch.logaddexp(old, log_g + math.log(self.gamma))",
+        "SogCLR: the moving average keeps all of the old u",
+    ),
+    Mutant(
+        "src/smallbatch/losses/sigmoid.py",
+        "rows = F.softplus(-(pos / tau + b)) + x_neg.sum(dim=1)",
+        "rows = F.softplus(pos / tau + b) + x_neg.sum(dim=1)",
+        "SigLIP: the positive's label sign flipped",
+    ),
+    # the instrument's validity gates
+    Mutant(
+        "src/smallbatch/report/sections/instrument_gates.py",
+        "fired = bool(e.tested and e.diff < 0 and e.p < ALPHA)",
+        "fired = bool(e.tested and e.p < ALPHA)",
+        "G3: a positive control better than the full batch counts as fired",
+    ),
+    Mutant(
+        "src/smallbatch/report/sections/instrument_gates.py",
+        "ok = all(finite(m) and m <= MARGIN for m in mdes.values())",
+        "ok = any(finite(m) and m <= MARGIN for m in mdes.values())",
+        "G4: one small MDE passes the gate",
+    ),
+    Mutant(
+        "src/smallbatch/report/sections/instrument_gates.py",
+        "results.append(bool(e.tested and e.lo > 0))",
+        "results.append(bool(e.tested and e.diff > 0))",
+        "G2: the mean above the baseline, not its interval's lower end",
+    ),
+    # the learning-rate sweep and its rules
+    Mutant(
+        "src/smallbatch/report/sections/lrsweep.py",
+        "lo - res - 1e-9 <= e <= hi + res + 1e-9",
+        "lo - 1e-9 <= e <= hi + 1e-9",
+        "lrsweep: the rules tested against the bootstrap interval alone (grid resolution ignored)",
+    ),
+    Mutant(
+        "src/smallbatch/report/sections/lrsweep.py",
+        "np.bincount(rng.integers(0, n_seeds, n_seeds), minlength=n_seeds)",
+        "np.ones(n_seeds, dtype=int)",
+        "lrsweep: the bootstrap never resamples the seeds",
+    ),
+    Mutant(
+        "src/smallbatch/lr_scaling.py",
+        "return base_lr * batch_size / 256",
+        "return base_lr * 256 / batch_size",
+        "linear rule inverted",
+    ),
+    # the registries and the workflow's plan
+    Mutant(
+        "src/smallbatch/probe_registry.py",
+        "if len(set(names)) != len(names):",
+        "if len(set(names)) > len(names):",
+        "eval.probes: a repeated probe accepted",
+    ),
+    Mutant(
+        "src/smallbatch/experiments.py",
+        "return [s.section for s in SPECS if s.main == main]",
+        "return [s.section for s in SPECS]",
+        "every side experiment's section placed twice in the report",
+    ),
+    Mutant(
+        "src/smallbatch/report/captions.py",
+        "sorted(pairs, key=lambda p: -len(p[0]))",
+        "sorted(pairs, key=lambda p: len(p[0]))",
+        "captions: the shortest prefix wins",
+    ),
+    Mutant(
+        "src/smallbatch/pipeline/plan.py",
+        "return output if os.path.exists(output) and not os.path.exists(self.settings_stamp(folder)) else None",
+        "return None",
+        "an output of other settings is never rerun",
+    ),
+    Mutant(
+        "src/smallbatch/pipeline/plan.py",
+        "if old.name != stamp.name and not old.is_dir()",
+        "if False",
+        "the stamps of other settings are kept",
+    ),
+    # the atomic writer's refusals
+    Mutant(
+        "src/smallbatch/io.py",
+        "    if not stat.S_ISREG(mode):\n        raise UnsafeTarget(",
+        "    if stat.S_ISDIR(mode):\n        raise UnsafeTarget(",
+        "a link or a FIFO accepted as a target",
     ),
 ]
 
