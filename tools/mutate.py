@@ -60,7 +60,10 @@ TESTS = {
     "src/smallbatch/losses/kernel.py": ["tests/core/test_kernel_losses.py"],
     "src/smallbatch/losses/sogclr.py": ["tests/core/test_sogclr.py"],
     "src/smallbatch/losses/sigmoid.py": ["tests/core/test_siglip.py"],
-    "src/smallbatch/report/sections/instrument_gates.py": ["tests/report/test_report_instrument.py"],
+    "src/smallbatch/report/sections/instrument_gates.py": [
+        "tests/report/test_instrument_gates.py",
+        "tests/report/test_report_instrument.py",
+    ],
     "src/smallbatch/report/sections/lrsweep.py": ["tests/report/test_report_lrsweep.py"],
     "src/smallbatch/lr_scaling.py": ["tests/report/test_report_lrsweep.py"],
     "src/smallbatch/probe_registry.py": ["tests/core/test_probe_registry.py"],
