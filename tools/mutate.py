@@ -67,8 +67,8 @@ TESTS = {
     "src/smallbatch/report/sections/lrsweep.py": ["tests/report/test_report_lrsweep.py"],
     "src/smallbatch/lr_scaling.py": ["tests/report/test_report_lrsweep.py"],
     "src/smallbatch/probe_registry.py": ["tests/core/test_probe_registry.py"],
-    "src/smallbatch/experiments.py": ["tests/core/test_experiments.py"],
-    "src/smallbatch/report/captions.py": ["tests/core/test_experiments.py"],
+    "src/smallbatch/experiments.py": ["tests/core/test_experiment_registry.py"],
+    "src/smallbatch/report/captions.py": ["tests/core/test_experiment_registry.py"],
     "src/smallbatch/pipeline/plan.py": ["tests/pipeline/test_plan.py"],
     "src/smallbatch/io.py": [
         "tests/core/test_permissions.py",
