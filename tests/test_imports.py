@@ -98,3 +98,23 @@ def test_a_cycle_is_found():  # the check can fail
 def test_each_layer_imports_only_layers_below_it():
     up = sorted(f"{m} -> {d}" for m, deps in import_graph().items() for d in deps if layer(d) < layer(m))
     assert up == [], "imports against the layers of ARCHITECTURE.md"
+
+
+def test_only_the_tracking_package_imports_mlflow():
+    """ARCHITECTURE.md: only ``smallbatch.tracking`` talks to MLflow (any import, also one inside a
+    function), and the rest of the package reads it through its public names alone."""
+    outside = []
+    for mod, (path, _) in _modules().items():
+        for n in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in n.names] if isinstance(n, ast.Import) else []
+            names += [n.module or ""] if isinstance(n, ast.ImportFrom) and not n.level else []
+            if any(x.split(".")[0] == "mlflow" for x in names) and not mod.startswith("smallbatch.tracking"):
+                outside.append(mod)
+    assert outside == [] and any(m.startswith("smallbatch.tracking.") for m in _modules())
+    inside = sorted(
+        f"{m} -> {d}"
+        for m, deps in import_graph().items()
+        for d in deps
+        if d.startswith("smallbatch.tracking.") and not m.startswith("smallbatch.tracking")
+    )
+    assert inside == [], "the rest of the package imports smallbatch.tracking, never its modules"

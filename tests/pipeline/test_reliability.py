@@ -23,6 +23,7 @@ from smallbatch.errors import CheckpointError
 from smallbatch.pipeline import jobs as steps
 from smallbatch.pipeline.cells import make_cell
 from smallbatch.pipeline.config import load_config
+from smallbatch.tracking import provenance
 from smallbatch.training import loop as train
 
 SMALLBATCH = Path(sys.executable).with_name("smallbatch")
@@ -349,10 +350,10 @@ def test_every_new_run_is_tagged_with_the_commit_and_versions_read_once_per_proc
     package metadata are asked once per process, not once per run (the MI step opens 150)."""
     calls = []
     real_run = subprocess.run
-    monkeypatch.setattr(tracking.subprocess, "run", lambda *a, **k: calls.append(a) or real_run(*a, **k))
+    monkeypatch.setattr(provenance.subprocess, "run", lambda *a, **k: calls.append(a) or real_run(*a, **k))
     tracking.git_state.cache_clear()
-    tracking._machine_tags.cache_clear()
-    tracking._versions.cache_clear()
+    provenance._machine_tags.cache_clear()
+    provenance.package_versions.cache_clear()
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     tracking.init_store(uri, "e")
     for i in range(2):
@@ -360,4 +361,4 @@ def test_every_new_run_is_tagged_with_the_commit_and_versions_read_once_per_proc
         tags = run.tags()
         assert tags[tracking.TAG_COMMIT] and torch.__version__.startswith(tags["smallbatch.version.torch"])
     assert sum("rev-parse" in a[0] for a in calls) == 1 and sum("status" in a[0] for a in calls) <= 1
-    assert tracking._versions.cache_info().misses == 1 and tracking._machine_tags.cache_info().misses == 1
+    assert provenance.package_versions.cache_info().misses == 1 and provenance._machine_tags.cache_info().misses == 1

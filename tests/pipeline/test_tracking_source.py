@@ -20,6 +20,7 @@ from cluster import HANG_S
 import smallbatch
 from smallbatch import tracking
 from smallbatch.pipeline import cli
+from smallbatch.tracking import provenance
 
 PACKAGE = Path(smallbatch.__file__).resolve().parent
 SOURCE = "mlflow.source.name"
@@ -54,9 +55,9 @@ def store(tmp_path):
 @pytest.fixture
 def command():
     """The command name the CLI recorded, put back afterwards."""
-    saved = list(tracking._SOURCE)
+    saved = list(provenance._SOURCE)
     yield
-    tracking._SOURCE[:] = saved
+    provenance._SOURCE[:] = saved
 
 
 def test_a_run_carries_mlflows_source_tags_and_the_checkouts_commit_and_dirty_flag(store, command):
@@ -65,7 +66,7 @@ def test_a_run_carries_mlflows_source_tags_and_the_checkouts_commit_and_dirty_fl
     assert tags[SOURCE] == "smallbatch pretrain" and tags["mlflow.source.type"] == "LOCAL"
     assert tags["mlflow.user"] == getpass.getuser()
     assert tags[tracking.TAG_PYTHON] == platform.python_version() and tags[tracking.TAG_PLATFORM]
-    in_checkout = git("ls-files", "--error-unmatch", "tracking.py") is not None
+    in_checkout = git("ls-files", "--error-unmatch", "tracking/provenance.py") is not None
     if not in_checkout:
         pytest.skip("the package under test is not a git checkout's (the next tests cover that case)")
     head, status = git("rev-parse", "HEAD").strip(), git("status", "--porcelain")
