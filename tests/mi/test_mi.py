@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from smallbatch.mi import toy as mi
+from smallbatch.mi import training
 from smallbatch.pipeline.mi_job import validate_section
 
 
@@ -253,7 +254,7 @@ def test_an_estimator_that_diverges_together_stops_as_it_would_alone(monkeypatch
 
         return Failing()
 
-    monkeypatch.setattr(mi, "estimator_loss", failing)
+    monkeypatch.setattr(training, "estimator_loss", failing)  # where training looks it up
     kw = dict(hidden=16, embed=8, anchors=32)
     together = mi.train_estimators(["infonce", "flatnce"], "separable", 8, 3.0, 4, 20, 5e-3, 1, **kw)
     alone = [mi.train_estimator(e, "separable", 8, 3.0, 4, 20, 5e-3, 1, **kw) for e in ("infonce", "flatnce")]
@@ -276,7 +277,7 @@ def test_bounded_critic_scores_stay_within_one_over_temperature(name):
     s = critic.group_scores(x[None], y[None]).detach()
     assert float(s.abs().max()) <= 20.0 + 1e-4 and float(s.abs().max()) > 10.0
     if name == "separable":
-        stacked = mi._StackedSeparable([critic])
+        stacked = training._StackedSeparable([critic])
         torch.testing.assert_close(stacked.group_scores(x[None], y[None])[0], s, rtol=1e-5, atol=1e-4)
         fx = torch.nn.functional.normalize(critic.f(x), dim=-1)
         gy = torch.nn.functional.normalize(critic.g(y), dim=-1)
