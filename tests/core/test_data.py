@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from cluster import HANG_S
 
 import smallbatch.data as data_mod
+from smallbatch import readers
 from smallbatch.data import (
     DATASETS,
     ImageData,
@@ -245,7 +246,7 @@ def test_prepare_fashion_mnist_leaves_no_partial_file_when_a_source_is_broken(tm
 
 
 def test_fashion_mnist_without_files_names_both_ways_to_get_them(tmp_path, monkeypatch):
-    monkeypatch.setattr(data_mod, "DEBIAN_FASHION_MNIST", tmp_path / "no-debian-here")
+    monkeypatch.setattr(readers, "DEBIAN_FASHION_MNIST", tmp_path / "no-debian-here")
     assert prepare_fashion_mnist(tmp_path / "root") is None
     with pytest.raises(FileNotFoundError) as info:
         load_dataset("fashion_mnist", tmp_path / "root")
@@ -478,6 +479,6 @@ def test_fashion_mnists_digest_is_its_content_wherever_it_is_read_from(tmp_path,
     archived = datadigest.data_digest("fashion_mnist", tmp_path / "fresh")
     assert prepare_fashion_mnist(tmp_path / "unpacked", debian) is not None
     assert datadigest.data_digest("fashion_mnist", tmp_path / "unpacked") == archived
-    (tmp_path / "unpacked" / "FashionMNIST" / "raw" / data_mod._FASHION_FILES[0]).write_bytes(b"other")
+    (tmp_path / "unpacked" / "FashionMNIST" / "raw" / datadigest.FASHION_FILES[0]).write_bytes(b"other")
     assert datadigest.data_digest("fashion_mnist", tmp_path / "unpacked" / ".." / "unpacked") != archived
     assert archived.startswith("sha256:")

@@ -334,7 +334,10 @@ CASES = [
         ),
         r"fashion_mnist: could not download Fashion-MNIST from http://fashion-mnist\.s3-website\.eu-central-1\.amazonaws\.com/: "
         r"no network \(Name or service not known\); put the files under .*/data/FashionMNIST/raw/",
-        setup=lambda tmp, mp: (no_network(tmp, mp), mp.setattr("smallbatch.data.DEBIAN_FASHION_MNIST", tmp / "none")),
+        setup=lambda tmp, mp: (
+            no_network(tmp, mp),
+            mp.setattr("smallbatch.readers.DEBIAN_FASHION_MNIST", tmp / "none"),
+        ),
     ),
     Case(
         "STL-10 download without network",

@@ -320,7 +320,7 @@ def test_a_cells_id_is_in_its_hash():
 
 def _fashion_root(root: Path, tweak: bool = False) -> Path:
     """Four small files in Fashion-MNIST's layout (only their content is read: the digest)."""
-    from smallbatch.data import _FASHION_FILES
+    from smallbatch.datadigest import FASHION_FILES as _FASHION_FILES
 
     raw = root / "FashionMNIST" / "raw"
     raw.mkdir(parents=True)
