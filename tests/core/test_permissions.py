@@ -42,6 +42,7 @@ def _features(path: Path) -> None:
 
 
 def _checkpoint(path: Path) -> None:
+    from smallbatch.cell import Cell
     from smallbatch.pipeline.cells import expand_cells
     from smallbatch.pipeline.config import load_config
     from smallbatch.training.checkpoint import save_checkpoint
@@ -49,7 +50,7 @@ def _checkpoint(path: Path) -> None:
     cell = next(
         iter(expand_cells(load_config(Path(__file__).resolve().parents[2] / "workflow/configs/smoke.yaml")).values())
     )
-    save_checkpoint(path, cell, model={"w": torch.ones(2)})
+    save_checkpoint(path, Cell.of(cell), model={"w": torch.ones(2)})
 
 
 WRITERS = {

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from loss_at_tau import at_tau
 
 from smallbatch import checks
+from smallbatch.cell import Cell
 from smallbatch.losses import REGISTRY, SogCLR, build_loss, display_name, in_batch_scores
 from smallbatch.pipeline.cells import expand_cells, make_cell
 from smallbatch.pipeline.config import ConfigError, load_config
@@ -246,7 +247,7 @@ def test_resume_restores_u_and_ends_bitwise_like_an_uninterrupted_run(tmp_path, 
     ref = run(tmp_path / "ref")
     with pytest.raises(KeyboardInterrupt):
         run(tmp_path / "cut", stop_after_steps=spe + 3)
-    state = train.read_state(tmp_path / "cut" / "state.pt", cell)
+    state = train.read_state(tmp_path / "cut" / "state.pt", Cell.of(cell))
     log_u = state["loss"]["log_u"]
     assert log_u.shape == (digits.pretrain_x.shape[0],) and torch.isfinite(log_u).sum() == spe * 32
     res = run(tmp_path / "cut")

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from smallbatch.cell import Cell
 from smallbatch.models import ContrastiveModel, build_backbone
 from smallbatch.pipeline import cli
 from smallbatch.pipeline.export import export_backbone, how_to_load
@@ -126,7 +127,7 @@ def test_a_resnet_loads_into_torchvisions_model(tmp_path, trained, name, channel
                 m.running_var.uniform_(0.5, 1.5)
     save_checkpoint(
         tmp_path / "checkpoint.pt",
-        cell,
+        Cell.of(cell),
         model=model.state_dict(),
         status="finished",
         channels=channels,
@@ -182,7 +183,7 @@ def test_refusals_are_one_line(tmp_path, trained):
     ck = load_checkpoint(trained["run_dir"] / "checkpoint.pt", kind="checkpoint")
     save_checkpoint(
         tmp_path / "diverged.pt",
-        ck["cell"],
+        Cell.of(ck["cell"]),
         model=ck["model"],
         status="diverged",
         channels=ck["channels"],
@@ -214,7 +215,7 @@ def test_a_backbone_with_nan_weights_is_refused(tmp_path, trained):
     model[name].view(-1)[0] = float("nan")
     save_checkpoint(
         tmp_path / "checkpoint.pt",
-        ck["cell"],
+        Cell.of(ck["cell"]),
         model=model,
         status="finished",
         channels=ck["channels"],

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from smallbatch.cell import Cell
 from smallbatch.errors import CheckpointError
 from smallbatch.pipeline import jobs
 from smallbatch.pipeline.cells import make_cell
@@ -82,10 +83,10 @@ def test_a_snapshot_is_the_run_of_its_budget_and_the_last_is_the_checkpoint(long
     spe = digits.pretrain_x.shape[0] // BS
     assert res.steps == 2 * spe
     final = train.load_checkpoint(out / "checkpoint.pt")["model"]
-    last = load_snapshot(snapshot_path(out, "ep2"), cell, "ep2")
+    last = load_snapshot(snapshot_path(out, "ep2"), Cell.of(cell), "ep2")
     _same(last["model"], final)
     assert last["budget"] == {"name": "ep2", "epochs": 2.0, "steps": 2 * spe, "images_seen": 2 * spe * BS}
-    half = load_snapshot(snapshot_path(out, "ep0.5"), cell, "ep0.5")
+    half = load_snapshot(snapshot_path(out, "ep0.5"), Cell.of(cell), "ep0.5")
     steps = snapshot_steps(0.5, spe)
     assert half["budget"]["steps"] == steps == round(spe / 2) and half["budget"]["images_seen"] == steps * BS
     short = _cell(epochs=2, steps=steps)  # the same cell trained for the snapshot's steps only
@@ -98,10 +99,10 @@ def test_a_snapshot_is_the_run_of_its_budget_and_the_last_is_the_checkpoint(long
 def test_a_snapshot_file_is_checked_against_its_cell_config_and_budget(long_run):
     cell, out, _ = long_run
     with pytest.raises(CheckpointError, match="is the snapshot of budget 'ep1', not of 'ep0.5'"):
-        load_snapshot(snapshot_path(out, "ep1"), cell, "ep0.5")
+        load_snapshot(snapshot_path(out, "ep1"), Cell.of(cell), "ep0.5")
     other = _cell(epochs=2, snapshot_epochs=[0.5, 1, 2], lr=1e-3)
     with pytest.raises(CheckpointError, match="belongs to another config of cell"):
-        load_snapshot(snapshot_path(out, "ep1"), other, "ep1")
+        load_snapshot(snapshot_path(out, "ep1"), Cell.of(other), "ep1")
     with pytest.raises(CheckpointError, match="is a snapshot of a budget on the way"):
         train.load_checkpoint(snapshot_path(out, "ep1"), kind="checkpoint")
 
@@ -114,7 +115,7 @@ def test_a_resumed_run_writes_the_same_snapshots(long_run, digits, tmp_path):
     _run(cell, digits, tmp_path)
     for name in ("ep0.5", "ep1", "ep2"):
         _same(
-            load_snapshot(snapshot_path(tmp_path, name), cell, name)["model"],
+            load_snapshot(snapshot_path(tmp_path, name), Cell.of(cell), name)["model"],
             torch.load(snapshot_path(out, name))["model"],
         )
 
@@ -154,7 +155,7 @@ def test_budgets_a_diverged_run_did_not_reach_finite_say_so(tmp_path, digits, ca
     cell = _cell(epochs=2, snapshot_epochs=[1, 2], optimizer="sgd", lr=1e30, warmup_epochs=0)
     assert _run(cell, digits, tmp_path).status == "diverged"
     for name in ("ep1", "ep2"):
-        snap = load_snapshot(snapshot_path(tmp_path, name), cell, name)
+        snap = load_snapshot(snapshot_path(tmp_path, name), Cell.of(cell), name)
         assert snap["status"] == "diverged" and snap["model"] == {}
     res = jobs.run_evaluate(
         cell, snapshot_path(tmp_path, "ep1"), tmp_path, tracking_uri=None, experiment="x", cache=cache, snapshot="ep1"

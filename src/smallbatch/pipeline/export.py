@@ -51,7 +51,7 @@ def export_backbone(checkpoint: Path, out: Path, cell: Cell | dict | None = None
     from ..io import save_torch
     from ..training.checkpoint import load_checkpoint
 
-    ck = load_checkpoint(checkpoint, cell=cell, kind="checkpoint")
+    ck = load_checkpoint(checkpoint, cell=None if cell is None else Cell.of(cell), kind="checkpoint")
     ckcell = _checkpoint_cell(ck)
     cid = ckcell.id if ckcell else "?"
     if ck.get("status") == "diverged":

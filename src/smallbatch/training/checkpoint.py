@@ -39,7 +39,7 @@ KINDS = ("state", "checkpoint", "snapshot")
 
 
 def load_checkpoint(
-    path: str | Path, map_location: Any = "cpu", *, cell: Cell | dict | None = None, kind: str | None = None
+    path: str | Path, map_location: Any = "cpu", *, cell: Cell | None = None, kind: str | None = None
 ) -> dict:
     """Load a state or checkpoint file; one-line :class:`CheckpointError` if it is missing,
     corrupt, not ours, of the other ``kind``, or (with ``cell``) of another cell or
@@ -83,9 +83,8 @@ def _load_weights_only(path: Path, map_location: Any) -> Any:
         raise CheckpointError(f"checkpoint {path} is corrupt or truncated ({first[:160]})") from None
 
 
-def check_cell(obj: dict, cell: Cell | dict, path: str | Path) -> None:
+def check_cell(obj: dict, cell: Cell, path: str | Path) -> None:
     """The file's cell id and hash are the cell's (one-line CheckpointError otherwise)."""
-    cell = Cell.of(cell)
     fid = obj.get("cell_id") or (obj.get("cell") or {}).get("id")
     fhash = obj.get("cell_hash") or (obj.get("cell") or {}).get("hash")
     if fid != cell.id:
@@ -96,17 +95,15 @@ def check_cell(obj: dict, cell: Cell | dict, path: str | Path) -> None:
         )
 
 
-def save_state(path: Path, cell: Cell | dict, **parts: Any) -> None:
+def save_state(path: Path, cell: Cell, **parts: Any) -> None:
     """Write ``state.pt``: the cell's id/hash and ``parts`` (model, optimizer, ..., step)."""
-    cell = Cell.of(cell)
     save_torch(path, {"kind": "state", "version": STATE_VERSION, "cell_id": cell.id, "cell_hash": cell.hash, **parts})
 
 
-def read_state(path: Path, cell: Cell | dict) -> dict | None:
+def read_state(path: Path, cell: Cell) -> dict | None:
     """The cell's resumable state, or None (with the reason on stderr) when ``state.pt``
     is absent, of another config of the cell, or of an older format; a corrupt file is a
     CheckpointError naming it."""
-    cell = Cell.of(cell)
     import sys
 
     if not path.exists():
@@ -134,9 +131,8 @@ def _load_state(path: Path) -> dict:
         ) from None
 
 
-def state_run_id(path: Path, cell: Cell | dict) -> str | None:
+def state_run_id(path: Path, cell: Cell) -> str | None:
     """The MLflow run id a resumable ``state.pt`` of this cell logs to (None if none)."""
-    cell = Cell.of(cell)
     if not Path(path).exists():
         return None
     st = _load_state(path)
@@ -145,9 +141,8 @@ def state_run_id(path: Path, cell: Cell | dict) -> str | None:
     return st.get("run_id")
 
 
-def save_checkpoint(path: Path, cell: Cell | dict, **parts: Any) -> None:
+def save_checkpoint(path: Path, cell: Cell, **parts: Any) -> None:
     """Write ``checkpoint.pt``: the finished cell (``parts``: model, status, steps, ...)."""
-    cell = Cell.of(cell)
     save_torch(
         path, {"kind": "checkpoint", "cell_id": cell.id, "cell_hash": cell.hash, "cell": cell.to_dict(), **parts}
     )
@@ -164,10 +159,9 @@ def snapshot_path(out_dir: str | Path, name: str) -> Path:
     return Path(out_dir) / "snapshots" / f"{name}.pt"
 
 
-def save_snapshot(path: Path, cell: Cell | dict, budget: dict, **parts: Any) -> None:
+def save_snapshot(path: Path, cell: Cell, budget: dict, **parts: Any) -> None:
     """Write a snapshot: the cell's id/hash, its ``budget`` (name, epochs, steps, images_seen)
     and ``parts`` (model, what the probes need to embed)."""
-    cell = Cell.of(cell)
     save_torch(
         path,
         {
@@ -181,7 +175,7 @@ def save_snapshot(path: Path, cell: Cell | dict, budget: dict, **parts: Any) -> 
     )
 
 
-def load_snapshot(path: str | Path, cell: Cell | dict, name: str, map_location: Any = "cpu") -> dict:
+def load_snapshot(path: str | Path, cell: Cell, name: str, map_location: Any = "cpu") -> dict:
     """The cell's snapshot of budget ``name``; a one-line CheckpointError for a missing file,
     another cell's or config's, another kind, or another budget."""
     obj = load_checkpoint(path, map_location, cell=cell, kind="snapshot")
