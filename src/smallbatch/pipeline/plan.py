@@ -133,7 +133,7 @@ class StudyPlan:
 def _typed(cell: dict, kind: type) -> Any:
     typed = read_cell(cell)
     if not isinstance(typed, kind):  # expand_cells plans cells, baseline_cells baselines
-        raise ValueError(f"{cell.get('id')!r} is not a {kind.__name__}")
+        raise ValueError(f"{typed.id!r} is not a {kind.__name__}")
     return typed
 
 
