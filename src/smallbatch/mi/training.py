@@ -49,7 +49,7 @@ def train_estimator(
     estimator: str,
     critic: Critic | str,
     K: int,
-    true_mi: float,  # noqa: F811 - the argument shadows the function on purpose (the brief's signature)
+    true_mi: float,
     d: int,
     steps: int,
     lr: float,
@@ -207,7 +207,7 @@ def train_estimators(
     critic: str,
     K: int,
     true_mi: float,
-    d: int,  # noqa: F811
+    d: int,
     steps: int,
     lr: float,
     seed: int,
