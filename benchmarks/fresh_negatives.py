@@ -51,9 +51,10 @@ def _cell(batch_size: int, extra: int | None) -> dict:
 
 
 def _arm(cell: dict, d, out: Path):
+    from smallbatch.cell import Cell
     from smallbatch.training import loop as train
 
-    t = train.build_training(cell, d.pretrain_x, d.mean, d.std, torch.device("cpu"), out)
+    t = train.build_training(Cell.of(cell), d.pretrain_x, d.mean, d.std, torch.device("cpu"), out)
     perm = torch.randperm(d.pretrain_x.shape[0], generator=t.rng.generator("permutation", 0))
     return t, perm
 

@@ -328,6 +328,7 @@ def section_syncs(args, plan: Plan):
     import torch
 
     from smallbatch import synthetic
+    from smallbatch.cell import Cell
     from smallbatch.training import loop as train
 
     _threads(args.device)
@@ -336,7 +337,9 @@ def section_syncs(args, plan: Plan):
     for compiled in (False, True):
         cell = throughput.study_cell(16, compiled, args.device)
         t0 = time.perf_counter()
-        t = train.build_training(cell, images, mean, std, train.resolve_device(args.device), Path(tempfile.mkdtemp()))
+        t = train.build_training(
+            Cell.of(cell), images, mean, std, train.resolve_device(args.device), Path(tempfile.mkdtemp())
+        )
         _loop_steps(t, 3)  # compile, CUDA-graph warm-up and recording happen here
         if t.dev.type == "cuda":
             torch.cuda.synchronize()

@@ -21,6 +21,7 @@ import time
 import torch
 
 from smallbatch import data
+from smallbatch.cell import Cell
 from smallbatch.diagnostics import alignment_uniformity
 from smallbatch.evaluation import embed
 from smallbatch.evaluation.representation import representation_metrics
@@ -47,7 +48,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    cell = next(iter(expand_cells(load_config(args.config)).values()))
+    cell = Cell.of(next(iter(expand_cells(load_config(args.config)).values())))
     d = data.load_dataset(cell["dataset"], cell["data_root"], seed=0, **data_options(cell["dataset_options"]))
     torch.manual_seed(0)
     model = train.build_model(cell, d.train_x.shape[1], d.train_x.shape[-1])

@@ -84,12 +84,20 @@ def _cell(dataset: str, batch_size: int, steps: int, width: int, temperature: fl
 
 def batched_rate(cell: dict, images: torch.Tensor, mean, std) -> float:
     """images/s of train.pretrain over its second ``log_every`` window."""
+    from smallbatch.cell import Cell
     from smallbatch.training import loop as train
 
     logs: list[tuple[int, dict]] = []
     with tempfile.TemporaryDirectory() as out:
         train.pretrain(
-            cell, images, mean, std, Path(out), device="cpu", progress=False, log_fn=lambda m, s: logs.append((s, m))
+            Cell.of(cell),
+            images,
+            mean,
+            std,
+            Path(out),
+            device="cpu",
+            progress=False,
+            log_fn=lambda m, s: logs.append((s, m)),
         )
     return float(logs[-1][1]["train/images_per_s"])
 

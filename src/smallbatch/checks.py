@@ -27,11 +27,10 @@ PRECISIONS = ("fp32", "bf16", "fp16", "fp64")
 TAU_RANGE = (1e-3, 1e2)
 
 
-def cell_problem(cell: Cell | dict) -> str | None:
-    """The first problem of a cell (a :class:`~smallbatch.cell.Cell` or its JSON object) that the
+def cell_problem(cell: Cell) -> str | None:
+    """The first problem of a typed cell (:class:`~smallbatch.cell.Cell`) that the
     schema cannot see: its batch against its images and devices, τ, k, the controls, the
     warm-up, its loss's parameters."""
-    cell = Cell.of(cell)
     return (
         images_problem(cell)
         or extreme_problem(cell)
@@ -57,10 +56,9 @@ def images_problem(cell: Cell) -> str | None:
     return f"{what} is larger than the {images:,} pretraining images of {name}{capped}"
 
 
-def settings_problem(cell: Cell | dict) -> str | None:
+def settings_problem(cell: Cell) -> str | None:
     """The checks that need no data set size: the batch against the devices, the precision,
     the budget, the controls and the loss's needs."""
-    cell = Cell.of(cell)
     bs, tr = cell.batch_size, cell.train
     if not isinstance(bs, int) or bs < 2:
         return f"batch_size must be an integer >= 2 (a batch of 1 has no negatives), not {bs!r}"
@@ -146,12 +144,11 @@ def fewshot_problem(ev, per_class: float | None) -> str | None:
     return None
 
 
-def control_problem(cell: Cell | dict) -> str | None:
+def control_problem(cell: Cell) -> str | None:
     """One line naming what is wrong with a cell's control settings (``train.neg_group``,
     ``bn_group``, ``mask_same_class``) or with its loss's needs (its registry properties:
     one process for a stateful or whole-batch loss, in-batch negatives for same-view ones,
     no ESS schedule for a learnt τ), or None."""
-    cell = Cell.of(cell)
     tr, bs = cell.train, cell.batch_size
     for key in ("neg_group", "bn_group"):
         g = getattr(tr, key)

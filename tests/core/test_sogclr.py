@@ -242,7 +242,9 @@ def test_resume_restores_u_and_ends_bitwise_like_an_uninterrupted_run(tmp_path, 
     spe = digits.pretrain_x.shape[0] // 32
 
     def run(out, **kw):
-        return train.pretrain(cell, digits.pretrain_x, digits.mean, digits.std, out, device="cpu", progress=False, **kw)
+        return train.pretrain(
+            Cell.of(cell), digits.pretrain_x, digits.mean, digits.std, out, device="cpu", progress=False, **kw
+        )
 
     ref = run(tmp_path / "ref")
     with pytest.raises(KeyboardInterrupt):
@@ -292,7 +294,7 @@ def test_a_tiny_sogclr_cell_trains_through_the_command_line(tmp_path):
 
 def test_sogclr_on_several_processes_is_refused_in_one_line():
     cell = _cell(devices=2)
-    assert "one process" in checks.control_problem(cell)
+    assert "one process" in checks.control_problem(Cell.of(cell))
 
 
 # --------------------------------------------------------------------------- iSogCLR
@@ -392,7 +394,9 @@ def test_an_isogclr_cell_logs_its_mean_temperature_and_resumes_bitwise(tmp_path,
     logs: list = []
 
     def run(out, **kw):
-        return train.pretrain(cell, digits.pretrain_x, digits.mean, digits.std, out, device="cpu", progress=False, **kw)
+        return train.pretrain(
+            Cell.of(cell), digits.pretrain_x, digits.mean, digits.std, out, device="cpu", progress=False, **kw
+        )
 
     run(tmp_path / "ref", log_fn=lambda m, s: logs.append(m))
     taus = [m["train/tau"] for m in logs]

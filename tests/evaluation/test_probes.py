@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from smallbatch.cell import read_cell
 from smallbatch.evaluation import probes
 from smallbatch.evaluation.linear import fit_linear, linear_eval, linear_top1, standardise
 from smallbatch.synthetic import clustered_features
@@ -164,7 +165,7 @@ def test_the_evaluation_step_writes_the_probes_in_percent(feats):
     }
     cfg = load_config(None, {"datasets": {"digits": {}}, "grid": {"seeds": [0]}, "device": "cpu", "eval": ev})
     cell = next(iter(expand_cells(cfg).values()))  # a cell of a config with these probe settings
-    out = _eval_on_features("linear", cell, (tr, ytr, te, yte))
+    out = _eval_on_features("linear", read_cell(cell), (tr, ytr, te, yte))
     raw = probes.linear_probes(
         tr, ytr, te, yte, weight_decays=DECAYS, fewshot_fractions=[0.1], fewshot_draws=2, epochs=20
     )

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from smallbatch.cell import TrainSettings
+from smallbatch.cell import BaselineCell, TrainSettings
 from smallbatch.data import load_dataset
 from smallbatch.evaluation.supervised import supervised_schedule, train_supervised
 from smallbatch.pipeline.cells import baseline_cells
@@ -55,12 +55,12 @@ def test_training_is_seeded_and_learns_the_labels():
     torch.set_num_threads(1)
     d = load_dataset("digits", None)
     cell = _digits_cell()
-    a = train_supervised(cell, d.train_x, d.train_y, 10, d.mean, d.std)
-    b = train_supervised(cell, d.train_x, d.train_y, 10, d.mean, d.std)
+    a = train_supervised(BaselineCell.of(cell), d.train_x, d.train_y, 10, d.mean, d.std)
+    b = train_supervised(BaselineCell.of(cell), d.train_x, d.train_y, 10, d.mean, d.std)
     assert all(torch.equal(p, q) for p, q in zip(a.state_dict().values(), b.state_dict().values()))
     # 10 epochs with a crop that keeps most of an 8 px digit
     cell = {**cell, "train": {**cell["train"], "epochs": 10}, "augment": {"crop_scale": [0.5, 1.0]}}
-    a = train_supervised(cell, d.train_x, d.train_y, 10, d.mean, d.std)
+    a = train_supervised(BaselineCell.of(cell), d.train_x, d.train_y, 10, d.mean, d.std)
     from smallbatch.evaluation.embed import embed
     from smallbatch.evaluation.linear import linear_eval
 
@@ -79,7 +79,7 @@ def test_run_baseline_evaluates_the_supervised_backbone_with_the_same_probes(tmp
     from smallbatch.pipeline.jobs import run_baseline
 
     out = tmp_path / "result.json"
-    res = run_baseline(_digits_cell(), out, tracking_uri=None, experiment="x")
+    res = run_baseline(BaselineCell.of(_digits_cell()), out, tracking_uri=None, experiment="x")
     assert res["status"] == "finished" and json.loads(out.read_text())["cell_id"] == "baselines/digits/supervised-s0"
     assert {"knn/top1", "linear/top1"} <= set(res)
 
@@ -95,4 +95,4 @@ def test_a_baseline_job_refuses_a_study_cell_and_a_supervised_cell_without_its_t
     for key in ("batch_size", "augment"):
         cell = {k: v for k, v in _digits_cell().items() if k != key}
         with pytest.raises(ValueError, match="needs a batch_size and augment"):
-            train_supervised(cell, d.train_x, d.train_y, 10, d.mean, d.std)
+            train_supervised(BaselineCell.of(cell), d.train_x, d.train_y, 10, d.mean, d.std)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from smallbatch.cell import Cell
+from smallbatch.cell import Cell, read_cell
 from smallbatch.models import ContrastiveModel, build_backbone
 from smallbatch.pipeline import cli
 from smallbatch.pipeline.export import export_backbone, how_to_load
@@ -68,7 +68,7 @@ def reference_backbone(checkpoint: Path) -> torch.nn.Module:
     from smallbatch.training.loop import build_model
 
     ck = load_checkpoint(checkpoint, kind="checkpoint")
-    model = build_model(ck["cell"], ck["channels"], ck["image_size"])
+    model = build_model(read_cell(ck["cell"]), ck["channels"], ck["image_size"])
     model.load_state_dict(ck["model"])
     return model.backbone.eval()
 

@@ -19,6 +19,7 @@ import torch
 from cluster import HANG_S
 
 from smallbatch import data, tracking
+from smallbatch.cell import Cell
 from smallbatch.errors import CheckpointError
 from smallbatch.pipeline import jobs as steps
 from smallbatch.pipeline.cells import make_cell
@@ -217,12 +218,12 @@ def test_rerunning_a_probe_logs_its_metrics_once(tmp_path, cache):
     cell = digits_cell(epochs=1)
     out = tmp_path / "cell"
     uri = _store(tmp_path / "mlflow.db")
-    steps.run_pretrain(cell, out, tracking_uri=uri, experiment=EXPERIMENT, cache=cache, progress=False)
-    steps.run_embed(cell, out / "checkpoint.pt", out / "features.npz", cache=cache)
+    steps.run_pretrain(Cell.of(cell), out, tracking_uri=uri, experiment=EXPERIMENT, cache=cache, progress=False)
+    steps.run_embed(Cell.of(cell), out / "checkpoint.pt", out / "features.npz", cache=cache)
     for _ in range(2):
         for kind in ("knn", "linear"):
             steps.run_probe(
-                kind, cell, out / "features.npz", out / f"{kind}.json", tracking_uri=uri, experiment=EXPERIMENT
+                kind, Cell.of(cell), out / "features.npz", out / f"{kind}.json", tracking_uri=uri, experiment=EXPERIMENT
             )
     run = tracking.find_cell_run(uri, EXPERIMENT, cell)
     for key in ("knn/top1", "linear/top1", "knn/seconds"):
@@ -245,8 +246,8 @@ def two_cells(tmp_path_factory, cache):
         seed=0,
     )
     for name, cell in cells.items():
-        steps.run_pretrain(cell, root / name, tracking_uri=None, experiment="x", cache=cache, progress=False)
-        steps.run_embed(cell, root / name / "checkpoint.pt", root / name / "features.npz", cache=cache)
+        steps.run_pretrain(Cell.of(cell), root / name, tracking_uri=None, experiment="x", cache=cache, progress=False)
+        steps.run_embed(Cell.of(cell), root / name / "checkpoint.pt", root / name / "features.npz", cache=cache)
         (root / name / "cell.json").write_text(json.dumps(cell))
     return root, cells
 
@@ -254,12 +255,12 @@ def two_cells(tmp_path_factory, cache):
 def test_embed_refuses_another_cells_checkpoint_and_a_state(two_cells, cache, tmp_path):
     root, cells = two_cells
     with pytest.raises(CheckpointError, match="belongs to cell 'digits/dcl/bs32-t0.5-s0', not to 'digits/infonce"):
-        steps.run_embed(cells["a"], root / "b" / "checkpoint.pt", tmp_path / "f.npz", cache=cache)
+        steps.run_embed(Cell.of(cells["a"]), root / "b" / "checkpoint.pt", tmp_path / "f.npz", cache=cache)
     with pytest.raises(CheckpointError, match="is a training state"):
-        steps.run_embed(cells["a"], root / "a" / "state.pt", tmp_path / "f.npz", cache=cache)
+        steps.run_embed(Cell.of(cells["a"]), root / "a" / "state.pt", tmp_path / "f.npz", cache=cache)
     other_config = dict(cells["a"], hash="0123456789")
     with pytest.raises(CheckpointError, match="another config"):
-        steps.run_embed(other_config, root / "a" / "checkpoint.pt", tmp_path / "f.npz", cache=cache)
+        steps.run_embed(Cell.of(other_config), root / "a" / "checkpoint.pt", tmp_path / "f.npz", cache=cache)
     assert not (tmp_path / "f.npz").exists()
     res = cli(
         "embed",
@@ -301,14 +302,16 @@ def test_a_cell_that_collapses_without_a_nan_is_recorded_as_collapsed(tmp_path, 
     cell = digits_cell(epochs=2, lr=1e6)
     out = tmp_path / "cell"
     uri = _store(tmp_path / "mlflow.db")
-    res = steps.run_pretrain(cell, out, tracking_uri=uri, experiment=EXPERIMENT, cache=cache, progress=False)
+    res = steps.run_pretrain(Cell.of(cell), out, tracking_uri=uri, experiment=EXPERIMENT, cache=cache, progress=False)
     assert res["status"] == "collapsed" and res["final_loss"] == res["final_loss"]  # finite, not diverged
     ck = train.load_checkpoint(out / "checkpoint.pt")
     assert ck["status"] == "collapsed" and ck["health"]["projection_std"] < 1e-3
-    steps.run_embed(cell, out / "checkpoint.pt", out / "features.npz", cache=cache)
-    knn = steps.run_probe("knn", cell, out / "features.npz", out / "knn.json", tracking_uri=uri, experiment=EXPERIMENT)
+    steps.run_embed(Cell.of(cell), out / "checkpoint.pt", out / "features.npz", cache=cache)
+    knn = steps.run_probe(
+        "knn", Cell.of(cell), out / "features.npz", out / "knn.json", tracking_uri=uri, experiment=EXPERIMENT
+    )
     lin = steps.run_probe(
-        "linear", cell, out / "features.npz", out / "lin.json", tracking_uri=uri, experiment=EXPERIMENT
+        "linear", Cell.of(cell), out / "features.npz", out / "lin.json", tracking_uri=uri, experiment=EXPERIMENT
     )
     assert knn["status"] == lin["status"] == "collapsed" and knn["knn/top1"] < 15
     run = tracking.find_cell_run(uri, EXPERIMENT, cell)
@@ -318,7 +321,9 @@ def test_a_cell_that_collapses_without_a_nan_is_recorded_as_collapsed(tmp_path, 
 
 def test_a_healthy_cell_is_not_called_collapsed(tmp_path, cache):
     d = data.load_cache(cache)
-    res = train.pretrain(digits_cell(epochs=1), d.pretrain_x, d.mean, d.std, tmp_path, device="cpu", progress=False)
+    res = train.pretrain(
+        Cell.of(digits_cell(epochs=1)), d.pretrain_x, d.mean, d.std, tmp_path, device="cpu", progress=False
+    )
     assert res.status == "finished" and res.health["effective_rank"] > 2 and res.health["projection_std"] > 1e-2
 
 

@@ -21,9 +21,10 @@ import json, sys
 from smallbatch.pipeline.cellcheck import cell_problem
 from smallbatch.pipeline.cells import expand_cells
 from smallbatch.pipeline.config import load_config
+from smallbatch.cell import Cell
 cfg = load_config(sys.argv[1], json.loads(sys.argv[2]))
 cells = expand_cells(cfg)
-problems = [cell_problem(c) for c in cells.values()]  # the schema's, then every one of smallbatch.checks
+problems = [cell_problem(Cell.of(c)) for c in cells.values()]  # the schema's, then every one of smallbatch.checks
 print(json.dumps([len(cells), sum(p is not None for p in problems), "torch" in sys.modules]))
 """
 

@@ -16,6 +16,7 @@ import torch
 from test_reliability import TINY
 
 from smallbatch import tracking
+from smallbatch.cell import Cell, read_cell
 from smallbatch.pipeline import jobs as steps
 from smallbatch.pipeline.cells import make_cell
 from smallbatch.pipeline.config import load_config
@@ -41,8 +42,8 @@ def study(tmp_path_factory, cache):
     tracking.init_store(uri, EXPERIMENT, "config.yaml")
     cell = digits_cell(tracking={"log_checkpoint": True}, eval={"monitor_every": 1})
     out = results / "runs" / "cell"
-    steps.run_pretrain(cell, out, tracking_uri=uri, experiment=EXPERIMENT, cache=cache, progress=False)
-    steps.run_evaluate(cell, out / "checkpoint.pt", out, tracking_uri=uri, experiment=EXPERIMENT, cache=cache)
+    steps.run_pretrain(Cell.of(cell), out, tracking_uri=uri, experiment=EXPERIMENT, cache=cache, progress=False)
+    steps.run_evaluate(Cell.of(cell), out / "checkpoint.pt", out, tracking_uri=uri, experiment=EXPERIMENT, cache=cache)
     run_id = tracking.find_cell_run(uri, EXPERIMENT, cell).run_id
     model = load_checkpoint(out / "checkpoint.pt")["model"]
     shutil.move(root / "study", root / "moved")
@@ -67,7 +68,7 @@ def test_a_moved_study_still_reads_its_artifacts(study, tmp_path):
     assert knn["knn/top1"] == pytest.approx(run.data.metrics["knn/top1"])
     # the backbone: a plain state dict that loads into a fresh backbone of the cell, strictly
     weights = torch.load(reader.download_artifact(run_id, "backbone.pt", tmp_path), weights_only=True)
-    fresh = train.build_model(cell, 1, 8).backbone
+    fresh = train.build_model(read_cell(cell), 1, 8).backbone
     fresh.load_state_dict(weights)
     for k, v in fresh.state_dict().items():
         assert torch.equal(v, model[f"backbone.{k}"]), k

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from smallbatch.cell import Cell
 from smallbatch.losses import REGISTRY
 from smallbatch.pipeline.cells import make_cell
 from smallbatch.pipeline.config import load_config
@@ -38,7 +39,7 @@ def _training(loss: str, recipe: str, channels: int, size: int, tmp: Path, **tra
     )
     cell = make_cell(cfg, dataset="digits", loss=loss, loss_params={}, batch_size=8, temperature=0.2, seed=0)
     images = (torch.rand(64, channels, size, size, generator=torch.Generator().manual_seed(0)) * 255).to(torch.uint8)
-    t = train.build_training(cell, images, [0.5] * channels, [0.25] * channels, torch.device("cpu"), tmp)
+    t = train.build_training(Cell.of(cell), images, [0.5] * channels, [0.25] * channels, torch.device("cpu"), tmp)
     return t, images
 
 
@@ -99,7 +100,7 @@ def test_compiled_training_follows_the_eager_loss_curve(tmp_path):
         cell = make_cell(cfg, dataset="digits", loss="infonce", loss_params={}, batch_size=32, temperature=0.5, seed=0)
         logs: list = []
         train.pretrain(
-            cell,
+            Cell.of(cell),
             d.pretrain_x,
             d.mean,
             d.std,

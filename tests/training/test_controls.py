@@ -21,6 +21,7 @@ import torch
 from loss_at_tau import at_tau
 
 from smallbatch import checks
+from smallbatch.cell import Cell
 from smallbatch.losses import (
     REGISTRY,
     build_loss,
@@ -122,10 +123,12 @@ def test_a_group_that_does_not_divide_the_batch_is_one_line():
     with pytest.raises(ValueError, match="group of 3 images must be >= 2 and divide the batch of 8"):
         grouped_in_batch_scores(z1, z2, 3)
     cell = _cell(batch_size=24, neg_group=16, bn_group=16)
-    problem = checks.control_problem(cell)
+    problem = checks.control_problem(Cell.of(cell))
     assert problem.startswith("train.neg_group = 16 does not divide batch_size 24") and "\n" not in problem
     with pytest.raises(ValueError, match="does not divide batch_size 24"):
-        train.pretrain(cell, torch.zeros(64, 1, 8, 8, dtype=torch.uint8), [0.5], [0.2], Path("unused"), device="cpu")
+        train.pretrain(
+            Cell.of(cell), torch.zeros(64, 1, 8, 8, dtype=torch.uint8), [0.5], [0.2], Path("unused"), device="cpu"
+        )
     with pytest.raises(ConfigError, match=r"^cell 'digits/infonce/bs24-t0.1-s0-ng16': train.neg_group = 16 does not"):
         load_config(None, {"datasets": {"digits": {}}, "grid": {"batch_sizes": [16, 24], "axes": {"neg_group": [16]}}})
 
@@ -202,11 +205,13 @@ def test_the_oracle_needs_labelled_pretraining_images(tmp_path):
     cell = _cell(mask_same_class=True)
     images = torch.zeros(64, 1, 8, 8, dtype=torch.uint8)
     with pytest.raises(ValueError, match="mask_same_class but its pretraining images have no labels"):
-        train.build_training(cell, images, [0.5], [0.2], torch.device("cpu"), tmp_path)
-    t = train.build_training(cell, images, [0.5], [0.2], torch.device("cpu"), tmp_path, labels=torch.arange(64) % 10)
+        train.build_training(Cell.of(cell), images, [0.5], [0.2], torch.device("cpu"), tmp_path)
+    t = train.build_training(
+        Cell.of(cell), images, [0.5], [0.2], torch.device("cpu"), tmp_path, labels=torch.arange(64) % 10
+    )
     assert torch.equal(t.step_fn.source.labels, torch.arange(64) % 10)
     plain = train.build_training(
-        _cell(), images, [0.5], [0.2], torch.device("cpu"), tmp_path, labels=torch.arange(64) % 10
+        Cell.of(_cell()), images, [0.5], [0.2], torch.device("cpu"), tmp_path, labels=torch.arange(64) % 10
     )
     assert plain.step_fn.source.labels is None  # labels reach the mask only when asked
 
@@ -283,15 +288,17 @@ def test_ghost_batchnorm_keeps_the_state_dict_and_is_plain_batchnorm_in_eval_mod
 
 def test_bn_group_reaches_the_networks_and_equal_to_the_batch_is_plain(tmp_path):
     images = torch.zeros(64, 1, 8, 8, dtype=torch.uint8)
-    t = train.build_training(_cell(bn_group=4), images, [0.5], [0.2], torch.device("cpu"), tmp_path)
+    t = train.build_training(Cell.of(_cell(bn_group=4)), images, [0.5], [0.2], torch.device("cpu"), tmp_path)
     bns = [m for m in t.step_fn.model.modules() if isinstance(m, GhostBatchNorm)]
     assert bns and all((m.group, m.views) == (4, 2) for m in bns)
-    q = train.build_training(_cell(bn_group=4, queue_size=16), images, [0.5], [0.2], torch.device("cpu"), tmp_path)
+    q = train.build_training(
+        Cell.of(_cell(bn_group=4, queue_size=16)), images, [0.5], [0.2], torch.device("cpu"), tmp_path
+    )
     assert all(m.views == 1 for m in q.step_fn.source.key_model.modules() if isinstance(m, GhostBatchNorm))
-    same = train.build_training(_cell(bn_group=8), images, [0.5], [0.2], torch.device("cpu"), tmp_path)
+    same = train.build_training(Cell.of(_cell(bn_group=8)), images, [0.5], [0.2], torch.device("cpu"), tmp_path)
     assert not any(isinstance(m, GhostBatchNorm) for m in same.step_fn.model.modules())
-    assert "chunk_size" in checks.control_problem(_cell(bn_group=4, chunk_size=4))
-    assert "queue_size" in checks.control_problem(_cell(neg_group=4, queue_size=16))
+    assert "chunk_size" in checks.control_problem(Cell.of(_cell(bn_group=4, chunk_size=4)))
+    assert "queue_size" in checks.control_problem(Cell.of(_cell(neg_group=4, queue_size=16)))
 
 
 # --------------------------------------------------------------------------- budgets, lr, ids
@@ -316,8 +323,8 @@ def _cell(batch_size: int = 8, loss: str = "infonce", **train_opts):
 def test_the_two_budgets_and_a_learning_rate_per_batch_size(tmp_path):
     images = torch.zeros(64, 1, 8, 8, dtype=torch.uint8)
     dev = torch.device("cpu")
-    epochs = train.build_training(_cell(epochs=2), images, [0.5], [0.2], dev, tmp_path)
-    steps = train.build_training(_cell(epochs=2, steps=5), images, [0.5], [0.2], dev, tmp_path)
+    epochs = train.build_training(Cell.of(_cell(epochs=2)), images, [0.5], [0.2], dev, tmp_path)
+    steps = train.build_training(Cell.of(_cell(epochs=2, steps=5)), images, [0.5], [0.2], dev, tmp_path)
     assert (epochs.total, steps.total) == (2 * 64 // 8, 5)
     cfg = load_config(
         None,
@@ -335,7 +342,7 @@ def test_the_two_budgets_and_a_learning_rate_per_batch_size(tmp_path):
     cells = expand_cells(cfg)
     assert {c["batch_size"]: c["train"]["lr"] for c in cells.values()} == {16: 3e-4, 256: 2e-3}
     small = next(c for c in cells.values() if c["batch_size"] == 16)
-    t = train.build_training(small, images, [0.5], [0.2], dev, tmp_path)
+    t = train.build_training(Cell.of(small), images, [0.5], [0.2], dev, tmp_path)
     assert t.peak_lr == pytest.approx(3e-4)
 
 
@@ -388,7 +395,13 @@ def test_the_step_with_every_control_is_one_graph(loss, opts, tmp_path):
     torch.set_num_threads(1)
     images = (torch.rand(64, 1, 8, 8, generator=torch.Generator().manual_seed(0)) * 255).to(torch.uint8)
     t = train.build_training(
-        _cell(loss=loss, **opts), images, [0.5], [0.25], torch.device("cpu"), tmp_path, labels=torch.arange(64) % 10
+        Cell.of(_cell(loss=loss, **opts)),
+        images,
+        [0.5],
+        [0.25],
+        torch.device("cpu"),
+        tmp_path,
+        labels=torch.arange(64) % 10,
     )
     idx = torch.arange(8) * 3
     u = t.step_fn.aug.draw(16, torch.Generator().manual_seed(0))
@@ -404,7 +417,13 @@ def test_the_oracle_masks_same_class_keys_of_a_queue(tmp_path):
     images = torch.zeros(64, 1, 8, 8, dtype=torch.uint8)
     labels = torch.arange(64) % 4
     t = train.build_training(
-        _cell(queue_size=16, mask_same_class=True), images, [0.5], [0.2], torch.device("cpu"), tmp_path, labels=labels
+        Cell.of(_cell(queue_size=16, mask_same_class=True)),
+        images,
+        [0.5],
+        [0.2],
+        torch.device("cpu"),
+        tmp_path,
+        labels=labels,
     )
     src = t.step_fn.source
     g = torch.Generator().manual_seed(0)
@@ -423,7 +442,7 @@ def test_the_gradient_norms_of_a_grouped_cell_are_measured_on_its_grouped_scores
     from smallbatch.diagnostics import embedding_grad_norm
 
     images = (torch.rand(64, 1, 8, 8, generator=torch.Generator().manual_seed(0)) * 255).to(torch.uint8)
-    t = train.build_training(_cell(neg_group=4), images, [0.5], [0.2], torch.device("cpu"), tmp_path)
+    t = train.build_training(Cell.of(_cell(neg_group=4)), images, [0.5], [0.2], torch.device("cpu"), tmp_path)
     out, _ = train.one_step(t, torch.arange(8), watch=False)
     m = train.mechanism_metrics(t, out, None)
     grouped = embedding_grad_norm(

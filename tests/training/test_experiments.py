@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from smallbatch.cell import Cell
 from smallbatch.diagnostics import diagnostics
 from smallbatch.losses import in_batch_scores
 from smallbatch.pipeline.cells import expand_cells
@@ -164,7 +165,13 @@ def test_ess_scheduled_training_follows_target(tmp_path):
     d = D.load_dataset("digits", tmp_path)
     logged = []
     res = pretrain(
-        cell, d.pretrain_x, d.mean, d.std, tmp_path / "run", log_fn=lambda m, s: logged.append((s, m)), progress=False
+        Cell.of(cell),
+        d.pretrain_x,
+        d.mean,
+        d.std,
+        tmp_path / "run",
+        log_fn=lambda m, s: logged.append((s, m)),
+        progress=False,
     )
     assert res.status == "finished"
     for step, m in logged:

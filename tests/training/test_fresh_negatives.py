@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from smallbatch import checks
+from smallbatch.cell import Cell
 from smallbatch.losses import build_loss
 from smallbatch.models import ContrastiveModel, build_backbone
 from smallbatch.pipeline.cells import expand_cells, make_cell
@@ -162,7 +163,9 @@ def test_the_arm_is_paired_with_the_plain_cell_of_its_seed(tmp_path):
     images = (torch.rand(96, 1, 8, 8, generator=torch.Generator().manual_seed(0)) * 255).to(torch.uint8)
     seen = {}
     for name, opts in (("plain", {}), ("fresh", {"extra_negatives": 24})):
-        t = train.build_training(_cell(**opts, epochs=1), images, [0.5], [0.25], torch.device("cpu"), tmp_path / name)
+        t = train.build_training(
+            Cell.of(_cell(**opts, epochs=1)), images, [0.5], [0.25], torch.device("cpu"), tmp_path / name
+        )
         seen[name] = _Seen(t.step_fn)
         train.run_loop(t, train.Hooks(progress=False), 0.0)
     plain, fresh = seen["plain"].calls, seen["fresh"].calls
@@ -201,16 +204,16 @@ def test_the_arm_is_a_control_with_its_id_k_and_hash_and_its_refusals_are_one_li
         ({"mask_same_class": True}, "mask_same_class"),
         ({"bn_group": None, "chunk_size": 4}, "chunk_size"),
     ):
-        problem = checks.control_problem(_cell(extra_negatives=16, **opts))
+        problem = checks.control_problem(Cell.of(_cell(extra_negatives=16, **opts)))
         assert f"train.{key}" in problem and "\n" not in problem
-    assert "does not divide train.extra_negatives = 12" in checks.control_problem(_cell(extra_negatives=12))
+    assert "does not divide train.extra_negatives = 12" in checks.control_problem(Cell.of(_cell(extra_negatives=12)))
     with pytest.raises(ConfigError, match="with 1500 extra negatives is larger than the 1,437 pretraining images"):
         load_config(None, {"datasets": {"digits": {}}, "train": {**TINY, "extra_negatives": 1500}})
 
 
 def test_the_step_with_fresh_negatives_is_one_graph(tmp_path):
     images = (torch.rand(64, 1, 8, 8, generator=torch.Generator().manual_seed(0)) * 255).to(torch.uint8)
-    t = train.build_training(_cell(extra_negatives=16), images, [0.5], [0.25], torch.device("cpu"), tmp_path)
+    t = train.build_training(Cell.of(_cell(extra_negatives=16)), images, [0.5], [0.25], torch.device("cpu"), tmp_path)
     idx = torch.arange(24) * 2
     u = t.step_fn.aug.draw(48, torch.Generator().manual_seed(0))
     fwd = torch._dynamo.explain(t.step_fn.forward)(images[idx], u, idx)
@@ -220,7 +223,7 @@ def test_the_step_with_fresh_negatives_is_one_graph(tmp_path):
 def test_a_fresh_negatives_cell_resumes_bitwise(tmp_path, digits):
     cell = _cell(batch_size=16, extra_negatives=48, bn_group=16, epochs=2)
     run = lambda out, **kw: train.pretrain(  # noqa: E731
-        cell, digits.pretrain_x, digits.mean, digits.std, Path(out), device="cpu", progress=False, **kw
+        Cell.of(cell), digits.pretrain_x, digits.mean, digits.std, Path(out), device="cpu", progress=False, **kw
     )
     ref = run(tmp_path / "ref")
     spe = digits.pretrain_x.shape[0] // 16

@@ -40,6 +40,7 @@ from test_distributed import (
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
+from smallbatch.cell import Cell
 from smallbatch.losses import REGISTRY
 from smallbatch.training.distributed import World, data_parallel, mean_over_processes, sync_batchnorm
 from smallbatch.training.gradcache import cached_backward, chunk_slices, eval_batchnorm
@@ -289,7 +290,7 @@ def _train_step_updates(chunk_size, queue_size: int, steps: int = 3):
     )
     cell = make_cell(cfg, dataset="digits", loss="dclw", loss_params={}, batch_size=16, temperature=0.5, seed=0)
     d = data.load_dataset("digits", None)
-    t = train.build_training(cell, d.pretrain_x[:64], d.mean, d.std, torch.device("cpu"), out_dir=None)
+    t = train.build_training(Cell.of(cell), d.pretrain_x[:64], d.mean, d.std, torch.device("cpu"), out_dir=None)
     w0 = [p.detach().clone() for p in t.step_fn.model.parameters()]
     for step in range(steps):
         train.one_step(t, torch.arange(16 * step, 16 * step + 16), watch=False)

@@ -17,6 +17,7 @@ import torch
 from test_distributed import run_spawned
 
 from smallbatch import data
+from smallbatch.cell import Cell
 from smallbatch.checks import control_problem
 from smallbatch.pipeline.cells import make_cell
 from smallbatch.pipeline.config import load_config
@@ -33,7 +34,7 @@ def learnt_tau_cell(loss: str = "infonce_lt", **train_opts) -> dict:
 
 
 def run(cell: dict, images, d, out: Path, **kw) -> train.TrainResult:
-    return train.pretrain(cell, images, d.mean, d.std, out, device="cpu", progress=False, **kw)
+    return train.pretrain(Cell.of(cell), images, d.mean, d.std, out, device="cpu", progress=False, **kw)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -46,7 +47,7 @@ def one_thread():
 
 def test_the_learnt_temperature_is_trained_without_weight_decay_and_starts_at_the_cells(tmp_path, digits):
     cell = learnt_tau_cell(epochs=1, weight_decay=1e-4)
-    t = train.build_training(cell, digits.pretrain_x, digits.mean, digits.std, torch.device("cpu"), tmp_path)
+    t = train.build_training(Cell.of(cell), digits.pretrain_x, digits.mean, digits.std, torch.device("cpu"), tmp_path)
     groups = t.step_fn.opt.param_groups
     loss = t.step_fn.loss_fn
     assert len(groups) == 2 and groups[1]["params"] == [loss.log_scale] and groups[1]["weight_decay"] == 0.0
@@ -87,7 +88,7 @@ def test_the_learnt_temperature_trains_logs_its_value_and_resumes_bitwise(loss, 
 
 
 def test_a_learnt_temperature_and_an_ess_schedule_are_refused_in_one_line():
-    problem = control_problem(learnt_tau_cell(epochs=1, ess_schedule={"start": 0.9, "end": 0.3}))
+    problem = control_problem(Cell.of(learnt_tau_cell(epochs=1, ess_schedule={"start": 0.9, "end": 0.3})))
     assert problem == "InfoNCE (learnt τ) learns its temperature; set train.ess_schedule: null"
 
 
@@ -104,7 +105,7 @@ def trained_tau(world=None, out: Path | None = None) -> float:
     size = world.size if world is not None else 1
     cell = learnt_tau_cell(steps=STEPS, devices=size, log_every=STEPS)
     out = out or Path(tempfile.mkdtemp(prefix="learnt-tau-"))
-    t = train.build_training(cell, d.pretrain_x[:256], d.mean, d.std, torch.device("cpu"), out, world)
+    t = train.build_training(Cell.of(cell), d.pretrain_x[:256], d.mean, d.std, torch.device("cpu"), out, world)
     assert train.run_loop(t, train.Hooks(progress=False), time.perf_counter()) == "finished" and t.step == STEPS
     return float(t.step_fn.loss_fn.learnt_temperature().detach())
 

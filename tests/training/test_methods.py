@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from smallbatch import checks
+from smallbatch.cell import Cell, read_cell
 from smallbatch.pipeline.cells import make_cell
 from smallbatch.pipeline.config import load_config
 from smallbatch.training import loop as train
@@ -35,7 +36,7 @@ def method_cell(loss: str, batch_size: int = 32, **train_opts) -> dict:
 
 
 def run(cell: dict, d, out: Path, **kw) -> train.TrainResult:
-    return train.pretrain(cell, d.pretrain_x, d.mean, d.std, out, device="cpu", progress=False, **kw)
+    return train.pretrain(Cell.of(cell), d.pretrain_x, d.mean, d.std, out, device="cpu", progress=False, **kw)
 
 
 def test_the_ema_schedule_is_byols_cosine_from_its_base_to_one_or_fixed():
@@ -52,7 +53,12 @@ def test_the_ema_schedule_is_byols_cosine_from_its_base_to_one_or_fixed():
 def test_the_model_carries_the_predictor_its_loss_declares(tmp_path, digits):
     for loss, hidden in (("simsiam", 2), ("byol", 16), ("vicreg", None)):  # proj_dim 8 / 4; proj_hidden
         t = train.build_training(
-            method_cell(loss, epochs=1), digits.pretrain_x, digits.mean, digits.std, torch.device("cpu"), tmp_path
+            Cell.of(method_cell(loss, epochs=1)),
+            digits.pretrain_x,
+            digits.mean,
+            digits.std,
+            torch.device("cpu"),
+            tmp_path,
         )
         model, src = t.step_fn.model, t.step_fn.source
         assert isinstance(src, Siamese) and t.cell.negatives == 0
@@ -67,7 +73,7 @@ def test_the_model_carries_the_predictor_its_loss_declares(tmp_path, digits):
 
 def test_byols_target_is_an_exact_ema_of_the_online_network_and_never_trained(tmp_path, digits):
     cell = method_cell("byol", epochs=1, bn_group=8)
-    t = train.build_training(cell, digits.pretrain_x, digits.mean, digits.std, torch.device("cpu"), tmp_path)
+    t = train.build_training(Cell.of(cell), digits.pretrain_x, digits.mean, digits.std, torch.device("cpu"), tmp_path)
     s, target = t.step_fn, t.step_fn.source.target
     assert not hasattr(target, "predictor") and all(not p.requires_grad for p in target.parameters())
     online0 = {k: v.clone() for k, v in s.model.state_dict().items()}
@@ -112,7 +118,7 @@ def test_a_method_cell_trains_logs_the_covariance_rank_and_resumes_bitwise(loss,
     if loss == "byol":
         assert a["ema_updates"] == b["ema_updates"] == ref.steps
     ck = train.load_checkpoint(tmp_path / "cell" / "checkpoint.pt")
-    train.build_model(ck["cell"], ck["channels"], ck["image_size"]).load_state_dict(
+    train.build_model(read_cell(ck["cell"]), ck["channels"], ck["image_size"]).load_state_dict(
         ck["model"]
     )  # strict: predictor too
 
@@ -136,9 +142,9 @@ def test_a_method_cell_trains_logs_the_covariance_rank_and_resumes_bitwise(loss,
     ids=["devices", "queue", "neg_group", "oracle", "ess", "chunks"],
 )
 def test_what_needs_negatives_or_processes_is_refused_in_one_line(opts, says):
-    problem = checks.control_problem(method_cell("simsiam", epochs=1, **opts))
+    problem = checks.control_problem(Cell.of(method_cell("simsiam", epochs=1, **opts)))
     assert problem is not None and says in problem and "\n" not in problem
-    assert checks.control_problem(method_cell("simsiam", epochs=1, bn_group=8)) is None
+    assert checks.control_problem(Cell.of(method_cell("simsiam", epochs=1, bn_group=8))) is None
 
 
 @pytest.mark.parametrize("method", ["simsiam", "vicreg", "byol"])

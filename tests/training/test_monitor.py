@@ -8,6 +8,7 @@ import pytest
 import torch
 from test_train import assert_same_weights, digits_cell, run, weights
 
+from smallbatch.cell import Cell
 from smallbatch.evaluation.monitor import KnnMonitor, knn_monitor
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # the same weights, bitwise
@@ -24,7 +25,7 @@ def test_the_monitor_logs_every_nth_epoch_and_trains_the_same_weights(tmp_path, 
         digits,
         tmp_path / "on",
         log_fn=lambda m, s: logs.append((s, m)),
-        at_epoch_end=knn_monitor(watched, digits, torch.device("cpu")),
+        at_epoch_end=knn_monitor(Cell.of(watched), digits, torch.device("cpu")),
     )
     assert_same_weights(weights(tmp_path / "off" / "checkpoint.pt"), weights(tmp_path / "on" / "checkpoint.pt"))
     spe = digits.pretrain_x.shape[0] // cell["batch_size"]
@@ -40,7 +41,7 @@ def test_the_held_out_split_is_training_images_apart_from_the_bank(digits):
     q = {rows[tuple(r.tolist())] for r in mon.xq.flatten(1)}
     b = {rows[tuple(r.tolist())] for r in mon.xb.flatten(1)}
     assert q and b and not q & b  # every query is a training image, none of them in the bank
-    assert knn_monitor(digits_cell(), digits, "cpu") is None  # off by default
+    assert knn_monitor(Cell.of(digits_cell()), digits, "cpu") is None  # off by default
 
 
 @pytest.mark.parametrize("every", [-1, 1.5, True])

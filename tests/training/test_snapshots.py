@@ -32,7 +32,7 @@ def _cell(**train_opts) -> dict:
 
 
 def _run(cell: dict, d, out: Path, **kw) -> train.TrainResult:
-    return train.pretrain(cell, d.pretrain_x, d.mean, d.std, out, device="cpu", progress=False, **kw)
+    return train.pretrain(Cell.of(cell), d.pretrain_x, d.mean, d.std, out, device="cpu", progress=False, **kw)
 
 
 def _same(a: dict, b: dict) -> None:
@@ -75,7 +75,7 @@ def test_two_budgets_on_one_step_are_refused(tmp_path):
     cell = _cell(epochs=2, snapshot_epochs=[0.5, 0.501])
     images = torch.zeros(8 * BS, 1, 8, 8, dtype=torch.uint8)  # 8 steps an epoch
     with pytest.raises(ValueError, match=r"snapshot_epochs 0.5 and 0.501 are both step 4"):
-        train.build_training(cell, images, [0.5], [0.2], torch.device("cpu"), tmp_path)
+        train.build_training(Cell.of(cell), images, [0.5], [0.2], torch.device("cpu"), tmp_path)
 
 
 def test_a_snapshot_is_the_run_of_its_budget_and_the_last_is_the_checkpoint(long_run, digits, tmp_path):
@@ -123,7 +123,7 @@ def test_a_resumed_run_writes_the_same_snapshots(long_run, digits, tmp_path):
 def test_the_probes_evaluate_a_snapshot_as_the_final_checkpoint(long_run, cache):
     cell, out, _ = long_run
     res = jobs.run_evaluate(
-        cell,
+        Cell.of(cell),
         snapshot_path(out, "ep2"),
         out / "snapshots",
         tracking_uri=None,
@@ -131,13 +131,15 @@ def test_the_probes_evaluate_a_snapshot_as_the_final_checkpoint(long_run, cache)
         cache=cache,
         snapshot="ep2",
     )
-    final = jobs.run_evaluate(cell, out / "checkpoint.pt", out, tracking_uri=None, experiment="x", cache=cache)
+    final = jobs.run_evaluate(Cell.of(cell), out / "checkpoint.pt", out, tracking_uri=None, experiment="x", cache=cache)
     for kind in ("knn", "linear"):
         a = json.loads((out / "snapshots" / f"ep2.{kind}.json").read_text())
         b = json.loads((out / f"{kind}.json").read_text())
         assert a[f"{kind}/top1"] == b[f"{kind}/top1"] == res[kind][f"{kind}/top1"] == final[kind][f"{kind}/top1"]
     with pytest.raises(ValueError, match=r"has no snapshot 'ep3' \(its snapshots: ep0.5, ep1, ep2\)"):
-        jobs.run_evaluate(cell, out / "x.pt", out, tracking_uri=None, experiment="x", cache=cache, snapshot="ep3")
+        jobs.run_evaluate(
+            Cell.of(cell), out / "x.pt", out, tracking_uri=None, experiment="x", cache=cache, snapshot="ep3"
+        )
     m = jobs.snapshot_metrics(
         {"name": "ep1", "epochs": 1.0, "steps": 44, "images_seen": 1408}, {"knn/top1": 50.0}, "finished"
     )
@@ -158,7 +160,13 @@ def test_budgets_a_diverged_run_did_not_reach_finite_say_so(tmp_path, digits, ca
         snap = load_snapshot(snapshot_path(tmp_path, name), Cell.of(cell), name)
         assert snap["status"] == "diverged" and snap["model"] == {}
     res = jobs.run_evaluate(
-        cell, snapshot_path(tmp_path, "ep1"), tmp_path, tracking_uri=None, experiment="x", cache=cache, snapshot="ep1"
+        Cell.of(cell),
+        snapshot_path(tmp_path, "ep1"),
+        tmp_path,
+        tracking_uri=None,
+        experiment="x",
+        cache=cache,
+        snapshot="ep1",
     )
     assert res["linear"]["status"] == res["knn"]["status"] == "diverged"
 
@@ -169,7 +177,7 @@ def test_evaluate_writes_the_features_it_probed_with_their_meta(long_run, cache,
     cell, out, _ = long_run
     path = tmp_path / "features.npz"
     jobs.run_evaluate(
-        cell, out / "checkpoint.pt", tmp_path, tracking_uri=None, experiment="x", cache=cache, features=path
+        Cell.of(cell), out / "checkpoint.pt", tmp_path, tracking_uri=None, experiment="x", cache=cache, features=path
     )
     fs = load_features(path)
     assert fs.meta["status"] == "finished" and fs.meta["cell_id"] == cell["id"]

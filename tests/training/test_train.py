@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from smallbatch import data
-from smallbatch.cell import Cell
+from smallbatch.cell import Cell, read_cell
 from smallbatch.errors import CheckpointError
 from smallbatch.pipeline import jobs as steps
 from smallbatch.pipeline.cells import make_cell
@@ -62,7 +62,7 @@ def digits_cell(
 
 
 def run(cell: dict, d, out: Path, **kw) -> train.TrainResult:
-    return train.pretrain(cell, d.pretrain_x, d.mean, d.std, out, device="cpu", progress=False, **kw)
+    return train.pretrain(Cell.of(cell), d.pretrain_x, d.mean, d.std, out, device="cpu", progress=False, **kw)
 
 
 def weights(path: Path) -> dict[str, torch.Tensor]:
@@ -133,7 +133,7 @@ def test_digits_cell_trains_and_writes_checkpoint(digits, main_cell, reference_r
     assert ck["status"] == "finished" and ck["steps"] == res.steps and ck["cell"]["hash"] == main_cell["hash"]
     assert ck["final_loss"] == res.final_loss == logs[-1][1]["train/loss"]
     # the checkpoint rebuilds the model it was trained as
-    model = train.build_model(ck["cell"], ck["channels"], ck["image_size"])
+    model = train.build_model(read_cell(ck["cell"]), ck["channels"], ck["image_size"])
     model.load_state_dict(ck["model"])
     # a log every `log_every` steps and at the last step, every value finite
     expected = sorted(set(range(every, res.steps + 1, every)) | {res.steps})
@@ -317,11 +317,11 @@ def _diverged_checkpoint(tmp_path, digits) -> dict:
 
 def test_embed_and_probes_of_a_diverged_cell_write_diverged_outputs(tmp_path, digits):
     cell = _diverged_checkpoint(tmp_path, digits)
-    res = steps.run_embed(cell, tmp_path / "checkpoint.pt", tmp_path / "features.npz")
+    res = steps.run_embed(Cell.of(cell), tmp_path / "checkpoint.pt", tmp_path / "features.npz")
     assert res["status"] == "diverged"
     for kind in ("knn", "linear"):
         out = steps.run_probe(
-            kind, cell, tmp_path / "features.npz", tmp_path / f"{kind}.json", tracking_uri=None, experiment="x"
+            kind, Cell.of(cell), tmp_path / "features.npz", tmp_path / f"{kind}.json", tracking_uri=None, experiment="x"
         )
         assert out["status"] == "diverged"
         assert json.loads((tmp_path / f"{kind}.json").read_text())["status"] == "diverged"
@@ -418,7 +418,7 @@ def test_fp64_trains_in_float64(tmp_path, digits):
 def test_fp64_checkpoint_can_be_embedded(tmp_path, digits):
     cell = digits_cell(epochs=0.25, precision="fp64")
     run(cell, digits, tmp_path)
-    res = steps.run_embed(cell, tmp_path / "checkpoint.pt", tmp_path / "features.npz")
+    res = steps.run_embed(Cell.of(cell), tmp_path / "checkpoint.pt", tmp_path / "features.npz")
     assert res["status"] == "finished" and res["train"] == (digits.train_x.shape[0], 16)
 
 
@@ -544,7 +544,7 @@ def test_bad_cells_raise_value_error_naming_the_argument(tmp_path, digits, kw, n
     cell = digits_cell(epochs=1, **kw)
     x = digits.pretrain_x if n_images is None else digits.pretrain_x[:n_images]
     with pytest.raises(ValueError) as ei:
-        train.pretrain(cell, x, digits.mean, digits.std, tmp_path, device="cpu", progress=False)
+        train.pretrain(Cell.of(cell), x, digits.mean, digits.std, tmp_path, device="cpu", progress=False)
     msg = str(ei.value)
     assert arg in msg and "\n" not in msg
     assert not (tmp_path / "checkpoint.pt").exists()
@@ -630,7 +630,7 @@ def test_bf16_autocast_does_not_reach_the_scores_or_the_loss(tmp_path, digits):
     from smallbatch.losses import in_batch_scores
 
     cell = digits_cell(epochs=1, precision="bf16")
-    t = train.build_training(cell, digits.pretrain_x, digits.mean, digits.std, torch.device("cpu"), tmp_path)
+    t = train.build_training(Cell.of(cell), digits.pretrain_x, digits.mean, digits.std, torch.device("cpu"), tmp_path)
     idx = torch.arange(32)
     u = t.step_fn.aug.draw(64, torch.Generator().manual_seed(0))
     out = t.step_fn.forward(t.images[idx], u, idx)

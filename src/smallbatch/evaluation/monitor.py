@@ -74,10 +74,9 @@ class KnnMonitor:
         }
 
 
-def knn_monitor(cell: Cell | dict, data, device) -> KnnMonitor | None:
+def knn_monitor(cell: Cell, data, device) -> KnnMonitor | None:
     """The cell's monitor, or None when ``eval.monitor_every`` is off (0 / null) or the data
     has no labelled training images."""
-    cell = Cell.of(cell)
     ev = cell.eval
     every = ev.monitor_every or 0
     if not every or data.train_y is None:

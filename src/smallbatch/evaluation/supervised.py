@@ -45,7 +45,7 @@ def supervised_schedule(train: TrainSettings, n_images: int, batch_size: int) ->
 
 
 def train_supervised(
-    cell: BaselineCell | dict,
+    cell: BaselineCell,
     images: torch.Tensor,
     labels: torch.Tensor,
     num_classes: int,
@@ -57,7 +57,6 @@ def train_supervised(
     ``device``). ``cell`` needs ``train``, ``augment``, ``seed`` and ``batch_size``;
     ``images`` uint8 ``(N, C, H, W)``, ``labels`` int64 ``(N,)``."""
     dev = torch.device(device)
-    cell = BaselineCell.of(cell)
     bs, augment = cell.batch_size, cell.augment
     if bs is None or augment is None:  # a supervised baseline cell has both (pipeline.cells)
         raise ValueError(f"the supervised baseline {cell.id} needs a batch_size and augment")

@@ -135,10 +135,9 @@ def _derived_problem(obj: dict) -> str | None:
     return None
 
 
-def cell_problem(cell: Cell | dict) -> str | None:
-    """The first problem of a typed cell (or its JSON object), one line without its source:
+def cell_problem(cell: Cell) -> str | None:
+    """The first problem of a typed cell, one line without its source:
     its ``train`` settings against the schema, then :func:`smallbatch.checks.cell_problem`."""
-    cell = Cell.of(cell)
     return train_problem(cell.to_dict()["train"]) or checks.cell_problem(cell)
 
 

@@ -180,10 +180,11 @@ def _check_cells(cfg: dict) -> None:
         cells = expand_cells(cfg)
     except ValueError as exc:  # two cells with one id
         raise ConfigError(str(exc)) from None
+    from ..cell import Cell
     from .cellcheck import cell_problem
 
     for cid, cell in cells.items():
-        problem = cell_problem(cell)
+        problem = cell_problem(Cell.of(cell))
         if problem:
             raise ConfigError(f"cell '{cid}': {problem}")
 

@@ -42,7 +42,7 @@ def backbone_state(model_state: dict[str, Any]) -> dict[str, Any]:
     return {k[len(PREFIX) :]: v for k, v in model_state.items() if k.startswith(PREFIX)}
 
 
-def export_backbone(checkpoint: Path, out: Path, cell: Cell | dict | None = None) -> dict[str, Any]:
+def export_backbone(checkpoint: Path, out: Path, cell: Cell | None = None) -> dict[str, Any]:
     """Write the backbone of ``checkpoint`` (the cell's own finished checkpoint when ``cell``
     is given: another cell's or another config's is refused) to ``out``, which must not exist
     yet (nothing is overwritten), and only when every weight is finite; what was written
@@ -51,7 +51,7 @@ def export_backbone(checkpoint: Path, out: Path, cell: Cell | dict | None = None
     from ..io import save_torch
     from ..training.checkpoint import load_checkpoint
 
-    ck = load_checkpoint(checkpoint, cell=None if cell is None else Cell.of(cell), kind="checkpoint")
+    ck = load_checkpoint(checkpoint, cell=cell, kind="checkpoint")
     ckcell = _checkpoint_cell(ck)
     cid = ckcell.id if ckcell else "?"
     if ck.get("status") == "diverged":

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..cell import BaselineCell, Cell, read_cell, snapshot_names
+from ..cell import BaselineCell, Cell, snapshot_names
 from ..io import write_json
 from ..probe_registry import probe_function, probe_spec
 from .cells import flat_params
@@ -60,11 +60,10 @@ def prepare_data(dataset: str, root: str | None, download: bool, options: Mappin
     }
 
 
-def load_cell_data(cell: Cell | BaselineCell | dict, cache: Path | None = None):
+def load_cell_data(cell: Cell | BaselineCell, cache: Path | None = None):
     """The cell's data: from the prepared cache when given (fast, no torchvision import)."""
     from .. import data
 
-    cell = read_cell(cell)
     if cache is not None:
         d = data.load_cache(cache)
         data.check_cache(d, cell, cache)  # the cell's data set, size and subsets
@@ -76,7 +75,7 @@ def load_cell_data(cell: Cell | BaselineCell | dict, cache: Path | None = None):
 
 # --------------------------------------------------------------------------- pretrain
 def run_pretrain(
-    cell: Cell | dict,
+    cell: Cell,
     out_dir: Path,
     *,
     tracking_uri: str | None,
@@ -92,17 +91,15 @@ def run_pretrain(
     (:class:`smallbatch.training.distributed.World`); rank 0 locks, logs and saves."""
     from ..training.distributed import World
 
-    cell = Cell.of(cell)
     _threads(cell)
     out_dir = Path(out_dir)
     with World.from_env(device=device or cell.device) as world:
         return _pretrain_in(world, cell, out_dir, tracking_uri, experiment, cache, restart, progress)
 
 
-def record_cell(cell: Cell | BaselineCell | dict, path: Path) -> None:
+def record_cell(cell: Cell | BaselineCell, path: Path) -> None:
     """The cell's settings next to its outputs (for reruns by hand: ``--cell <path>``),
     rewritten only when they change."""
-    cell = read_cell(cell)
     if not (path.is_file() and path.read_text() == cell.to_json()):
         write_json(path, cell.to_dict())
 
@@ -292,7 +289,7 @@ def _cell_model(cell: Cell, ck: dict, cache: Path | None, device: str | None):
 
     d = load_cell_data(cell, cache)
     dev = train.resolve_device(device or cell.device)
-    model = train.build_model(ck["cell"], ck["channels"], ck["image_size"])
+    model = train.build_model(cell, ck["channels"], ck["image_size"])
     model.load_state_dict(ck["model"])  # fp64 weights are cast to this float32 model; features are float32
     return d, model, dev
 
@@ -323,13 +320,10 @@ def _load_cell_checkpoint(cell: Cell, checkpoint: Path, snapshot: str | None = N
     return ck, {"cell_id": cell.id, "cell_hash": cell.hash, "pretrain_status": ck.get("status", "finished")}
 
 
-def run_embed(
-    cell: Cell | dict, checkpoint: Path, out: Path, *, cache: Path | None = None, device: str | None = None
-) -> dict:
+def run_embed(cell: Cell, checkpoint: Path, out: Path, *, cache: Path | None = None, device: str | None = None) -> dict:
     """Frozen backbone features of the cell's train and test images, to ``out``."""
     from ..evaluation import embed
 
-    cell = Cell.of(cell)
     _threads(cell)
     ck, meta = _load_cell_checkpoint(cell, checkpoint)
     if ck.get("status") == "diverged":
@@ -355,9 +349,8 @@ def _percent(metrics: dict) -> dict:
     return {k: (percent(v) if ("top1" in k or "top5" in k) else v) for k, v in metrics.items()}
 
 
-def _eval_on_features(kind: str, cell: Cell | BaselineCell | dict, feats, knn_backend: str | None = None) -> dict:
+def _eval_on_features(kind: str, cell: Cell | BaselineCell, feats, knn_backend: str | None = None) -> dict:
     """The registry's probe ``kind`` on the features; accuracies returned in percent."""
-    cell = read_cell(cell)
     spec = probe_spec(kind)
     settings = {k: cell.eval.setting(k) for k in spec.settings}
     settings["seed"] = cell.seed
@@ -367,9 +360,8 @@ def _eval_on_features(kind: str, cell: Cell | BaselineCell | dict, feats, knn_ba
     return _percent(probe_function(kind)(feats, settings))
 
 
-def check_features_cell(meta: dict, cell: Cell | BaselineCell | dict, path: Path) -> None:
+def check_features_cell(meta: dict, cell: Cell | BaselineCell, path: Path) -> None:
     """A features file is the cell's own (id and hash in its meta), else one-line ValueError."""
-    cell = read_cell(cell)
     if meta.get("cell_id") != cell.id:
         raise ValueError(f"{path} holds the features of cell {meta.get('cell_id')!r}, not of {cell.id!r}")
     if "cell_hash" in meta and meta["cell_hash"] != cell.hash:
@@ -381,7 +373,7 @@ def check_features_cell(meta: dict, cell: Cell | BaselineCell | dict, path: Path
 
 def run_probe(
     kind: str,
-    cell: Cell | dict,
+    cell: Cell,
     features: Path,
     out: Path | None,
     *,
@@ -394,7 +386,6 @@ def run_probe(
     rerun does not log the same step again)."""
     from ..evaluation import embed
 
-    cell = Cell.of(cell)
     if probe_spec(kind).threads:
         _threads(cell)
     tr_f, tr_y, te_f, te_y, meta = embed.load_features(features)
@@ -457,7 +448,7 @@ def snapshot_metrics(budget: dict, numeric: dict, status: str) -> dict:
 
 
 def run_evaluate(
-    cell: Cell | dict,
+    cell: Cell,
     checkpoint: Path,
     out_dir: Path,
     *,
@@ -478,7 +469,6 @@ def run_evaluate(
     to the cell's run as ``snapshot/<snapshot>/...`` (:func:`snapshot_metrics`)."""
     from ..evaluation import embed
 
-    cell = Cell.of(cell)
     _threads(cell)
     if snapshot is not None and snapshot not in snapshot_names(cell):
         known = ", ".join(snapshot_names(cell)) or "none: train.snapshot_epochs is not set"
@@ -605,7 +595,7 @@ def _maybe_finish(run, cell: Cell) -> None:
 
 # --------------------------------------------------------------------------- baselines
 def run_baseline(
-    cell: BaselineCell | dict,
+    cell: BaselineCell,
     out: Path,
     *,
     tracking_uri: str | None,
@@ -617,7 +607,6 @@ def run_baseline(
     from ..evaluation import embed
     from ..training import loop as train
 
-    cell = BaselineCell.of(cell)
     _threads(cell)
     t0, c0 = time.perf_counter(), time.process_time()
     d = load_cell_data(cell, cache)

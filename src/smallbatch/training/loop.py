@@ -46,7 +46,7 @@ from pathlib import Path
 import torch
 
 from ..augment import AugmentConfig, BatchAugment, normalize
-from ..cell import BaselineCell, Cell, read_cell
+from ..cell import BaselineCell, Cell
 from ..checks import settings_problem
 from ..diagnostics import batch_covariance_rank, diagnostics, embedding_grad_norm, grad_rel_error
 from ..errors import Preempted
@@ -147,12 +147,9 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     return torch.device(device)
 
 
-def build_model(
-    cell: Cell | BaselineCell | dict, channels: int, image_size: int, predictor: bool = True
-) -> ContrastiveModel:
+def build_model(cell: Cell | BaselineCell, channels: int, image_size: int, predictor: bool = True) -> ContrastiveModel:
     """The network of a cell or of a baseline cell (random-init, supervised), with the predictor
     its loss declares (``predictor=False``: without it, e.g. an EMA target network)."""
-    cell = read_cell(cell)
     tr = cell.train
     backbone, feat_dim = build_backbone(tr.backbone, channels, image_size, width=tr.width, pool_grid=tr.pool_grid)
     pred = predictor_hidden(cell) if predictor else None
@@ -169,7 +166,7 @@ def predictor_hidden(cell: Cell | BaselineCell) -> int | None:
 
 # --------------------------------------------------------------------------- the cell
 def pretrain(
-    cell: Cell | dict,
+    cell: Cell,
     images: torch.Tensor,
     mean,
     std,
@@ -192,7 +189,6 @@ def pretrain(
     place among ``train.devices`` data-parallel processes (default: one process; only
     rank 0 locks, saves and logs — give the others no hooks).  ``labels``: the images'
     labels, for ``train.mask_same_class`` only."""
-    cell = Cell.of(cell)
     out_dir = Path(out_dir)
     world = world or World(device=resolve_device(device))
     dev = world.device
@@ -258,7 +254,7 @@ def snapshot_budgets(cell: Cell, steps_per_epoch: int, total: int) -> dict[int, 
 
 
 def build_training(
-    cell: Cell | dict,
+    cell: Cell,
     images: torch.Tensor,
     mean,
     std,
@@ -270,7 +266,6 @@ def build_training(
     """Every part of the cell's training, fresh (seeded by the cell's seed: the same on
     every process).  ``labels`` (of ``images``) reach the negatives' mask only, and only
     with ``train.mask_same_class``."""
-    cell = Cell.of(cell)
     tr = cell.train
     world = world or World(device=dev)
     configure_backends(tr, dev)
