@@ -161,8 +161,8 @@ MUTANTS = [
     ),
     Mutant(
         C,
-        "return int(queue_size) if queue_size else 2 * int(batch_size) - 2",
-        "return int(queue_size) if queue_size else 2 * int(batch_size) - 1",
+        "return int(queue_size) if queue_size else 2 * (int(batch_size) + int(extra or 0)) - 2",
+        "return int(queue_size) if queue_size else 2 * (int(batch_size) + int(extra or 0)) - 1",
         "K = 2N-1",
     ),
     Mutant(
@@ -203,14 +203,14 @@ MUTANTS = [
     Mutant(E, "if len(common) >= 2:", "if len(common) >= 3:", "paired t: needs three shared seeds"),
     Mutant(
         E,
-        "running = max(running, min(1.0, (m - rank) * ests[i].p))",
-        "running = max(running, min(1.0, (m - rank - 1) * ests[i].p))",
+        "running = max(running, min(1.0, (m - rank) * e.p))",
+        "running = max(running, min(1.0, (m - rank - 1) * e.p))",
         "Holm: one test too few",
     ),
     Mutant(
         E,
-        "running = max(running, min(1.0, (m - rank) * ests[i].p))",
-        "running = min(1.0, (m - rank) * ests[i].p)",
+        "running = max(running, min(1.0, (m - rank) * e.p))",
+        "running = min(1.0, (m - rank) * e.p)",
         "Holm: not monotone (step-down max lost)",
     ),
     Mutant(
