@@ -118,3 +118,98 @@ def test_only_the_tracking_package_imports_mlflow():
         if d.startswith("smallbatch.tracking.") and not m.startswith("smallbatch.tracking")
     )
     assert inside == [], "the rest of the package imports smallbatch.tracking, never its modules"
+
+
+#: third-party packages whose import costs start-up time (0.1-3 s each): the only reason a package
+#: module is imported inside a function (ARCHITECTURE.md, "Imports inside functions")
+HEAVY = {"torch", "torchvision", "mlflow", "pandas", "matplotlib", "seaborn", "faiss", "sklearn", "scipy", "numpy"}
+
+
+#: the command's own module imports each subcommand's modules in that subcommand: every job's
+#: client (and ``smallbatch --version``) starts it, so it imports nothing it does not need
+COMMAND_MODULES = {"smallbatch.pipeline.cli", "smallbatch.__main__"}
+
+
+def _imports(path: Path, at_import: bool) -> list[ast.Import | ast.ImportFrom]:
+    """The imports a module runs when it is imported (``at_import``: module and class bodies,
+    not ``if TYPE_CHECKING:``), or those inside its functions."""
+    found: list[ast.Import | ast.ImportFrom] = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue
+            if isinstance(child, ast.Import | ast.ImportFrom) and in_function != at_import:
+                found.append(child)
+            visit(child, in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef))
+
+    visit(ast.parse(path.read_text()), False)
+    return found
+
+
+def _targets(mod: str, node: ast.Import | ast.ImportFrom) -> set[str]:
+    """What an import reaches: package modules, third-party roots, and ``pkg:lazy`` for a name a
+    package's ``__getattr__`` loads on first use."""
+    mods = _modules()
+    if isinstance(node, ast.Import):
+        return {a.name if a.name in mods else a.name.split(".")[0] for a in node.names}
+    if not node.level:
+        return {node.module if node.module in mods else (node.module or "").split(".")[0]}
+    path, package = mods[mod]
+    here = (mod if package else mod.rsplit(".", 1)[0]).split(".")
+    target = ".".join(p for p in (".".join(here[: len(here) - node.level + 1]), node.module or "") if p)
+    out = set()
+    for a in node.names:
+        sub = f"{target}.{a.name}"
+        lazy = target in mods and mods[target][1] and "def __getattr__" in mods[target][0].read_text()
+        out.add(sub if sub in mods else f"{target}:lazy" if lazy else target)
+    return out
+
+
+def _loads_heavy() -> dict[str, bool]:
+    """module -> whether importing it loads one of HEAVY (through the package's own imports too)."""
+    mods = _modules()
+    direct = {m: set().union(*[_targets(m, n) for n in _imports(p, True)]) for m, (p, _) in mods.items()}
+    heavy: dict[str, bool] = {}
+
+    def loads(m: str, seen: frozenset = frozenset()) -> bool:
+        if m not in heavy:
+            deps = {d for d in direct[m] if d in mods and d not in seen}
+            heavy[m] = bool(direct[m] & HEAVY) or any(loads(d, seen | {m}) for d in deps)
+        return heavy[m]
+
+    return {m: loads(m) for m in mods}
+
+
+def _reaches(graph: dict[str, set[str]], start: str, goal: str) -> bool:
+    todo, seen = [start], set()
+    while todo:
+        m = todo.pop()
+        if m == goal:
+            return True
+        if m not in seen:
+            seen.add(m)
+            todo.extend(graph.get(m, ()))
+    return False
+
+
+def test_a_module_is_imported_inside_a_function_only_to_keep_start_up_light():
+    """An import inside a function hides the graph from a reader; it is there only when the module
+    it imports loads torch, MLflow, pandas, ... (``smallbatch cells``, config validation and the
+    report start without them) or when importing it at the top would close a circle."""
+    mods, heavy = _modules(), _loads_heavy()
+    mods_checked = {m: v for m, v in mods.items() if m not in COMMAND_MODULES}
+    top = {m: {d for n in _imports(p, True) for d in _targets(m, n) if d in mods} for m, (p, _) in mods.items()}
+    needless = sorted(
+        f"{m} -> {d}"
+        for m, (p, _) in mods_checked.items()
+        for n in _imports(p, False)
+        for d in _targets(m, n)
+        if d in mods and d != m and not heavy[d] and not _reaches(top, d, m)
+    )
+    assert needless == [], "import these at the top of the module"
+
+
+def test_the_start_up_check_sees_a_needless_import_inside_a_function(tmp_path):  # the test above can fail
+    assert not _loads_heavy()["smallbatch.experiments"] and _loads_heavy()["smallbatch.data"]
+    assert _reaches({"a": {"b"}, "b": {"c"}}, "a", "c") and not _reaches({"a": {"b"}, "c": {"a"}}, "a", "c")

@@ -32,12 +32,14 @@ Imports nothing heavy (no torch, no numpy at module level).
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import re
 import stat
 import tempfile
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -257,8 +259,6 @@ class CellLock:
         self._fd: int | None = None
 
     def acquire(self) -> CellLock:
-        import fcntl
-
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._key = key = str(self.path.resolve())
         if key in CellLock._held:
@@ -306,8 +306,6 @@ class CellLock:
 
 def nullcontext_lock():
     """No lock (the other processes of a data-parallel cell: rank 0 holds the cell's)."""
-    from contextlib import nullcontext
-
     return nullcontext()
 
 

@@ -23,6 +23,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .io import atomic_write
+
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 
 
@@ -37,8 +39,6 @@ def random_images(n: int, channels: int, size: int, seed: int = 0) -> tuple[torc
 
 
 def write_pickle(path: Path, obj) -> None:
-    from .io import atomic_write
-
     atomic_write(path, lambda fh: pickle.dump(obj, fh, protocol=2))
 
 

@@ -11,11 +11,13 @@ Logged at the epoch end's optimiser step: ``monitor/knn_top1`` (percent), ``moni
 
 from __future__ import annotations
 
+import copy
 import time
 
 import torch
 
 from ..cell import Cell
+from . import percent
 
 #: images of the held-out queries and of the bank (cost: benchmarks/results/2026-12-01-knn-monitor.md)
 QUERIES, BANK = 500, 2000
@@ -53,7 +55,6 @@ class KnnMonitor:
         self.mean, self.std, self.every, self.k, self.t, self.device = mean, std, every, k, t, device
 
     def __call__(self, backbone, epoch: int) -> dict | None:
-        from . import percent
         from .embed import embed
         from .knn import knn_eval
 
@@ -61,8 +62,6 @@ class KnnMonitor:
             return None
         t0 = time.perf_counter()
         if any(p.dtype == torch.float64 for p in backbone.parameters()):  # an fp64 cell: a float32 copy, as evaluated
-            import copy
-
             backbone = copy.deepcopy(backbone).float()
         fb = embed(backbone, self.xb, self.mean, self.std, batch_size=256, device=self.device)
         fq = embed(backbone, self.xq, self.mean, self.std, batch_size=256, device=self.device)

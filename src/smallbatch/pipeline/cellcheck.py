@@ -21,6 +21,7 @@ from dataclasses import MISSING, fields
 
 from .. import checks
 from ..cell import BaselineCell, Cell
+from .cells import cell_negatives
 from .schema import load_schema, one_line, schema_path, validator_with_defaults
 
 BASELINE_KINDS = ("raw_pixels", "random_init", "supervised")
@@ -124,8 +125,6 @@ def _loss_params_problem(obj: dict) -> str | None:
 
 def _derived_problem(obj: dict) -> str | None:
     """A value a cell derives from its settings that is not theirs (``negatives``: K)."""
-    from .cells import cell_negatives
-
     k = cell_negatives(obj["train"], obj["batch_size"], obj["loss"])
     if obj["negatives"] != k:
         return (

@@ -23,9 +23,12 @@ import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from ..datadigest import data_digest
+from ..datasets import base_dataset
 from ..experiments import SIDE_EXPERIMENTS
 from ..io import check_cell_id  # noqa: F401  (the one id check; import-light, for the CLI's fast paths)
 from ..losses.registry import canonical_name, loss_param_names, loss_spec
+from .schema import load_schema
 
 AXIS_ABBREV = {
     "precision": "",
@@ -62,8 +65,6 @@ CELL_SECTIONS = {"train": ("train",), "eval": ("eval",), "dataset_options": ("da
 def _marked(marker: str, field: str = "default") -> dict[str, dict[str, Any]]:
     """The schema's keys marked ``marker`` by cell section ("" for the cell's top level):
     {section: {key: its ``field`` (its default; ``marker``: the marker's value)}}."""
-    from .schema import load_schema
-
     props = load_schema()["properties"]
     sections = {"": props}
     for section, path in CELL_SECTIONS.items():
@@ -203,9 +204,6 @@ def loss_label(name: str, params: dict) -> str:
 def data_settings(cfg: dict, dataset: str) -> dict:
     """A cell's data: the data set, its options, where its files are and whether they may be
     downloaded (not hashed: :data:`WHERE_KEYS`), and the digest of their content (hashed)."""
-    from ..datadigest import data_digest
-    from ..datasets import base_dataset
-
     dopts = copy.deepcopy(cfg["datasets"][dataset])
     root = dopts.get("root") or cfg["data"]["root"]
     download = bool(cfg["data"]["download"])

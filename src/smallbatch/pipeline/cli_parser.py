@@ -31,6 +31,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..losses.registry import SPECS, loss_param_names
 from ..probe_registry import SPECS as PROBE_SPECS
 
 DATASET_NAMES = (
@@ -51,15 +52,11 @@ INTERNAL_COMMANDS = ("init-store", "warm-server")
 
 def loss_help() -> str:
     """Every loss of the registry with its aliases: ``infonce (ntxent, simclr) | flatnce | …``."""
-    from ..losses.registry import SPECS
-
     return " | ".join(f"{n} ({', '.join(s.aliases)})" if s.aliases else n for n, s in SPECS.items())
 
 
 def loss_param_help() -> str:
     """The loss parameters of the registry, by loss: ``loss parameter KEY=VALUE: dclw: sigma; …``."""
-    from ..losses.registry import SPECS, loss_param_names
-
     per = [f"{n}: {', '.join(loss_param_names(n))}" for n in SPECS if loss_param_names(n)]
     return "a loss parameter, e.g. sigma=0.5 (repeat for several); " + "; ".join(per)
 
@@ -293,7 +290,7 @@ def verbosity(default=0) -> argparse.ArgumentParser:
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    from importlib.metadata import PackageNotFoundError, version  # start-up: only `--version` needs it
 
     try:
         return version("smallbatch")

@@ -13,15 +13,25 @@ import copy
 import difflib
 import functools
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from .. import augment_config as _aug
+from ..cell import Cell
+from ..datasets import SPLIT_SIZES, base_dataset, pretrain_split, subset_problem
+from ..losses.registry import canonical_name, loss_param_names
+from ..probe_registry import probes_problem
+from ..tracking import tracking_uri_problem
+from .cellcheck import cell_problem
+from .cells import expand_cells
 from .schema import load_schema
 from .schema import one_line as _one_line
 from .schema import validator_with_defaults as _validator_with_defaults
+from .yaml12 import ambiguities
 
 
 class ConfigError(ValueError):
@@ -79,8 +89,6 @@ def _check_results_dir_value(value: Any) -> None:
 def _check_loss_entries(cfg: dict) -> None:
     """A loss entry ``{name: dclw, sigma: ...}`` holds only parameters of its own loss (the
     schema accepts every loss's parameters on every entry)."""
-    from ..losses.registry import canonical_name, loss_param_names
-
     sections = [("grid", cfg.get("grid") or {})]
     sections += [
         (f"experiments.{n}", sec) for n, sec in (cfg.get("experiments") or {}).items() if isinstance(sec, dict)
@@ -101,8 +109,6 @@ def _check_loss_entries(cfg: dict) -> None:
 
 def _check_probes(cfg: dict) -> None:
     """``eval.probes`` names probes of the registry, each once (:mod:`smallbatch.probe_registry`)."""
-    from ..probe_registry import probes_problem
-
     problem = probes_problem(cfg["eval"]["probes"])
     if problem:
         raise ConfigError(problem)
@@ -130,13 +136,9 @@ def _check_sections(cfg: dict) -> None:
 
 
 def _check_augment(cfg: dict) -> None:
-    from .. import augment_config as _aug  # torch-free
-
     try:
         _aug.AugmentConfig(**cfg.get("augment", {}))
     except TypeError as exc:
-        import re
-
         fields = sorted(_aug.AugmentConfig.__dataclass_fields__)
         m = re.search(r"argument '(\w+)'", str(exc))
         bad = m.group(1) if m else "?"
@@ -146,8 +148,6 @@ def _check_augment(cfg: dict) -> None:
 
 
 def _check_tracking_uri(cfg: dict) -> None:
-    from ..tracking import tracking_uri_problem
-
     uri = cfg.get("tracking_uri")
     problem = tracking_uri_problem(uri) if uri else None
     if problem:
@@ -157,8 +157,6 @@ def _check_tracking_uri(cfg: dict) -> None:
 def _check_subsets(cfg: dict) -> None:
     """``train_subset`` / ``test_subset`` against the size of the split they subset
     (data.SPLIT_SIZES; imagefolder's size is checked when it is read)."""
-    from ..datasets import SPLIT_SIZES, pretrain_split, subset_problem
-
     for name, opts in cfg["datasets"].items():
         sizes = SPLIT_SIZES.get(name)
         if sizes is None:
@@ -174,14 +172,10 @@ def _check_subsets(cfg: dict) -> None:
 def _check_cells(cfg: dict) -> None:
     """Each cell's batch size against its pretraining images (where their number is
     known), its warm-up against its budget, and its loss's own checks of its parameters."""
-    from .cells import expand_cells
-
     try:
         cells = expand_cells(cfg)
     except ValueError as exc:  # two cells with one id
         raise ConfigError(str(exc)) from None
-    from ..cell import Cell
-    from .cellcheck import cell_problem
 
     for cid, cell in cells.items():
         problem = cell_problem(Cell.of(cell))
@@ -197,8 +191,6 @@ def check_data_roots(cfg: dict) -> None:
     """Every data set of a validated study has its files under its root (or
     ``data.download`` is on); otherwise a one-line ConfigError naming the key.
     The workflow calls this so a wrong root stops ``snakemake -n``, before any job."""
-    from ..datasets import base_dataset
-
     if cfg["data"].get("download"):
         return
     for name, opts in cfg["datasets"].items():
@@ -287,8 +279,6 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     and so is a form that YAML 1.1 and 1.2 read differently (:func:`.yaml12.ambiguities`)."""
 
     def construct_document(self, node):
-        from .yaml12 import ambiguities
-
         problem = next(ambiguities(self, node), None)
         if problem:
             raise _Ambiguous(problem)
@@ -435,8 +425,6 @@ def resolve_tracking_uri(cfg: dict) -> str:
         return str(uri)
     env = os.environ.get("MLFLOW_TRACKING_URI")
     if env:
-        from ..tracking import tracking_uri_problem
-
         problem = tracking_uri_problem(env)
         if problem:
             raise ConfigError(f"$MLFLOW_TRACKING_URI = {env!r}: {problem}")

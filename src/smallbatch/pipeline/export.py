@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..cell import Cell
+from ..io import save_torch
 
 PREFIX = "backbone."
 #: the project's backbones that are a torchvision model: name -> (torchvision constructor, CIFAR stem)
@@ -48,7 +49,6 @@ def export_backbone(checkpoint: Path, out: Path, cell: Cell | None = None) -> di
     yet (nothing is overwritten), and only when every weight is finite; what was written
     and how to build the network it loads into: {cell_id, out, tensors, backbone,
     in_channels, image_size, width, pool_grid, feat_dim, mean, std}."""
-    from ..io import save_torch
     from ..training.checkpoint import load_checkpoint
 
     ck = load_checkpoint(checkpoint, cell=cell, kind="checkpoint")

@@ -10,15 +10,21 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .. import tracking
 from ..cell import BaselineCell, Cell, snapshot_names
-from ..io import write_json
+from ..errors import Preempted
+from ..evaluation import percent
+from ..io import CellBusy, CellLock, UnsafeTarget, nullcontext_lock, write_json
 from ..probe_registry import probe_function, probe_spec
+from ..tracking import TrackingError
 from .cells import flat_params
+from .export import export_backbone
 
 if TYPE_CHECKING:
     import numpy as np
@@ -107,9 +113,6 @@ def record_cell(cell: Cell | BaselineCell, path: Path) -> None:
 def _pretrain_in(
     world, cell: Cell, out_dir: Path, tracking_uri, experiment: str, cache, restart: bool, progress: bool
 ) -> dict:
-    from ..errors import Preempted
-    from ..io import CellBusy, CellLock, UnsafeTarget, nullcontext_lock
-    from ..tracking import TrackingError
     from ..training import loop as train
     from ..training.distributed import any_over_processes
 
@@ -187,7 +190,6 @@ def _log_fn(run, world, tracking_uri):
 def _pretrain_run(cell: Cell, out_dir: Path, d, uri: str | None, experiment: str, restart: bool):
     """The cell's MLflow run: the one its resumable state logs to (an error if the store
     lost it), else found by id and hash, else new; a restart starts a new run."""
-    from .. import tracking
     from ..training import checkpoint
 
     if not uri:
@@ -248,8 +250,6 @@ def _flush_quietly(run) -> None:
 
 
 def _log_pretrain_end(run, res) -> None:
-    from .. import tracking
-
     final = {
         "train/wall_s": res.wall_s,
         "train/cpu_s": res.cpu_s,
@@ -270,12 +270,9 @@ def _log_pretrain_artifacts(run, cell: Cell, out_dir: Path, weights: bool = True
     """The cell's resolved config (``cell.json``), and its backbone's weights as a plain state
     dict (``backbone.pt``, the keys without ``backbone.``) when ``tracking.log_checkpoint`` asks
     and the cell did not diverge."""
-    import tempfile
-
     run.log_artifact(out_dir / "cell.json")
     if not weights or not cell.tracking.get("log_checkpoint"):
         return
-    from .export import export_backbone
 
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=".artifact-") as tmp:
         export_backbone(out_dir / "checkpoint.pt", Path(tmp) / "backbone.pt", cell=cell)  # `smallbatch export`'s file
@@ -344,8 +341,6 @@ def cell_probes(cell: Cell | BaselineCell) -> tuple[str, ...]:
 
 def _percent(metrics: dict) -> dict:
     """Accuracies (top1/top5 keys) as percentages, like the papers' tables (:func:`..evaluation.percent`)."""
-    from ..evaluation import percent
-
     return {k: (percent(v) if ("top1" in k or "top5" in k) else v) for k, v in metrics.items()}
 
 
@@ -538,8 +533,6 @@ def _representation(cell: Cell, parts, meta: dict, out: Path, uri: str | None, e
     numeric["repr/cpu_s"] = time.process_time() - c0
     result = {"status": "finished", "cell_id": cell.id, **numeric}
     if uri:
-        from .. import tracking
-
         run = tracking.find_cell_run(uri, experiment, cell)
         run.skip_logged_steps(sorted(numeric))
         run.log(numeric, 0)
@@ -565,8 +558,6 @@ def _probe_status(kind: str, metrics: dict, meta: dict, te_y, tr_y) -> str:
 def _log_probe(cell: Cell, uri: str, experiment: str, numeric: dict, status: str | None):
     """The probe's metrics, once; returns the run (its result file is logged as an artifact).
     ``status`` None: a snapshot's, which leaves the cell's status alone."""
-    from .. import tracking
-
     run = tracking.find_cell_run(uri, experiment, cell)
     run.skip_logged_steps(sorted(numeric))  # a rerun of the probe logs nothing twice
     run.log(numeric, 0)
@@ -582,8 +573,6 @@ def _log_probe(cell: Cell, uri: str, experiment: str, numeric: dict, status: str
 def _maybe_finish(run, cell: Cell) -> None:
     """Mark the run finished once pretraining succeeded, every probe of the cell is logged
     and nothing marked the cell collapsed."""
-    from .. import tracking
-
     m, tags = run.metrics(), run.tags()
     if (
         all(probe_spec(p).key in m for p in cell_probes(cell))
@@ -638,8 +627,6 @@ def run_baseline(
     numeric["baseline/wall_s"] = time.perf_counter() - t0  # features and both probes (the cost table)
     numeric["baseline/cpu_s"] = time.process_time() - c0
     if tracking_uri:
-        from .. import tracking
-
         params = {"dataset": cell.dataset, "baseline": cell.baseline, "image_size": str(d.train_x.shape[-1])}
         if cell.baseline != "raw_pixels":  # raw pixels: no network and nothing random
             params.update({"seed": str(cell.seed), "train.backbone": cell.train.backbone})

@@ -38,7 +38,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .. import tracking
+from ..io import write_json
 from ..mi import toy as mi
+from .config import validate_config
 
 #: section keys that do not change a row's numbers (excluded from the run hash)
 _HASH_EXCLUDE = {"enabled", "threads", "mi_values", "ks", "estimators", "critics", "seeds"}
@@ -127,8 +130,6 @@ def validate_section(section: dict | None) -> dict:
     """The ``experiments.mi`` section validated against the config schema (the one home of
     its keys, bounds and defaults, which it fills in); ConfigError (a ValueError) naming
     the key otherwise."""
-    from .config import validate_config
-
     sec = validate_config({"experiments": {"mi": dict(section or {})}})["experiments"]["mi"]
     temp = sec.get("critic_temperature")
     return {
@@ -145,7 +146,6 @@ def run_mi_step(
     """Run the ``experiments.mi`` grid, log each row as an MLflow run (unless
     ``tracking_uri`` is None) and write ``{"section": ..., "rows": [...],
     "seconds": ...}`` to ``out_path`` atomically.  Returns that dict."""
-    from .. import tracking
     from ..training.optim import eager_optimizers
 
     eager_optimizers()  # the critics' optimisers import no compiler
@@ -178,7 +178,6 @@ def run_mi_step(
         "rows": [{k: _json_safe(v) for k, v in r.items()} | {"cell_id": cell_id(r)} for r in rows],
         "seconds": time.perf_counter() - t0,
     }
-    from ..io import write_json
 
     write_json(Path(out_path), result, allow_nan=False)
     if progress:

@@ -30,6 +30,7 @@ from ..cell import BaselineCell, Cell, read_cell, snapshot_names
 from ..io import UnsafeTarget, open_regular, write_text
 from ..probe_registry import probe_spec
 from .cells import baseline_cells, data_cache_settings, expand_cells, settings_hash
+from .jobs import record_cell
 
 __all__ = ["StudyPlan", "flag", "pretrain_priority", "gpu_permille", "hold_results_folder"]
 
@@ -107,8 +108,6 @@ class StudyPlan:
         """Every cell's and baseline's settings as <its folder>/cell.json (what ``smallbatch
         cells --write`` writes), rewritten only when they change: the jobs read their cell
         from it."""
-        from .jobs import record_cell
-
         for cid, cell in self.cells.items():
             record_cell(cell, Path(self.cell_dir(cid)) / "cell.json")
         for bid, base in self.baselines.items():

@@ -14,6 +14,10 @@ from typing import Any
 
 import yaml
 
+from ..experiments import experiment_schema
+from ..losses.registry import config_schema
+from ..probe_registry import probe_params, probe_schema
+
 
 def schema_path() -> Path:
     """Path of the JSON schema (YAML) shared by Snakemake and the CLI: package data
@@ -40,10 +44,6 @@ def load_schema() -> dict:
 
 
 def _with_losses(schema: dict) -> dict:
-    from ..experiments import experiment_schema
-    from ..losses.registry import config_schema
-    from ..probe_registry import probe_params, probe_schema
-
     parts = config_schema()
     # a loss parameter may be infinite where its loss allows it (DCLW's sigma = inf is
     # DCL); the loss's own check decides (_check_cells), not the finite-number rule

@@ -53,6 +53,9 @@ as a fresh process would (tests/pipeline/test_warm.py: bit-identical checkpoints
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import importlib
 import json
 import os
 import select
@@ -68,6 +71,8 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ..io import open_log
 
 ENV = "SMALLBATCH_WARM"
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -584,9 +589,6 @@ def _die_with_parent(parent: int) -> None:
     """Ask the kernel for SIGTERM when the server dies (Linux ``prctl(PR_SET_PDEATHSIG)``), so
     a SIGKILLed server leaves no orphan training on; a child whose server is already gone
     exits at once.  Elsewhere a no-op."""
-    import ctypes
-    import ctypes.util
-
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
         libc.prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG = 1
@@ -656,8 +658,6 @@ def _import(name: str) -> None:
     """Import a module the commands import (a missing one is skipped: a child then meets the
     same ImportError a process of its own would); ``module:function`` also calls the function
     (a cache every child would otherwise fill itself)."""
-    import importlib
-
     module, _, function = name.partition(":")
     try:
         mod = importlib.import_module(module)
@@ -702,8 +702,6 @@ def start(log: str | Path, threads: int) -> subprocess.Popen:
     (``SMALLBATCH_WARM`` in this process's environment, which the jobs inherit); the jobs that
     start before it is ready run as processes of their own.  A log that is a link, a FIFO or a
     hard link is refused first (ValueError naming it, :func:`smallbatch.io.open_log`), nothing started."""
-    from ..io import open_log
-
     out = open_log(log)  # never through a planted link, FIFO or hard link
     folder = tempfile.mkdtemp(prefix=FOLDER_PREFIX)  # short: a socket path has <= 107 bytes
     path = os.path.join(folder, "socket")

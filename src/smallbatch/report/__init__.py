@@ -42,11 +42,12 @@ section reported are counted in index.md, never silently dropped.
 from __future__ import annotations
 
 import importlib
+import sys
 from pathlib import Path
 
 from ..experiments import section_names
 from ..io import write_text
-from ..tracking import StoreReader
+from ..tracking import StoreReader, TrackingError, log_report_run
 from .aggregate import aggregate_cells
 from .context import MANIFEST, ReportContext, SectionOutput, check_claim
 from .index import index_markdown
@@ -209,10 +210,6 @@ def build_report(
 def _log_run(uri: str, experiment: str, out: Path, files: list[Path]) -> None:
     """The report as its own run; a store that takes no writes (read-only) is one line on
     stderr: the report itself is written."""
-    import sys
-
-    from ..tracking import TrackingError, log_report_run
-
     try:
         log_report_run(uri, experiment, out, files)
     except TrackingError as exc:

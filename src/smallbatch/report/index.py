@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shlex
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import pandas as pd
 
@@ -31,8 +32,6 @@ def portable_uri(uri: str, out_dir: Path) -> str:
     """The store's URI as index.md shows it, with no absolute path and no credentials: a SQLite
     file (or a plain path) relative to the report folder, a server's URI without its user and
     password.  A copied or moved study's report then names its own store."""
-    from urllib.parse import urlsplit, urlunsplit
-
     if uri.startswith("sqlite:///"):
         path, _, query = uri[len("sqlite:///") :].partition("?")
         return "sqlite:///" + _relative(path, out_dir) + (f"?{query}" if query else "")

@@ -7,9 +7,12 @@ import functools
 import logging
 import math
 import os
+import re
 import signal
 import threading
+from importlib.metadata import entry_points
 from pathlib import Path
+from urllib.parse import urlparse
 
 from .base import TrackingError
 from .sqlite import half_built, sqlite_file, sqlite_path
@@ -149,9 +152,6 @@ TRACKING_SCHEMES = (
 def tracking_uri_problem(uri: str) -> str | None:
     """Why MLflow cannot use ``uri`` as its tracking store (one phrase), or None.
     Imports no MLflow, so validating a config stays fast."""
-    from importlib.metadata import entry_points
-    from urllib.parse import urlparse
-
     parsed = urlparse(uri)
     scheme = parsed.scheme.split("+")[0].lower()
     if len(scheme) <= 1:  # a local path: MLflow's file store
@@ -214,8 +214,6 @@ def _chain(exc: BaseException | None):
 def _http_failure(exc: BaseException) -> str | None:
     """Which way a request to an HTTP store failed, in words: too slow (the deadline), nothing
     listening (no connection after MLflow's tries), or the server's HTTP error; None otherwise."""
-    import re
-
     from mlflow.exceptions import RestException
 
     n = int(os.environ.get("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0") or 0) + 1

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import functools
+import getpass
+import platform
 import subprocess
+import sys
 from collections.abc import Mapping
+from importlib import metadata
 from pathlib import Path
 from types import MappingProxyType
 
@@ -55,8 +59,6 @@ def set_source(command: str) -> None:
 def source_tags() -> dict[str, str]:
     """MLflow's own tags of where a new run comes from (the command, LOCAL, the user, the git
     commit in a checkout) and smallbatch's (whether that checkout had changes, Python, platform)."""
-    import sys
-
     from mlflow.utils import mlflow_tags as mt
 
     command = _SOURCE[0] if _SOURCE else Path(sys.argv[0] or "python").name
@@ -66,9 +68,6 @@ def source_tags() -> dict[str, str]:
 @functools.cache
 def _machine_tags() -> Mapping[str, str]:
     """The source tags that hold for the whole process, read once (read-only: every run shares them)."""
-    import getpass
-    import platform
-
     from mlflow.utils import mlflow_tags as mt
 
     try:
@@ -93,8 +92,6 @@ def _machine_tags() -> Mapping[str, str]:
 def package_versions() -> Mapping[str, str]:
     """The version tags of a new run, read once per process (~8 ms of package metadata;
     read-only, as every run shares it)."""
-    from importlib import metadata
-
     out = {}
     for pkg in ("smallbatch", "torch", "torchvision", "faiss-cpu", "faiss-gpu", "mlflow", "numpy"):
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from .base import KIND_REPORT, TAG_COMMIT, TAG_HASH, TAG_KIND, TAG_NOTE
@@ -17,8 +18,6 @@ def log_report_run(uri: str, experiment: str, out_dir: str | Path, files: list[P
     files' content: the same report built again leaves the run as it is; a changed one replaces
     the run's artifacts and tags in the same run (its id stays).  Report runs beside it (several
     builds of a store from before) are deleted, artifacts first.  Returns its id."""
-    import hashlib
-
     out = Path(out_dir)
     rels = sorted((Path(f).relative_to(out).as_posix(), Path(f)) for f in files)
     digest = hashlib.sha1()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -45,8 +46,6 @@ def _lease_holder(text: str | None) -> dict | None:
 def _lease_live(held: dict) -> bool:
     """A lease of this host is live while its process is; another host's until LEASE_S after
     its last renewal."""
-    import socket
-
     if held["host"] == socket.gethostname():
         try:
             os.kill(int(held["pid"]), 0)
@@ -83,8 +82,6 @@ class CellRun:
         """Record this process, writing into ``folder``, as the run's one trainer; LeaseHeld
         when a live trainer of another folder holds it (the folder's own lock already keeps
         two trainers of one folder apart; a stale lease is taken over)."""
-        import socket
-
         mine = {"folder": str(Path(folder).resolve()), "host": socket.gethostname(), "pid": os.getpid()}
         held = _lease_holder(self.tags().get(TAG_LEASE))
         if held and held["folder"] != mine["folder"] and _lease_live(held):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import glob
 import os
+import socket
+import sqlite3
 from pathlib import Path
 
 from .base import PROXIED_ROOT, TrackingError
@@ -17,8 +19,6 @@ def build_sqlite_store(uri: str, path: Path) -> None:
     into place once whole: a step killed half-way leaves only that file (removed by the next
     build, once its process is gone), never a half-built store at ``path``.  A store another
     process put at ``path`` meanwhile is kept (a link never replaces a file)."""
-    import socket
-
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -47,8 +47,6 @@ def sqlite_files(db: Path) -> list[Path]:
 def remove_dead_builds(path: Path) -> None:
     """The build files beside ``path`` of this host's processes that are gone (a creation killed
     half-way, or between linking the store into place and removing its build file)."""
-    import socket
-
     prefix = f"{path.name}{_BUILD_SUFFIX}{socket.gethostname()}-"
     for f in path.parent.glob(f"{glob.escape(prefix)}*"):
         pid = f.name[len(prefix) :].split("-", 1)[0]
@@ -68,8 +66,6 @@ def half_built(path: Path) -> str | None:
     fail on it forever, "table ... already exists"), saying how to recover; None for a whole
     store, an empty file or another kind of file (MLflow's own checks name those).  Asked
     once MLflow failed on the store (:func:`wrap`)."""
-    import sqlite3
-
     from mlflow.store.db.utils import Base  # every table of MLflow's schema (its ORM's)
 
     try:
@@ -121,8 +117,6 @@ def sqlite_path(uri: str) -> Path:
 
 def _check_sqlite_store(uri: str) -> None:
     """An existing SQLite file with MLflow's tables, checked read-only (the report never creates one)."""
-    import sqlite3
-
     path = sqlite_path(uri)
     if not str(path) or not path.exists():
         raise TrackingError(f"no MLflow store at {uri}: {path} does not exist (the report never creates a store)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
+from urllib.parse import urlparse
 
 from .base import (
     ARTIFACTS_DIR,
@@ -97,8 +98,6 @@ def local_artifacts(uri: str, artifact_uri: str):
     """The artifact repository of a run whose root is proxied (``mlflow-artifacts:/...``) in a
     SQLite store: the folder :func:`artifacts_root` holds, wherever the study folder now is;
     None for any other root (MLflow's client resolves it)."""
-    from urllib.parse import urlparse
-
     root = artifacts_root(uri)
     if root is None or not artifact_uri.startswith("mlflow-artifacts:"):
         return None
@@ -118,8 +117,6 @@ def artifact_path(uri: str, run_id: str) -> Path:
     study folder breaks: so the store keeps the proxied root, and this is how a script reads
     the artifacts without a server (``mlflow ui`` started in the store's folder serves them).
     TrackingError for a run whose artifacts are on a server or another remote store."""
-    from urllib.parse import urlparse
-
     client = store_client(uri)
     try:
         root = client.get_run(run_id).info.artifact_uri

@@ -25,6 +25,8 @@ differs from an uninterrupted CUDA run, as any cross-device run does).
 
 from __future__ import annotations
 
+import pickle
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -67,8 +69,6 @@ def _load_weights_only(path: Path, map_location: Any) -> Any:
     """``torch.load`` with ``weights_only=True``: tensors, containers and plain values only
     (every part of a state or checkpoint is one of these), so no file can run code when it is
     read; anything else (a pickled object, a truncated zip) is a one-line CheckpointError."""
-    import pickle
-
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
@@ -104,8 +104,6 @@ def read_state(path: Path, cell: Cell) -> dict | None:
     """The cell's resumable state, or None (with the reason on stderr) when ``state.pt``
     is absent, of another config of the cell, or of an older format; a corrupt file is a
     CheckpointError naming it."""
-    import sys
-
     if not path.exists():
         return None
     st = _load_state(path)

@@ -42,8 +42,11 @@ proves all of the above with 2 gloo processes in float64.
 from __future__ import annotations
 
 import datetime
+import fcntl
 import os
 import re
+import shlex
+import sys
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -159,9 +162,6 @@ def launch_command(processes: int, env: Mapping[str, str] | None = None) -> str:
     cell (the workflow's pretrain rule prefixes its arguments with it): ``smallbatch``
     itself for one; inside a SLURM allocation ``srun`` with that many tasks (rank 0's
     address and port from :func:`launch_from_env`); elsewhere torchrun on this node."""
-    import shlex
-    import sys
-
     env = os.environ if env is None else env
     if processes == 1:
         return "smallbatch"
@@ -183,8 +183,6 @@ def claim_gpu(count: int, slots_dir: str | None = None, max_slots: int = 256) ->
     slots are taken in the order (slot 0 of every GPU, then slot 1, ...), so k processes
     per GPU fill the GPUs evenly.  How many run at once is Snakemake's business (its
     ``gpu_permille`` resource); this only says which GPU each one uses."""
-    import fcntl
-
     if count <= 1:
         return 0
     if "gpu" in _SLOT:

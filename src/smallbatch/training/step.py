@@ -25,6 +25,7 @@ host, so an fp16 step synchronises once; the skipped steps are counted).
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -235,8 +236,6 @@ def configure_backends(train_cfg: TrainSettings, device: torch.device) -> None:
     ``tf32`` (TF32 matmuls/convolutions on GPUs; off unless asked, so ``fp32`` means
     float32) and ``deterministic`` (cuDNN deterministic algorithms, no autotuning, and
     deterministic cuBLAS: bitwise-repeatable GPU runs at some speed cost)."""
-    import os
-
     tf32 = bool(train_cfg.tf32)
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.allow_tf32 = tf32

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 
+from ...mi.names import CRITICS
 from .. import evidence
 from ..fmt import num, short, signed
 
@@ -59,8 +60,6 @@ def _learned(a: pd.DataFrame, estimator: str) -> pd.DataFrame:
 
 
 def _first_learned_critic(df: pd.DataFrame) -> str | None:
-    from ...mi.names import CRITICS
-
     learned = [c for c in CRITICS if c != "oracle" and c in set(df["critic"])]
     return learned[0] if learned else None
 

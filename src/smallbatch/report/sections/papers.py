@@ -12,6 +12,7 @@ its 95 % paired-t interval over seeds.
 from __future__ import annotations
 
 import re
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -127,8 +128,6 @@ def _labelled(p: pd.DataFrame) -> pd.DataFrame:
 def load_papers(path: str | Path | None = None) -> pd.DataFrame:
     """The papers' reported numbers (package data ``resources/paper_results.csv`` by default)."""
     if path is None:
-        from importlib import resources
-
         ref = resources.files("smallbatch").joinpath("resources", "paper_results.csv")
         with resources.as_file(ref) as p:
             df = pd.read_csv(p)
