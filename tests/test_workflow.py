@@ -433,7 +433,18 @@ def _tiny_study(folder: Path) -> Path:
     return config
 
 
-def test_a_moved_study_folder_plans_no_job(tmp_path):
+@pytest.fixture(scope="module")
+def finished_tiny(tmp_path_factory) -> Path:
+    """The one-cell study of :func:`_tiny_study`, finished once for the module in a folder of its
+    own; a test works on a copy (``copytree`` keeps the files' times, as ``cp -a`` does)."""
+    folder = tmp_path_factory.mktemp("tiny") / "study"
+    config = _tiny_study(folder)
+    proc = snakemake("--cores", "2", "--quiet", results="results", configfile=config, cwd=folder)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return folder
+
+
+def test_a_moved_study_folder_plans_no_job(tmp_path, finished_tiny):
     """A finished study's folder (its results and Snakemake's metadata in .snakemake/)
     copied elsewhere with its files' times (cp -a, rsync -a, mv) plans nothing there: no
     param holds where the folder lay (the SQLite URI, the cell's folder and file are derived
@@ -441,9 +452,8 @@ def test_a_moved_study_folder_plans_no_job(tmp_path):
     import shutil
 
     first = tmp_path / "first"
-    config = _tiny_study(first)
-    proc = snakemake("--cores", "2", "--quiet", results="results", configfile=config, cwd=first)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    shutil.copytree(finished_tiny, first, symlinks=True)
+    config = first / "study.yaml"
     assert (first / ".snakemake" / "metadata").is_dir() and (first / "results" / "report" / "index.md").is_file()
     proc = snakemake("-n", results="results", configfile=config, cwd=first)
     assert "Nothing to be done" in proc.stdout + proc.stderr, proc.stdout[-3000:]
@@ -459,7 +469,7 @@ def test_a_moved_study_folder_plans_no_job(tmp_path):
     assert "Nothing to be done" in proc.stdout + proc.stderr, proc.stdout[-3000:]
 
 
-def test_a_results_folder_never_serves_results_of_other_settings(tmp_path):
+def test_a_results_folder_never_serves_results_of_other_settings(tmp_path, finished_tiny):
     """A finished study, Snakemake's metadata (.snakemake/) deleted, rerun with a setting of
     its cells changed (an overlay ``train: {steps: N+1}``): every cell reruns, and its
     checkpoint, results and MLflow run are those of the new settings -- no old result is
@@ -474,17 +484,18 @@ def test_a_results_folder_never_serves_results_of_other_settings(tmp_path):
     from smallbatch.training.checkpoint import load_checkpoint
 
     folder = tmp_path / "study"
-    config = _tiny_study(folder)
+    shutil.copytree(finished_tiny, folder, symlinks=True)  # the first settings' finished study
+    config = folder / "study.yaml"
     overlay = folder / "overlay.yaml"
     steps = yaml.safe_load(config.read_text())["train"]["steps"]
     overlay.write_text(yaml.safe_dump({"train": {"steps": steps + 1}}))
     for i, configs in enumerate(((config,), (config, overlay), (config,))):
-        shutil.rmtree(folder / ".snakemake", ignore_errors=True)
         if i:
+            shutil.rmtree(folder / ".snakemake", ignore_errors=True)
             planned = planned_jobs(snakemake("-n", results="results", configfile=configs, cwd=folder))
             assert planned.get("pretrain") == 1 and planned.get("evaluate") == 1, planned
-        proc = snakemake("--cores", "2", "--quiet", results="results", configfile=configs, cwd=folder)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+            proc = snakemake("--cores", "2", "--quiet", results="results", configfile=configs, cwd=folder)
+            assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         merged = {}
         for c in configs:
             merged = deep_merge(merged, read_config_file(c))
