@@ -4,6 +4,7 @@ function): no circle, and each layer imports only the layers below it (ARCHITECT
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import smallbatch
@@ -14,6 +15,7 @@ SRC = Path(smallbatch.__file__).parent
 LAYERS = ("pipeline|__main__", "report", "mi", "evaluation", "training", "core")
 
 
+@functools.cache  # read once: every check below walks it, some once per import
 def _modules() -> dict[str, tuple[Path, bool]]:
     out = {}
     for f in sorted(SRC.rglob("*.py")):
@@ -210,6 +212,6 @@ def test_a_module_is_imported_inside_a_function_only_to_keep_start_up_light():
     assert needless == [], "import these at the top of the module"
 
 
-def test_the_start_up_check_sees_a_needless_import_inside_a_function(tmp_path):  # the test above can fail
+def test_the_start_up_check_tells_light_modules_from_heavy_ones_and_finds_circles():  # the test above can fail
     assert not _loads_heavy()["smallbatch.experiments"] and _loads_heavy()["smallbatch.data"]
     assert _reaches({"a": {"b"}, "b": {"c"}}, "a", "c") and not _reaches({"a": {"b"}, "c": {"a"}}, "a", "c")

@@ -53,8 +53,6 @@ as a fresh process would (tests/pipeline/test_warm.py: bit-identical checkpoints
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import importlib
 import json
 import os
@@ -589,6 +587,9 @@ def _die_with_parent(parent: int) -> None:
     """Ask the kernel for SIGTERM when the server dies (Linux ``prctl(PR_SET_PDEATHSIG)``), so
     a SIGKILLed server leaves no orphan training on; a child whose server is already gone
     exits at once.  Elsewhere a no-op."""
+    import ctypes  # the server's children only: every job's client imports this module
+    import ctypes.util
+
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
         libc.prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG = 1
