@@ -58,12 +58,16 @@ smoke: install
 report: install
 	$(BIN)/smallbatch report --config $(CONFIG) --out results/report
 
+# the tests run in TEST_WORKERS pytest-xdist workers, a module (and every module that drives the
+# local SLURM) whole in one worker (tests/conftest.py); TEST_WORKERS=0 runs them in this process
+TEST_WORKERS ?= $(CORES)
+
 test: install  # the 25 slowest tests listed at the end: where the suite spends its time
-	$(BIN)/python -m pytest -q --durations=25
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --durations=25
 
 # the fast tier for the edit-test loop: everything but the end-to-end (workflow) tests
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not slow"
 
 # what .ci/run checks before the tests: formatting, lint and types (ruff, mypy: pinned in pyproject.toml's [dev])
 lint: install

@@ -62,11 +62,34 @@ def env_with_venv(extra: dict | None = None) -> dict:
     return env
 
 
+#: The ports the tests' servers take (MLflow servers, gloo's rank 0): above the srun jobs'
+#: 10000-29999 (smallbatch.training.distributed) and SLURM's daemons, below Linux's ephemeral
+#: range (32768-60999 by default), so no outgoing connection holds one by chance.
+PORTS = range(30000, 32768)
+_next_port = 0
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that nothing listens on right now, from this test process's own
+    slice of :data:`PORTS`: pytest-xdist's workers (``PYTEST_XDIST_WORKER`` gw0, gw1, ...) take
+    disjoint slices, so two tests that run at once never pick one port, and a server's health
+    check can only reach the server it started.  Within a slice ports are taken in turn, so a
+    port one test just closed is not handed to the next."""
+    global _next_port
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+    width = len(PORTS) // count
+    first = PORTS.start + worker * width
+    for _ in range(width):
+        port = first + _next_port % width
+        _next_port += 1
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # taken (or closing): the next one
+            return port
+    raise RuntimeError(f"no free port in {first}-{first + width - 1}")
 
 
 def wait_until(pred: Callable[[], bool], timeout: float, what: str, interval: float = 0.2) -> None:

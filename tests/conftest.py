@@ -10,6 +10,7 @@ whose daemons could not start does not read like one that tested them.
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -67,7 +68,51 @@ def store_uri(tmp_path_factory) -> str:
 KINDS = {"slurm": "real-SLURM", "gpu": "GPU"}
 
 
+#: The modules that drive the one local SLURM (its daemons, its job records, and the smoke run
+#: through it that test_mlflow_server.py starts in the background and test_slurm.py reads):
+#: pytest-xdist runs them in one worker, one test at a time.
+SLURM_MODULES = ("tests/test_mlflow_server.py", "tests/test_slurm.py")
+SLURM_SHARED = SLURM_FIXTURES | {"smoke_sqlite"}
+
+
+def work_unit(nodeid: str) -> str:
+    """What one pytest-xdist worker runs whole (``make test`` runs two): a test's module, so its
+    module fixtures (a store, a finished study) are built once, or "slurm" for every module that
+    drives the local SLURM."""
+    module = nodeid.split("::", 1)[0]
+    return "slurm" if module in SLURM_MODULES else module
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist's scheduler with :func:`work_unit` as its unit, sent in the workers'
+    collection order (:func:`_order_for_workers`'s, not xdist's reordering by test count)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByWorkUnit(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    config.option.loadscopereorder = False
+    return ByWorkUnit(config, log)
+
+
+def _order_for_workers(items) -> None:
+    """Every test that uses the local SLURM is in :data:`SLURM_MODULES` (else two workers could
+    drive it at once); the work units with end-to-end (``slow``) tests come first, most of them
+    first, so no long unit starts last and runs alone while the other worker idles."""
+    strays = sorted(
+        {it.nodeid.split("::", 1)[0] for it in items if SLURM_SHARED & set(getattr(it, "fixturenames", ()))}
+        - set(SLURM_MODULES)
+    )
+    if strays:
+        raise pytest.UsageError(f"{', '.join(strays)} use the local SLURM: add them to conftest.SLURM_MODULES")
+    slow = Counter(work_unit(it.nodeid) for it in items if it.get_closest_marker("slow"))
+    first = {u: i for i, u in enumerate(dict.fromkeys(work_unit(it.nodeid) for it in items))}
+    items.sort(key=lambda it: (-slow[work_unit(it.nodeid)], first[work_unit(it.nodeid)]))
+
+
 def pytest_collection_modifyitems(config, items):
+    _order_for_workers(items)
     gpu_items = []
     for item in items:
         if SLURM_FIXTURES & set(getattr(item, "fixturenames", ())):

@@ -242,12 +242,12 @@ def test_changing_one_loss_config_reruns_exactly_its_cells(study, tmp_path):
     assert sorted(planned_cells(proc, "pretrain")) == flatnce
 
 
-def test_default_config_lists_every_cell():
+def test_default_config_lists_every_cell(tmp_path):
     from smallbatch.pipeline.cells import expand_cells
     from smallbatch.pipeline.config import load_config
 
     n = len(expand_cells(load_config(ROOT / "config.yaml")))
-    proc = snakemake("-n", results=Path("/tmp/smallbatch-dryrun-default"), configfile=ROOT / "config.yaml", timeout=300)
+    proc = snakemake("-n", results=tmp_path / "results", configfile=ROOT / "config.yaml", timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     jobs = planned_jobs(proc)
     assert jobs["pretrain"] == n and jobs["evaluate"] == n

@@ -3,8 +3,9 @@
 # preemption), run N times in a row beside a CPU hog of H busy processes (default 10 rounds,
 # 2 hogs: every core of a 2-core machine taken).  Stops at the first failing round.
 #   tools/race_check.sh [ROUNDS] [HOGS]          (SMALLBATCH_REQUIRE_SLURM=1 for the SLURM test)
-# With --suite, each round is the whole suite instead (`make test`'s pytest; default 1 round
-# beside 6 hogs), and its wall time, CPU seconds and load (sampled every 10 s) are printed;
+# With --suite, each round is the whole suite instead (`make test`'s pytest in TEST_WORKERS
+# workers, default 2; default 1 round beside 6 hogs), and its wall time, CPU seconds and load
+# (sampled every 10 s) are printed;
 # arguments after -- go to pytest:
 #   tools/race_check.sh --suite [ROUNDS] [HOGS] [-- PYTEST_ARGS...]   (e.g. -- -m "not slurm")
 # PYTHON names the interpreter of the venv to test with (default .venv/bin/python).
@@ -34,7 +35,7 @@ TESTS=(
   "tests/training/test_rank_signals.py"
 )
 ARGS=(-x "${TESTS[@]}")
-if [ "$SUITE" = 1 ]; then ARGS=(-ra --durations=40 "$@"); fi
+if [ "$SUITE" = 1 ]; then ARGS=(-ra -n "${TEST_WORKERS:-2}" --durations=40 "$@"); fi
 hogs=()
 for _ in $(seq "$HOGS"); do (while :; do :; done) & hogs+=($!); done
 sampler=""
