@@ -75,11 +75,15 @@ SLURM_MODULES = ("tests/test_mlflow_server.py", "tests/test_slurm.py")
 SLURM_SHARED = SLURM_FIXTURES | {"smoke_sqlite"}
 
 
+def module_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
 def work_unit(nodeid: str) -> str:
     """What one pytest-xdist worker runs whole (``make test`` runs two): a test's module, so its
     module fixtures (a store, a finished study) are built once, or "slurm" for every module that
     drives the local SLURM."""
-    module = nodeid.split("::", 1)[0]
+    module = module_of(nodeid)
     return "slurm" if module in SLURM_MODULES else module
 
 
@@ -101,14 +105,15 @@ def _order_for_workers(items) -> None:
     drive it at once); the work units with end-to-end (``slow``) tests come first, most of them
     first, so no long unit starts last and runs alone while the other worker idles."""
     strays = sorted(
-        {it.nodeid.split("::", 1)[0] for it in items if SLURM_SHARED & set(getattr(it, "fixturenames", ()))}
+        {module_of(it.nodeid) for it in items if SLURM_SHARED & set(getattr(it, "fixturenames", ()))}
         - set(SLURM_MODULES)
     )
     if strays:
         raise pytest.UsageError(f"{', '.join(strays)} use the local SLURM: add them to conftest.SLURM_MODULES")
-    slow = Counter(work_unit(it.nodeid) for it in items if it.get_closest_marker("slow"))
-    first = {u: i for i, u in enumerate(dict.fromkeys(work_unit(it.nodeid) for it in items))}
-    items.sort(key=lambda it: (-slow[work_unit(it.nodeid)], first[work_unit(it.nodeid)]))
+    unit = {it.nodeid: work_unit(it.nodeid) for it in items}
+    slow = Counter(unit[it.nodeid] for it in items if it.get_closest_marker("slow"))
+    first = {u: i for i, u in enumerate(dict.fromkeys(unit.values()))}
+    items.sort(key=lambda it: (-slow[unit[it.nodeid]], first[unit[it.nodeid]]))
 
 
 def pytest_collection_modifyitems(config, items):

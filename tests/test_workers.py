@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import cluster
@@ -44,7 +43,7 @@ def test_a_module_runs_whole_in_one_worker_and_the_slurm_modules_share_one(tmp_p
     modules = {f"test_m{i}": ("", 6) for i in range(6)} | {"test_z_slow": ("@pytest.mark.slow", 2)}
     modules |= {Path(m).stem: ("", 3) for m in conftest.SLURM_MODULES}
     for name, (mark, n) in modules.items():
-        (suite / "tests" / f"{name}.py").write_text(textwrap.dedent(MODULE.format(mark=mark, n=n, log=str(log))))
+        (suite / "tests" / f"{name}.py").write_text(MODULE.format(mark=mark, n=n, log=str(log)))
     res = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "tests"],
         cwd=suite,
