@@ -21,6 +21,7 @@ from pathlib import Path
 import cluster
 import pandas as pd
 import pytest
+import torch
 from cluster import job_resources
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -315,6 +316,18 @@ def test_gpu_cells_ask_for_gpus_and_share_them(tmp_path):
     assert all(
         "gres=gpu:2" in r and "gpu_permille=2000" in r and "tasks=2" in r and "mpi=srun" in r for r in res["pretrain"]
     ), res["pretrain"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="plans on a machine without a GPU")
+def test_device_auto_on_a_machine_without_a_gpu_plans_no_gpu_locally(tmp_path):
+    """device: auto, planned here (no GPU) with the local profile, which runs the run: jobs in
+    threads as a cluster executor does: no job asks for a GPU (on a cluster it would:
+    tests/test_slurm.py)."""
+    proc = snakemake("-n", results=tmp_path, extra_config=("device=auto",), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = job_resources(proc.stdout)
+    assert res["pretrain"] and res["evaluate"]
+    assert not [r for rule in res for r in res[rule] if "gres" in r or "gpu_permille" in r], res
 
 
 @pytest.mark.parametrize(

@@ -72,3 +72,17 @@ def test_eager_optimisers_call_torchs_methods_and_give_the_compiler_its_marks_ba
     finally:
         eager_optimizers(False)
     assert all(getattr(m, "__dynamo_disable", None) is not m for m in methods)
+
+
+def test_snakemake_plans_a_cpu_study_without_importing_torch(tmp_path, monkeypatch):
+    """Snakemake imports the package to plan a study (workflow/rules/common.smk), at every start
+    and in every job's own Snakemake process on a cluster: planning a CPU study needs no torch
+    (2-3 s of each start), only the launch command (smallbatch.training.launch)."""
+    from test_workflow import snakemake
+
+    monkeypatch.setenv("PYTHONPROFILEIMPORTTIME", "1")  # Python lists every module it imports on stderr
+    proc = snakemake("-n", results=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    imported = {ln.rsplit("|", 1)[1].strip() for ln in proc.stderr.splitlines() if ln.startswith("import time:")}
+    assert "smallbatch.training.launch" in imported and "smallbatch.pipeline.plan" in imported
+    assert not {m for m in imported if m == "torch" or m.startswith("torch.")}

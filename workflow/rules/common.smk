@@ -5,7 +5,7 @@
 # (Snakemake quotes it with shlex.quote; a list becomes one quoted word per item and an
 # empty list nothing), `{output:q}` and `{log:q}` included; an optional option is a list
 # param made by `flag()` (smallbatch.pipeline.plan).  The one exception is `{params.launch}`, the launcher that
-# smallbatch.training.distributed.launch_command builds from no config value.
+# smallbatch.training.launch.launch_command builds from no config value.
 # An option's value is joined to it with `=` (`--experiment={params.exp:q}`), so a value
 # that starts with a dash (a study named `--help`, a results_dir `-rf`) is that option's
 # value, never another option.  A job's log is removed before the shell writes it
@@ -26,7 +26,7 @@ try:
     from smallbatch.pipeline.plan import StudyPlan, flag, hold_results_folder
     from smallbatch.pipeline import plan as _plan
     from smallbatch.report.captions import captions
-    from smallbatch.training.distributed import launch_command
+    from smallbatch.training.launch import launch_command
 except ImportError as exc:  # pragma: no cover - a user without the package installed
     raise WorkflowError(f"the smallbatch package is not importable ({exc}); run `make install` or `pip install -e .`")
 
@@ -155,11 +155,13 @@ def _jobs_go_to_a_cluster():
     """True when the jobs are submitted to (or run inside) a cluster executor such as SLURM.
     Snakemake only knows its executor once the workflow runs (this is asked from resource
     functions, which run then), and a dry run swaps the executor for 'dryrun' — whose
-    use_threads setting still carries the intended executor's 'not local'
-    (snakemake.api.execute_workflow)."""
+    use_threads setting still carries the intended executor's 'not local', and whose default
+    resources the intended executor's 'full' set (snakemake.api.execute_workflow): a local run
+    has threads too (our default profile's force-use-threads) but no default resources."""
     if workflow.remote_exec or workflow.non_local_exec:
         return True
-    return bool(workflow.dryrun and getattr(workflow.execution_settings, "use_threads", False))
+    threads = getattr(workflow.execution_settings, "use_threads", False)
+    return bool(workflow.dryrun and threads and workflow.resource_settings.default_resources is not None)
 
 
 def conda_env(wildcards):

@@ -61,7 +61,7 @@ rule prepare_data:
 
 rule pretrain:
     # One cell's pretraining: `train.devices` processes (torchrun here, srun inside a SLURM
-    # allocation: smallbatch.training.distributed.launch_command), each with `threads` threads.
+    # allocation: smallbatch.training.launch.launch_command), each with `threads` threads.
     input:
         data=data_cache,
         store=f"{R}/mlflow.ready",
