@@ -87,6 +87,7 @@ def one_error_line(stderr: str) -> str:
 
 
 # --------------------------------------------------------------------------- one writer
+@pytest.mark.slow  # several of the package's processes (pyproject: markers)
 def test_a_second_trainer_of_a_cell_stops_at_once_naming_the_holder(tmp_path, cache):
     """Two processes on one cell folder (e.g. two Snakemake calls sharing an absolute
     results_dir, or a trainer left running after Snakemake was killed): the second stops
@@ -140,6 +141,7 @@ def _store(path: Path) -> str:
     return uri
 
 
+@pytest.mark.slow  # several of the package's processes (pyproject: markers)
 def test_a_run_that_vanished_from_the_store_stops_the_cell_in_one_line(tmp_path, cache):
     """state.pt continues MLflow run X; the store was deleted and recreated: the rerun must
     not log the rest of the history into a new run and call it finished.  --restart
@@ -192,6 +194,7 @@ def test_a_run_that_vanished_from_the_store_stops_the_cell_in_one_line(tmp_path,
     assert steps_logged[0] == TINY["log_every"] and len(steps_logged) == len(set(steps_logged))
 
 
+@pytest.mark.slow  # several of the package's processes (pyproject: markers)
 def test_a_store_deleted_while_the_cell_trains_stops_it_before_the_next_save(tmp_path, cache):
     cell = digits_cell(epochs=40)
     out, db = tmp_path / "cell", tmp_path / "mlflow.db"

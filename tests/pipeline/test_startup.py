@@ -44,6 +44,7 @@ def cell_file(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow  # several of the package's processes (pyproject: markers)
 @pytest.mark.parametrize("store", ["none", "sqlite"])
 def test_a_training_and_an_evaluation_job_import_no_compiler_and_no_report_stack(tmp_path, cache, cell_file, store):
     uri = "none" if store == "none" else f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -74,6 +75,7 @@ def test_eager_optimisers_call_torchs_methods_and_give_the_compiler_its_marks_ba
     assert all(getattr(m, "__dynamo_disable", None) is not m for m in methods)
 
 
+@pytest.mark.slow  # several of the package's processes (pyproject: markers)
 def test_snakemake_plans_a_cpu_study_without_importing_torch(tmp_path, monkeypatch):
     """Snakemake imports the package to plan a study (workflow/rules/common.smk), at every start
     and in every job's own Snakemake process on a cluster: planning a CPU study needs no torch

@@ -27,6 +27,8 @@ from pathlib import Path
 import cluster
 import pytest
 
+pytestmark = pytest.mark.slow  # servers, and processes killed mid-write (pyproject: markers)
+
 SMALLBATCH = Path(sys.executable).with_name("smallbatch")
 HANG_GUARD_S = 150  # a request the deadline does not end would block far longer than this
 BUSY_S = 6.0  # a busy server's first answer: more than the 5-s read timeout that used to fail it

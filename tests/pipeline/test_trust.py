@@ -937,6 +937,7 @@ def test_one_trainer_per_cell_per_store(name, holder, refused, tmp_path, cache, 
         assert "train/final_loss" in run.metrics()
 
 
+@pytest.mark.slow  # several of the package's processes (pyproject: markers)
 def test_the_same_cell_in_two_folders_against_one_store_refuses_the_second(tmp_path, cache, store, capsys):
     """The probe's case with two real trainers: folder a trains; folder b's trainer stops in
     one line while a holds the run; nothing of b reaches the run."""

@@ -19,6 +19,8 @@ from cluster import HANG_S
 
 from smallbatch.pipeline import warm
 
+pytestmark = pytest.mark.slow  # a server and its clients (pyproject: markers)
+
 SMALLBATCH = Path(sys.executable).parent / "smallbatch"
 CELL = [
     "--tracking-uri",

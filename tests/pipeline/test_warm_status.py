@@ -29,6 +29,8 @@ import pytest
 
 from smallbatch.pipeline import warm
 
+pytestmark = pytest.mark.slow  # a server and its clients (pyproject: markers)
+
 HARNESS = """
 import os, sys
 

@@ -50,9 +50,16 @@ def _explain_step(t, images):
     out = t.step_fn.forward(images[idx], u, idx)
     out.loss.backward()
     tr = t.cell.train  # the optimiser as a compiled step builds it (not CPU Adam's fused kernel)
-    opt = make_optimizer(t.step_fn.model.parameters(), tr.optimizer, 0.01, tr.momentum, tr.weight_decay, compiled=True)
-    upd = torch._dynamo.explain(optimizer_step)(opt)
-    return fwd, upd
+    params = list(t.step_fn.model.parameters())
+    key = (tr.optimizer, tr.momentum, tr.weight_decay, tuple(tuple(p.shape) for p in params))
+    if key not in _UPDATES:  # the update's graph depends on the optimiser and the parameters' shapes only
+        opt = make_optimizer(params, tr.optimizer, 0.01, tr.momentum, tr.weight_decay, compiled=True)
+        _UPDATES[key] = torch._dynamo.explain(optimizer_step)(opt)
+    return fwd, _UPDATES[key]
+
+
+#: the optimiser update's explanation per (optimiser, momentum, weight decay, parameter shapes)
+_UPDATES: dict = {}
 
 
 @pytest.mark.parametrize("recipe,channels,size", [("gray_small", 1, 8), ("simclr", 3, 32)])

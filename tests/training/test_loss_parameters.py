@@ -114,6 +114,7 @@ def checks():
     return [("learnt_tau", lambda world: {"tau": trained_tau(world)})]
 
 
+@pytest.mark.slow  # several of the package's processes (pyproject: markers)
 def test_a_learnt_temperature_on_two_processes_is_the_one_process_temperature(tmp_path):
     """Each of 2 gloo processes has half the anchors; t's gradient averaged over them is the
     whole batch's, so the 2-process cell's τ after 12 steps is the 1-process cell's (to

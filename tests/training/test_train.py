@@ -260,6 +260,7 @@ def interrupted(tmp_path_factory, digits, main_cell, queue_cell):
     return out
 
 
+@pytest.mark.slow  # several of the package's processes (pyproject: markers)
 @pytest.mark.parametrize("name", ["kill", "kill_queue"])
 def test_resume_after_sigkill_is_bitwise_identical(name, interrupted, digits, request, capfd):
     r = interrupted[name]
