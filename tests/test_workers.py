@@ -63,3 +63,9 @@ def test_a_module_runs_whole_in_one_worker_and_the_slurm_modules_share_one(tmp_p
     (slow_worker,) = workers["test_z_slow"]
     mine = sorted((r for r in rows if r[2] == slow_worker), key=lambda r: r[3])
     assert mine[0][0] == "test_z_slow", "the module with slow tests is sent first, though collected last"
+
+
+def test_every_long_unit_is_a_module_of_the_suite_or_the_slurm_unit():
+    """conftest.LONG_UNITS names work units that exist (a renamed module would silently lose its place)."""
+    root = Path(__file__).resolve().parents[1]
+    assert [u for u in conftest.LONG_UNITS if u != "slurm" and not (root / u).is_file()] == []
