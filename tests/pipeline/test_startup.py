@@ -75,7 +75,7 @@ def test_eager_optimisers_call_torchs_methods_and_give_the_compiler_its_marks_ba
     assert all(getattr(m, "__dynamo_disable", None) is not m for m in methods)
 
 
-@pytest.mark.slow  # several of the package's processes (pyproject: markers)
+@pytest.mark.slow  # the workflow, planned (pyproject: markers)
 def test_snakemake_plans_a_cpu_study_without_importing_torch(tmp_path, monkeypatch):
     """Snakemake imports the package to plan a study (workflow/rules/common.smk), at every start
     and in every job's own Snakemake process on a cluster: planning a CPU study needs no torch

@@ -43,6 +43,10 @@ def _training(loss: str, recipe: str, channels: int, size: int, tmp: Path, **tra
     return t, images
 
 
+#: the optimiser update's explanation per (optimiser, momentum, weight decay, parameter shapes)
+_UPDATES: dict = {}
+
+
 def _explain_step(t, images):
     idx = torch.arange(8)
     u = t.step_fn.aug.draw(16, torch.Generator().manual_seed(0))
@@ -56,10 +60,6 @@ def _explain_step(t, images):
         opt = make_optimizer(params, tr.optimizer, 0.01, tr.momentum, tr.weight_decay, compiled=True)
         _UPDATES[key] = torch._dynamo.explain(optimizer_step)(opt)
     return fwd, _UPDATES[key]
-
-
-#: the optimiser update's explanation per (optimiser, momentum, weight decay, parameter shapes)
-_UPDATES: dict = {}
 
 
 #: every loss with one recipe, and each recipe with a contrastive loss and a method without

@@ -43,17 +43,15 @@ from smallbatch.training.distributed import (
     World,
     any_over_processes,
     average_gradients,
-    claim_gpu,
     data_parallel,
-    first_host,
     gather,
     gather_with_grad,
     initialized,
-    launch_from_env,
     mean_over_processes,
     sync_batchnorm,
     unwrap,
 )
+from smallbatch.training.launch import claim_gpu, first_host, launch_from_env
 from smallbatch.training.loop import make_optimizer
 from smallbatch.training.negatives import MomentumQueue
 

@@ -52,14 +52,9 @@ from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.parallel import DistributedDataParallel
 
-from .launch import Launch, claim_gpu, first_host, launch_command, launch_from_env
+from .launch import claim_gpu, launch_from_env
 
 __all__ = [
-    "Launch",
-    "launch_from_env",
-    "launch_command",
-    "claim_gpu",
-    "first_host",
     "World",
     "initialized",
     "gather_with_grad",
