@@ -345,44 +345,46 @@ def test_bad_config_stops_before_any_job(tmp_path, override, key):
     assert not (tmp_path / "runs").exists()
 
 
-def test_keep_features_writes_the_features_file(tmp_path):
-    import yaml
-
-    cfg = yaml.safe_load(SMOKE.read_text())
-    cfg["grid"].update(losses=["infonce"], batch_sizes=[16])
-    cfg.update(keep_features=True, baselines=False)
-    cfg.setdefault("experiments", {})["mi"] = {"enabled": False}
-    changed = tmp_path / "features.yaml"
-    changed.write_text(yaml.safe_dump(cfg))
-    results = tmp_path / "results"
-    proc = snakemake("--cores", "2", "--quiet", results=results, configfile=changed)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    cell = results / "runs" / "digits" / "infonce" / "bs16-t0.5-s0"
-    assert (cell / "knn.json").exists() and (cell / "linear.json").exists() and (cell / "features.npz").exists()
-    from smallbatch.evaluation.embed import load_features
-
-    assert load_features(cell / "features.npz").meta["cell_id"] == "digits/infonce/bs16-t0.5-s0"
-    proc = snakemake("-n", results=results, configfile=changed)
-    assert proc.returncode == 0 and "Nothing to be done" in proc.stdout + proc.stderr, proc.stderr[-2000:]
-
-
-def test_methods_without_negatives_run_through_the_workflow(tmp_path):
-    """SimSiam and VICReg: a digits cell each, pretrained and evaluated by the workflow's rules,
-    one finished MLflow run per cell with its probes and its representation logged, and the
-    report's representation section built from the store."""
+@pytest.fixture(scope="module")
+def methods_study(tmp_path_factory) -> Path:
+    """SimSiam and VICReg, a digits cell each (B = 16), with ``keep_features: true``: one study
+    through the workflow's rules, read by the two tests below."""
     import yaml
 
     cfg = yaml.safe_load(SMOKE.read_text())
     cfg["grid"].update(losses=["simsiam", "vicreg"], batch_sizes=[16])
-    cfg.update(study="smallbatch-methods", baselines=False)
+    cfg.update(study="smallbatch-methods", baselines=False, keep_features=True)
     cfg.setdefault("experiments", {})["mi"] = {"enabled": False}
-    config = tmp_path / "methods.yaml"
+    folder = tmp_path_factory.mktemp("methods")
+    config = folder / "methods.yaml"
     config.write_text(yaml.safe_dump(cfg))
-    results = tmp_path / "results"
+    results = folder / "results"
     proc = snakemake("--cores", "2", "--quiet", results=results, configfile=config)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return config
+
+
+def test_keep_features_writes_the_features_file(methods_study):
+    """``keep_features: true``: each cell's evaluation leaves its features file, stamped with
+    its cell, beside its probes' results, and a dry run after the study plans nothing."""
+    from smallbatch.evaluation.embed import load_features
+
+    results = methods_study.parent / "results"
+    for cid in ("digits/simsiam/bs16-t0.5-s0", "digits/vicreg/bs16-t0.5-s0"):
+        cell = results / "runs" / cid
+        assert (cell / "knn.json").exists() and (cell / "linear.json").exists() and (cell / "features.npz").exists()
+        assert load_features(cell / "features.npz").meta["cell_id"] == cid
+    proc = snakemake("-n", results=results, configfile=methods_study)
+    assert proc.returncode == 0 and "Nothing to be done" in proc.stdout + proc.stderr, proc.stderr[-2000:]
+
+
+def test_methods_without_negatives_run_through_the_workflow(methods_study):
+    """SimSiam and VICReg: a digits cell each, pretrained and evaluated by the workflow's rules,
+    one finished MLflow run per cell with its probes and its representation logged, and the
+    report's representation section built from the store."""
     import mlflow
 
+    results = methods_study.parent / "results"
     mlflow.set_tracking_uri(f"sqlite:///{results / 'mlflow.db'}")
     runs = mlflow.search_runs(experiment_names=["smallbatch-methods"])
     cells = runs[runs["tags.smallbatch.kind"] == "cell"].set_index("tags.smallbatch.cell_id")
