@@ -60,6 +60,7 @@ TESTS = {
     "src/smallbatch/losses/kernel.py": ["tests/core/test_kernel_losses.py"],
     "src/smallbatch/losses/sogclr.py": ["tests/core/test_sogclr.py"],
     "src/smallbatch/losses/sigmoid.py": ["tests/core/test_siglip.py"],
+    "src/smallbatch/report/plan.py": ["tests/report/test_plan.py", "tests/report/test_report_instrument.py"],
     "src/smallbatch/report/sections/instrument_gates.py": [
         "tests/report/test_instrument_gates.py",
         "tests/report/test_report_instrument.py",
@@ -298,11 +299,30 @@ MUTANTS = [
         "fired = bool(e.tested and e.p < ALPHA)",
         "G3: a positive control better than the full batch counts as fired",
     ),
+    # the analysis plan: its family, its margin and its outcome words
     Mutant(
-        "src/smallbatch/report/sections/instrument_gates.py",
-        "ok = all(finite(m) and m <= MARGIN for m in mdes.values())",
-        "ok = any(finite(m) and m <= MARGIN for m in mdes.values())",
-        "G4: one small MDE passes the gate",
+        "src/smallbatch/report/plan.py",
+        "running = max(running, min(1.0, (m - rank) * float(v)))",
+        "running = max(running, min(1.0, (m - rank - 1) * float(v)))",
+        "plan: Holm's factor one short (the family shrinks by one)",
+    ),
+    Mutant(
+        "src/smallbatch/report/plan.py",
+        'fam = [i for i in idx if out.at[i, "claimed"] and finite(p[i])]',
+        "fam = [i for i in idx if finite(p[i])]",
+        "plan: the descriptive contrasts enter the family",
+    ),
+    Mutant(
+        "src/smallbatch/report/plan.py",
+        "return pd.Series([plan.margin * abs(ref.get(k, math.nan)) for k in keys], index=rows.index, dtype=float)",
+        "return pd.Series([plan.margin for k in keys], index=rows.index, dtype=float)",
+        "plan: a relative margin read as points",
+    ),
+    Mutant(
+        "src/smallbatch/report/plan.py",
+        'return "equivalent" if r.tost_family < ALPHA else "unresolved"',
+        'return "equivalent" if r.tost_p < ALPHA else "unresolved"',
+        "plan: equivalence judged on the unadjusted TOST p",
     ),
     Mutant(
         "src/smallbatch/report/sections/instrument_gates.py",

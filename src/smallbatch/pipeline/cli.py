@@ -516,16 +516,30 @@ def cmd_config_reference(args) -> int:
     return 0
 
 
+def _json_object(text: str | None, flag: str) -> dict:
+    """The JSON object ``text`` ({} for None); ValueError naming ``flag`` for anything else."""
+    if text is None:
+        return {}
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{flag}: not JSON ({exc.msg} at character {exc.pos})") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"{flag}: must be a JSON object, got {type(obj).__name__}")
+    return obj
+
+
 def cmd_report(args) -> int:
     from ..report import build_report
     from .config import load_config, resolve_tracking_uri
 
-    cfg = load_config(args.config)
+    plan = None if args.analysis is None else {"analysis": _json_object(args.analysis, "--analysis")}
+    cfg = load_config(args.config, overrides=plan)
     uri = args.tracking_uri or resolve_tracking_uri(cfg)
     # Without --experiment/--config the report takes the store's only experiment.
     exp = args.experiment or (cfg["study"] if args.config else None)
-    try:
-        index = build_report(uri, args.out, experiment=exp, log_run=True)  # also a run of kind report
+    try:  # also a run of kind report
+        index = build_report(uri, args.out, experiment=exp, log_run=True, analysis=cfg["analysis"])
     except (PermissionError, FileExistsError, IsADirectoryError, NotADirectoryError) as exc:
         # e.g. a folder without write permission: one line, not a traceback
         raise ValueError(f"cannot write the report to {args.out}: {exc.strerror} ({exc.filename})") from None

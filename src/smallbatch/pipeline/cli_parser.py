@@ -475,9 +475,16 @@ def _study_outputs(add) -> None:
     c.add_argument(
         "--config",
         **config_flag(
-            "study config (its tracking store and study name, when --tracking-uri / --experiment are not given)"
+            "study config (its tracking store and study name, when --tracking-uri / --experiment are not given, "
+            "and its analysis plan)"
         ),
     )
     c.add_argument(
         "--out", type=path_value, default=Path("results/report"), help="report folder (default: results/report)"
+    )
+    c.add_argument(
+        "--analysis",
+        metavar="JSON",
+        help="the analysis plan as a JSON object laid over the config's analysis key (the workflow passes the "
+        "study's); validated like the config key",
     )

@@ -51,6 +51,7 @@ from ..tracking import StoreReader, TrackingError, log_report_run
 from .aggregate import aggregate_cells
 from .context import MANIFEST, ReportContext, SectionOutput, check_claim
 from .index import index_markdown
+from .plan import AnalysisPlan
 from .runs import METRICS, load_runs
 from .sections import baselines, cost, diverged, grid, mi, papers, representation
 from .sections.papers import load_papers
@@ -165,6 +166,7 @@ def build_report(
     experiment: str | None = None,
     paper_csv: str | Path | None = None,
     log_run: bool = False,
+    analysis: dict | None = None,
 ) -> Path:
     """Rebuild every table and figure from the MLflow store; return the path of index.md.
 
@@ -175,13 +177,15 @@ def build_report(
     :class:`smallbatch.tracking.TrackingError` for a store that does not exist or
     cannot be read; nothing is written then.  ``log_run``: also log the report as a run of
     its experiment (:func:`smallbatch.tracking.log_report_run`: one run per experiment, replaced
-    by a changed build), which later builds leave out.
+    by a changed build), which later builds leave out.  ``analysis``: the study's analysis plan (the
+    config's ``analysis`` mapping; None: the schema's default), checked before the store is read.
     """
     out = Path(out_dir)
     _check_out_dir(out)
     before = read_manifest(out)
     index = out / "index.md"
     check_claim(out, before, [index])  # a user's own index.md: refused before the store is read
+    plan = AnalysisPlan.from_mapping(analysis)
     papers = load_papers(paper_csv)
     reader = StoreReader(str(tracking_uri))
     notes: list[str] = []
@@ -196,6 +200,7 @@ def build_report(
         runs=runs,
         notes=notes,
         prior=before,
+        plan=plan,
     )
     out.mkdir(parents=True, exist_ok=True)
     outputs = [o for o in (build(runs, ctx) for build in SECTIONS) if o is not None]

@@ -11,6 +11,7 @@ from typing import Any
 import pandas as pd
 
 from ..io import atomic_write
+from .plan import AnalysisPlan
 from .tables import Block, table_files, write_table_files
 
 #: the files the last build wrote (paths relative to the report folder, one a line): the
@@ -66,7 +67,8 @@ class ReportContext:
     ``reader`` is the store's :class:`smallbatch.tracking.StoreReader` (metric
     histories); ``scale`` turns the logged top-1 into percent; ``papers`` is the
     papers' reported numbers; ``runs`` every run of the experiment; ``notes`` are
-    lines index.md prints after the run counts.
+    lines index.md prints after the run counts; ``plan`` the study's analysis plan (the
+    config's ``analysis``; the schema's default when none is given).
     """
 
     out_dir: Path
@@ -81,6 +83,7 @@ class ReportContext:
     #: the files (relative to out_dir) the previous build wrote (its manifest): the only
     #: existing files a build may replace (:meth:`claim`)
     prior: frozenset[str] = frozenset()
+    plan: AnalysisPlan = field(default_factory=lambda: AnalysisPlan.from_mapping(None))
     history_calls: int = 0
     _hist_cache: dict = field(default_factory=dict)
 
