@@ -47,7 +47,7 @@ TESTS = {
         f"src/smallbatch/losses/{f}.py": ["tests/core/test_losses.py", "tests/core/test_losses_precision.py"]
         for f in ("base", "scores", "softmax", "flatnce", "decoupled")
     },
-    "src/smallbatch/pipeline/cells.py": ["tests/pipeline/test_config.py"],
+    "src/smallbatch/pipeline/cells.py": ["tests/pipeline/test_config.py", "tests/pipeline/test_cell_hashes.py"],
     "src/smallbatch/report/evidence.py": ["tests/report/test_evidence.py"],
     "src/smallbatch/training/gradcache.py": ["tests/training/test_gradcache.py"],
     "src/smallbatch/training/negatives.py": [
