@@ -47,7 +47,7 @@ TESTS = {
         f"src/smallbatch/losses/{f}.py": ["tests/core/test_losses.py", "tests/core/test_losses_precision.py"]
         for f in ("base", "scores", "softmax", "flatnce", "decoupled")
     },
-    "src/smallbatch/pipeline/cells.py": ["tests/pipeline/test_config.py"],
+    "src/smallbatch/pipeline/cells.py": ["tests/pipeline/test_config.py", "tests/pipeline/test_cell_hashes.py"],
     "src/smallbatch/report/evidence.py": ["tests/report/test_evidence.py"],
     "src/smallbatch/training/gradcache.py": ["tests/training/test_gradcache.py"],
     "src/smallbatch/training/negatives.py": [
@@ -67,7 +67,18 @@ TESTS = {
     ],
     "src/smallbatch/report/sections/lrsweep.py": ["tests/report/test_report_lrsweep.py"],
     "src/smallbatch/lr_scaling.py": ["tests/report/test_report_lrsweep.py"],
-    "src/smallbatch/probe_registry.py": ["tests/core/test_probe_registry.py"],
+    "src/smallbatch/probe_registry.py": ["tests/core/test_probe_registry.py", "tests/pipeline/test_cell_hashes.py"],
+    # the schema and the loss registry: the tests whose expectation is written out, not read from them
+    "src/smallbatch/resources/config.schema.yaml": [
+        "tests/pipeline/test_config.py",
+        "tests/pipeline/test_cell_hashes.py",
+    ],
+    "src/smallbatch/losses/registry.py": [
+        "tests/core/test_losses.py::test_every_losss_registry_entry_is_the_one_written_out_here",
+        "tests/core/test_losses.py::test_registry_names_aliases_and_params",
+        "tests/pipeline/test_config.py::test_every_loss_parameter_is_resolved_into_the_cell",
+        "tests/pipeline/test_cell_hashes.py",
+    ],
     "src/smallbatch/experiments.py": ["tests/core/test_experiment_registry.py"],
     "src/smallbatch/report/captions.py": ["tests/core/test_experiment_registry.py"],
     "src/smallbatch/pipeline/plan.py": ["tests/pipeline/test_plan.py"],
@@ -367,6 +378,36 @@ MUTANTS = [
         "sorted(pairs, key=lambda p: -len(p[0]))",
         "sorted(pairs, key=lambda p: len(p[0]))",
         "captions: the shortest prefix wins",
+    ),
+    Mutant(
+        "src/smallbatch/probe_registry.py",
+        "chance_collapses=True,",
+        "chance_collapses=False,",
+        "kNN at chance no longer marks a cell collapsed",
+    ),
+    Mutant(
+        "src/smallbatch/experiments.py",
+        '("precision_top1_",',
+        '("precision_top_",',
+        "a side experiment's figure prefix misspelt: its figures lose their caption",
+    ),
+    Mutant(
+        "src/smallbatch/report/captions.py",
+        '"qb_",',
+        '"qB_",',
+        "captions: the q_B figures' prefix misspelt",
+    ),
+    Mutant(
+        "src/smallbatch/resources/config.schema.yaml",
+        "weight_decay: {type: number, minimum: 0, default: 1.0e-6,",
+        "weight_decay: {x-execution: true, type: number, minimum: 0, default: 1.0e-6,",
+        "schema: train.weight_decay marked an execution setting (left out of the hash)",
+    ),
+    Mutant(
+        "src/smallbatch/losses/registry.py",
+        'uses_temperature=False,\n            negatives="same_view",\n        ),\n        LossSpec(\n            name="simco",',
+        'uses_temperature=True,\n            negatives="same_view",\n        ),\n        LossSpec(\n            name="simco",',
+        "loss registry: KCL declared to take a temperature",
     ),
     Mutant(
         "src/smallbatch/pipeline/plan.py",

@@ -607,6 +607,90 @@ def test_registry_names_aliases_and_params():
         build_loss("infonce", gamma=2.0)
 
 
+#: every loss of the registry and how the training treats it, written out from the papers (not
+#: read from the registry, which the tests parametrised by its flags rely on): name -> (aliases,
+#: negatives, per_anchor, stateful, learnable, owns_temperature, uses_temperature, predictor,
+#: ema_target, the study's default of each parameter)
+LOSS_TABLE = {
+    "infonce": (("ntxent", "simclr"), "all", True, False, False, False, True, False, False, {}),
+    "flatnce": ((), "all", True, False, False, False, True, False, False, {"gamma": 1.0}),
+    "dcl": ((), "all", True, False, False, False, True, False, False, {}),
+    "dclw": ((), "all", True, False, False, False, True, False, False, {"sigma": 0.5}),
+    "eqco": ((), "all", True, False, False, False, True, False, False, {"alpha": 256}),
+    "sogclr": ((), "all", True, True, False, False, True, False, False, {"gamma": 0.9}),
+    "isogclr": (
+        (),
+        "all",
+        True,
+        True,
+        False,
+        True,
+        True,
+        False,
+        False,
+        {"gamma": 0.9, "rho": 0.3, "eta": 0.01, "beta": 0.9, "tau_min": 0.05, "tau_max": 0.7},
+    ),
+    "siglip": (("sigclr",), "all", True, False, True, True, True, False, False, {"bias_init": -10.0}),
+    "dhel": ((), "same_view", True, False, False, False, True, False, False, {}),
+    "kcl": ((), "same_view", True, False, False, False, False, False, False, {"t": 2.0, "gamma": 16.0}),
+    "simco": ((), "all", True, False, False, False, True, False, False, {"m": 10.0}),
+    "align_uniform": (
+        (),
+        "same_view",
+        False,
+        False,
+        False,
+        False,
+        False,
+        False,
+        False,
+        {"lam": 1.0, "alpha": 2.0, "t": 2.0},
+    ),
+    "debiased": ((), "all", True, False, False, False, True, False, False, {"tau_plus": 0.1}),
+    "hcl": ((), "all", True, False, False, False, True, False, False, {"tau_plus": 0.1, "beta": 1.0}),
+    "infonce_lt": ((), "all", True, False, True, True, True, False, False, {}),
+    "simsiam": ((), "none", False, False, False, False, False, True, False, {"pred_hidden": None}),
+    "vicreg": ((), "none", False, False, False, False, False, False, False, {"lam": 25.0, "mu": 25.0, "nu": 1.0}),
+    "byol": (
+        (),
+        "none",
+        False,
+        False,
+        False,
+        False,
+        False,
+        True,
+        True,
+        {"pred_hidden": None, "ema": 0.99, "ema_schedule": "cosine"},
+    ),
+}
+
+
+def test_every_losss_registry_entry_is_the_one_written_out_here():
+    """The registry's losses, in its order, and each one's properties and study defaults are
+    those of LOSS_TABLE: a flag flipped by mistake (a whole-batch loss split over processes, a
+    temperature reported for a kernel loss) or a default changed fails here, not silently in
+    the tests that pick their losses by those flags."""
+    from smallbatch.losses.registry import SPECS
+
+    assert list(SPECS) == list(LOSS_TABLE)
+    fields = (
+        "aliases",
+        "negatives",
+        "per_anchor",
+        "stateful",
+        "learnable",
+        "owns_temperature",
+        "uses_temperature",
+        "predictor",
+        "ema_target",
+    )
+    for name, spec in SPECS.items():
+        *flags, defaults = LOSS_TABLE[name]
+        assert {f: getattr(spec, f) for f in fields} == dict(zip(fields, flags)), name
+        assert {k: sch.get("default") for k, sch in spec.params.items()} == defaults, name
+
+
 # --------------------------------------------------------------------------- bad input
 @pytest.mark.parametrize("name", NAMES)
 def test_bad_inputs_raise_value_error_naming_the_argument(name):

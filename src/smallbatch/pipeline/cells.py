@@ -125,6 +125,12 @@ def cell_hash(cell: dict) -> str:
     (:func:`execution_keys`), the settings at a default that changes nothing
     (:func:`hashed_when_set`), the hash itself and the data's location (:data:`NAME_KEYS`,
     :data:`WHERE_KEYS`); a renamed setting is hashed under its former name (:func:`former_names`)."""
+    return settings_hash(hashed_settings(cell))
+
+
+def hashed_settings(cell: dict) -> dict:
+    """What :func:`cell_hash` hashes: the cell less the settings it leaves out, a renamed
+    setting under its former name -- the payload a change of a hash is read from."""
     skip, later, former = execution_keys(), hashed_when_set(), former_names()
     skip = {**skip, "": skip[""] | set(WHERE_KEYS)}
 
@@ -139,7 +145,7 @@ def cell_hash(cell: dict) -> str:
     for section in CELL_SECTIONS:
         if isinstance(science.get(section), dict):
             science[section] = kept(section, science[section].items())
-    return settings_hash(science)
+    return science
 
 
 def settings_hash(settings: Any) -> str:
