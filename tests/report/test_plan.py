@@ -49,31 +49,37 @@ def _tost(diff, se, df, margin):
     return max(stats.t.sf((diff + margin) / se, df), stats.t.cdf((diff - margin) / se, df))
 
 
+def _holm_by_hand(ps: list[float]) -> list[float]:
+    order = sorted(range(len(ps)), key=lambda i: ps[i])
+    adj, running = [0.0] * len(ps), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(ps) - rank) * ps[i]))
+        adj[i] = running
+    return adj
+
+
 def test_holm_runs_over_the_claimed_rows_only_for_significance_and_tost_alike():
     rows = pd.DataFrame(
         [
             _row("negatives", "linear", 0.05, 0.01),
             _row("steps", "linear", 1.0, 0.04),
-            _row("interaction", "linear", 0.2, 0.03),
+            _row("interaction", "linear", 0.25, 0.03),  # raw TOST p 0.027: equivalent only before the correction
+            _row("negatives", "linear", 0.0, 0.9, budget="ep2"),
             _row("negatives", "knn200", 2.0, 0.001),  # a probe outside the plan: descriptive
             _row("small_large", "linear", 2.0, 0.001),  # a contrast the plan does not claim
         ]
     )
     out = apply_plan(_plan(), rows)
-    assert list(out["claimed"]) == [True, True, True, False, False]
-    assert list(out["role"]) == ["primary"] * 3 + ["descriptive", "primary"]
-    # Holm by hand: p sorted 0.01, 0.03, 0.04 -> 3 x 0.01, max(0.03, 2 x 0.03), max(0.06, 1 x 0.04)
-    assert out["p_family"].tolist()[:3] == pytest.approx([0.03, 0.06, 0.06])
-    assert out["p_family"].iloc[3:].isna().all() and set(out["family"].iloc[:3]) == {3}
-    tost = [_tost(d, 0.1, 5, 0.5) for d in (0.05, 1.0, 0.2)]
-    assert out["tost_p"].tolist()[:3] == pytest.approx(tost, rel=1e-6)
-    order = sorted(range(3), key=lambda i: tost[i])
-    adj, running = [0.0] * 3, 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (3 - rank) * tost[i]))
-        adj[i] = running
-    assert out["tost_family"].tolist()[:3] == pytest.approx(adj, rel=1e-6)
-    assert list(out["outcome"]) == ["significant", "unresolved", "equivalent", "descriptive", "descriptive"]
+    assert list(out["claimed"]) == [True] * 4 + [False, False]
+    assert list(out["role"]) == ["primary"] * 4 + ["descriptive", "primary"]
+    # Holm by hand over the four claims: p 0.01, 0.04, 0.03, 0.9 -> 0.04, 0.09, 0.09, 0.9
+    assert out["p_family"].tolist()[:4] == pytest.approx([0.04, 0.09, 0.09, 0.9])
+    assert out["p_family"].iloc[4:].isna().all() and set(out["family"].iloc[:4]) == {4}
+    tost = [_tost(d, 0.1, 5, 0.5) for d in (0.05, 1.0, 0.25, 0.0)]
+    assert out["tost_p"].tolist()[:4] == pytest.approx(tost, rel=1e-6)
+    assert tost[2] < 0.05 <= _holm_by_hand(tost)[2]
+    assert out["tost_family"].tolist()[:4] == pytest.approx(_holm_by_hand(tost), rel=1e-6)
+    assert list(out["outcome"]) == ["significant", "unresolved", "unresolved", "equivalent"] + ["descriptive"] * 2
 
 
 def test_a_relative_margin_is_resolved_from_the_rows_own_control_and_range():
