@@ -160,3 +160,18 @@ def test_a_bad_plan_on_the_command_line_is_refused_in_one_line_before_the_store_
         err = capsys.readouterr().err.strip()
         assert rc != 0 and want in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "none.db").exists() and not (tmp_path / "r").exists()
+
+
+def test_every_recorded_claims_table_is_what_the_plan_computes_from_its_record_today():
+    """The README quotes the records' claims tables: each must equal a fresh application of the
+    default plan to its record's contrast table (a change of the plan's code regenerates them)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "tools" / "record_claims.py"
+    spec = importlib.util.spec_from_file_location("record_claims", path)
+    assert spec and spec.loader
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    assert sorted(tool.RESULTS.glob("*/instrument_claims.csv")), "the records carry their claims tables"
+    assert tool.main(["--all", "--check"]) == 0
