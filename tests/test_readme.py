@@ -261,3 +261,47 @@ def test_the_claims_check_fails_an_interval_quoted_outside_the_table(tmp_path):
     line = _claims_csv(tmp_path / "rec").format("unresolved")
     got = claim_problems(f"Fewer negatives cost a little: −0.41 [−0.63, −0.18].\n\n{line}\n", tmp_path)
     assert got == ["an interval outside the claims table: −0.41 [−0.63, −0.18]"]
+
+
+def _record_tables(title: str) -> Path:
+    """The folder of tables of the record the paragraph ``title`` links."""
+    (record,) = set(re.findall(r"\]\((benchmarks/results/[^)]+\.md)\)", _block(title)))
+    folder = (ROOT / record).with_suffix("")
+    assert folder.is_dir(), f"the record {record} keeps its tables in {folder.name}/"
+    return folder
+
+
+def test_the_default_study_numbers_are_those_of_its_record():
+    """Every number of the default study's table, batch effect and pooled effect is its record's, to
+    the README's rounding (a fresh study is held to the seeds' tolerance by the tests above)."""
+    tables, block = _record_tables("The default study"), " ".join(_block("The default study").split())
+    base = pd.read_csv(tables / "baselines.csv")
+    pattern = rf"\| ([^|]+?) \| ({NUM}(?:–{NUM})?) \| ({NUM}(?:–{NUM})?) \|"
+    rows = {r[0]: r[1:] for r in re.findall(pattern, _block("The default study"))}
+    for col, metric in enumerate(("knn", "linear")):
+        grid = pd.read_csv(tables / f"grid_top1_fashion_mnist_{metric}.csv")
+        lo, hi = rows[next(k for k in rows if k.endswith("pretrained cells"))][col].split("–")
+        assert _rounded(lo, grid["mean"].min()) and _rounded(hi, grid["mean"].max()), metric
+        for label, name in (("raw pixels", "raw_pixels"), ("random-init encoder", "random_init")):
+            b = base[(base["baseline"] == name) & (base["metric"] == metric)]["mean"].iloc[0]
+            assert _rounded(rows[next(k for k in rows if k.startswith(label))][col], b), (label, metric)
+    dep = pd.concat([pd.read_csv(tables / f"grid_dependence_fashion_mnist_{m}.csv") for m in ("knn", "linear")])
+    lo, hi = re.search(rf"[Bb]atch 16 − 256: ({NUM}) to ({NUM}) points", block).groups()
+    assert _rounded(lo, dep["change_small_minus_large"].min()) and _rounded(hi, dep["change_small_minus_large"].max())
+    pool = pd.read_csv(tables / "grid_pooled_fashion_mnist.csv").set_index("metric")
+    quoted = re.findall(rf"({NUM}) \[({NUM}), ({NUM})\] by (kNN|the linear probe)", block)
+    assert len(quoted) == 2
+    for (d, lo, hi, _), metric in zip(quoted, ("knn", "linear")):
+        row = pool.loc[metric]
+        assert (
+            _rounded(d, row["change_small_minus_large"])
+            and _rounded(lo, row["ci_low"])
+            and _rounded(hi, row["ci_high"])
+        )
+
+
+def test_the_mi_toy_number_is_that_of_its_record():
+    tables, block = _record_tables("The MI toy"), " ".join(_block("The MI toy").split())
+    (quoted,) = re.findall(rf"FlatNCE − InfoNCE = ({NUM} \[{NUM}, {NUM}\]) nats", block)
+    measured = " ".join(pd.read_csv(tables / "mi_claims.csv")["measured"].astype(str))
+    assert f"FlatNCE - InfoNCE = {quoted}".replace("−", "-") in measured.replace("−", "-")
