@@ -175,6 +175,7 @@ NOT_IN_A_CELL = (
     "warm_start",
     "cells_per_gpu",
     "experiments",
+    "analysis",  # the report's plan: read when the store is, never by a cell
     "supervised_baseline",
 )  # the last: baseline cells' only
 #: sections a cell carries key by key: config path of the section -> its schema node's path
@@ -207,6 +208,9 @@ EXECUTION_SETTINGS = frozenset(
 #: the hash it had before the key existed): setting -> that default, written out like the above
 HASHED_WHEN_SET = {
     "train.lr_schedule": "cosine",
+    "train.adam_beta2": 0.999,
+    "train.beta2_scaling": "none",
+    "train.ema_scaling": "none",
     "train.snapshot_epochs": None,
     "train.neg_group": None,
     "train.bn_group": None,
@@ -222,6 +226,7 @@ HASHED_WHEN_SET = {
 #: a valid other value for settings whose generic one (_other_value) the config would refuse
 OTHER_VALUE = {
     ("tracking",): {"log_checkpoint": True},
+    ("analysis",): {"margin": 0.25, "margin_scale": "points"},
     ("train", "ess_schedule"): {"start": 0.9, "end": 0.3},
     ("datasets", "digits", "train_subset"): 500,
     ("datasets", "digits", "test_subset"): 200,

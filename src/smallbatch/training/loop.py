@@ -53,6 +53,7 @@ from ..errors import Preempted
 from ..io import CellLock, nullcontext_lock
 from ..losses import build_loss, in_batch_scores
 from ..losses.registry import loss_spec
+from ..lr_scaling import resolved_knobs
 from ..models import ContrastiveModel, build_backbone
 from . import health
 from .checkpoint import (  # noqa: F401
@@ -296,6 +297,7 @@ def build_training(
         tr.weight_decay,
         dev,
         compiled=bool(tr.compile),
+        beta2=resolved_knobs(tr, bs, cell.loss_params)["train.adam_beta2"],
     )
     aug = BatchAugment(AugmentConfig(**cell.augment), image_size=h, channels=c, mean=mean, std=std)
     step_fn = TrainStep(
@@ -348,13 +350,13 @@ def _source(
             return Siamese(spec.predictor)
         target = _network(cell, *net_args, predictor=False)  # the online backbone and projector, copied
         target.load_state_dict({k: v for k, v in model.state_dict().items() if not k.startswith("predictor.")})
-        return Siamese(spec.predictor, target, loss_fn.ema, loss_fn.ema_schedule, total)
+        ema = resolved_knobs(tr, cell.batch_size, cell.loss_params)["loss.ema"]  # at the cell's batch
+        return Siamese(spec.predictor, target, ema, loss_fn.ema_schedule, total)
     if tr.queue_size:
         key_model = _network(cell, *net_args)
         key_model.load_state_dict(model.state_dict())
-        return QueueNegatives(
-            key_model, tr.queue_size, tr.proj_dim, tr.moco_momentum, dev, dtype, world, labels=mask_labels
-        )
+        momentum = resolved_knobs(tr, cell.batch_size, cell.loss_params)["train.moco_momentum"]
+        return QueueNegatives(key_model, tr.queue_size, tr.proj_dim, momentum, dev, dtype, world, labels=mask_labels)
     if tr.extra_negatives:
         return FreshNegatives(tr.extra_negatives, world)
     return InBatch(
