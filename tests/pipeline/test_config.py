@@ -596,7 +596,6 @@ def test_a_new_loss_needs_only_the_registry(monkeypatch):
         display="Toy",
         paper="a test",
         impl=f"{__name__}:_ToyLoss",
-        defaults={"beta": 1.0},
         params={"beta": {"type": "number", "exclusiveMinimum": 0, "default": 2.0}},
     )
     monkeypatch.setitem(registry.SPECS, "toy", spec)
@@ -611,15 +610,31 @@ def test_a_new_loss_needs_only_the_registry(monkeypatch):
     cells = expand_cells(cfg)
     assert set(cells) == {
         "digits/infonce/bs16-t0.1-s0",
-        "digits/toy-beta2/bs16-t0.1-s0",
+        "digits/toy/bs16-t0.1-s0",
         "digits/toy-beta3/bs16-t0.1-s0",
     }
     assert cfg["loss_params"]["toy"] == {"beta": 2.0}
     built = losses.build_loss("toy", beta=3.0)
     assert isinstance(built, Toy) and at_tau(built, 0.1).beta == 3.0
+    assert losses.build_loss("toy").beta == 2.0  # the schema's default is the API's
     assert losses.display_name("toy") == "Toy"
     with pytest.raises(ConfigError, match="beta"):
         validate_config(grid(losses=[{"name": "toy", "beta": -1}]))
+
+
+def test_a_loss_parameter_with_two_defaults_is_refused():
+    """A parameter's default is declared once (its schema's), which the config and build_loss share."""
+    from smallbatch.losses import registry
+
+    with pytest.raises(ValueError, match=r"loss 'toy': parameter 'beta' has two defaults \(1.0 and the schema's 2.0\)"):
+        registry.LossSpec(
+            name="toy",
+            display="Toy",
+            paper="a test",
+            impl="x:y",
+            defaults={"beta": 1.0},
+            params={"beta": {"type": "number", "default": 2.0}},
+        )
 
 
 def test_loss_label_names_only_non_default_parameters():

@@ -27,7 +27,7 @@ from ..datadigest import data_digest
 from ..datasets import base_dataset
 from ..experiments import SIDE_EXPERIMENTS
 from ..io import check_cell_id  # noqa: F401  (the one id check; import-light, for the CLI's fast paths)
-from ..losses.registry import canonical_name, loss_param_names, loss_spec
+from ..losses.registry import canonical_name, label_defaults, loss_param_names, loss_spec
 from .schema import load_schema
 
 AXIS_ABBREV = {
@@ -194,8 +194,9 @@ def _loss_variants(entry: Any, cfg: dict) -> list[tuple[str, dict, dict]]:
 
 
 def loss_label(name: str, params: dict) -> str:
-    """``name`` plus the parameters that differ from the paper's default, e.g. ``eqco-alpha256``."""
-    defaults = loss_param_names(name)
+    """``name`` plus the parameters that differ from the paper's default, e.g. ``eqco-alpha256``
+    (:func:`smallbatch.losses.registry.label_defaults`)."""
+    defaults = label_defaults(name)
     return name + "".join(
         f"-{k}{_fmt(v)}" for k, v in sorted(params.items()) if v is not None and (k not in defaults or v != defaults[k])
     )

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..losses.registry import canonical_name, display_name, loss_param_names
+from ..losses.registry import canonical_name, display_name, label_defaults
 from ..probe_registry import SPECS as PROBE_SPECS
 from ..probe_registry import report_labels, report_metrics
 from ..tracking import (
@@ -235,7 +235,7 @@ def optimiser_steps(runs: pd.DataFrame) -> pd.Series:
 # --------------------------------------------------------------------------- labels
 def _is_default(loss: Any, key: str, v: Any) -> bool:
     try:
-        default = loss_param_names(str(loss)).get(key, "∅")
+        default = label_defaults(str(loss)).get(key, "∅")
     except ValueError:  # a loss the registry does not know: no defaults
         return False
     if default is None:
