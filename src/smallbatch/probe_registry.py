@@ -102,10 +102,20 @@ SPECS: dict[str, ProbeSpec] = {
             impl=".knn:run_probe",
             metric="top1",
             label="kNN top-1",
-            settings=("knn_k", "knn_t"),
+            settings=("knn_k", "knn_t", "knn_primary_k"),
             flags=("knn_k", "knn_t"),
             chance_collapses=True,
             default=True,
+            params={
+                "knn_primary_k": {
+                    "type": ["integer", "null"],
+                    "minimum": 1,
+                    "default": None,
+                    "description": "the k of the kNN headline (knn/top1, the report's kNN top-1; knn/k logs it), "
+                    "one of knn_k; null: the largest of knn_k (200 of the default [20, 200]; config.yaml "
+                    "lists [20] alone). Every k's top-1 is logged as knn/top1_k<k>",
+                }
+            },
         ),
         ProbeSpec(
             name="linear",

@@ -194,6 +194,7 @@ OTHER_VALUE = {
     ("datasets", "digits", "train_subset"): 500,
     ("datasets", "digits", "test_subset"): 200,
     ("datasets", "digits", "image_size"): 16,
+    ("eval", "knn_primary_k"): 20,  # one of the default knn_k [20, 200]
 }
 #: settings valid only beside another one: that one is set in both cells compared
 COMPANIONS = {("train", "snapshot_epochs"): {"train": {"lr_schedule": "constant"}}}
@@ -620,6 +621,14 @@ def test_a_new_loss_needs_only_the_registry(monkeypatch):
     assert losses.display_name("toy") == "Toy"
     with pytest.raises(ConfigError, match="beta"):
         validate_config(grid(losses=[{"name": "toy", "beta": -1}]))
+
+
+def test_a_knn_headline_k_outside_knn_k_is_one_line_before_any_job():
+    cfg = validate_config({**grid(), "eval": {"knn_k": [5, 20], "knn_primary_k": 5}})
+    assert cfg["eval"]["knn_primary_k"] == 5
+    assert validate_config(grid())["eval"]["knn_primary_k"] is None  # the default: the largest k, as before
+    with pytest.raises(ConfigError, match=r"eval.knn_primary_k = 50 is not one of eval.knn_k \(5, 20\); name one"):
+        validate_config({**grid(), "eval": {"knn_k": [5, 20], "knn_primary_k": 50}})
 
 
 def test_a_loss_parameter_with_two_defaults_is_refused():
