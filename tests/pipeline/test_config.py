@@ -623,6 +623,46 @@ def test_a_new_loss_needs_only_the_registry(monkeypatch):
         validate_config(grid(losses=[{"name": "toy", "beta": -1}]))
 
 
+def test_a_loss_without_a_temperature_is_planned_once_per_other_axes_with_a_note():
+    """VICReg and KCL have no τ: with temperatures [0.1, 0.5] each is planned at 0.1 alone (a cell at
+    0.5 would train the same network under another id); InfoNCE at both."""
+    from smallbatch.pipeline.cells import temperature_notes
+
+    cfg = validate_config(grid(losses=["infonce", "vicreg", "kcl"], temperatures=[0.1, 0.5], batch_sizes=[16, 32]))
+    assert sorted(expand_cells(cfg)) == [
+        "digits/infonce/bs16-t0.1-s0",
+        "digits/infonce/bs16-t0.5-s0",
+        "digits/infonce/bs32-t0.1-s0",
+        "digits/infonce/bs32-t0.5-s0",
+        "digits/kcl/bs16-t0.1-s0",
+        "digits/kcl/bs32-t0.1-s0",
+        "digits/vicreg/bs16-t0.1-s0",
+        "digits/vicreg/bs32-t0.1-s0",
+    ]
+    assert temperature_notes(cfg) == [
+        "note: vicreg and kcl take no temperature: planned once, at τ = 0.1 (the first of grid.temperatures), "
+        "not once per τ"
+    ]
+    assert temperature_notes(validate_config(grid(temperatures=[0.1, 0.5]))) == []
+
+
+def test_a_temperature_axis_written_for_a_loss_without_one_is_one_line():
+    """A loss entry's own temperatures list for BYOL (no τ) is an axis of nothing: refused; a grid
+    of losses without τ alone keeps the grid's (default) temperatures, each planned once."""
+    from smallbatch.pipeline.cells import temperature_notes
+
+    losses = ["infonce", {"name": "byol", "temperatures": [0.1, 0.5]}]
+    with pytest.raises(ConfigError) as exc:
+        validate_config(grid(losses=losses, temperatures=[0.1, 0.5]))
+    assert str(exc.value) == (
+        "config key 'grid.losses[1].temperatures' = [0.1, 0.5]: byol takes no temperature, so each τ would "
+        "train the same network under another id; give one τ, e.g. [0.1]"
+    )
+    cfg = validate_config(grid(losses=["vicreg", "simsiam"], temperatures=[0.1, 0.5]))
+    assert sorted(expand_cells(cfg)) == ["digits/simsiam/bs16-t0.1-s0", "digits/vicreg/bs16-t0.1-s0"]
+    assert temperature_notes(cfg)[0].startswith("note: vicreg and simsiam take no temperature: planned once")
+
+
 def test_a_knn_headline_k_outside_knn_k_is_one_line_before_any_job():
     cfg = validate_config({**grid(), "eval": {"knn_k": [5, 20], "knn_primary_k": 5}})
     assert cfg["eval"]["knn_primary_k"] == 5

@@ -23,6 +23,7 @@ from pathlib import Path
 try:
     from smallbatch.pipeline.config import (SET_KEY, ConfigError, base_notice, check_data_roots, check_results_dir,
                                    load_config, resolve_tracking_uri, sets_line, snakemake_sets)
+    from smallbatch.pipeline.cells import temperature_notes
     from smallbatch.pipeline.plan import StudyPlan, flag, hold_results_folder
     from smallbatch.pipeline import plan as _plan
     from smallbatch.report.captions import captions
@@ -67,6 +68,8 @@ if _note:
     print(f"smallbatch: {_note}", file=sys.stderr)
 if SETS:
     print(f"smallbatch: {sets_line(SETS)}", file=sys.stderr)
+for _line in temperature_notes(config):  # a loss without a temperature: planned once
+    print(f"smallbatch: {_line}", file=sys.stderr)
 
 R = config["results_dir"]
 EXPERIMENT = config["study"]

@@ -293,11 +293,12 @@ def cmd_cells(args) -> int:
     if args.baselines:
         for cid, cell in base.items():
             print(f"{cid}\t{cell.hash}")
+    from .cells import temperature_notes
     from .config import sets_line
 
     overridden = sets_line(args.set)  # the plan says what the command line changed
-    if overridden:
-        print(overridden, file=sys.stderr)
+    for line in ([overridden] if overridden else []) + temperature_notes(cfg):
+        print(line, file=sys.stderr)
     print(f"{len(cells)} cells, {len(base)} baselines", file=sys.stderr)
     return 0
 

@@ -27,7 +27,7 @@ from ..losses.registry import canonical_name, loss_param_names
 from ..probe_registry import probes_problem
 from ..tracking import tracking_uri_problem
 from .cellcheck import cell_problem
-from .cells import expand_cells
+from .cells import expand_cells, temperature_notes
 from .schema import load_schema
 from .schema import one_line as _one_line
 from .schema import validator_with_defaults as _validator_with_defaults
@@ -173,8 +173,9 @@ def _check_cells(cfg: dict) -> None:
     """Each cell's batch size against its pretraining images (where their number is
     known), its warm-up against its budget, and its loss's own checks of its parameters."""
     try:
+        temperature_notes(cfg)  # a temperature axis of no loss
         cells = expand_cells(cfg)
-    except ValueError as exc:  # two cells with one id
+    except ValueError as exc:  # that, or two cells with one id
         raise ConfigError(str(exc)) from None
 
     for cid, cell in cells.items():
