@@ -241,3 +241,18 @@ def test_every_command_that_reads_a_config_takes_set():
         assert any("--set" in a.option_strings for a in sub.choices[name]._actions), name
     args = sub.choices["pretrain"].parse_args(["--set", "grid.seeds=[0]", "train.epochs=2", "--set", "seed=1"])
     assert args.set == ["grid.seeds=[0]", "train.epochs=2", "seed=1"]
+
+
+def test_missing_data_says_the_one_run_override_that_fetches_it_and_that_override_passes(tmp_path):
+    """A data set whose files are not under data.root is refused in one line naming the override
+    that lets torchvision fetch them; that override, given as written, passes the check."""
+    from smallbatch.pipeline.config import check_data_roots
+
+    over = write(tmp_path, "c.yaml", f"replace: [datasets]\ndatasets: {{cifar10: {{}}}}\ndata: {{root: {tmp_path}}}\n")
+    with pytest.raises(ConfigError) as exc:
+        check_data_roots(load_config([CONFIG, over]))
+    said = str(exc.value)
+    assert "\n" not in said and said.endswith(
+        "(for one run: --set data.download=true; snakemake --config set=data.download=true)"
+    )
+    check_data_roots(load_config([CONFIG, over], sets=["data.download=true"]))

@@ -211,7 +211,8 @@ def check_data_roots(cfg: dict) -> None:
         if not ok:
             raise ConfigError(
                 f"config key '{key}' = '{root}': no {name} files there (expected {need}); "
-                "fix the root or set data.download: true"
+                "fix the root or set data.download: true (for one run: --set data.download=true; "
+                "snakemake --config set=data.download=true)"
             )
 
 
