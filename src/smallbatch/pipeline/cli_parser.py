@@ -394,7 +394,8 @@ def _cell_commands(add) -> None:
     c.add_argument(
         "--no-progress",
         action="store_true",
-        help="no progress bar (its log then holds the summary line alone; -q does this and more)",
+        help="no progress (a bar on a terminal, a line per 10 %% of the steps with rate and ETA in a log "
+        "file; without it the log holds the summary line alone; -q does this and more)",
     )
 
     c = add(
