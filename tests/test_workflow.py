@@ -296,6 +296,17 @@ def test_snakemake_config_set_overrides_dotted_keys_and_the_plan_prints_them(tmp
     ]
 
 
+def test_snakemake_config_nested_values_are_read_as_yaml_1_2(tmp_path):
+    """Snakemake reads `--config grid={seeds: [3]}` with YAML's base loader (the text '3'); the
+    study reads such values as YAML 1.2 does, as a file's."""
+    proc = snakemake("-n", results=tmp_path / "results", extra_config=("grid={seeds: [3], batch_sizes: [16]}",))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert sorted(set(planned_cells(proc, "pretrain"))) == [
+        "digits/flatnce/bs16-t0.5-s3",
+        "digits/infonce/bs16-t0.5-s3",
+    ]
+
+
 def test_a_dry_run_writes_nothing(tmp_path):
     """The cells' settings travel as job parameters, so planning (`snakemake -n`) leaves
     the results folder as it was."""

@@ -22,7 +22,8 @@ from pathlib import Path
 # parameters that smallbatch.pipeline.schema.load_schema adds from the loss registry.)
 try:
     from smallbatch.pipeline.config import (SET_KEY, ConfigError, base_notice, check_data_roots, check_results_dir,
-                                   load_config, resolve_tracking_uri, sets_line, snakemake_sets)
+                                   load_config, resolve_tracking_uri, sets_line, snakemake_sets,
+                                   snakemake_settings)
     from smallbatch.pipeline.cells import temperature_notes
     from smallbatch.pipeline.plan import StudyPlan, flag, hold_results_folder
     from smallbatch.pipeline import plan as _plan
@@ -45,12 +46,12 @@ except ImportError as exc:  # pragma: no cover - a user without the package inst
 # tracking URI MLflow supports.
 # `--config set='grid.seeds=[0] train.epochs=2'` is the CLI's `--set grid.seeds=[0] train.epochs=2`
 # (Snakemake's own --config takes no dotted key): laid over the files as one more file, before
-# the other --config pairs; the plan prints them.
+# the other --config pairs (their values read as YAML 1.2, not as Snakemake's text); the plan prints them.
 CONFIG_FILES = [str(p) for p in workflow.overwrite_configfiles] or ["config.yaml"]
 _settings = dict(workflow.config_settings.config)
 try:
-    SETS = snakemake_sets(_settings.pop(SET_KEY)) if SET_KEY in _settings else []
-    _loaded = load_config(CONFIG_FILES, _settings, SETS)
+    SETS = snakemake_sets(_settings[SET_KEY]) if SET_KEY in _settings else []
+    _loaded = load_config(CONFIG_FILES, snakemake_settings(_settings), SETS)
     check_data_roots(_loaded)
     check_results_dir(_loaded)
     TRACKING_URI = resolve_tracking_uri(_loaded)

@@ -382,6 +382,21 @@ def read_sets(pairs: list[str]) -> dict:
     return doc
 
 
+def snakemake_settings(settings: dict) -> dict:
+    """Snakemake's ``--config KEY=VALUE`` pairs (but ``set``) as YAML 1.2 reads their values:
+    Snakemake reads a value that is no number with YAML's base loader, every scalar as text, so
+    ``grid={seeds: [0]}`` would hold the text '0' and ``keep_features=true`` the text 'true'."""
+
+    def typed(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: typed(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [typed(v) for v in value]
+        return yaml12(value) if isinstance(value, str) else value
+
+    return {k: typed(v) for k, v in settings.items() if k != SET_KEY}
+
+
 def snakemake_sets(value: Any) -> list[str]:
     """The pairs of Snakemake's ``--config set='KEY=VALUE KEY=VALUE'``: split at the blanks outside
     brackets and quotes (:func:`split_pairs`).  Snakemake has read the word as YAML 1.1 first: a
@@ -623,7 +638,7 @@ def reference_markdown() -> str:
         "read the same config: the files laid one over another in order, then the one-off overrides "
         "`smallbatch <command> --set grid.seeds=[0] train.epochs=2` (`snakemake --config "
         "set='grid.seeds=[0] train.epochs=2'`) as one more file (dotted keys, values read as YAML 1.2, "
-        "printed with the plan), then Snakemake's other `--config KEY=VALUE` pairs "
+        "printed with the plan), then Snakemake's other `--config KEY=VALUE` pairs (their values read as YAML 1.2) "
         "(`smallbatch.pipeline.config.load_config`).\n\n"
         "- A later file is merged into the earlier ones key by key: a mapping (`datasets`, `train`, "
         "`experiments.mi`, ...) keeps the earlier file's keys it does not set; a list or a value replaces "
