@@ -456,9 +456,10 @@ def sets_line(sets: list[str] | None) -> str | None:
     e.g. ``overrides: grid.seeds = [0], train.epochs = 2``; None without any."""
     if not sets:
         return None
-    shown = [
-        f"{pair.partition('=')[0].strip()} = {_yaml_flow(read_set_value(pair.partition('=')[2], ''))}" for pair in sets
-    ]
+    shown = []
+    for pair in sets:
+        key, _, text = pair.partition("=")
+        shown.append(f"{key.strip()} = {_yaml_flow(read_set_value(text, key.strip()))}")
     return "overrides: " + ", ".join(shown)
 
 
