@@ -256,3 +256,14 @@ def test_missing_data_says_the_one_run_override_that_fetches_it_and_that_overrid
         "(for one run: --set data.download=true; snakemake --config set=data.download=true)"
     )
     check_data_roots(load_config([CONFIG, over], sets=["data.download=true"]))
+
+
+def test_an_override_written_without_set_is_told_to_use_set(capsys):
+    """`smallbatch cells grid.seeds=[0]` (Hydra's and Lightning's form) is refused saying --set."""
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["cells", "--config", str(CONFIG), "grid.seeds=[0]", "train.epochs=2"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "smallbatch: error: unrecognized arguments: grid.seeds=[0] train.epochs=2; to override a config key "
+        "write --set grid.seeds=[0] train.epochs=2"
+    )

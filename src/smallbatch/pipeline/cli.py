@@ -565,7 +565,9 @@ def main(argv: list[str] | None = None) -> int:
         if rc is not None:
             return rc
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        _unrecognized(parser, extra)
     _set_verbosity(args.verbosity)
     from .. import tracking
     from ..errors import Preempted
@@ -590,6 +592,19 @@ def main(argv: list[str] | None = None) -> int:
 
             traceback.print_exc()
         return EXIT_USAGE
+
+
+def _unrecognized(parser: argparse.ArgumentParser, extra: list[str]) -> None:
+    """argparse's error for arguments no option takes, saying ``--set`` where one reads as a
+    config override (``grid.seeds=[0]``: Hydra's and Lightning's form)."""
+    from .config import looks_like_override
+
+    pairs = [a for a in extra if looks_like_override(a)]
+    if pairs:
+        parser.error(
+            f"unrecognized arguments: {' '.join(extra)}; to override a config key write --set {' '.join(pairs)}"
+        )
+    parser.error(f"unrecognized arguments: {' '.join(extra)}")
 
 
 #: the file each command writes, by its flag's dest: checked before any work (a device, FIFO,

@@ -366,9 +366,9 @@ def read_sets(pairs: list[str]) -> dict:
     doc: dict = {}
     seen: set[str] = set()
     for pair in pairs:
-        key, eq, text = pair.partition("=")
+        key, _, text = pair.partition("=")
         key = key.strip()
-        if not eq or not _SET_KEY.fullmatch(key):
+        if not looks_like_override(pair):
             raise ConfigError(
                 f"override {pair!r} is not KEY=VALUE with a dotted config key; write e.g. grid.seeds=[0] train.epochs=2"
             )
@@ -380,6 +380,12 @@ def read_sets(pairs: list[str]) -> dict:
             value = {part: value}
         doc = deep_merge(doc, value)
     return doc
+
+
+def looks_like_override(text: str) -> bool:
+    """``text`` is ``KEY=VALUE`` with a dotted config key (what ``--set`` takes)."""
+    key, eq, _ = text.partition("=")
+    return bool(eq) and _SET_KEY.fullmatch(key.strip()) is not None
 
 
 def snakemake_settings(settings: dict) -> dict:
