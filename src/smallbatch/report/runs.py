@@ -34,6 +34,18 @@ METRICS = report_metrics()
 METRIC_LABELS = report_labels()
 
 
+def metric_label(runs: pd.DataFrame, probe: str) -> str:
+    """The label of ``probe``'s headline metric over ``runs``, naming the setting it was read at
+    where the probe logs one (its registry ``qualifier``): ``kNN top-1 (k = 20)``; several values:
+    each (``k = 20, 200``)."""
+    spec = PROBE_SPECS[probe]
+    col = f"metrics.{probe}/{spec.qualifier}"
+    if not spec.qualifier or col not in runs:
+        return spec.label
+    values = sorted({int(v) if float(v).is_integer() else v for v in runs[col].dropna()})
+    return f"{spec.label} ({spec.qualifier} = {', '.join(map(str, values))})" if values else spec.label
+
+
 def shown_metrics(runs: pd.DataFrame) -> dict[str, str]:
     """:data:`METRICS` and each other probe's headline key that some run of ``runs`` logged (an
     opt-in probe of ``eval.probes``): the metrics a table of these runs lists, in registry order."""
