@@ -231,6 +231,7 @@ OTHER_VALUE = {
     ("datasets", "digits", "train_subset"): 500,
     ("datasets", "digits", "test_subset"): 200,
     ("datasets", "digits", "image_size"): 16,
+    ("eval", "knn_primary_k"): 20,  # one of the default knn_k [20, 200]
 }
 #: settings valid only beside another one: that one is set in both cells compared
 COMPANIONS = {("train", "snapshot_epochs"): {"train": {"lr_schedule": "constant"}}}
@@ -665,7 +666,6 @@ def test_a_new_loss_needs_only_the_registry(monkeypatch):
         display="Toy",
         paper="a test",
         impl=f"{__name__}:_ToyLoss",
-        defaults={"beta": 1.0},
         params={"beta": {"type": "number", "exclusiveMinimum": 0, "default": 2.0}},
     )
     monkeypatch.setitem(registry.SPECS, "toy", spec)
@@ -680,15 +680,79 @@ def test_a_new_loss_needs_only_the_registry(monkeypatch):
     cells = expand_cells(cfg)
     assert set(cells) == {
         "digits/infonce/bs16-t0.1-s0",
-        "digits/toy-beta2/bs16-t0.1-s0",
+        "digits/toy/bs16-t0.1-s0",
         "digits/toy-beta3/bs16-t0.1-s0",
     }
     assert cfg["loss_params"]["toy"] == {"beta": 2.0}
     built = losses.build_loss("toy", beta=3.0)
     assert isinstance(built, Toy) and at_tau(built, 0.1).beta == 3.0
+    assert losses.build_loss("toy").beta == 2.0  # the schema's default is the API's
     assert losses.display_name("toy") == "Toy"
     with pytest.raises(ConfigError, match="beta"):
         validate_config(grid(losses=[{"name": "toy", "beta": -1}]))
+
+
+def test_a_loss_without_a_temperature_is_planned_once_per_other_axes_with_a_note():
+    """VICReg and KCL have no τ: with temperatures [0.1, 0.5] each is planned at 0.1 alone (a cell at
+    0.5 would train the same network under another id); InfoNCE at both."""
+    from smallbatch.pipeline.cells import temperature_notes
+
+    cfg = validate_config(grid(losses=["infonce", "vicreg", "kcl"], temperatures=[0.1, 0.5], batch_sizes=[16, 32]))
+    assert sorted(expand_cells(cfg)) == [
+        "digits/infonce/bs16-t0.1-s0",
+        "digits/infonce/bs16-t0.5-s0",
+        "digits/infonce/bs32-t0.1-s0",
+        "digits/infonce/bs32-t0.5-s0",
+        "digits/kcl/bs16-t0.1-s0",
+        "digits/kcl/bs32-t0.1-s0",
+        "digits/vicreg/bs16-t0.1-s0",
+        "digits/vicreg/bs32-t0.1-s0",
+    ]
+    assert temperature_notes(cfg) == [
+        "note: vicreg and kcl take no temperature: planned once, at τ = 0.1 (the first of grid.temperatures), "
+        "not once per τ"
+    ]
+    assert temperature_notes(validate_config(grid(temperatures=[0.1, 0.5]))) == []
+
+
+def test_a_temperature_axis_written_for_a_loss_without_one_is_one_line():
+    """A loss entry's own temperatures list for BYOL (no τ) is an axis of nothing: refused; a grid
+    of losses without τ alone keeps the grid's (default) temperatures, each planned once."""
+    from smallbatch.pipeline.cells import temperature_notes
+
+    losses = ["infonce", {"name": "byol", "temperatures": [0.1, 0.5]}]
+    with pytest.raises(ConfigError) as exc:
+        validate_config(grid(losses=losses, temperatures=[0.1, 0.5]))
+    assert str(exc.value) == (
+        "config key 'grid.losses[1].temperatures' = [0.1, 0.5]: byol takes no temperature, so each τ would "
+        "train the same network under another id; give one τ, e.g. [0.1]"
+    )
+    cfg = validate_config(grid(losses=["vicreg", "simsiam"], temperatures=[0.1, 0.5]))
+    assert sorted(expand_cells(cfg)) == ["digits/simsiam/bs16-t0.1-s0", "digits/vicreg/bs16-t0.1-s0"]
+    assert temperature_notes(cfg)[0].startswith("note: vicreg and simsiam take no temperature: planned once")
+
+
+def test_a_knn_headline_k_outside_knn_k_is_one_line_before_any_job():
+    cfg = validate_config({**grid(), "eval": {"knn_k": [5, 20], "knn_primary_k": 5}})
+    assert cfg["eval"]["knn_primary_k"] == 5
+    assert validate_config(grid())["eval"]["knn_primary_k"] is None  # the default: the largest k, as before
+    with pytest.raises(ConfigError, match=r"eval.knn_primary_k = 50 is not one of eval.knn_k \(5, 20\); name one"):
+        validate_config({**grid(), "eval": {"knn_k": [5, 20], "knn_primary_k": 50}})
+
+
+def test_a_loss_parameter_with_two_defaults_is_refused():
+    """A parameter's default is declared once (its schema's), which the config and build_loss share."""
+    from smallbatch.losses import registry
+
+    with pytest.raises(ValueError, match=r"loss 'toy': parameter 'beta' has two defaults \(1.0 and the schema's 2.0\)"):
+        registry.LossSpec(
+            name="toy",
+            display="Toy",
+            paper="a test",
+            impl="x:y",
+            defaults={"beta": 1.0},
+            params={"beta": {"type": "number", "default": 2.0}},
+        )
 
 
 def test_loss_label_names_only_non_default_parameters():

@@ -13,9 +13,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 STUDY = ROOT / "config.yaml"
-#: the study with each loss's registry default parameters: a non-default value is checked by
-#: building the loss (its own checks, :func:`smallbatch.checks.loss_params_problem`), which is torch's
-DEFAULT_PARAMS = {"loss_params": {"eqco": {"alpha": None}}}
+#: the study with each loss's registry default parameters (config.yaml's are): a non-default value is
+#: checked by building the loss (its own checks, :func:`smallbatch.checks.loss_params_problem`), which is torch's
+DEFAULT_PARAMS: dict = {}
 READ_STUDY = """
 import json, sys
 from smallbatch.pipeline.cellcheck import cell_problem

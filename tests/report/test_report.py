@@ -608,3 +608,14 @@ def test_numbers_are_rounded_once_without_negative_zero_or_float_noise():
     assert tables.cell_text(86.94999814) == "86.95" and tables.cell_text(-0.0) == "0"
     frame = pd.DataFrame({"x": [86.94999814, -0.0, 77.2]})
     assert tables.markdown_table(frame).splitlines()[2:] == ["| 86.95 |", "| 0 |", "| 77.2 |"]
+
+
+def test_the_knn_headline_label_names_the_k_it_was_read_at():
+    """kNN top-1 is read at one k of eval.knn_k (knn/k logs it): the report's label says which; a
+    store without knn/k (written before it was logged) keeps the plain label."""
+    from smallbatch.report.runs import metric_label
+
+    assert metric_label(pd.DataFrame({"metrics.knn/k": [20.0, 20.0, np.nan]}), "knn") == "kNN top-1 (k = 20)"
+    assert metric_label(pd.DataFrame({"metrics.knn/k": [200.0, 20.0]}), "knn") == "kNN top-1 (k = 20, 200)"
+    assert metric_label(pd.DataFrame({"metrics.linear/top1": [50.0]}), "knn") == "kNN top-1"
+    assert metric_label(pd.DataFrame({"metrics.knn/k": [20.0]}), "linear") == "linear top-1"

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..losses.registry import canonical_name, display_name, loss_param_names
+from ..losses.registry import canonical_name, display_name, label_defaults
 from ..probe_registry import SPECS as PROBE_SPECS
 from ..probe_registry import report_labels, report_metrics
 from ..tracking import (
@@ -32,6 +32,18 @@ from .fmt import ABSENT
 METRICS = report_metrics()
 #: every probe's headline label, by its short name
 METRIC_LABELS = report_labels()
+
+
+def metric_label(runs: pd.DataFrame, probe: str) -> str:
+    """The label of ``probe``'s headline metric over ``runs``, naming the setting it was read at
+    where the probe logs one (its registry ``qualifier``): ``kNN top-1 (k = 20)``; several values:
+    each (``k = 20, 200``)."""
+    spec = PROBE_SPECS[probe]
+    col = f"metrics.{probe}/{spec.qualifier}"
+    if not spec.qualifier or col not in runs:
+        return spec.label
+    values = sorted({int(v) if float(v).is_integer() else v for v in runs[col].dropna()})
+    return f"{spec.label} ({spec.qualifier} = {', '.join(map(str, values))})" if values else spec.label
 
 
 def shown_metrics(runs: pd.DataFrame) -> dict[str, str]:
@@ -235,7 +247,7 @@ def optimiser_steps(runs: pd.DataFrame) -> pd.Series:
 # --------------------------------------------------------------------------- labels
 def _is_default(loss: Any, key: str, v: Any) -> bool:
     try:
-        default = loss_param_names(str(loss)).get(key, "∅")
+        default = label_defaults(str(loss)).get(key, "∅")
     except ValueError:  # a loss the registry does not know: no defaults
         return False
     if default is None:

@@ -71,6 +71,7 @@ from .distributed import World, any_over_processes, data_parallel, gather, mean_
 from .ghostbn import ghost_batchnorm
 from .negatives import FreshNegatives, InBatch, QueueNegatives, Scores, Siamese, fresh_window, with_extra_views
 from .optim import LARS, lr_at, make_optimizer, scaled_lr, set_lr  # noqa: F401  (public through train)
+from .progress import step_progress
 from .step import TrainStep, configure_backends
 from .temperature import build_temperature
 
@@ -735,17 +736,5 @@ def _cpu_s(t: Training) -> float:
 
 
 def _progress(total: int, initial: int, desc: str, enabled: bool):
-    if not enabled:
-        return None
-    from tqdm import tqdm
-
-    tty = sys.stderr.isatty()
-    return tqdm(
-        total=total,
-        initial=initial,
-        desc=desc,
-        unit="step",
-        dynamic_ncols=True,
-        mininterval=0.5 if tty else 15.0,
-        file=sys.stderr,
-    )
+    """The steps' progress on stderr (a bar on a terminal, a line per 10 % in a log file), or None."""
+    return step_progress(total, initial, desc) if enabled else None
