@@ -66,7 +66,7 @@ TESTS = {
         "tests/report/test_report_instrument.py",
     ],
     "src/smallbatch/report/sections/lrsweep.py": ["tests/report/test_report_lrsweep.py"],
-    "src/smallbatch/lr_scaling.py": ["tests/report/test_report_lrsweep.py"],
+    "src/smallbatch/lr_scaling.py": ["tests/report/test_report_lrsweep.py", "tests/training/test_batch_knobs.py"],
     "src/smallbatch/probe_registry.py": ["tests/core/test_probe_registry.py", "tests/pipeline/test_cell_hashes.py"],
     # the schema and the loss registry: the tests whose expectation is written out, not read from them
     "src/smallbatch/resources/config.schema.yaml": [
@@ -356,9 +356,15 @@ MUTANTS = [
     ),
     Mutant(
         "src/smallbatch/lr_scaling.py",
-        "return base_lr * batch_size / 256",
-        "return base_lr * 256 / batch_size",
+        "return base_lr * batch_size / REFERENCE_BATCH",
+        "return base_lr * REFERENCE_BATCH / batch_size",
         "linear rule inverted",
+    ),
+    Mutant(
+        "src/smallbatch/lr_scaling.py",
+        "return decay ** (batch_size / REFERENCE_BATCH)",
+        "return decay ** (REFERENCE_BATCH / batch_size)",
+        "a decay's horizon rule inverted",
     ),
     # the registries and the workflow's plan
     Mutant(

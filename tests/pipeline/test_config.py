@@ -222,6 +222,7 @@ HASHED_WHEN_SET = {
     "eval.fewshot_draws": 5,
     "eval.probes": ["knn", "linear"],
     "eval.kmeans_iterations": 50,
+    "eval.knn_primary_k": None,
 }
 #: a valid other value for settings whose generic one (_other_value) the config would refuse
 OTHER_VALUE = {
