@@ -24,6 +24,7 @@ try:
     from smallbatch.pipeline.config import (ConfigError, base_notice, check_data_roots, check_results_dir,
                                    load_config, resolve_tracking_uri)
     from smallbatch.pipeline.plan import StudyPlan, flag, hold_results_folder
+    from smallbatch.io import RESULTS_ENV
     from smallbatch.pipeline import plan as _plan
     from smallbatch.report.captions import captions
     from smallbatch.training.launch import launch_command
@@ -62,6 +63,9 @@ if _note:
     print(f"smallbatch: {_note}", file=sys.stderr)
 
 R = config["results_dir"]
+# every job writes inside the results folder's real location, never through a link planted in it
+# (smallbatch.io.check_inside); a job names only its files, so it learns the folder from here
+os.environ[RESULTS_ENV] = os.path.abspath(os.path.expanduser(R))
 EXPERIMENT = config["study"]
 # The plan (smallbatch.pipeline.plan): typed cells and baselines, their settings stamps and
 # outputs.  Settings stamps: <results_dir>/<folder>/.settings-<hash>, an input of the job

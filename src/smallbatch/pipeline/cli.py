@@ -254,12 +254,20 @@ def _tracking(args, cfg: dict) -> tuple[str | None, str]:
 
 
 def cell_folder(args, cell: Cell | BaselineCell, cfg: dict) -> Path:
-    """The cell's folder: that of its --cell file when the file is the cell.json pretraining
-    wrote into it (``.../runs/<id>/cell.json``), else ``<results_dir>/runs/<id>``."""
-    own = ("runs", *cell.id.split("/"))
-    if getattr(args, "cell", None) is not None and args.cell.parent.parts[-len(own) :] == own:
-        return args.cell.parent
-    return Path(cfg["results_dir"]) / "runs" / cell.id
+    """The cell's folder: that of its --cell file when the file is the cell.json written into
+    it (``<results>/runs/<id>/cell.json``, a baseline's ``<results>/<id>/cell.json``), else
+    ``<results_dir>/runs/<id>`` (``<results_dir>/<id>``).  Its results folder is held
+    (:func:`smallbatch.io.add_results_folder`): nothing is written there through a link."""
+    from ..io import add_results_folder
+
+    own = tuple(cell.id.split("/")) if isinstance(cell, BaselineCell) else ("runs", *cell.id.split("/"))
+    given = getattr(args, "cell", None)
+    if given is not None and given.parent.parts[-len(own) :] == own:
+        root = given.parent.parents[len(own) - 1]
+    else:
+        root = Path(cfg["results_dir"])
+    add_results_folder(root)
+    return root.joinpath(*own)
 
 
 # --------------------------------------------------------------------------- commands
@@ -472,7 +480,7 @@ def cmd_baseline(args) -> int:
     from .jobs import run_baseline
 
     uri, exp = _tracking(args, cfg)
-    out = args.out or Path(cfg["results_dir"]) / cell.id / "result.json"
+    out = args.out or cell_folder(args, cell, cfg) / "result.json"
     _not_an_input(out, "--out", data_cache=args.data_cache, cell_file=args.cell)
     res = run_baseline(cell, out, tracking_uri=uri, experiment=exp, cache=args.data_cache, device=args.device)
     print(json.dumps(res))

@@ -23,6 +23,7 @@ import yaml
 from .. import augment_config as _aug
 from ..cell import Cell
 from ..datasets import SPLIT_SIZES, base_dataset, pretrain_split, subset_problem
+from ..io import add_results_folder
 from ..losses.registry import canonical_name, loss_param_names
 from ..probe_registry import probes_problem
 from ..tracking import tracking_uri_problem
@@ -316,16 +317,18 @@ def load_config(path: ConfigFiles = None, overrides: dict | None = None) -> dict
     ``--config`` and the workflow's ``--configfile A B`` both come here (and print
     :func:`base_notice` when the first file names no study).  The empty config's validation
     (0.27 s: its 80 default cells are checked) is done once per process (every ``--cell-json``
-    step reads it; the warm server does it before it forks)."""
+    step reads it; the warm server does it before it forks).  Its ``results_dir`` is held
+    (:func:`smallbatch.io.add_results_folder`): nothing is written there through a link."""
     paths = _paths(path)
     if not paths and not overrides:
-        return copy.deepcopy(_default_config())
-    cfg: dict = {}
-    for p in paths:
-        cfg = _lay_over(cfg, read_config_file(p), p)
-    if overrides:
-        cfg = deep_merge(cfg, overrides)
-    return validate_config(cfg)
+        cfg = copy.deepcopy(_default_config())
+    else:
+        cfg = {}
+        for p in paths:
+            cfg = _lay_over(cfg, read_config_file(p), p)
+        cfg = validate_config(deep_merge(cfg, overrides) if overrides else cfg)
+    add_results_folder(cfg["results_dir"])
+    return cfg
 
 
 def base_notice(path: ConfigFiles) -> str | None:

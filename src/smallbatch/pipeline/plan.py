@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..cell import BaselineCell, Cell, read_cell, snapshot_names
-from ..io import UnsafeTarget, open_regular, write_text
+from ..io import UnsafeTarget, add_results_folder, check_inside, open_regular, write_text
 from ..probe_registry import probe_spec
 from .cells import baseline_cells, data_cache_settings, expand_cells, settings_hash
 from .jobs import record_cell
@@ -52,6 +52,7 @@ class StudyPlan:
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> StudyPlan:
         r = config["results_dir"]
+        add_results_folder(r)
         cells = {cid: _typed(c, Cell) for cid, c in expand_cells(config).items()}
         bases = {bid: _typed(c, BaselineCell) for bid, c in baseline_cells(config).items()}
         plan = cls(r, cells, bases, {p: probe_spec(p).file for p in config["eval"]["probes"]})
@@ -89,6 +90,7 @@ class StudyPlan:
         planned, stamp = self.settings.get(folder), Path(stamp)
         if planned is None or stamp.name != f".settings-{planned[0]}":
             raise ValueError(f"{stamp}: no such settings are planned for {self.results_dir}/{folder}")
+        check_inside(stamp)  # no stamp removed or written through a linked folder
         removed = [old for old in stamp.parent.glob(".settings-*") if old.name != stamp.name and not old.is_dir()]
         for old in removed:
             old.unlink()

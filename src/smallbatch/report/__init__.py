@@ -46,7 +46,7 @@ import sys
 from pathlib import Path
 
 from ..experiments import section_names
-from ..io import write_text
+from ..io import add_results_folder, make_folder, write_text
 from ..tracking import StoreReader, TrackingError, log_report_run
 from .aggregate import aggregate_cells
 from .context import MANIFEST, ReportContext, SectionOutput, check_claim
@@ -179,6 +179,7 @@ def build_report(
     """
     out = Path(out_dir)
     _check_out_dir(out)
+    add_results_folder(out)  # nothing written below it through a link planted later
     before = read_manifest(out)
     index = out / "index.md"
     check_claim(out, before, [index])  # a user's own index.md: refused before the store is read
@@ -197,7 +198,7 @@ def build_report(
         notes=notes,
         prior=before,
     )
-    out.mkdir(parents=True, exist_ok=True)
+    make_folder(out)
     outputs = [o for o in (build(runs, ctx) for build in SECTIONS) if o is not None]
     ctx.claim(index)
     write_text(index, index_markdown(runs, ctx, outputs))

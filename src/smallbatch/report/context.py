@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from ..io import atomic_write
+from ..io import atomic_write, make_folder
 from .tables import Block, table_files, write_table_files
 
 #: the files the last build wrote (paths relative to the report folder, one a line): the
@@ -124,7 +124,7 @@ class ReportContext:
         to what is drawn."""
         import matplotlib.pyplot as plt
 
-        self.figures_dir.mkdir(parents=True, exist_ok=True)
+        make_folder(self.figures_dir)
         png, svg = self.figures_dir / f"{stem}.png", self.figures_dir / f"{stem}.svg"
         self.claim(png, svg)
         crop = {} if exact else {"bbox_inches": "tight"}

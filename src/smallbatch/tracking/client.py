@@ -14,6 +14,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from urllib.parse import urlparse
 
+from ..io import make_folder
 from .base import TrackingError
 from .sqlite import half_built, sqlite_file, sqlite_path
 
@@ -177,7 +178,7 @@ def store_client(uri: str):
         # user gets the error's root cause as one line instead (wrap)
         logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
         if uri.startswith("sqlite:///") and not uri.startswith("sqlite:///file:"):  # not a SQLite URI filename
-            Path(uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+            make_folder(Path(uri[len("sqlite:///") :]).parent)
         return bounded_client(uri)
     except TrackingError:
         raise
