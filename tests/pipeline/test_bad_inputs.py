@@ -75,6 +75,43 @@ def no_http_retries(tmp: Path, mp: pytest.MonkeyPatch) -> None:
     mp.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
 
 
+#: how long the impostor server below serves at most: far longer than a row takes
+IMPOSTOR_S = 120.0
+
+
+def mlflow_impostor(tmp: Path, mp: pytest.MonkeyPatch) -> None:
+    """$MLFLOW_TRACKING_URI: an HTTP server on 127.0.0.1 answering ``200 {}`` to every request,
+    no MLflow; it stops itself once :data:`IMPOSTOR_S` have passed."""
+    import http.server
+    import threading
+    import time
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def _any(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        do_GET = do_POST = do_PATCH = do_DELETE = _any
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.daemon_threads, httpd.timeout, end = True, 0.2, time.monotonic() + IMPOSTOR_S
+
+    def serve() -> None:
+        with httpd:
+            while time.monotonic() < end:
+                httpd.handle_request()
+
+    threading.Thread(target=serve, daemon=True).start()
+    mp.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{httpd.server_address[1]}")
+
+
 def existing_store(tmp: Path, mp: pytest.MonkeyPatch) -> None:
     """A real SQLite store with the schema and one experiment, opened read-only by the row."""
     assert cli.main(["init-store", "--tracking-uri", f"sqlite:///{tmp}/mlflow.db", "--experiment", "study"]) == 0
@@ -305,6 +342,13 @@ CASES = [
         r"MLflow tracking store http://127\.0\.0\.1:1 failed while opening experiment 'x': nothing is listening there "
         r"\(connection refused, 1 try\)",
         setup=no_http_retries,
+    ),
+    Case(
+        "a server answering 200 {} to every request as the tracking store",
+        ("init-store", "--experiment", "relx", "--touch", "{tmp}/mlflow.ready"),
+        r"MLflow tracking store http://127\.0\.0\.1:\d+ answered experiment 'relx' with id '' and name '': not an "
+        r"MLflow tracking server; check --tracking-uri / tracking_uri",
+        setup=mlflow_impostor,
     ),
     Case(
         "tracking store on a full disk",

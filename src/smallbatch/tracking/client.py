@@ -108,6 +108,32 @@ def _deadline(seconds: float):
         signal.signal(signal.SIGALRM, previous)
 
 
+#: what an MLflow tracking server answers at ``<uri>/health`` (a route no login guards)
+MLFLOW_HEALTH = "OK"
+
+
+def check_mlflow_server(uri: str) -> None:
+    """TrackingError in one line unless the HTTP store ``uri`` answers MLflow's health check
+    (:data:`MLFLOW_HEALTH` at ``/health``) within :func:`store_deadline`: any other server (one
+    answering ``200 {}`` to every request) would take a study's runs and keep none of them."""
+    import urllib.error
+    import urllib.request
+
+    url = uri.rstrip("/") + "/health"
+    try:
+        with _deadline(store_deadline()), urllib.request.urlopen(url, timeout=store_deadline()) as res:
+            answer = repr(res.read(200).decode("utf-8", "replace").strip())
+    except urllib.error.HTTPError as exc:
+        answer = f"HTTP error {exc.code}"
+    except (OSError, ValueError, StoreTooSlow) as exc:
+        answer = first_line(exc)
+    if answer != repr(MLFLOW_HEALTH):
+        raise TrackingError(
+            f"MLflow tracking store {uri} is not an MLflow tracking server: {url} answered {answer}, not "
+            f"{MLFLOW_HEALTH!r}; check --tracking-uri / tracking_uri (an `mlflow server` URI)"
+        )
+
+
 class _BoundedClient:
     """An MlflowClient of an HTTP store whose every call ends within :func:`store_deadline`."""
 
