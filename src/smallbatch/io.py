@@ -311,8 +311,9 @@ class CellBusy(RuntimeError):
     """Another live process holds the cell's lock (one line: the cell and the PID)."""
 
 
-class CellLock:
-    """An exclusive, non-blocking ``flock`` on ``<folder>/.lock`` (see the module docstring).
+class FolderLock:
+    """An exclusive, non-blocking ``flock`` on the file ``path`` (see the module docstring), of
+    ``subject`` (what it guards, named in the refusal with what its holder does: ``busy``).
 
     Use as a context manager; the PID of the holder is written into the lock file so the
     refusal can name it.  Re-entrant within one process (a nested acquire is a no-op).
@@ -320,20 +321,19 @@ class CellLock:
 
     _held: dict[str, int] = {}
 
-    def __init__(self, folder: str | Path, name: str | None = None) -> None:
-        self.path = Path(folder) / ".lock"
-        self.name = name or str(folder)
+    def __init__(self, path: str | Path, subject: str, busy: str) -> None:
+        self.path, self.subject, self.busy = Path(path), subject, busy
         self._fd: int | None = None
 
-    def acquire(self) -> CellLock:
+    def acquire(self) -> FolderLock:
         make_folder(self.path.parent)
         self._key = key = str(self.path.resolve())
-        if key in CellLock._held:
-            CellLock._held[key] += 1
+        if key in FolderLock._held:
+            FolderLock._held[key] += 1
             return self
         # never through a link, never a FIFO or a hard-linked file: the PID written into it
         # would otherwise truncate and overwrite another file (open_regular)
-        fd = open_regular(self.path, f"the lock of cell {self.name}, {self.path},")
+        fd = open_regular(self.path, f"the lock of {self.subject}, {self.path},")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -342,33 +342,39 @@ class CellLock:
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 who = f"process {holder}" if holder else "another process"
                 raise CellBusy(
-                    f"cell {self.name} is being trained by {who} (lock {self.path}); "
-                    "wait for it to finish or stop it first"
+                    f"{self.subject} is {self.busy} by {who} (lock {self.path}); wait for it to finish or stop it first"
                 ) from None
             raise
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self._fd = fd
-        CellLock._held[key] = 1
+        FolderLock._held[key] = 1
         return self
 
     def release(self) -> None:
         key = getattr(self, "_key", None)
-        if key is None or key not in CellLock._held:
+        if key is None or key not in FolderLock._held:
             return
-        CellLock._held[key] -= 1
-        if CellLock._held[key] > 0:
+        FolderLock._held[key] -= 1
+        if FolderLock._held[key] > 0:
             return
-        del CellLock._held[key]
+        del FolderLock._held[key]
         if self._fd is not None:
             os.close(self._fd)  # closing the descriptor releases the flock
             self._fd = None
 
-    def __enter__(self) -> CellLock:
+    def __enter__(self) -> FolderLock:
         return self.acquire()
 
     def __exit__(self, *exc: Any) -> None:
         self.release()
+
+
+class CellLock(FolderLock):
+    """The one trainer of a cell: the lock ``<folder>/.lock`` of cell ``name`` (default the folder)."""
+
+    def __init__(self, folder: str | Path, name: str | None = None) -> None:
+        super().__init__(Path(folder) / ".lock", f"cell {name or folder}", "being trained")
 
 
 def nullcontext_lock():
