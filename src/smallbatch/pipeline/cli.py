@@ -30,6 +30,7 @@ from .cli_parser import EVAL_FLAGS, TRAIN_FLAGS
 
 EXIT_USAGE = 2
 EXIT_PREEMPTED = 143  # 128 + SIGTERM: SLURM / Snakemake may requeue or retry
+EXIT_INTERRUPTED = 130  # 128 + SIGINT: what a shell reports for a command stopped by Ctrl-C
 
 
 def _coerce(v: str):
@@ -555,6 +556,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; Ctrl-C (SIGINT) anywhere in it ends it with one line and exit 130, no traceback."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("smallbatch: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _main(argv: list[str] | None) -> int:
     if argv is None:  # a process of its own: a workflow job may hand the command to the warm server
         from .warm import delegate
 

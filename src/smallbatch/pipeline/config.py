@@ -32,7 +32,7 @@ from .cells import expand_cells
 from .schema import load_schema
 from .schema import one_line as _one_line
 from .schema import validator_with_defaults as _validator_with_defaults
-from .yaml12 import ambiguities
+from .yaml12 import ambiguities, too_large
 
 
 class ConfigError(ValueError):
@@ -272,7 +272,8 @@ class _DuplicateKey(ValueError):
 
 
 class _Ambiguous(ValueError):
-    """A form YAML 1.1 and YAML 1.2 read differently (:mod:`.yaml12`)."""
+    """A form YAML 1.1 and YAML 1.2 read differently, or a tree too large once its aliases are
+    expanded (:mod:`.yaml12`): refused before its values are built."""
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -280,7 +281,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     and so is a form that YAML 1.1 and 1.2 read differently (:func:`.yaml12.ambiguities`)."""
 
     def construct_document(self, node):
-        problem = next(ambiguities(self, node), None)
+        problem = too_large(node) or next(ambiguities(self, node), None)
         if problem:
             raise _Ambiguous(problem)
         return super().construct_document(node)
