@@ -180,6 +180,20 @@ def _first_link(path: str, folder: str) -> str:
     return path
 
 
+def link_leaving(folder: str | Path) -> str | None:
+    """The first symbolic link under ``folder`` (none is followed) whose real location lies
+    outside ``folder``'s, as ``link -> target``; None when there is none.  What other writers
+    (Snakemake's logs, the folders it makes for a job's outputs) would write through."""
+    real = os.path.realpath(folder)
+    for top, dirs, files in os.walk(folder):  # a linked folder is listed, never entered
+        for name in sorted([*dirs, *files]):
+            path = os.path.join(top, name)
+            target = os.path.realpath(path)
+            if os.path.islink(path) and not (target == real or _below(target, real)):
+                return f"{path} -> {os.readlink(path)}"
+    return None
+
+
 def make_folder(path: str | Path) -> Path:
     """The folder ``path`` with its parents, created only inside its results folder (:func:`check_inside`)."""
     check_inside(path)
