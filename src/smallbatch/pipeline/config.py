@@ -328,7 +328,8 @@ def load_config(path: ConfigFiles = None, overrides: dict | None = None) -> dict
         for p in paths:
             cfg = _lay_over(cfg, read_config_file(p), p)
         cfg = validate_config(deep_merge(cfg, overrides) if overrides else cfg)
-    add_results_folder(cfg["results_dir"])
+    if cfg.get("results_dir"):
+        add_results_folder(cfg["results_dir"])
     return cfg
 
 
