@@ -26,6 +26,7 @@ try:
                                    snakemake_settings)
     from smallbatch.pipeline.cells import temperature_notes
     from smallbatch.pipeline.plan import StudyPlan, flag, hold_results_folder
+    from smallbatch.io import RESULTS_ENV
     from smallbatch.pipeline import plan as _plan
     from smallbatch.report.captions import captions
     from smallbatch.training.launch import launch_command
@@ -73,6 +74,9 @@ for _line in temperature_notes(config):  # a loss without a temperature: planned
     print(f"smallbatch: {_line}", file=sys.stderr)
 
 R = config["results_dir"]
+# every job writes inside the results folder's real location, never through a link planted in it
+# (smallbatch.io.check_inside); a job names only its files, so it learns the folder from here
+os.environ[RESULTS_ENV] = os.path.abspath(os.path.expanduser(R))
 EXPERIMENT = config["study"]
 # The plan (smallbatch.pipeline.plan): typed cells and baselines, their settings stamps and
 # outputs.  Settings stamps: <results_dir>/<folder>/.settings-<hash>, an input of the job

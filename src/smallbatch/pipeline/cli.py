@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 EXIT_USAGE = 2
 EXIT_PREEMPTED = 143  # 128 + SIGTERM: SLURM / Snakemake may requeue or retry
+EXIT_INTERRUPTED = 130  # 128 + SIGINT: what a shell reports for a command stopped by Ctrl-C
 
 
 def _coerce(v: str):
@@ -264,12 +265,20 @@ def _tracking(args, cfg: dict) -> tuple[str | None, str]:
 
 
 def cell_folder(args, cell: Cell | BaselineCell, cfg: dict) -> Path:
-    """The cell's folder: that of its --cell file when the file is the cell.json pretraining
-    wrote into it (``.../runs/<id>/cell.json``), else ``<results_dir>/runs/<id>``."""
-    own = ("runs", *cell.id.split("/"))
-    if getattr(args, "cell", None) is not None and args.cell.parent.parts[-len(own) :] == own:
-        return args.cell.parent
-    return Path(cfg["results_dir"]) / "runs" / cell.id
+    """The cell's folder: that of its --cell file when the file is the cell.json written into
+    it (``<results>/runs/<id>/cell.json``, a baseline's ``<results>/<id>/cell.json``), else
+    ``<results_dir>/runs/<id>`` (``<results_dir>/<id>``).  Its results folder is held
+    (:func:`smallbatch.io.add_results_folder`): nothing is written there through a link."""
+    from ..io import add_results_folder
+
+    own = tuple(cell.id.split("/")) if isinstance(cell, BaselineCell) else ("runs", *cell.id.split("/"))
+    given = getattr(args, "cell", None)
+    if given is not None and given.parent.parts[-len(own) :] == own:
+        root = given.parent.parents[len(own) - 1]
+    else:
+        root = Path(cfg["results_dir"])
+    add_results_folder(root)
+    return root.joinpath(*own)
 
 
 # --------------------------------------------------------------------------- commands
@@ -484,7 +493,7 @@ def cmd_baseline(args) -> int:
     from .jobs import run_baseline
 
     uri, exp = _tracking(args, cfg)
-    out = args.out or Path(cfg["results_dir"]) / cell.id / "result.json"
+    out = args.out or cell_folder(args, cell, cfg) / "result.json"
     _not_an_input(out, "--out", data_cache=args.data_cache, cell_file=args.cell)
     res = run_baseline(cell, out, tracking_uri=uri, experiment=exp, cache=args.data_cache, device=args.device)
     print(json.dumps(res))
@@ -572,6 +581,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; Ctrl-C (SIGINT) anywhere in it ends it with one line and exit 130, no traceback."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("smallbatch: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _main(argv: list[str] | None) -> int:
     if argv is None:  # a process of its own: a workflow job may hand the command to the warm server
         from .warm import delegate
 

@@ -23,6 +23,7 @@ import yaml
 from .. import augment_config as _aug
 from ..cell import Cell
 from ..datasets import SPLIT_SIZES, base_dataset, pretrain_split, subset_problem
+from ..io import add_results_folder
 from ..losses.registry import canonical_name, loss_param_names
 from ..probe_registry import probes_problem
 from ..tracking import tracking_uri_problem
@@ -31,7 +32,7 @@ from .cells import expand_cells, temperature_notes
 from .schema import load_schema
 from .schema import one_line as _one_line
 from .schema import validator_with_defaults as _validator_with_defaults
-from .yaml12 import ambiguities, yaml12
+from .yaml12 import ambiguities, too_large, yaml12
 
 
 class ConfigError(ValueError):
@@ -273,7 +274,8 @@ class _DuplicateKey(ValueError):
 
 
 class _Ambiguous(ValueError):
-    """A form YAML 1.1 and YAML 1.2 read differently (:mod:`.yaml12`)."""
+    """A form YAML 1.1 and YAML 1.2 read differently, or a tree too large once its aliases are
+    expanded (:mod:`.yaml12`): refused before its values are built."""
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -281,7 +283,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     and so is a form that YAML 1.1 and 1.2 read differently (:func:`.yaml12.ambiguities`)."""
 
     def construct_document(self, node):
-        problem = next(ambiguities(self, node), None)
+        problem = too_large(node) or next(ambiguities(self, node), None)
         if problem:
             raise _Ambiguous(problem)
         return super().construct_document(node)
@@ -314,6 +316,9 @@ class _Yaml12Loader(_UniqueKeyLoader):
         return super().resolve(kind, value, implicit)
 
     def construct_document(self, node):  # YAML 1.2 alone reads it: no 1.1 reading to differ from
+        problem = too_large(node)  # an alias bomb is refused on the command line as in a file
+        if problem:
+            raise _Ambiguous(problem)
         return yaml.SafeLoader.construct_document(self, node)
 
 
@@ -338,18 +343,21 @@ def load_config(path: ConfigFiles = None, overrides: dict | None = None, sets: l
     ``--config`` and ``--set`` and the workflow's ``--configfile A B`` and ``--config set=...``
     all come here (and print :func:`base_notice` when the first file names no study).  The empty
     config's validation (its 80 default cells are checked) is done once per process (every
-    ``--cell-json`` step reads it; the warm server does it before it forks)."""
+    ``--cell-json`` step reads it; the warm server does it before it forks).  Its ``results_dir``
+    is held (:func:`smallbatch.io.add_results_folder`): nothing is written there through a link."""
     paths = _paths(path)
     if not paths and not overrides and not sets:
-        return copy.deepcopy(_default_config())
-    cfg: dict = {}
-    for p in paths:
-        cfg = _lay_over(cfg, read_config_file(p), p)
-    if sets:
-        cfg = _lay_over(cfg, read_sets(sets), "--set")
-    if overrides:
-        cfg = deep_merge(cfg, overrides)
-    return validate_config(cfg)
+        cfg = copy.deepcopy(_default_config())
+    else:
+        cfg = {}
+        for p in paths:
+            cfg = _lay_over(cfg, read_config_file(p), p)
+        if sets:
+            cfg = _lay_over(cfg, read_sets(sets), "--set")
+        cfg = validate_config(deep_merge(cfg, overrides) if overrides else cfg)
+    if cfg.get("results_dir"):
+        add_results_folder(cfg["results_dir"])
+    return cfg
 
 
 #: the key of Snakemake's ``--config`` that carries the ``--set`` pairs: ``--config set='grid.seeds=[0] train.epochs=2'``
@@ -448,6 +456,8 @@ def read_set_value(text: str, key: str) -> Any:
         return loader.get_single_data()
     except _DuplicateKey as exc:
         raise ConfigError(f"override '{key}': the key {exc.key!r} is given twice in one mapping") from None
+    except _Ambiguous as exc:
+        raise ConfigError(f"override '{key}': {exc}") from None
     except yaml.YAMLError as exc:
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ConfigError(
