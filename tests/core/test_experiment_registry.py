@@ -31,7 +31,8 @@ def test_enabling_a_registered_experiment_expands_its_cells_tagged_with_its_name
     from smallbatch.pipeline.config import load_config
 
     for spec in reg.SPECS:
-        section = {"enabled": True, "losses": ["infonce"], "batch_sizes": [32], "temperatures": [0.5], "seeds": [0]}
+        section = {"enabled": True, "losses": ["infonce"], "batch_sizes": [16, 32], "temperatures": [0.1, 0.5]}
+        section |= {"seeds": [0], "axes": {"lr": [1e-3, 2e-3], "queue_size": [0, 64]}}  # what each sweeps
         cfg = load_config([REPO / "config.yaml"], {"grid": {"enabled": False}, "experiments": {spec.name: section}})
         cells = expand_cells(cfg)
         assert cells and {c["experiment"] for c in cells.values()} == {spec.name}, spec.name

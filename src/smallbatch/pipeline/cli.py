@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Literal, overload
 
 from ..cell import BaselineCell, Cell, read_cell
+from ..io import DuplicateKey, loads_unique, read_problem
 from .cli_parser import EVAL_FLAGS, TRAIN_FLAGS
 
 EXIT_USAGE = 2
@@ -121,8 +122,11 @@ def _refuse_ignored(args, mode: str, keep: tuple[str, ...]) -> None:
 def _read_cell_file(path: Path, baseline: bool) -> Cell | BaselineCell:
     """A cell JSON file that holds every key a cell of its kind has (as `smallbatch cells
     --write` writes them); ValueError naming the file and the first missing key."""
-    if not path.is_file():
+    problem = read_problem(path)
+    if problem == "does not exist":
         raise ValueError(f"cell file not found: {path}")
+    if problem:
+        raise ValueError(f"cell file {path} {problem}; name a cell's JSON file")
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
@@ -137,9 +141,11 @@ def _cell_from_text(text: str, source: str, baseline: bool) -> Cell | BaselineCe
     from .cells import cell_hash, check_cell_id, with_current_names
 
     try:
-        obj = json.loads(text)
+        obj = loads_unique(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"{source} is not valid JSON ({exc.msg})") from None
+    except DuplicateKey as exc:
+        raise ValueError(f"{source} {exc}") from None
     if not isinstance(obj, dict):
         raise ValueError(f"{source} must hold a JSON object (one cell), not a {type(obj).__name__}")
     obj = with_current_names(obj)  # written before a setting was renamed: the same cell, the same hash
@@ -490,12 +496,19 @@ def cmd_mi(args) -> int:
         except json.JSONDecodeError as exc:
             raise ValueError(f"--section-json is not valid JSON ({exc.msg})") from None
     elif args.section is not None:
-        if not args.section.is_file():
-            raise ValueError(f"section file not found: {args.section}")
+        problem = read_problem(args.section)
+        if problem:
+            raise ValueError(
+                f"section file not found: {args.section}"
+                if problem == "does not exist"
+                else f"section file {args.section} {problem}"
+            )
         try:
-            section = json.loads(args.section.read_text())
+            section = loads_unique(args.section.read_text())
         except json.JSONDecodeError as exc:
             raise ValueError(f"section file {args.section} is not valid JSON ({exc.msg})") from None
+        except DuplicateKey as exc:
+            raise ValueError(f"section file {args.section} {exc}") from None
     else:
         section = (cfg.get("experiments") or {}).get("mi") or {}
     if not isinstance(section, dict):

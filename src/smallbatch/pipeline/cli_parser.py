@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..io import text_problem
 from ..losses.registry import SPECS, loss_param_names
 from ..probe_registry import SPECS as PROBE_SPECS
 
@@ -75,23 +75,14 @@ class BadPath:
     text: str
 
     def problem(self) -> str:
-        if not self.text.strip():
-            return "is empty (it would name the current folder); name a file or folder"
-        if self.text.startswith("~"):
-            return (
-                f"= {self.text!r} starts with '~', which nothing expands here; write the full path "
-                f"({os.path.expanduser(self.text)!r}?)"
-            )
-        return f"= {self.text!r} holds a control character; rename it"
+        return text_problem(self.text) or f"= {self.text!r} is not a usable path"
 
 
 def path_value(text: str) -> Path | BadPath:
-    """The type of every path flag: a Path, or a :class:`BadPath` for an empty value, one that
-    starts with '~' (no shell expanded it: a folder literally named '~' would be made, and a
-    library that expands it would write into the home folder) or one with control characters."""
-    if not text.strip() or text.startswith("~") or any(ord(c) < 32 or ord(c) == 127 for c in text):
-        return BadPath(text)
-    return Path(text)
+    """The type of every path flag: a Path, or a :class:`BadPath` for a text that names no path
+    (:func:`smallbatch.io.text_problem`: empty, starting with '~' -- no shell expanded it: a
+    folder literally named '~' would be made -- or holding a control character)."""
+    return BadPath(text) if text_problem(text) else Path(text)
 
 
 def config_flag(text: str) -> dict:

@@ -45,11 +45,6 @@ def load_schema() -> dict:
 
 def _with_losses(schema: dict) -> dict:
     parts = config_schema()
-    # a loss parameter may be infinite where its loss allows it (DCLW's sigma = inf is
-    # DCL); the loss's own check decides (_check_cells), not the finite-number rule
-    for node in [*parts["loss_params"].values(), *parts["entry_params"].values()]:
-        for sub in [*node.get("properties", {}).values(), *node.get("anyOf", [])]:
-            (sub.get("items") or sub)["x-loss-param"] = True
 
     def walk(node: Any) -> None:
         if isinstance(node, dict):
@@ -92,10 +87,11 @@ def validator_with_defaults(fill: bool = True):
 
     def finite_numbers(validator, types, instance, schema):
         # JSON Schema has no "finite": YAML's .nan / .inf pass every bound (nan > 0 is False
-        # both ways), so a number must also be finite; a loss parameter may be infinite
+        # both ways), so a number must also be finite; infinite only where its schema says
+        # so (x-infinite: DCLW's sigma = inf is DCL)
         yield from base_type(validator, types, instance, schema)
         nonfinite = isinstance(instance, float) and not math.isfinite(instance)
-        if nonfinite and (math.isnan(instance) or not schema.get("x-loss-param")):
+        if nonfinite and (math.isnan(instance) or not schema.get("x-infinite")):
             yield ValidationError(f"{instance!r} is not a finite number", validator="finite")
         if _integer(None, instance) and abs(instance) > INT_MAX and "maximum" not in schema:
             yield ValidationError(f"{instance!r} is too large", validator="maximum", validator_value=INT_MAX)
