@@ -209,7 +209,10 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], object], exclusiv
     if exclusive and os.path.lexists(path):
         raise FileExistsError(errno.EEXIST, EXISTS, str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:  # its error names the temporary file, which the user never asked for
+        raise OSError(exc.errno, f"{exc.strerror} (cannot write into {path.parent})", str(path)) from None
     try:
         with os.fdopen(fd, "wb") as fh:
             os.fchmod(fh.fileno(), 0o666 & ~current_umask())  # mkstemp's file is 0600 whatever the umask

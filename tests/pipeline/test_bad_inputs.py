@@ -140,6 +140,31 @@ SNAPSHOTS = "lr_schedule: constant, snapshot_epochs: "
 THOUSAND = "[" + ", ".join(f"{i / 100:g}" for i in range(1, 1001)) + "]"  # 0.01 .. 10 epochs
 
 
+def deleted_working_folder(tmp: Path, mp: pytest.MonkeyPatch) -> None:
+    (tmp / "gone").mkdir()
+    mp.chdir(tmp / "gone")
+    os.rmdir(tmp / "gone")
+
+
+def unwritable_folders(tmp: Path, mp: pytest.MonkeyPatch) -> None:
+    """Every new file is refused as in a read-only folder (whoever runs the tests, root included)."""
+    import tempfile
+
+    def refuse(prefix: str = "", suffix: str = "", dir: str | None = None, **kw):
+        raise PermissionError(13, "Permission denied", os.path.join(str(dir), f"{prefix}x1y2z3{suffix}"))
+
+    mp.setattr(tempfile, "mkstemp", refuse)
+
+
+def deeply_nested(name: str, opening: str, closing: str, before: str = "") -> Callable:
+    return lambda tmp, mp: (tmp / name).write_text(before + opening * 100_000 + closing * 100_000 + "\n")
+
+
+#: a PID above Linux's largest (2^22): never a running process
+DEAD_PID = str(2**22 + 1)
+TINY_CELL = ("infonce", "--batch-size", "16", "--temperature", "0.5")
+
+
 # --------------------------------------------------------------------------- the table
 CASES = [
     # --- temperatures: .nan / .inf pass every JSON-schema bound, so they are caught as not finite
@@ -361,6 +386,95 @@ CASES = [
             setup=make("c.yaml"),
         )
         for kind, make in (("folder", a_folder), ("FIFO", a_fifo))
+    ),
+    Case(
+        "a loss parameter of the wrong type",
+        CELLS,
+        r"config key 'grid\.losses\[0\]\.sigma' = 'abc' has the wrong type; expected number",
+        {"c.yaml": "datasets: {digits: {}}\ngrid: {losses: [{name: dclw, sigma: abc}], seeds: [0]}\n"},
+    ),
+    Case(
+        "a config nested 100,000 deep",
+        CELLS,
+        r"config file .*/c\.yaml nests its values too deep to be read; no config key nests so deep",
+        setup=deeply_nested("c.yaml", "[", "]", "study: "),
+    ),
+    Case(
+        "a cell file nested 100,000 deep",
+        ("pretrain", "--tracking-uri", "none", "--cell", "{tmp}/cell.json"),
+        r"cell file .*/cell\.json nests its values too deep to be read; no key of a cell nests so deep",
+        setup=deeply_nested("cell.json", "[", "]"),
+    ),
+    Case(
+        "a deleted working folder",
+        CELLS,
+        r"the working folder was deleted \(or moved\) under this shell; cd into a folder that exists and run it again",
+        {"c.yaml": STUDY},
+        setup=deleted_working_folder,
+    ),
+    Case(
+        "a read-only output folder",
+        ("prepare-data", "--dataset", "digits", "--out", "{tmp}/ro/c.pt"),
+        r".*/ro/c\.pt: Permission denied \(cannot write into .*/ro\)",
+        setup=unwritable_folders,
+    ),
+    Case(
+        "pretrain --out onto a file",
+        (*PRETRAIN, *TINY_CELL),
+        r"--out .*/out is a regular file, not a folder; it names the folder this command writes into: choose another path",
+        {"out": "my notes\n"},
+    ),
+    Case(
+        "a folder where state.pt should be",
+        (*PRETRAIN, *TINY_CELL, "--steps", "1"),
+        r".*state .*/out/state\.pt is a folder, not a file; remove it \(the cell then starts afresh\)",
+        setup=a_folder("out/state.pt"),
+    ),
+    Case(
+        "a folder where the data cache should be",
+        (*PRETRAIN, *TINY_CELL, "--data-cache", "{tmp}/cache.pt"),
+        r"data cache .*/cache\.pt is a folder, not a file; remove it and prepare the data again",
+        setup=a_folder("cache.pt"),
+    ),
+    Case(
+        "a folder where checkpoint.pt should be",
+        ("embed", "--checkpoint", "{tmp}/ck.pt", "--dataset", "digits", "--loss", *TINY_CELL, "--out", "{tmp}/f.npz"),
+        r".*checkpoint .*/ck\.pt is a folder, not a file",
+        setup=a_folder("ck.pt"),
+    ),
+    Case(
+        "export --out newdir/",
+        (
+            "export",
+            "--checkpoint",
+            "{tmp}/ck.pt",
+            "--dataset",
+            "digits",
+            "--loss",
+            *TINY_CELL,
+            "--out",
+            "{tmp}/newdir/",
+        ),
+        r"--out .*/newdir/ ends with '/', a folder, and this command writes one file: name the file \(e\.g\. "
+        r".*/newdir/<name>\)",
+        {"ck.pt": "a checkpoint\n"},
+    ),
+    Case(
+        "warm-server --socket onto an existing file",
+        ("warm-server", "--socket", "{tmp}/sock"),
+        r"--socket .*/sock exists \(a regular file\); the server makes its own socket there: remove it or choose "
+        r"another path",
+        {"sock": ""},
+    ),
+    Case(
+        "warm-server --watch-pid of an ended process",
+        ("warm-server", "--socket", "{tmp}/sock", "--watch-pid", DEAD_PID),
+        rf"--watch-pid {DEAD_PID}: no such process \(it has ended\); give the PID of the running process to watch",
+    ),
+    Case(
+        "warm-server --idle-timeout -1",
+        ("warm-server", "--socket", "{tmp}/sock", "--idle-timeout", "-1"),
+        r"--idle-timeout must be a positive number of seconds, not -1",
     ),
     # --- sizes: batch sizes and subsets against data.SPLIT_SIZES, before any job
     Case(

@@ -146,6 +146,8 @@ def _cell_from_text(text: str, source: str, baseline: bool) -> Cell | BaselineCe
         raise ValueError(f"{source} is not valid JSON ({exc.msg})") from None
     except DuplicateKey as exc:
         raise ValueError(f"{source} {exc}") from None
+    except RecursionError:
+        raise ValueError(f"{source} nests its values too deep to be read; no key of a cell nests so deep") from None
     if not isinstance(obj, dict):
         raise ValueError(f"{source} must hold a JSON object (one cell), not a {type(obj).__name__}")
     obj = with_current_names(obj)  # written before a setting was renamed: the same cell, the same hash
@@ -608,20 +610,41 @@ FILE_OUTPUTS = {
 }
 
 
+#: the folder each command writes into, by its flag's dest (a file there is refused by name)
+FOLDER_OUTPUTS = {"cmd_pretrain": "out", "cmd_evaluate": "out_dir"}
+
+
 def _check_paths(args) -> None:
     """ValueError naming the first path flag whose value names no usable path
     (:class:`~smallbatch.pipeline.cli_parser.BadPath`), or the command's output file when
     it is not a regular file (:func:`smallbatch.io.check_target`)."""
-    from ..io import check_target
-    from .cli_parser import BadPath
+    from ..io import check_target, path_kind
+    from .cli_parser import BadPath, FolderPath
 
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        raise ValueError(
+            "the working folder was deleted (or moved) under this shell; cd into a folder that exists and run it again"
+        ) from None
     for dest, value in vars(args).items():
         for one in value if isinstance(value, list) else [value]:  # a repeated flag: each of its values
             if isinstance(one, BadPath):
                 raise ValueError(f"--{dest.replace('_', '-')} {one.problem()}")
+    flag = f"--{FILE_OUTPUTS.get(args.func, '').replace('_', '-')}"
     out = getattr(args, FILE_OUTPUTS.get(args.func, ""), None)
+    if isinstance(out, FolderPath):
+        raise ValueError(
+            f"{flag} {out}/ ends with '/', a folder, and this command writes one file: name the file (e.g. {out}/<name>)"
+        )
     if out is not None:
         check_target(out)
+    folder = getattr(args, FOLDER_OUTPUTS.get(args.func, ""), None)
+    if folder is not None and os.path.lexists(folder) and not os.path.isdir(folder):
+        raise ValueError(
+            f"--{FOLDER_OUTPUTS[args.func].replace('_', '-')} {folder} is {path_kind(folder)}, not a folder; it names "
+            "the folder this command writes into: choose another path"
+        )
     if args.func == "cmd_export" and out is not None and os.path.lexists(out):  # export never overwrites
         from ..io import EXISTS
 

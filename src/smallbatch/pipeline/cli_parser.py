@@ -28,7 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PosixPath
 
 from ..io import text_problem
 from ..losses.registry import SPECS, loss_param_names
@@ -78,11 +78,19 @@ class BadPath:
         return text_problem(self.text) or f"= {self.text!r} is not a usable path"
 
 
+class FolderPath(PosixPath):
+    """A path flag's value written with a trailing '/': the user named a folder (a command that
+    writes one file refuses it rather than write a file of the folder's name)."""
+
+
 def path_value(text: str) -> Path | BadPath:
-    """The type of every path flag: a Path, or a :class:`BadPath` for a text that names no path
-    (:func:`smallbatch.io.text_problem`: empty, starting with '~' -- no shell expanded it: a
-    folder literally named '~' would be made -- or holding a control character)."""
-    return BadPath(text) if text_problem(text) else Path(text)
+    """The type of every path flag: a Path (a :class:`FolderPath` when it ends with '/'), or a
+    :class:`BadPath` for a text that names no path (:func:`smallbatch.io.text_problem`: empty,
+    starting with '~' -- no shell expanded it: a folder literally named '~' would be made -- or
+    holding a control character)."""
+    if text_problem(text):
+        return BadPath(text)
+    return FolderPath(text) if text.endswith("/") and text.strip("/") else Path(text)
 
 
 def config_flag(text: str) -> dict:

@@ -273,6 +273,10 @@ def read_config_file(path: str | Path) -> dict:
         ) from None
     except _Ambiguous as exc:
         raise ConfigError(f"config file {p}: {exc}") from None
+    except RecursionError:
+        raise ConfigError(
+            f"config file {p} nests its values too deep to be read; no config key nests so deep"
+        ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -350,7 +354,11 @@ def load_config(path: ConfigFiles = None, overrides: dict | None = None) -> dict
         cfg = _lay_over(cfg, read_config_file(p), p)
     if overrides:
         cfg = deep_merge(cfg, overrides)
-    return validate_config(cfg)
+    try:
+        return validate_config(cfg)
+    except RecursionError:
+        where = f"config file {', '.join(map(str, paths))}" if paths else "the config"
+        raise ConfigError(f"{where} nests its values too deep to be checked; no config key nests so deep") from None
 
 
 def base_notice(path: ConfigFiles) -> str | None:

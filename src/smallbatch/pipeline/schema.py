@@ -172,15 +172,19 @@ def one_line(err, root_schema: dict, label: str | None = None, what: str = "conf
     if v == "type":
         return f"{name} = {err.instance!r} has the wrong type; expected {err.validator_value}"
     if v == "anyOf":
-        # Report the most specific sub-error (e.g. an unknown loss name).
+        # Report the most specific sub-error: the deepest (a loss entry's parameter of the wrong
+        # type, not "the entry is no loss name"), at one depth a bound or name before a type
         best = None
         stack = list(err.context or [])
         while stack:
-            sub = stack.pop()
+            sub = stack.pop(0)
             stack.extend(sub.context or [])
-            if sub.validator in ("anyOf", "type"):
+            if sub.validator == "anyOf" or (
+                sub.validator == "type" and len(sub.absolute_path) <= len(err.absolute_path)
+            ):
                 continue
-            if best is None or len(sub.absolute_path) > len(best.absolute_path):
+            rank = (len(sub.absolute_path), sub.validator != "type")
+            if best is None or rank > (len(best.absolute_path), best.validator != "type"):
                 best = sub
         if best is not None:
             return one_line(best, root_schema, label, what)

@@ -105,8 +105,11 @@ def read_state(path: Path, cell: Cell) -> dict | None:
     """The cell's resumable state, or None (with the reason on stderr) when ``state.pt``
     is absent, of another config of the cell, or of an older format; a corrupt file is a
     CheckpointError naming it."""
-    if path_kind(path) is None:
+    kind = path_kind(path)
+    if kind is None:
         return None
+    if kind != "a regular file":
+        raise CheckpointError(f"state {path} is {kind}, not a file; remove it (the cell then starts afresh)")
     st = _load_state(path)
     if st.get("cell_hash") != cell.hash:
         print(f"state {path} belongs to another config of this cell; starting afresh", file=sys.stderr)
