@@ -335,6 +335,17 @@ CASES = [
         for what, escape, code in (("NUL", "0", "00"), ("ESC", "e", "1b"))
     ),
     Case(
+        "--experiment holding ESC",
+        ("init-store", "--tracking-uri", "sqlite:///{tmp}/m.db", "--experiment", "a\x1bb"),
+        r"--experiment = 'a\\x1bb' holds a control character; rename it",
+    ),
+    Case(
+        "--tracking-uri with a leading space",
+        ("init-store", "--tracking-uri", " sqlite:///{tmp}/m.db", "--experiment", "x"),
+        r"--tracking-uri = ' sqlite:///.*/m\.db' starts or ends with a space, which would be read as part of the "
+        r"URI; remove it",
+    ),
+    Case(
         "data.root ''",
         CELLS,
         r"config key 'data\.root' is empty \(it would name the current folder\); name a file or folder",

@@ -494,9 +494,11 @@ def cmd_mi(args) -> int:
     cfg = load_config(args.config)
     if args.section_json is not None:
         try:
-            section = json.loads(args.section_json)
+            section = loads_unique(args.section_json)
         except json.JSONDecodeError as exc:
             raise ValueError(f"--section-json is not valid JSON ({exc.msg})") from None
+        except DuplicateKey as exc:
+            raise ValueError(f"--section-json {exc}") from None
     elif args.section is not None:
         problem = read_problem(args.section)
         if problem:

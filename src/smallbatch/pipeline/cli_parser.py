@@ -73,9 +73,22 @@ class BadPath:
     with one line naming the flag (argparse's own error would print its usage too)."""
 
     text: str
+    kind: str = "path"  # or "name", "uri" (smallbatch.io.text_problem)
 
     def problem(self) -> str:
-        return text_problem(self.text) or f"= {self.text!r} is not a usable path"
+        return text_problem(self.text, self.kind) or f"= {self.text!r} is not a usable {self.kind}"
+
+
+def name_value(text: str) -> str | BadPath:
+    """The type of a name flag (``--experiment``): the text, or a :class:`BadPath` by the rule of
+    text every name follows (:func:`smallbatch.io.text_problem`)."""
+    return BadPath(text, "name") if text_problem(text, "name") else text
+
+
+def uri_value(text: str) -> str | BadPath:
+    """The type of ``--tracking-uri``: the text, or a :class:`BadPath` (a leading space would be read
+    as part of a file-store path)."""
+    return BadPath(text, "uri") if text_problem(text, "uri") else text
 
 
 class FolderPath(PosixPath):
@@ -248,10 +261,11 @@ def tracking() -> argparse.ArgumentParser:
     g = p.add_argument_group("tracking")
     g.add_argument(
         "--tracking-uri",
+        type=uri_value,
         help="MLflow URI (default: config tracking_uri, $MLFLOW_TRACKING_URI, "
         "else sqlite:///<results_dir>/mlflow.db); 'none' disables tracking",
     )
-    g.add_argument("--experiment", help="MLflow experiment (default: config study)")
+    g.add_argument("--experiment", type=name_value, help="MLflow experiment (default: config study)")
     return p
 
 
