@@ -409,6 +409,12 @@ ROWS = [
         cell=edited("train", neg_group=8.0),
     ),
     Row(
+        "--cell-json with data_root ''",
+        BY_JSON,
+        r"--cell-json: key 'data_root' is empty \(it would name the current folder\); name a file or folder",
+        cell=edited(data_root=""),
+    ),
+    Row(
         "--threads 2000 with --cell-json",
         (*BY_JSON, "--threads", "2000"),
         r"--threads = 2000 is out of range; it must be <= 1024",
