@@ -401,7 +401,7 @@ CASES = [
     Case(
         "a loss parameter of the wrong type",
         CELLS,
-        r"config key 'grid\.losses\[0\]\.sigma' = 'abc' has the wrong type; expected number",
+        r"config key 'grid\.losses\[0\]\.sigma' = 'abc' has the wrong type; expected number or array",
         {"c.yaml": "datasets: {digits: {}}\ngrid: {losses: [{name: dclw, sigma: abc}], seeds: [0]}\n"},
     ),
     Case(

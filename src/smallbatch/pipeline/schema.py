@@ -134,6 +134,16 @@ def _path_str(path) -> str:
     return "".join(parts) or "<top level>"
 
 
+def _flat(err) -> list:
+    """Every sub-error under ``err`` (its alternatives', recursively)."""
+    out, stack = [], list(err.context or [])
+    while stack:
+        sub = stack.pop()
+        stack.extend(sub.context or [])
+        out.append(sub)
+    return out
+
+
 def _allowed_keys(schema: dict) -> list[str]:
     return sorted(schema.get("properties", {}))
 
@@ -175,10 +185,7 @@ def one_line(err, root_schema: dict, label: str | None = None, what: str = "conf
         # Report the most specific sub-error: the deepest (a loss entry's parameter of the wrong
         # type, not "the entry is no loss name"), at one depth a bound or name before a type
         best = None
-        stack = list(err.context or [])
-        while stack:
-            sub = stack.pop(0)
-            stack.extend(sub.context or [])
+        for sub in _flat(err):
             if sub.validator == "anyOf" or (
                 sub.validator == "type" and len(sub.absolute_path) <= len(err.absolute_path)
             ):
@@ -186,6 +193,15 @@ def one_line(err, root_schema: dict, label: str | None = None, what: str = "conf
             rank = (len(sub.absolute_path), sub.validator != "type")
             if best is None or rank > (len(best.absolute_path), best.validator != "type"):
                 best = sub
+        if best is not None and best.validator == "type":  # every type its alternatives take there
+            types = [
+                t
+                for sub in reversed(_flat(err))  # in the order the schema gives them
+                if sub.validator == "type" and sub.absolute_path == best.absolute_path
+                for t in ([sub.validator_value] if isinstance(sub.validator_value, str) else sub.validator_value)
+            ]
+            sub_name = label or f"{what} '{_path_str(best.absolute_path)}'"
+            return f"{sub_name} = {best.instance!r} has the wrong type; expected {' or '.join(dict.fromkeys(types))}"
         if best is not None:
             return one_line(best, root_schema, label, what)
         return f"{name} = {err.instance!r} is not valid: {err.message.splitlines()[0]}"
