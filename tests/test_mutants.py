@@ -27,3 +27,17 @@ def test_every_mutated_file_has_tests_that_guard_it():
     mutate = _mutate()
     unguarded = sorted({m.file for m in mutate.MUTANTS} - set(mutate.TESTS))
     assert not unguarded, unguarded
+
+
+def test_every_guarding_test_exists():
+    """A test file (or test) named in TESTS that does not exist is left out of the mutants'
+    runs without a word: each entry names a test file of the tree, and a named test is in it."""
+    mutate = _mutate()
+    missing = []
+    for file, tests in mutate.TESTS.items():
+        for test in tests:
+            path, _, name = test.partition("::")
+            text = (ROOT / path).read_text() if (ROOT / path).is_file() else None
+            if text is None or (name and f"def {name.split('[')[0]}(" not in text):
+                missing.append(f"{file}: {test}")
+    assert not missing, missing

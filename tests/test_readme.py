@@ -9,9 +9,11 @@
   difference between two studies' values, the standard error computed from the fresh
   study's seeds: their spread pooled over the grid (20 cells, 20 degrees of freedom), never
   one cell's 1-degree-of-freedom spread (that moves several-fold between machines).
-* Every ``x [lo, hi]`` interval the README quotes from the instrument study against the
-  recorded instrument report linked from that paragraph (the study takes an hour: its
-  tables are kept under ``benchmarks/results/``), to the README's rounding.
+* The instrument's findings are bound to rows: each row of the README's claims table names a
+  record's claims table (``instrument_claims.csv``, the analysis plan applied by
+  ``tools/record_claims.py``), a unit, a contrast and a probe; the row must exist, be claimed on
+  that probe's role, quote its interval to the README's rounding, state its outcome word, and
+  come from a unit whose gates pass.  No interval of the paragraph stands outside that table.
 """
 
 from __future__ import annotations
@@ -154,25 +156,152 @@ def test_the_default_study_pooled_batch_effect_matches_the_report():
     assert int(m.group(7)) == round(pool["steps_smallest"].iloc[0] / pool["steps_largest"].iloc[0])
 
 
-def test_every_instrument_interval_the_readme_quotes_is_in_its_record():
-    block = _block("The instrument")
-    records = re.findall(r"\]\((benchmarks/results/[^)]+\.md)\)", block)
-    assert records, "the instrument paragraph links its records"
-    csvs = []
-    for record in records:  # every record the paragraph links keeps its tables beside it
-        found = sorted((ROOT / record).with_suffix("").glob("*.csv"))
-        assert found, f"the record {record} keeps its tables in {Path(record).with_suffix('')}/"
-        csvs += found
-    known = []
-    for csv in csvs:
-        t = pd.read_csv(csv)
-        if {"diff", "lo", "hi"} <= set(t.columns):
-            known += list(zip(t["diff"], t["lo"], t["hi"]))
-    quoted = re.findall(rf"({NUM}) \[({NUM}), ({NUM})\]", block)
-    assert quoted, "the instrument paragraph quotes its intervals"
-    for q in quoted:  # each number to the README's own rounding: half a unit of its last digit
-        tol = [0.5 * 10 ** -len(x.partition(".")[2]) + 1e-9 for x in q]
-        want = [_f(x) for x in q]
-        assert any(all(abs(w - v) <= t for w, v, t in zip(want, row, tol)) for row in known), (
-            f"README quotes {' '.join(q)}, which is in no table of {', '.join(records)}"
+#: one row of the README's claims table: | [record](path) | unit | contrast | probe | d [lo, hi] | outcome |
+CLAIM_ROW = re.compile(
+    rf"^\| \[[^]]+\]\((?P<path>[^)]+)\) \| (?P<unit>[^|]+?) \| (?P<key>[^|]+?) \| (?P<probe>[^|]+?) \| "
+    rf"(?P<d>{NUM}) \[(?P<lo>{NUM}), (?P<hi>{NUM})\] \| (?P<outcome>[^|]+?) \|$",
+    re.M,
+)
+SECONDARY = " (secondary)"
+
+
+def _rounded(quoted: str, value: float) -> bool:
+    """``quoted`` is ``value`` to the README's rounding (half a unit of its last digit)."""
+    return abs(_f(quoted) - value) <= 0.5 * 10 ** -len(quoted.partition(".")[2]) + 1e-9
+
+
+def _row_problems(m: re.Match, root: Path) -> list[str]:
+    path = root / m["path"]
+    if not path.is_file():
+        return [f"{m['path']}: no such claims table"]
+    t = pd.read_csv(path)
+    probe = m["probe"].removesuffix(SECONDARY)
+    hit = t[(t["unit"] == m["unit"]) & (t["key"] == m["key"]) & (t["metric"] == probe)]
+    where = f"{m['path']}: {m['unit']} / {m['key']} / {probe}"
+    if hit.empty:
+        return [f"{where}: no such row"]
+    r, out = hit.iloc[0], []
+    if not all(_rounded(m[k], float(r[c])) for k, c in (("d", "diff"), ("lo", "lo"), ("hi", "hi"))):
+        out.append(
+            f"{where}: quoted {m['d']} [{m['lo']}, {m['hi']}], the row has {r['diff']:.3f} [{r['lo']:.3f}, {r['hi']:.3f}]"
         )
+    if m["outcome"] != r["outcome"]:
+        out.append(f"{where}: the README says {m['outcome']!r}, the plan {r['outcome']!r}")
+    if not bool(r["gates_passed"]):
+        out.append(f"{where}: its unit's gates did not pass (no verdict there)")
+    role = "secondary" if m["probe"].endswith(SECONDARY) else "primary"
+    if not bool(r["claimed"]) or r["role"] != role:
+        out.append(f"{where}: quoted as a {role} claim, the plan has it {r['role']}, claimed={r['claimed']}")
+    return out
+
+
+def claim_problems(block: str, root: Path = ROOT) -> list[str]:
+    """What is wrong with a paragraph's claims table against the rows it names (empty: nothing)."""
+    rows = list(CLAIM_ROW.finditer(block))
+    out = [] if rows else ["the paragraph has no claims table"]
+    for m in rows:
+        out += _row_problems(m, root)
+    free = re.sub(CLAIM_ROW, "", block)
+    out += [
+        f"an interval outside the claims table: {q.group(0)}" for q in re.finditer(rf"{NUM} \[{NUM}, {NUM}\]", free)
+    ]
+    return out
+
+
+def test_every_instrument_finding_is_a_row_of_its_record_with_its_outcome_and_passed_gates():
+    assert claim_problems(_block("The instrument")) == []
+
+
+def _claims_csv(folder: Path, **row) -> str:
+    base = {
+        "unit": "ds, τ 0.1, 8 epochs (fixed epochs)",
+        "key": "negatives",
+        "metric": "linear",
+        "diff": -0.41,
+        "lo": -0.63,
+        "hi": -0.18,
+        "role": "primary",
+        "claimed": True,
+        "outcome": "unresolved",
+        "gates_passed": True,
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame([{**base, **row}]).to_csv(folder / "instrument_claims.csv", index=False)
+    return "| [r](rec/instrument_claims.csv) | ds, τ 0.1, 8 epochs (fixed epochs) | negatives | linear | −0.41 [−0.63, −0.18] | {} |"
+
+
+@pytest.mark.parametrize(
+    "row,readme_outcome,problem",
+    [
+        ({}, "unresolved", None),
+        ({}, "significant", "the README says 'significant', the plan 'unresolved'"),
+        ({"gates_passed": False}, "unresolved", "gates did not pass"),
+        ({"outcome": "significant", "gates_passed": False}, "significant", "gates did not pass"),
+        ({"claimed": False, "role": "primary", "outcome": "descriptive"}, "descriptive", "claimed=False"),
+        ({"hi": -0.10}, "unresolved", "the row has"),
+        ({"key": "steps"}, "unresolved", "no such row"),
+    ],
+    ids=[
+        "bound",
+        "verdict-on-unresolved",
+        "gates-failed",
+        "verdict-where-gates-failed",
+        "not-claimed",
+        "other-interval",
+        "no-row",
+    ],
+)
+def test_the_claims_check_fails_a_verdict_the_plan_or_the_gates_withhold(tmp_path, row, readme_outcome, problem):
+    line = _claims_csv(tmp_path / "rec", **row).format(readme_outcome)
+    got = claim_problems(f"Some words.\n\n{line}\n", tmp_path)
+    assert (got == []) if problem is None else any(problem in g for g in got), got
+
+
+def test_the_claims_check_fails_an_interval_quoted_outside_the_table(tmp_path):
+    line = _claims_csv(tmp_path / "rec").format("unresolved")
+    got = claim_problems(f"Fewer negatives cost a little: −0.41 [−0.63, −0.18].\n\n{line}\n", tmp_path)
+    assert got == ["an interval outside the claims table: −0.41 [−0.63, −0.18]"]
+
+
+def _record_tables(title: str) -> Path:
+    """The folder of tables of the record the paragraph ``title`` links."""
+    (record,) = set(re.findall(r"\]\((benchmarks/results/[^)]+\.md)\)", _block(title)))
+    folder = (ROOT / record).with_suffix("")
+    assert folder.is_dir(), f"the record {record} keeps its tables in {folder.name}/"
+    return folder
+
+
+def test_the_default_study_numbers_are_those_of_its_record():
+    """Every number of the default study's table, batch effect and pooled effect is its record's, to
+    the README's rounding (a fresh study is held to the seeds' tolerance by the tests above)."""
+    tables, block = _record_tables("The default study"), " ".join(_block("The default study").split())
+    base = pd.read_csv(tables / "baselines.csv")
+    pattern = rf"\| ([^|]+?) \| ({NUM}(?:–{NUM})?) \| ({NUM}(?:–{NUM})?) \|"
+    rows = {r[0]: r[1:] for r in re.findall(pattern, _block("The default study"))}
+    for col, metric in enumerate(("knn", "linear")):
+        grid = pd.read_csv(tables / f"grid_top1_fashion_mnist_{metric}.csv")
+        lo, hi = rows[next(k for k in rows if k.endswith("pretrained cells"))][col].split("–")
+        assert _rounded(lo, grid["mean"].min()) and _rounded(hi, grid["mean"].max()), metric
+        for label, name in (("raw pixels", "raw_pixels"), ("random-init encoder", "random_init")):
+            b = base[(base["baseline"] == name) & (base["metric"] == metric)]["mean"].iloc[0]
+            assert _rounded(rows[next(k for k in rows if k.startswith(label))][col], b), (label, metric)
+    dep = pd.concat([pd.read_csv(tables / f"grid_dependence_fashion_mnist_{m}.csv") for m in ("knn", "linear")])
+    lo, hi = re.search(rf"[Bb]atch 16 − 256: ({NUM}) to ({NUM}) points", block).groups()
+    assert _rounded(lo, dep["change_small_minus_large"].min()) and _rounded(hi, dep["change_small_minus_large"].max())
+    pool = pd.read_csv(tables / "grid_pooled_fashion_mnist.csv").set_index("metric")
+    quoted = re.findall(rf"({NUM}) \[({NUM}), ({NUM})\] by (kNN|the linear probe)", block)
+    assert len(quoted) == 2
+    for (d, lo, hi, _), metric in zip(quoted, ("knn", "linear")):
+        row = pool.loc[metric]
+        assert (
+            _rounded(d, row["change_small_minus_large"])
+            and _rounded(lo, row["ci_low"])
+            and _rounded(hi, row["ci_high"])
+        )
+
+
+def test_the_mi_toy_number_is_that_of_its_record():
+    tables, block = _record_tables("The MI toy"), " ".join(_block("The MI toy").split())
+    (quoted,) = re.findall(rf"FlatNCE − InfoNCE = ({NUM} \[{NUM}, {NUM}\]) nats", block)
+    measured = " ".join(pd.read_csv(tables / "mi_claims.csv")["measured"].astype(str))
+    assert f"FlatNCE - InfoNCE = {quoted}".replace("−", "-") in measured.replace("−", "-")

@@ -282,6 +282,31 @@ def test_snakemake_plans_the_cells_smallbatch_cells_lists_from_the_same_overlays
     assert f"smallbatch: note: {only} names no study" in alone.stderr, alone.stderr[-2000:]
 
 
+def test_snakemake_config_set_overrides_dotted_keys_and_the_plan_prints_them(tmp_path):
+    """`--config set='KEY=VALUE ...'` is the CLI's `--set KEY=VALUE ...` (Snakemake's --config
+    takes no dotted key): laid over the config files, its values read as YAML 1.2 (a flow
+    mapping's ': ' included), printed before the plan."""
+    words = "grid.seeds=[1, 2] grid.losses=[dcl] datasets.digits={image_size: 8}"
+    proc = snakemake("-n", results=tmp_path / "results", extra_config=(f"set={words}",), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    said = "smallbatch: overrides: grid.seeds = [1, 2], grid.losses = [dcl], datasets.digits = {image_size: 8}"
+    assert said in proc.stderr.splitlines(), proc.stderr[-2000:]
+    assert sorted(set(planned_cells(proc, "pretrain"))) == [
+        f"digits/dcl/bs{n}-t0.5-s{s}" for n in (16, 64) for s in (1, 2)
+    ]
+
+
+def test_snakemake_config_nested_values_are_read_as_yaml_1_2(tmp_path):
+    """Snakemake reads `--config grid={seeds: [3]}` with YAML's base loader (the text '3'); the
+    study reads such values as YAML 1.2 does, as a file's."""
+    proc = snakemake("-n", results=tmp_path / "results", extra_config=("grid={seeds: [3], batch_sizes: [16]}",))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert sorted(set(planned_cells(proc, "pretrain"))) == [
+        "digits/flatnce/bs16-t0.5-s3",
+        "digits/infonce/bs16-t0.5-s3",
+    ]
+
+
 def test_a_dry_run_writes_nothing(tmp_path):
     """The cells' settings travel as job parameters, so planning (`snakemake -n`) leaves
     the results folder as it was."""
@@ -335,6 +360,7 @@ def test_device_auto_on_a_machine_without_a_gpu_plans_no_gpu_locally(tmp_path):
     [  # a bad value and an unknown key given with --config; each value's own check is in-process
         ("grid={losses: [infonce, flatnc]}", "grid.losses[1]"),  # (tests/pipeline/test_config.py)
         ("grid={batchsizes: [16]}", "grid.batchsizes"),
+        ("set=grid.sedes=[0]", "unknown config key 'grid.sedes' (did you mean 'seeds'?)"),
     ],
 )
 def test_bad_config_stops_before_any_job(tmp_path, override, key):

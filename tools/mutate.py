@@ -47,7 +47,7 @@ TESTS = {
         f"src/smallbatch/losses/{f}.py": ["tests/core/test_losses.py", "tests/core/test_losses_precision.py"]
         for f in ("base", "scores", "softmax", "flatnce", "decoupled")
     },
-    "src/smallbatch/pipeline/cells.py": ["tests/pipeline/test_config.py"],
+    "src/smallbatch/pipeline/cells.py": ["tests/pipeline/test_config.py", "tests/pipeline/test_cell_hashes.py"],
     "src/smallbatch/report/evidence.py": ["tests/report/test_evidence.py"],
     "src/smallbatch/training/gradcache.py": ["tests/training/test_gradcache.py"],
     "src/smallbatch/training/negatives.py": [
@@ -60,13 +60,25 @@ TESTS = {
     "src/smallbatch/losses/kernel.py": ["tests/core/test_kernel_losses.py"],
     "src/smallbatch/losses/sogclr.py": ["tests/core/test_sogclr.py"],
     "src/smallbatch/losses/sigmoid.py": ["tests/core/test_siglip.py"],
+    "src/smallbatch/report/plan.py": ["tests/report/test_plan.py", "tests/report/test_report_instrument.py"],
     "src/smallbatch/report/sections/instrument_gates.py": [
         "tests/report/test_instrument_gates.py",
         "tests/report/test_report_instrument.py",
     ],
     "src/smallbatch/report/sections/lrsweep.py": ["tests/report/test_report_lrsweep.py"],
-    "src/smallbatch/lr_scaling.py": ["tests/report/test_report_lrsweep.py"],
-    "src/smallbatch/probe_registry.py": ["tests/core/test_probe_registry.py"],
+    "src/smallbatch/lr_scaling.py": ["tests/report/test_report_lrsweep.py", "tests/training/test_batch_knobs.py"],
+    "src/smallbatch/probe_registry.py": ["tests/core/test_probe_registry.py", "tests/pipeline/test_cell_hashes.py"],
+    # the schema and the loss registry: the tests whose expectation is written out, not read from them
+    "src/smallbatch/resources/config.schema.yaml": [
+        "tests/pipeline/test_config.py",
+        "tests/pipeline/test_cell_hashes.py",
+    ],
+    "src/smallbatch/losses/registry.py": [
+        "tests/core/test_losses.py::test_every_losss_registry_entry_is_the_one_written_out_here",
+        "tests/core/test_losses.py::test_registry_names_aliases_and_params",
+        "tests/pipeline/test_config.py::test_every_loss_parameter_is_resolved_into_the_cell",
+        "tests/pipeline/test_cell_hashes.py",
+    ],
     "src/smallbatch/experiments.py": ["tests/core/test_experiment_registry.py"],
     "src/smallbatch/report/captions.py": ["tests/core/test_experiment_registry.py"],
     "src/smallbatch/pipeline/plan.py": ["tests/pipeline/test_plan.py"],
@@ -298,11 +310,30 @@ MUTANTS = [
         "fired = bool(e.tested and e.p < ALPHA)",
         "G3: a positive control better than the full batch counts as fired",
     ),
+    # the analysis plan: its family, its margin and its outcome words
     Mutant(
-        "src/smallbatch/report/sections/instrument_gates.py",
-        "ok = all(finite(m) and m <= MARGIN for m in mdes.values())",
-        "ok = any(finite(m) and m <= MARGIN for m in mdes.values())",
-        "G4: one small MDE passes the gate",
+        "src/smallbatch/report/plan.py",
+        "running = max(running, min(1.0, (m - rank) * float(v)))",
+        "running = max(running, min(1.0, (m - rank - 1) * float(v)))",
+        "plan: Holm's factor one short (the family shrinks by one)",
+    ),
+    Mutant(
+        "src/smallbatch/report/plan.py",
+        'fam = [i for i in idx if out.at[i, "claimed"] and finite(p[i])]',
+        "fam = [i for i in idx if finite(p[i])]",
+        "plan: the descriptive contrasts enter the family",
+    ),
+    Mutant(
+        "src/smallbatch/report/plan.py",
+        "return pd.Series([plan.margin * abs(ref.get(k, math.nan)) for k in keys], index=rows.index, dtype=float)",
+        "return pd.Series([plan.margin for k in keys], index=rows.index, dtype=float)",
+        "plan: a relative margin read as points",
+    ),
+    Mutant(
+        "src/smallbatch/report/plan.py",
+        'return "equivalent" if r.tost_family < ALPHA else "unresolved"',
+        'return "equivalent" if r.tost_p < ALPHA else "unresolved"',
+        "plan: equivalence judged on the unadjusted TOST p",
     ),
     Mutant(
         "src/smallbatch/report/sections/instrument_gates.py",
@@ -325,9 +356,15 @@ MUTANTS = [
     ),
     Mutant(
         "src/smallbatch/lr_scaling.py",
-        "return base_lr * batch_size / 256",
-        "return base_lr * 256 / batch_size",
+        "return base_lr * batch_size / REFERENCE_BATCH",
+        "return base_lr * REFERENCE_BATCH / batch_size",
         "linear rule inverted",
+    ),
+    Mutant(
+        "src/smallbatch/lr_scaling.py",
+        "return decay ** (batch_size / REFERENCE_BATCH)",
+        "return decay ** (REFERENCE_BATCH / batch_size)",
+        "a decay's horizon rule inverted",
     ),
     # the registries and the workflow's plan
     Mutant(
@@ -347,6 +384,36 @@ MUTANTS = [
         "sorted(pairs, key=lambda p: -len(p[0]))",
         "sorted(pairs, key=lambda p: len(p[0]))",
         "captions: the shortest prefix wins",
+    ),
+    Mutant(
+        "src/smallbatch/probe_registry.py",
+        "chance_collapses=True,",
+        "chance_collapses=False,",
+        "kNN at chance no longer marks a cell collapsed",
+    ),
+    Mutant(
+        "src/smallbatch/experiments.py",
+        '("precision_top1_",',
+        '("precision_top_",',
+        "a side experiment's figure prefix misspelt: its figures lose their caption",
+    ),
+    Mutant(
+        "src/smallbatch/report/captions.py",
+        '"qb_",',
+        '"qB_",',
+        "captions: the q_B figures' prefix misspelt",
+    ),
+    Mutant(
+        "src/smallbatch/resources/config.schema.yaml",
+        "weight_decay: {type: number, minimum: 0, default: 1.0e-6,",
+        "weight_decay: {x-execution: true, type: number, minimum: 0, default: 1.0e-6,",
+        "schema: train.weight_decay marked an execution setting (left out of the hash)",
+    ),
+    Mutant(
+        "src/smallbatch/losses/registry.py",
+        'uses_temperature=False,\n            negatives="same_view",\n        ),\n        LossSpec(\n            name="simco",',
+        'uses_temperature=True,\n            negatives="same_view",\n        ),\n        LossSpec(\n            name="simco",',
+        "loss registry: KCL declared to take a temperature",
     ),
     Mutant(
         "src/smallbatch/pipeline/plan.py",

@@ -58,6 +58,9 @@ class TrainSettings:
     mask_same_class: bool = False
     extra_negatives: int | None = None
     lr_schedule: str = "cosine"
+    adam_beta2: float = 0.999
+    beta2_scaling: str = "none"
+    ema_scaling: str = "none"
     snapshot_epochs: tuple[float, ...] | None = None
     ess_schedule: Mapping[str, Any] | None = None
     regime: Any = None

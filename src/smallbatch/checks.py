@@ -148,13 +148,20 @@ def loss_params_problem(cell: Cell) -> str | None:
 
 
 def extreme_problem(cell: Cell) -> str | None:
-    """A temperature outside :data:`TAU_RANGE`, or a kNN k above the images the probe votes
-    over (it would be clamped, yet labelled with the k asked for)."""
+    """A temperature outside :data:`TAU_RANGE`, a kNN headline k that is not one of the k
+    computed, or a kNN k above the images the probe votes over (it would be clamped, yet
+    labelled with the k asked for)."""
     tau, (lo, hi) = cell.temperature, TAU_RANGE
     if isinstance(tau, (int, float)) and not lo <= tau <= hi:
         return (
             f"temperature τ = {tau:g} is outside [{lo:g}, {hi:g}], where the losses stop being meaningful "
             "(s/τ overflows, or every logit is ~0); choose a τ in that range"
+        )
+    primary, ks = cell.eval.setting("knn_primary_k"), cell.eval.knn_k
+    if primary is not None and primary not in ks:
+        return (
+            f"eval.knn_primary_k = {primary} is not one of eval.knn_k ({', '.join(map(str, ks))}); "
+            "name one of them, or null for the largest"
         )
     name, subset = cell.dataset, cell.dataset_options.get("train_subset")
     sizes = SPLIT_SIZES.get(name)

@@ -81,7 +81,7 @@ from .datasets import (
     pretrain_split,
     subset_problem,
 )
-from .io import read_problem, save_torch
+from .io import make_folder, read_problem, save_torch
 from .readers import prepare_fashion_mnist, read_raw
 
 __all__ = [
@@ -458,7 +458,7 @@ def save_cache(data: ImageData, path: str | Path) -> Path:
     ``pretrain_x`` is stored once when it is the same tensor as ``train_x``.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(path.parent)
     shared = data.pretrain_x is data.train_x
     payload = {
         "format": _CACHE_FORMAT,

@@ -188,7 +188,8 @@ SPECS: tuple[SideExperiment, ...] = (
             ),
             (
                 "instrument_contrasts",
-                "The instrument contrasts: each arm's difference to the plain grid, with its interval.",
+                "The instrument's claimed contrasts on the primary probe and the positive control, each with its "
+                "interval and the analysis plan's equivalence margin.",
             ),
         ),
         main=True,

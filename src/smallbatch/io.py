@@ -14,7 +14,12 @@ A path is never clobbered (:func:`check_target`): the writer refuses, in one lin
 the path, a target that exists and is not a regular file (a device such as ``/dev/null``, a
 FIFO, a socket, a folder) or is a symbolic link; it never writes into an existing file (the
 new file is renamed over the old name, so a hard link elsewhere keeps its content), and
-``exclusive=True`` refuses an existing target altogether.  Files this package keeps open
+``exclusive=True`` refuses an existing target altogether.  Nothing is written through a link
+inside a results folder (:func:`check_inside`): a path below a results folder (the config's
+``results_dir``, a report folder, a cell's folder's ``<results>/runs/..``) must really lie inside
+that folder's real location, so a folder under ``runs/`` replaced by a link to elsewhere is
+refused in one line naming the link, while a results folder that is itself a link (to a big
+disk) is used as it is.  Files this package keeps open
 (a cell's ``.lock``, a log) are opened by :func:`open_regular`: never through a link, never
 a FIFO or device, never a file with a second name (a hard link), whose content the PID or
 the log would overwrite.
@@ -196,6 +201,80 @@ def check_target(path: str | Path, label: str | None = None, advice: str = "choo
         raise UnsafeTarget(refusal(label or str(path), f"{_kind(mode)}, not a regular file", advice))
 
 
+#: the environment variable holding the results folders (joined by ``os.pathsep``) that the
+#: processes a workflow starts write into: a job names only its files, not its results folder
+RESULTS_ENV = "SMALLBATCH_RESULTS_DIRS"
+
+#: the results folders this process writes into (absolute, not resolved), :func:`add_results_folder`
+_RESULTS: list[str] = []
+
+
+def add_results_folder(folder: str | Path) -> None:
+    """Hold every later write of this process below ``folder`` inside ``folder``'s real
+    location (:func:`check_inside`); ``folder`` itself may be a link."""
+    path = os.path.abspath(os.path.expanduser(str(folder)))
+    if path not in _RESULTS:
+        _RESULTS.append(path)
+
+
+def results_folders() -> list[str]:
+    """This process's results folders, and those its starter named in :data:`RESULTS_ENV`."""
+    inherited = [os.path.abspath(p) for p in os.environ.get(RESULTS_ENV, "").split(os.pathsep) if p]
+    return [*_RESULTS, *inherited]
+
+
+def _below(path: str, folder: str) -> bool:
+    return path != folder and os.path.commonpath([path, folder]) == folder
+
+
+def check_inside(path: str | Path, label: str | None = None) -> None:
+    """Refuse (:class:`UnsafeTarget`, one line naming ``path`` and the link) a path below a
+    results folder (:func:`results_folders`) whose real location is not inside that folder's
+    real location: a folder under it replaced by a link to elsewhere would take the write
+    (and the folders created for it) there."""
+    here = os.path.abspath(path)
+    for folder in results_folders():
+        if _below(here, folder):
+            real = os.path.realpath(folder)
+            if not (os.path.realpath(here) == real or _below(os.path.realpath(here), real)):
+                raise UnsafeTarget(
+                    f"{label or path} lies through the link {_first_link(here, folder)}, outside the results "
+                    f"folder {folder}; refused (smallbatch writes nothing outside its results folder): "
+                    "remove the link"
+                )
+
+
+def _first_link(path: str, folder: str) -> str:
+    """The first symbolic link on the way from ``folder`` down to ``path``, with its target."""
+    step = folder
+    for part in Path(os.path.relpath(path, folder)).parts:
+        step = os.path.join(step, part)
+        if os.path.islink(step):
+            return f"{step} -> {os.readlink(step)}"
+    return path
+
+
+def link_leaving(folder: str | Path) -> str | None:
+    """The first symbolic link under ``folder`` (none is followed) whose real location lies
+    outside ``folder``'s, as ``link -> target``; None when there is none.  What other writers
+    (Snakemake's logs, the folders it makes for a job's outputs) would write through."""
+    real = os.path.realpath(folder)
+    for top, dirs, files in os.walk(folder):  # a linked folder is listed, never entered
+        for name in sorted([*dirs, *files]):
+            path = os.path.join(top, name)
+            target = os.path.realpath(path)
+            if os.path.islink(path) and not (target == real or _below(target, real)):
+                return f"{path} -> {os.readlink(path)}"
+    return None
+
+
+def make_folder(path: str | Path) -> Path:
+    """The folder ``path`` with its parents, created only inside its results folder (:func:`check_inside`)."""
+    check_inside(path)
+    Path(path).mkdir(parents=True, exist_ok=True)
+    return Path(path)
+
+
 def atomic_write(path: str | Path, write: Callable[[BinaryIO], object], exclusive: bool = False) -> Path:
     """Call ``write(fh)`` on a temporary binary file next to ``path``, fsync it and move it
     to ``path``, with the permissions ``open`` would give it (the umask's).  The folder is
@@ -206,9 +285,10 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], object], exclusiv
     writer racing this one)."""
     path = Path(path)
     check_target(path)
+    check_inside(path)
     if exclusive and os.path.lexists(path):
         raise FileExistsError(errno.EEXIST, EXISTS, str(path))
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(path.parent)
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as exc:  # its error names the temporary file, which the user never asked for
@@ -290,6 +370,7 @@ def open_regular(path: str | Path, label: str | None = None, flags: int = os.O_R
     other file); :class:`UnsafeTarget` naming ``label`` (default the path) otherwise.  Nothing
     is written or truncated before these checks."""
     label = label or str(path)
+    check_inside(path, label)
     try:  # O_NONBLOCK: a FIFO opens without waiting for a reader (and is then refused)
         fd = os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
     except OSError:
@@ -311,7 +392,7 @@ def open_regular(path: str | Path, label: str | None = None, flags: int = os.O_R
 def open_log(path: str | Path):
     """A log file opened for writing from its start (:func:`open_regular`: never through a link,
     never a FIFO or a hard-linked file); its folder is created."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    make_folder(Path(path).parent)
     fd = open_regular(path, f"log file {path}", os.O_WRONLY)
     os.ftruncate(fd, 0)
     return os.fdopen(fd, "w", encoding="utf-8")
@@ -321,8 +402,9 @@ class CellBusy(RuntimeError):
     """Another live process holds the cell's lock (one line: the cell and the PID)."""
 
 
-class CellLock:
-    """An exclusive, non-blocking ``flock`` on ``<folder>/.lock`` (see the module docstring).
+class FolderLock:
+    """An exclusive, non-blocking ``flock`` on the file ``path`` (see the module docstring), of
+    ``subject`` (what it guards, named in the refusal with what its holder does: ``busy``).
 
     Use as a context manager; the PID of the holder is written into the lock file so the
     refusal can name it.  Re-entrant within one process (a nested acquire is a no-op).
@@ -330,20 +412,19 @@ class CellLock:
 
     _held: dict[str, int] = {}
 
-    def __init__(self, folder: str | Path, name: str | None = None) -> None:
-        self.path = Path(folder) / ".lock"
-        self.name = name or str(folder)
+    def __init__(self, path: str | Path, subject: str, busy: str) -> None:
+        self.path, self.subject, self.busy = Path(path), subject, busy
         self._fd: int | None = None
 
-    def acquire(self) -> CellLock:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+    def acquire(self) -> FolderLock:
+        make_folder(self.path.parent)
         self._key = key = str(self.path.resolve())
-        if key in CellLock._held:
-            CellLock._held[key] += 1
+        if key in FolderLock._held:
+            FolderLock._held[key] += 1
             return self
         # never through a link, never a FIFO or a hard-linked file: the PID written into it
         # would otherwise truncate and overwrite another file (open_regular)
-        fd = open_regular(self.path, f"the lock of cell {self.name}, {self.path},")
+        fd = open_regular(self.path, f"the lock of {self.subject}, {self.path},")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -352,33 +433,39 @@ class CellLock:
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 who = f"process {holder}" if holder else "another process"
                 raise CellBusy(
-                    f"cell {self.name} is being trained by {who} (lock {self.path}); "
-                    "wait for it to finish or stop it first"
+                    f"{self.subject} is {self.busy} by {who} (lock {self.path}); wait for it to finish or stop it first"
                 ) from None
             raise
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self._fd = fd
-        CellLock._held[key] = 1
+        FolderLock._held[key] = 1
         return self
 
     def release(self) -> None:
         key = getattr(self, "_key", None)
-        if key is None or key not in CellLock._held:
+        if key is None or key not in FolderLock._held:
             return
-        CellLock._held[key] -= 1
-        if CellLock._held[key] > 0:
+        FolderLock._held[key] -= 1
+        if FolderLock._held[key] > 0:
             return
-        del CellLock._held[key]
+        del FolderLock._held[key]
         if self._fd is not None:
             os.close(self._fd)  # closing the descriptor releases the flock
             self._fd = None
 
-    def __enter__(self) -> CellLock:
+    def __enter__(self) -> FolderLock:
         return self.acquire()
 
     def __exit__(self, *exc: Any) -> None:
         self.release()
+
+
+class CellLock(FolderLock):
+    """The one trainer of a cell: the lock ``<folder>/.lock`` of cell ``name`` (default the folder)."""
+
+    def __init__(self, folder: str | Path, name: str | None = None) -> None:
+        super().__init__(Path(folder) / ".lock", f"cell {name or folder}", "being trained")
 
 
 def nullcontext_lock():

@@ -56,7 +56,9 @@ class ProbeSpec:
     it sets torch's threads to the cell's; ``chance_collapses``: a headline at chance level
     marks the cell collapsed; ``default``: run by every study unless ``eval.probes`` says
     otherwise; ``params``: the schema of each setting of its own (``eval.<key>``; the settings
-    it shares, or that came before the registry, are the YAML schema's)."""
+    it shares, or that came before the registry, are the YAML schema's); ``qualifier``: the metric
+    (``<name>/<qualifier>``) that holds the headline's own setting, named beside its label in the
+    report (kNN's k)."""
 
     name: str
     title: str
@@ -69,6 +71,7 @@ class ProbeSpec:
     chance_collapses: bool = False
     default: bool = False
     params: dict[str, dict] = field(default_factory=dict)
+    qualifier: str = ""
 
     def __post_init__(self) -> None:
         if set(self.params) - set(self.settings):
@@ -102,10 +105,21 @@ SPECS: dict[str, ProbeSpec] = {
             impl=".knn:run_probe",
             metric="top1",
             label="kNN top-1",
-            settings=("knn_k", "knn_t"),
+            settings=("knn_k", "knn_t", "knn_primary_k"),
             flags=("knn_k", "knn_t"),
             chance_collapses=True,
             default=True,
+            qualifier="k",
+            params={
+                "knn_primary_k": {
+                    "type": ["integer", "null"],
+                    "minimum": 1,
+                    "default": None,
+                    "description": "the k of the kNN headline (knn/top1, the report's kNN top-1; knn/k logs it), "
+                    "one of knn_k; null: the largest of knn_k (200 of the default [20, 200]; config.yaml "
+                    "lists [20] alone). Every k's top-1 is logged as knn/top1_k<k>",
+                }
+            },
         ),
         ProbeSpec(
             name="linear",

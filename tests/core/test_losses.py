@@ -67,8 +67,9 @@ def ref_queue(q, k, queue, q_index=None, queue_index=None):
     return rows
 
 
-def ref_loss(name: str, rows, tau: float, sigma: float = 0.5, alpha=None, gamma: float = 1.0, weights=None):
-    """Mean over anchors of the paper formula, python floats and math.exp/log."""
+def ref_loss(name: str, rows, tau: float, sigma: float = 0.5, alpha=256.0, gamma: float = 1.0, weights=None):
+    """Mean over anchors of the paper formula, python floats and math.exp/log (each loss's
+    parameters at their defaults unless given; EqCo's alpha None: alpha = K)."""
     total = 0.0
     if name == "dclw" and weights is None:
         e = [math.exp(p / sigma) for p, _ in rows]
@@ -351,7 +352,7 @@ def test_eqco_with_alpha_k_equals_infonce(tau):
     z1, z2 = _views(7, 10, seed=3)
     k = 2 * 7 - 2
     v_info = at_tau(InfoNCE(), tau)(z1, z2)
-    for eq in (at_tau(EqCo(alpha=float(k)), tau), at_tau(EqCo(), tau)):
+    for eq in (at_tau(EqCo(alpha=float(k)), tau), at_tau(EqCo(alpha=None), tau)):
         out = eq(z1, z2)
         assert out.value.item() == pytest.approx(v_info.value.item(), rel=1e-12)
         torch.testing.assert_close(_grads(eq, z1, z2), _grads(at_tau(InfoNCE(), tau), z1, z2), rtol=1e-10, atol=1e-14)
@@ -590,12 +591,12 @@ def test_registry_names_aliases_and_params():
     assert {"infonce", "flatnce", "dcl", "dclw", "eqco", "ntxent", "simclr"} <= set(LOSSES)
     assert LOSSES["ntxent"] is InfoNCE and LOSSES["simclr"] is InfoNCE
     assert loss_param_names("dclw") == {"sigma": 0.5}
-    assert loss_param_names("eqco") == {"alpha": None}
+    assert loss_param_names("eqco") == {"alpha": 256}
     assert loss_param_names("flatnce") == {"gamma": 1.0}
     assert loss_param_names("infonce") == {} and loss_param_names("dcl") == {}
     loss = build_loss("DCLW", sigma=2.0)
     assert isinstance(loss, DCLW) and loss.sigma == 2.0 and loss.name == "dclw" and not hasattr(loss, "temperature")
-    assert build_loss("eqco").alpha is None and build_loss("eqco", alpha=64).alpha == 64.0
+    assert build_loss("eqco").alpha == 256.0 and build_loss("eqco", alpha=64).alpha == 64.0
     assert build_loss("simclr").params() == {} and build_loss("dclw").params() == {"sigma": 0.5}
     with pytest.raises(ValueError, match="unknown loss 'barlow'.*allowed: .*dclw"):
         build_loss("barlow")
@@ -605,6 +606,90 @@ def test_registry_names_aliases_and_params():
         build_loss("eqco", sigma=1.0)
     with pytest.raises(ValueError, match="unknown parameter"):
         build_loss("infonce", gamma=2.0)
+
+
+#: every loss of the registry and how the training treats it, written out from the papers (not
+#: read from the registry, which the tests parametrised by its flags rely on): name -> (aliases,
+#: negatives, per_anchor, stateful, learnable, owns_temperature, uses_temperature, predictor,
+#: ema_target, the study's default of each parameter)
+LOSS_TABLE = {
+    "infonce": (("ntxent", "simclr"), "all", True, False, False, False, True, False, False, {}),
+    "flatnce": ((), "all", True, False, False, False, True, False, False, {"gamma": 1.0}),
+    "dcl": ((), "all", True, False, False, False, True, False, False, {}),
+    "dclw": ((), "all", True, False, False, False, True, False, False, {"sigma": 0.5}),
+    "eqco": ((), "all", True, False, False, False, True, False, False, {"alpha": 256}),
+    "sogclr": ((), "all", True, True, False, False, True, False, False, {"gamma": 0.9}),
+    "isogclr": (
+        (),
+        "all",
+        True,
+        True,
+        False,
+        True,
+        True,
+        False,
+        False,
+        {"gamma": 0.9, "rho": 0.3, "eta": 0.01, "beta": 0.9, "tau_min": 0.05, "tau_max": 0.7},
+    ),
+    "siglip": (("sigclr",), "all", True, False, True, True, True, False, False, {"bias_init": -10.0}),
+    "dhel": ((), "same_view", True, False, False, False, True, False, False, {}),
+    "kcl": ((), "same_view", True, False, False, False, False, False, False, {"t": 2.0, "gamma": 16.0}),
+    "simco": ((), "all", True, False, False, False, True, False, False, {"m": 10.0}),
+    "align_uniform": (
+        (),
+        "same_view",
+        False,
+        False,
+        False,
+        False,
+        False,
+        False,
+        False,
+        {"lam": 1.0, "alpha": 2.0, "t": 2.0},
+    ),
+    "debiased": ((), "all", True, False, False, False, True, False, False, {"tau_plus": 0.1}),
+    "hcl": ((), "all", True, False, False, False, True, False, False, {"tau_plus": 0.1, "beta": 1.0}),
+    "infonce_lt": ((), "all", True, False, True, True, True, False, False, {}),
+    "simsiam": ((), "none", False, False, False, False, False, True, False, {"pred_hidden": None}),
+    "vicreg": ((), "none", False, False, False, False, False, False, False, {"lam": 25.0, "mu": 25.0, "nu": 1.0}),
+    "byol": (
+        (),
+        "none",
+        False,
+        False,
+        False,
+        False,
+        False,
+        True,
+        True,
+        {"pred_hidden": None, "ema": 0.99, "ema_schedule": "cosine"},
+    ),
+}
+
+
+def test_every_losss_registry_entry_is_the_one_written_out_here():
+    """The registry's losses, in its order, and each one's properties and study defaults are
+    those of LOSS_TABLE: a flag flipped by mistake (a whole-batch loss split over processes, a
+    temperature reported for a kernel loss) or a default changed fails here, not silently in
+    the tests that pick their losses by those flags."""
+    from smallbatch.losses.registry import SPECS
+
+    assert list(SPECS) == list(LOSS_TABLE)
+    fields = (
+        "aliases",
+        "negatives",
+        "per_anchor",
+        "stateful",
+        "learnable",
+        "owns_temperature",
+        "uses_temperature",
+        "predictor",
+        "ema_target",
+    )
+    for name, spec in SPECS.items():
+        *flags, defaults = LOSS_TABLE[name]
+        assert {f: getattr(spec, f) for f in fields} == dict(zip(fields, flags)), name
+        assert {k: sch.get("default") for k, sch in spec.params.items()} == defaults, name
 
 
 # --------------------------------------------------------------------------- bad input
@@ -714,7 +799,7 @@ def test_the_registry_loads_without_torch():
         "import sys\n"
         "from smallbatch.losses import canonical_name, config_schema, display_name, loss_param_names, paper_family\n"
         "assert canonical_name('ntxent') == 'infonce' and display_name('dclw') == 'DCLW'\n"
-        "assert config_schema()['loss_params'] and loss_param_names('eqco') == {'alpha': None}\n"
+        "assert config_schema()['loss_params'] and loss_param_names('eqco') == {'alpha': 256}\n"
         "assert paper_family('SimCLR (NT-Xent)') == 'infonce'\n"
         "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n"
     )
@@ -783,3 +868,37 @@ def test_the_config_schema_and_the_loss_accept_the_same_values_of_each_parameter
         except ValueError:
             built = False
         assert planned == built, f"{name}.{key} = {value!r}: the schema {'accepts' if planned else 'refuses'} it"
+
+
+# --------------------------------------------------------------------------- one default per door
+#: a few losses' defaults as CONFIGURATION.md states them (EqCo: the paper's alpha = 256)
+STATED_DEFAULTS = {
+    "eqco": {"alpha": 256},
+    "dclw": {"sigma": 0.5},
+    "flatnce": {"gamma": 1.0},
+    "vicreg": {"lam": 25.0, "mu": 25.0, "nu": 1.0},
+    "byol": {"pred_hidden": None, "ema": 0.99, "ema_schedule": "cosine"},
+    "infonce": {},
+}
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_build_loss_without_parameters_has_the_config_defaults(name):
+    """The API (build_loss) and a config that leaves loss_params out build one loss: every
+    parameter of every loss of the registry at the config's default."""
+    from smallbatch.pipeline.config import validate_config
+
+    config_default = validate_config({})["loss_params"][name]
+    assert build_loss(name).params() == config_default
+    if name in STATED_DEFAULTS:
+        assert config_default == STATED_DEFAULTS[name]
+
+
+def test_eqco_built_by_the_api_is_not_infonce():
+    """build_loss("eqco") scales the negatives by alpha/K with alpha = 256: at K = 12 its value
+    differs from InfoNCE's by hand: log(e^{s_p} + (256/12) sum e^{s_j}) - s_p, here with all
+    scores equal (z1 = z2 = one vector): log(1 + 256) against InfoNCE's log(1 + 12)."""
+    z = torch.ones(7, 4, dtype=torch.float64)
+    eq, info = at_tau(build_loss("eqco"), 0.5)(z, z), at_tau(build_loss("infonce"), 0.5)(z, z)
+    assert info.value.item() == pytest.approx(math.log(13.0), rel=1e-12)
+    assert eq.value.item() == pytest.approx(math.log(257.0), rel=1e-12)

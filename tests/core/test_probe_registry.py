@@ -18,6 +18,56 @@ def test_the_default_probes_are_the_ones_every_study_ran():
     assert [reg.probe_spec(p).file for p in reg.probe_names()] == ["knn.json", "linear.json", "kmeans.json"]
 
 
+#: every probe of the registry, written out (not read from it): name -> (metric, label, the
+#: eval settings it reads, those a probe command overrides, sets torch's threads, chance level
+#: marks a cell collapsed, run by default, the default of each setting of its own)
+PROBE_TABLE = {
+    "knn": ("top1", "kNN top-1", ("knn_k", "knn_t"), ("knn_k", "knn_t"), False, True, True, {}),
+    "linear": (
+        "top1",
+        "linear top-1",
+        (
+            "linear_iterations",
+            "linear_lr",
+            "linear_weight_decay",
+            "linear_optimizer",
+            "linear_batch_size",
+            "linear_tol",
+            "linear_weight_decays",
+            "linear_val_fraction",
+            "fewshot_fractions",
+            "fewshot_draws",
+        ),
+        ("linear_iterations", "linear_weight_decay", "linear_weight_decays", "linear_optimizer"),
+        True,
+        False,
+        True,
+        {},
+    ),
+    "kmeans": (
+        "nmi",
+        "k-means NMI",
+        ("kmeans_iterations",),
+        ("kmeans_iterations",),
+        True,
+        False,
+        False,
+        {"kmeans_iterations": 50},
+    ),
+}
+
+
+def test_every_probes_registry_entry_is_the_one_written_out_here():
+    """The registry's probes, in its order, with what each reads, logs and how the report
+    treats it: a flag flipped by mistake (a collapsed cell no longer marked) fails here."""
+    fields = ("metric", "label", "settings", "flags", "threads", "chance_collapses", "default")
+    assert list(reg.SPECS) == list(PROBE_TABLE)
+    for name, spec in reg.SPECS.items():
+        *expected, params = PROBE_TABLE[name]
+        assert {f: getattr(spec, f) for f in fields} == dict(zip(fields, expected)), name
+        assert {k: sch["default"] for k, sch in spec.params.items()} == params, name
+
+
 def test_the_report_the_cli_and_the_schema_read_the_registry():
     from smallbatch.pipeline.cli_parser import EVAL_FLAGS, build_parser
     from smallbatch.pipeline.schema import load_schema

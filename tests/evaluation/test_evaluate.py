@@ -89,6 +89,22 @@ def test_knn_vote_ties_go_to_lower_class() -> None:
     assert res["top1"] == 0.5 and res["top5"] == 1.0
 
 
+def test_knn_headline_is_the_declared_primary_k_and_names_it() -> None:
+    """One test image on class 0's single neighbour (cosine 1) and three of class 1 at cosine
+    0.9: k = 1 votes class 0; k = 4 votes class 1 (3 e^9 > e^10 at T = 0.1).  The headline is the
+    declared k's (eval.knn_primary_k), the largest only when none is declared, and names it."""
+    c = math.sqrt(1 - 0.81)
+    train = torch.tensor([[1.0, 0.0], [0.9, c], [0.9, c], [0.9, -c]])
+    train_y, test, test_y = torch.tensor([0, 1, 1, 1]), torch.tensor([[1.0, 0.0]]), torch.tensor([0])
+    declared = knn_eval(train, train_y, test, test_y, ks=(1, 4), t=0.1, backend="faiss-cpu", primary_k=1)
+    assert (declared["top1"], declared["k"]) == (1.0, 1)
+    largest = knn_eval(train, train_y, test, test_y, ks=(1, 4), t=0.1, backend="faiss-cpu")
+    assert (largest["top1"], largest["k"]) == (0.0, 4)
+    assert (declared["top1_k4"], largest["top1_k1"]) == (0.0, 1.0)
+    with pytest.raises(ValueError, match=r"eval.knn_primary_k = 2 is not one of eval.knn_k \(1, 4\)"):
+        knn_eval(train, train_y, test, test_y, ks=(1, 4), t=0.1, backend="faiss-cpu", primary_k=2)
+
+
 def test_knn_clamps_k_to_train_size(knn_case) -> None:
     tr, ytr, te, yte, c = knn_case
     tr, ytr = tr[:12], ytr[:12]

@@ -379,7 +379,7 @@ def test_validate_section_fills_the_schemas_defaults():
     sec = validate_section({"ks": [16], "enabled": True})
     assert sec["ks"] == [16] and sec["enabled"] is True
     assert sec["dim"] == props["dim"]["default"] == 20
-    assert sec["eqco_alpha"] == float(props["eqco_alpha"]["default"])
+    assert sec["eqco_alpha"] == 1024.0 and props["eqco_alpha"]["default"] == 1024
     assert validate_section(None)["mi_values"] == [2.0, 4.0, 6.0, 8.0, 10.0]
     # by default the learned critics' scores are bounded (FlatNCE's critic diverges unbounded) and
     # every setting has three seeds, so that the findings have seed intervals

@@ -38,6 +38,13 @@ def study(grid: str = "batch_sizes: [16], temperatures: [0.1]", extra: str = "",
 
 
 STUDY = study()  # one digits cell
+#: a 0.5-kB YAML alias bomb as the value of a known key: nine anchors, each ten aliases of the one
+#: before, expand to 10^8 values (refused before anything walks them)
+ALIAS_BOMB = (
+    "study: {a0: &a0 [x, x, x, x, x, x, x, x, x, x], "
+    + ", ".join(f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9))
+    + "}\n"
+)
 CELLS = ("cells", "--config", "{tmp}/c.yaml")
 PRETRAIN = ("pretrain", "--tracking-uri", "none", "--out", "{tmp}/out", "--dataset", "digits", "--loss")
 TRACKING_HINT = (
@@ -73,6 +80,43 @@ def tracking_env(tmp: Path, mp: pytest.MonkeyPatch) -> None:
 
 def no_http_retries(tmp: Path, mp: pytest.MonkeyPatch) -> None:
     mp.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+
+
+#: how long the impostor server below serves at most: far longer than a row takes
+IMPOSTOR_S = 120.0
+
+
+def mlflow_impostor(tmp: Path, mp: pytest.MonkeyPatch) -> None:
+    """$MLFLOW_TRACKING_URI: an HTTP server on 127.0.0.1 answering ``200 {}`` to every request,
+    no MLflow; it stops itself once :data:`IMPOSTOR_S` have passed."""
+    import http.server
+    import threading
+    import time
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def _any(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        do_GET = do_POST = do_PATCH = do_DELETE = _any
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.daemon_threads, httpd.timeout, end = True, 0.2, time.monotonic() + IMPOSTOR_S
+
+    def serve() -> None:
+        with httpd:
+            while time.monotonic() < end:
+                httpd.handle_request()
+
+    threading.Thread(target=serve, daemon=True).start()
+    mp.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{httpd.server_address[1]}")
 
 
 def existing_store(tmp: Path, mp: pytest.MonkeyPatch) -> None:
@@ -593,6 +637,13 @@ CASES = [
         r"(Operation not permitted|Permission denied|Read-only file system)",
         {"c.yaml": STUDY + "results_dir: /sys/smallbatch-results\n"},
     ),
+    Case(
+        "a YAML alias bomb as the value of a known key",
+        CELLS,
+        r"config file .*/c\.yaml: its aliases \(\*name\) expand to more than 100000 values \(an alias bomb, or an "
+        r"alias inside its own anchor\); write the values out, or alias fewer times",
+        {"c.yaml": ALIAS_BOMB},
+    ),
     # --- tracking URIs and stores
     Case(
         "tracking_uri with an unknown scheme",
@@ -630,6 +681,13 @@ CASES = [
         r"MLflow tracking store http://127\.0\.0\.1:1 failed while opening experiment 'x': nothing is listening there "
         r"\(connection refused, 1 try\)",
         setup=no_http_retries,
+    ),
+    Case(
+        "a server answering 200 {} to every request as the tracking store",
+        ("init-store", "--experiment", "relx", "--touch", "{tmp}/mlflow.ready"),
+        r"MLflow tracking store http://127\.0\.0\.1:\d+ answered experiment 'relx' with id '' and name '': not an "
+        r"MLflow tracking server; check --tracking-uri / tracking_uri",
+        setup=mlflow_impostor,
     ),
     Case(
         "tracking store on a full disk",
@@ -953,3 +1011,40 @@ def test_bare_snakemake_uses_the_default_workflow_profile(tmp_path):
     assert "Using workflow specific profile profiles/default for setting default command line arguments." in output
     assert (ROOT / "profiles" / "default").resolve() == (ROOT / "workflow" / "profiles" / "default").resolve()
     assert re.search(r"^pretrain\s+4$", output, re.M), output  # the smoke study's 4 cells are planned
+
+
+def test_ctrl_c_ends_a_command_with_one_line_and_exit_130():
+    """SIGINT to `smallbatch init-store` once it waits on a server that never answers: exit 130
+    and the one line "smallbatch: interrupted", no traceback."""
+    import http.server
+    import signal
+    import threading
+
+    asked, stop = threading.Event(), threading.Event()
+
+    class Silent(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def _any(self):
+            asked.set()
+            stop.wait(IMPOSTOR_S)
+
+        do_GET = do_POST = _any
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Silent)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    uri = f"http://127.0.0.1:{httpd.server_address[1]}"
+    argv = [str(BIN / "smallbatch"), "init-store", "--tracking-uri", uri, "--experiment", "x"]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        assert asked.wait(IMPOSTOR_S), "the command never asked the server"
+        proc.send_signal(signal.SIGINT)
+        err = proc.communicate(timeout=IMPOSTOR_S)[1]
+    finally:
+        proc.kill()
+        stop.set()
+        httpd.shutdown()
+        httpd.server_close()
+    assert proc.returncode == 130 and err.strip() == "smallbatch: interrupted", (proc.returncode, err[-2000:])

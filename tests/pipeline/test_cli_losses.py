@@ -12,7 +12,6 @@ import math
 import pytest
 import yaml
 
-from smallbatch.losses.registry import loss_spec
 from smallbatch.pipeline import cli
 from smallbatch.training import loop as train
 
@@ -63,7 +62,7 @@ def test_a_digits_cell_of_the_loss_pretrains_and_evaluates_through_the_cli(loss,
     state = train.load_checkpoint(run / "state.pt")
     owned = set(train.build_loss(loss).state_dict())  # its learnt parameters and its state
     assert set(state["loss"]) == owned and not any(v.isnan().any() for v in state["loss"].values())
-    assert any(k.startswith("predictor.") for k in ck["model"]) == loss_spec(loss).predictor
+    assert any(k.startswith("predictor.") for k in ck["model"]) == (loss in ("simsiam", "byol"))  # their predictor
     assert cli.main(["evaluate", *which]) == 0
     for probe in ("knn", "linear"):
         res = json.loads((run / f"{probe}.json").read_text())

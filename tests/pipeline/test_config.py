@@ -41,10 +41,7 @@ def test_defaults_are_filled_from_the_schema():
 def test_dataset_options_defaults_and_user_values_kept():
     cfg = validate_config({"datasets": {"digits": {"train_subset": 500}}, "train": {"epochs": 2}})
     assert cfg["datasets"]["digits"] == {"train_subset": 500, "image_size": None, "test_subset": None, "root": None}
-    assert (
-        cfg["train"]["epochs"] == 2
-        and cfg["train"]["lr"] == load_schema()["properties"]["train"]["properties"]["lr"]["default"]
-    )
+    assert cfg["train"]["epochs"] == 2 and cfg["train"]["lr"] == 0.001  # the schema's default
 
 
 def test_load_config_file_and_overrides(tmp_path):
@@ -178,6 +175,7 @@ NOT_IN_A_CELL = (
     "warm_start",
     "cells_per_gpu",
     "experiments",
+    "analysis",  # the report's plan: read when the store is, never by a cell
     "supervised_baseline",
 )  # the last: baseline cells' only
 #: sections a cell carries key by key: config path of the section -> its schema node's path
@@ -187,13 +185,54 @@ SETTING_SECTIONS = {
     ("data",): ("data",),
     ("datasets", "digits"): ("datasets", "additionalProperties"),
 }
+#: the settings of how a cell runs, not of what it computes: left out of every cell's hash.
+#: Written out here, not read from the schema: marking a key ``x-execution`` there is a
+#: deliberate edit of this list too (a science key marked by mistake would let a study on a
+#: reused folder keep the results of other settings without a word). ``*``: any data set.
+EXECUTION_SETTINGS = frozenset(
+    {
+        "tracking",
+        "device",
+        "threads",
+        "data.root",
+        "data.download",
+        "datasets.*.root",
+        "train.log_every",
+        "train.compile",
+        "train.devices",
+        "train.deterministic",
+        "eval.monitor_every",
+    }
+)
+#: settings added after cells were computed, hashed only off their default (at it a cell keeps
+#: the hash it had before the key existed): setting -> that default, written out like the above
+HASHED_WHEN_SET = {
+    "train.lr_schedule": "cosine",
+    "train.adam_beta2": 0.999,
+    "train.beta2_scaling": "none",
+    "train.ema_scaling": "none",
+    "train.snapshot_epochs": None,
+    "train.neg_group": None,
+    "train.bn_group": None,
+    "train.mask_same_class": False,
+    "train.extra_negatives": None,
+    "eval.linear_weight_decays": None,
+    "eval.linear_val_fraction": 0.1,
+    "eval.fewshot_fractions": [],
+    "eval.fewshot_draws": 5,
+    "eval.probes": ["knn", "linear"],
+    "eval.kmeans_iterations": 50,
+    "eval.knn_primary_k": None,
+}
 #: a valid other value for settings whose generic one (_other_value) the config would refuse
 OTHER_VALUE = {
     ("tracking",): {"log_checkpoint": True},
+    ("analysis",): {"margin": 0.25, "margin_scale": "points"},
     ("train", "ess_schedule"): {"start": 0.9, "end": 0.3},
     ("datasets", "digits", "train_subset"): 500,
     ("datasets", "digits", "test_subset"): 200,
     ("datasets", "digits", "image_size"): 16,
+    ("eval", "knn_primary_k"): 20,  # one of the default knn_k [20, 200]
 }
 #: settings valid only beside another one: that one is set in both cells compared
 COMPANIONS = {("train", "snapshot_epochs"): {"train": {"lr_schedule": "constant"}}}
@@ -290,6 +329,43 @@ def _changed_cells(path: tuple, node: dict) -> tuple[dict, dict]:
 SETTINGS = schema_settings()
 
 
+def _dotted(path: tuple) -> str:
+    """A setting's config path as named in EXECUTION_SETTINGS: ``datasets.digits.root`` -> ``datasets.*.root``."""
+    return ".".join(("datasets", "*", *path[2:]) if path[0] == "datasets" else path)
+
+
+def _schema_marked(marker: str) -> dict[str, object]:
+    """Every key of the schema marked ``marker``, at any depth: {dotted config path: its default}."""
+    out: dict[str, object] = {}
+
+    def walk(node: dict, prefix: tuple) -> None:
+        for key, sub in (node.get("properties") or {}).items():
+            if sub.get(marker):
+                out[".".join((*prefix, key))] = sub.get("default")
+            walk(sub, (*prefix, key))
+        if isinstance(node.get("additionalProperties"), dict):
+            walk(node["additionalProperties"], (*prefix, "*"))
+
+    walk(load_schema(), ())
+    return out
+
+
+def test_the_schema_marks_exactly_the_listed_execution_settings():
+    """Marking a science key ``x-execution`` (e.g. train.weight_decay) would drop it from the
+    hash: the schema must mark exactly the keys written out above, no more, no fewer."""
+    marked = set(_schema_marked("x-execution"))
+    assert marked == EXECUTION_SETTINGS, (
+        f"marked x-execution but not listed: {sorted(marked - EXECUTION_SETTINGS)}; "
+        f"listed but not marked: {sorted(EXECUTION_SETTINGS - marked)}"
+    )
+
+
+def test_the_schema_marks_exactly_the_listed_keys_hashed_only_when_set():
+    """A key marked ``x-hash-when-set`` is left out of the hash at its default: the schema marks
+    exactly the keys written out above, each with the default written beside it."""
+    assert _schema_marked("x-hash-when-set") == HASHED_WHEN_SET
+
+
 def test_every_top_level_key_is_a_cell_setting_or_is_not_in_a_cell():
     """A new top-level key must be placed: in a cell (a section above, or marked x-execution)
     or in NOT_IN_A_CELL -- so nothing reaches a cell unseen by the hash tests below."""
@@ -306,7 +382,7 @@ def test_hash_changes_with_every_science_setting_and_no_execution_setting(path, 
     if path[0] != "loss_params":  # (a loss parameter off its default is also named in the id)
         assert other["id"] == base["id"]
     assert other != base, f"{'.'.join(path)} does not reach the cell"
-    if node.get("x-execution"):
+    if _dotted(path) in EXECUTION_SETTINGS:
         assert other["hash"] == base["hash"], f"execution setting {'.'.join(path)} changed the hash"
     else:
         assert other["hash"] != base["hash"], f"{'.'.join(path)} changes the cell but not its hash"
@@ -350,15 +426,14 @@ def test_keys_added_later_hash_at_their_default_as_if_absent():
     nothing) leaves the hash a cell had before the key existed while at its default (set
     off it, it changes the hash: the test above); no key is both that and execution."""
     base = _digits_cell({})
-    cell_section = {"train": "train", "eval": "eval", "datasets": "dataset_options"}
-    later = [(p, n) for p, n in SETTINGS if n.get("x-hash-when-set")]
-    assert later, "no x-hash-when-set key left to test"
-    for path, node in later:
-        assert not node.get("x-execution"), path
-        section = cell_section[path[0]]
-        assert base[section][path[-1]] == node["default"]
-        without = {**base, section: {k: v for k, v in base[section].items() if k != path[-1]}}
-        assert cell_hash(without) == base["hash"], f"{'.'.join(path)} at its default changes the hash"
+    cell_section = {"train": "train", "eval": "eval"}
+    assert not set(HASHED_WHEN_SET) & EXECUTION_SETTINGS
+    for dotted, default in HASHED_WHEN_SET.items():
+        section, key = dotted.split(".")
+        section = cell_section[section]
+        assert base[section][key] == default, dotted
+        without = {**base, section: {k: v for k, v in base[section].items() if k != key}}
+        assert cell_hash(without) == base["hash"], f"{dotted} at its default changes the hash"
 
 
 def test_a_renamed_key_keeps_the_hash_and_its_former_name_is_refused():
@@ -369,7 +444,7 @@ def test_a_renamed_key_keeps_the_hash_and_its_former_name_is_refused():
 
     base = _digits_cell({})
     renamed = [(s, new, old) for s, names in former_names().items() for new, old in names.items()]
-    assert ("eval", "linear_iterations", "linear_epochs") in renamed
+    assert renamed == [("eval", "linear_iterations", "linear_epochs")]  # the one rename, written out
     for section, new, old in renamed:
         before = {**base, section: {(old if k == new else k): v for k, v in base[section].items()}}
         assert cell_hash(before) == base["hash"], f"renaming {section}.{old} changed the hash"
@@ -504,13 +579,9 @@ def test_aliases_map_to_one_canonical_cell():
 def test_every_loss_parameter_is_resolved_into_the_cell():
     """A cell carries every parameter of its loss (so the hash and the MLflow params cover it),
     with the schema's default when the config does not set it."""
-    from smallbatch.losses import loss_param_names
-
-    cells = expand_cells(validate_config(grid(losses=["flatnce", "dclw", "eqco"])))
-    schema = load_schema()["properties"]["loss_params"]["properties"]
-    for c in cells.values():
-        expected = {k: schema[c["loss"]]["properties"][k]["default"] for k in loss_param_names(c["loss"])}
-        assert c["loss_params"] == expected, c["id"]
+    cells = expand_cells(validate_config(grid(losses=["flatnce", "dclw", "eqco", "dcl"])))
+    expected = {"flatnce": {"gamma": 1.0}, "dclw": {"sigma": 0.5}, "eqco": {"alpha": 256}, "dcl": {}}
+    assert {c["loss"]: c["loss_params"] for c in cells.values()} == expected
 
 
 def test_extra_axes_add_suffixes_and_train_settings():
@@ -599,7 +670,6 @@ def test_a_new_loss_needs_only_the_registry(monkeypatch):
         display="Toy",
         paper="a test",
         impl=f"{__name__}:_ToyLoss",
-        defaults={"beta": 1.0},
         params={"beta": {"type": "number", "exclusiveMinimum": 0, "default": 2.0}},
     )
     monkeypatch.setitem(registry.SPECS, "toy", spec)
@@ -614,15 +684,79 @@ def test_a_new_loss_needs_only_the_registry(monkeypatch):
     cells = expand_cells(cfg)
     assert set(cells) == {
         "digits/infonce/bs16-t0.1-s0",
-        "digits/toy-beta2/bs16-t0.1-s0",
+        "digits/toy/bs16-t0.1-s0",
         "digits/toy-beta3/bs16-t0.1-s0",
     }
     assert cfg["loss_params"]["toy"] == {"beta": 2.0}
     built = losses.build_loss("toy", beta=3.0)
     assert isinstance(built, Toy) and at_tau(built, 0.1).beta == 3.0
+    assert losses.build_loss("toy").beta == 2.0  # the schema's default is the API's
     assert losses.display_name("toy") == "Toy"
     with pytest.raises(ConfigError, match="beta"):
         validate_config(grid(losses=[{"name": "toy", "beta": -1}]))
+
+
+def test_a_loss_without_a_temperature_is_planned_once_per_other_axes_with_a_note():
+    """VICReg and KCL have no τ: with temperatures [0.1, 0.5] each is planned at 0.1 alone (a cell at
+    0.5 would train the same network under another id); InfoNCE at both."""
+    from smallbatch.pipeline.cells import temperature_notes
+
+    cfg = validate_config(grid(losses=["infonce", "vicreg", "kcl"], temperatures=[0.1, 0.5], batch_sizes=[16, 32]))
+    assert sorted(expand_cells(cfg)) == [
+        "digits/infonce/bs16-t0.1-s0",
+        "digits/infonce/bs16-t0.5-s0",
+        "digits/infonce/bs32-t0.1-s0",
+        "digits/infonce/bs32-t0.5-s0",
+        "digits/kcl/bs16-t0.1-s0",
+        "digits/kcl/bs32-t0.1-s0",
+        "digits/vicreg/bs16-t0.1-s0",
+        "digits/vicreg/bs32-t0.1-s0",
+    ]
+    assert temperature_notes(cfg) == [
+        "note: vicreg and kcl take no temperature: planned once, at τ = 0.1 (the first of grid.temperatures), "
+        "not once per τ"
+    ]
+    assert temperature_notes(validate_config(grid(temperatures=[0.1, 0.5]))) == []
+
+
+def test_a_temperature_axis_written_for_a_loss_without_one_is_one_line():
+    """A loss entry's own temperatures list for BYOL (no τ) is an axis of nothing: refused; a grid
+    of losses without τ alone keeps the grid's (default) temperatures, each planned once."""
+    from smallbatch.pipeline.cells import temperature_notes
+
+    losses = ["infonce", {"name": "byol", "temperatures": [0.1, 0.5]}]
+    with pytest.raises(ConfigError) as exc:
+        validate_config(grid(losses=losses, temperatures=[0.1, 0.5]))
+    assert str(exc.value) == (
+        "config key 'grid.losses[1].temperatures' = [0.1, 0.5]: byol takes no temperature, so each τ would "
+        "train the same network under another id; give one τ, e.g. [0.1]"
+    )
+    cfg = validate_config(grid(losses=["vicreg", "simsiam"], temperatures=[0.1, 0.5]))
+    assert sorted(expand_cells(cfg)) == ["digits/simsiam/bs16-t0.1-s0", "digits/vicreg/bs16-t0.1-s0"]
+    assert temperature_notes(cfg)[0].startswith("note: vicreg and simsiam take no temperature: planned once")
+
+
+def test_a_knn_headline_k_outside_knn_k_is_one_line_before_any_job():
+    cfg = validate_config({**grid(), "eval": {"knn_k": [5, 20], "knn_primary_k": 5}})
+    assert cfg["eval"]["knn_primary_k"] == 5
+    assert validate_config(grid())["eval"]["knn_primary_k"] is None  # the default: the largest k, as before
+    with pytest.raises(ConfigError, match=r"eval.knn_primary_k = 50 is not one of eval.knn_k \(5, 20\); name one"):
+        validate_config({**grid(), "eval": {"knn_k": [5, 20], "knn_primary_k": 50}})
+
+
+def test_a_loss_parameter_with_two_defaults_is_refused():
+    """A parameter's default is declared once (its schema's), which the config and build_loss share."""
+    from smallbatch.losses import registry
+
+    with pytest.raises(ValueError, match=r"loss 'toy': parameter 'beta' has two defaults \(1.0 and the schema's 2.0\)"):
+        registry.LossSpec(
+            name="toy",
+            display="Toy",
+            paper="a test",
+            impl="x:y",
+            defaults={"beta": 1.0},
+            params={"beta": {"type": "number", "default": 2.0}},
+        )
 
 
 def test_loss_label_names_only_non_default_parameters():

@@ -133,7 +133,12 @@ def test_the_tiny_instrument_study_runs_through_snakemake_and_its_report_states_
     index = (tmp_path / "report" / "index.md").read_text()
     assert "Gates, digits, τ 0.1, 1 epoch: G1 supervised − raw pixels" in index
     gates = pd.read_csv(tmp_path / "report" / "tables" / "instrument_gates.csv")
-    assert {"G1", "G2", "G3", "G4 (fixed epochs)", "G4 (fixed steps)"} <= set(gates["gate"])
+    assert set(gates["gate"]) == {"G1", "G2", "G3"}
+    # the config's analysis plan reaches the report through the workflow, printed before the gates
+    assert "Analysis plan: equivalence margin: ± 0.50 × |the positive control's effect|" in index
+    assert index.index("Analysis plan:") < index.index("Gates, digits")
+    seeds = pd.read_csv(tmp_path / "report" / "tables" / "instrument_seeds.csv")
+    assert {"arm", "seed", "budget", "probe", "value"} <= set(seeds.columns)
     contrasts = pd.read_csv(tmp_path / "report" / "tables" / "instrument_contrasts.csv")
     assert {"negatives", "steps", "interaction", "control"} <= set(contrasts["key"])
     assert set(contrasts["view"]) == {"epochs", "steps"} and set(contrasts["temperature"]) == {0.1, 0.5}

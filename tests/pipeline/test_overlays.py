@@ -158,3 +158,112 @@ def test_the_readmes_overlay_example_plans_exactly_the_cells_it_states(capsys, t
     assert not any(sec.get("enabled") for sec in cfg["experiments"].values())
     assert len(expand_cells(cfg)) == len(cells) and len(baseline_cells(cfg)) == len(baselines)
     assert "note:" not in err, err
+
+
+# --------------------------------------------------------------------------- --set
+def test_set_overrides_nested_keys_for_one_run_and_the_plan_prints_them(capsys):
+    """`--set KEY=VALUE ...` lays dotted keys over the files: config.yaml's 5 losses x 4 batch
+    sizes x 2 seeds become 5 x 2 x 1; the plan's stderr names each override with its value as
+    read (YAML 1.2: 1e-3 is a number)."""
+    rc = cli.main(
+        ["cells", "--config", str(CONFIG), "--set", "grid.seeds=[1]", "grid.batch_sizes=[16, 64]", "train.lr=1e-3"]
+    )
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    ids = [line.split("\t")[0] for line in out.splitlines()]
+    losses = ["infonce", "flatnce", "dcl", "dclw", "eqco-alpha256"]
+    assert sorted(ids) == sorted(f"fashion_mnist/{lo}/bs{n}-t0.1-s1" for lo in losses for n in (16, 64))
+    assert "overrides: grid.seeds = [1], grid.batch_sizes = [16, 64], train.lr = 0.001\n" in err, err
+
+
+def test_set_is_validated_like_a_file_with_the_same_did_you_mean_line(capsys, tmp_path):
+    """A misspelt key given with --set gets the line the same key gets in a file."""
+    rc = cli.main(["cells", "--config", str(CONFIG), "--set", "grid.sedes=[0]"])
+    by_set = capsys.readouterr().err
+    assert rc == 2
+    in_file = write(tmp_path, "typo.yaml", "grid: {sedes: [0]}\n")
+    assert cli.main(["cells", "--config", str(CONFIG), "--config", str(in_file)]) == 2
+    assert by_set == capsys.readouterr().err
+    assert by_set.startswith("smallbatch: error: unknown config key 'grid.sedes' (did you mean 'seeds'?)"), by_set
+
+
+@pytest.mark.parametrize(
+    "pair, problem",
+    [
+        ("grid.seeds", "override 'grid.seeds' is not KEY=VALUE"),
+        ("grid..seeds=[0]", "override 'grid..seeds=[0]' is not KEY=VALUE"),
+        ("grid.seeds=[0", "override 'grid.seeds' = [0 is not a YAML value"),
+        ("train.epochs=zero", "config key 'train.epochs' = 'zero' has the wrong type"),
+    ],
+)
+def test_a_bad_set_pair_is_one_line_naming_its_key(capsys, pair, problem):
+    assert cli.main(["cells", "--config", str(CONFIG), "--set", pair]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and problem in err, err
+
+
+def test_set_values_read_as_yaml_1_2_scalars_and_flow_collections():
+    from smallbatch.pipeline.config import read_sets
+
+    pairs = ["a.b=[0, 1]", "a.c={x: 8}", "d=1e-3", "e=yes", "f=010", "g=true", "h='1'", "i=", "a.j=0x10"]
+    assert read_sets(pairs) == {
+        "a": {"b": [0, 1], "c": {"x": 8}, "j": 16},
+        "d": 0.001,
+        "e": "yes",
+        "f": 10,
+        "g": True,
+        "h": "1",
+        "i": None,
+    }
+
+
+def test_snakemakes_set_word_splits_at_blanks_outside_brackets_and_quotes():
+    from smallbatch.pipeline.config import snakemake_sets
+
+    assert snakemake_sets("grid.seeds=[0, 1]  study='a b' datasets.digits={image_size: 8}") == [
+        "grid.seeds=[0, 1]",
+        "study='a b'",
+        "datasets.digits={image_size: 8}",
+    ]
+    # Snakemake read "datasets.digits={image_size: 8}" as a one-key YAML mapping first
+    assert snakemake_sets({"datasets.digits={image_size": "8}"}) == ["datasets.digits={image_size: 8}"]
+    with pytest.raises(ConfigError, match=r"--config set=3 is not KEY=VALUE pairs"):
+        snakemake_sets(3)
+
+
+def test_every_command_that_reads_a_config_takes_set():
+    from smallbatch.pipeline.cli_parser import build_parser
+
+    (sub,) = [a for a in build_parser()._actions if hasattr(a, "choices") and isinstance(a.choices, dict)]
+    with_config = [n for n, p in sub.choices.items() if any("--config" in a.option_strings for a in p._actions)]
+    assert len(with_config) >= 10, with_config
+    for name in with_config:
+        assert any("--set" in a.option_strings for a in sub.choices[name]._actions), name
+    args = sub.choices["pretrain"].parse_args(["--set", "grid.seeds=[0]", "train.epochs=2", "--set", "seed=1"])
+    assert args.set == ["grid.seeds=[0]", "train.epochs=2", "seed=1"]
+
+
+def test_missing_data_says_the_one_run_override_that_fetches_it_and_that_override_passes(tmp_path):
+    """A data set whose files are not under data.root is refused in one line naming the override
+    that lets torchvision fetch them; that override, given as written, passes the check."""
+    from smallbatch.pipeline.config import check_data_roots
+
+    over = write(tmp_path, "c.yaml", f"replace: [datasets]\ndatasets: {{cifar10: {{}}}}\ndata: {{root: {tmp_path}}}\n")
+    with pytest.raises(ConfigError) as exc:
+        check_data_roots(load_config([CONFIG, over]))
+    said = str(exc.value)
+    assert "\n" not in said and said.endswith(
+        "(for one run: --set data.download=true; snakemake --config set=data.download=true)"
+    )
+    check_data_roots(load_config([CONFIG, over], sets=["data.download=true"]))
+
+
+def test_an_override_written_without_set_is_told_to_use_set(capsys):
+    """`smallbatch cells grid.seeds=[0]` (Hydra's and Lightning's form) is refused saying --set."""
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["cells", "--config", str(CONFIG), "grid.seeds=[0]", "train.epochs=2"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "smallbatch: error: unrecognized arguments: grid.seeds=[0] train.epochs=2; to override a config key "
+        "write --set grid.seeds=[0] train.epochs=2"
+    )

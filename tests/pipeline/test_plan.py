@@ -90,6 +90,30 @@ def test_a_second_run_on_a_results_folder_is_refused_naming_the_first(tmp_path):
     assert not (tmp_path / "elsewhere").exists()
 
 
+@pytest.mark.parametrize("linked", ["logs", "runs/digits", "data/cache/digits.pt"])
+def test_a_run_on_a_results_folder_holding_a_link_outside_it_is_refused(linked, tmp_path):
+    """A link planted in the results folder (a folder, or a file) to a place outside it: the run
+    stops before any job (Snakemake would write the jobs' logs and outputs through it)."""
+    results, elsewhere = tmp_path / "r", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (results / linked).parent.mkdir(parents=True)
+    (results / linked).symlink_to(elsewhere)
+    with pytest.raises(ValueError) as err:
+        hold_results_folder(str(results))
+    assert str(err.value) == (
+        f"results folder {results} holds the link {results / linked} -> {elsewhere}, which leads outside it; "
+        "refused (smallbatch writes nothing outside its results folder): remove the link"
+    )
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_a_results_folder_that_is_a_link_is_held(tmp_path):
+    (tmp_path / "disk").mkdir()
+    (tmp_path / "r").symlink_to(tmp_path / "disk")
+    os.close(hold_results_folder(str(tmp_path / "r")))
+    assert (tmp_path / "disk" / ".snakemake-run.lock").is_file()
+
+
 def test_longer_cells_start_first_and_share_gpus_by_permille(plan):
     prio = {int(c.batch_size): pretrain_priority(c) for c in plan.cells.values()}
     assert prio[16] > prio[256] and all(1 <= p <= 9 for p in prio.values())

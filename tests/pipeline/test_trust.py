@@ -31,7 +31,7 @@ import pytest
 import torch
 from cluster import HANG_S
 
-from smallbatch import data
+from smallbatch import data, io
 from smallbatch.pipeline import cli
 from smallbatch.pipeline.cells import cell_hash, make_cell
 from smallbatch.pipeline.config import load_config
@@ -655,6 +655,67 @@ def test_a_lock_that_is_a_symlink_is_refused_and_its_target_untouched(tmp_path, 
         line,
     ), line
     assert victim.read_text() == "my thesis\n"
+
+
+#: a folder of the results folder replaced by a link to a folder elsewhere: (the linked folder,
+#: refused?); the results folder itself may be a link (to a big disk)
+LINKED = [
+    ("runs", True),
+    ("runs/digits", True),
+    ("runs/digits/infonce", True),
+    (f"runs/{CELL_ID}", True),
+    ("", False),
+]
+
+
+@pytest.mark.parametrize("level,refused", LINKED, ids=[lvl or "results itself" for lvl, _ in LINKED])
+def test_pretrain_never_writes_through_a_link_inside_the_results_folder(level, refused, tmp_path, cache, capsys):
+    """A link at each level under runs/: refused in one line naming the link, nothing written at its
+    target; the results folder as a link: the cell is trained there."""
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    results = tmp_path / "results"
+    link = results / level if level else results
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(outside, target_is_directory=True)
+    tiny = json.dumps({k: v for k, v in TINY.items() if k != "log_every"})
+    (tmp_path / "c.yaml").write_text(STUDY_YAML + f"train: {tiny}\ndevice: cpu\nresults_dir: {results}\n")
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in BY_ID] + ["--data-cache", str(cache), "--no-progress"]
+    if not refused:
+        assert cli.main(argv) == 0
+        assert (outside / "runs" / CELL_ID / "checkpoint.pt").is_file()
+        return
+    line = one_line(capsys, argv)
+    assert re.fullmatch(
+        rf".* lies through the link {re.escape(str(link))} -> {re.escape(str(outside))}, outside the results "
+        rf"folder {re.escape(str(results))}; refused \(smallbatch writes nothing outside its results folder\): "
+        "remove the link",
+        line,
+    ), line
+    assert list(outside.iterdir()) == [], "written through the link"
+
+
+#: each way the package writes, into a folder of a results folder (the argument)
+WRITERS: dict[str, Callable[[Path], object]] = {
+    "a JSON file": lambda folder: io.write_json(folder / "result.json", {}),
+    "a cell's lock": lambda folder: io.CellLock(folder / "cell").acquire(),
+    "a log": lambda folder: io.open_log(folder / "logs" / "job.log"),
+    "a folder": lambda folder: io.make_folder(folder / "figures"),
+    "an open file": lambda folder: os.close(io.open_regular(folder / "run.lock")),
+}
+
+
+@pytest.mark.parametrize("writer", WRITERS)
+def test_no_writer_writes_through_a_linked_folder_of_a_results_folder(writer, tmp_path):
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "runs").symlink_to(outside, target_is_directory=True)
+    io.add_results_folder(results)
+    with pytest.raises(io.UnsafeTarget, match=rf"lies through the link {re.escape(str(results / 'runs'))} -> "):
+        WRITERS[writer](results / "runs" / "digits")
+    assert list(outside.iterdir()) == []
 
 
 def test_report_outputs_refuse_links_and_delete_only_files_the_report_wrote(tmp_path):

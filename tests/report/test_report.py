@@ -608,3 +608,33 @@ def test_numbers_are_rounded_once_without_negative_zero_or_float_noise():
     assert tables.cell_text(86.94999814) == "86.95" and tables.cell_text(-0.0) == "0"
     frame = pd.DataFrame({"x": [86.94999814, -0.0, 77.2]})
     assert tables.markdown_table(frame).splitlines()[2:] == ["| 86.95 |", "| 0 |", "| 77.2 |"]
+
+
+def test_the_knn_headline_label_names_the_k_it_was_read_at():
+    """kNN top-1 is read at one k of eval.knn_k (knn/k logs it): the report's label says which; a
+    store without knn/k (written before it was logged) keeps the plain label."""
+    from smallbatch.report.runs import metric_label
+
+    assert metric_label(pd.DataFrame({"metrics.knn/k": [20.0, 20.0, np.nan]}), "knn") == "kNN top-1 (k = 20)"
+    assert metric_label(pd.DataFrame({"metrics.knn/k": [200.0, 20.0]}), "knn") == "kNN top-1 (k = 20, 200)"
+    assert metric_label(pd.DataFrame({"metrics.linear/top1": [50.0]}), "knn") == "kNN top-1"
+    assert metric_label(pd.DataFrame({"metrics.knn/k": [20.0]}), "linear") == "linear top-1"
+
+
+def test_a_newer_failed_run_keeps_the_finished_run_and_is_listed_as_failed(store_uri, tmp_path):
+    """A finished cell rerun that crashed (a newer failed run, no metrics): the tables keep the
+    finished run's seed, and the failed attempt is listed with the failed runs."""
+    b = StoreBuilder(store_uri, experiment="crashed-rerun")
+    design = build_grid(b, "digits", ("infonce",), (16,), (0.1,), (0, 1), STEEP, history=False)
+    crashed = b.run(
+        "digits/infonce/bs16-t0.1-s1", status="failed", params=_cell_params("digits", "infonce", 16, 0.1, 1)
+    )
+    index = report.build_report(store_uri, tmp_path / "rep", experiment="crashed-rerun")
+    top1 = pd.read_csv(tmp_path / "rep" / "tables" / "grid_top1_digits_knn.csv")
+    assert top1[["n_seeds", "n_failed", "state"]].values.tolist() == [[2, 0, "ok"]], "the finished seed dropped out"
+    assert top1["mean"].tolist() == pytest.approx([(design[0]["knn"] + design[1]["knn"]) / 2], abs=1e-6)
+    failed = pd.read_csv(tmp_path / "rep" / "tables" / "diverged_runs.csv")
+    assert failed[["cell_id", "status", "run_id"]].values.tolist() == [
+        ["digits/infonce/bs16-t0.1-s1", "failed", crashed]
+    ]
+    assert "No run diverged or failed" not in index.read_text()

@@ -2,10 +2,12 @@
 failed gate suppresses every sentence about negatives or steps (a store where self-supervision
 loses to raw pixels has no negatives sentence); the 2 x 2's main effects and interaction, at
 fixed epochs and at fixed steps (snapshots), at each batch size's rate chosen on validation
-accuracy, with the outcome of each (significant, equivalent, inconclusive)."""
+accuracy; the analysis plan applied to them (claims resolved as significant or equivalent after the
+family's correction, or unresolved); and every table rebuilt from the per-seed table alone."""
 
 from __future__ import annotations
 
+import io
 import math
 import re
 import zlib
@@ -15,9 +17,25 @@ import pandas as pd
 import pytest
 
 from smallbatch.report.context import ReportContext
+from smallbatch.report.fmt import csv_number
+from smallbatch.report.plan import AnalysisPlan, apply_plan
 from smallbatch.report.sections import instrument
 from smallbatch.report.sections.instrument_budgets import budget_rows
-from smallbatch.report.sections.instrument_gates import MARGIN, SUPERVISED_OVER_PIXELS
+from smallbatch.report.sections.instrument_gates import SUPERVISED_OVER_PIXELS
+
+#: the plan these designs are read with: an absolute margin (points), the factorial and its simple
+#: negatives effects claimed on the linear probe, kNN@20 secondary, one family for the study
+MARGIN = 0.5
+PLAN = AnalysisPlan.from_mapping(
+    {
+        "primary": "linear",
+        "secondary": ["knn20"],
+        "claims": ["negatives", "steps", "interaction", "negatives_at_large", "negatives_at_small"],
+        "margin": MARGIN,
+        "margin_scale": "points",
+        "family": "study",
+    }
+)
 
 SEEDS = range(6)
 #: per-seed noise shared by every arm of one seed (pairing removes it)
@@ -121,18 +139,37 @@ def _store(means=PASSING, ds="ds", own=0.03, baselines=None, **kw) -> pd.DataFra
     return pd.DataFrame(rows + _baselines(ds, **(baselines or {})))
 
 
-def _analyse(runs: pd.DataFrame):
+class Analysed(list):
+    """The units of a store (a list) and their contrast rows with the plan applied (``claims``)."""
+
+    claims: pd.DataFrame
+    plan: AnalysisPlan
+
+
+def _analyse(runs: pd.DataFrame, plan: AnalysisPlan = PLAN) -> Analysed:
     cells = runs[runs["kind"] == "cell"]
     rows = budget_rows(cells, 1.0)
-    return instrument.analyse(rows, instrument._baseline_values(runs, 1.0))
+    res = Analysed(instrument.analyse(rows, instrument._baseline_values(runs, 1.0)))
+    res.claims = apply_plan(plan, pd.DataFrame([{**c, "gates_passed": r.ok} for r in res for c in r.rows]))
+    res.plan = plan
+    return res
 
 
-def _row(results, key, view="epochs", metric="linear"):
-    return next(c for r in results if r.unit.view == view for c in r.rows if c["key"] == key and c["metric"] == metric)
+def _row(res: Analysed, key, view="epochs", metric="linear") -> dict:
+    c = res.claims
+    return c[(c["view"] == view) & (c["key"] == key) & (c["metric"] == metric)].iloc[0].to_dict()
 
 
-def _text(results) -> str:
-    return " ".join(instrument.findings(results))
+def _findings(res: Analysed) -> list[str]:
+    return instrument.findings(res, res.claims, res.plan)
+
+
+def _text(res: Analysed) -> str:
+    return " ".join(_findings(res))
+
+
+def _gate_lines(res: Analysed) -> list[str]:
+    return [s for s in _findings(res) if s.startswith("Gates")]
 
 
 # --------------------------------------------------------------------------- the gates
@@ -142,10 +179,10 @@ def test_a_store_where_ssl_loses_to_raw_pixels_yields_no_negatives_sentence():
     assert "negatives main effect" in _text(passing)  # the control: with the gates passed it is there
     failing = _analyse(_store(baselines={"pixels": 61.0}))  # InfoNCE@256 (60) below raw pixels (61)
     text = _text(failing)
-    g2 = next(s for s in instrument.findings(failing) if s.startswith("Gates, ds"))
+    g2 = next(s for s in _findings(failing) if s.startswith("Gates, ds"))
     assert re.search(r"G2 InfoNCE B=256 \(linear probe\) − raw pixels = -0\.\d \[", g2) and "FAILED" in g2
-    for s in instrument.findings(failing):  # the gate line, and the line saying why there is no verdict
-        assert s.startswith(("Gates, ds", "No verdict on negatives or steps for ds")), s
+    for s in _findings(failing):  # the plan, the gate line, and the line saying why there is no verdict
+        assert s.startswith(("Analysis plan:", "Claims:", "Gates, ds", "No verdict on negatives or steps for ds")), s
     for word in (
         "negatives main effect (K",
         "steps main effect (B_opt",
@@ -157,14 +194,21 @@ def test_a_store_where_ssl_loses_to_raw_pixels_yields_no_negatives_sentence():
     assert "No verdict on negatives or steps for ds, τ 0.1, 5 epochs (fixed epochs): G2 not passed." in text
 
 
-def test_the_gates_come_first_with_their_numbers():
+def test_the_plan_then_the_gates_come_first_with_their_numbers():
     res = _analyse(_store())
-    f = instrument.findings(res)
-    assert f[0].startswith("Gates, ds, τ 0.1, 5 epochs: G1 supervised − raw pixels (linear probe) = +20.3 points")
-    assert all(not s.startswith("Gates") for s in f[1:])
-    for g in ("G1", "G2", "G3", "G4 (fixed epochs)"):
-        assert f"{g} " in f[0]
-    assert "positive control" not in f[0] or "InfoNCE B=256, G=2 (K=2) − InfoNCE B=256" in f[0]
+    f = _findings(res)
+    assert (
+        f[0] == "Analysis plan: primary probe: linear; secondary: knn20; every other probe is descriptive (no verdict)."
+    )
+    assert f[2] == "Analysis plan: equivalence margin: ± 0.50 points."
+    (gates,) = _gate_lines(res)
+    first_claim = next(i for i, s in enumerate(f) if "negatives main effect" in s)
+    assert f.index(gates) < first_claim
+    assert gates.startswith("Gates, ds, τ 0.1, 5 epochs: G1 supervised − raw pixels (linear probe) = +20.3 points")
+    for g in ("G1", "G2", "G3"):
+        assert f"{g} " in gates
+    assert "G4" not in gates  # precision is a property of each claim, not a gate
+    assert "InfoNCE B=256, G=2 (K=2) − InfoNCE B=256" in gates
 
 
 @pytest.mark.parametrize(
@@ -173,10 +217,9 @@ def test_the_gates_come_first_with_their_numbers():
         ({"baselines": {"supervised": 50.0 + SUPERVISED_OVER_PIXELS - 0.5}}, "G1"),
         ({"means": {**PASSING, "control": 60.0}}, "G3"),
         ({"means": {k: v for k, v in PASSING.items() if k != "control"}}, "G3"),
-        ({"own": 1.5}, "G4 (fixed epochs)"),
         ({"baselines": {"random_init": 61.0}}, "G2"),
     ],
-    ids=["supervised-close-to-pixels", "control-does-not-fire", "no-control", "noisy-seeds", "random-init-ahead"],
+    ids=["supervised-close-to-pixels", "control-does-not-fire", "no-control", "random-init-ahead"],
 )
 def test_each_failed_gate_withholds_the_verdict(change, gate):
     res = _analyse(_store(**change))
@@ -185,6 +228,18 @@ def test_each_failed_gate_withholds_the_verdict(change, gate):
     assert failed == [gate]
     text = _text(res)
     assert "negatives main effect (K" not in text and f"{gate} not passed" in text
+
+
+def test_noisy_seeds_pass_the_gates_but_leave_each_imprecise_claim_unresolved():
+    """Seeds too noisy to resolve −0.2: no verdict word for the negatives effect, its interval and
+    MDE instead; a steps effect of +6.2 is still resolved."""
+    res = _analyse(_store(means={**PASSING, "c": 66.0, "d": 66.4}, own=1.5))
+    assert all(r.ok for r in res)
+    neg, steps = _row(res, "negatives"), _row(res, "steps")
+    assert neg["outcome"] == "unresolved" and steps["outcome"] == "significant"
+    clause = _text(res).split("negatives main effect (K 30 − 510)")[1].split("; steps main effect")[0]
+    assert "— unresolved, no verdict (TOST Holm p" in clause and "MDE at 80 % power" in clause
+    assert "equivalent" not in clause and "significant" not in clause
 
 
 def test_g2_takes_raw_pixels_as_a_constant_and_random_init_by_welch():
@@ -207,11 +262,14 @@ def test_the_main_effects_and_interaction_of_the_two_by_two():
     assert _row(res, "negatives_at_small")["diff"] == pytest.approx(c - d, abs=0.05)
     assert steps["outcome"] == neg["outcome"] == "significant"  # tight seeds: even −0.2 is significant
     assert neg["tost_p"] < 0.05 and neg["lo"] > -MARGIN and neg["hi"] < MARGIN
-    assert {r["family"] for r in res[0].rows if r["metric"] == "linear" and r["key"] != "control"} == {7}
+    # the family: 5 claimed contrasts x 2 planned probes (linear, kNN@20) of the one unit
+    assert set(res.claims[res.claims["claimed"]]["family"]) == {10}
+    assert not res.claims[~res.claims["claimed"]]["p_family"].notna().any()
     text = _text(res)
     assert "negatives main effect (K 30 − 510) -0.2" in text
-    assert "— significant, yet within ± 0.5 points (TOST p < 0.001)" in text
+    assert "of 10) — resolved: significant" in text
     assert "steps main effect (B_opt 16 − 256: 16x the steps at equal epochs) +2.2" in text
+    assert "small − large" not in text  # a contrast the plan does not claim gets no sentence
 
 
 def test_a_negatives_effect_that_costs_nothing_is_equivalent_and_says_its_mde():
@@ -219,23 +277,24 @@ def test_a_negatives_effect_that_costs_nothing_is_equivalent_and_says_its_mde():
     res = _analyse(_store(means={**PASSING, "d": 62.0}, own=0.2))
     assert res[0].ok
     neg = _row(res, "negatives")
-    assert neg["outcome"] == "equivalent" and not neg["estimate"].significant and neg["tost_p"] < 0.05
+    assert neg["outcome"] == "equivalent" and neg["p_family"] >= 0.05 and neg["tost_family"] < 0.05
     text = _text(res)
     assert "negatives main effect (K 30 − 510)" in text
     clause = text.split("negatives main effect (K 30 − 510)")[1].split(";")[0]
-    assert "— equivalent within ± 0.5 points (TOST p" in clause and "MDE at 80 % power" in text
+    assert "— resolved: equivalent within ± 0.50 points (TOST Holm p" in clause
 
 
-def test_an_inconclusive_null_says_so_with_its_mde():
+def test_an_unresolved_claim_says_so_with_its_mde_and_no_verdict():
     """An interaction of +0.4 whose seeds cannot tell it from 0 nor bound it within ± 0.5."""
     res = _analyse(_store(means={**PASSING, "d": 61.6}, own=0.2))  # (c − d) − (b − a) = 0.4
     assert res[0].ok
     r = _row(res, "interaction")
-    assert r["outcome"] == "inconclusive" and not r["estimate"].significant and r["tost_p"] >= 0.05
+    assert r["outcome"] == "unresolved" and r["p_family"] >= 0.05 and r["tost_family"] >= 0.05
     assert r["lo"] < 0 < r["hi"] and r["hi"] > MARGIN
     pattern = (
         r"interaction \(negatives effect at B_opt 16 − at 256\) \+0\.4 \[[^]]+\] \(paired t, 6 seeds, "
-        rf"Holm p = [0-9.]+ of 7\) — inconclusive \(TOST p = [0-9.]+; MDE at 80 % power = {r['mde']:.2f}\)"
+        r"Holm p = [0-9.]+ of 10\) — unresolved, no verdict \(TOST Holm p = [0-9.]+ within ± 0\.50 points; "
+        rf"MDE at 80 % power = {r['mde']:.2f}\)"
     )
     assert re.search(pattern, _text(res))
 
@@ -265,8 +324,7 @@ def test_budgets_from_snapshots_and_the_final_checkpoint_counted_once():
     res = _analyse(runs)
     assert [(r.unit.budget, r.unit.view) for r in res] == [("ep1", "epochs"), ("final", "epochs")]
     assert _row(res, "steps")["unit"].startswith("ds, τ 0.1, 1 epoch")
-    f = instrument.findings(res)
-    assert [s.split(":")[0] for s in f[:2]] == ["Gates, ds, τ 0.1, 1 epoch", "Gates, ds, τ 0.1, 5 epochs"]
+    assert [s.split(":")[0] for s in _gate_lines(res)] == ["Gates, ds, τ 0.1, 1 epoch", "Gates, ds, τ 0.1, 5 epochs"]
 
 
 def test_a_diverged_snapshot_is_left_out():
@@ -360,11 +418,14 @@ def test_the_section_writes_its_tables_figures_and_findings(tmp_path):
         "instrument_arms.png",
         "instrument_contrasts.png",
     } <= names
-    assert out.findings[0].startswith("Gates, ds, τ 0.1, 5 epochs")
+    assert out.findings[0].startswith("Analysis plan: primary probe: linear")
+    assert "Analysis plan (declared in the config's `analysis`" in out.markdown
     gates = pd.read_csv(tmp_path / "tables" / "instrument_gates.csv")
-    assert set(gates["gate"]) == {"G1", "G2", "G3", "G4 (fixed epochs)", "G4 (fixed steps)"}
+    assert set(gates["gate"]) == {"G1", "G2", "G3"}
     contrasts = pd.read_csv(tmp_path / "tables" / "instrument_contrasts.csv")
-    assert {"tost_p", "outcome", "mde", "p_holm", "gates_passed"} <= set(contrasts.columns)
+    want = {"tost_p", "outcome", "mde", "p_family", "tost_family", "margin", "claimed", "role", "gates_passed"}
+    assert want <= set(contrasts.columns)
+    assert set(contrasts["reference"]) == {"InfoNCE B=256, lr 0.001, τ 0.1, 6 seeds"}
     arms_md = (tmp_path / "tables" / "instrument_arms.md").read_text()
     assert "InfoNCE B=16, +240 fresh (K=510)" in arms_md and "InfoNCE B=256, G=16 (K=30)" in arms_md
     ssl = pd.read_csv(tmp_path / "tables" / "instrument_ssl.csv")
@@ -383,7 +444,7 @@ def test_each_other_loss_at_the_small_batch_is_set_against_infonce_at_the_large_
             row.update(loss=loss, run_id=f"{named}-{s}", cell_id=f"instrument/ds/{named}/bs16-t0.1-s{s}")
             rows.append(row)
     runs = pd.concat([_store(), pd.DataFrame(rows)], ignore_index=True)
-    res = _analyse(runs)
+    res = _analyse(runs, AnalysisPlan.from_mapping({**_mapping(PLAN), "claims": ["negatives", "loss"]}))
     dcl, deb = _row(res, "loss:dcl@16"), _row(res, "loss:debiased-tau_plus0.01@16")
     assert dcl["diff"] == pytest.approx(62.5 - PASSING["a"], abs=0.05)
     assert deb["diff"] == pytest.approx(61.0 - PASSING["a"], abs=0.05)
@@ -420,3 +481,76 @@ def test_an_opt_in_probes_metric_is_a_column_of_the_arms_table_never_a_contrast(
     assert "70.0 ± 0.0" in arms and "kmeans" not in set(contrasts["metric"])
     arms_plain, contrasts_plain = build(plain, tmp_path / "plain")
     assert "k-means NMI" not in arms_plain and contrasts_plain.equals(contrasts)
+
+
+def _mapping(plan: AnalysisPlan) -> dict:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in plan.__dict__.items()}
+
+
+def _section(runs: pd.DataFrame, out, plan: AnalysisPlan = PLAN):
+    ctx = ReportContext(
+        out_dir=out,
+        tracking_uri="",
+        experiment="x",
+        reader=None,
+        scale=1.0,
+        papers=pd.DataFrame(),
+        runs=runs,
+        plan=plan,
+    )
+    return instrument.build(runs, ctx)
+
+
+def test_every_contrast_table_is_rebuilt_from_the_per_seed_table_alone(tmp_path):
+    """The per-seed CSV the section writes holds every seed of every arm, rate, budget and probe and the
+    baselines' seeds; the contrasts rebuilt from that file alone equal the section's table."""
+    rows = []
+    for arm, m in PASSING.items():
+        snaps = [(0.3125, m - 5.0)] if ARMS[arm][1] == 16 else []
+        for lr, dv in ((5e-4, -1.0), (1e-3, 0.0)):
+            rows += [_cell("ds", arm, s, m + dv, lr=lr, own=0.3, snapshots=snaps) for s in SEEDS]
+    runs = pd.DataFrame(rows + _baselines("ds"))
+    _section(runs, tmp_path)
+    seeds = pd.read_csv(tmp_path / "tables" / "instrument_seeds.csv")
+    # 5 arms x 2 rates x 6 seeds x (final + the small batch's snapshot) x 6 probes (5 + validation)
+    cells = seeds[~seeds["arm"].str.startswith("baseline:")]
+    assert len(cells) == (3 * 2 * 6 + 2 * 2 * 6 * 2) * 6
+    assert set(cells.columns) >= {"arm", "seed", "budget", "lr", "probe", "value"}
+    assert cells[(cells["arm"] == "infonce@16") & (cells["probe"] == "linear")]["seed"].nunique() == 6
+    assert set(seeds[seeds["arm"].str.startswith("baseline:")]["arm"]) == {
+        "baseline:raw_pixels",
+        "baseline:random_init",
+        "baseline:supervised",
+    }
+    _, claims = instrument.analyse_seeds(seeds, PLAN)
+    table = pd.read_csv(tmp_path / "tables" / "instrument_contrasts.csv")
+    rebuilt = pd.read_csv(io.StringIO(claims.drop(columns=["estimate"]).to_csv(index=False, float_format=csv_number)))
+    pd.testing.assert_frame_equal(rebuilt, table)
+
+
+def test_a_relative_margin_is_resolved_from_the_control_and_from_the_supervised_range():
+    """control: half the positive control's effect (57 − 60 = −3 → 1.5 points); span: a tenth of
+    supervised − random-init (70.3 − 40.3 = 30 → 3.0 points), per probe."""
+    for scale, margin, want in (("control", 0.5, 1.5), ("span", 0.1, 3.0)):
+        plan = AnalysisPlan.from_mapping({**_mapping(PLAN), "margin": margin, "margin_scale": scale})
+        res = _analyse(_store(), plan)
+        neg = _row(res, "negatives")
+        assert neg["margin"] == pytest.approx(want, abs=0.05), scale
+        if scale == "control":  # exactly half the control's own estimate
+            assert neg["margin"] == pytest.approx(0.5 * abs(_row(res, "control")["diff"]), rel=1e-12)
+        (gates,) = _gate_lines(res)  # resolved with the gates, before any claim
+        assert f"margin: linear probe ± {neg['margin']:.2f} points" in gates
+
+
+def test_the_family_holds_every_claim_of_the_study_and_a_secondary_claim_is_labelled():
+    """Two τ (two units) and two planned probes: the family is 5 claims x 2 probes x 2 units = 20;
+    a plan with family per data set and one probe halves it."""
+    runs = pd.concat([_store(tau=0.1), _store(means={k: v - 1 for k, v in PASSING.items()}, tau=0.5)])
+    res = _analyse(runs.drop_duplicates("run_id"))
+    claimed = res.claims[res.claims["claimed"]]
+    assert set(claimed["family"]) == {20} and set(claimed["metric"]) == {"linear", "knn20"}
+    assert "kNN@20 (secondary)" in _text(res)
+    one = AnalysisPlan.from_mapping({**_mapping(PLAN), "secondary": [], "family": "dataset"})
+    res1 = _analyse(runs.drop_duplicates("run_id"), one)
+    assert set(res1.claims[res1.claims["claimed"]]["family"]) == {10}
+    assert "kNN@20 (secondary)" not in _text(res1)

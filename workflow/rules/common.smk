@@ -21,9 +21,12 @@ from pathlib import Path
 # (Snakemake's own `validate` reads the schema file alone, which lacks the loss names and
 # parameters that smallbatch.pipeline.schema.load_schema adds from the loss registry.)
 try:
-    from smallbatch.pipeline.config import (ConfigError, base_notice, check_data_roots, check_results_dir,
-                                   load_config, resolve_tracking_uri)
+    from smallbatch.pipeline.config import (SET_KEY, ConfigError, base_notice, check_data_roots, check_results_dir,
+                                   load_config, resolve_tracking_uri, sets_line, snakemake_sets,
+                                   snakemake_settings)
+    from smallbatch.pipeline.cells import temperature_notes
     from smallbatch.pipeline.plan import StudyPlan, flag, hold_results_folder
+    from smallbatch.io import RESULTS_ENV
     from smallbatch.pipeline import plan as _plan
     from smallbatch.report.captions import captions
     from smallbatch.training.launch import launch_command
@@ -42,9 +45,14 @@ except ImportError as exc:  # pragma: no cover - a user without the package inst
 # checked before a job runs, and before the cells' files are written below: the schema and the
 # checks it cannot express (validate_config), the data roots, a writable results_dir and a
 # tracking URI MLflow supports.
+# `--config set='grid.seeds=[0] train.epochs=2'` is the CLI's `--set grid.seeds=[0] train.epochs=2`
+# (Snakemake's own --config takes no dotted key): laid over the files as one more file, before
+# the other --config pairs (their values read as YAML 1.2, not as Snakemake's text); the plan prints them.
 CONFIG_FILES = [str(p) for p in workflow.overwrite_configfiles] or ["config.yaml"]
+_settings = dict(workflow.config_settings.config)
 try:
-    _loaded = load_config(CONFIG_FILES, dict(workflow.config_settings.config))
+    SETS = snakemake_sets(_settings[SET_KEY]) if SET_KEY in _settings else []
+    _loaded = load_config(CONFIG_FILES, snakemake_settings(_settings), SETS)
     check_data_roots(_loaded)
     check_results_dir(_loaded)
     TRACKING_URI = resolve_tracking_uri(_loaded)
@@ -60,8 +68,15 @@ config.update(_loaded)
 _note = base_notice(CONFIG_FILES)  # the first file names no study: laid over the schema's defaults
 if _note:
     print(f"smallbatch: {_note}", file=sys.stderr)
+if SETS:
+    print(f"smallbatch: {sets_line(SETS)}", file=sys.stderr)
+for _line in temperature_notes(config):  # a loss without a temperature: planned once
+    print(f"smallbatch: {_line}", file=sys.stderr)
 
 R = config["results_dir"]
+# every job writes inside the results folder's real location, never through a link planted in it
+# (smallbatch.io.check_inside); a job names only its files, so it learns the folder from here
+os.environ[RESULTS_ENV] = os.path.abspath(os.path.expanduser(R))
 EXPERIMENT = config["study"]
 # The plan (smallbatch.pipeline.plan): typed cells and baselines, their settings stamps and
 # outputs.  Settings stamps: <results_dir>/<folder>/.settings-<hash>, an input of the job

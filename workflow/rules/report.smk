@@ -20,6 +20,8 @@ rule report:
         uri=STORE_URI,
         exp=EXPERIMENT,
         out=out_dir,
+        # the analysis plan (config key analysis): a change rebuilds the report, never a cell
+        analysis=json.dumps(config["analysis"], sort_keys=True),
         table_captions=captions("tables"),
         figure_captions=captions("figures"),
     log:
@@ -31,5 +33,5 @@ rule report:
         conda_env
     shell:
         # a study without figures (or tables) still has its (empty) folder
-        "rm -f -- {log:q} && smallbatch report --tracking-uri={params.uri:q} --experiment={params.exp:q} --out={params.out:q} > {log:q} 2>&1 "
+        "rm -f -- {log:q} && smallbatch report --tracking-uri={params.uri:q} --experiment={params.exp:q} --out={params.out:q} --analysis={params.analysis:q} > {log:q} 2>&1 "
         "&& mkdir -p -- {output.figures:q} {output.tables:q}"

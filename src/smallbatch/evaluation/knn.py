@@ -243,6 +243,7 @@ def knn_eval(
     backend: str = "auto",
     device: Any = None,
     batch_size: int = 4096,
+    primary_k: int | None = None,
 ) -> dict[str, float]:
     """Weighted kNN accuracy (InstDisc vote, see :func:`knn_predict`) on frozen features.
 
@@ -250,9 +251,9 @@ def knn_eval(
 
     * ``top1_k{k}``, ``top5_k{k}`` for every requested k (top-5 is trivially 1.0 with
       fewer than 6 classes: the true class is among the min(5, C) best);
-    * ``top1``, ``top5``: the values at the largest requested k (k=200 by default, the
-      InstDisc setting);
-    * ``k``: that largest k; ``k_effective_k{k}``: the k actually used, which is smaller
+    * ``top1``, ``top5``: the values at ``primary_k`` (one of ``ks``; ``eval.knn_primary_k``),
+      None: at the largest requested k (k=200 by default, the InstDisc setting);
+    * ``k``: that k (the headline names it); ``k_effective_k{k}``: the k actually used, which is smaller
       than the requested one when the train set has fewer than k rows (clamped).
     """
     tr, ytr, te, yte, c = check_pair(train_f, train_y, test_f, test_y, num_classes)
@@ -262,7 +263,9 @@ def knn_eval(
         result[f"top1_k{k}"] = float(np.mean(r[:, 0] == yte))
         result[f"top5_k{k}"] = float(np.mean((r[:, :5] == yte[:, None]).any(axis=1)))
         result[f"k_effective_k{k}"] = min(k, tr.shape[0])
-    k_main = max(ranks)
+    if primary_k is not None and primary_k not in ranks:
+        raise ValueError(f"eval.knn_primary_k = {primary_k} is not one of eval.knn_k ({', '.join(map(str, ranks))})")
+    k_main = max(ranks) if primary_k is None else primary_k
     result["top1"] = result[f"top1_k{k_main}"]
     result["top5"] = result[f"top5_k{k_main}"]
     result["k"] = k_main
@@ -274,4 +277,5 @@ def run_probe(features: Sequence[Any], settings: Mapping[str, Any]) -> dict[str,
     cell's ``knn_k`` and ``knn_t`` with the ``knn_backend`` search."""
     tr, ytr, te, yte = features
     ks = tuple(settings["knn_k"])
-    return knn_eval(tr, ytr, te, yte, ks=ks, t=settings["knn_t"], backend=settings["knn_backend"])
+    primary = settings.get("knn_primary_k")
+    return knn_eval(tr, ytr, te, yte, ks=ks, t=settings["knn_t"], backend=settings["knn_backend"], primary_k=primary)

@@ -24,6 +24,7 @@ from torch import nn
 
 from ..augment import AugmentConfig, BatchAugment
 from ..cell import BaselineCell, TrainSettings
+from ..lr_scaling import scaled_decay
 from ..models import build_backbone
 from ..training.checkpoint import StepRandom
 from ..training.optim import lr_at, make_optimizer, scaled_lr, set_lr
@@ -68,7 +69,8 @@ def train_supervised(
     torch.manual_seed(cell.seed)
     backbone, feat_dim = build_backbone(tr.backbone, c, h, width=tr.width, pool_grid=tr.pool_grid)
     net = nn.Sequential(backbone, nn.Linear(feat_dim, int(num_classes))).to(dev)
-    opt = make_optimizer(net.parameters(), tr.optimizer, peak, tr.momentum, tr.weight_decay, dev)
+    beta2 = scaled_decay(float(tr.adam_beta2), bs, tr.beta2_scaling)  # the same rule as the cells'
+    opt = make_optimizer(net.parameters(), tr.optimizer, peak, tr.momentum, tr.weight_decay, dev, beta2=beta2)
     aug = BatchAugment(AugmentConfig(**augment), image_size=h, channels=c, mean=mean, std=std)
     rng = StepRandom(cell.seed, dev)
     x_all, y_all = images.to(dev), labels.to(dev)

@@ -65,6 +65,7 @@ __all__ = [
     "loss_rank",
     "paper_family",
     "loss_param_names",
+    "label_defaults",
     "loss_names",
     "config_schema",
     "params_problem",
@@ -86,8 +87,12 @@ class LossSpec:
     ``paper``: who proposed it; ``impl``: ``"<module>:<class>"``, the module relative to
     :mod:`smallbatch.losses` when it starts with a dot; ``aliases``: other accepted names; ``paper_pattern``: a regex
     that recognises the loss in the papers' method names (``paper_results.csv``);
-    ``defaults``: the constructor's parameters and their defaults; ``params``: one JSON
-    schema per parameter, whose ``default`` is the study's (written into the config schema)."""
+    ``params``: one JSON schema per parameter, whose ``default`` is every door's default (the
+    config schema's, CONFIGURATION.md's and the constructor's: ``build_loss(name)``);
+    ``defaults``: the parameters and their defaults, filled from ``params`` (a parameter the
+    config cannot set may be declared here alone); ``unlabelled``: values a cell id leaves
+    out where they are not the default (EqCo's alpha = K, the paper's plain form, where the
+    default 256 is written into the id)."""
 
     name: str
     display: str
@@ -97,6 +102,7 @@ class LossSpec:
     paper_pattern: str = ""
     defaults: dict[str, Any] = field(default_factory=dict)
     params: dict[str, dict] = field(default_factory=dict)
+    unlabelled: dict[str, Any] = field(default_factory=dict)
     stateful: bool = False
     learnable: bool = False
     owns_temperature: bool = False
@@ -116,18 +122,39 @@ class LossSpec:
             raise ValueError(f"loss {self.name!r}: negatives must be one of {NEGATIVES}, not {self.negatives!r}")
         if (self.predictor or self.ema_target) and self.contrastive:
             raise ValueError(f"loss {self.name!r}: a predictor or an EMA target belongs to a method without negatives")
+        self._fill_defaults()
         needs = ({"pred_hidden"} if self.predictor else set()) | ({"ema", "ema_schedule"} if self.ema_target else set())
         if needs - set(self.defaults):
             raise ValueError(
                 f"loss {self.name!r}: its method needs the parameters {sorted(needs - set(self.defaults))}"
             )
-        if set(self.params) - set(self.defaults):
-            raise ValueError(
-                f"loss {self.name!r}: schema parameters {sorted(set(self.params) - set(self.defaults))} "
-                "have no constructor default"
-            )
         if self.owns_temperature and not (self.learnable or self.stateful):
             raise ValueError(f"loss {self.name!r}: a loss that owns its temperature learns it or keeps it as state")
+
+    def _fill_defaults(self) -> None:
+        """``defaults`` completed from ``params``' defaults (one value per parameter: a second,
+        different one is a ValueError naming it)."""
+        declared = {key: sch["default"] for key, sch in self.params.items() if "default" in sch}
+        missing = sorted(set(self.params) - set(declared))
+        if missing:
+            raise ValueError(f"loss {self.name!r}: schema parameters {missing} have no default")
+        for key, value in self.defaults.items():
+            if key in declared and value != declared[key]:
+                raise ValueError(
+                    f"loss {self.name!r}: parameter {key!r} has two defaults ({value!r} and the schema's "
+                    f"{declared[key]!r}); declare it once, in params"
+                )
+        object.__setattr__(self, "defaults", {**self.defaults, **declared})
+        if set(self.unlabelled) - set(self.defaults):
+            raise ValueError(
+                f"loss {self.name!r}: unlabelled names {sorted(set(self.unlabelled) - set(self.defaults))}, not parameters"
+            )
+
+    @property
+    def label_defaults(self) -> dict[str, Any]:
+        """The parameter values a cell id and a report label leave out: the defaults, but for
+        ``unlabelled``."""
+        return {**self.defaults, **self.unlabelled}
 
     @property
     def contrastive(self) -> bool:
@@ -193,7 +220,6 @@ SPECS: dict[str, LossSpec] = {
             paper="Chen et al. 2021 (FlatNCE)",
             impl=".flatnce:FlatNCE",
             paper_pattern=r"flatnce",
-            defaults={"gamma": 1.0},
             params={"gamma": _number("Hölder-mean exponent (1 = FlatNCE, 0 = the geometric mean)", 1.0, minimum=0)},
         ),
         LossSpec(
@@ -209,7 +235,6 @@ SPECS: dict[str, LossSpec] = {
             paper="Yeh et al. 2021 (DCLW)",
             impl=".decoupled:DCLW",
             paper_pattern=r"dclw",
-            defaults={"sigma": 0.5},
             params={
                 "sigma": _number(
                     "width of the von Mises-Fisher weights of the positives (inf = DCL)",
@@ -225,7 +250,6 @@ SPECS: dict[str, LossSpec] = {
             paper="Zhu et al. 2020 (EqCo)",
             impl=".softmax:EqCo",
             paper_pattern=r"eqco|simo",
-            defaults={"alpha": None},
             params={
                 "alpha": {
                     "type": ["number", "null"],
@@ -234,6 +258,7 @@ SPECS: dict[str, LossSpec] = {
                     "description": "the negatives' term is scaled by alpha/K (null: alpha = K, i.e. InfoNCE)",
                 }
             },
+            unlabelled={"alpha": None},
         ),
         LossSpec(
             name="sogclr",
@@ -241,7 +266,6 @@ SPECS: dict[str, LossSpec] = {
             paper="Yuan et al. 2022 (SogCLR)",
             impl=".sogclr:SogCLR",
             paper_pattern=r"sogclr",
-            defaults={"gamma": 0.9},
             params={
                 "gamma": _number(
                     "SogCLR: weight of the batch in u's moving average (1 = no memory: DCL's gradient)",
@@ -258,7 +282,6 @@ SPECS: dict[str, LossSpec] = {
             paper="Qiu et al. 2023 (iSogCLR)",
             impl=".sogclr:ISogCLR",
             paper_pattern=r"isogclr",
-            defaults={"gamma": 0.9, "rho": 0.3, "eta": 0.01, "beta": 0.9, "tau_min": 0.05, "tau_max": 0.7},
             params={
                 "gamma": _number(
                     "iSogCLR: weight of the batch in u's moving average", 0.9, exclusiveMinimum=0, maximum=1
@@ -286,7 +309,6 @@ SPECS: dict[str, LossSpec] = {
             impl=".sigmoid:SigLIP",
             aliases=("sigclr",),
             paper_pattern=r"siglip|sigclr",
-            defaults={"bias_init": -10.0},
             params={
                 "bias_init": {
                     "type": "number",
@@ -314,7 +336,6 @@ SPECS: dict[str, LossSpec] = {
             paper="Koromilas et al. 2024 (KCL)",
             impl=".kernel:KCL",
             paper_pattern=r"\bkcl\b",
-            defaults={"t": 2.0, "gamma": 16.0},
             params={
                 "t": _KERNEL_T,
                 "gamma": _number("KCL: weight of the energy (negatives') term", 16.0, exclusiveMinimum=0),
@@ -328,7 +349,6 @@ SPECS: dict[str, LossSpec] = {
             paper="Zhang et al. 2022 (SimCo, dual temperature)",
             impl=".softmax:DualTemperature",
             paper_pattern=r"simco|simmoco",
-            defaults={"m": 10.0},
             params={"m": _number("SimCo: the inter-anchor temperature is tau * m (1 = InfoNCE)", 10.0, minimum=1)},
         ),
         LossSpec(
@@ -337,7 +357,6 @@ SPECS: dict[str, LossSpec] = {
             paper="Wang & Isola 2020 (alignment and uniformity)",
             impl=".kernel:AlignUniform",
             paper_pattern=r"uniformity",
-            defaults={"lam": 1.0, "alpha": 2.0, "t": 2.0},
             params={
                 "lam": _number(
                     "align_uniform: weight of the uniformity term (0: alignment alone, which collapses)",
@@ -357,7 +376,6 @@ SPECS: dict[str, LossSpec] = {
             paper="Chuang et al. 2020 (debiased contrastive learning)",
             impl=".debiased:Debiased",
             paper_pattern=r"debiased",
-            defaults={"tau_plus": 0.1},
             params={"tau_plus": _number(_TAU_PLUS, 0.1, minimum=0, exclusiveMaximum=1)},
         ),
         LossSpec(
@@ -366,7 +384,6 @@ SPECS: dict[str, LossSpec] = {
             paper="Robinson et al. 2021 (hard negatives, HCL)",
             impl=".debiased:HardNegatives",
             paper_pattern=r"\bhcl\b|hard negative",
-            defaults={"tau_plus": 0.1, "beta": 1.0},
             params={
                 "tau_plus": _number(_TAU_PLUS, 0.1, minimum=0, exclusiveMaximum=1),
                 "beta": _number("HCL: hardness, negatives weighted by exp(beta s/tau) (0 = Debiased)", 1.0, minimum=0),
@@ -386,7 +403,6 @@ SPECS: dict[str, LossSpec] = {
             paper="Chen & He 2021 (SimSiam)",
             impl=".siamese:SimSiam",
             paper_pattern=r"simsiam",
-            defaults={"pred_hidden": None},
             params={"pred_hidden": _PRED_HIDDEN("train.proj_dim / 4, SimSiam's bottleneck (2048 -> 512)")},
             uses_temperature=False,
             negatives="none",
@@ -399,7 +415,6 @@ SPECS: dict[str, LossSpec] = {
             paper="Bardes, Ponce & LeCun 2022 (VICReg)",
             impl=".siamese:VICReg",
             paper_pattern=r"vicreg",
-            defaults={"lam": 25.0, "mu": 25.0, "nu": 1.0},
             params={
                 "lam": _number("VICReg: weight of the invariance (mean squared error) term", 25.0, minimum=0),
                 "mu": _number("VICReg: weight of the variance (hinge on each dimension's std) term", 25.0, minimum=0),
@@ -416,7 +431,6 @@ SPECS: dict[str, LossSpec] = {
             paper="Grill et al. 2020 (BYOL)",
             impl=".siamese:BYOL",
             paper_pattern=r"\bbyol\b",
-            defaults={"pred_hidden": None, "ema": 0.99, "ema_schedule": "cosine"},
             params={
                 "pred_hidden": _PRED_HIDDEN("train.proj_hidden, as wide as the projector (BYOL: 4096 and 4096)"),
                 "ema": _number(
@@ -491,6 +505,12 @@ def paper_family(method: Any) -> str | None:
 def loss_param_names(name: str) -> dict[str, Any]:
     """The extra parameters loss ``name`` accepts, with defaults (temperature excluded)."""
     return dict(loss_spec(name).defaults)
+
+
+def label_defaults(name: str) -> dict[str, Any]:
+    """The parameter values of loss ``name`` that a cell id or a report label leaves out
+    (:attr:`LossSpec.label_defaults`)."""
+    return loss_spec(name).label_defaults
 
 
 def config_schema() -> dict[str, Any]:

@@ -51,11 +51,10 @@ class EqCo(ContrastiveLoss, spec="eqco"):
         L_i = log( exp(s_p/tau) + (alpha/K) sum_{j<=K} exp(s_j/tau) ) - s_p/tau
             = logsumexp([s_p/tau, s_j/tau + log(alpha/K)]) - s_p/tau
 
-    ``alpha = K`` recovers InfoNCE; ``alpha=None`` (default) means "alpha = K"
-    i.e. plain InfoNCE-equivalent (so the loss is the registry's InfoNCE until
-    an alpha is chosen, e.g. alpha = 256 as in the paper's MoCo experiments).
+    ``alpha = K`` recovers InfoNCE, as does ``alpha=None`` ("alpha = K" at every K).
     With a mask, each row uses its own K.
-    Parameters (τ is given per call): ``alpha > 0`` or None (default None).
+    Parameters (τ is given per call): ``alpha > 0`` or None; default 256, the paper's MoCo
+    experiments' (the registry's default, as the config's).
     """
 
     def _rows(self, pos, neg, neg_mask, tau, batch_pos):

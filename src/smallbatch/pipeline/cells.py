@@ -27,7 +27,7 @@ from ..datadigest import data_digest
 from ..datasets import base_dataset
 from ..experiments import SIDE_EXPERIMENTS
 from ..io import check_cell_id  # noqa: F401  (the one id check; import-light, for the CLI's fast paths)
-from ..losses.registry import canonical_name, loss_param_names, loss_spec
+from ..losses.registry import canonical_name, label_defaults, loss_param_names, loss_spec
 from .schema import load_schema
 
 AXIS_ABBREV = {
@@ -125,6 +125,12 @@ def cell_hash(cell: dict) -> str:
     (:func:`execution_keys`), the settings at a default that changes nothing
     (:func:`hashed_when_set`), the hash itself and the data's location (:data:`NAME_KEYS`,
     :data:`WHERE_KEYS`); a renamed setting is hashed under its former name (:func:`former_names`)."""
+    return settings_hash(hashed_settings(cell))
+
+
+def hashed_settings(cell: dict) -> dict:
+    """What :func:`cell_hash` hashes: the cell less the settings it leaves out, a renamed
+    setting under its former name -- the payload a change of a hash is read from."""
     skip, later, former = execution_keys(), hashed_when_set(), former_names()
     skip = {**skip, "": skip[""] | set(WHERE_KEYS)}
 
@@ -139,7 +145,7 @@ def cell_hash(cell: dict) -> str:
     for section in CELL_SECTIONS:
         if isinstance(science.get(section), dict):
             science[section] = kept(section, science[section].items())
-    return settings_hash(science)
+    return science
 
 
 def settings_hash(settings: Any) -> str:
@@ -194,8 +200,9 @@ def _loss_variants(entry: Any, cfg: dict) -> list[tuple[str, dict, dict]]:
 
 
 def loss_label(name: str, params: dict) -> str:
-    """``name`` plus the parameters that differ from the paper's default, e.g. ``eqco-alpha256``."""
-    defaults = loss_param_names(name)
+    """``name`` plus the parameters that differ from the paper's default, e.g. ``eqco-alpha256``
+    (:func:`smallbatch.losses.registry.label_defaults`)."""
+    defaults = label_defaults(name)
     return name + "".join(
         f"-{k}{_fmt(v)}" for k, v in sorted(params.items()) if v is not None and (k not in defaults or v != defaults[k])
     )
@@ -306,7 +313,7 @@ def _section_grid(cfg: dict, section: str, sec: dict) -> Iterable[dict]:
         for entry in sec.get("losses", grid["losses"]):
             for loss, params, ov in _loss_variants(entry, cfg):
                 bss = ov.get("batch_sizes", sec.get("batch_sizes", grid["batch_sizes"]))
-                tss = ov.get("temperatures", sec.get("temperatures", grid["temperatures"]))
+                tss = loss_temperatures(loss, ov.get("temperatures", sec.get("temperatures", grid["temperatures"])))
                 sss = ov.get("seeds", sec.get("seeds", grid["seeds"]))
                 for combo in itertools.product(*(axes[a] for a in axis_names)):
                     tov = dict(train_over)
@@ -327,6 +334,61 @@ def _section_grid(cfg: dict, section: str, sec: dict) -> Iterable[dict]:
                             train_overrides={**tov, **bs_train},
                             suffix=bs_suffix + suffix,
                         )
+
+
+def loss_temperatures(loss: str, taus: list) -> list:
+    """The temperatures a loss's cells take: each of ``taus``; the first alone for a loss without
+    a temperature (the registry's ``uses_temperature``: its cells at the others would train the
+    same network under other ids, copies that could pass for independent runs)."""
+    return list(taus) if loss_spec(loss).uses_temperature else list(taus[:1])
+
+
+def _enabled_sections(cfg: dict) -> Iterable[tuple[str, dict]]:
+    """(config key, section) of the grid and of each side experiment that plans cells."""
+    if cfg["grid"]["enabled"]:
+        yield "grid", cfg["grid"]
+    for name in SIDE_EXPERIMENTS:
+        sec = cfg.get("experiments", {}).get(name)
+        if sec and sec["enabled"]:
+            yield f"experiments.{name}", sec
+
+
+def temperature_notes(cfg: dict) -> list[str]:
+    """One line per section whose temperature axis some of its losses do not have: they are
+    planned once (:func:`loss_temperatures`).  ValueError naming the key when a loss entry's own
+    ``temperatures`` lists several for a loss without one (an axis written for it alone)."""
+    notes = []
+    for where, sec in _enabled_sections(cfg):
+        taus = sec.get("temperatures", cfg["grid"]["temperatures"])
+        key = f"{where}.temperatures" if "temperatures" in sec else "grid.temperatures"
+        free = []
+        for i, entry in enumerate(sec.get("losses", cfg["grid"]["losses"])):
+            name = canonical_name(entry if isinstance(entry, str) else entry["name"])
+            own = entry.get("temperatures") if isinstance(entry, dict) else None
+            if loss_spec(name).uses_temperature:
+                continue
+            if own is not None and len(own) > 1:
+                raise ValueError(_no_axis(f"{where}.losses[{i}].temperatures", own, [name]))
+            if own is None:
+                free.append(name)
+        if free and len(taus) > 1:
+            notes.append(
+                f"note: {_take(free)} no temperature: planned once, at τ = {_fmt(float(taus[0]))} "
+                f"(the first of {key}), not once per τ"
+            )
+    return notes
+
+
+def _no_axis(key: str, taus: list, losses: list[str]) -> str:
+    return (
+        f"config key '{key}' = {taus}: {_take(losses)} no temperature, so each τ would train the same "
+        f"network under another id; give one τ, e.g. [{_fmt(float(taus[0]))}]"
+    )
+
+
+def _take(losses: list[str]) -> str:
+    names = list(dict.fromkeys(losses))
+    return f"{names[0]} takes" if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]} take"
 
 
 def _grid_cells(cfg: dict) -> Iterable[dict]:

@@ -23,14 +23,18 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from ..cell import BaselineCell, Cell, read_cell
 from ..io import DuplicateKey, loads_unique, read_problem
 from .cli_parser import EVAL_FLAGS, TRAIN_FLAGS
 
+if TYPE_CHECKING:
+    from .config import ConfigFiles
+
 EXIT_USAGE = 2
 EXIT_PREEMPTED = 143  # 128 + SIGTERM: SLURM / Snakemake may requeue or retry
+EXIT_INTERRUPTED = 130  # 128 + SIGINT: what a shell reports for a command stopped by Ctrl-C
 
 
 def _coerce(v: str):
@@ -40,6 +44,14 @@ def _coerce(v: str):
         except ValueError:
             pass
     return {"none": None, "null": None, "true": True, "false": False}.get(v.lower(), v)
+
+
+def load_args_config(args, overrides: dict | None = None, default: ConfigFiles = None) -> dict:
+    """The config of the command's ``--config`` files (or ``default``) and ``--set`` pairs, then
+    ``overrides`` (smallbatch.pipeline.config.load_config)."""
+    from .config import load_config
+
+    return load_config(args.config or default, overrides, getattr(args, "set", None))
 
 
 # the kind of cell follows ``baseline``: study cells come from a config's grid or the flags, and
@@ -53,7 +65,6 @@ def resolve_cell(args, baseline: bool = False) -> tuple[Cell | BaselineCell, dic
     ValueError with one line.  ``baseline``: a --cell file must hold a baseline cell (else a
     study cell)."""
     from .cells import expand_cells
-    from .config import load_config
 
     if getattr(args, "threads", None) is not None:  # the config's bounds (threads: 1..1024)
         from .config import check_value
@@ -62,7 +73,7 @@ def resolve_cell(args, baseline: bool = False) -> tuple[Cell | BaselineCell, dic
         check_value(load_schema()["properties"]["threads"], args.threads, "--threads")
     if args.cell is not None or getattr(args, "cell_json", None) is not None:
         _refuse_ignored(args, "--cell" if args.cell is not None else "--cell-json", keep=("threads",))
-        cfg = load_config(args.config)
+        cfg = load_args_config(args)
         if args.cell is not None:
             cell = _read_cell_file(args.cell, baseline)
         else:
@@ -75,7 +86,7 @@ def resolve_cell(args, baseline: bool = False) -> tuple[Cell | BaselineCell, dic
         _refuse_ignored(args, "--cell-id", keep=("threads", "data_root", *TRAIN_FLAGS))
         if args.config is None:
             raise ValueError("--cell-id needs --config")
-        cfg = load_config(args.config, overrides)
+        cfg = load_args_config(args, overrides)
         cells = expand_cells(cfg)
         if args.cell_id not in cells:
             import difflib
@@ -188,7 +199,7 @@ def _standalone_cell(args, overrides: dict) -> tuple[dict, dict]:
     grid cell, so the study's checks (data set size, warm-up, the loss's own) apply to it."""
     from ..losses.registry import canonical_name
     from .cells import make_cell
-    from .config import deep_merge, load_config, validate_config
+    from .config import deep_merge, validate_config
 
     missing = [f for f in ("dataset", "loss", "batch_size", "temperature") if getattr(args, f) is None]
     if missing:
@@ -204,7 +215,7 @@ def _standalone_cell(args, overrides: dict) -> tuple[dict, dict]:
     given = _loss_params(name, args.loss_param)
     seed = args.seed if args.seed is not None else 0
     ds_opts = {k: getattr(args, k) for k in ("image_size", "train_subset") if getattr(args, k, None) is not None}
-    base = load_config(args.config) if args.config else {}
+    base = load_args_config(args) if args.config or args.set else {}
     # the study's other data sets and side experiments stay out of a stand-alone cell
     overrides["datasets"] = {args.dataset: {**base.get("datasets", {}).get(args.dataset, {}), **ds_opts}}
     overrides["grid"] = {
@@ -262,20 +273,27 @@ def _tracking(args, cfg: dict) -> tuple[str | None, str]:
 
 
 def cell_folder(args, cell: Cell | BaselineCell, cfg: dict) -> Path:
-    """The cell's folder: that of its --cell file when the file is the cell.json pretraining
-    wrote into it (``.../runs/<id>/cell.json``), else ``<results_dir>/runs/<id>``."""
-    own = ("runs", *cell.id.split("/"))
-    if getattr(args, "cell", None) is not None and args.cell.parent.parts[-len(own) :] == own:
-        return args.cell.parent
-    return Path(cfg["results_dir"]) / "runs" / cell.id
+    """The cell's folder: that of its --cell file when the file is the cell.json written into
+    it (``<results>/runs/<id>/cell.json``, a baseline's ``<results>/<id>/cell.json``), else
+    ``<results_dir>/runs/<id>`` (``<results_dir>/<id>``).  Its results folder is held
+    (:func:`smallbatch.io.add_results_folder`): nothing is written there through a link."""
+    from ..io import add_results_folder
+
+    own = tuple(cell.id.split("/")) if isinstance(cell, BaselineCell) else ("runs", *cell.id.split("/"))
+    given = getattr(args, "cell", None)
+    if given is not None and given.parent.parts[-len(own) :] == own:
+        root = given.parent.parents[len(own) - 1]
+    else:
+        root = Path(cfg["results_dir"])
+    add_results_folder(root)
+    return root.joinpath(*own)
 
 
 # --------------------------------------------------------------------------- commands
 def cmd_cells(args) -> int:
     from .cells import baseline_cells, expand_cells
-    from .config import load_config
 
-    cfg = load_config(args.config or [Path("config.yaml")])
+    cfg = load_args_config(args, default=[Path("config.yaml")])
     cells = {cid: Cell.of(c) for cid, c in expand_cells(cfg).items()}
     base = {bid: BaselineCell.of(c) for bid, c in baseline_cells(cfg).items()}
     if args.write:
@@ -292,15 +310,20 @@ def cmd_cells(args) -> int:
     if args.baselines:
         for cid, cell in base.items():
             print(f"{cid}\t{cell.hash}")
+    from .cells import temperature_notes
+    from .config import sets_line
+
+    overridden = sets_line(args.set)  # the plan says what the command line changed
+    for line in ([overridden] if overridden else []) + temperature_notes(cfg):
+        print(line, file=sys.stderr)
     print(f"{len(cells)} cells, {len(base)} baselines", file=sys.stderr)
     return 0
 
 
 def cmd_init_store(args) -> int:
     from ..tracking import init_store
-    from .config import load_config
 
-    cfg = load_config(args.config)
+    cfg = load_args_config(args)
     uri, exp = _tracking(args, cfg)
     if uri is None:
         raise ValueError("init-store needs a tracking URI")
@@ -316,10 +339,9 @@ def cmd_init_store(args) -> int:
 
 
 def cmd_prepare_data(args) -> int:
-    from .config import load_config
     from .jobs import prepare_data
 
-    cfg = load_config(args.config)
+    cfg = load_args_config(args)
     ds = {**cfg["datasets"].get(args.dataset, {})} if args.dataset in cfg["datasets"] else {}
     for k in ("image_size", "train_subset", "test_subset"):
         v = getattr(args, k)
@@ -466,12 +488,11 @@ def _eval_overrides(kind: str, args) -> dict:
 
 def cmd_baseline(args) -> int:
     from .cells import baseline_cells
-    from .config import load_config
 
     if args.cell is not None or args.cell_json is not None:
         cell, cfg = resolve_cell(args, baseline=True)
     else:
-        cfg = load_config(args.config)
+        cfg = load_args_config(args)
         cells = baseline_cells(cfg)
         if args.cell_id not in cells:
             raise ValueError(f"no baseline {args.cell_id!r}; baselines of this config: {', '.join(cells)}")
@@ -480,7 +501,7 @@ def cmd_baseline(args) -> int:
     from .jobs import run_baseline
 
     uri, exp = _tracking(args, cfg)
-    out = args.out or Path(cfg["results_dir"]) / cell.id / "result.json"
+    out = args.out or cell_folder(args, cell, cfg) / "result.json"
     _not_an_input(out, "--out", data_cache=args.data_cache, cell_file=args.cell)
     res = run_baseline(cell, out, tracking_uri=uri, experiment=exp, cache=args.data_cache, device=args.device)
     print(json.dumps(res))
@@ -488,10 +509,9 @@ def cmd_baseline(args) -> int:
 
 
 def cmd_mi(args) -> int:
-    from .config import load_config
     from .mi_job import run_mi_step
 
-    cfg = load_config(args.config)
+    cfg = load_args_config(args)
     if args.section_json is not None:
         try:
             section = loads_unique(args.section_json)
@@ -533,16 +553,30 @@ def cmd_config_reference(args) -> int:
     return 0
 
 
+def _json_object(text: str | None, flag: str) -> dict:
+    """The JSON object ``text`` ({} for None); ValueError naming ``flag`` for anything else."""
+    if text is None:
+        return {}
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{flag}: not JSON ({exc.msg} at character {exc.pos})") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"{flag}: must be a JSON object, got {type(obj).__name__}")
+    return obj
+
+
 def cmd_report(args) -> int:
     from ..report import build_report
-    from .config import load_config, resolve_tracking_uri
+    from .config import resolve_tracking_uri
 
-    cfg = load_config(args.config)
+    plan = None if args.analysis is None else {"analysis": _json_object(args.analysis, "--analysis")}
+    cfg = load_args_config(args, overrides=plan)
     uri = args.tracking_uri or resolve_tracking_uri(cfg)
     # Without --experiment/--config the report takes the store's only experiment.
     exp = args.experiment or (cfg["study"] if args.config else None)
-    try:
-        index = build_report(uri, args.out, experiment=exp, log_run=True)  # also a run of kind report
+    try:  # also a run of kind report
+        index = build_report(uri, args.out, experiment=exp, log_run=True, analysis=cfg["analysis"])
     except (PermissionError, FileExistsError, IsADirectoryError, NotADirectoryError) as exc:
         # e.g. a folder without write permission: one line, not a traceback
         raise ValueError(f"cannot write the report to {args.out}: {exc.strerror} ({exc.filename})") from None
@@ -564,6 +598,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; Ctrl-C (SIGINT) anywhere in it ends it with one line and exit 130, no traceback."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("smallbatch: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _main(argv: list[str] | None) -> int:
     if argv is None:  # a process of its own: a workflow job may hand the command to the warm server
         from .warm import delegate
 
@@ -571,7 +614,9 @@ def main(argv: list[str] | None = None) -> int:
         if rc is not None:
             return rc
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        _unrecognized(parser, extra)
     _set_verbosity(args.verbosity)
     from .. import tracking
     from ..errors import Preempted
@@ -596,6 +641,19 @@ def main(argv: list[str] | None = None) -> int:
 
             traceback.print_exc()
         return EXIT_USAGE
+
+
+def _unrecognized(parser: argparse.ArgumentParser, extra: list[str]) -> None:
+    """argparse's error for arguments no option takes, saying ``--set`` where one reads as a
+    config override (``grid.seeds=[0]``: Hydra's and Lightning's form)."""
+    from .config import looks_like_override
+
+    pairs = [a for a in extra if looks_like_override(a)]
+    if pairs:
+        parser.error(
+            f"unrecognized arguments: {' '.join(extra)}; to override a config key write --set {' '.join(pairs)}"
+        )
+    parser.error(f"unrecognized arguments: {' '.join(extra)}")
 
 
 #: the file each command writes, by its flag's dest: checked before any work (a device, FIFO,

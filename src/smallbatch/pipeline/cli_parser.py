@@ -117,6 +117,21 @@ def config_flag(text: str) -> dict:
     }
 
 
+#: ``--set``'s help (every command that reads a config takes it)
+SET_HELP = (
+    "override config keys for this run, laid over the --config files as one more file would be: "
+    "KEY dotted, VALUE read as YAML 1.2 (a number, true, text, [0, 1], {image_size: 8}), e.g. "
+    "--set grid.seeds=[0] train.epochs=2; quote a pair that holds a space for your shell"
+)
+
+
+def add_config(parser, text: str) -> None:
+    """Add ``--config`` (:func:`config_flag`) and ``--set KEY=VALUE ...`` to ``parser`` (a parser
+    or an argument group)."""
+    parser.add_argument("--config", **config_flag(text))
+    parser.add_argument("--set", nargs="+", action="extend", metavar="KEY=VALUE", help=SET_HELP)
+
+
 def _parent() -> argparse.ArgumentParser:
     return argparse.ArgumentParser(add_help=False)
 
@@ -131,7 +146,7 @@ def which_cell() -> argparse.ArgumentParser:
         "cell.json pretraining writes into the cell's folder)",
     )
     g.add_argument("--cell-json", metavar="JSON", help="the cell itself as JSON (what the Snakemake rules pass)")
-    g.add_argument("--config", **config_flag("study config YAML (default values otherwise)"))
+    add_config(g, "study config YAML (default values otherwise)")
     g.add_argument("--cell-id", help="id of a cell of --config, e.g. fashion_mnist/flatnce/bs32-t0.1-s0")
     return p
 
@@ -355,16 +370,16 @@ def _adder(sub, parents: dict):
 
 def _study_commands(add) -> None:
     c = add("cells", "list the study's cells (id, hash, negatives K) and write their cell.json files")
-    c.add_argument("--config", **config_flag("study config (default: config.yaml)"))
+    add_config(c, "study config (default: config.yaml)")
     c.add_argument("--write", action="store_true", help="write results/runs/<id>/cell.json for every cell")
     c.add_argument("--baselines", action="store_true", help="list the baseline cells too")
 
     c = add("init-store", "create the MLflow store's schema and the study's experiment once", "tracking")
-    c.add_argument("--config", **config_flag("study config (its tracking_uri and study name)"))
+    add_config(c, "study config (its tracking_uri and study name)")
     c.add_argument("--touch", type=path_value, help="write this marker file when done (for the workflow)")
 
     c = add("prepare-data", "load a data set through its real loader and cache it as one tensor file")
-    c.add_argument("--config", **config_flag("study config (data.root, datasets.<name> options)"))
+    add_config(c, "study config (data.root, datasets.<name> options)")
     c.add_argument("--dataset", required=True, help=DATASET_NAMES)
     c.add_argument("--data-root")
     c.add_argument("--download", action="store_true", help="let torchvision download when files are missing")
@@ -392,7 +407,8 @@ def _cell_commands(add) -> None:
     c.add_argument(
         "--no-progress",
         action="store_true",
-        help="no progress bar (its log then holds the summary line alone; -q does this and more)",
+        help="no progress (a bar on a terminal, a line per 10 %% of the steps with rate and ETA in a log "
+        "file; without it the log holds the summary line alone; -q does this and more)",
     )
 
     c = add(
@@ -473,7 +489,7 @@ def _study_outputs(add) -> None:
     c.add_argument(
         "--section-json", metavar="JSON", help="the experiments.mi section itself as JSON (what the workflow passes)"
     )
-    c.add_argument("--config", **config_flag("study config (its experiments.mi when --section is absent)"))
+    add_config(c, "study config (its experiments.mi when --section is absent)")
     c.add_argument("--out", type=path_value, default=Path("results/mi/results.json"), help="rows as JSON")
 
     c = add(
@@ -485,12 +501,17 @@ def _study_outputs(add) -> None:
     c.add_argument("--idle-timeout", type=float, default=3600.0, help="stop after this many seconds without a command")
 
     c = add("report", "rebuild every table and figure of a study from the MLflow store alone", "tracking")
-    c.add_argument(
-        "--config",
-        **config_flag(
-            "study config (its tracking store and study name, when --tracking-uri / --experiment are not given)"
-        ),
+    add_config(
+        c,
+        "study config (its tracking store and study name, when --tracking-uri / --experiment are not given, "
+        "and its analysis plan)",
     )
     c.add_argument(
         "--out", type=path_value, default=Path("results/report"), help="report folder (default: results/report)"
+    )
+    c.add_argument(
+        "--analysis",
+        metavar="JSON",
+        help="the analysis plan as a JSON object laid over the config's analysis key (the workflow passes the "
+        "study's); validated like the config key",
     )

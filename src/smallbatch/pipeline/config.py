@@ -24,16 +24,16 @@ from .. import augment_config as _aug
 from ..cell import Cell
 from ..datasets import SPLIT_SIZES, base_dataset, pretrain_split, subset_problem
 from ..experiments import SIDE_EXPERIMENTS, needs_problem
-from ..io import read_problem, text_problem
+from ..io import add_results_folder, read_problem, text_problem
 from ..losses.registry import canonical_name, loss_param_names
 from ..probe_registry import probes_problem
 from ..tracking import tracking_uri_problem
 from .cellcheck import cell_problem
-from .cells import expand_cells
+from .cells import expand_cells, temperature_notes
 from .schema import load_schema
 from .schema import one_line as _one_line
 from .schema import validator_with_defaults as _validator_with_defaults
-from .yaml12 import ambiguities
+from .yaml12 import ambiguities, too_large, yaml12
 
 
 class ConfigError(ValueError):
@@ -178,8 +178,9 @@ def _check_cells(cfg: dict) -> None:
     """Each cell's batch size against its pretraining images (where their number is
     known), its warm-up against its budget, and its loss's own checks of its parameters."""
     try:
+        temperature_notes(cfg)  # a temperature axis of no loss
         cells = expand_cells(cfg)
-    except ValueError as exc:  # two cells with one id
+    except ValueError as exc:  # that, or two cells with one id
         raise ConfigError(str(exc)) from None
 
     for cid, cell in cells.items():
@@ -232,7 +233,8 @@ def check_data_roots(cfg: dict) -> None:
         if not ok:
             raise ConfigError(
                 f"config key '{key}' = '{root}': no {name} files there (expected {need}); "
-                "fix the root or set data.download: true"
+                "fix the root or set data.download: true (for one run: --set data.download=true; "
+                "snakemake --config set=data.download=true)"
             )
 
 
@@ -300,7 +302,8 @@ class _DuplicateKey(ValueError):
 
 
 class _Ambiguous(ValueError):
-    """A form YAML 1.1 and YAML 1.2 read differently (:mod:`.yaml12`)."""
+    """A form YAML 1.1 and YAML 1.2 read differently, or a tree too large once its aliases are
+    expanded (:mod:`.yaml12`): refused before its values are built."""
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -308,7 +311,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     and so is a form that YAML 1.1 and 1.2 read differently (:func:`.yaml12.ambiguities`)."""
 
     def construct_document(self, node):
-        problem = next(ambiguities(self, node), None)
+        problem = too_large(node) or next(ambiguities(self, node), None)
         if problem:
             raise _Ambiguous(problem)
         return super().construct_document(node)
@@ -328,6 +331,28 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+_PLAIN = "tag:smallbatch,2026:yaml12-plain"
+
+
+class _Yaml12Loader(_UniqueKeyLoader):
+    """One ``--set`` value: every plain scalar read by YAML 1.2's rules (:func:`.yaml12.yaml12`);
+    quoted and explicitly tagged ones as YAML reads them; a key given twice is an error."""
+
+    def resolve(self, kind, value, implicit):
+        if kind is yaml.ScalarNode and implicit[0]:
+            return _PLAIN
+        return super().resolve(kind, value, implicit)
+
+    def construct_document(self, node):  # YAML 1.2 alone reads it: no 1.1 reading to differ from
+        problem = too_large(node)  # an alias bomb is refused on the command line as in a file
+        if problem:
+            raise _Ambiguous(problem)
+        return yaml.SafeLoader.construct_document(self, node)
+
+
+_Yaml12Loader.add_constructor(_PLAIN, lambda loader, node: yaml12(node.value))
+
+
 #: what load_config reads: one config file, several (laid over one another in order), or none
 ConfigFiles = str | Path | list[str | Path] | tuple[str | Path, ...] | None
 
@@ -338,27 +363,158 @@ def _default_config() -> dict:
     return validate_config({})
 
 
-def load_config(path: ConfigFiles = None, overrides: dict | None = None) -> dict:
+def load_config(path: ConfigFiles = None, overrides: dict | None = None, sets: list[str] | None = None) -> dict:
     """The validated study config of YAML file ``path``, or of a list of files laid one over
-    another in order (:func:`_lay_over`), with ``overrides`` laid over them; the schema's
-    defaults fill what none sets.  The one reader of config files: the CLI's repeated
-    ``--config`` and the workflow's ``--configfile A B`` both come here (and print
-    :func:`base_notice` when the first file names no study).  The empty config's validation
-    (0.27 s: its 80 default cells are checked) is done once per process (every ``--cell-json``
-    step reads it; the warm server does it before it forks)."""
+    another in order (:func:`_lay_over`), then the ``KEY=VALUE`` overrides ``sets``
+    (:func:`read_sets`) laid over them as one more file, then ``overrides`` (a mapping); the
+    schema's defaults fill what none sets.  The one reader of config files: the CLI's repeated
+    ``--config`` and ``--set`` and the workflow's ``--configfile A B`` and ``--config set=...``
+    all come here (and print :func:`base_notice` when the first file names no study).  The empty
+    config's validation (its 80 default cells are checked) is done once per process (every
+    ``--cell-json`` step reads it; the warm server does it before it forks).  Its ``results_dir``
+    is held (:func:`smallbatch.io.add_results_folder`): nothing is written there through a link."""
     paths = _paths(path)
-    if not paths and not overrides:
-        return copy.deepcopy(_default_config())
-    cfg: dict = {}
-    for p in paths:
-        cfg = _lay_over(cfg, read_config_file(p), p)
-    if overrides:
-        cfg = deep_merge(cfg, overrides)
+    if not paths and not overrides and not sets:
+        cfg = copy.deepcopy(_default_config())
+    else:
+        cfg = {}
+        for p in paths:
+            cfg = _lay_over(cfg, read_config_file(p), p)
+        if sets:
+            cfg = _lay_over(cfg, read_sets(sets), "--set")
+        cfg = _validated(deep_merge(cfg, overrides) if overrides else cfg, paths)
+    if cfg.get("results_dir"):
+        add_results_folder(cfg["results_dir"])
+    return cfg
+
+
+def _validated(cfg: dict, paths: list) -> dict:
+    """:func:`validate_config` of ``cfg``, read from ``paths``; a value nested too deep to be
+    walked is a ConfigError naming the files instead of Python's recursion error."""
     try:
         return validate_config(cfg)
     except RecursionError:
         where = f"config file {', '.join(map(str, paths))}" if paths else "the config"
         raise ConfigError(f"{where} nests its values too deep to be checked; no config key nests so deep") from None
+
+
+#: the key of Snakemake's ``--config`` that carries the ``--set`` pairs: ``--config set='grid.seeds=[0] train.epochs=2'``
+SET_KEY = "set"
+#: a dotted config key as ``--set`` takes it: names of letters, digits, '_' and '-' joined by dots
+_SET_KEY = re.compile(r"[A-Za-z_][\w-]*(\.[A-Za-z0-9_][\w-]*)*")
+
+
+def read_sets(pairs: list[str]) -> dict:
+    """The overlay that ``--set`` pairs ``KEY=VALUE`` make: ``grid.seeds=[0]`` is
+    ``{grid: {seeds: [0]}}``; each VALUE a YAML 1.2 scalar or flow collection (:func:`read_set_value`),
+    later pairs merged into earlier ones.  ConfigError naming the pair when it is not
+    ``KEY=VALUE`` or its key is given twice."""
+    doc: dict = {}
+    seen: set[str] = set()
+    for pair in pairs:
+        key, _, text = pair.partition("=")
+        key = key.strip()
+        if not looks_like_override(pair):
+            raise ConfigError(
+                f"override {pair!r} is not KEY=VALUE with a dotted config key; write e.g. grid.seeds=[0] train.epochs=2"
+            )
+        if key in seen:
+            raise ConfigError(f"override '{key}' is given twice; give each key once")
+        seen.add(key)
+        value: Any = read_set_value(text, key)
+        for part in reversed(key.split(".")):
+            value = {part: value}
+        doc = deep_merge(doc, value)
+    return doc
+
+
+def looks_like_override(text: str) -> bool:
+    """``text`` is ``KEY=VALUE`` with a dotted config key (what ``--set`` takes)."""
+    key, eq, _ = text.partition("=")
+    return bool(eq) and _SET_KEY.fullmatch(key.strip()) is not None
+
+
+def snakemake_settings(settings: dict) -> dict:
+    """Snakemake's ``--config KEY=VALUE`` pairs (but ``set``) as YAML 1.2 reads their values:
+    Snakemake reads a value that is no number with YAML's base loader, every scalar as text, so
+    ``grid={seeds: [0]}`` would hold the text '0' and ``keep_features=true`` the text 'true'."""
+
+    def typed(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: typed(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [typed(v) for v in value]
+        return yaml12(value) if isinstance(value, str) else value
+
+    return {k: typed(v) for k, v in settings.items() if k != SET_KEY}
+
+
+def snakemake_sets(value: Any) -> list[str]:
+    """The pairs of Snakemake's ``--config set='KEY=VALUE KEY=VALUE'``: split at the blanks outside
+    brackets and quotes (:func:`split_pairs`).  Snakemake has read the word as YAML 1.1 first: a
+    pair holding ': ' (``datasets.digits={image_size: 8}``) came back as a one-key mapping, put
+    back here; any other non-text is a ConfigError saying how to write it."""
+    if isinstance(value, dict) and len(value) == 1 and all(isinstance(x, str) for x in (*value, *value.values())):
+        value = "".join(f"{k}: {v}" for k, v in value.items())
+    if not isinstance(value, str):
+        raise ConfigError(
+            f"--config {SET_KEY}={value!r} is not KEY=VALUE pairs; write them as one quoted word, "
+            f"e.g. --config {SET_KEY}='grid.seeds=[0] train.epochs=2'"
+        )
+    return split_pairs(value)
+
+
+def split_pairs(text: str) -> list[str]:
+    """``text`` split at its blanks outside brackets and quotes: ``a=[0, 1] b='x y'`` is
+    ``["a=[0, 1]", "b='x y'"]`` (no shell reads it)."""
+    pairs, word, depth, quote = [], "", 0, ""
+    for c in text:
+        if quote:
+            quote = "" if c == quote else quote
+        elif c in "'\"":
+            quote = c
+        elif c in "[{":
+            depth += 1
+        elif c in "]}":
+            depth -= 1
+        elif c.isspace() and depth <= 0:
+            pairs.append(word)
+            word = ""
+            continue
+        word += c
+    return [p for p in [*pairs, word] if p]
+
+
+def read_set_value(text: str, key: str) -> Any:
+    """``--set KEY=TEXT``'s value: ``text`` read as YAML 1.2 reads it (``1e-3`` a number, ``yes``
+    and ``010`` what they say), a flow collection (``[0, 1]``, ``{image_size: 8}``) too; no shell
+    and no other reader sees it.  ConfigError naming ``key`` when it is not YAML."""
+    loader = _Yaml12Loader(text)
+    try:
+        return loader.get_single_data()
+    except _DuplicateKey as exc:
+        raise ConfigError(f"override '{key}': the key {exc.key!r} is given twice in one mapping") from None
+    except _Ambiguous as exc:
+        raise ConfigError(f"override '{key}': {exc}") from None
+    except yaml.YAMLError as exc:
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(
+            f"override '{key}' = {text} is not a YAML value ({problem}); quote text, e.g. {key}='{text}'"
+        ) from None
+    finally:
+        loader.dispose()
+
+
+def sets_line(sets: list[str] | None) -> str | None:
+    """The one line a plan prints for its ``--set`` overrides (each key with its value as read),
+    e.g. ``overrides: grid.seeds = [0], train.epochs = 2``; None without any."""
+    if not sets:
+        return None
+    shown = []
+    for pair in sets:
+        key, _, text = pair.partition("=")
+        shown.append(f"{key.strip()} = {_yaml_flow(read_set_value(text, key.strip()))}")
+    return "overrides: " + ", ".join(shown)
 
 
 def base_notice(path: ConfigFiles) -> str | None:
@@ -534,8 +690,11 @@ def reference_markdown() -> str:
         "`tests/pipeline/test_config.py` fails when this file and the schema differ.\n\n"
         "## Several files\n\n"
         "`snakemake --configfile A B C` and `smallbatch <command> --config A --config B --config C` "
-        "read the same config: the files laid one over another in order, then Snakemake's "
-        "`--config KEY=VALUE` pairs (`smallbatch.pipeline.config.load_config`).\n\n"
+        "read the same config: the files laid one over another in order, then the one-off overrides "
+        "`smallbatch <command> --set grid.seeds=[0] train.epochs=2` (`snakemake --config "
+        "set='grid.seeds=[0] train.epochs=2'`) as one more file (dotted keys, values read as YAML 1.2, "
+        "printed with the plan), then Snakemake's other `--config KEY=VALUE` pairs (their values read as YAML 1.2) "
+        "(`smallbatch.pipeline.config.load_config`).\n\n"
         "- A later file is merged into the earlier ones key by key: a mapping (`datasets`, `train`, "
         "`experiments.mi`, ...) keeps the earlier file's keys it does not set; a list or a value replaces "
         "the earlier one whole.\n"

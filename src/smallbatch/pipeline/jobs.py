@@ -21,6 +21,7 @@ from ..cell import BaselineCell, Cell, snapshot_names
 from ..errors import Preempted
 from ..evaluation import percent
 from ..io import CellBusy, CellLock, UnsafeTarget, nullcontext_lock, write_json
+from ..lr_scaling import resolved_knobs
 from ..probe_registry import probe_function, probe_spec
 from ..tracking import TrackingError
 from .cells import flat_params
@@ -187,6 +188,18 @@ def _log_fn(run, world, tracking_uri):
     return (lambda metrics, step: None) if tracking_uri and not world.is_main else None
 
 
+def run_params(cell: Cell, d) -> dict[str, str]:
+    """A cell run's MLflow params: its settings (:func:`.cells.flat_params`), its data's image size
+    and pretraining images, and its batch-dependent knobs as it trains them (``resolved.train.adam_beta2``
+    at its batch size, ...: :func:`smallbatch.lr_scaling.resolved_knobs`, the values training uses)."""
+    params = flat_params(cell.to_dict())
+    params["image_size"] = str(d.train_x.shape[-1])
+    params["pretrain_images"] = str(d.pretrain_x.shape[0])
+    knobs = resolved_knobs(cell.train, cell.batch_size, cell.loss_params)
+    params.update({f"resolved.{k}": repr(v) for k, v in knobs.items()})
+    return params
+
+
 def _pretrain_run(cell: Cell, out_dir: Path, d, uri: str | None, experiment: str, restart: bool):
     """The cell's MLflow run: the one its resumable state logs to (an error if the store
     lost it), else found by id and hash, else new; a restart starts a new run."""
@@ -194,9 +207,7 @@ def _pretrain_run(cell: Cell, out_dir: Path, d, uri: str | None, experiment: str
 
     if not uri:
         return None
-    params = flat_params(cell.to_dict())
-    params["image_size"] = str(d.train_x.shape[-1])
-    params["pretrain_images"] = str(d.pretrain_x.shape[0])
+    params = run_params(cell, d)
     state = out_dir / "state.pt"
     prior = None if restart else checkpoint.state_run_id(state, cell)
     try:

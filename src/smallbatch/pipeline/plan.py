@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..cell import BaselineCell, Cell, read_cell, snapshot_names
-from ..io import UnsafeTarget, open_regular, path_kind, write_text
+from ..io import UnsafeTarget, add_results_folder, check_inside, link_leaving, open_regular, path_kind, write_text
 from ..probe_registry import probe_spec
 from .cells import baseline_cells, data_cache_settings, expand_cells, settings_hash
 from .jobs import record_cell
@@ -52,6 +52,7 @@ class StudyPlan:
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> StudyPlan:
         r = config["results_dir"]
+        add_results_folder(r)
         cells = {cid: _typed(c, Cell) for cid, c in expand_cells(config).items()}
         bases = {bid: _typed(c, BaselineCell) for bid, c in baseline_cells(config).items()}
         plan = cls(r, cells, bases, {p: probe_spec(p).file for p in config["eval"]["probes"]})
@@ -95,6 +96,7 @@ class StudyPlan:
         planned, stamp = self.settings.get(folder), Path(stamp)
         if planned is None or stamp.name != f".settings-{planned[0]}":
             raise ValueError(f"{stamp}: no such settings are planned for {self.results_dir}/{folder}")
+        check_inside(stamp)  # no stamp removed or written through a linked folder
         removed = [old for old in stamp.parent.glob(".settings-*") if old.name != stamp.name and not old.is_dir()]
         for old in removed:
             old.unlink()
@@ -174,7 +176,8 @@ def hold_results_folder(results_dir: str) -> int:
     held for the life of the process (the descriptor returned; keep it open).  Two runs on one
     folder from different working directories (Snakemake's own lock is per working directory)
     would otherwise remove each other's job logs and outputs; the second stops before any job
-    with one line naming the first."""
+    with one line naming the first.  A link in the folder to a place outside it is refused
+    (:func:`smallbatch.io.link_leaving`): the jobs' logs and outputs would be written there."""
     Path(results_dir).mkdir(parents=True, exist_ok=True)
     path = f"{results_dir}/.snakemake-run.lock"
     try:  # never through a link, a FIFO or a hard link (the PID written into it would land there)
@@ -192,6 +195,13 @@ def hold_results_folder(results_dir: str) -> int:
             f"results folder {results_dir} is in use by another Snakemake run (process {holder}); wait for it "
             "to finish, or give this run another results_dir"
         ) from None
+    link = link_leaving(results_dir)
+    if link:
+        os.close(fd)
+        raise ValueError(
+            f"results folder {results_dir} holds the link {link}, which leads outside it; refused (smallbatch "
+            "writes nothing outside its results folder): remove the link"
+        )
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
     return fd

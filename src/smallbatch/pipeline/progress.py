@@ -19,6 +19,8 @@ import re
 import sys
 from dataclasses import dataclass, field
 
+from ..training.progress import clock  # noqa: F401  (the console's times; imported from here too)
+
 #: rules whose finished job completes a cell, and how a job of each names its cell
 CELL_RULES = {
     "evaluate": lambda w: w.get("cell", "cell"),
@@ -38,16 +40,6 @@ KEPT_MESSAGES = re.compile(r"^(Nothing to be done|Complete log|Exiting because|W
 RESTART = re.compile(r"^Trying to restart job (\S+)\.")
 #: exceptions Snakemake logs for a failed job, before the job's own error (which names it and its log)
 JOB_EXCEPTIONS = ("RuleException", "CalledProcessError")
-
-
-def clock(seconds: float) -> str:
-    """``42 s``, ``3 min 07 s``, ``1 h 02 min``."""
-    s = max(0, int(round(seconds)))
-    if s < 60:
-        return f"{s} s"
-    if s < 3600:
-        return f"{s // 60} min {s % 60:02d} s"
-    return f"{s // 3600} h {s % 3600 // 60:02d} min"
 
 
 @dataclass

@@ -7,7 +7,9 @@ PyYAML (and Snakemake, which reads ``--configfile`` itself) reads YAML 1.1: ``1:
 A plain scalar whose two readings differ is refused with one line naming its key, its line
 and both readings (:func:`ambiguities`), so the study never runs on a value its author did
 not mean; as are a mapping with two ``<<`` merge keys (one would be dropped) and a key that
-is not text (``~: 1``, ``1: x``).
+is not text (``~: 1``, ``1: x``).  A tree whose aliases expand to more values than any study's
+config holds (an alias bomb: a kilobyte nesting 10^8 values) is refused before anything walks
+it (:func:`expanded_values`).
 """
 
 from __future__ import annotations
@@ -58,6 +60,52 @@ def _same(a: Any, b: Any) -> bool:
 
 def _shown(value: Any) -> str:
     return f"the text {value!r}" if isinstance(value, str) else repr(value)
+
+
+#: the most values a config file may hold once its aliases are expanded: far more than a study's
+#: config, far fewer than an alias bomb (whose validation would walk every one of them)
+MAX_VALUES = 100_000
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return []
+
+
+def expanded_values(node: yaml.Node, limit: int = MAX_VALUES) -> int:
+    """How many nodes ``node``'s tree holds with every alias expanded, counted up to ``limit + 1``
+    (more is not counted); each node's count is computed once, so an alias bomb costs what it
+    is long.  A node that holds itself (an alias inside its own anchor) counts ``limit + 1``."""
+    sizes: dict[int, int] = {}
+    active: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(node, False)]
+    while stack:
+        n, done = stack.pop()
+        if done:
+            active.discard(id(n))
+            total = 1 + sum(sizes.get(id(k), limit + 1) for k in _children(n))
+            sizes[id(n)] = max(sizes.get(id(n), 0), min(total, limit + 1))
+        elif id(n) in active:
+            sizes[id(n)] = limit + 1
+        elif id(n) not in sizes:
+            active.add(id(n))
+            stack.append((n, True))
+            stack += [(k, False) for k in _children(n) if id(k) not in sizes]
+    return sizes[id(node)]
+
+
+def too_large(node: yaml.Node) -> str | None:
+    """One line (without the file's name) when ``node``'s tree expands to more than
+    :data:`MAX_VALUES` values, else None."""
+    if expanded_values(node) <= MAX_VALUES:
+        return None
+    return (
+        f"its aliases (*name) expand to more than {MAX_VALUES} values (an alias bomb, or an alias inside its "
+        "own anchor); write the values out, or alias fewer times"
+    )
 
 
 def ambiguities(loader: yaml.SafeLoader, node: yaml.Node) -> Iterator[str]:

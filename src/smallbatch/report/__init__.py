@@ -25,7 +25,11 @@ Conventions
   ``mean ± std (k/n diverged)`` when only some did.  A cell whose runs exist but
   have not logged the metric yet reads ``pending``.  The bad runs are listed.
 * When several runs carry the same cell id (a changed config is a new run), the
-  newest one is used and the count of superseded runs is stated in index.md.
+  newest one that holds results is used and the count of superseded runs is stated in
+  index.md; a newer run that failed (a rerun that crashed) is listed with the failed runs.
+* The folder: every file is listed in its manifest before it is written, and a build
+  holds the folder's lock (:data:`LOCK`), so a build stopped at any point leaves a folder
+  the next build completes, and two builds never write one folder at once.
 
 Layers
 ------
@@ -41,16 +45,18 @@ section reported are counted in index.md, never silently dropped.
 
 from __future__ import annotations
 
+import glob
 import importlib
 import sys
 from pathlib import Path
 
 from ..experiments import section_names
-from ..io import write_text
+from ..io import FolderLock, add_results_folder, make_folder, write_text
 from ..tracking import StoreReader, TrackingError, log_report_run
 from .aggregate import aggregate_cells
-from .context import MANIFEST, ReportContext, SectionOutput, check_claim
+from .context import MANIFEST, ReportContext, SectionOutput, check_claim, write_manifest
 from .index import index_markdown
+from .plan import AnalysisPlan
 from .runs import METRICS, load_runs
 from .sections import baselines, cost, diverged, grid, mi, papers, representation
 from .sections.papers import load_papers
@@ -156,7 +162,18 @@ def _remove_stale(out: Path, written: list[Path], before: frozenset[str]) -> Non
             and not p.is_symlink()
         ):
             p.unlink()
-    write_text(out / MANIFEST, "".join(f"{rel}\n" for rel in sorted(now)))
+    write_manifest(out, now)
+
+
+def _remove_leftovers(out: Path, before: frozenset[str]) -> None:
+    """Delete the temporary files a killed build's writes left beside its files (``before``
+    lists every file a build claimed before writing it: :meth:`ReportContext.claim`)."""
+    for rel in before:
+        p = out / rel
+        if len(Path(rel).parts) == 2 and Path(rel).parts[0] in _OUTPUT_DIRS and not p.parent.is_symlink():
+            for tmp in p.parent.glob(f".{glob.escape(p.name)}.*.tmp"):
+                if tmp.is_file() and not tmp.is_symlink():
+                    tmp.unlink()
 
 
 def build_report(
@@ -165,6 +182,7 @@ def build_report(
     experiment: str | None = None,
     paper_csv: str | Path | None = None,
     log_run: bool = False,
+    analysis: dict | None = None,
 ) -> Path:
     """Rebuild every table and figure from the MLflow store; return the path of index.md.
 
@@ -175,13 +193,14 @@ def build_report(
     :class:`smallbatch.tracking.TrackingError` for a store that does not exist or
     cannot be read; nothing is written then.  ``log_run``: also log the report as a run of
     its experiment (:func:`smallbatch.tracking.log_report_run`: one run per experiment, replaced
-    by a changed build), which later builds leave out.
+    by a changed build), which later builds leave out.  ``analysis``: the study's analysis plan (the
+    config's ``analysis`` mapping; None: the schema's default), checked before the store is read.
     """
     out = Path(out_dir)
     _check_out_dir(out)
-    before = read_manifest(out)
-    index = out / "index.md"
-    check_claim(out, before, [index])  # a user's own index.md: refused before the store is read
+    add_results_folder(out)  # nothing written below it through a link planted later
+    check_claim(out, read_manifest(out), [out / "index.md"])  # a user's index.md: refused before the store is read
+    plan = AnalysisPlan.from_mapping(analysis)
     papers = load_papers(paper_csv)
     reader = StoreReader(str(tracking_uri))
     notes: list[str] = []
@@ -195,15 +214,31 @@ def build_report(
         papers=papers,
         runs=runs,
         notes=notes,
-        prior=before,
+        plan=plan,
     )
-    out.mkdir(parents=True, exist_ok=True)
-    outputs = [o for o in (build(runs, ctx) for build in SECTIONS) if o is not None]
-    ctx.claim(index)
-    write_text(index, index_markdown(runs, ctx, outputs))
-    _remove_stale(out, [*ctx.written, index], before)
+    make_folder(out)
+    with FolderLock(out / LOCK, f"report folder {out}", "being written"):  # one build at a time
+        index = _write(ctx)
     if log_run:
         _log_run(str(tracking_uri), exp_name, out, [*ctx.written, index])
+    return index
+
+
+#: the lock a build holds on its folder (:class:`smallbatch.io.FolderLock`)
+LOCK = ".smallbatch-report.lock"
+
+
+def _write(ctx: ReportContext) -> Path:
+    """Every section's files and index.md into ``ctx.out_dir``, under its lock: the previous
+    build's manifest read again (a build that just ended may have changed it), its leftovers
+    removed, its stale files deleted once this build's are written."""
+    out, index = ctx.out_dir, ctx.out_dir / "index.md"
+    ctx.prior = before = read_manifest(out)
+    _remove_leftovers(out, before)
+    outputs = [o for o in (build(ctx.runs, ctx) for build in SECTIONS) if o is not None]
+    ctx.claim(index)
+    write_text(index, index_markdown(ctx.runs, ctx, outputs))
+    _remove_stale(out, [*ctx.written, index], before)
     return index
 
 

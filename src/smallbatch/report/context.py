@@ -10,7 +10,8 @@ from typing import Any
 
 import pandas as pd
 
-from ..io import atomic_write
+from ..io import atomic_write, make_folder, write_text
+from .plan import AnalysisPlan
 from .tables import Block, table_files, write_table_files
 
 #: the files the last build wrote (paths relative to the report folder, one a line): the
@@ -28,6 +29,11 @@ COMPUTING_COLUMNS = (
     "values_best",
     "values_worst",
 )
+
+
+def write_manifest(out_dir: Path, files: Iterable[str]) -> None:
+    """The manifest of ``out_dir``: ``files`` (relative to it), the report's own files there."""
+    write_text(out_dir / MANIFEST, "".join(f"{rel}\n" for rel in sorted(files)))
 
 
 def check_claim(out_dir: Path, mine: frozenset[str] | set[str], paths: Iterable[Path]) -> None:
@@ -66,7 +72,8 @@ class ReportContext:
     ``reader`` is the store's :class:`smallbatch.tracking.StoreReader` (metric
     histories); ``scale`` turns the logged top-1 into percent; ``papers`` is the
     papers' reported numbers; ``runs`` every run of the experiment; ``notes`` are
-    lines index.md prints after the run counts.
+    lines index.md prints after the run counts; ``plan`` the study's analysis plan (the
+    config's ``analysis``; the schema's default when none is given).
     """
 
     out_dir: Path
@@ -81,6 +88,9 @@ class ReportContext:
     #: the files (relative to out_dir) the previous build wrote (its manifest): the only
     #: existing files a build may replace (:meth:`claim`)
     prior: frozenset[str] = frozenset()
+    #: the files (relative to out_dir) this build listed in the manifest before writing them
+    claimed: set[str] = field(default_factory=set)
+    plan: AnalysisPlan = field(default_factory=lambda: AnalysisPlan.from_mapping(None))
     history_calls: int = 0
     _hist_cache: dict = field(default_factory=dict)
 
@@ -96,8 +106,15 @@ class ReportContext:
         return p.relative_to(self.out_dir).as_posix()
 
     def claim(self, *paths: Path) -> None:
-        """Refuse to write over a file of the user's (:func:`check_claim`)."""
-        check_claim(self.out_dir, self.prior | {self.rel(p) for p in self.written}, paths)
+        """Refuse to write over a file of the user's (:func:`check_claim`); then list ``paths`` in
+        the manifest before they are written, so a build stopped at any point (killed, Ctrl-C, a
+        full disk) leaves every file it wrote listed, and the next build rewrites them."""
+        mine = self.prior | self.claimed
+        check_claim(self.out_dir, mine | {self.rel(p) for p in self.written}, paths)
+        new = {self.rel(p) for p in paths} - mine
+        if new:
+            self.claimed |= new
+            write_manifest(self.out_dir, self.prior | self.claimed)
 
     def write_table(
         self, name: str, title: str, data: pd.DataFrame, blocks: Sequence[Block] | None = None, note: str | None = None
@@ -124,7 +141,7 @@ class ReportContext:
         to what is drawn."""
         import matplotlib.pyplot as plt
 
-        self.figures_dir.mkdir(parents=True, exist_ok=True)
+        make_folder(self.figures_dir)
         png, svg = self.figures_dir / f"{stem}.png", self.figures_dir / f"{stem}.svg"
         self.claim(png, svg)
         crop = {} if exact else {"bbox_inches": "tight"}

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..losses.registry import canonical_name, display_name, loss_param_names
+from ..losses.registry import canonical_name, display_name, label_defaults
 from ..probe_registry import SPECS as PROBE_SPECS
 from ..probe_registry import report_labels, report_metrics
 from ..tracking import (
@@ -34,6 +34,18 @@ from .fmt import ABSENT
 METRICS = report_metrics()
 #: every probe's headline label, by its short name
 METRIC_LABELS = report_labels()
+
+
+def metric_label(runs: pd.DataFrame, probe: str) -> str:
+    """The label of ``probe``'s headline metric over ``runs``, naming the setting it was read at
+    where the probe logs one (its registry ``qualifier``): ``kNN top-1 (k = 20)``; several values:
+    each (``k = 20, 200``)."""
+    spec = PROBE_SPECS[probe]
+    col = f"metrics.{probe}/{spec.qualifier}"
+    if not spec.qualifier or col not in runs:
+        return spec.label
+    values = sorted({int(v) if float(v).is_integer() else v for v in runs[col].dropna()})
+    return f"{spec.label} ({spec.qualifier} = {', '.join(map(str, values))})" if values else spec.label
 
 
 def shown_metrics(runs: pd.DataFrame) -> dict[str, str]:
@@ -246,12 +258,34 @@ def checked_accuracies(runs: pd.DataFrame, notes: list[str] | None = None) -> pd
     return runs
 
 
+#: what tells one cell's runs from another's: the newest-run rule keeps one run per key
+RUN_KEY = ["kind", "section", "cell_id"]
+
+
+def holds_results(runs: pd.DataFrame) -> pd.Series:
+    """Whether each run holds a result: any outcome but a failure (a diverged or collapsed run
+    is a result; a run that failed, such as a rerun that crashed, holds none)."""
+    return runs["status"] != "failed"
+
+
 def newest(runs: pd.DataFrame) -> tuple[pd.DataFrame, int]:
-    """The newest run per (kind, section, cell id), in the frame's order; and how many were superseded."""
+    """The newest run that holds results (:func:`holds_results`) per (kind, section, cell id),
+    or the newest run where none of the cell's does, in the frame's order; and how many runs
+    were left out (:func:`failed_attempts` lists the failed ones newer than the run kept)."""
     if runs.empty:
         return runs, 0
-    keep = runs.sort_values("start_time", kind="stable").groupby(["kind", "section", "cell_id"], sort=False).tail(1)
+    order = runs.assign(_holds=holds_results(runs)).sort_values(["_holds", "start_time"], kind="stable")
+    keep = order.groupby(RUN_KEY, sort=False).tail(1)
     return runs.loc[sorted(keep.index)], len(runs) - len(keep)
+
+
+def failed_attempts(runs: pd.DataFrame) -> pd.DataFrame:
+    """The failed runs started after the run :func:`newest` keeps of their cell (a rerun that
+    crashed after a run that holds results): failed runs of the study, not in its tables."""
+    kept, _ = newest(runs)
+    started = runs[RUN_KEY].merge(kept[[*RUN_KEY, "start_time"]], on=RUN_KEY, how="left")["start_time"]
+    later = ~holds_results(runs) & (runs["start_time"].to_numpy() > started.to_numpy())
+    return runs[later & ~runs.index.isin(kept.index)]
 
 
 def absent(v: Any) -> bool:
@@ -283,7 +317,7 @@ def optimiser_steps(runs: pd.DataFrame) -> pd.Series:
 # --------------------------------------------------------------------------- labels
 def _is_default(loss: Any, key: str, v: Any) -> bool:
     try:
-        default = loss_param_names(str(loss)).get(key, "∅")
+        default = label_defaults(str(loss)).get(key, "∅")
     except ValueError:  # a loss the registry does not know: no defaults
         return False
     if default is None:
@@ -354,13 +388,20 @@ def select_cells(
 
     The lines about the runs left out are appended to ``notes`` (index.md's notes).
     """
-    c, superseded = newest(runs[(runs["kind"] == "cell") & (runs["section"] == section)])
+    mine = runs[(runs["kind"] == "cell") & (runs["section"] == section)]
+    c, left_out = newest(mine)
+    crashed = len(failed_attempts(mine))
     ok = c[list(CELL_KEYS)].notna().all(axis=1)
     what = "grid" if section == "grid" else f"'{section}'"
-    if notes is not None and superseded:
+    if notes is not None and left_out > crashed:
         notes.append(
-            f"{superseded} {what} run(s) were superseded by a newer run of the same cell id "
+            f"{left_out - crashed} {what} run(s) were superseded by a newer run of the same cell id "
             "(changed config) and are not in the tables."
+        )
+    if notes is not None and crashed:
+        notes.append(
+            f"{crashed} {what} run(s) failed after a run of the same cell id that holds results (a rerun "
+            "that crashed): listed with the failed runs; the tables keep the earlier run."
         )
     if notes is not None and (~ok).any():
         notes.append(

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..io import write_text
+from ..io import make_folder, write_text
 from .fmt import csv_number, slug
 
 #: a table to read: (sub-heading or None, the frame as shown)
@@ -112,7 +112,7 @@ def write_table_files(
     folder: Path, name: str, title: str, data: pd.DataFrame, blocks: Sequence[Block] | None, note: str | None
 ) -> list[Path]:
     """Write ``<name>.csv`` (``data``, tidy) and ``.md`` / ``.tex`` (``blocks``, default ``data``)."""
-    folder.mkdir(parents=True, exist_ok=True)
+    make_folder(folder)
     blocks = list(blocks) if blocks is not None else [(None, data)]
     csv, md, tex = table_files(folder, name)
     # every file through the one writer (smallbatch.io): never in place, never through a link,

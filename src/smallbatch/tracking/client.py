@@ -14,6 +14,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from urllib.parse import urlparse
 
+from ..io import make_folder
 from .base import TrackingError
 from .sqlite import half_built, sqlite_file, sqlite_path
 
@@ -107,6 +108,32 @@ def _deadline(seconds: float):
         signal.signal(signal.SIGALRM, previous)
 
 
+#: what an MLflow tracking server answers at ``<uri>/health`` (a route no login guards)
+MLFLOW_HEALTH = "OK"
+
+
+def check_mlflow_server(uri: str) -> None:
+    """TrackingError in one line unless the HTTP store ``uri`` answers MLflow's health check
+    (:data:`MLFLOW_HEALTH` at ``/health``) within :func:`store_deadline`: any other server (one
+    answering ``200 {}`` to every request) would take a study's runs and keep none of them."""
+    import urllib.error
+    import urllib.request
+
+    url = uri.rstrip("/") + "/health"
+    try:
+        with _deadline(store_deadline()), urllib.request.urlopen(url, timeout=store_deadline()) as res:
+            answer = repr(res.read(200).decode("utf-8", "replace").strip())
+    except urllib.error.HTTPError as exc:
+        answer = f"HTTP error {exc.code}"
+    except (OSError, ValueError, StoreTooSlow) as exc:
+        answer = first_line(exc)
+    if answer != repr(MLFLOW_HEALTH):
+        raise TrackingError(
+            f"MLflow tracking store {uri} is not an MLflow tracking server: {url} answered {answer}, not "
+            f"{MLFLOW_HEALTH!r}; check --tracking-uri / tracking_uri (an `mlflow server` URI)"
+        )
+
+
 class _BoundedClient:
     """An MlflowClient of an HTTP store whose every call ends within :func:`store_deadline`."""
 
@@ -177,7 +204,7 @@ def store_client(uri: str):
         # user gets the error's root cause as one line instead (wrap)
         logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
         if uri.startswith("sqlite:///") and not uri.startswith("sqlite:///file:"):  # not a SQLite URI filename
-            Path(uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+            make_folder(Path(uri[len("sqlite:///") :]).parent)
         return bounded_client(uri)
     except TrackingError:
         raise

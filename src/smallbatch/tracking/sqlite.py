@@ -8,6 +8,7 @@ import socket
 import sqlite3
 from pathlib import Path
 
+from ..io import make_folder
 from .base import PROXIED_ROOT, TrackingError
 
 #: the file a new SQLite store is built in, beside it: <name>.tmp-<host>-<pid>
@@ -21,7 +22,7 @@ def build_sqlite_store(uri: str, path: Path) -> None:
     process put at ``path`` meanwhile is kept (a link never replaces a file)."""
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(path.parent)
     tmp = path.with_name(f"{path.name}{_BUILD_SUFFIX}{socket.gethostname()}-{os.getpid()}")
     query = uri.split("?", 1)[1] if "?" in uri else ""
     try:

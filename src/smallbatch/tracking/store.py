@@ -17,7 +17,7 @@ from .base import (
     TAG_NOTE,
     TrackingError,
 )
-from .client import store_client, tracking_uri_problem, wrap
+from .client import check_mlflow_server, is_http, store_client, tracking_uri_problem, wrap
 from .sqlite import build_sqlite_store, remove_dead_builds, sqlite_file, sqlite_path
 
 
@@ -55,11 +55,21 @@ def _create_experiment(client, uri: str, experiment: str, note: str) -> str:
     return SqlAlchemyStore(uri, PROXIED_ROOT).create_experiment(experiment, tags=tags)
 
 
+def _check_named(uri: str, experiment: str, exp) -> None:
+    """TrackingError unless the store's answer for ``experiment`` is that experiment, with an id."""
+    if not exp.experiment_id or exp.name != experiment:
+        raise TrackingError(
+            f"MLflow tracking store {uri} answered experiment {experiment!r} with id {exp.experiment_id!r} and "
+            f"name {exp.name!r}: not an MLflow tracking server; check --tracking-uri / tracking_uri"
+        )
+
+
 def get_or_create_experiment(uri: str, experiment: str, note: str | None = None) -> str:
     client = store_client(uri)
     try:
         exp = client.get_experiment_by_name(experiment)
         if exp is not None:
+            _check_named(uri, experiment, exp)
             if note and exp.tags.get(TAG_NOTE) != note:
                 client.set_experiment_tag(exp.experiment_id, TAG_NOTE, note)
             return exp.experiment_id
@@ -91,7 +101,10 @@ def init_store(uri: str, experiment: str, config: str | None = None) -> str:
                 build_sqlite_store(uri, path)
             except Exception as exc:  # noqa: BLE001 - any store failure becomes one clear line
                 raise wrap(uri, "creating the store", exc) from None
-    return get_or_create_experiment(uri, experiment, describe_study(experiment, config))
+    eid = get_or_create_experiment(uri, experiment, describe_study(experiment, config))
+    if is_http(uri):  # a server that took the request may still be no MLflow server
+        check_mlflow_server(uri)
+    return eid
 
 
 def local_artifacts(uri: str, artifact_uri: str):

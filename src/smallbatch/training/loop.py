@@ -52,6 +52,7 @@ from ..errors import Preempted
 from ..io import CellLock, nullcontext_lock
 from ..losses import build_loss, in_batch_scores
 from ..losses.registry import loss_spec
+from ..lr_scaling import resolved_knobs
 from ..models import ContrastiveModel, build_backbone
 from . import health
 from .checkpoint import (  # noqa: F401
@@ -69,6 +70,7 @@ from .distributed import World, any_over_processes, data_parallel, gather, mean_
 from .ghostbn import ghost_batchnorm
 from .negatives import FreshNegatives, InBatch, QueueNegatives, Scores, Siamese, fresh_window, with_extra_views
 from .optim import LARS, lr_at, make_optimizer, scaled_lr, set_lr  # noqa: F401  (public through train)
+from .progress import step_progress
 from .step import TrainStep, configure_backends
 from .temperature import build_temperature
 
@@ -293,6 +295,7 @@ def build_training(
         tr.weight_decay,
         dev,
         compiled=bool(tr.compile),
+        beta2=resolved_knobs(tr, bs, cell.loss_params)["train.adam_beta2"],
     )
     aug = BatchAugment(AugmentConfig(**cell.augment), image_size=h, channels=c, mean=mean, std=std)
     step_fn = TrainStep(
@@ -345,13 +348,13 @@ def _source(
             return Siamese(spec.predictor)
         target = _network(cell, *net_args, predictor=False)  # the online backbone and projector, copied
         target.load_state_dict({k: v for k, v in model.state_dict().items() if not k.startswith("predictor.")})
-        return Siamese(spec.predictor, target, loss_fn.ema, loss_fn.ema_schedule, total)
+        ema = resolved_knobs(tr, cell.batch_size, cell.loss_params)["loss.ema"]  # at the cell's batch
+        return Siamese(spec.predictor, target, ema, loss_fn.ema_schedule, total)
     if tr.queue_size:
         key_model = _network(cell, *net_args)
         key_model.load_state_dict(model.state_dict())
-        return QueueNegatives(
-            key_model, tr.queue_size, tr.proj_dim, tr.moco_momentum, dev, dtype, world, labels=mask_labels
-        )
+        momentum = resolved_knobs(tr, cell.batch_size, cell.loss_params)["train.moco_momentum"]
+        return QueueNegatives(key_model, tr.queue_size, tr.proj_dim, momentum, dev, dtype, world, labels=mask_labels)
     if tr.extra_negatives:
         return FreshNegatives(tr.extra_negatives, world)
     return InBatch(
@@ -730,17 +733,5 @@ def _cpu_s(t: Training) -> float:
 
 
 def _progress(total: int, initial: int, desc: str, enabled: bool):
-    if not enabled:
-        return None
-    from tqdm import tqdm
-
-    tty = sys.stderr.isatty()
-    return tqdm(
-        total=total,
-        initial=initial,
-        desc=desc,
-        unit="step",
-        dynamic_ncols=True,
-        mininterval=0.5 if tty else 15.0,
-        file=sys.stderr,
-    )
+    """The steps' progress on stderr (a bar on a terminal, a line per 10 % in a log file), or None."""
+    return step_progress(total, initial, desc) if enabled else None

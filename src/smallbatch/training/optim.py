@@ -128,6 +128,7 @@ def make_optimizer(
     weight_decay: float,
     device: torch.device | str = "cpu",
     compiled: bool = False,
+    beta2: float = 0.999,
 ) -> torch.optim.Optimizer:
     """SGD (momentum), LARS or Adam with the rate as a 0-d float32 tensor on ``device``
     (Adam on CUDA is ``capturable``: its step counter stays on the device too; on the CPU it
@@ -138,14 +139,23 @@ def make_optimizer(
     if name not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, not {name!r}")
     lr_t = torch.tensor(float(lr), dtype=torch.float32, device=device)
-    return build_optimizer(params, name, lr_t, momentum, weight_decay, torch.device(device).type == "cuda", compiled)
+    cuda = torch.device(device).type == "cuda"
+    return build_optimizer(params, name, lr_t, momentum, weight_decay, cuda, compiled, beta2)
 
 
 def build_optimizer(
-    params, name: str, lr: torch.Tensor, momentum: float, weight_decay: float, cuda: bool, compiled: bool = False
+    params,
+    name: str,
+    lr: torch.Tensor,
+    momentum: float,
+    weight_decay: float,
+    cuda: bool,
+    compiled: bool = False,
+    beta2: float = 0.999,
 ) -> torch.optim.Optimizer:
     """:func:`make_optimizer`'s choice of code path for a rate tensor ``lr``: ``cuda``
-    selects the CUDA one (Adam ``capturable`` + foreach) whatever device ``lr`` is on."""
+    selects the CUDA one (Adam ``capturable`` + foreach) whatever device ``lr`` is on; ``beta2``:
+    Adam's second-moment decay (β1 stays torch's 0.9)."""
     if name == "sgd":
         return SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
     if name == "lars":
@@ -153,6 +163,7 @@ def build_optimizer(
     return torch.optim.Adam(
         params,
         lr=lr,
+        betas=(0.9, beta2),
         weight_decay=weight_decay,
         capturable=cuda,
         foreach=True if cuda else None,

@@ -8,7 +8,7 @@ import pandas as pd
 
 from ...tracking import BAD_STATUSES
 from ..context import ReportContext, SectionOutput
-from ..runs import newest
+from ..runs import failed_attempts, newest
 from ..tables import markdown_table
 
 _COLUMNS = [
@@ -27,9 +27,10 @@ _COLUMNS = [
 
 
 def bad_runs(runs: pd.DataFrame) -> pd.DataFrame:
-    """The newest run of each cell id whose status is bad, with its last logged training loss."""
+    """The run of each cell id the tables use (:func:`~smallbatch.report.runs.newest`) whose status
+    is bad, and each failed run newer than it (a rerun that crashed), with its last logged training loss."""
     d, _ = newest(runs)
-    d = d[d["status"].isin(BAD_STATUSES)]
+    d = pd.concat([d[d["status"].isin(BAD_STATUSES)], failed_attempts(runs)])
     d = d.assign(last_train_loss=d.get("metrics.train/loss", pd.Series(math.nan, index=d.index)))[_COLUMNS]
     return d.sort_values(["section", "cell_id"], kind="stable").reset_index(drop=True)
 

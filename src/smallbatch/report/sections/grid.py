@@ -17,7 +17,7 @@ from ...losses.registry import loss_rank
 from ..aggregate import NO_NUMBER, aggregate_cells, pivot, shown, sort_by_loss
 from ..context import ReportContext, SectionOutput
 from ..fmt import signed, slug
-from ..runs import METRIC_LABELS, optimiser_steps, select_cells, shown_metrics
+from ..runs import metric_label, optimiser_steps, select_cells, shown_metrics
 from ..tables import markdown_table
 from .baselines import best_baseline_values, best_baselines
 from .grid_figures import FIGURES
@@ -88,10 +88,10 @@ def _best_temperature(a: pd.DataFrame) -> pd.DataFrame:
 
 
 def _metric_tables(
-    a: pd.DataFrame, d: pd.DataFrame, best: dict, ds: str, m: str, ctx: ReportContext, seed_note: str
+    a: pd.DataFrame, d: pd.DataFrame, best: dict, ds: str, m: str, ctx: ReportContext, seed_note: str, mlabel: str
 ) -> tuple[list, str]:
-    """The four tables of one dataset and metric; (files, the index.md paragraph)."""
-    mlabel, tidy = METRIC_LABELS[m], [c for c in _TIDY if c in a.columns]
+    """The four tables of one dataset and metric (``mlabel``: its label); (files, the index.md paragraph)."""
+    tidy = [c for c in _TIDY if c in a.columns]
     f1 = ctx.write_table(
         f"grid_top1_{slug(ds)}_{m}",
         f"{ds}: {mlabel} (%) by loss × batch size",
@@ -201,7 +201,8 @@ def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
             if a.empty:
                 continue
             d = dep[(dep["dataset"] == ds) & (dep["metric"] == m)]
-            files, text = _metric_tables(a, d, best, ds, m, ctx, _seed_note(a))
+            label = metric_label(cells[cells["dataset"] == ds], m)  # kNN's names its k
+            files, text = _metric_tables(a, d, best, ds, m, ctx, _seed_note(a), label)
             out.files += files
             md += [text, markdown_table(dependence_display(d))]
             out.findings.append(baseline_finding(a, best, ds, m, base_values.get((ds, m))))

@@ -278,3 +278,75 @@ def seed_values(a: pd.DataFrame, metric: str) -> dict[int, float]:
     """{seed: value} of one arm's rows for ``metric`` (failed, diverged and collapsed rows left out)."""
     ok = good(a)
     return {int(s): float(v) for s, v in zip(ok["seed"], ok[metric]) if finite(v)}
+
+
+# --------------------------------------------------------------------------- the per-seed table
+#: what one budget row of one cell is, in the per-seed table (every column of :func:`budget_rows` but the run id)
+SEED_META = (
+    "dataset",
+    "temperature",
+    "arm",
+    "loss",
+    "batch_size",
+    "group",
+    "extra",
+    "lr",
+    "peak_lr",
+    "seed",
+    "status",
+    "budget",
+    "epochs",
+    "steps",
+    "images",
+)
+#: the probes a budget row carries (``val``: the linear probe on the validation split, which picks the rate)
+PROBE_COLUMNS = (*METRICS, *OPT_IN, "val")
+#: the prefix of a baseline's arm in the per-seed table (``baseline:random_init``)
+BASELINE_ARM = "baseline:"
+
+
+def seed_table(rows: pd.DataFrame, base: dict[tuple[str, str, str], dict]) -> pd.DataFrame:
+    """The tidy per-seed table: one row per cell, budget and probe (``obs`` numbers a cell's budget row,
+    ``probe``/``value`` its top-1 %), then one per baseline, seed and probe (arm ``baseline:<name>``).
+    Everything the section computes is a function of this table (:func:`from_seed_table`)."""
+    cols = ["obs", *SEED_META, "probe", "value"]
+    parts = []
+    if len(rows):
+        wide = rows.reset_index(drop=True).reindex(columns=[*SEED_META, *PROBE_COLUMNS])
+        long = wide.assign(obs=range(len(wide))).melt(
+            id_vars=["obs", *SEED_META], value_vars=list(PROBE_COLUMNS), var_name="probe", value_name="value"
+        )
+        order = {p: i for i, p in enumerate(PROBE_COLUMNS)}
+        long = long.dropna(subset=["value"]).sort_values(
+            ["obs", "probe"], key=lambda c: c.map(order) if c.name == "probe" else c
+        )
+        parts.append(long[cols])
+    brows = [
+        {"dataset": ds, "arm": f"{BASELINE_ARM}{name}", "seed": seed, "probe": m, "value": v}
+        for (ds, name, m), vals in sorted(base.items())
+        for seed, v in sorted(vals.items())
+    ]
+    if brows:
+        parts.append(pd.DataFrame(brows).reindex(columns=cols))
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=cols)
+
+
+def from_seed_table(seeds: pd.DataFrame) -> tuple[pd.DataFrame, dict[tuple[str, str, str], dict]]:
+    """(the budget rows, the baselines' values) of a per-seed table (:func:`seed_table`, or its CSV read
+    back): the section's inputs, so its every table can be rebuilt from that file alone."""
+    is_base = seeds["arm"].astype(str).str.startswith(BASELINE_ARM)
+    base: dict[tuple[str, str, str], dict] = {}
+    for (ds, arm, m), g in seeds[is_base].groupby(["dataset", "arm", "probe"], sort=True):
+        base[(str(ds), str(arm)[len(BASELINE_ARM) :], str(m))] = {
+            int(s): float(v) for s, v in zip(g["seed"], g["value"]) if finite(v)
+        }
+    cells = seeds[~is_base]
+    if cells.empty:
+        return pd.DataFrame(columns=[*SEED_META, *PROBE_COLUMNS]), base
+    meta = cells.groupby("obs", sort=True)[list(SEED_META)].first()
+    vals = cells.pivot(index="obs", columns="probe", values="value").reindex(columns=list(PROBE_COLUMNS))
+    rows = meta.join(vals.astype(float)).reset_index(drop=True)
+    types = {"batch_size": int, "seed": int, "temperature": float, "lr": float, "peak_lr": float}
+    types.update({c: float for c in ("group", "extra", "epochs", "steps", "images")})
+    types.update({c: str for c in ("dataset", "arm", "loss", "status", "budget")})
+    return rows.astype(types), base

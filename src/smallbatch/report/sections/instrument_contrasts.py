@@ -20,9 +20,9 @@ steps part ``c − b``, DCL and SogCLR at B_s against InfoNCE at B_l, the oracle
 B_s stopped at B_l's steps (``train.steps``).  The positive control (``infonce@B_l/G{g}``, K =
 2g − 2 at most ``CONTROL_MAX_K``) against ``a`` is gate G3's test, outside the family.
 
-Holm adjusts the contrasts of one unit and one probe (one family); every contrast is also
-tested for equivalence within ± MARGIN (TOST) and worded significant / equivalent /
-inconclusive (:func:`smallbatch.report.evidence.outcome`).
+Each row carries its raw test (p, interval, standard error and degrees of freedom); which rows
+are claimed, the margin, the family's correction and the outcome are the analysis plan's
+(:func:`smallbatch.report.plan.apply_plan`), applied over the whole study at once.
 """
 
 from __future__ import annotations
@@ -32,15 +32,10 @@ from collections.abc import Iterable
 
 from ...evaluation.gap import gap_fraction
 from ...losses import display_name
-from ..evidence import contrast, holm, outcome, tost
+from ..evidence import contrast
 from ..fmt import finite
 from .instrument_budgets import METRICS, Unit, seed_values
-from .instrument_gates import CONTROL_MAX_K, MARGIN
-
-#: the contrasts G4 requires to be precise, in order of preference
-KEY = ("negatives", "steps")
-#: the contrast whose precision G4 requires when the 2 x 2 is incomplete
-KEY_FALLBACK = "negatives_at_large"
+from .instrument_gates import CONTROL_MAX_K
 
 
 def factorial_arms(small: int, big: int) -> dict[str, str]:
@@ -125,48 +120,32 @@ def _row(unit: Unit, metric: str, key: str, name: str, e, span: float) -> dict:
         "lo": e.lo,
         "hi": e.hi,
         "p": e.p,
-        "p_holm": e.p_adj,
-        "family": e.family,
+        "se": e.se,
+        "df": e.df,
         "seeds": e.n,
         "test": e.test,
         "mde": e.mde,
-        "tost_p": tost(e, MARGIN),
-        "outcome": outcome(e, MARGIN),
+        "span": span,
         "fraction_of_supervised_gap": gap_fraction(e.diff, 0.0, span) if finite(span) else math.nan,
         "estimate": e,
     }
 
 
 def unit_contrasts(unit: Unit, arms: dict, small: int, big: int, span: dict) -> tuple[list[dict], dict]:
-    """The unit's contrast rows (every probe; Holm within the unit and probe) and, per probe,
+    """The unit's contrast rows (every probe; raw tests: the plan corrects them) and, per probe,
     the positive control's estimate (G3).  ``arms``: arm -> its rows at the unit's rates;
     ``span``: probe -> supervised − random-init (for the fraction of that gap)."""
     rows, controls = [], {}
     pc = control_arm(arms, big)
     for m in METRICS:
         vals = {arm: seed_values(a, m) for arm, a in arms.items()}
-        keys, fam = [], []
         for key, name, terms in definitions(small, big, unit.view, other_losses(arms, small)):
             cells = [(c, vals.get(arm, {})) for c, arm in terms]
             if all(v for _, v in cells):
-                keys.append((key, name))
-                fam.append(contrast(cells))
-        rows += [_row(unit, m, k, n, e, span.get(m, math.nan)) for (k, n), e in zip(keys, holm(fam))]
+                rows.append(_row(unit, m, key, name, contrast(cells), span.get(m, math.nan)))
         if pc and vals.get(pc) and vals.get(f"infonce@{big}"):
             e = contrast([(1.0, vals[pc]), (-1.0, vals[f"infonce@{big}"])])
             controls[m] = e
             k = 2 * int(pc.rsplit("G", 1)[1]) - 2
             rows.append(_row(unit, m, "control", f"positive control (K {k} − {2 * big - 2}, B_opt {big})", e, math.nan))
     return rows, {"arm": pc, **controls}
-
-
-#: how G4's line names the key contrasts
-KEY_NAMES = {"negatives": "negatives main effect", "steps": "steps main effect", KEY_FALLBACK: "negatives part"}
-
-
-def key_estimates(rows: list[dict], primary: str) -> dict:
-    """The contrasts G4 judges, on the primary probe: the two main effects, else the
-    negatives part at the reference batch (short name -> estimate)."""
-    by = {r["key"]: r for r in rows if r["metric"] == primary}
-    keys = [k for k in KEY if k in by] or ([KEY_FALLBACK] if KEY_FALLBACK in by else [])
-    return {KEY_NAMES[k]: by[k]["estimate"] for k in keys}

@@ -12,13 +12,13 @@ can see what it is asked about (R4 and R8 of the literature review):
 * **G3** the positive control (InfoNCE at the reference batch with negatives within groups of
   G images, K = 2G-2 <= :data:`CONTROL_MAX_K`) is significantly worse than the full batch
   (paired t, p < α, one pre-stated test): the instrument can see a negatives effect;
-* **G4** the key contrasts (the negatives and steps main effects of the 2 x 2, else the
-  negatives part at the reference batch) have a minimum detectable effect at 80 % power of
-  at most :data:`MARGIN` points: a null would mean something.
+Whether the seeds are precise enough is no gate of the unit but a property of each claim: the
+analysis plan (:mod:`smallbatch.report.plan`) words a claimed contrast only when it is resolved
+(significant or equivalent after the family's correction) and states it with its interval and MDE
+otherwise.
 
 A gate that cannot be computed (its arm or baseline was not run) does not pass.  G1 is a
-property of the data set; G2 and G3 of a data set, τ and budget; G4 also of the view
-(fixed epochs or fixed steps).
+property of the data set; G2 and G3 of a data set, τ and budget.
 """
 
 from __future__ import annotations
@@ -30,8 +30,6 @@ from ..fmt import finite, num, signed
 
 #: G1: the supervised network's lead over raw pixels on the linear probe (points)
 SUPERVISED_OVER_PIXELS = 5.0
-#: the margin of "costs nothing" (TOST at ± MARGIN points) and the largest MDE G4 accepts
-MARGIN = 0.5
 #: G3: an arm at the reference batch with K at most this is the positive control
 CONTROL_MAX_K = 6
 
@@ -97,17 +95,6 @@ def g3(e: Estimate | None, control: str, full: str) -> Gate:
         return Gate("G3", None, "positive control (K ≤ 6 at the reference batch): not run")
     fired = bool(e.tested and e.diff < 0 and e.p < ALPHA)
     return Gate("G3", fired, f"{control} − {full} = {describe(e, null_mde=False)} (must be below 0, p < {ALPHA:g})")
-
-
-def g4(key: dict[str, Estimate], view: str) -> Gate:
-    """Every key contrast's MDE at most MARGIN (``key``: short name -> its estimate)."""
-    name = f"G4 ({'fixed steps' if view == 'steps' else 'fixed epochs'})"
-    if not key:
-        return Gate(name, None, "key contrasts not run")
-    mdes = {k: e.mde for k, e in key.items()}
-    ok = all(finite(m) and m <= MARGIN for m in mdes.values())
-    text = ", ".join(num(m, 2) for m in mdes.values())
-    return Gate(name, ok, f"MDE of the {' and the '.join(mdes)} = {text} (needs ≤ {num(MARGIN)})")
 
 
 def passed(gates: list[Gate]) -> bool:

@@ -1,0 +1,67 @@
+"""The batch-size rules of the knobs beyond the rate (:mod:`smallbatch.lr_scaling`): Adam's β2 and
+the EMA momenta stated at batch 256 and mapped to a cell's batch so that their horizon in images is
+the same, each checked against a hand computation; the value training uses is the one the run logs."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from test_train import digits_cell, run, steps_per_epoch
+
+from smallbatch.cell import read_cell
+from smallbatch.lr_scaling import resolved_knobs, scaled_decay
+from smallbatch.pipeline.jobs import run_params
+
+
+@pytest.mark.parametrize(
+    "decay,bs,rule,want",
+    [
+        (0.999, 16, "samples", 0.999**0.0625),  # Marek et al.: 0.99994 at 16 from 0.999 at 256
+        (0.999, 256, "samples", 0.999),
+        (0.999, 1024, "samples", 0.999**4),
+        (0.99, 64, "samples", 0.99**0.25),  # Busbridge et al.: rho^kappa, kappa = 64/256
+        (0.999, 16, "none", 0.999),
+    ],
+)
+def test_a_decay_keeps_its_horizon_in_images(decay, bs, rule, want):
+    assert scaled_decay(decay, bs, rule) == pytest.approx(want, rel=1e-15)
+    if rule == "samples":  # the half-life in images is the same at every batch
+        half = lambda rho, n: (
+            n * torch.log(torch.tensor(0.5, dtype=torch.float64)) / torch.log(torch.tensor(rho, dtype=torch.float64))
+        )  # noqa: E731
+        assert float(half(want, bs)) == pytest.approx(float(half(decay, 256)), rel=1e-9)
+
+
+def test_an_unknown_rule_is_refused():
+    with pytest.raises(ValueError, match="must be one of none, samples"):
+        scaled_decay(0.9, 16, "linear")
+
+
+def test_the_knobs_a_cell_has_are_resolved_at_its_batch():
+    tr = SimpleNamespace(
+        adam_beta2=0.999, beta2_scaling="samples", queue_size=4096, moco_momentum=0.99, ema_scaling="samples"
+    )
+    got = resolved_knobs(tr, 16, {"ema": 0.996})
+    assert got == pytest.approx(
+        {"train.adam_beta2": 0.999 ** (1 / 16), "train.moco_momentum": 0.99 ** (1 / 16), "loss.ema": 0.996 ** (1 / 16)}
+    )
+    plain = SimpleNamespace(
+        adam_beta2=0.999, beta2_scaling="none", queue_size=0, moco_momentum=0.99, ema_scaling="none"
+    )
+    assert resolved_knobs(plain, 16, {}) == {"train.adam_beta2": 0.999}
+
+
+def test_training_uses_the_resolved_beta2_and_the_run_logs_it(tmp_path, digits):
+    cell = digits_cell(batch_size=64, epochs=2, beta2_scaling="samples", adam_beta2=0.99)
+    want = 0.99**0.25  # 0.99 at 256, a quarter of the images per step at 64
+    with pytest.raises(KeyboardInterrupt):  # stopped in epoch 2: state.pt holds the optimiser's state
+        run(cell, digits, tmp_path, stop_after_steps=steps_per_epoch(cell, digits) + 1)
+    state = torch.load(tmp_path / "state.pt", weights_only=True)
+    betas = [tuple(g["betas"]) for g in state["optimizer"]["param_groups"]]
+    assert betas and all(b == (0.9, pytest.approx(want, rel=1e-12)) for b in betas)
+    data = SimpleNamespace(train_x=torch.zeros(1, 1, 8, 8), pretrain_x=torch.zeros(10, 1, 8, 8))
+    params = run_params(read_cell(cell), data)
+    assert float(params["resolved.train.adam_beta2"]) == pytest.approx(want, rel=1e-15)
+    assert params["train.beta2_scaling"] == "samples"
