@@ -130,7 +130,7 @@ def test_every_registered_caption_reaches_snakemake_report_and_the_longest_prefi
     assert caption_of("ess_digits", "figures").startswith("Effective sample size")
     assert caption_of("precision_top1_digits", "figures").startswith("Side experiment (floating-point precision)")
     assert caption_of("regime_grad_ratio_digits", "figures").startswith("Side experiment (regime): the gradient")
-    assert caption_of("instrument_contrasts", "figures").startswith("The instrument contrasts")
+    assert caption_of("instrument_contrasts", "figures").startswith("The instrument's claimed contrasts")
     assert caption_of("lrsweep_rates", "tables").startswith("Side experiment (learning-rate sweep)")
     assert caption_of("no_such_table", "tables") == ""
     with pytest.raises(ValueError, match="'tables' or 'figures'"):
