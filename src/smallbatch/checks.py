@@ -18,6 +18,7 @@ from __future__ import annotations
 from .cell import Cell, budget_steps, snapshot_steps
 from .datasets import NUM_CLASSES, SPLIT_SIZES, pretrain_images, pretrain_split
 from .losses.registry import loss_spec, params_problem
+from .lr_scaling import REFERENCE_BATCH, resolved_knobs
 
 #: the numeric precisions a cell may train in (``train.precision``)
 PRECISIONS = ("fp32", "bf16", "fp16", "fp64")
@@ -38,6 +39,7 @@ def cell_problem(cell: Cell) -> str | None:
         or warmup_problem(cell)
         or budgets_problem(cell)
         or run_problem(cell)
+        or decays_problem(cell)
         or loss_params_problem(cell)
     )
 
@@ -60,6 +62,25 @@ def run_problem(cell: Cell) -> str | None:
             f"train.ess_schedule.tau_min = {es['tau_min']:g} is not below its tau_max = {es['tau_max']:g}; "
             "give the scheduled τ a range"
         )
+    return None
+
+
+#: the setting that maps each batch-dependent decay to the cell's batch (:func:`resolved_knobs`' keys)
+_DECAY_RULES = {"train.adam_beta2": "beta2_scaling", "train.moco_momentum": "ema_scaling", "loss.ema": "ema_scaling"}
+
+
+def decays_problem(cell: Cell) -> str | None:
+    """Each decay (Adam's β2, an EMA momentum) below 1 at the cell's batch as well as at the
+    batch it is stated at: ``samples`` raises it to N/256, which rounds a value a hair below 1 up
+    to 1 at a small batch (torch's Adam refuses β2 = 1; an EMA target at 1 never moves)."""
+    for key, value in resolved_knobs(cell.train, cell.batch_size, cell.loss_params).items():
+        if value >= 1:
+            rule, name = _DECAY_RULES[key], key if key.startswith("train.") else f"{cell.loss}'s ema"
+            return (
+                f"{name} at batch {cell.batch_size} is 1 under train.{rule} samples (its value at batch "
+                f"{REFERENCE_BATCH} to the power {cell.batch_size}/{REFERENCE_BATCH}, rounded); "
+                f"choose a value farther below 1 or train.{rule}: none"
+            )
     return None
 
 

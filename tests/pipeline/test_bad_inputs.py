@@ -321,6 +321,22 @@ CASES = [
         {"c.yaml": STUDY + "train: {queue_size: 64, moco_momentum: 1.0}\n"},
     ),
     Case(
+        "byol ema a hair below 1, 1 at batch 16 under ema_scaling samples",
+        CELLS,
+        r"cell 'digits/byol[^']*/bs16-t0\.1-s0': byol's ema at batch 16 is 1 under train\.ema_scaling samples "
+        r"\(its value at batch 256 to the power 16/256, rounded\); choose a value farther below 1 or "
+        r"train\.ema_scaling: none",
+        {"c.yaml": one_loss("byol", "ema: 0.9999999999999999") + "train: {ema_scaling: samples}\n"},
+    ),
+    Case(
+        "train.moco_momentum a hair below 1, 1 at batch 16 under ema_scaling samples",
+        CELLS,
+        r"cell 'digits/infonce/bs16-t0\.1-s0': train\.moco_momentum at batch 16 is 1 under train\.ema_scaling "
+        r"samples \(its value at batch 256 to the power 16/256, rounded\); choose a value farther below 1 or "
+        r"train\.ema_scaling: none",
+        {"c.yaml": STUDY + "train: {queue_size: 64, moco_momentum: 0.9999999999999999, ema_scaling: samples}\n"},
+    ),
+    Case(
         "isogclr at a tau below its tau_min",
         CELLS,
         r"cell 'digits/isogclr/bs16-t0\.01-s0': iSogCLR starts its learnt τ at the cell's temperature 0\.01, below its "

@@ -2,8 +2,9 @@
 
 One row per check the training job runs on a cell (``smallbatch.training.loop``: the batch
 against the images read, the controls, the snapshot budgets against the steps, the precision
-against the device, the labels of the same-class mask; ``training.temperature``: the ESS
-schedule; the loss's constructor: its parameters).  Each row's settings are planned
+against the device, the labels of the same-class mask, Adam's β2 at the cell's batch: torch's
+own refusal of β2 = 1; ``training.temperature``: the ESS schedule; the loss's constructor: its
+parameters).  Each row's settings are planned
 (``validate_config``, what ``smallbatch cells`` and ``snakemake -n`` run) and must be refused
 there in one line; the same settings given straight to the job (a cell past the plan) are
 refused by the job too, so the row is one of the job's refusals and not a check of the plan's
@@ -51,6 +52,10 @@ def loss(cell: Cell) -> None:
 
 def unlabeled_images(cell: Cell, tmp: Path) -> None:
     loop.build_training(cell, torch.zeros(64, 3, 8, 8, dtype=torch.uint8), [0.5] * 3, [0.2] * 3, CPU, tmp)
+
+
+def digits_images(cell: Cell, tmp: Path) -> None:
+    loop.build_training(cell, torch.zeros(64, 1, 8, 8, dtype=torch.uint8), [0.5], [0.2], CPU, tmp)
 
 
 @dataclass(frozen=True)
@@ -114,6 +119,12 @@ REFUSALS = [
         {"dataset": "stl10"},
     ),
     Refusal(
+        "Adam's beta2 that its batch rule rounds to 1",
+        r"train\.adam_beta2 at batch 16 is 1 under train\.beta2_scaling samples",
+        digits_images,
+        {"adam_beta2": 0.9999999999999999, "beta2_scaling": "samples"},
+    ),
+    Refusal(
         "a loss parameter past its bound",
         r"config key 'grid\.losses\[0\]\.t' = 1e\+308 is out of range; it must be <= 20",
         loss,
@@ -157,4 +168,4 @@ def test_a_refusal_of_the_job_is_made_when_the_study_is_planned(r, tmp_path):
     assert "\n" not in line and re.search(r.plan, line), line
     cell = _past_the_plan(r)
     with pytest.raises(ValueError):
-        r.job(cell, tmp_path) if r.job is unlabeled_images else r.job(cell)
+        r.job(cell, tmp_path) if r.job in (unlabeled_images, digits_images) else r.job(cell)
