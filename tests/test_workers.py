@@ -69,3 +69,12 @@ def test_every_long_unit_is_a_module_of_the_suite_or_the_slurm_unit():
     """conftest.LONG_UNITS names work units that exist (a renamed module would silently lose its place)."""
     root = Path(__file__).resolve().parents[1]
     assert [u for u in conftest.LONG_UNITS if u != "slurm" and not (root / u).is_file()] == []
+
+
+def test_every_test_module_has_a_unique_basename():
+    """pytest imports test modules by basename (rootdir import mode, no __init__.py): two modules of one
+    name in two folders stop the whole collection with 'import file mismatch'."""
+    names: dict[str, list[str]] = {}
+    for path in TESTS.rglob("test_*.py"):
+        names.setdefault(path.name, []).append(str(path.relative_to(TESTS)))
+    assert {n: p for n, p in names.items() if len(p) > 1} == {}

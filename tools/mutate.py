@@ -60,7 +60,7 @@ TESTS = {
     "src/smallbatch/losses/kernel.py": ["tests/core/test_kernel_losses.py"],
     "src/smallbatch/losses/sogclr.py": ["tests/core/test_sogclr.py"],
     "src/smallbatch/losses/sigmoid.py": ["tests/core/test_siglip.py"],
-    "src/smallbatch/report/plan.py": ["tests/report/test_plan.py", "tests/report/test_report_instrument.py"],
+    "src/smallbatch/report/plan.py": ["tests/report/test_analysis_plan.py", "tests/report/test_report_instrument.py"],
     "src/smallbatch/report/sections/instrument_gates.py": [
         "tests/report/test_instrument_gates.py",
         "tests/report/test_report_instrument.py",
