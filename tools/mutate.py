@@ -417,7 +417,7 @@ MUTANTS = [
     ),
     Mutant(
         "src/smallbatch/pipeline/plan.py",
-        "return output if os.path.exists(output) and not os.path.exists(self.settings_stamp(folder)) else None",
+        "return output if os.path.exists(output) and kind is None else None",
         "return None",
         "an output of other settings is never rerun",
     ),

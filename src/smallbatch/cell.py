@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
@@ -191,6 +192,19 @@ class BaselineCell(_CellBase):
 def snapshot_name(epochs: float) -> str:
     """The name of the budget of ``epochs`` (``train.snapshot_epochs``): ``ep0.3125``, ``ep5``."""
     return f"ep{float(epochs):g}"
+
+
+def snapshot_steps(epochs: float, steps_per_epoch: int) -> int:
+    """The optimiser steps of a budget of ``epochs`` (fractions allowed): ``epochs x steps per
+    epoch`` rounded half up, at least 1."""
+    return max(1, int(float(epochs) * steps_per_epoch + 0.5))
+
+
+def budget_steps(cell: Cell, steps_per_epoch: int) -> int:
+    """The optimiser steps of the cell's budget: ``train.steps``, else its epochs' steps
+    (at least 1)."""
+    tr = cell.train
+    return int(tr.steps) if tr.steps else max(1, math.ceil(float(tr.epochs) * steps_per_epoch))
 
 
 def snapshot_names(cell: Cell) -> list[str]:

@@ -15,9 +15,10 @@ from its name.
 
 from __future__ import annotations
 
-from .cell import Cell
+from .cell import Cell, budget_steps, snapshot_steps
 from .datasets import NUM_CLASSES, SPLIT_SIZES, pretrain_images, pretrain_split
-from .losses.registry import loss_spec
+from .losses.registry import loss_spec, params_problem
+from .lr_scaling import REFERENCE_BATCH, resolved_knobs
 
 #: the numeric precisions a cell may train in (``train.precision``)
 PRECISIONS = ("fp32", "bf16", "fp16", "fp64")
@@ -36,8 +37,84 @@ def cell_problem(cell: Cell) -> str | None:
         or extreme_problem(cell)
         or settings_problem(cell)
         or warmup_problem(cell)
+        or budgets_problem(cell)
+        or run_problem(cell)
+        or decays_problem(cell)
         or loss_params_problem(cell)
     )
+
+
+def run_problem(cell: Cell) -> str | None:
+    """What the job would find only once it runs, known from the cell already: fp16 on a cell
+    that names the CPU (GradScaler needs CUDA), the same-class mask on a data set whose
+    pretraining split has no labels."""
+    tr = cell.train
+    if tr.precision == "fp16" and cell.device == "cpu":
+        return "precision fp16 needs CUDA (GradScaler), and the cell's device is cpu; use bf16 or fp32, or device: cuda"
+    if tr.mask_same_class and pretrain_split(cell.dataset) == "unlabeled":
+        return (
+            f"train.mask_same_class needs labels, and {cell.dataset}'s pretraining split ({pretrain_split(cell.dataset)}) "
+            "has none; set it to false"
+        )
+    es = tr.ess_schedule
+    if es and {"tau_min", "tau_max"} <= set(es) and not es["tau_min"] < es["tau_max"]:
+        return (
+            f"train.ess_schedule.tau_min = {es['tau_min']:g} is not below its tau_max = {es['tau_max']:g}; "
+            "give the scheduled τ a range"
+        )
+    return None
+
+
+#: the setting that maps each batch-dependent decay to the cell's batch (:func:`resolved_knobs`' keys)
+_DECAY_RULES = {"train.adam_beta2": "beta2_scaling", "train.moco_momentum": "ema_scaling", "loss.ema": "ema_scaling"}
+
+
+def decays_problem(cell: Cell) -> str | None:
+    """Each decay (Adam's β2, an EMA momentum) below 1 at the cell's batch as well as at the
+    batch it is stated at: ``samples`` raises it to N/256, which rounds a value a hair below 1 up
+    to 1 at a small batch (torch's Adam refuses β2 = 1; an EMA target at 1 never moves)."""
+    for key, value in resolved_knobs(cell.train, cell.batch_size, cell.loss_params).items():
+        if value >= 1:
+            rule, name = _DECAY_RULES[key], key if key.startswith("train.") else f"{cell.loss}'s ema"
+            return (
+                f"{name} at batch {cell.batch_size} is 1 under train.{rule} samples (its value at batch "
+                f"{REFERENCE_BATCH} to the power {cell.batch_size}/{REFERENCE_BATCH}, rounded); "
+                f"choose a value farther below 1 or train.{rule}: none"
+            )
+    return None
+
+
+def budgets_problem(cell: Cell) -> str | None:
+    """The snapshot budgets against the cell's steps, where its data set's size gives its
+    steps per epoch before it is read (the job checks the same once it has the images)."""
+    images = pretrain_images(cell.dataset, cell.dataset_options.get("train_subset"))
+    if not cell.train.snapshot_epochs or images is None or images < cell.batch_size:
+        return None
+    spe = images // cell.batch_size
+    return snapshot_budget_problem(cell, spe, budget_steps(cell, spe))
+
+
+def snapshot_budget_problem(cell: Cell, steps_per_epoch: int, total: int) -> str | None:
+    """Each snapshot budget is a step of its own in 1..total: a budget of less than half a step
+    would save the untrained weights, one past the budget would never be saved, and two on one
+    step would save one run twice under two names."""
+    seen: dict[int, float] = {}
+    for e in cell.train.snapshot_epochs or ():
+        step = snapshot_steps(e, steps_per_epoch)
+        if float(e) * steps_per_epoch < 0.5:
+            return (
+                f"train.snapshot_epochs {e:g} is less than half of one of the cell's {steps_per_epoch} steps per "
+                f"epoch (it would save the untrained weights); use at least {0.5 / steps_per_epoch:.3g}"
+            )
+        if step > total:
+            return f"train.snapshot_epochs {e:g} is step {step}, past the cell's {total} steps; use budgets within it"
+        if step in seen:
+            return (
+                f"train.snapshot_epochs {seen[step]:g} and {e:g} are both step {step} ({steps_per_epoch} steps "
+                "per epoch); give each budget a step of its own"
+            )
+        seen[step] = float(e)
+    return None
 
 
 def images_problem(cell: Cell) -> str | None:
@@ -85,20 +162,10 @@ def warmup_problem(cell: Cell) -> str | None:
 
 
 def loss_params_problem(cell: Cell) -> str | None:
-    """The loss's own checks of its parameters (bounds the schema holds too, and relations
-    between them such as iSogCLR's tau_min < tau_max).  Its registry defaults are valid (the
-    registry's tests build every loss with them), so only other values build the loss, the one
-    check here that loads torch."""
-    spec = loss_spec(cell.loss)
-    if dict(cell.loss_params) == spec.defaults:
-        return None
-    from .losses import build_loss
-
-    try:
-        build_loss(cell.loss, **cell.loss_params)
-    except ValueError as exc:
-        return str(exc)
-    return None
+    """The loss's parameters against the registry's bounds and relations, the cell's τ
+    among them (:func:`smallbatch.losses.registry.params_problem`: the loss's constructor
+    runs the same check)."""
+    return params_problem(cell.loss, dict(cell.loss_params), cell.temperature)
 
 
 def extreme_problem(cell: Cell) -> str | None:

@@ -81,7 +81,7 @@ from .datasets import (
     pretrain_split,
     subset_problem,
 )
-from .io import make_folder, save_torch
+from .io import make_folder, read_problem, save_torch
 from .readers import prepare_fashion_mnist, read_raw
 
 __all__ = [
@@ -509,8 +509,11 @@ def load_cache(path: str | Path) -> ImageData:
         ValueError: the file is truncated, corrupt, or not a smallbatch data cache.
     """
     path = Path(path)
-    if not path.is_file():
+    problem = read_problem(path)
+    if problem == "does not exist":
         raise FileNotFoundError(f"data cache {path} does not exist")
+    if problem:
+        raise ValueError(f"data cache {path} {problem}; remove it and prepare the data again")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # truncated zip, bad pickle, ...: all mean "rebuild it"

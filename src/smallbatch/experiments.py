@@ -23,9 +23,31 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["SideExperiment", "SPECS", "SIDE_EXPERIMENTS", "experiment_spec", "experiment_schema", "section_names"]
+__all__ = [
+    "SideExperiment",
+    "Need",
+    "SPECS",
+    "SIDE_EXPERIMENTS",
+    "experiment_spec",
+    "experiment_schema",
+    "section_names",
+    "needs_problem",
+]
 
 Captions = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class Need:
+    """What a side experiment's cells must span for it to compute what it exists for: at least
+    ``at_least`` different values of ``key`` (a cell's ``batch_size``, ``temperature``, or a
+    ``train.<key>``; ``plain_batch_size``: the batch sizes of its plain InfoNCE cells, no control
+    set), and ``how``, one line saying how to give it them."""
+
+    key: str
+    at_least: int
+    what: str
+    how: str
 
 
 @dataclass(frozen=True)
@@ -43,6 +65,7 @@ class SideExperiment:
     tables: Captions = ()
     figures: Captions = ()
     main: bool = False
+    needs: tuple[Need, ...] = ()
 
 
 SPECS: tuple[SideExperiment, ...] = (
@@ -64,6 +87,7 @@ SPECS: tuple[SideExperiment, ...] = (
         "EqCo's K sweep: fixed batch, negatives from a MoCo queue of K keys",
         "ksweep",
         tables=(("ksweep", "Side experiment (EqCo's K sweep)."),),
+        needs=(Need("train.queue_size", 2, "queue sizes K", "give it axes: {queue_size: [...]}"),),
         figures=(
             (
                 "ksweep",
@@ -90,6 +114,7 @@ SPECS: tuple[SideExperiment, ...] = (
         "SimCLR Table 5's analogue: temperature sweep at a fixed batch size",
         "tsweep",
         tables=(("tsweep", "Side experiment (temperature sweep)."),),
+        needs=(Need("temperature", 2, "temperatures", "give it temperatures: [...]"),),
         figures=(
             (
                 "tsweep",
@@ -121,6 +146,10 @@ SPECS: tuple[SideExperiment, ...] = (
         "the learning rate each batch size wants: a grid of rates per batch size (axes: {lr: [...]}), the rate "
         "validated on the linear probe's validation split and its exponent k (rate ∝ N^k) against SimCLR's rules",
         "lrsweep",
+        needs=(
+            Need("train.lr", 2, "learning rates", "give it axes: {lr: [...]}"),
+            Need("batch_size", 2, "batch sizes", "give it batch_sizes: [...] (the exponent is fitted across them)"),
+        ),
         tables=(
             (
                 "lrsweep",
@@ -142,6 +171,14 @@ SPECS: tuple[SideExperiment, ...] = (
         "negatives from steps (batch entries {size, train: {neg_group}}), BatchNorm over equal groups in every arm, "
         "paired by seed",
         "instrument",
+        needs=(
+            Need(
+                "plain_batch_size",
+                2,
+                "batch sizes of plain InfoNCE arms",
+                "give it InfoNCE at a small and a large batch size without a control (its reference arms)",
+            ),
+        ),
         tables=(("instrument", "The instrument arms and their contrasts."),),
         figures=(
             (
@@ -180,3 +217,29 @@ def section_names(main: bool) -> list[str]:
     """The report modules of the side experiments reported with the main results (``main``) or
     with the other side experiments, in the registry's order."""
     return [s.section for s in SPECS if s.main == main]
+
+
+#: the controls that make a cell an arm other than a plain one (the instrument's)
+_CONTROLS = ("neg_group", "extra_negatives", "mask_same_class", "steps")
+
+
+def _value(cell, key: str):
+    """``key`` (a :class:`Need`'s) of a typed cell (:class:`smallbatch.cell.Cell`)."""
+    if key == "plain_batch_size":
+        plain = cell.loss == "infonce" and not any(getattr(cell.train, k) for k in _CONTROLS)
+        return cell.batch_size if plain else None
+    return getattr(cell.train, key.removeprefix("train.")) if key.startswith("train.") else getattr(cell, key)
+
+
+def needs_problem(name: str, cells: list) -> str | None:
+    """Why side experiment ``name``'s ``cells`` (typed: :class:`smallbatch.cell.Cell`) cannot compute what it exists for (its
+    :class:`Need`), one line naming its key, or None."""
+    for need in experiment_spec(name).needs:
+        values = {v for v in (_value(c, need.key) for c in cells) if v is not None}
+        if len(values) < need.at_least:
+            found = ", ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in sorted(values)) or "none"
+            return (
+                f"config key 'experiments.{name}' has {len(values)} of the {need.at_least} different {need.what} "
+                f"it needs ({found}): {need.how}"
+            )
+    return None

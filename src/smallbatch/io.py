@@ -53,6 +53,27 @@ from typing import Any, BinaryIO
 CELL_ID_RE = re.compile(r"[A-Za-z0-9_=+-][A-Za-z0-9_.=+-]{0,199}(?:/[A-Za-z0-9_=+-][A-Za-z0-9_.=+-]{0,199}){0,15}")
 
 
+def text_problem(text: Any, kind: str = "path") -> str | None:
+    """Why ``text`` cannot be a path (``kind="path"``), a name or a URI (``"name"``, ``"uri"``),
+    one phrase to follow its key or flag, or None.  The one rule for text wherever it enters
+    (a flag, a config key, a cell): not empty (a path would name the current folder), no
+    control character (NUL ends a C string, ESC drives the terminal), a path not starting with
+    '~' (nothing expands it), a name or URI without spaces at its ends (read as part of it:
+    ``' sqlite:///x.db'`` is a file-store path)."""
+    if not isinstance(text, str) or not text.strip():
+        if kind == "path":
+            return "is empty (it would name the current folder); name a file or folder"
+        return f"is empty; give it a {kind.replace('uri', 'URI')}"
+    if any(ord(c) < 32 or ord(c) == 127 for c in text):
+        return f"= {text!r} holds a control character; rename it"
+    if kind == "path" and text.startswith("~"):
+        return f"= {text!r} starts with '~', which nothing expands here; write the full path ({os.path.expanduser(text)!r}?)"
+    if kind != "path" and text != text.strip():
+        what = "URI" if kind == "uri" else kind
+        return f"= {text!r} starts or ends with a space, which would be read as part of the {what}; remove it"
+    return None
+
+
 def check_cell_id(cid: Any, source: str = "cell id") -> str:
     """``cid`` when it is a cell id (:data:`CELL_ID_RE`): the one check of every id that
     enters (it names a folder under results_dir); ValueError naming it otherwise."""
@@ -107,6 +128,59 @@ def _kind(mode: int) -> str:
     if stat.S_ISLNK(mode):
         return "a symbolic link"
     return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def path_kind(path: str | Path) -> str | None:
+    """What lies at ``path`` itself (a link not followed): ``"a regular file"``, ``"a folder"``,
+    ``"a FIFO"``, ``"a symbolic link"``, ...; None when nothing does."""
+    try:
+        mode = os.lstat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return "a regular file" if stat.S_ISREG(mode) else _kind(mode)
+
+
+def read_problem(path: str | Path) -> str | None:
+    """Why ``path`` cannot be read as a file (following a link), one phrase to follow its
+    name, or None: it does not exist (or the working folder it is relative to was deleted),
+    or it is a folder, a FIFO, a device ... (a FIFO would block the reader)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        if not Path(path).is_absolute() and not _cwd_exists():
+            return "cannot be found: the working folder was deleted; cd into a folder that exists"
+        return "does not exist"
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    return None if stat.S_ISREG(mode) else f"is {_kind(mode)}, not a file"
+
+
+def _cwd_exists() -> bool:
+    try:
+        return os.path.isdir(os.getcwd())
+    except FileNotFoundError:
+        return False
+
+
+class DuplicateKey(ValueError):
+    """A JSON object with one key twice (a reader would keep one silently)."""
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict:
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise DuplicateKey(
+                f"has the key {key!r} twice in one object; a reader would keep only one: remove the other"
+            )
+        out[key] = value
+    return out
+
+
+def loads_unique(text: str) -> Any:
+    """``json.loads`` that refuses an object with a key twice (:class:`DuplicateKey`, its message
+    a phrase to follow the source's name); a syntax error is json's own JSONDecodeError."""
+    return json.loads(text, object_pairs_hook=_unique_pairs)
 
 
 def refusal(label: str, what: str, advice: str = "choose another path") -> str:
@@ -215,7 +289,10 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], object], exclusiv
     if exclusive and os.path.lexists(path):
         raise FileExistsError(errno.EEXIST, EXISTS, str(path))
     make_folder(path.parent)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:  # its error names the temporary file, which the user never asked for
+        raise OSError(exc.errno, f"{exc.strerror} (cannot write into {path.parent})", str(path)) from None
     try:
         with os.fdopen(fd, "wb") as fh:
             os.fchmod(fh.fileno(), 0o666 & ~current_umask())  # mkstemp's file is 0600 whatever the umask

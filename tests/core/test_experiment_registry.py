@@ -33,7 +33,8 @@ def test_enabling_a_registered_experiment_expands_its_cells_tagged_with_its_name
     from smallbatch.pipeline.config import load_config
 
     for spec in reg.SPECS:
-        section = {"enabled": True, "losses": ["infonce"], "batch_sizes": [32], "temperatures": [0.5], "seeds": [0]}
+        section = {"enabled": True, "losses": ["infonce"], "batch_sizes": [16, 32], "temperatures": [0.1, 0.5]}
+        section |= {"seeds": [0], "axes": {"lr": [1e-3, 2e-3], "queue_size": [0, 64]}}  # what each sweeps
         cfg = load_config([REPO / "config.yaml"], {"grid": {"enabled": False}, "experiments": {spec.name: section}})
         cells = expand_cells(cfg)
         assert cells and {c["experiment"] for c in cells.values()} == {spec.name}, spec.name
@@ -129,7 +130,7 @@ def test_every_registered_caption_reaches_snakemake_report_and_the_longest_prefi
     assert caption_of("ess_digits", "figures").startswith("Effective sample size")
     assert caption_of("precision_top1_digits", "figures").startswith("Side experiment (floating-point precision)")
     assert caption_of("regime_grad_ratio_digits", "figures").startswith("Side experiment (regime): the gradient")
-    assert caption_of("instrument_contrasts", "figures").startswith("The instrument contrasts")
+    assert caption_of("instrument_contrasts", "figures").startswith("The instrument's claimed contrasts")
     assert caption_of("lrsweep_rates", "tables").startswith("Side experiment (learning-rate sweep)")
     assert caption_of("no_such_table", "tables") == ""
     with pytest.raises(ValueError, match="'tables' or 'figures'"):

@@ -719,9 +719,9 @@ def test_bad_inputs_raise_value_error_naming_the_argument(name):
 
 def test_bad_parameters_and_queue_inputs():
     for bad in (0.0, -1.0):
-        with pytest.raises(ValueError, match="sigma must be > 0"):
+        with pytest.raises(ValueError, match="sigma must be a number > 0"):
             at_tau(DCLW(sigma=bad), 0.1)
-        with pytest.raises(ValueError, match="alpha must be a positive finite number or None"):
+        with pytest.raises(ValueError, match="alpha must be a finite number > 0 or null"):
             at_tau(EqCo(alpha=bad), 0.1)
     with pytest.raises(ValueError, match="gamma must be a finite number >= 0"):
         at_tau(FlatNCE(gamma=-1.0), 0.1)
@@ -836,6 +836,38 @@ def test_the_documented_examples_run_as_written():
     for module in (losses, build):
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert result.attempted >= 4 and result.failed == 0, f"{module.__name__}: {result}"
+
+
+#: values to try on every loss parameter: at and around the usual bounds, huge, tiny, infinite, NaN
+PROBES = (-1.0, 0, 0.0, 1e-300, 0.5, 1, 1.0, 1.5, 20, 20.5, 100, 101, 1e30, 1e308, math.inf, -math.inf, math.nan)
+
+
+def _loss_param_cases():
+    from smallbatch.losses.registry import SPECS
+
+    return [(name, key) for name, spec in SPECS.items() for key in spec.params]
+
+
+@pytest.mark.parametrize("name,key", _loss_param_cases(), ids=lambda v: str(v))
+def test_the_config_schema_and_the_loss_accept_the_same_values_of_each_parameter(name, key):
+    """One set of bounds: a value the schema lets into a study is one the loss is built with, and
+    a value the loss refuses is refused when the study is planned (never by the job)."""
+    from smallbatch.pipeline.config import ConfigError, validate_config
+
+    for value in PROBES:
+        try:
+            # τ = 100, the largest a cell takes: above every probe a τ floor (iSogCLR's tau_min) could be at
+            grid = {"losses": [name], "batch_sizes": [16], "temperatures": [100], "seeds": [0]}
+            validate_config({"datasets": {"digits": {}}, "grid": grid, "loss_params": {name: {key: value}}})
+            planned = True
+        except ConfigError:
+            planned = False
+        try:
+            build_loss(name, **{key: value})
+            built = True
+        except ValueError:
+            built = False
+        assert planned == built, f"{name}.{key} = {value!r}: the schema {'accepts' if planned else 'refuses'} it"
 
 
 # --------------------------------------------------------------------------- one default per door

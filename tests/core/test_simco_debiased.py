@@ -157,7 +157,7 @@ def test_no_prior_and_no_hardness_is_infonce():
         c, d = z1.clone().requires_grad_(), z2.clone().requires_grad_()
         at_tau(build_loss("infonce"), 0.2)(c, d).loss.backward()
         torch.testing.assert_close(a.grad, c.grad, rtol=1e-10, atol=1e-14)
-    with pytest.raises(ValueError, match=r"tau_plus must be in \[0, 1\)"):
+    with pytest.raises(ValueError, match=r"tau_plus must be a finite number in \[0, 1\)"):
         build_loss("debiased", tau_plus=1.0)
     with pytest.raises(ValueError, match="beta must be a finite number >= 0"):
         build_loss("hcl", beta=-1.0)

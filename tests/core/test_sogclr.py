@@ -185,7 +185,7 @@ def test_queue_anchors_index_is_one_view():
 
 @pytest.mark.parametrize("bad", [0, -0.1, 1.5, float("nan"), "x"])
 def test_bad_gamma_is_one_line(bad):
-    with pytest.raises(ValueError, match=r"gamma must be in \(0, 1\]"):
+    with pytest.raises(ValueError, match=r"gamma must be a finite number in \(0, 1\]"):
         at_tau(build_loss("sogclr", gamma=bad), 0.1)
 
 
@@ -375,7 +375,7 @@ def test_isogclr_at_fixed_temperatures_is_tau_times_sogclr():
 def test_isogclr_bad_parameters_are_one_line():
     with pytest.raises(ValueError, match="tau_min must be below tau_max"):
         build_loss("isogclr", tau_min=0.5, tau_max=0.1)
-    with pytest.raises(ValueError, match=r"beta must be in \(0, 1\]"):
+    with pytest.raises(ValueError, match=r"beta must be a finite number in \(0, 1\]"):
         build_loss("isogclr", beta=0.0)
     with pytest.raises(ValueError, match="rho must be a finite number >= 0"):
         build_loss("isogclr", rho=-1)

@@ -154,6 +154,61 @@ def a_file(tmp: Path, mp: pytest.MonkeyPatch) -> None:
     (tmp / "afile").write_text("not a folder\n")
 
 
+def a_fifo(name: str) -> Callable:
+    return lambda tmp, mp: os.mkfifo(tmp / name)
+
+
+def a_folder(name: str) -> Callable:
+    return lambda tmp, mp: (tmp / name).mkdir(parents=True)
+
+
+def cell_file_with_id_twice(tmp: Path, mp: pytest.MonkeyPatch) -> None:
+    """A real cell file of the one-cell study whose text names a second ``id`` (JSON readers keep the last)."""
+    from smallbatch.pipeline.cells import expand_cells
+    from smallbatch.pipeline.config import load_config
+
+    (tmp / "c.yaml").write_text(STUDY)
+    text = json.dumps(next(iter(expand_cells(load_config(tmp / "c.yaml")).values())))
+    (tmp / "cell.json").write_text('{"id": "digits/infonce/bs16-t0.1-s1", ' + text[1:])
+
+
+def one_loss(loss: str, params: str = "", temperature: str = "0.1") -> str:
+    """A one-cell digits study of ``loss`` with ``loss_params`` of it (flow YAML, may be empty)."""
+    extra = f"loss_params: {{{loss}: {{{params}}}}}\n" if params else ""
+    return f"datasets: {{digits: {{}}}}\ngrid: {{losses: [{loss}], batch_sizes: [16], temperatures: [{temperature}], seeds: [0]}}\n{extra}"
+
+
+#: digits' 1,437 pretraining images make 89 steps an epoch at batch 16
+CELL = r"cell 'digits/infonce/bs16-t0\.1-s0': "
+SNAPSHOTS = "lr_schedule: constant, snapshot_epochs: "
+THOUSAND = "[" + ", ".join(f"{i / 100:g}" for i in range(1, 1001)) + "]"  # 0.01 .. 10 epochs
+
+
+def deleted_working_folder(tmp: Path, mp: pytest.MonkeyPatch) -> None:
+    (tmp / "gone").mkdir()
+    mp.chdir(tmp / "gone")
+    os.rmdir(tmp / "gone")
+
+
+def unwritable_folders(tmp: Path, mp: pytest.MonkeyPatch) -> None:
+    """Every new file is refused as in a read-only folder (whoever runs the tests, root included)."""
+    import tempfile
+
+    def refuse(prefix: str = "", suffix: str = "", dir: str | None = None, **kw):
+        raise PermissionError(13, "Permission denied", os.path.join(str(dir), f"{prefix}x1y2z3{suffix}"))
+
+    mp.setattr(tempfile, "mkstemp", refuse)
+
+
+def deeply_nested(name: str, opening: str, closing: str, before: str = "") -> Callable:
+    return lambda tmp, mp: (tmp / name).write_text(before + opening * 100_000 + closing * 100_000 + "\n")
+
+
+#: a PID above Linux's largest (2^22): never a running process
+DEAD_PID = str(2**22 + 1)
+TINY_CELL = ("infonce", "--batch-size", "16", "--temperature", "0.5")
+
+
 # --------------------------------------------------------------------------- the table
 CASES = [
     # --- temperatures: .nan / .inf pass every JSON-schema bound, so they are caught as not finite
@@ -198,13 +253,299 @@ CASES = [
         {"c.yaml": STUDY + "loss_params: {dclw: {sigma: .nan}}\n"},
     ),
     Case(
-        "loss parameter inf its loss rejects",
+        "loss parameter inf its schema refuses",
         CELLS,
-        r"cell 'digits/eqco-alphainf/bs16-t0\.1-s0': alpha must be a positive finite number or None \(alpha = K\), got inf",
+        r"config key 'loss_params\.eqco\.alpha' = inf is not a finite number",
         {
             "c.yaml": "datasets: {digits: {}}\ngrid: {losses: [eqco], batch_sizes: [16], temperatures: [0.1], seeds: [0]}\n"
             "loss_params: {eqco: {alpha: .inf}}\n"
         },
+    ),
+    # --- every check a job makes of a cell's settings runs when the study is planned
+    Case(
+        "a snapshot past a fixed steps budget",
+        CELLS,
+        CELL + r"train\.snapshot_epochs 1 is step 89, past the cell's 12 steps; use budgets within it",
+        {"c.yaml": STUDY + "train: {steps: 12, " + SNAPSHOTS + "[1]}\n"},
+    ),
+    Case(
+        "two snapshots on one step",
+        CELLS,
+        CELL + r"train\.snapshot_epochs 0\.5 and 0\.501 are both step 45 \(89 steps per epoch\); give each budget a "
+        r"step of its own",
+        {"c.yaml": STUDY + "train: {epochs: 2, " + SNAPSHOTS + "[0.5, 0.501]}\n"},
+    ),
+    Case(
+        "1,000 snapshots on a 12-step cell",
+        CELLS,
+        # 0.04 x 89 = 3.56 and 0.05 x 89 = 4.45 both round to step 4
+        CELL + r"train\.snapshot_epochs 0\.04 and 0\.05 are both step 4 \(89 steps per epoch\); .*",
+        {"c.yaml": STUDY + "train: {steps: 12, " + SNAPSHOTS + THOUSAND + "}\n"},
+    ),
+    Case(
+        "a snapshot of the untrained weights",
+        CELLS,
+        CELL + r"train\.snapshot_epochs 1e-06 is less than half of one of the cell's 89 steps per epoch \(it would "
+        r"save the untrained weights\); use at least 0\.00562",
+        {"c.yaml": STUDY + "train: {" + SNAPSHOTS + "[1.0e-6]}\n"},
+    ),
+    Case(
+        "kcl t 1e308",
+        CELLS,
+        r"config key 'loss_params\.kcl\.t' = 1e\+308 is out of range; it must be <= 20",
+        {"c.yaml": one_loss("kcl", "t: 1.0e+308")},
+    ),
+    Case(
+        "siglip bias_init 1e30",
+        CELLS,
+        r"config key 'loss_params\.siglip\.bias_init' = 1e\+30 is out of range; it must be <= 100(\.0)?",
+        {"c.yaml": one_loss("siglip", "bias_init: 1.0e+30")},
+    ),
+    Case(
+        "vicreg with every weight 0",
+        CELLS,
+        r"cell 'digits/vicreg[^']*/bs16-t0\.1-s0': VICReg's lam, mu, nu are all 0 \(the loss is 0 and nothing trains\); "
+        r"give one of them a weight",
+        {"c.yaml": one_loss("vicreg", "lam: 0, mu: 0, nu: 0")},
+    ),
+    Case(
+        "byol ema 1",
+        CELLS,
+        r"config key 'loss_params\.byol\.ema' = 1 is out of range; it must be < 1",
+        {"c.yaml": one_loss("byol", "ema: 1")},
+    ),
+    Case(
+        "train.moco_momentum 1.0",
+        CELLS,
+        r"config key 'train\.moco_momentum' = 1\.0 is out of range; it must be < 1",
+        {"c.yaml": STUDY + "train: {queue_size: 64, moco_momentum: 1.0}\n"},
+    ),
+    Case(
+        "byol ema a hair below 1, 1 at batch 16 under ema_scaling samples",
+        CELLS,
+        r"cell 'digits/byol[^']*/bs16-t0\.1-s0': byol's ema at batch 16 is 1 under train\.ema_scaling samples "
+        r"\(its value at batch 256 to the power 16/256, rounded\); choose a value farther below 1 or "
+        r"train\.ema_scaling: none",
+        {"c.yaml": one_loss("byol", "ema: 0.9999999999999999") + "train: {ema_scaling: samples}\n"},
+    ),
+    Case(
+        "train.moco_momentum a hair below 1, 1 at batch 16 under ema_scaling samples",
+        CELLS,
+        r"cell 'digits/infonce/bs16-t0\.1-s0': train\.moco_momentum at batch 16 is 1 under train\.ema_scaling "
+        r"samples \(its value at batch 256 to the power 16/256, rounded\); choose a value farther below 1 or "
+        r"train\.ema_scaling: none",
+        {"c.yaml": STUDY + "train: {queue_size: 64, moco_momentum: 0.9999999999999999, ema_scaling: samples}\n"},
+    ),
+    Case(
+        "isogclr at a tau below its tau_min",
+        CELLS,
+        r"cell 'digits/isogclr/bs16-t0\.01-s0': iSogCLR starts its learnt τ at the cell's temperature 0\.01, below its "
+        r"tau_min = 0\.05, which it never goes under; choose a temperature >= 0\.05 or a lower tau_min",
+        {"c.yaml": one_loss("isogclr", temperature="0.01")},
+    ),
+    Case(
+        "lrsweep without rates",
+        CELLS,
+        r"config key 'experiments\.lrsweep' has 1 of the 2 different learning rates it needs \(0\.001\): give it "
+        r"axes: \{lr: \[\.\.\.\]\}",
+        {"c.yaml": STUDY + "experiments: {lrsweep: {enabled: true, batch_sizes: [16, 32]}}\n"},
+    ),
+    Case(
+        "lrsweep of one batch size",
+        CELLS,
+        r"config key 'experiments\.lrsweep' has 1 of the 2 different batch sizes it needs \(16\): give it "
+        r"batch_sizes: \[\.\.\.\] \(the exponent is fitted across them\)",
+        {"c.yaml": STUDY + "experiments: {lrsweep: {enabled: true, axes: {lr: [0.001, 0.002]}}}\n"},
+    ),
+    Case(
+        "ksweep without a queue axis",
+        CELLS,
+        r"config key 'experiments\.ksweep' has 1 of the 2 different queue sizes K it needs \(0\): give it axes: "
+        r"\{queue_size: \[\.\.\.\]\}",
+        {"c.yaml": STUDY + "experiments: {ksweep: {enabled: true}}\n"},
+    ),
+    Case(
+        "instrument with none of its arms",
+        CELLS,
+        r"config key 'experiments\.instrument' has 0 of the 2 different batch sizes of plain InfoNCE arms it needs "
+        r"\(none\): .*",
+        {"c.yaml": STUDY + "experiments: {instrument: {enabled: true, losses: [dcl], batch_sizes: [16, 32]}}\n"},
+    ),
+    Case(
+        "tsweep of one tau",
+        CELLS,
+        r"config key 'experiments\.tsweep' has 1 of the 2 different temperatures it needs \(0\.1\): give it "
+        r"temperatures: \[\.\.\.\]",
+        {"c.yaml": STUDY + "experiments: {tsweep: {enabled: true}}\n"},
+    ),
+    Case(
+        "the grid off and no experiment",
+        CELLS,
+        r"the study plans 0 cells: config key 'grid\.enabled' is false and no side experiment is enabled; enable "
+        r"the grid or a side experiment",
+        {"c.yaml": "datasets: {digits: {}}\ngrid: {enabled: false}\n"},
+    ),
+    *(
+        Case(
+            f"study holding {what}",
+            CELLS,
+            rf"config key 'study' = 'a\\x{code}b' holds a control character; rename it",
+            {"c.yaml": STUDY + f'study: "a\\{escape}b"\n'},
+        )
+        for what, escape, code in (("NUL", "0", "00"), ("ESC", "e", "1b"))
+    ),
+    Case(
+        "--experiment holding ESC",
+        ("init-store", "--tracking-uri", "sqlite:///{tmp}/m.db", "--experiment", "a\x1bb"),
+        r"--experiment = 'a\\x1bb' holds a control character; rename it",
+    ),
+    Case(
+        "--tracking-uri with a leading space",
+        ("init-store", "--tracking-uri", " sqlite:///{tmp}/m.db", "--experiment", "x"),
+        r"--tracking-uri = ' sqlite:///.*/m\.db' starts or ends with a space, which would be read as part of the "
+        r"URI; remove it",
+    ),
+    Case(
+        "data.root ''",
+        CELLS,
+        r"config key 'data\.root' is empty \(it would name the current folder\); name a file or folder",
+        {"c.yaml": STUDY + "data: {root: ''}\n"},
+    ),
+    Case(
+        "tracking_uri with a leading space",
+        CELLS,
+        r"config key 'tracking_uri' = ' sqlite:///x\.db' starts or ends with a space, which would be read as part "
+        r"of the URI; remove it",
+        {"c.yaml": STUDY + "tracking_uri: ' sqlite:///x.db'\n"},
+    ),
+    *(
+        Case(
+            f"{key} {value}",
+            CELLS,
+            rf"config key '{re.escape(key)}' = {re.escape(shown)} is out of range; it must be {re.escape(bound)}",
+            {"c.yaml": study(dataset=dataset) + text},
+        )
+        for key, value, shown, bound, text, dataset in (
+            ("train.width", "1e6", "1000000", "<= 1024", "train: {width: 1000000}\n", "digits: {}"),
+            ("train.proj_dim", "1e9", "1000000000", "<= 65536", "train: {proj_dim: 1000000000}\n", "digits: {}"),
+            (
+                "loss_params.simsiam.pred_hidden",
+                "1e9",
+                "1000000000",
+                "<= 65536",
+                "loss_params: {simsiam: {pred_hidden: 1000000000}}\n",
+                "digits: {}",
+            ),
+            ("datasets.digits.image_size", "100000", "100000", "<= 1024", "", "digits: {image_size: 100000}"),
+            ("eval.fewshot_draws", "1e9", "1000000000", "<= 1000", "eval: {fewshot_draws: 1000000000}\n", "digits: {}"),
+            ("train.lr", "1e300", "1e+300", "<= 1000000.0", "train: {lr: 1.0e+300}\n", "digits: {}"),
+            ("eval.knn_t", "1e-300", "1e-300", ">= 0.001", "eval: {knn_t: 1.0e-300}\n", "digits: {}"),
+        )
+    ),
+    Case(
+        "a cell file with its id twice",
+        ("pretrain", "--tracking-uri", "none", "--cell", "{tmp}/cell.json"),
+        r"cell file .*/cell\.json has the key 'id' twice in one object; a reader would keep only one: remove the other",
+        setup=cell_file_with_id_twice,
+    ),
+    # --- errors that name the right thing
+    *(
+        Case(
+            f"a {kind} as --config",
+            CELLS,
+            rf"config file .*/c\.yaml is a {kind}, not a file; name a YAML file",
+            setup=make("c.yaml"),
+        )
+        for kind, make in (("folder", a_folder), ("FIFO", a_fifo))
+    ),
+    Case(
+        "a loss parameter of the wrong type",
+        CELLS,
+        r"config key 'grid\.losses\[0\]\.sigma' = 'abc' has the wrong type; expected number or array",
+        {"c.yaml": "datasets: {digits: {}}\ngrid: {losses: [{name: dclw, sigma: abc}], seeds: [0]}\n"},
+    ),
+    Case(
+        "a config nested 100,000 deep",
+        CELLS,
+        r"config file .*/c\.yaml nests its values too deep to be read; no config key nests so deep",
+        setup=deeply_nested("c.yaml", "[", "]", "study: "),
+    ),
+    Case(
+        "a cell file nested 100,000 deep",
+        ("pretrain", "--tracking-uri", "none", "--cell", "{tmp}/cell.json"),
+        r"cell file .*/cell\.json nests its values too deep to be read; no key of a cell nests so deep",
+        setup=deeply_nested("cell.json", "[", "]"),
+    ),
+    Case(
+        "a deleted working folder",
+        CELLS,
+        r"the working folder was deleted \(or moved\) under this shell; cd into a folder that exists and run it again",
+        {"c.yaml": STUDY},
+        setup=deleted_working_folder,
+    ),
+    Case(
+        "a read-only output folder",
+        ("prepare-data", "--dataset", "digits", "--out", "{tmp}/ro/c.pt"),
+        r".*/ro/c\.pt: Permission denied \(cannot write into .*/ro\)",
+        setup=unwritable_folders,
+    ),
+    Case(
+        "pretrain --out onto a file",
+        (*PRETRAIN, *TINY_CELL),
+        r"--out .*/out is a regular file, not a folder; it names the folder this command writes into: choose another path",
+        {"out": "my notes\n"},
+    ),
+    Case(
+        "a folder where state.pt should be",
+        (*PRETRAIN, *TINY_CELL, "--steps", "1"),
+        r".*state .*/out/state\.pt is a folder, not a file; remove it \(the cell then starts afresh\)",
+        setup=a_folder("out/state.pt"),
+    ),
+    Case(
+        "a folder where the data cache should be",
+        (*PRETRAIN, *TINY_CELL, "--data-cache", "{tmp}/cache.pt"),
+        r"data cache .*/cache\.pt is a folder, not a file; remove it and prepare the data again",
+        setup=a_folder("cache.pt"),
+    ),
+    Case(
+        "a folder where checkpoint.pt should be",
+        ("embed", "--checkpoint", "{tmp}/ck.pt", "--dataset", "digits", "--loss", *TINY_CELL, "--out", "{tmp}/f.npz"),
+        r".*checkpoint .*/ck\.pt is a folder, not a file",
+        setup=a_folder("ck.pt"),
+    ),
+    Case(
+        "export --out newdir/",
+        (
+            "export",
+            "--checkpoint",
+            "{tmp}/ck.pt",
+            "--dataset",
+            "digits",
+            "--loss",
+            *TINY_CELL,
+            "--out",
+            "{tmp}/newdir/",
+        ),
+        r"--out .*/newdir/ ends with '/', a folder, and this command writes one file: name the file \(e\.g\. "
+        r".*/newdir/<name>\)",
+        {"ck.pt": "a checkpoint\n"},
+    ),
+    Case(
+        "warm-server --socket onto an existing file",
+        ("warm-server", "--socket", "{tmp}/sock"),
+        r"--socket .*/sock exists \(a regular file\); the server makes its own socket there: remove it or choose "
+        r"another path",
+        {"sock": ""},
+    ),
+    Case(
+        "warm-server --watch-pid of an ended process",
+        ("warm-server", "--socket", "{tmp}/sock", "--watch-pid", DEAD_PID),
+        rf"--watch-pid {DEAD_PID}: no such process \(it has ended\); give the PID of the running process to watch",
+    ),
+    Case(
+        "warm-server --idle-timeout -1",
+        ("warm-server", "--socket", "{tmp}/sock", "--idle-timeout", "-1"),
+        r"--idle-timeout must be a positive number of seconds, not -1",
     ),
     # --- sizes: batch sizes and subsets against data.SPLIT_SIZES, before any job
     Case(
@@ -546,8 +887,8 @@ CASES = [
     Case(
         "an integer without its own bound above int32",
         CELLS,
-        r"config key 'train\.width' = 4294967296 is out of range; it must be <= 2147483647",
-        {"c.yaml": STUDY + "train: {width: 4294967296}\n"},
+        r"config key 'train\.grad_error_every' = 4294967296 is out of range; it must be <= 2147483647",
+        {"c.yaml": STUDY + "train: {grad_error_every: 4294967296}\n"},
     ),
     Case(
         "experiments.mi with one seed",

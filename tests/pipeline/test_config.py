@@ -601,8 +601,11 @@ def test_negatives_are_2n_minus_2_in_batch_and_queue_size_with_a_queue():
     assert cell["negatives"] == 512
 
 
-def test_disabled_grid_has_no_cells():
-    assert expand_cells(validate_config(grid(enabled=False))) == {}
+def test_a_disabled_grid_plans_only_the_side_experiments_and_a_study_of_nothing_is_refused():
+    with pytest.raises(ConfigError, match=r"^the study plans 0 cells: config key 'grid\.enabled' is false"):
+        validate_config(grid(enabled=False))
+    cfg = {**grid(enabled=False), "experiments": {"tsweep": {"enabled": True, "temperatures": [0.1, 0.5]}}}
+    assert {c["experiment"] for c in expand_cells(validate_config(cfg)).values()} == {"tsweep"}
 
 
 def test_flat_params_has_the_documented_keys():

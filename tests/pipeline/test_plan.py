@@ -49,6 +49,21 @@ def test_an_output_without_its_stamp_is_stale_and_the_settings_job_writes_the_st
         plan.write_settings(folder, out.parent / ".settings-ffffffffff", log)
 
 
+def test_a_settings_stamp_replaced_by_a_folder_is_not_taken_as_the_stamp(plan):
+    cid = next(iter(plan.cells))
+    folder = f"runs/{cid}"
+    out = Path(plan.stamped[folder])
+    out.parent.mkdir(parents=True)
+    out.write_bytes(b"a checkpoint of other settings")
+    Path(plan.settings_stamp(folder)).mkdir()
+    with pytest.raises(ValueError) as err:
+        plan.stale_output(folder)
+    assert str(err.value) == (
+        f"settings stamp {plan.settings_stamp(folder)} is a folder, not the file the workflow writes; remove it "
+        f"(the jobs of {folder} then run again)"
+    )
+
+
 def test_the_outputs_are_every_probe_of_every_cell_and_snapshot(plan):
     outs = plan.cell_outputs()
     per_cell = len(plan.probe_files) * 2  # the final checkpoint and the snapshot at epoch 1

@@ -13,9 +13,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 STUDY = ROOT / "config.yaml"
-#: the study with each loss's registry default parameters (config.yaml's are): a non-default value is
-#: checked by building the loss (its own checks, :func:`smallbatch.checks.loss_params_problem`), which is torch's
-DEFAULT_PARAMS: dict = {}
+#: the study with a loss parameter off its registry default: checked by the registry's bounds and
+#: relations (:func:`smallbatch.losses.registry.params_problem`), not by building the loss
+OTHER_PARAMS = {"loss_params": {"eqco": {"alpha": 64}, "dclw": {"sigma": 0.25}}}
 READ_STUDY = """
 import json, sys
 from smallbatch.pipeline.cellcheck import cell_problem
@@ -40,7 +40,7 @@ def test_the_report_imports_without_torch():
 
 
 def test_the_study_config_its_cells_and_their_checks_run_without_torch():
-    n_cells, n_problems, torch_loaded = _run(READ_STUDY, str(STUDY), json.dumps(DEFAULT_PARAMS))
+    n_cells, n_problems, torch_loaded = _run(READ_STUDY, str(STUDY), json.dumps(OTHER_PARAMS))
     assert n_cells > 10 and n_problems == 0
     assert not torch_loaded
 

@@ -309,7 +309,7 @@ ROWS = [
     Row(
         "results_dir empty",
         ("cells", "--config", "{tmp}/c.yaml"),
-        r"config key 'results_dir' = '' is empty; name the results folder, e.g\. results",
+        r"config key 'results_dir' is empty \(it would name the current folder\); name a file or folder",
         {"c.yaml": STUDY_YAML + "results_dir: ''\n"},
     ),
     Row(
@@ -407,6 +407,12 @@ ROWS = [
         BY_JSON,
         r"--cell-json: key 'train\.neg_group' = 8\.0 has the wrong type; expected \['integer', 'null'\]",
         cell=edited("train", neg_group=8.0),
+    ),
+    Row(
+        "--cell-json with data_root ''",
+        BY_JSON,
+        r"--cell-json: key 'data_root' is empty \(it would name the current folder\); name a file or folder",
+        cell=edited(data_root=""),
     ),
     Row(
         "--threads 2000 with --cell-json",
@@ -1034,10 +1040,12 @@ def test_the_same_cell_in_two_folders_against_one_store_refuses_the_second(tmp_p
 
 
 # --------------------------------------------------------------------------- what a run says
+@pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 on device auto trains where CUDA is")
 def test_a_cell_failing_in_setup_ends_its_run_failed_with_the_error(tmp_path, cache, store, capsys):
     from smallbatch import tracking
 
-    cell = tiny_cell(precision="fp16")  # fp16 needs CUDA: fails after the run is opened
+    # fp16 needs CUDA: on device auto (a cell on cpu is refused before any run) it fails after the run is opened
+    cell = rehashed({**edited("train", precision="fp16"), "device": "auto"})
     line = one_line(capsys, pretrain_argv(tmp_path, cache, store, "setup-fails", cell))
     reader = tracking.StoreReader(store)
     (run,) = reader.runs(reader.experiment("setup-fails")[0])

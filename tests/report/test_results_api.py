@@ -5,8 +5,10 @@ report)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -14,6 +16,7 @@ from report_store import GOLDEN, GOLDEN_EXPERIMENT, build_golden_store
 
 import smallbatch
 from smallbatch.report.runs import newest
+from smallbatch.tracking import TrackingError
 
 TABLES = GOLDEN / "tables"
 
@@ -96,3 +99,38 @@ def test_train_settings_read_alike_with_and_without_their_config_prefix():
     old = run_frame([record({"lr": "0.001", "epochs": "4", "augment.crop_scale": "[0.8, 1.0]"})])
     pd.testing.assert_frame_equal(new, old)
     assert new.loc[0, "params.lr"] == "0.001" and "params.train.lr" not in new.columns
+
+
+def _deleted(store: str, tmp_path) -> tuple[str, str]:
+    """A store copy whose experiment was deleted (its runs kept by MLflow until garbage-collected)."""
+    import shutil
+
+    from mlflow.tracking import MlflowClient
+
+    db = tmp_path / "copy.db"
+    shutil.copy(store[len("sqlite:///") :], db)
+    client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+    client.delete_experiment(client.get_experiment_by_name(GOLDEN_EXPERIMENT).experiment_id)
+    return f"sqlite:///{db}", GOLDEN_EXPERIMENT
+
+
+#: (case, (store, tmp_path) -> (tracking_uri, experiment), the one line expected)
+BAD_RESULTS = [
+    ("a deleted experiment", _deleted, rf"experiment '{GOLDEN_EXPERIMENT}' at URI .* was deleted; restore it .*"),
+    (
+        "the store's database as a Path",
+        lambda store, tmp: (Path(store[len("sqlite:///") :]), GOLDEN_EXPERIMENT),
+        r"no MLflow store at .*/mlflow\.db: .*/mlflow\.db is a file, and a URI without a scheme names a folder "
+        r"store; for an SQLite database use sqlite:////.*/mlflow\.db",
+    ),
+    ("None", lambda store, tmp: (None, None), r"smallbatch\.results needs the study's tracking URI, .* not None"),
+    ("''", lambda store, tmp: ("", None), r"no MLflow store at '': the tracking URI is empty; .*"),
+]
+
+
+@pytest.mark.parametrize("case,make,expect", BAD_RESULTS, ids=[r[0] for r in BAD_RESULTS])
+def test_results_refuses_what_names_no_study_in_one_line(case, make, expect, store, tmp_path):
+    uri, experiment = make(store, tmp_path)
+    with pytest.raises((ValueError, TrackingError)) as err:
+        smallbatch.results(uri, experiment=experiment)
+    assert "\n" not in str(err.value) and re.fullmatch(expect, str(err.value)), str(err.value)

@@ -71,8 +71,12 @@ def test_snapshots_with_a_schedule_of_the_whole_budget_are_refused_in_one_line()
         load_config(None, {**over, "train": {**TINY, "lr_schedule": "constant", "snapshot_epochs": [1, 4]}})
 
 
-def test_two_budgets_on_one_step_are_refused(tmp_path):
-    cell = _cell(epochs=2, snapshot_epochs=[0.5, 0.501])
+def test_two_budgets_on_one_step_are_refused_when_planned_and_by_the_job(tmp_path):
+    # digits' 1,437 images make 89 steps an epoch at batch 16: 0.5 and 0.501 epochs are both round(44.5) = 45
+    with pytest.raises(ConfigError, match=r"snapshot_epochs 0.5 and 0.501 are both step 45 \(89 steps per epoch\)"):
+        _cell(epochs=2, snapshot_epochs=[0.5, 0.501])
+    one = _cell(epochs=2, snapshot_epochs=[0.5])
+    cell = {**one, "train": {**one["train"], "snapshot_epochs": [0.5, 0.501]}}  # past the plan: the job's own check
     images = torch.zeros(8 * BS, 1, 8, 8, dtype=torch.uint8)  # 8 steps an epoch
     with pytest.raises(ValueError, match=r"snapshot_epochs 0.5 and 0.501 are both step 4"):
         train.build_training(Cell.of(cell), images, [0.5], [0.2], torch.device("cpu"), tmp_path)
@@ -154,7 +158,8 @@ def test_the_probes_evaluate_a_snapshot_as_the_final_checkpoint(long_run, cache)
 
 def test_budgets_a_diverged_run_did_not_reach_finite_say_so(tmp_path, digits, cache):
     """SGD at lr 1e30 overflows the weights on the first update (a real non-finite loss)."""
-    cell = _cell(epochs=2, snapshot_epochs=[1, 2], optimizer="sgd", lr=1e30, warmup_epochs=0)
+    cell = _cell(epochs=2, snapshot_epochs=[1, 2], optimizer="sgd", warmup_epochs=0)
+    cell = {**cell, "train": {**cell["train"], "lr": 1e30}}  # past the plan's bound on lr: the run's own handling
     assert _run(cell, digits, tmp_path).status == "diverged"
     for name in ("ep1", "ep2"):
         snap = load_snapshot(snapshot_path(tmp_path, name), Cell.of(cell), name)

@@ -106,7 +106,7 @@ def stamp_of(folder):
     the output is forced to rerun, as `--forcerun FILE` would (Snakemake leaves a job whose
     output exists alone when only an input is missing; it asks for the inputs while it
     builds the DAG, before it decides which jobs run)."""
-    stale = PLAN.stale_output(folder)
+    stale = _workflow_error(PLAN.stale_output, folder)
     if stale:
         forced = getattr(workflow.dag, "forcefiles", None)
         if not isinstance(forced, set):  # a Snakemake whose DAG keeps them elsewhere: say so, run nothing

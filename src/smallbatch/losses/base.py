@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from .registry import SPECS, LossSpec
+from .registry import SPECS, LossSpec, params_problem
 from .scores import KeyQueue, in_batch_scores, masked, prepare_scores, queue_scores, same_view_mask
 
 __all__ = ["LossOutput", "ContrastiveLoss", "infonce_rows"]
@@ -93,18 +93,18 @@ class ContrastiveLoss(torch.nn.Module):
 
     def __init__(self, **params: Any) -> None:
         super().__init__()
-        unknown = sorted(set(params) - set(self.param_defaults))
-        if unknown:
-            allowed = ", ".join(sorted(self.param_defaults)) or "none"
-            raise ValueError(f"unknown parameter(s) {unknown} for loss '{self.name}'; allowed: {allowed}")
+        problem = params_problem(self.name, params)  # the registry's bounds, the schema's too
+        if problem:
+            raise ValueError(problem)
         for key, default in self.param_defaults.items():
             setattr(self, key, self._check_param(key, params.get(key, default)))
         if self.owns_temperature and self.learnable:
             self.log_scale = torch.nn.Parameter(torch.tensor(-math.log(self.tau0)))
 
-    # subclasses validate their own parameters
-    def _check_param(self, key: str, value: Any) -> Any:  # pragma: no cover - overridden
-        return value
+    # a parameter as the loss keeps it (its bounds are the registry's, checked above)
+    def _check_param(self, key: str, value: Any) -> Any:
+        number = "number" in str(self.param_schema.get(key, {}).get("type"))
+        return float(value) if number and value is not None else value
 
     def extra_repr(self) -> str:
         return ", ".join(f"{k}={getattr(self, k)!r}" for k in self.param_defaults)

@@ -34,14 +34,6 @@ class HardNegatives(ContrastiveLoss, spec="hcl"):
     Parameters (τ is given per call): ``0 <= tau_plus < 1`` (default 0.1), ``beta >= 0`` (default 1).
     """
 
-    def _check_param(self, key, value):
-        v = float(value)
-        ok = 0 <= v < 1 if key == "tau_plus" else math.isfinite(v) and v >= 0
-        if not ok:
-            bound = "in [0, 1)" if key == "tau_plus" else "a finite number >= 0"
-            raise ValueError(f"{key} must be {bound}, got {value!r}")
-        return v
-
     def _rows(self, pos, neg, neg_mask, tau, batch_pos):
         k = row_counts(neg, neg_mask)
         xp, xn = pos / tau, neg / tau

@@ -48,12 +48,6 @@ class DCLW(ContrastiveLoss, spec="dclw"):
 
     sigma: float  # set by ContrastiveLoss.__init__ from the registry's parameters
 
-    def _check_param(self, key, value):
-        s = float(value)
-        if not (s > 0):  # allows +inf (the DCL limit)
-            raise ValueError(f"sigma must be > 0, got {value!r}")
-        return s
-
     def weights(self, pos: Tensor, batch_pos: Tensor | None = None) -> Tensor:
         """The detached positive weights ``w_i`` of the anchors ``pos``, normalised by the
         mean over ``batch_pos`` (every anchor of the batch; default ``pos``: batch mean 1)."""

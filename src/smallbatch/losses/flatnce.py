@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from .base import ContrastiveLoss
@@ -51,12 +49,6 @@ class FlatNCE(ContrastiveLoss, spec="flatnce"):
     above is the reference.)  K is each row's own count under a mask.
     Parameters (τ is given per call): ``gamma >= 0`` (default 1.0).
     """
-
-    def _check_param(self, key, value):
-        g = float(value)
-        if not (math.isfinite(g) and g >= 0):
-            raise ValueError(f"gamma must be a finite number >= 0 (1 = FlatNCE), got {value!r}")
-        return g
 
     def _rows(self, pos, neg, neg_mask, tau, batch_pos):
         g = self.gamma

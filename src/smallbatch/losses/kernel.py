@@ -4,21 +4,12 @@ embeddings with cosine ``s``, and uniformity within each view (same-view negativ
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from .base import ContrastiveLoss
 from .scores import row_counts
 
 __all__ = ["KCL", "AlignUniform"]
-
-
-def _positive(value, key: str, allow_zero: bool = False) -> float:
-    v = float(value)
-    if not (math.isfinite(v) and (v > 0 or (allow_zero and v == 0))):
-        raise ValueError(f"{key} must be a {'non-negative' if allow_zero else 'positive'} finite number, got {value!r}")
-    return v
 
 
 class KCL(ContrastiveLoss, spec="kcl"):
@@ -43,9 +34,6 @@ class KCL(ContrastiveLoss, spec="kcl"):
     only sets the InfoNCE reported beside the loss.
     Parameters: ``t > 0`` (default 2), ``gamma > 0`` (default 16).
     """
-
-    def _check_param(self, key, value):
-        return _positive(value, key)
 
     def _rows(self, pos, neg, neg_mask, tau, batch_pos):
         k_neg = torch.exp(2 * self.t * (neg - 1))
@@ -74,9 +62,6 @@ class AlignUniform(ContrastiveLoss, spec="align_uniform"):
     is KCL.  No temperature: the cell's τ only sets the InfoNCE reported beside the loss.
     Parameters: ``lam > 0`` (default 1), ``alpha > 0`` (default 2), ``t > 0`` (default 2).
     """
-
-    def _check_param(self, key, value):
-        return _positive(value, key)
 
     def _reduce(self, pos, neg, neg_mask, tau, batch_pos):
         rows = pos.shape[0]

@@ -68,10 +68,13 @@ __all__ = [
     "label_defaults",
     "loss_names",
     "config_schema",
+    "params_problem",
 ]
 
 #: which negatives a loss contrasts (see the module docstring; "none": a method without negatives)
 NEGATIVES = ("all", "same_view", "none")
+#: the widest layer a network of the study may have (a projector's, a predictor's)
+MAX_WIDTH = 65536
 #: the schedules of an EMA target's momentum (see :class:`smallbatch.losses.siamese.BYOL`)
 EMA_SCHEDULES = ("cosine", "fixed")
 
@@ -108,6 +111,11 @@ class LossSpec:
     per_anchor: bool = True
     predictor: bool = False
     ema_target: bool = False
+    #: relations between parameters: ``(a, b)`` pairs with a < b, parameters not all 0 (the loss
+    #: would be 0), and the parameter the cell's τ may not be below (a floor of learnt τs)
+    below: tuple[tuple[str, str], ...] = ()
+    not_all_zero: tuple[str, ...] = ()
+    tau_floor: str | None = None
 
     def __post_init__(self) -> None:
         if self.negatives not in NEGATIVES:
@@ -174,10 +182,22 @@ def _PRED_HIDDEN(default: str) -> dict:  # noqa: N802 - a schema template, read 
     return {
         "type": ["integer", "null"],
         "minimum": 1,
+        "maximum": MAX_WIDTH,
         "default": None,
         "description": f"hidden width of the predictor MLP (null: {default})",
     }
 
+
+#: kernel losses' largest t: exp(-t ||z - z'||^2) of the farthest pair, exp(-4t), stays a float32
+#: above 0 up to t = 20 (beyond, the kernel and its gradient underflow, and t overflows to NaN)
+_KERNEL_T = _number(
+    "kernel losses: t of the Gaussian kernel exp(-t ||z - z'||^2), at most 20 (beyond, float32 underflows)",
+    2.0,
+    exclusiveMinimum=0,
+    maximum=20,
+)
+#: SigLIP's largest |bias_init| (the paper starts at -10)
+BIAS_BOUND = 100.0
 
 _TAU_PLUS = "Debiased, HCL: the class prior tau+ (the chance a negative shares the anchor's class; 0 = no debiasing)"
 
@@ -200,7 +220,7 @@ SPECS: dict[str, LossSpec] = {
             paper="Chen et al. 2021 (FlatNCE)",
             impl=".flatnce:FlatNCE",
             paper_pattern=r"flatnce",
-            params={"gamma": _number("Hölder-mean exponent (1 = FlatNCE)", 1.0, exclusiveMinimum=0)},
+            params={"gamma": _number("Hölder-mean exponent (1 = FlatNCE, 0 = the geometric mean)", 1.0, minimum=0)},
         ),
         LossSpec(
             name="dcl",
@@ -217,7 +237,10 @@ SPECS: dict[str, LossSpec] = {
             paper_pattern=r"dclw",
             params={
                 "sigma": _number(
-                    "width of the von Mises-Fisher weights of the positives (inf = DCL)", 0.5, exclusiveMinimum=0
+                    "width of the von Mises-Fisher weights of the positives (inf = DCL)",
+                    0.5,
+                    exclusiveMinimum=0,
+                    **{"x-infinite": True},
                 )
             },
         ),
@@ -276,6 +299,8 @@ SPECS: dict[str, LossSpec] = {
             },
             stateful=True,
             owns_temperature=True,
+            below=(("tau_min", "tau_max"),),
+            tau_floor="tau_min",
         ),
         LossSpec(
             name="siglip",
@@ -287,8 +312,11 @@ SPECS: dict[str, LossSpec] = {
             params={
                 "bias_init": {
                     "type": "number",
+                    "minimum": -BIAS_BOUND,
+                    "maximum": BIAS_BOUND,
                     "default": -10.0,
-                    "description": "SigLIP: the learnt bias b at the start (the learnt t = 1/τ starts at the cell's τ)",
+                    "description": "SigLIP: the learnt bias b at the start (the learnt t = 1/τ starts at the cell's τ); "
+                    f"within ±{BIAS_BOUND:g}, beyond which softplus is linear and the loss its size",
                 }
             },
             learnable=True,
@@ -309,7 +337,7 @@ SPECS: dict[str, LossSpec] = {
             impl=".kernel:KCL",
             paper_pattern=r"\bkcl\b",
             params={
-                "t": _number("kernel losses: t of the Gaussian kernel exp(-t ||z - z'||^2)", 2.0, exclusiveMinimum=0),
+                "t": _KERNEL_T,
                 "gamma": _number("KCL: weight of the energy (negatives') term", 16.0, exclusiveMinimum=0),
             },
             uses_temperature=False,
@@ -330,9 +358,13 @@ SPECS: dict[str, LossSpec] = {
             impl=".kernel:AlignUniform",
             paper_pattern=r"uniformity",
             params={
-                "lam": _number("align_uniform: weight of the uniformity term", 1.0, exclusiveMinimum=0),
+                "lam": _number(
+                    "align_uniform: weight of the uniformity term (0: alignment alone, which collapses)",
+                    1.0,
+                    exclusiveMinimum=0,
+                ),
                 "alpha": _number("align_uniform: the alignment's power of ||z - z+||", 2.0, exclusiveMinimum=0),
-                "t": _number("kernel losses: t of the Gaussian kernel exp(-t ||z - z'||^2)", 2.0, exclusiveMinimum=0),
+                "t": _KERNEL_T,
             },
             uses_temperature=False,
             negatives="same_view",
@@ -391,6 +423,7 @@ SPECS: dict[str, LossSpec] = {
             uses_temperature=False,
             negatives="none",
             per_anchor=False,
+            not_all_zero=("lam", "mu", "nu"),
         ),
         LossSpec(
             name="byol",
@@ -401,10 +434,11 @@ SPECS: dict[str, LossSpec] = {
             params={
                 "pred_hidden": _PRED_HIDDEN("train.proj_hidden, as wide as the projector (BYOL: 4096 and 4096)"),
                 "ema": _number(
-                    "BYOL: the target network's EMA momentum at the first step (its schedule's start)",
+                    "BYOL: the target network's EMA momentum at the first step (its schedule's start); below 1 "
+                    "(at 1 the target never moves)",
                     0.99,
                     minimum=0,
-                    maximum=1,
+                    exclusiveMaximum=1,
                 ),
                 "ema_schedule": {
                     "type": "string",
@@ -503,3 +537,95 @@ def config_schema() -> dict[str, Any]:
         scalar = alts[0] if len(alts) == 1 else {"anyOf": alts}
         entry_params[key] = {"anyOf": [scalar, {"type": "array", "minItems": 1, "items": scalar}]}
     return {"names": sorted(loss_names()), "loss_params": loss_params, "entry_params": entry_params}
+
+
+# --------------------------------------------------------------------------- the parameters' checks
+def params_problem(name: str, params: dict[str, Any], temperature: float | None = None) -> str | None:
+    """The first problem of loss ``name``'s parameters ``params`` (its defaults fill the rest),
+    one line, or None: each against its schema's bounds, then the spec's relations between
+    them (and the cell's ``temperature``, when given).  The one check of a loss's parameters:
+    the loss's constructor and the config's cells both call it, and the config schema holds
+    the same bounds (:func:`config_schema`)."""
+    spec = loss_spec(name)
+    unknown = sorted(set(params) - set(spec.defaults))
+    if unknown:
+        return f"unknown parameter(s) {unknown} for loss '{spec.name}'; allowed: {', '.join(spec.defaults) or 'none'}"
+    for key, value in params.items():
+        problem = param_problem(spec, key, value)
+        if problem:
+            return problem
+    return _relations_problem(spec, {**spec.defaults, **params}, temperature)
+
+
+def param_problem(spec: LossSpec, key: str, value: Any) -> str | None:
+    """``value`` of ``spec``'s parameter ``key`` against its schema (type, bounds, finite
+    unless the schema allows infinity), one line naming the parameter, or None."""
+    sch = spec.params.get(key)
+    if sch is None:
+        return None
+    types = sch.get("type", [])
+    types = [types] if isinstance(types, str) else list(types)
+    if value is None:
+        return None if "null" in types else f"{key} must be {_bound_text(sch)}, got None"
+    if "enum" in sch:
+        return None if value in sch["enum"] else f"{key} must be {_bound_text(sch)}, got {value!r}"
+    integer = "integer" in types
+    if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
+        return f"{key} must be {_bound_text(sch)}, got {value!r}"
+    v = float(value)
+    tests = {
+        "minimum": lambda b: v >= b,
+        "maximum": lambda b: v <= b,
+        "exclusiveMinimum": lambda b: v > b,
+        "exclusiveMaximum": lambda b: v < b,
+    }
+    ok = v == v and (abs(v) != float("inf") or bool(sch.get("x-infinite")))
+    ok = ok and all(test(sch[bound]) for bound, test in tests.items() if bound in sch)
+    return None if ok else f"{key} must be {_bound_text(sch)}, got {value!r}"
+
+
+def _bound_text(sch: dict) -> str:
+    """What a parameter's schema allows, in words: ``a finite number in (0, 1]``."""
+    types = sch.get("type", [])
+    types = [types] if isinstance(types, str) else list(types)
+    if "enum" in sch:
+        return "one of " + ", ".join(map(str, sch["enum"]))
+    what = "an integer" if "integer" in types else "a number" if sch.get("x-infinite") else "a finite number"
+    lo = (
+        ("[", sch["minimum"])
+        if "minimum" in sch
+        else ("(", sch["exclusiveMinimum"])
+        if "exclusiveMinimum" in sch
+        else None
+    )
+    hi = (
+        ("]", sch["maximum"])
+        if "maximum" in sch
+        else (")", sch["exclusiveMaximum"])
+        if "exclusiveMaximum" in sch
+        else None
+    )
+    if lo and hi:
+        what += f" in {lo[0]}{lo[1]:g}, {hi[1]:g}{hi[0]}"
+    elif lo:
+        what += f" {'>=' if lo[0] == '[' else '>'} {lo[1]:g}"
+    elif hi:
+        what += f" {'<=' if hi[0] == ']' else '<'} {hi[1]:g}"
+    return what + (" or null" if "null" in types else "")
+
+
+def _relations_problem(spec: LossSpec, params: dict[str, Any], temperature: float | None) -> str | None:
+    """The spec's relations between its parameters (and the cell's τ)."""
+    for a, b in spec.below:
+        if not params[a] < params[b]:
+            return f"{a} must be below {b}, got {params[a]!r} and {params[b]!r}"
+    if spec.not_all_zero and not any(params[k] for k in spec.not_all_zero):
+        keys = ", ".join(spec.not_all_zero)
+        return f"{spec.display}'s {keys} are all 0 (the loss is 0 and nothing trains); give one of them a weight"
+    if spec.tau_floor and temperature is not None and temperature < params[spec.tau_floor]:
+        return (
+            f"{spec.display} starts its learnt τ at the cell's temperature {temperature:g}, below its "
+            f"{spec.tau_floor} = {params[spec.tau_floor]:g}, which it never goes under; choose a temperature "
+            f">= {params[spec.tau_floor]:g} or a lower {spec.tau_floor}"
+        )
+    return None

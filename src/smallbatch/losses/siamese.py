@@ -22,7 +22,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .base import ContrastiveLoss, LossOutput, infonce_rows
-from .registry import EMA_SCHEDULES
 from .scores import compute_dtype, in_batch_scores
 
 __all__ = ["SiameseLoss", "SimSiam", "VICReg", "BYOL", "vicreg_terms"]
@@ -75,22 +74,6 @@ class SiameseLoss(ContrastiveLoss):
     def predictor_hidden(self, proj_dim: int, proj_hidden: int) -> int:
         """The predictor's hidden width (a method that declares a predictor)."""
         raise ValueError(f"{self.display} has no predictor")
-
-    def _check_param(self, key: str, value: Any) -> Any:
-        if key == "pred_hidden":
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"pred_hidden must be a positive integer or null, got {value!r}")
-            return value
-        if key == "ema_schedule":
-            if value not in EMA_SCHEDULES:
-                raise ValueError(f"ema_schedule must be one of {', '.join(EMA_SCHEDULES)}, got {value!r}")
-            return value
-        v = float(value)
-        if key == "ema" and not 0 <= v <= 1:
-            raise ValueError(f"ema must lie in [0, 1], got {value!r}")
-        if not (v >= 0 and v != float("inf")):
-            raise ValueError(f"{key} must be a non-negative finite number, got {value!r}")
-        return v
 
 
 def _cosines(p: Tensor, t: Tensor) -> Tensor:

@@ -46,12 +46,6 @@ class SigLIP(ContrastiveLoss, spec="siglip"):
         super().__init__(**params)
         self.bias = torch.nn.Parameter(torch.tensor(float(self.bias_init)))
 
-    def _check_param(self, key, value):
-        b = float(value)
-        if b != b or abs(b) == float("inf"):
-            raise ValueError(f"bias_init must be a finite number, got {value!r}")
-        return b
-
     def _rows(self, pos, neg, neg_mask, tau, batch_pos):
         b = self.bias.to(pos.dtype)
         x_neg = F.softplus(neg / tau + b)

@@ -3,8 +3,6 @@ EqCo, and SimCo's dual temperature."""
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
@@ -59,14 +57,6 @@ class EqCo(ContrastiveLoss, spec="eqco"):
     experiments' (the registry's default, as the config's).
     """
 
-    def _check_param(self, key, value):
-        if value is None:
-            return None
-        a = float(value)
-        if not (math.isfinite(a) and a > 0):
-            raise ValueError(f"alpha must be a positive finite number or None (alpha = K), got {value!r}")
-        return a
-
     def _rows(self, pos, neg, neg_mask, tau, batch_pos):
         xp = pos / tau
         xn = neg / tau
@@ -105,12 +95,6 @@ class DualTemperature(ContrastiveLoss, spec="simco"):
     ``m = 1`` is InfoNCE exactly.  The weights are computed in log space.
     Parameters (τ is given per call): ``m >= 1`` (default 10, the paper's).
     """
-
-    def _check_param(self, key, value):
-        m = float(value)
-        if not (math.isfinite(m) and m >= 1):
-            raise ValueError(f"m must be a finite number >= 1 (1 = InfoNCE), got {value!r}")
-        return m
 
     def _rows(self, pos, neg, neg_mask, tau, batch_pos):
         with torch.no_grad():

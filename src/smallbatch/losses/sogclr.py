@@ -15,13 +15,6 @@ from .scores import masked, row_counts
 __all__ = ["SogCLR", "ISogCLR"]
 
 
-def _number(value: Any) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return float("nan")
-
-
 class SogCLR(ContrastiveLoss, spec="sogclr"):
     r"""SogCLR (Yuan et al. 2022, "Provable Stochastic Optimization for Global
     Contrastive Learning: Small Batch Does Not Harm Performance", ICML,
@@ -76,12 +69,6 @@ class SogCLR(ContrastiveLoss, spec="sogclr"):
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
         self.register_buffer("log_u", torch.empty(0))
-
-    def _check_param(self, key, value):
-        g = _number(value)
-        if not (0 < g <= 1):
-            raise ValueError(f"gamma must be in (0, 1] (SogCLR's moving-average weight; 1 = no memory), got {value!r}")
-        return g
 
     def init_state(self, n_images: int, device: Any = None, dtype: torch.dtype = torch.float32) -> None:
         """``log u`` of ``n_images`` training images, all ``-inf`` (``u = 0``: never seen)."""
@@ -172,26 +159,10 @@ class ISogCLR(SogCLR, spec="isogclr"):
     tau_max: float
 
     def __init__(self, **params: Any) -> None:
-        super().__init__(**params)
-        if not self.tau_min < self.tau_max:
-            raise ValueError(f"tau_min must be below tau_max, got {self.tau_min!r} and {self.tau_max!r}")
+        super().__init__(**params)  # tau_min < tau_max: the registry's relation
         self.tau_start = self.tau0
         self.register_buffer("tau_i", torch.empty(0))
         self.register_buffer("tau_momentum", torch.empty(0))
-
-    def _check_param(self, key, value):
-        if key == "gamma":
-            return super()._check_param(key, value)
-        v = _number(value)
-        if key == "beta":
-            ok, bound = 0 < v <= 1, "in (0, 1]"
-        elif key in ("tau_min", "tau_max"):
-            ok, bound = math.isfinite(v) and v > 0, "a positive finite number"
-        else:
-            ok, bound = math.isfinite(v) and v >= 0, "a finite number >= 0"
-        if not ok:
-            raise ValueError(f"{key} must be {bound}, got {value!r}")
-        return v
 
     def init_state(self, n_images: int, device: Any = None, dtype: torch.dtype = torch.float32) -> None:
         """SogCLR's ``log u``, and every image's temperature at the start value (momentum 0)."""

@@ -21,6 +21,7 @@ from dataclasses import MISSING, fields
 
 from .. import checks
 from ..cell import BaselineCell, Cell
+from ..io import text_problem
 from .cells import cell_negatives
 from .schema import load_schema, one_line, schema_path, validator_with_defaults
 
@@ -99,6 +100,9 @@ def cell_json_problem(obj: dict, baseline: bool) -> str | None:
     if errors:
         err = max(errors, key=lambda e: len(e.absolute_path))
         return one_line(err, schema, what="key")
+    text = text_problem(obj["data_root"])  # the rule of text, as for the config's data.root
+    if text:
+        return f"key 'data_root' {text}"
     if not baseline:
         return _loss_params_problem(obj) or _derived_problem(obj)
     if obj["baseline"] == "supervised" and obj.get("batch_size") is None:

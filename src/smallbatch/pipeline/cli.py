@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 from ..cell import BaselineCell, Cell, read_cell
+from ..io import DuplicateKey, loads_unique, read_problem
 from .cli_parser import EVAL_FLAGS, TRAIN_FLAGS
 
 if TYPE_CHECKING:
@@ -132,8 +133,11 @@ def _refuse_ignored(args, mode: str, keep: tuple[str, ...]) -> None:
 def _read_cell_file(path: Path, baseline: bool) -> Cell | BaselineCell:
     """A cell JSON file that holds every key a cell of its kind has (as `smallbatch cells
     --write` writes them); ValueError naming the file and the first missing key."""
-    if not path.is_file():
+    problem = read_problem(path)
+    if problem == "does not exist":
         raise ValueError(f"cell file not found: {path}")
+    if problem:
+        raise ValueError(f"cell file {path} {problem}; name a cell's JSON file")
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
@@ -148,9 +152,13 @@ def _cell_from_text(text: str, source: str, baseline: bool) -> Cell | BaselineCe
     from .cells import cell_hash, check_cell_id, with_current_names
 
     try:
-        obj = json.loads(text)
+        obj = loads_unique(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"{source} is not valid JSON ({exc.msg})") from None
+    except DuplicateKey as exc:
+        raise ValueError(f"{source} {exc}") from None
+    except RecursionError:
+        raise ValueError(f"{source} nests its values too deep to be read; no key of a cell nests so deep") from None
     if not isinstance(obj, dict):
         raise ValueError(f"{source} must hold a JSON object (one cell), not a {type(obj).__name__}")
     obj = with_current_names(obj)  # written before a setting was renamed: the same cell, the same hash
@@ -506,16 +514,25 @@ def cmd_mi(args) -> int:
     cfg = load_args_config(args)
     if args.section_json is not None:
         try:
-            section = json.loads(args.section_json)
+            section = loads_unique(args.section_json)
         except json.JSONDecodeError as exc:
             raise ValueError(f"--section-json is not valid JSON ({exc.msg})") from None
+        except DuplicateKey as exc:
+            raise ValueError(f"--section-json {exc}") from None
     elif args.section is not None:
-        if not args.section.is_file():
-            raise ValueError(f"section file not found: {args.section}")
+        problem = read_problem(args.section)
+        if problem:
+            raise ValueError(
+                f"section file not found: {args.section}"
+                if problem == "does not exist"
+                else f"section file {args.section} {problem}"
+            )
         try:
-            section = json.loads(args.section.read_text())
+            section = loads_unique(args.section.read_text())
         except json.JSONDecodeError as exc:
             raise ValueError(f"section file {args.section} is not valid JSON ({exc.msg})") from None
+        except DuplicateKey as exc:
+            raise ValueError(f"section file {args.section} {exc}") from None
     else:
         section = (cfg.get("experiments") or {}).get("mi") or {}
     if not isinstance(section, dict):
@@ -653,20 +670,41 @@ FILE_OUTPUTS = {
 }
 
 
+#: the folder each command writes into, by its flag's dest (a file there is refused by name)
+FOLDER_OUTPUTS = {"cmd_pretrain": "out", "cmd_evaluate": "out_dir"}
+
+
 def _check_paths(args) -> None:
     """ValueError naming the first path flag whose value names no usable path
     (:class:`~smallbatch.pipeline.cli_parser.BadPath`), or the command's output file when
     it is not a regular file (:func:`smallbatch.io.check_target`)."""
-    from ..io import check_target
-    from .cli_parser import BadPath
+    from ..io import check_target, path_kind
+    from .cli_parser import BadPath, FolderPath
 
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        raise ValueError(
+            "the working folder was deleted (or moved) under this shell; cd into a folder that exists and run it again"
+        ) from None
     for dest, value in vars(args).items():
         for one in value if isinstance(value, list) else [value]:  # a repeated flag: each of its values
             if isinstance(one, BadPath):
                 raise ValueError(f"--{dest.replace('_', '-')} {one.problem()}")
+    flag = f"--{FILE_OUTPUTS.get(args.func, '').replace('_', '-')}"
     out = getattr(args, FILE_OUTPUTS.get(args.func, ""), None)
+    if isinstance(out, FolderPath):
+        raise ValueError(
+            f"{flag} {out}/ ends with '/', a folder, and this command writes one file: name the file (e.g. {out}/<name>)"
+        )
     if out is not None:
         check_target(out)
+    folder = getattr(args, FOLDER_OUTPUTS.get(args.func, ""), None)
+    if folder is not None and os.path.lexists(folder) and not os.path.isdir(folder):
+        raise ValueError(
+            f"--{FOLDER_OUTPUTS[args.func].replace('_', '-')} {folder} is {path_kind(folder)}, not a folder; it names "
+            "the folder this command writes into: choose another path"
+        )
     if args.func == "cmd_export" and out is not None and os.path.lexists(out):  # export never overwrites
         from ..io import EXISTS
 

@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PosixPath
 
+from ..io import text_problem
 from ..losses.registry import SPECS, loss_param_names
 from ..probe_registry import SPECS as PROBE_SPECS
 
@@ -73,25 +73,37 @@ class BadPath:
     with one line naming the flag (argparse's own error would print its usage too)."""
 
     text: str
+    kind: str = "path"  # or "name", "uri" (smallbatch.io.text_problem)
 
     def problem(self) -> str:
-        if not self.text.strip():
-            return "is empty (it would name the current folder); name a file or folder"
-        if self.text.startswith("~"):
-            return (
-                f"= {self.text!r} starts with '~', which nothing expands here; write the full path "
-                f"({os.path.expanduser(self.text)!r}?)"
-            )
-        return f"= {self.text!r} holds a control character; rename it"
+        return text_problem(self.text, self.kind) or f"= {self.text!r} is not a usable {self.kind}"
+
+
+def name_value(text: str) -> str | BadPath:
+    """The type of a name flag (``--experiment``): the text, or a :class:`BadPath` by the rule of
+    text every name follows (:func:`smallbatch.io.text_problem`)."""
+    return BadPath(text, "name") if text_problem(text, "name") else text
+
+
+def uri_value(text: str) -> str | BadPath:
+    """The type of ``--tracking-uri``: the text, or a :class:`BadPath` (a leading space would be read
+    as part of a file-store path)."""
+    return BadPath(text, "uri") if text_problem(text, "uri") else text
+
+
+class FolderPath(PosixPath):
+    """A path flag's value written with a trailing '/': the user named a folder (a command that
+    writes one file refuses it rather than write a file of the folder's name)."""
 
 
 def path_value(text: str) -> Path | BadPath:
-    """The type of every path flag: a Path, or a :class:`BadPath` for an empty value, one that
-    starts with '~' (no shell expanded it: a folder literally named '~' would be made, and a
-    library that expands it would write into the home folder) or one with control characters."""
-    if not text.strip() or text.startswith("~") or any(ord(c) < 32 or ord(c) == 127 for c in text):
+    """The type of every path flag: a Path (a :class:`FolderPath` when it ends with '/'), or a
+    :class:`BadPath` for a text that names no path (:func:`smallbatch.io.text_problem`: empty,
+    starting with '~' -- no shell expanded it: a folder literally named '~' would be made -- or
+    holding a control character)."""
+    if text_problem(text):
         return BadPath(text)
-    return Path(text)
+    return FolderPath(text) if text.endswith("/") and text.strip("/") else Path(text)
 
 
 def config_flag(text: str) -> dict:
@@ -264,10 +276,11 @@ def tracking() -> argparse.ArgumentParser:
     g = p.add_argument_group("tracking")
     g.add_argument(
         "--tracking-uri",
+        type=uri_value,
         help="MLflow URI (default: config tracking_uri, $MLFLOW_TRACKING_URI, "
         "else sqlite:///<results_dir>/mlflow.db); 'none' disables tracking",
     )
-    g.add_argument("--experiment", help="MLflow experiment (default: config study)")
+    g.add_argument("--experiment", type=name_value, help="MLflow experiment (default: config study)")
     return p
 
 

@@ -23,7 +23,8 @@ import yaml
 from .. import augment_config as _aug
 from ..cell import Cell
 from ..datasets import SPLIT_SIZES, base_dataset, pretrain_split, subset_problem
-from ..io import add_results_folder
+from ..experiments import SIDE_EXPERIMENTS, needs_problem
+from ..io import add_results_folder, read_problem, text_problem
 from ..losses.registry import canonical_name, loss_param_names
 from ..probe_registry import probes_problem
 from ..tracking import tracking_uri_problem
@@ -49,7 +50,7 @@ def validate_config(cfg: dict) -> dict:
     if errors:
         # the deepest error is the most specific one (jsonschema's best_match prefers shallow ones)
         raise ConfigError(_one_line(max(errors, key=lambda e: len(e.absolute_path)), schema))
-    _check_results_dir_value(cfg.get("results_dir"))
+    _check_texts(cfg)
     _check_loss_entries(cfg)
     _check_probes(cfg)
     _check_sections(cfg)
@@ -68,22 +69,25 @@ def check_value(node: dict, value: Any, label: str) -> None:
         raise ConfigError(_one_line(errors[0], node, label))
 
 
-def _check_results_dir_value(value: Any) -> None:
-    """``results_dir`` is a plain path: not empty (the current folder), not starting with
-    ``~`` (no program expands it: it would be a folder named '~'), no braces (the workflow's
-    file patterns) and no control characters."""
-    key = f"config key 'results_dir' = {value!r}"
-    if not isinstance(value, str) or not value.strip():
-        raise ConfigError(f"{key} is empty; name the results folder, e.g. results")
-    if value.startswith("~"):
-        raise ConfigError(
-            f"{key} starts with '~', which nothing expands here; write the full path ({os.path.expanduser(value)!r}?)"
-        )
-    bad = sorted({c for c in value if c in "{}" or ord(c) < 32 or ord(c) == 127})
+def _check_texts(cfg: dict) -> None:
+    """Every path, name and URI of the config by the one rule of text
+    (:func:`smallbatch.io.text_problem`); ``results_dir`` also without braces (the workflow's
+    file patterns)."""
+    texts = [("study", cfg.get("study"), "name"), ("results_dir", cfg.get("results_dir"), "path")]
+    texts += [("data.root", (cfg.get("data") or {}).get("root"), "path")]
+    texts += [
+        (f"datasets.{n}.root", o.get("root"), "path") for n, o in cfg["datasets"].items() if o.get("root") is not None
+    ]
+    texts += [("tracking_uri", cfg["tracking_uri"], "uri")] if cfg.get("tracking_uri") is not None else []
+    for key, value, kind in texts:
+        problem = text_problem(value, kind)
+        if problem:
+            raise ConfigError(f"config key '{key}' {problem}")
+    bad = sorted({c for c in cfg["results_dir"] if c in "{}"})
     if bad:
         raise ConfigError(
-            f"{key} holds {', '.join(map(repr, bad))}, which a results path may not hold "
-            "(braces name the workflow's wildcards); rename the folder"
+            f"config key 'results_dir' = {cfg['results_dir']!r} holds {', '.join(map(repr, bad))}, which a results "
+            "path may not hold (braces name the workflow's wildcards); rename the folder"
         )
 
 
@@ -183,6 +187,23 @@ def _check_cells(cfg: dict) -> None:
         problem = cell_problem(Cell.of(cell))
         if problem:
             raise ConfigError(f"cell '{cid}': {problem}")
+    _check_side_needs(cfg, cells)
+
+
+def _check_side_needs(cfg: dict, cells: dict[str, dict]) -> None:
+    """A study plans cells, and each enabled side experiment's cells span what it computes
+    (its registry entry's needs: two rates to fit an exponent, two τ to sweep, ...)."""
+    if not cells and not (cfg.get("experiments", {}).get("mi") or {}).get("enabled"):
+        raise ConfigError(
+            "the study plans 0 cells: config key 'grid.enabled' is false and no side experiment is enabled; "
+            "enable the grid or a side experiment"
+        )
+    for name in SIDE_EXPERIMENTS:
+        sec = cfg.get("experiments", {}).get(name) or {}
+        mine = [Cell.of(c) for c in cells.values() if c["experiment"] == name]
+        problem = needs_problem(name, mine) if sec.get("enabled") else None
+        if problem:
+            raise ConfigError(problem)
 
 
 _DATA_DIRS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python", "stl10": "stl10_binary"}
@@ -239,8 +260,11 @@ def read_config_file(path: str | Path) -> dict:
     """The mapping in YAML file ``path``; ConfigError naming the file (and for a syntax
     error its line and column) when it is missing, not YAML, empty or not a mapping."""
     p = Path(path)
-    if not p.is_file():
+    problem = read_problem(p)
+    if problem == "does not exist":
         raise ConfigError(f"config file not found: {p}")
+    if problem:
+        raise ConfigError(f"config file {p} {problem}; name a YAML file")
     try:
         with open(p) as fh:
             cfg = yaml.load(fh, Loader=_UniqueKeyLoader)
@@ -251,6 +275,10 @@ def read_config_file(path: str | Path) -> dict:
         ) from None
     except _Ambiguous as exc:
         raise ConfigError(f"config file {p}: {exc}") from None
+    except RecursionError:
+        raise ConfigError(
+            f"config file {p} nests its values too deep to be read; no config key nests so deep"
+        ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -354,10 +382,20 @@ def load_config(path: ConfigFiles = None, overrides: dict | None = None, sets: l
             cfg = _lay_over(cfg, read_config_file(p), p)
         if sets:
             cfg = _lay_over(cfg, read_sets(sets), "--set")
-        cfg = validate_config(deep_merge(cfg, overrides) if overrides else cfg)
+        cfg = _validated(deep_merge(cfg, overrides) if overrides else cfg, paths)
     if cfg.get("results_dir"):
         add_results_folder(cfg["results_dir"])
     return cfg
+
+
+def _validated(cfg: dict, paths: list) -> dict:
+    """:func:`validate_config` of ``cfg``, read from ``paths``; a value nested too deep to be
+    walked is a ConfigError naming the files instead of Python's recursion error."""
+    try:
+        return validate_config(cfg)
+    except RecursionError:
+        where = f"config file {', '.join(map(str, paths))}" if paths else "the config"
+        raise ConfigError(f"{where} nests its values too deep to be checked; no config key nests so deep") from None
 
 
 #: the key of Snakemake's ``--config`` that carries the ``--set`` pairs: ``--config set='grid.seeds=[0] train.epochs=2'``

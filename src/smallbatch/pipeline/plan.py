@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..cell import BaselineCell, Cell, read_cell, snapshot_names
-from ..io import UnsafeTarget, add_results_folder, check_inside, link_leaving, open_regular, write_text
+from ..io import UnsafeTarget, add_results_folder, check_inside, link_leaving, open_regular, path_kind, write_text
 from ..probe_registry import probe_spec
 from .cells import baseline_cells, data_cache_settings, expand_cells, settings_hash
 from .jobs import record_cell
@@ -81,8 +81,14 @@ class StudyPlan:
     def stale_output(self, folder: str) -> str | None:
         """``folder``'s output when it exists without the stamp of the planned settings (it was
         computed under other settings and must rerun), else None."""
-        output = self.stamped[folder]
-        return output if os.path.exists(output) and not os.path.exists(self.settings_stamp(folder)) else None
+        output, stamp = self.stamped[folder], self.settings_stamp(folder)
+        kind = path_kind(stamp)
+        if kind not in (None, "a regular file"):  # the workflow writes only files: not its stamp
+            raise ValueError(
+                f"settings stamp {stamp} is {kind}, not the file the workflow writes; remove it (the jobs of "
+                f"{folder} then run again)"
+            )
+        return output if os.path.exists(output) and kind is None else None
 
     def write_settings(self, folder: str, stamp: str | Path, log: str | Path) -> None:
         """The ``settings`` rule's job: ``stamp`` (<folder>/.settings-<hash>) holding the settings

@@ -45,11 +45,6 @@ def load_schema() -> dict:
 
 def _with_losses(schema: dict) -> dict:
     parts = config_schema()
-    # a loss parameter may be infinite where its loss allows it (DCLW's sigma = inf is
-    # DCL); the loss's own check decides (_check_cells), not the finite-number rule
-    for node in [*parts["loss_params"].values(), *parts["entry_params"].values()]:
-        for sub in [*node.get("properties", {}).values(), *node.get("anyOf", [])]:
-            (sub.get("items") or sub)["x-loss-param"] = True
 
     def walk(node: Any) -> None:
         if isinstance(node, dict):
@@ -92,10 +87,11 @@ def validator_with_defaults(fill: bool = True):
 
     def finite_numbers(validator, types, instance, schema):
         # JSON Schema has no "finite": YAML's .nan / .inf pass every bound (nan > 0 is False
-        # both ways), so a number must also be finite; a loss parameter may be infinite
+        # both ways), so a number must also be finite; infinite only where its schema says
+        # so (x-infinite: DCLW's sigma = inf is DCL)
         yield from base_type(validator, types, instance, schema)
         nonfinite = isinstance(instance, float) and not math.isfinite(instance)
-        if nonfinite and (math.isnan(instance) or not schema.get("x-loss-param")):
+        if nonfinite and (math.isnan(instance) or not schema.get("x-infinite")):
             yield ValidationError(f"{instance!r} is not a finite number", validator="finite")
         if _integer(None, instance) and abs(instance) > INT_MAX and "maximum" not in schema:
             yield ValidationError(f"{instance!r} is too large", validator="maximum", validator_value=INT_MAX)
@@ -138,6 +134,16 @@ def _path_str(path) -> str:
     return "".join(parts) or "<top level>"
 
 
+def _flat(err) -> list:
+    """Every sub-error under ``err`` (its alternatives', recursively)."""
+    out, stack = [], list(err.context or [])
+    while stack:
+        sub = stack.pop()
+        stack.extend(sub.context or [])
+        out.append(sub)
+    return out
+
+
 def _allowed_keys(schema: dict) -> list[str]:
     return sorted(schema.get("properties", {}))
 
@@ -176,16 +182,26 @@ def one_line(err, root_schema: dict, label: str | None = None, what: str = "conf
     if v == "type":
         return f"{name} = {err.instance!r} has the wrong type; expected {err.validator_value}"
     if v == "anyOf":
-        # Report the most specific sub-error (e.g. an unknown loss name).
+        # Report the most specific sub-error: the deepest (a loss entry's parameter of the wrong
+        # type, not "the entry is no loss name"), at one depth a bound or name before a type
         best = None
-        stack = list(err.context or [])
-        while stack:
-            sub = stack.pop()
-            stack.extend(sub.context or [])
-            if sub.validator in ("anyOf", "type"):
+        for sub in _flat(err):
+            if sub.validator == "anyOf" or (
+                sub.validator == "type" and len(sub.absolute_path) <= len(err.absolute_path)
+            ):
                 continue
-            if best is None or len(sub.absolute_path) > len(best.absolute_path):
+            rank = (len(sub.absolute_path), sub.validator != "type")
+            if best is None or rank > (len(best.absolute_path), best.validator != "type"):
                 best = sub
+        if best is not None and best.validator == "type":  # every type its alternatives take there
+            types = [
+                t
+                for sub in reversed(_flat(err))  # in the order the schema gives them
+                if sub.validator == "type" and sub.absolute_path == best.absolute_path
+                for t in ([sub.validator_value] if isinstance(sub.validator_value, str) else sub.validator_value)
+            ]
+            sub_name = label or f"{what} '{_path_str(best.absolute_path)}'"
+            return f"{sub_name} = {best.instance!r} has the wrong type; expected {' or '.join(dict.fromkeys(types))}"
         if best is not None:
             return one_line(best, root_schema, label, what)
         return f"{name} = {err.instance!r} is not valid: {err.message.splitlines()[0]}"

@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import os
 import select
 import selectors
@@ -70,7 +71,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..io import open_log
+from ..io import open_log, path_kind
 
 ENV = "SMALLBATCH_WARM"
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -668,12 +669,34 @@ def _import(name: str) -> None:
         getattr(mod, function)()
 
 
+def serve_problem(path: str, watch_pid: int | None, idle_timeout: float) -> str | None:
+    """Why the server could not serve as asked, one line naming the flag, or None: something
+    already at the socket's path (bind would fail with "Address already in use"), a folder for
+    it that does not exist, a watched process that has already ended (the server would stop at
+    once without a word), an idle timeout that is not a positive number of seconds."""
+    kind = path_kind(path)
+    if kind is not None:
+        return (
+            f"--socket {path} exists ({kind}); the server makes its own socket there: remove it or choose another path"
+        )
+    if not Path(path).parent.is_dir():
+        return f"--socket {path}: its folder {Path(path).parent} does not exist; create it or choose another path"
+    if watch_pid is not None and not _alive(watch_pid):
+        return f"--watch-pid {watch_pid}: no such process (it has ended); give the PID of the running process to watch"
+    if not (idle_timeout > 0 and math.isfinite(idle_timeout)):
+        return f"--idle-timeout must be a positive number of seconds, not {idle_timeout:g}"
+    return None
+
+
 def serve(
     path: str, entry: Callable[[list[str]], int], watch_pid: int | None = None, idle_timeout: float = 3600.0
 ) -> int:
     """Import :data:`PRELOAD`, then serve on ``path`` until SIGTERM/SIGINT, ``watch_pid`` ends,
     or no command ran for ``idle_timeout`` seconds; each request runs ``entry(argv)`` (the
     CLI's ``main``) in a child.  Until the socket exists the jobs run as processes of their own."""
+    problem = serve_problem(path, watch_pid, idle_timeout)
+    if problem:  # before the preload (seconds of imports), not after it
+        raise ValueError(problem)
     stop = []
     signal.signal(signal.SIGTERM, lambda *_a: stop.append(1))
     signal.signal(signal.SIGINT, lambda *_a: stop.append(1))

@@ -4,6 +4,7 @@ rule, the cell selection, and the one labelling rule for a loss in every table."
 from __future__ import annotations
 
 import math
+import os
 import re
 import warnings
 from collections.abc import Sequence
@@ -18,6 +19,7 @@ from ..probe_registry import report_labels, report_metrics
 from ..tracking import (
     BAD_STATUSES,
     NON_RESULT_KINDS,
+    STATUS_RUNNING,
     TAG_ACCURACY_UNIT,
     TAG_BASELINE,
     TAG_CELL,
@@ -124,7 +126,8 @@ def run_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
     df["loss"] = df.get("params.loss", pd.Series(index=df.index, dtype=object)).map(_canonical)
     for col in ("batch_size", "seed", "temperature"):
         num = pd.to_numeric(df.get(f"params.{col}", pd.Series(index=df.index, dtype=object)), errors="coerce")
-        df[col] = num.astype(float) if col == "temperature" else num.round().astype("Int64")
+        whole = num.where(num == num.round())  # '16.5' is no batch size of 16: no value (checked_params says so)
+        df[col] = num.astype(float) if col == "temperature" else whole.astype("Int64")
     df = df.sort_values(["section", "kind", "cell_id", "start_time", "run_id"], kind="stable")
     return df.reset_index(drop=True)
 
@@ -142,7 +145,48 @@ def load_runs(reader, experiment: str | None, notes: list[str] | None = None) ->
     records = [r for r in reader.runs(exp_id) if r["tags"].get(TAG_KIND) not in NON_RESULT_KINDS]
     if not records:
         raise ValueError(f"no runs in experiment {name!r} at URI {reader.uri!r}")
-    return checked_accuracies(run_frame(records), notes), name
+    return checked_params(checked_accuracies(run_frame(records), notes), notes), name
+
+
+#: a cell id's batch size and seed (``.../bs16-t0.1-s0[-axes]``)
+_ID_PARTS = {"batch_size": re.compile(r"(?:^|/)bs(\d+)-"), "seed": re.compile(r"-s(\d+)(?:-|$)")}
+
+
+def checked_params(runs: pd.DataFrame, notes: list[str] | None = None) -> pd.DataFrame:
+    """``runs`` without those still RUNNING (training, or killed before they ended: their
+    metrics are not final), and with each run whose ``batch_size`` or ``seed`` is not a whole
+    number, or not the one its cell id names, marked ``failed`` (a store edited by hand: it
+    would be averaged into another cell or counted as another seed); a line in ``notes`` per run."""
+    running = runs["status"] == STATUS_RUNNING
+    lines = [
+        f"Run {runs.at[i, 'run_id']} (cell {runs.at[i, 'cell_id']}) is still running (or was killed before it "
+        "ended): its metrics are not counted."
+        for i in runs.index[running]
+    ]
+    runs = runs[~running].copy()
+    for i in runs.index:
+        problem = _param_problem(runs.loc[i])
+        if problem and runs.at[i, "status"] not in BAD_STATUSES:
+            runs.at[i, "status"] = "failed"
+            lines.append(
+                f"Run {runs.at[i, 'run_id']} (cell {runs.at[i, 'cell_id']}) {problem}: counted as a failed run."
+            )
+    if notes is not None:
+        notes += lines
+    return runs
+
+
+def _param_problem(run: pd.Series) -> str | None:
+    for key, pattern in _ID_PARTS.items():
+        text = run.get(f"params.{key}")
+        if absent(text):
+            continue
+        if pd.isna(run[key]) or run[key] < 0:
+            return f"logged {key} = {text!r}, not a whole number"
+        m = pattern.search(str(run["cell_id"])) if run["kind"] == "cell" else None
+        if m and int(m.group(1)) != run[key]:
+            return f"logged {key} = {text!r}, but its cell id names {m.group(1)}"
+    return None
 
 
 #: run_frame's columns for the report's own bookkeeping, left out of :func:`results`
@@ -162,8 +206,12 @@ def results(tracking_uri: str, experiment: str | None = None) -> pd.DataFrame:
     a warning naming it.  ValueError for a missing or empty experiment;
     :class:`smallbatch.tracking.TrackingError` for a store that cannot be read.
     """
+    if not isinstance(tracking_uri, (str, os.PathLike)):
+        raise ValueError(
+            f"smallbatch.results needs the study's tracking URI, e.g. 'sqlite:///results/mlflow.db', not {tracking_uri!r}"
+        )
     notes: list[str] = []
-    runs, _ = load_runs(StoreReader(str(tracking_uri)), experiment, notes)
+    runs, _ = load_runs(StoreReader(os.fspath(tracking_uri)), experiment, notes)
     for note in notes:
         warnings.warn(note, stacklevel=2)
     return runs.drop(columns=list(INTERNAL_COLUMNS))

@@ -59,6 +59,11 @@ class StoreReader:
                     f"no runs in experiment {name!r} at URI {self.uri!r} "
                     f"(no such experiment; available: {', '.join(names) or 'none'})"
                 )
+            if getattr(exp, "lifecycle_stage", "active") == "deleted":
+                raise ValueError(
+                    f"experiment {name!r} at URI {self.uri!r} was deleted; restore it "
+                    f"(mlflow experiments restore --experiment-id {exp.experiment_id}) to read its runs"
+                )
             return exp.experiment_id, exp.name
         exps = [e for e in self._experiments() if e.name != "Default"]
         chosen = [e for e in exps if e.name == "smallbatch"] or (exps if len(exps) == 1 else [])

@@ -145,6 +145,15 @@ def check_existing_store(uri: str) -> None:
     if uri.startswith("sqlite:///"):
         _check_sqlite_store(uri)
     elif "://" not in uri or uri.startswith("file:"):
+        if not uri.strip():
+            raise TrackingError(
+                "no MLflow store at '': the tracking URI is empty; name the study's store, e.g. sqlite:///results/mlflow.db"
+            )
         path = Path(uri.removeprefix("file://").removeprefix("file:"))
+        if path.is_file():  # a local store is a folder: a file here is most likely the SQLite database
+            raise TrackingError(
+                f"no MLflow store at {uri}: {path} is a file, and a URI without a scheme names a folder store; "
+                f"for an SQLite database use sqlite:///{path.resolve()}"
+            )
         if not path.is_dir():
             raise TrackingError(f"no MLflow store at {uri}: folder {path} does not exist")

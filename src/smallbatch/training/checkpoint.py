@@ -32,9 +32,9 @@ from typing import Any
 
 import torch
 
-from ..cell import Cell, snapshot_name  # noqa: F401  (the snapshot files' names: one rule, in cell)
+from ..cell import Cell, snapshot_name, snapshot_steps  # noqa: F401  (the snapshots' names and steps: one rule, in cell)
 from ..errors import CheckpointError
-from ..io import save_torch
+from ..io import path_kind, read_problem, save_torch
 
 STATE_VERSION = 2
 KINDS = ("state", "checkpoint", "snapshot")
@@ -47,8 +47,9 @@ def load_checkpoint(
     corrupt, not ours, of the other ``kind``, or (with ``cell``) of another cell or
     another config of it."""
     path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint {path} does not exist")
+    problem = read_problem(path)
+    if problem:
+        raise CheckpointError(f"checkpoint {path} {problem}")
     obj = _load_weights_only(path, map_location)
     if not isinstance(obj, dict) or "model" not in obj:
         raise CheckpointError(f"checkpoint {path} is not a smallbatch checkpoint (no 'model' entry)")
@@ -104,8 +105,11 @@ def read_state(path: Path, cell: Cell) -> dict | None:
     """The cell's resumable state, or None (with the reason on stderr) when ``state.pt``
     is absent, of another config of the cell, or of an older format; a corrupt file is a
     CheckpointError naming it."""
-    if not path.exists():
+    kind = path_kind(path)
+    if kind is None:
         return None
+    if kind != "a regular file":
+        raise CheckpointError(f"state {path} is {kind}, not a file; remove it (the cell then starts afresh)")
     st = _load_state(path)
     if st.get("cell_hash") != cell.hash:
         print(f"state {path} belongs to another config of this cell; starting afresh", file=sys.stderr)
@@ -131,7 +135,7 @@ def _load_state(path: Path) -> dict:
 
 def state_run_id(path: Path, cell: Cell) -> str | None:
     """The MLflow run id a resumable ``state.pt`` of this cell logs to (None if none)."""
-    if not Path(path).exists():
+    if path_kind(path) is None:
         return None
     st = _load_state(path)
     if st.get("cell_hash") != cell.hash or st.get("version") != STATE_VERSION:
@@ -144,12 +148,6 @@ def save_checkpoint(path: Path, cell: Cell, **parts: Any) -> None:
     save_torch(
         path, {"kind": "checkpoint", "cell_id": cell.id, "cell_hash": cell.hash, "cell": cell.to_dict(), **parts}
     )
-
-
-def snapshot_steps(epochs: float, steps_per_epoch: int) -> int:
-    """The optimiser steps of a budget of ``epochs`` (fractions allowed): ``epochs x steps per
-    epoch`` rounded half up, at least 1."""
-    return max(1, int(float(epochs) * steps_per_epoch + 0.5))
 
 
 def snapshot_path(out_dir: str | Path, name: str) -> Path:

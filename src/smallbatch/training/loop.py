@@ -33,7 +33,6 @@ One process trains a cell at a time: the cell's folder is locked (:class:`io.Cel
 
 from __future__ import annotations
 
-import math
 import signal
 import sys
 import threading
@@ -46,8 +45,8 @@ from pathlib import Path
 import torch
 
 from ..augment import AugmentConfig, BatchAugment, normalize
-from ..cell import BaselineCell, Cell
-from ..checks import settings_problem
+from ..cell import BaselineCell, Cell, budget_steps
+from ..checks import settings_problem, snapshot_budget_problem
 from ..diagnostics import batch_covariance_rank, diagnostics, embedding_grad_norm, grad_rel_error
 from ..errors import Preempted
 from ..io import CellLock, nullcontext_lock
@@ -240,18 +239,16 @@ def _validate(cell: Cell, n_images: int, dev: torch.device, world: World) -> Non
 
 def snapshot_budgets(cell: Cell, steps_per_epoch: int, total: int) -> dict[int, dict]:
     """step -> budget (name, epochs, steps, images_seen) of each of ``train.snapshot_epochs``;
-    ValueError (one line) for a budget past the cell's or two budgets on one step."""
+    ValueError (one line) for a budget the cell's steps cannot hold
+    (:func:`smallbatch.checks.snapshot_budget_problem`, which the plan ran too)."""
+    problem = snapshot_budget_problem(cell, steps_per_epoch, total)
+    if problem:
+        raise ValueError(f"cell {cell.id}: {problem}")
     out: dict[int, dict] = {}
     for e in cell.train.snapshot_epochs or ():
-        step, name = snapshot_steps(e, steps_per_epoch), snapshot_name(e)
-        if step > total:
-            raise ValueError(f"cell {cell.id}: train.snapshot_epochs {e:g} is step {step}, past its {total} steps")
-        if step in out:
-            raise ValueError(
-                f"cell {cell.id}: train.snapshot_epochs {out[step]['name'][2:]} and {e:g} are both step {step}"
-            )
+        step = snapshot_steps(e, steps_per_epoch)
         images = step * cell.batch_size
-        out[step] = {"name": name, "epochs": step / steps_per_epoch, "steps": step, "images_seen": images}
+        out[step] = {"name": snapshot_name(e), "epochs": step / steps_per_epoch, "steps": step, "images_seen": images}
     return out
 
 
@@ -284,7 +281,7 @@ def build_training(
         )
     mask_labels = labels.to(dev) if tr.mask_same_class and labels is not None else None  # None: refused above
     spe = n // bs
-    total = int(tr.steps) if tr.steps else max(1, math.ceil(float(tr.epochs) * spe))
+    total = budget_steps(cell, spe)
     peak = scaled_lr(float(tr.lr), bs, tr.lr_scaling)
     loss_fn = build_loss(cell.loss, **cell.loss_params).to(dev, dtype)  # its learnt parameters, if any
     source = _source(cell, model, loss_fn, (c, h, dev, dtype, world, views), mask_labels, total)
