@@ -66,6 +66,16 @@ def test_the_estimators_are_unbiased_on_a_quadratic_with_known_sigma():
     assert lo < TRACE / G2 < hi
 
 
+def test_no_resolved_signal_gives_an_unbounded_noise_scale():
+    # the same mean squared norm at both batch sizes: no noise, tr(Sigma) = 0 and |G|^2 = 4
+    assert noise_scale([4.0], [4.0], 2, 16).b_simple == 0.0
+    # |G|^2 = (16 * 1 - 2 * 9) / 14 < 0: no signal resolved
+    assert noise_scale([9.0], [1.0], 2, 16).b_simple == float("inf")
+    # every resample: 16 * (at most 1) - 2 * (at least 9) < 0
+    lo, hi = noise_scale_interval([9.0, 10.0, 11.0], [0.5, 1.0, 0.8], 2, 16, replicas=50)
+    assert lo == hi == float("inf")
+
+
 def test_bad_batch_sizes_are_refused():
     with pytest.raises(ValueError, match="b_small < b_big"):
         noise_scale([1.0], [1.0], 16, 16)

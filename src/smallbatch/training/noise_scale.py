@@ -53,11 +53,20 @@ def _estimates(small, big, b_small: int, b_big: int):
     return g2, trace
 
 
+def _ratio(trace, g2):
+    """B_simple = tr(Sigma) / |G|^2; infinite where the estimated |G|^2 is not positive (no
+    signal resolved above the noise: the noise scale is unbounded)."""
+    import numpy as np
+
+    g2 = np.asarray(g2, dtype=np.float64)
+    return np.where(g2 > 0, np.asarray(trace, dtype=np.float64) / np.where(g2 > 0, g2, 1.0), np.inf)
+
+
 def noise_scale(sq_small: Sequence[float], sq_big: Sequence[float], b_small: int, b_big: int) -> NoiseScale:
     """McCandlish et al.'s estimates (module docstring) from the squared gradient norms of
     independent draws at ``b_small`` (``sq_small``) and ``b_big`` (``sq_big``)."""
     g2, trace = _estimates(_mean(sq_small, "sq_small"), _mean(sq_big, "sq_big"), b_small, b_big)
-    return NoiseScale(g2, trace, trace / g2 if g2 != 0 else float("inf"))
+    return NoiseScale(g2, trace, float(_ratio(trace, g2)))
 
 
 def noise_scale_interval(
@@ -70,14 +79,17 @@ def noise_scale_interval(
     seed: int = 0,
 ) -> tuple[float, float]:
     """Percentile bootstrap interval of B_simple: the draws at each batch size resampled with
-    replacement, the estimates recomputed ``replicas`` times."""
+    replacement, the estimates recomputed ``replicas`` times.  A replica whose |G|^2 is not
+    positive counts as an infinite B_simple, so an upper end of ``inf`` says the draws do not
+    bound the noise scale from above (the lower end still holds)."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
     small, big = np.asarray(sq_small, dtype=np.float64), np.asarray(sq_big, dtype=np.float64)
     means = [rng.choice(x, size=(replicas, x.size)).mean(axis=1) for x in (small, big)]
     g2, trace = _estimates(means[0], means[1], b_small, b_big)
-    lo, hi = np.percentile(trace / g2, [100 * (1 - level) / 2, 100 * (1 + level) / 2])
+    q = [(1 - level) / 2, (1 + level) / 2]
+    lo, hi = np.quantile(_ratio(trace, g2), q, method="inverted_cdf")  # data points: inf stays inf
     return float(lo), float(hi)
 
 
