@@ -54,6 +54,8 @@ def test_the_bias_matches_an_exact_enumeration_on_four_images():
     assert (k2.k, k6.k) == (2, 6)
     assert exact > 0.05  # a bias to find
     assert k2.bias == pytest.approx(exact, abs=4 * k2.floor)
+    assert k2.debiased == pytest.approx(exact, abs=4 * k2.floor)
+    assert k2.debiased < k2.bias
     assert k6.bias == 0.0
 
 

@@ -15,7 +15,8 @@ estimated by the mean of P draws, and
 
 The Monte Carlo noise of the mean adds to it: ``floor(K) = sqrt(tr Cov(g_K) / P) /
 ||g_Kmax||`` is the value it would have from that noise alone (the expected norm of the
-mean's error), reported beside it.  A loss that does not depend on the negatives (a
+mean's error), reported beside it, and ``sqrt(bias^2 - floor^2)`` estimates the bias
+without that noise (:attr:`Bias.debiased`).  A loss that does not depend on the negatives (a
 supervised cross-entropy) has bias 0 by construction at every K: the estimator's own
 check.
 """
@@ -45,6 +46,12 @@ class Bias(NamedTuple):
     k: int
     bias: float
     floor: float
+
+    @property
+    def debiased(self) -> float:
+        """The bias with the Monte Carlo noise taken out: ``E bias^2 = true^2 + floor^2`` (the
+        floor from the draws' unbiased variance), so ``sqrt(max(bias^2 - floor^2, 0))``."""
+        return max(self.bias**2 - self.floor**2, 0.0) ** 0.5
 
 
 def negatives_bias(grad_at: GradAt, n: int, groups: Sequence[int], draws: int, seed: int = 0) -> list[Bias]:
