@@ -73,7 +73,7 @@ def decays_problem(cell: Cell) -> str | None:
     """Each decay (Adam's β2, an EMA momentum) below 1 at the cell's batch as well as at the
     batch it is stated at: ``samples`` raises it to N/256, which rounds a value a hair below 1 up
     to 1 at a small batch (torch's Adam refuses β2 = 1; an EMA target at 1 never moves)."""
-    for key, value in resolved_knobs(cell.train, cell.batch_size, cell.loss_params).items():
+    for key, value in resolved_knobs(cell.train, cell.batch_size, cell.loss_params.get("ema")).items():
         if value >= 1:
             rule, name = _DECAY_RULES[key], key if key.startswith("train.") else f"{cell.loss}'s ema"
             return (

@@ -14,7 +14,6 @@ resolved values) and the report (the rate a logged cell trained at) all read the
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from typing import Any
 
 LR_SCALINGS = ("none", "linear", "sqrt")
@@ -47,13 +46,14 @@ def scaled_decay(decay: float, batch_size: int, rule: str) -> float:
     raise ValueError(f"a decay's scaling must be one of {', '.join(DECAY_SCALINGS)}, not {rule!r}")
 
 
-def resolved_knobs(train: Any, batch_size: int, loss_params: Mapping[str, Any]) -> dict[str, float]:
+def resolved_knobs(train: Any, batch_size: int, ema: float | None = None) -> dict[str, float]:
     """The batch-dependent knobs of a cell as it trains them: ``train.adam_beta2``, and where the
-    cell has them ``train.moco_momentum`` (a queue) and ``loss.ema`` (a target network), each at
-    its batch size.  ``train``: the cell's train settings (attributes)."""
+    cell has them ``train.moco_momentum`` (a queue) and ``loss.ema`` (``ema``: a target network's
+    momentum at batch 256, None without one), each at its batch size.  ``train``: the cell's train
+    settings (attributes)."""
     out = {"train.adam_beta2": scaled_decay(float(train.adam_beta2), batch_size, train.beta2_scaling)}
     if int(train.queue_size):
         out["train.moco_momentum"] = scaled_decay(float(train.moco_momentum), batch_size, train.ema_scaling)
-    if "ema" in loss_params:
-        out["loss.ema"] = scaled_decay(float(loss_params["ema"]), batch_size, train.ema_scaling)
+    if ema is not None:
+        out["loss.ema"] = scaled_decay(float(ema), batch_size, train.ema_scaling)
     return out

@@ -22,7 +22,16 @@ def test_the_default_probes_are_the_ones_every_study_ran():
 #: eval settings it reads, those a probe command overrides, sets torch's threads, chance level
 #: marks a cell collapsed, run by default, the default of each setting of its own)
 PROBE_TABLE = {
-    "knn": ("top1", "kNN top-1", ("knn_k", "knn_t"), ("knn_k", "knn_t"), False, True, True, {}),
+    "knn": (
+        "top1",
+        "kNN top-1",
+        ("knn_k", "knn_t", "knn_primary_k"),
+        ("knn_k", "knn_t"),
+        False,
+        True,
+        True,
+        {"knn_primary_k": None},
+    ),
     "linear": (
         "top1",
         "linear top-1",

@@ -871,9 +871,10 @@ def test_a_study_with_hostile_names_runs_no_payload_and_writes_only_in_results_d
 
 
 @pytest.mark.slow
-def test_a_link_planted_at_a_jobs_log_is_replaced_not_written_through(tmp_path):
-    """Links planted where the jobs' logs go (a symbolic link, a hard link) before a study
-    runs: the study writes its logs as files of their own, the planted targets keep their text."""
+def test_a_link_planted_at_a_jobs_log_is_refused_or_replaced_never_written_through(tmp_path):
+    """Links planted where the jobs' logs go before a study runs: a symbolic link to outside the
+    results folder stops the study before any job, in one line naming it; a hard link is replaced
+    by a log of its own; the planted targets keep their text either way."""
     results = tmp_path / "results"
     cfg = {
         "results_dir": str(results),
@@ -889,6 +890,12 @@ def test_a_link_planted_at_a_jobs_log_is_replaced_not_written_through(tmp_path):
     config.write_text(json.dumps(cfg))
     symlink("results/logs/init_store.log", "thesis.tex")(tmp_path)
     hardlink("results/logs/report.log", "notes.txt")(tmp_path)
+    proc = run_study(config, tmp_path)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "holds the link" in said and "init_store.log" in said, said[-3000:]
+    assert (tmp_path / "thesis.tex").read_text() == "my thesis\n"
+    assert not (results / "runs").exists(), "no job ran"
+    (results / "logs" / "init_store.log").unlink()  # the user removes the link the refusal named
     proc = run_study(config, tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert (tmp_path / "thesis.tex").read_text() == "my thesis\n"

@@ -43,14 +43,14 @@ def test_the_knobs_a_cell_has_are_resolved_at_its_batch():
     tr = SimpleNamespace(
         adam_beta2=0.999, beta2_scaling="samples", queue_size=4096, moco_momentum=0.99, ema_scaling="samples"
     )
-    got = resolved_knobs(tr, 16, {"ema": 0.996})
+    got = resolved_knobs(tr, 16, 0.996)
     assert got == pytest.approx(
         {"train.adam_beta2": 0.999 ** (1 / 16), "train.moco_momentum": 0.99 ** (1 / 16), "loss.ema": 0.996 ** (1 / 16)}
     )
     plain = SimpleNamespace(
         adam_beta2=0.999, beta2_scaling="none", queue_size=0, moco_momentum=0.99, ema_scaling="none"
     )
-    assert resolved_knobs(plain, 16, {}) == {"train.adam_beta2": 0.999}
+    assert resolved_knobs(plain, 16) == {"train.adam_beta2": 0.999}
 
 
 def test_training_uses_the_resolved_beta2_and_the_run_logs_it(tmp_path, digits):

@@ -195,7 +195,7 @@ def run_params(cell: Cell, d) -> dict[str, str]:
     params = flat_params(cell.to_dict())
     params["image_size"] = str(d.train_x.shape[-1])
     params["pretrain_images"] = str(d.pretrain_x.shape[0])
-    knobs = resolved_knobs(cell.train, cell.batch_size, cell.loss_params)
+    knobs = resolved_knobs(cell.train, cell.batch_size, cell.loss_params.get("ema"))
     params.update({f"resolved.{k}": repr(v) for k, v in knobs.items()})
     return params
 

@@ -295,7 +295,7 @@ def build_training(
         tr.weight_decay,
         dev,
         compiled=bool(tr.compile),
-        beta2=resolved_knobs(tr, bs, cell.loss_params)["train.adam_beta2"],
+        beta2=resolved_knobs(tr, bs)["train.adam_beta2"],
     )
     aug = BatchAugment(AugmentConfig(**cell.augment), image_size=h, channels=c, mean=mean, std=std)
     step_fn = TrainStep(
@@ -348,12 +348,12 @@ def _source(
             return Siamese(spec.predictor)
         target = _network(cell, *net_args, predictor=False)  # the online backbone and projector, copied
         target.load_state_dict({k: v for k, v in model.state_dict().items() if not k.startswith("predictor.")})
-        ema = resolved_knobs(tr, cell.batch_size, cell.loss_params)["loss.ema"]  # at the cell's batch
+        ema = resolved_knobs(tr, cell.batch_size, loss_fn.ema)["loss.ema"]  # the loss's, at the cell's batch
         return Siamese(spec.predictor, target, ema, loss_fn.ema_schedule, total)
     if tr.queue_size:
         key_model = _network(cell, *net_args)
         key_model.load_state_dict(model.state_dict())
-        momentum = resolved_knobs(tr, cell.batch_size, cell.loss_params)["train.moco_momentum"]
+        momentum = resolved_knobs(tr, cell.batch_size)["train.moco_momentum"]
         return QueueNegatives(key_model, tr.queue_size, tr.proj_dim, momentum, dev, dtype, world, labels=mask_labels)
     if tr.extra_negatives:
         return FreshNegatives(tr.extra_negatives, world)
