@@ -1,8 +1,7 @@
 """Warm start: the workflow's jobs run in children of one process that imported torch once.
 
 A local study runs ~90 short ``smallbatch`` processes, and each would pay its imports (torch,
-MLflow and its SQL store, faiss: 4-9 CPU-s, more on a loaded machine) before its first step
-(benchmarks/results/2026-12-02-warm-start.md).  During a local Snakemake run a **server**
+MLflow and its SQL store, faiss) before its first step.  During a local Snakemake run a **server**
 (started by the workflow's ``onstart``, stopped by ``onsuccess``/``onerror``) imports all that
 once and then binds a Unix socket.  Each job's ``smallbatch COMMAND ...`` is a **client**: it
 hands the server its arguments, working folder, environment and standard streams (the file
