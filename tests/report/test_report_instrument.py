@@ -18,7 +18,7 @@ import pytest
 
 from smallbatch.report.context import ReportContext
 from smallbatch.report.fmt import csv_number
-from smallbatch.report.plan import AnalysisPlan, apply_plan
+from smallbatch.report.plan import AnalysisPlan
 from smallbatch.report.sections import instrument
 from smallbatch.report.sections.instrument_budgets import budget_rows
 from smallbatch.report.sections.instrument_gates import SUPERVISED_OVER_PIXELS
@@ -150,7 +150,7 @@ def _analyse(runs: pd.DataFrame, plan: AnalysisPlan = PLAN) -> Analysed:
     cells = runs[runs["kind"] == "cell"]
     rows = budget_rows(cells, 1.0)
     res = Analysed(instrument.analyse(rows, instrument._baseline_values(runs, 1.0)))
-    res.claims = apply_plan(plan, pd.DataFrame([{**c, "gates_passed": r.ok} for r in res for c in r.rows]))
+    res.claims = instrument.claims_of(res, plan)
     res.plan = plan
     return res
 

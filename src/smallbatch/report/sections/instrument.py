@@ -542,11 +542,14 @@ def _write(ctx: ReportContext, out: SectionOutput, md: list[str], name: str, tit
 def analyse_seeds(seeds: pd.DataFrame, plan: AnalysisPlan) -> tuple[list[UnitResult], pd.DataFrame]:
     """Every unit and the contrast rows with the plan applied, from a per-seed table alone
     (``instrument_seeds.csv`` read back: :func:`.instrument_budgets.seed_table`)."""
-    rows, base = from_seed_table(seeds)
-    results = analyse(rows, base)
+    results = analyse(*from_seed_table(seeds))
+    return results, claims_of(results, plan)
+
+
+def claims_of(results: list[UnitResult], plan: AnalysisPlan) -> pd.DataFrame:
+    """Every unit's contrast rows, with its gates, and the plan applied over all of them at once."""
     crows = [{**c, "gates_passed": r.ok} for r in results for c in r.rows]
-    claims = apply_plan(plan, pd.DataFrame(crows)) if crows else pd.DataFrame()
-    return results, claims
+    return apply_plan(plan, pd.DataFrame(crows)) if crows else pd.DataFrame()
 
 
 def _seed_summary(seeds: pd.DataFrame) -> list[tuple[str | None, pd.DataFrame]]:
@@ -576,8 +579,9 @@ def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
            "(smallbatch.report.sections.instrument.analyse_seeds)", "Per-seed values")  # fmt: skip
     # the section reads back the file it wrote: what anyone re-analysing it gets, to the digit
     seeds = pd.read_csv(ctx.tables_dir / "instrument_seeds.csv")
-    results, claims = analyse_seeds(seeds, plan)
     rows, base = from_seed_table(seeds)
+    results = analyse(rows, base)
+    claims = claims_of(results, plan)
     _, big = batch_levels(rows)
     if results:
         _write(ctx, out, md, "instrument_gates", "Instrument: validity gates per data set, τ and budget",
