@@ -13,7 +13,7 @@ TORCH    ?= torch==2.14.1 torchvision==0.29.1
 GPU      ?= $(if $(wildcard $(VENV)/.installed-gpu),1,0)
 FAISS    := $(if $(filter 1,$(GPU)),gpu,cpu)
 SNAKE_ARGS ?=
-# one line per finished cell with an ETA (smallbatch.pipeline.progress); Snakemake's full log stays in
+# one line per finished cell with an ETA (smallbatch.local.console); Snakemake's full log stays in
 # .snakemake/log/. CONSOLE= (empty) prints Snakemake's own output instead.
 CONSOLE  ?= --logger smallbatch
 BIN      := $(abspath $(VENV))/bin

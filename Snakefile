@@ -21,7 +21,7 @@ include: "workflow/rules/report.smk"
 
 
 # One run per results folder, the cells' settings files, and the warm-start server
-# (smallbatch.pipeline.warm): all in common.smk, started here so that a dry run writes nothing.
+# (smallbatch.local.warm): all in common.smk, started here so that a dry run writes nothing.
 onstart:
     start_run()
 

@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import torch
 
-from smallbatch.augment import AugmentConfig, BatchAugment
+from smallbatch.data.augment import AugmentConfig, BatchAugment
 
 
 def _time(fns: list[Callable[[], torch.Tensor]], repeats: int, device: torch.device) -> list[float]:

@@ -35,8 +35,8 @@ DATA_ROOT = "/usr/share/datasets/fashion-mnist"
 
 
 def _cell(batch_size: int, extra: int | None) -> dict:
-    from smallbatch.pipeline.cells import make_cell
-    from smallbatch.pipeline.config import load_config
+    from smallbatch.study.cells import make_cell
+    from smallbatch.study.config import load_config
 
     cfg = load_config(
         None,
@@ -51,7 +51,7 @@ def _cell(batch_size: int, extra: int | None) -> dict:
 
 
 def _arm(cell: dict, d, out: Path):
-    from smallbatch.cell import Cell
+    from smallbatch.study.cell import Cell
     from smallbatch.training import loop as train
 
     t = train.build_training(Cell.of(cell), d.pretrain_x, d.mean, d.std, torch.device("cpu"), out)
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from smallbatch import data
+    from smallbatch.data import load as data
 
     d = data.load_dataset("fashion_mnist", DATA_ROOT, seed=0, image_size=16, train_subset=10000)
     load0 = os.getloadavg()

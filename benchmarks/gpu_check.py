@@ -87,6 +87,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # throughput.py
+sys.path.insert(0, str(ROOT / "tests"))  # synthetic.py: data in the real formats
 
 #: sections in the report's order; RUN_ORDER runs the compile-heavy throughput last, with what is left
 TITLES = {
@@ -232,9 +233,8 @@ def throughput_cases(plan: Plan) -> list[tuple[str, int, str, bool]]:
 
 
 def section_throughput(args, plan: Plan):
+    import synthetic
     import throughput
-
-    from smallbatch import synthetic
 
     _threads(args.device)
     images = {m: synthetic.random_images(plan.images, c, px) for m, (_, c, px) in MODELS.items()}
@@ -328,11 +328,11 @@ def section_share(args, plan: Plan):
 
 # --------------------------------------------------------------------------- section 3
 def section_syncs(args, plan: Plan):
+    import synthetic
     import throughput
     import torch
 
-    from smallbatch import synthetic
-    from smallbatch.cell import Cell
+    from smallbatch.study.cell import Cell
     from smallbatch.training import loop as train
 
     _threads(args.device)
@@ -472,7 +472,7 @@ def _origins(calls: list[dict], ops: list[dict]) -> str:
 
 # --------------------------------------------------------------------------- section 4
 def section_knn(args, plan: Plan):
-    from smallbatch import synthetic
+    import synthetic
 
     n_train, n_test, dim, ks = plan.knn
     feats = synthetic.clustered_features(n_train, n_test, dim, seed=0)
@@ -574,7 +574,7 @@ def section_cli(args, plan: Plan):
 
 def _cli_cells(work: Path, args, plan: Plan):
     """The data set, its cache, then pretrain + evaluate of each cell: one row per command."""
-    from smallbatch import synthetic
+    import synthetic
 
     per_batch, test = plan.cifar
     synthetic.write_cifar10(work / "data", per_batch, test, images=synthetic.striped_images)
@@ -637,7 +637,7 @@ def cli_config(work: Path, plan: Plan, device: str) -> Path:
     """cifar10.yaml with a short budget (quick: a tiny small_cnn) and this run's folders."""
     import yaml
 
-    from smallbatch.pipeline.config import deep_merge, read_config_file
+    from smallbatch.study.config import deep_merge, read_config_file
 
     train = {"epochs": 10, "warmup_epochs": 1}
     extra = {}
@@ -687,9 +687,9 @@ def _cli(argv: list[str], without_md5: bool = False) -> tuple[dict, float]:
 
 def cli_without_md5(argv: list[str]) -> int:
     """``smallbatch ARGV`` with torchvision's CIFAR md5 comparison skipped (generated files)."""
+    import synthetic
     import torchvision.datasets.cifar as cifar
 
-    from smallbatch import synthetic
     from smallbatch.pipeline import cli
 
     cifar.check_integrity = synthetic.existence_only_check

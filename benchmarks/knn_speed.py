@@ -21,9 +21,13 @@ runs), plus how often the searches agree and every side's accuracies.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # synthetic.py: clustered features
 
 
 def sklearn_knn_eval(tr, ytr, te, yte, ks, t, num_classes, nbrs_cache=None):
@@ -107,9 +111,9 @@ def main() -> None:
 
     import faiss
     import torch
+    from synthetic import clustered_features
 
     from smallbatch.evaluation.knn import _resolve_knn_backend
-    from smallbatch.synthetic import clustered_features
 
     torch.set_num_threads(args.threads)
     faiss.omp_set_num_threads(args.threads)

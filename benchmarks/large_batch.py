@@ -45,7 +45,7 @@ def _peak_mib() -> float:
 
 
 def _model(args):
-    from smallbatch.models import ContrastiveModel, build_backbone
+    from smallbatch.training.models import ContrastiveModel, build_backbone
 
     torch.manual_seed(0)
     backbone, feat = build_backbone("small_cnn", 1, args.image_size, width=args.width, pool_grid=args.pool_grid)

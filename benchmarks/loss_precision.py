@@ -30,8 +30,8 @@ import math
 
 import torch
 
-from smallbatch.diagnostics import diagnostics
 from smallbatch.losses import build_loss, in_batch_scores, queue_scores
+from smallbatch.losses.diagnostics import diagnostics
 
 
 def saturated_views(n: int, d: int, spread: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

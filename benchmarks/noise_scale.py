@@ -53,9 +53,9 @@ def _log(msg: str, t0: list[float]) -> None:
 
 def _infonce_training(steps: int, d, out: Path):
     """The default study's InfoNCE cell at B = 256, tau = 0.1, seed 0, trained ``steps`` steps."""
-    from smallbatch.cell import Cell
-    from smallbatch.pipeline.cells import make_cell
-    from smallbatch.pipeline.config import load_config
+    from smallbatch.study.cell import Cell
+    from smallbatch.study.cells import make_cell
+    from smallbatch.study.config import load_config
     from smallbatch.training import loop
 
     over = {"datasets": {"fashion_mnist": {"root": DATA_ROOT}}, "train": {"steps": steps, "log_every": 10**6}}
@@ -69,7 +69,7 @@ def _infonce_training(steps: int, d, out: Path):
 def _supervised(t):
     """The control: the cell's backbone (fresh, same seed) and a linear classifier, with the
     cell's optimiser and schedule."""
-    from smallbatch.models import build_backbone
+    from smallbatch.training.models import build_backbone
     from smallbatch.training.optim import make_optimizer
 
     tr = t.cell.train
@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from smallbatch import data
+    from smallbatch.data import load as data
     from smallbatch.training import loop
 
     t0, load0 = [time.perf_counter()], os.getloadavg()

@@ -20,14 +20,14 @@ import time
 
 import torch
 
-from smallbatch import data
-from smallbatch.cell import Cell
-from smallbatch.diagnostics import alignment_uniformity
+from smallbatch.data import load as data
 from smallbatch.evaluation import embed
 from smallbatch.evaluation.representation import representation_metrics
-from smallbatch.pipeline.cells import expand_cells
-from smallbatch.pipeline.config import load_config
+from smallbatch.losses.diagnostics import alignment_uniformity
 from smallbatch.pipeline.jobs import data_options
+from smallbatch.study.cell import Cell
+from smallbatch.study.cells import expand_cells
+from smallbatch.study.config import load_config
 from smallbatch.training import loop as train
 
 

@@ -54,10 +54,12 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # synthetic.py: images in the real formats
+
 
 def _cell(dataset: str, batch_size: int, steps: int, width: int, temperature: float) -> dict:
-    from smallbatch.pipeline.cells import make_cell
-    from smallbatch.pipeline.config import load_config
+    from smallbatch.study.cells import make_cell
+    from smallbatch.study.config import load_config
 
     cfg = load_config(
         None,
@@ -84,7 +86,7 @@ def _cell(dataset: str, batch_size: int, steps: int, width: int, temperature: fl
 
 def batched_rate(cell: dict, images: torch.Tensor, mean, std) -> float:
     """images/s of train.pretrain over its second ``log_every`` window."""
-    from smallbatch.cell import Cell
+    from smallbatch.study.cell import Cell
     from smallbatch.training import loop as train
 
     logs: list[tuple[int, dict]] = []
@@ -148,8 +150,8 @@ def simclr_transform(size: int, mean, std):
 
 def per_sample_rate(cell, images: torch.Tensor, mean, std, steps: int, workers: int) -> float:
     """images/s of a per-sample DataLoader pipeline with the same model, loss and optimiser."""
-    from smallbatch.cell import Cell
     from smallbatch.losses import build_loss
+    from smallbatch.study.cell import Cell
     from smallbatch.training import loop as train
 
     cell = Cell.of(cell)
@@ -191,8 +193,8 @@ def study_cell(batch_size: int, compile_step: bool, device: str, dataset: str = 
     """The InfoNCE cell of a study at ``batch_size``, eager or compiled: the default study's
     (config.yaml: small_cnn, 16 px) or, for ``cifar10``, cifar10.yaml's (resnet18_cifar,
     SimCLR augmentations, LARS, bf16); ``train``: more train settings (e.g. precision)."""
-    from smallbatch.pipeline.cells import make_cell
-    from smallbatch.pipeline.config import load_config
+    from smallbatch.study.cells import make_cell
+    from smallbatch.study.config import load_config
 
     root = Path(__file__).resolve().parents[1]
     cfg = load_config(root / STUDY_CONFIGS[dataset], {"train": {"compile": compile_step, **train}, "device": device})
@@ -205,7 +207,7 @@ def step_rate(cell, images, mean, std, steps: int, ready=None) -> tuple[float, f
     """(images/s over ``steps`` steps, seconds of building + the first two steps: the
     compile time when the step is compiled).  ``ready()``, when given, runs between the
     two (a barrier, so that cells sharing a device time the same window)."""
-    from smallbatch.cell import Cell
+    from smallbatch.study.cell import Cell
     from smallbatch.training import loop as train
 
     cell = Cell.of(cell)
@@ -257,7 +259,9 @@ def _one_cell(args) -> int:
     """(internal) one cell's step rate in this process, as JSON."""
     import json
 
-    from smallbatch import data, synthetic
+    import synthetic
+
+    from smallbatch.data import load as data
 
     torch.set_num_threads(args.threads)
     if args.synthetic:  # the images' shape and size, no data set needed (a bare GPU machine)
@@ -405,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"load average after: {load1[0]:.2f} (1 min), {load1[1]:.2f} (5 min) on {os.cpu_count()} CPUs")
         return 0
 
-    from smallbatch import data
+    from smallbatch.data import load as data
 
     torch.set_num_threads(args.threads)
     subset = args.train_subset if args.dataset != "digits" else None

@@ -23,8 +23,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from smallbatch.pipeline.cells import baseline_cells, expand_cells, hashed_settings
-from smallbatch.pipeline.config import load_config
+from smallbatch.study.cells import baseline_cells, expand_cells, hashed_settings
+from smallbatch.study.config import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = Path(__file__).resolve().parent / "fixtures" / "default_cell_hashes.json"

@@ -31,7 +31,7 @@ def _no_inherited_tracking_uri(monkeypatch):
 @pytest.fixture(scope="module")
 def digits(tmp_path_factory):
     """The digits data set (ships inside scikit-learn), loaded once per test module."""
-    from smallbatch import data
+    from smallbatch.data import load as data
 
     return data.load_dataset("digits", tmp_path_factory.mktemp("digits_root"))
 
@@ -39,7 +39,7 @@ def digits(tmp_path_factory):
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory) -> Path:
     """The digits data set as a prepared cache file (``smallbatch prepare-data``'s output)."""
-    from smallbatch import data
+    from smallbatch.data import load as data
 
     path = tmp_path_factory.mktemp("cache") / "digits.pt"
     data.save_cache(data.load_dataset("digits", None), path)
@@ -113,8 +113,8 @@ LONG_UNITS = (
     "tests/training/test_distributed_cell.py",
     "tests/test_gpu_check.py",
     "tests/training/test_compile.py",
-    "tests/pipeline/test_store_deadlines.py",
-    "tests/pipeline/test_warm_status.py",
+    "tests/tracking/test_store_deadlines.py",
+    "tests/local/test_warm_status.py",
 )
 
 

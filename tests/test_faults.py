@@ -134,7 +134,7 @@ def stamp_as_the_workflow_does(cfg: Path, results: Path) -> None:
     """The settings stamps a study's `settings` rule writes before its data and cell jobs
     (workflow/rules/common.smk), an hour old: the outputs in place are then results of the
     settings planned now, not of others (which the workflow would recompute)."""
-    from smallbatch.pipeline import cells, config
+    from smallbatch.study import cells, config
 
     conf = config.load_config(cfg)
     cell = cells.expand_cells(conf)[CELL_ID]
@@ -366,7 +366,7 @@ class _Explodes:
 def test_partial_writes_never_replace_a_finished_file(tmp_path):
     """The file writers write to a temp file and rename: a write that fails half way
     leaves the finished file as it was (and a new file absent), never a truncated one."""
-    from smallbatch import data
+    from smallbatch.data import load as data
     from smallbatch.io import save_torch
     from smallbatch.training import loop as train
 
@@ -432,7 +432,7 @@ def bad_config(tmp_path: Path, name: str) -> tuple[Path, Path, list[str]]:
 def test_bad_config_is_one_line_naming_the_key_from_the_workflows_checks(tmp_path, name):
     import yaml
 
-    from smallbatch.pipeline.config import ConfigError, check_data_roots, validate_config
+    from smallbatch.study.config import ConfigError, check_data_roots, validate_config
 
     cfg, results, names = bad_config(tmp_path, name)
     config = yaml.safe_load(cfg.read_text())  # what Snakemake hands the workflow

@@ -79,8 +79,8 @@ def test_smoke_study_logs_every_cell_to_the_server(smoke_http, server):
     results = r["results"]
     assert (results / "report" / "index.md").is_file()
     assert not (results / "mlflow.db").exists(), "a local SQLite store was written instead of the server"
-    from smallbatch.pipeline.cells import baseline_cells, expand_cells
-    from smallbatch.pipeline.config import load_config
+    from smallbatch.study.cells import baseline_cells, expand_cells
+    from smallbatch.study.config import load_config
     from smallbatch.tracking import TAG_CELL, TAG_KIND, TAG_STATUS
 
     cfg = load_config(r["config"])

@@ -30,8 +30,8 @@ from cluster import SLURM_PROFILE, SlurmUnavailable, job_resources, res_value, r
 
 def _smoke_shape(cfg: Path) -> tuple[int, int]:
     """(cells, baselines) of a config, from the package's own expansion."""
-    from smallbatch.pipeline.cells import baseline_cells, expand_cells
-    from smallbatch.pipeline.config import load_config
+    from smallbatch.study.cells import baseline_cells, expand_cells
+    from smallbatch.study.config import load_config
 
     c = load_config(cfg)
     return len(expand_cells(c)), len(baseline_cells(c))

@@ -81,7 +81,7 @@ def test_the_wheel_holds_every_file_of_the_packages(installed):
 def test_the_installed_package_is_the_wheels_not_the_checkout(installed):
     code = (
         "import json, smallbatch, snakemake_logger_plugin_smallbatch as plugin\n"
-        "from smallbatch.pipeline.schema import schema_path\n"
+        "from smallbatch.study.schema import schema_path\n"
         "print(json.dumps([smallbatch.__file__, plugin.__file__, str(schema_path())]))"
     )
     paths = json.loads(_run([installed["py"], "-c", code], cwd=installed["work"], env=installed["env"]).stdout)

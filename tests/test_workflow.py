@@ -127,8 +127,8 @@ def _runs(results: Path) -> pd.DataFrame:
 
 
 def test_every_cell_has_real_numbers_in_mlflow_and_files(study):
-    from smallbatch.pipeline.cells import expand_cells
-    from smallbatch.pipeline.config import load_config
+    from smallbatch.study.cells import expand_cells
+    from smallbatch.study.config import load_config
 
     cfg = load_config(SMOKE)
     cells = expand_cells(cfg)
@@ -163,7 +163,7 @@ def test_every_cell_has_real_numbers_in_mlflow_and_files(study):
 
 
 def test_jobs_ran_in_the_warm_server_which_stopped_with_the_run(study):
-    """A local run hands its jobs to the warm-start server (smallbatch.pipeline.warm) once it has
+    """A local run hands its jobs to the warm-start server (smallbatch.local.warm) once it has
     imported what they need (the first jobs may run by themselves before), one child per job,
     each exiting 0; Snakemake's onsuccess stops it and its socket is gone."""
     log = (study / "logs" / "warm_server.log").read_text().splitlines()
@@ -235,8 +235,8 @@ def test_changing_one_loss_config_reruns_exactly_its_cells(study, tmp_path):
     jobs = planned_jobs(proc)
     # flatnce's two cells get new ids (flatnce-gamma2): two new pretrainings, infonce untouched
     assert jobs.get("pretrain") == 2, jobs
-    from smallbatch.pipeline.cells import expand_cells
-    from smallbatch.pipeline.config import load_config
+    from smallbatch.study.cells import expand_cells
+    from smallbatch.study.config import load_config
 
     flatnce = sorted(c for c in expand_cells(load_config(changed)) if "/flatnce" in c)
     assert len(flatnce) == 2 and all("/flatnce-gamma2/" in c for c in flatnce), flatnce
@@ -244,8 +244,8 @@ def test_changing_one_loss_config_reruns_exactly_its_cells(study, tmp_path):
 
 
 def test_default_config_lists_every_cell(tmp_path):
-    from smallbatch.pipeline.cells import expand_cells
-    from smallbatch.pipeline.config import load_config
+    from smallbatch.study.cells import expand_cells
+    from smallbatch.study.config import load_config
 
     n = len(expand_cells(load_config(ROOT / "config.yaml")))
     proc = snakemake("-n", results=tmp_path / "results", configfile=ROOT / "config.yaml", timeout=300)
@@ -256,7 +256,7 @@ def test_default_config_lists_every_cell(tmp_path):
 
 def test_snakemake_plans_the_cells_smallbatch_cells_lists_from_the_same_overlays(tmp_path):
     """`--configfile A B C` and `smallbatch cells --config A --config B --config C` read one
-    config (smallbatch.pipeline.config.load_config): B adds Fashion-MNIST and seeds, C replaces
+    config (smallbatch.study.config.load_config): B adds Fashion-MNIST and seeds, C replaces
     the data sets (digits alone again) and the loss; Snakemake's own key-by-key merge would keep
     Fashion-MNIST."""
     add = tmp_path / "add.yaml"
@@ -358,7 +358,7 @@ def test_device_auto_on_a_machine_without_a_gpu_plans_no_gpu_locally(tmp_path):
 @pytest.mark.parametrize(
     "override, key",
     [  # a bad value and an unknown key given with --config; each value's own check is in-process
-        ("grid={losses: [infonce, flatnc]}", "grid.losses[1]"),  # (tests/pipeline/test_config.py)
+        ("grid={losses: [infonce, flatnc]}", "grid.losses[1]"),  # (tests/study/test_config.py)
         ("grid={batchsizes: [16]}", "grid.batchsizes"),
         ("set=grid.sedes=[0]", "unknown config key 'grid.sedes' (did you mean 'seeds'?)"),
     ],
@@ -520,8 +520,8 @@ def test_a_results_folder_never_serves_results_of_other_settings(tmp_path, finis
 
     import yaml
 
-    from smallbatch.pipeline.cells import expand_cells
-    from smallbatch.pipeline.config import deep_merge, load_config, read_config_file
+    from smallbatch.study.cells import expand_cells
+    from smallbatch.study.config import deep_merge, load_config, read_config_file
     from smallbatch.training.checkpoint import load_checkpoint
 
     folder = tmp_path / "study"

@@ -42,9 +42,9 @@ def _features(path: Path) -> None:
 
 
 def _checkpoint(path: Path) -> None:
-    from smallbatch.cell import Cell
-    from smallbatch.pipeline.cells import expand_cells
-    from smallbatch.pipeline.config import load_config
+    from smallbatch.study.cell import Cell
+    from smallbatch.study.cells import expand_cells
+    from smallbatch.study.config import load_config
     from smallbatch.training.checkpoint import save_checkpoint
 
     cell = next(

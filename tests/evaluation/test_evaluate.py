@@ -13,7 +13,7 @@ import torch
 from smallbatch.evaluation.embed import embed, load_features, raw_pixel_features, save_features
 from smallbatch.evaluation.knn import knn_eval, knn_predict, knn_search
 from smallbatch.evaluation.linear import linear_eval
-from smallbatch.models import build_backbone
+from smallbatch.training.models import build_backbone
 
 # ----------------------------------------------------------------------------- kNN reference
 

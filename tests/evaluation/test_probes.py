@@ -7,11 +7,11 @@ import math
 import numpy as np
 import pytest
 import torch
+from synthetic import clustered_features
 
-from smallbatch.cell import read_cell
 from smallbatch.evaluation import probes
 from smallbatch.evaluation.linear import fit_linear, linear_eval, linear_top1, standardise
-from smallbatch.synthetic import clustered_features
+from smallbatch.study.cell import read_cell
 
 DECAYS = [1e-3, 1e-1, 10.0]
 
@@ -146,9 +146,9 @@ def test_gap_fraction_places_a_value_between_random_init_and_supervised():
 
 
 def test_the_evaluation_step_writes_the_probes_in_percent(feats):
-    from smallbatch.pipeline.cells import expand_cells
-    from smallbatch.pipeline.config import load_config
     from smallbatch.pipeline.jobs import _eval_on_features
+    from smallbatch.study.cells import expand_cells
+    from smallbatch.study.config import load_config
 
     tr, ytr, te, yte = feats
     ev = {

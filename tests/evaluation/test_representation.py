@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from smallbatch.diagnostics import alignment_uniformity, negative_cosines
 from smallbatch.evaluation.representation import SAMPLE, held_out_sample, representation_metrics, space_metrics
-from smallbatch.models import ContrastiveModel, build_backbone
+from smallbatch.losses.diagnostics import alignment_uniformity, negative_cosines
 from smallbatch.training.health import effective_rank
+from smallbatch.training.models import ContrastiveModel, build_backbone
 
 
 def _views(n: int, d: int, seed: int):

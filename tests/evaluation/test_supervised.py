@@ -8,11 +8,11 @@ import json
 import pytest
 import torch
 
-from smallbatch.cell import BaselineCell, TrainSettings
-from smallbatch.data import load_dataset
+from smallbatch.data.load import load_dataset
 from smallbatch.evaluation.supervised import supervised_schedule, train_supervised
-from smallbatch.pipeline.cells import baseline_cells
-from smallbatch.pipeline.config import validate_config
+from smallbatch.study.cell import BaselineCell, TrainSettings
+from smallbatch.study.cells import baseline_cells
+from smallbatch.study.config import validate_config
 
 
 def _config(enabled=True, **extra):
@@ -67,7 +67,7 @@ def test_training_is_seeded_and_learns_the_labels():
     feats = [embed(a, x, d.mean, d.std) for x in (d.train_x, d.test_x)]
     trained = linear_eval(feats[0], d.train_y, feats[1], d.test_y, epochs=20)["top1"]
     torch.manual_seed(cell["seed"])
-    from smallbatch.models import build_backbone
+    from smallbatch.training.models import build_backbone
 
     fresh, _ = build_backbone("small_cnn", 1, 8, width=8, pool_grid=1)
     rand = [embed(fresh, x, d.mean, d.std) for x in (d.train_x, d.test_x)]
@@ -85,8 +85,8 @@ def test_run_baseline_evaluates_the_supervised_backbone_with_the_same_probes(tmp
 
 
 def test_a_baseline_job_refuses_a_study_cell_and_a_supervised_cell_without_its_training_keys():
-    from smallbatch.cell import BaselineCell
-    from smallbatch.pipeline.cells import expand_cells
+    from smallbatch.study.cell import BaselineCell
+    from smallbatch.study.cells import expand_cells
 
     study = next(iter(expand_cells(_config()).values()))
     with pytest.raises(ValueError, match="is not a baseline"):

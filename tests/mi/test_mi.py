@@ -373,7 +373,7 @@ def test_concat_max_k_restricts_the_grid():
 
 
 def test_validate_section_fills_the_schemas_defaults():
-    from smallbatch.pipeline.schema import load_schema
+    from smallbatch.study.schema import load_schema
 
     props = load_schema()["properties"]["experiments"]["properties"]["mi"]["properties"]
     sec = validate_section({"ks": [16], "enabled": True})
@@ -391,7 +391,7 @@ def test_validate_section_fills_the_schemas_defaults():
 
 
 def test_the_schemas_estimators_and_critics_are_the_benchmarks():
-    from smallbatch.pipeline.schema import load_schema
+    from smallbatch.study.schema import load_schema
 
     props = load_schema()["properties"]["experiments"]["properties"]["mi"]["properties"]
     assert tuple(props["estimators"]["items"]["enum"]) == mi.ESTIMATORS

@@ -128,8 +128,8 @@ def cell_file_without(key: str | None) -> Callable:
     """A real cell file of the one-cell study, without ``key``."""
 
     def write(tmp: Path, mp: pytest.MonkeyPatch) -> None:
-        from smallbatch.pipeline.cells import expand_cells
-        from smallbatch.pipeline.config import load_config
+        from smallbatch.study.cells import expand_cells
+        from smallbatch.study.config import load_config
 
         (tmp / "c.yaml").write_text(STUDY)
         cell = next(iter(expand_cells(load_config(tmp / "c.yaml")).values()))
@@ -164,8 +164,8 @@ def a_folder(name: str) -> Callable:
 
 def cell_file_with_id_twice(tmp: Path, mp: pytest.MonkeyPatch) -> None:
     """A real cell file of the one-cell study whose text names a second ``id`` (JSON readers keep the last)."""
-    from smallbatch.pipeline.cells import expand_cells
-    from smallbatch.pipeline.config import load_config
+    from smallbatch.study.cells import expand_cells
+    from smallbatch.study.config import load_config
 
     (tmp / "c.yaml").write_text(STUDY)
     text = json.dumps(next(iter(expand_cells(load_config(tmp / "c.yaml")).values())))
@@ -735,7 +735,7 @@ CASES = [
         r"no network \(Name or service not known\); put the files under .*/data/FashionMNIST/raw/",
         setup=lambda tmp, mp: (
             no_network(tmp, mp),
-            mp.setattr("smallbatch.readers.DEBIAN_FASHION_MNIST", tmp / "none"),
+            mp.setattr("smallbatch.data.readers.DEBIAN_FASHION_MNIST", tmp / "none"),
         ),
     ),
     Case(

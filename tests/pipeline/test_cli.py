@@ -467,7 +467,7 @@ def tracked(tmp_path_factory):
         ["knn", "--tracking-uri", uri, *common, "--features", str(early), "--out", str(tmp / "early.json")]
     )
 
-    from smallbatch.data import load_dataset
+    from smallbatch.data.load import load_dataset
 
     n_images = load_dataset("digits", tmp).pretrain_x.shape[0]
     spe = n_images // 32

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from smallbatch.cell import Cell, read_cell
-from smallbatch.models import ContrastiveModel, build_backbone
 from smallbatch.pipeline import cli
 from smallbatch.pipeline.export import export_backbone, how_to_load
+from smallbatch.study.cell import Cell, read_cell
 from smallbatch.training.checkpoint import load_checkpoint, save_checkpoint
+from smallbatch.training.models import ContrastiveModel, build_backbone
 
 CELL_ID = "digits/infonce/bs32-t0.5-s0"
 CELL = ["--dataset", "digits", "--loss", "infonce", "--batch-size", "32", "--temperature", "0.5"]

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from smallbatch.pipeline import cells, config
+from smallbatch.study import cells, config
 from smallbatch.training.checkpoint import snapshot_steps
 
 ROOT = Path(__file__).resolve().parents[2]

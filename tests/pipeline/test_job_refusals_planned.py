@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from smallbatch.cell import Cell
 from smallbatch.losses import build_loss
-from smallbatch.pipeline.cells import make_cell
-from smallbatch.pipeline.config import ConfigError, load_config
+from smallbatch.study.cell import Cell
+from smallbatch.study.cells import make_cell
+from smallbatch.study.config import ConfigError, load_config
 from smallbatch.training import loop
 from smallbatch.training.distributed import World
 from smallbatch.training.temperature import build_temperature

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from smallbatch.pipeline.config import load_config
 from smallbatch.pipeline.plan import StudyPlan, gpu_permille, hold_results_folder, pretrain_priority
+from smallbatch.study.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
 

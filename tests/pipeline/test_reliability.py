@@ -18,12 +18,13 @@ import pytest
 import torch
 from cluster import HANG_S
 
-from smallbatch import data, tracking
-from smallbatch.cell import Cell
+from smallbatch import tracking
+from smallbatch.data import load as data
 from smallbatch.errors import CheckpointError
 from smallbatch.pipeline import jobs as steps
-from smallbatch.pipeline.cells import make_cell
-from smallbatch.pipeline.config import load_config
+from smallbatch.study.cell import Cell
+from smallbatch.study.cells import make_cell
+from smallbatch.study.config import load_config
 from smallbatch.tracking import provenance
 from smallbatch.training import loop as train
 

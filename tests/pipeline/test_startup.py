@@ -14,8 +14,8 @@ import sys
 
 import pytest
 
-from smallbatch.pipeline.cells import make_cell
-from smallbatch.pipeline.config import load_config
+from smallbatch.study.cells import make_cell
+from smallbatch.study.config import load_config
 
 NOT_NEEDED = ("torch._dynamo", "sklearn", "matplotlib", "seaborn", "pandas")
 RUN_AND_LIST = (

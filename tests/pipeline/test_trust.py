@@ -1,4 +1,4 @@
-"""Trust boundaries (issue 22), as tables: each row is an input and the one line it must
+"""Trust boundaries, as tables: each row is an input and the one line it must
 stop with, or the recovery it must end in.
 
 * no value from a config, a cell or a flag reaches a shell: every placeholder of every rule
@@ -31,10 +31,11 @@ import pytest
 import torch
 from cluster import HANG_S
 
-from smallbatch import data, io
+from smallbatch import io
+from smallbatch.data import load as data
 from smallbatch.pipeline import cli
-from smallbatch.pipeline.cells import cell_hash, make_cell
-from smallbatch.pipeline.config import load_config
+from smallbatch.study.cells import cell_hash, make_cell
+from smallbatch.study.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -786,7 +787,7 @@ def test_the_warm_servers_log_is_never_written_through_a_planted_file(plant, tmp
     """logs/warm_server.log planted as a link or a FIFO: refused in one line naming it, the
     planted target untouched and no server started."""
     from smallbatch.io import UnsafeTarget
-    from smallbatch.pipeline import warm
+    from smallbatch.local import warm
 
     def no_server(*args, **kwargs):
         raise AssertionError("a server was started")
@@ -1087,7 +1088,8 @@ def test_rerunning_a_finished_cell_never_reopens_its_run(tmp_path, cache, store)
 # --------------------------------------------------------------------------- the warm-start server
 SERVER = """
 import json, sys
-from smallbatch.pipeline import cli, warm
+from smallbatch.local import warm
+from smallbatch.pipeline import cli
 
 def report_threads(argv):  # the job: which thread counts its libraries run with
     import numpy  # noqa: F401  (imported by the server already)
@@ -1143,7 +1145,7 @@ def wait_for(event, proc=None, what: str = "", limit: float = HANG_S) -> None:
 def test_a_stopped_server_lets_the_job_run_by_itself_and_never_starts_it_later(serve, monkeypatch):
     import signal
 
-    from smallbatch.pipeline import warm
+    from smallbatch.local import warm
 
     proc, path, log = serve()
     os.kill(proc.pid, signal.SIGSTOP)
@@ -1239,7 +1241,7 @@ def _only_its_own_user(serve, folder: Path) -> None:
         try:
             os.setgid(65534)
             os.setuid(65534)
-            from smallbatch.pipeline import warm
+            from smallbatch.local import warm
 
             os.environ[warm.ENV] = str(path)
             code = 0 if warm.delegate(["config-reference"]) is None else 3

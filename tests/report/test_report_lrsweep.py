@@ -136,8 +136,8 @@ def test_without_a_validation_score_no_rate_is_validated(tmp_path):
 def test_the_lr_axis_expands_one_cell_per_rate_and_batch_size():
     from pathlib import Path
 
-    from smallbatch.pipeline.cells import expand_cells
-    from smallbatch.pipeline.config import load_config
+    from smallbatch.study.cells import expand_cells
+    from smallbatch.study.config import load_config
 
     section = {"enabled": True, "losses": ["infonce"], "batch_sizes": [16, 256], "seeds": [0], "temperatures": [0.1]}
     section["axes"] = {"lr": [5e-4, 1e-3]}

@@ -1,4 +1,4 @@
-"""The 'regime' report section (issue 12) on a designed synthetic store.
+"""The 'regime' report section on a designed synthetic store.
 
 Two designs with opposite outcomes, every number chosen here and every checked value
 recomputed here from the design:

@@ -1,4 +1,4 @@
-"""The batch-size rules of the knobs beyond the rate (:mod:`smallbatch.lr_scaling`): Adam's β2 and
+"""The batch-size rules of the knobs beyond the rate (:mod:`smallbatch.study.lr_scaling`): Adam's β2 and
 the EMA momenta stated at batch 256 and mapped to a cell's batch so that their horizon in images is
 the same, each checked against a hand computation; the value training uses is the one the run logs."""
 
@@ -10,9 +10,9 @@ import pytest
 import torch
 from test_train import digits_cell, run, steps_per_epoch
 
-from smallbatch.cell import read_cell
-from smallbatch.lr_scaling import resolved_knobs, scaled_decay
 from smallbatch.pipeline.jobs import run_params
+from smallbatch.study.cell import read_cell
+from smallbatch.study.lr_scaling import resolved_knobs, scaled_decay
 
 
 @pytest.mark.parametrize(

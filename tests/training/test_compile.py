@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from smallbatch.cell import Cell
 from smallbatch.losses import REGISTRY
-from smallbatch.pipeline.cells import make_cell
-from smallbatch.pipeline.config import load_config
+from smallbatch.study.cell import Cell
+from smallbatch.study.cells import make_cell
+from smallbatch.study.config import load_config
 from smallbatch.training import loop as train
 from smallbatch.training.optim import make_optimizer, optimizer_step
 
@@ -101,7 +101,7 @@ def test_blurred_simclr_views_keep_the_step_one_graph(tmp_path):
 def test_compiled_training_follows_the_eager_loss_curve(tmp_path):
     """The same digits cell, eager and `train.compile: true`: the logged losses agree to
     float32 rounding (inductor fuses and reorders float operations, so not bitwise)."""
-    from smallbatch import data
+    from smallbatch.data import load as data
 
     d = data.load_dataset("digits", tmp_path)
     curves = {}

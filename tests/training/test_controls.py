@@ -1,4 +1,4 @@
-"""The training-side controls of the instrument (issue 25, part 3), in float64:
+"""The training-side controls of the instrument, in float64:
 
 * grouped negatives (``train.neg_group``): G = B is the ungrouped loss; each group's loss
   is the loss of that group alone (with the oracle mask too); G must divide B;
@@ -20,8 +20,6 @@ import pytest
 import torch
 from loss_at_tau import at_tau
 
-from smallbatch import checks
-from smallbatch.cell import Cell
 from smallbatch.losses import (
     REGISTRY,
     build_loss,
@@ -30,11 +28,13 @@ from smallbatch.losses import (
     in_batch_scores,
     same_view_mask,
 )
-from smallbatch.models import ContrastiveModel, build_backbone
-from smallbatch.pipeline.cells import expand_cells, make_cell
-from smallbatch.pipeline.config import ConfigError, load_config
+from smallbatch.study import checks
+from smallbatch.study.cell import Cell
+from smallbatch.study.cells import expand_cells, make_cell
+from smallbatch.study.config import ConfigError, load_config
 from smallbatch.training import loop as train
 from smallbatch.training.ghostbn import GhostBatchNorm, ghost_batchnorm
+from smallbatch.training.models import ContrastiveModel, build_backbone
 from smallbatch.training.negatives import InBatch, in_batch_mask
 
 N, D, TAU = 8, 5, 0.3
@@ -439,7 +439,7 @@ def test_the_oracle_masks_same_class_keys_of_a_queue(tmp_path):
 
 
 def test_the_gradient_norms_of_a_grouped_cell_are_measured_on_its_grouped_scores(tmp_path):
-    from smallbatch.diagnostics import embedding_grad_norm
+    from smallbatch.losses.diagnostics import embedding_grad_norm
 
     images = (torch.rand(64, 1, 8, 8, generator=torch.Generator().manual_seed(0)) * 255).to(torch.uint8)
     t = train.build_training(Cell.of(_cell(neg_group=4)), images, [0.5], [0.2], torch.device("cpu"), tmp_path)

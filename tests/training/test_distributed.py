@@ -35,9 +35,8 @@ import torch
 import torch.multiprocessing as mp
 from loss_at_tau import at_tau
 
-from smallbatch.augment import AugmentConfig, BatchAugment
+from smallbatch.data.augment import AugmentConfig, BatchAugment
 from smallbatch.losses import REGISTRY, batch_positives, build_loss, in_batch_scores, queue_scores, same_view_mask
-from smallbatch.models import ContrastiveModel, build_backbone
 from smallbatch.training.distributed import (
     GlobalBatchNorm,
     World,
@@ -53,6 +52,7 @@ from smallbatch.training.distributed import (
 )
 from smallbatch.training.launch import claim_gpu, first_host, launch_from_env
 from smallbatch.training.loop import make_optimizer
+from smallbatch.training.models import ContrastiveModel, build_backbone
 from smallbatch.training.negatives import MomentumQueue
 
 torch.set_num_threads(1)

@@ -7,11 +7,11 @@ import math
 import pytest
 import torch
 
-from smallbatch.cell import Cell
-from smallbatch.diagnostics import diagnostics
 from smallbatch.losses import in_batch_scores
-from smallbatch.pipeline.cells import expand_cells
-from smallbatch.pipeline.config import ConfigError, load_config
+from smallbatch.losses.diagnostics import diagnostics
+from smallbatch.study.cell import Cell
+from smallbatch.study.cells import expand_cells
+from smallbatch.study.config import ConfigError, load_config
 from smallbatch.training.temperature import EssTemperature
 from smallbatch.training.temperature import ess_of as _ess_of
 
@@ -142,8 +142,8 @@ def test_side_experiment_bad_train_key():
 
 
 def test_ess_scheduled_training_follows_target(tmp_path):
-    from smallbatch import data as D
-    from smallbatch.pipeline.cells import make_cell
+    from smallbatch.data import load as D
+    from smallbatch.study.cells import make_cell
     from smallbatch.training.loop import pretrain
 
     torch.set_num_threads(1)

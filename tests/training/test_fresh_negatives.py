@@ -14,14 +14,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from smallbatch import checks
-from smallbatch.cell import Cell
 from smallbatch.losses import build_loss
-from smallbatch.models import ContrastiveModel, build_backbone
-from smallbatch.pipeline.cells import expand_cells, make_cell
-from smallbatch.pipeline.config import ConfigError, load_config
+from smallbatch.study import checks
+from smallbatch.study.cell import Cell
+from smallbatch.study.cells import expand_cells, make_cell
+from smallbatch.study.config import ConfigError, load_config
 from smallbatch.training import loop as train
 from smallbatch.training.ghostbn import ghost_batchnorm
+from smallbatch.training.models import ContrastiveModel, build_backbone
 from smallbatch.training.negatives import FreshNegatives, fresh_window, running_stats, with_extra_views
 
 pytestmark = pytest.mark.usefixtures("one_thread")

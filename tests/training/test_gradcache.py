@@ -40,8 +40,8 @@ from test_distributed import (
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-from smallbatch.cell import Cell
 from smallbatch.losses import REGISTRY
+from smallbatch.study.cell import Cell
 from smallbatch.training.distributed import World, data_parallel, mean_over_processes, sync_batchnorm
 from smallbatch.training.gradcache import cached_backward, chunk_slices, eval_batchnorm
 from smallbatch.training.negatives import MomentumQueue
@@ -266,9 +266,9 @@ def test_bad_views_are_refused():
 # --------------------------------------------------------------------------- the training step
 def _train_step_updates(chunk_size, queue_size: int, steps: int = 3):
     """``steps`` real training steps (fp64, digits, batch 16) of train.build_training's parts."""
-    from smallbatch import data
-    from smallbatch.pipeline.cells import make_cell
-    from smallbatch.pipeline.config import load_config
+    from smallbatch.data import load as data
+    from smallbatch.study.cells import make_cell
+    from smallbatch.study.config import load_config
     from smallbatch.training import loop as train
 
     cfg = load_config(

@@ -16,11 +16,11 @@ import pytest
 import torch
 from test_distributed import run_spawned
 
-from smallbatch import data
-from smallbatch.cell import Cell
-from smallbatch.checks import control_problem
-from smallbatch.pipeline.cells import make_cell
-from smallbatch.pipeline.config import load_config
+from smallbatch.data import load as data
+from smallbatch.study.cell import Cell
+from smallbatch.study.cells import make_cell
+from smallbatch.study.checks import control_problem
+from smallbatch.study.config import load_config
 from smallbatch.training import loop as train
 
 TINY = {"width": 4, "proj_hidden": 16, "proj_dim": 8, "lr": 3e-3, "precision": "fp64"}

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from smallbatch import checks
-from smallbatch.cell import Cell, read_cell
-from smallbatch.pipeline.cells import make_cell
-from smallbatch.pipeline.config import load_config
+from smallbatch.study import checks
+from smallbatch.study.cell import Cell, read_cell
+from smallbatch.study.cells import make_cell
+from smallbatch.study.config import load_config
 from smallbatch.training import loop as train
 from smallbatch.training.negatives import Siamese, ema_momentum
 
@@ -152,7 +152,7 @@ def test_a_method_cell_file_with_no_negatives_is_a_valid_cell_file(method):
     """K = 0 for a method without negatives: the cell file the planner writes passes the whole-file check."""
     import json
 
-    from smallbatch.pipeline import cellcheck, cells
+    from smallbatch.study import cellcheck, cells
 
     cfg = load_config(None, overrides={"grid": {"losses": [method], "batch_sizes": [16], "seeds": [0]}})
     cell = next(c for c in cells.expand_cells(cfg).values() if c["loss"] == method)

@@ -8,8 +8,8 @@ import pytest
 import torch
 from test_train import assert_same_weights, digits_cell, run, weights
 
-from smallbatch.cell import Cell
 from smallbatch.evaluation.monitor import KnnMonitor, knn_monitor
+from smallbatch.study.cell import Cell
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # the same weights, bitwise
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from smallbatch.models import ContrastiveModel, build_backbone
 from smallbatch.training import optim
+from smallbatch.training.models import ContrastiveModel, build_backbone
 
 HOST_READS = {"aten::item", "aten::_local_scalar_dense"}
 STEPS = 3

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from smallbatch.cell import Cell
 from smallbatch.errors import CheckpointError
 from smallbatch.pipeline import jobs
-from smallbatch.pipeline.cells import make_cell
-from smallbatch.pipeline.config import ConfigError, load_config
+from smallbatch.study.cell import Cell
+from smallbatch.study.cells import make_cell
+from smallbatch.study.config import ConfigError, load_config
 from smallbatch.training import loop as train
 from smallbatch.training.checkpoint import load_snapshot, snapshot_path, snapshot_steps
 from smallbatch.training.optim import lr_at

@@ -26,12 +26,12 @@ import cluster
 import pytest
 import torch
 
-from smallbatch import data
-from smallbatch.cell import Cell, read_cell
+from smallbatch.data import load as data
 from smallbatch.errors import CheckpointError
 from smallbatch.pipeline import jobs as steps
-from smallbatch.pipeline.cells import make_cell
-from smallbatch.pipeline.config import load_config
+from smallbatch.study.cell import Cell, read_cell
+from smallbatch.study.cells import make_cell
+from smallbatch.study.config import load_config
 from smallbatch.training import loop as train
 
 SMALLBATCH = Path(sys.executable).with_name("smallbatch")
@@ -693,7 +693,7 @@ def test_fp16_skipped_steps_are_counted(tmp_path):
 def test_tf32_and_determinism_are_explicit_settings(tmp_path, digits, monkeypatch):
     import os
 
-    from smallbatch.pipeline.cells import flat_params
+    from smallbatch.study.cells import flat_params
     from smallbatch.training.step import configure_backends
 
     cell = digits_cell(epochs=1, tf32=True)

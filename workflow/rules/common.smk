@@ -19,12 +19,12 @@ from pathlib import Path
 
 # One-line errors naming the key; load_config also fills the schema's defaults into the config.
 # (Snakemake's own `validate` reads the schema file alone, which lacks the loss names and
-# parameters that smallbatch.pipeline.schema.load_schema adds from the loss registry.)
+# parameters that smallbatch.study.schema.load_schema adds from the loss registry.)
 try:
-    from smallbatch.pipeline.config import (SET_KEY, ConfigError, base_notice, check_data_roots, check_results_dir,
+    from smallbatch.study.config import (SET_KEY, ConfigError, base_notice, check_data_roots, check_results_dir,
                                    load_config, resolve_tracking_uri, sets_line, snakemake_sets,
                                    snakemake_settings)
-    from smallbatch.pipeline.cells import temperature_notes
+    from smallbatch.study.cells import temperature_notes
     from smallbatch.pipeline.plan import StudyPlan, flag, hold_results_folder
     from smallbatch.io import RESULTS_ENV
     from smallbatch.pipeline import plan as _plan
@@ -35,7 +35,7 @@ except ImportError as exc:  # pragma: no cover - a user without the package inst
 
 
 # The config: config.yaml, or the --configfile files laid one over another in order, and the
-# --config KEY=VALUE pairs over them -- read by smallbatch.pipeline.config.load_config, as
+# --config KEY=VALUE pairs over them -- read by smallbatch.study.config.load_config, as
 # `smallbatch cells --config A --config B` reads them, so both plan the same cells.  Snakemake has
 # merged the files into `config` itself before this code runs (key by key: an overlay could not
 # drop a data set, nor a file's `replace:` list apply); that merge is replaced by load_config's.
@@ -123,12 +123,12 @@ def stamp_of(folder):
 KEEP_FEATURES = bool(config["keep_features"])
 FEATURES = f"{R}/runs/{{cell}}/features.npz"
 EVAL_FEATURES = [FEATURES] if KEEP_FEATURES else []
-# the probes' result files (eval.probes, study-wide; smallbatch.probe_registry): probe -> file name
+# the probes' result files (eval.probes, study-wide; smallbatch.study.probe_registry): probe -> file name
 PROBE_FILES = PLAN.probe_files
 
 
 RUN_LOCK = {}
-# Warm start (smallbatch.pipeline.warm): a local run serves its jobs from one process that has
+# Warm start (smallbatch.local.warm): a local run serves its jobs from one process that has
 # imported torch, MLflow and faiss once; jobs on a cluster run as plain processes.
 WARM = {}
 
@@ -140,7 +140,7 @@ def start_run():
     RUN_LOCK["fd"] = _workflow_error(hold_results_folder, R)
     PLAN.write_cell_files()
     if config["warm_start"] and workflow.local_exec:
-        from smallbatch.pipeline import warm
+        from smallbatch.local import warm
 
         try:
             WARM["server"] = warm.start(f"{R}/logs/warm_server.log", THREADS)
@@ -151,7 +151,7 @@ def start_run():
 def stop_warm_server():
     """onsuccess / onerror."""
     if WARM:
-        from smallbatch.pipeline import warm
+        from smallbatch.local import warm
 
         warm.stop(WARM.pop("server"))
 
@@ -208,7 +208,7 @@ def cell_of(wildcards):
 
 
 def cell_hash(wildcards):
-    """The hash of the cell's settings (smallbatch.pipeline.cells.cell_hash), a param of its jobs: a
+    """The hash of the cell's settings (smallbatch.study.cells.cell_hash), a param of its jobs: a
     changed cell changes it, and Snakemake's params trigger reruns the cell's jobs.  The
     job reads the cell itself from its cell.json (write_cell_files), so the shell line
     stays one short line."""

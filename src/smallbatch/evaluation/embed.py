@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from smallbatch.augment import normalize
+from smallbatch.data.augment import normalize
 from smallbatch.io import atomic_write
 
 # ----------------------------------------------------------------------------- helpers

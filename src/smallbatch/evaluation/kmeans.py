@@ -105,7 +105,7 @@ def kmeans_nmi(features: Any, labels: Any, k: int, iterations: int = 50, seed: i
 
 
 def run_probe(features: Sequence[Any], settings: Mapping[str, Any]) -> dict[str, float]:
-    """The registry's k-means probe (:mod:`smallbatch.probe_registry`): the test features in as
+    """The registry's k-means probe (:mod:`smallbatch.study.probe_registry`): the test features in as
     many clusters as classes, ``kmeans_iterations`` at most; ``nmi`` in points."""
     _, ytr, te, yte = features
     k = int(max(np.max(ytr), np.max(yte))) + 1

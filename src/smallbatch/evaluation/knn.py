@@ -273,7 +273,7 @@ def knn_eval(
 
 
 def run_probe(features: Sequence[Any], settings: Mapping[str, Any]) -> dict[str, float]:
-    """The registry's kNN probe (:mod:`smallbatch.probe_registry`): :func:`knn_eval` at the
+    """The registry's kNN probe (:mod:`smallbatch.study.probe_registry`): :func:`knn_eval` at the
     cell's ``knn_k`` and ``knn_t`` with the ``knn_backend`` search."""
     tr, ytr, te, yte = features
     ks = tuple(settings["knn_k"])

@@ -233,25 +233,10 @@ def linear_eval(
       passes of shuffled mini-batches of ``batch_size`` rows (full batch when None),
       shuffled by a generator seeded with ``seed``.
 
-    What was measured (benchmarks/linear_probe.py, one thread, load average 1-1.8; 8 cells
-    of the default study (10k x 2,048 features, ``pool_grid: 4``; infonce/dcl/flatnce at
-    bs16/bs256, dclw bs32, eqco bs64) and its raw-pixel and two random-init baselines): the
-    objective is badly conditioned (the standardised features' covariance has eigenvalues
-    0.004..300, weight_decay is 1e-3), so 100 plain L-BFGS iterations stop well short of the
-    minimum. Against the minimum (this solver run to 600 iterations with tol 0; on one cell
-    checked against float64 scipy L-BFGS-B run to convergence, 2,965 iterations: same test
-    predictions), per file, 2,000 test images:
-
-        solver                   time / old   predictions != minimum's   |top-1 - minimum's|
-        'lbfgs', 100 it (old)       1.00            18..42                  0..8 images
-        'lbfgs-precond', 60 it      0.66 (max 0.74)  7..13                  0..6 images
-        'lbfgs-precond', 100 it     0.98 (max 1.06)  1..8                   0..4 images
-        'lbfgs-precond', 300 it     2.38 (max 2.80)  0..2                   0..1 image
-          (tol 1e-5: stopped after 140-300 iterations)
-
-    Preconditioning makes each iteration worth about three plain ones (100 preconditioned
-    iterations end where 300 plain ones do). Reaching the minimum, which the first solver
-    never did, takes ~300 of them.
+    Why preconditioned L-BFGS: the objective is badly conditioned (the standardised
+    features' covariance spreads over five orders of magnitude), so plain L-BFGS stops
+    well short of the minimum in the same number of iterations; the comparison of solvers
+    is a benchmark record (``benchmarks/linear_probe.py``).
 
     How this differs from SimCLR's linear evaluation (Chen et al., 2020, Appendix B.6:
     90 epochs of SGD/LARS with Nesterov momentum on ImageNet, with random-crop and
@@ -309,7 +294,7 @@ def linear_top1(fit: LinearFit, x: torch.Tensor, y: torch.Tensor) -> float:
 
 def _linear_probe(tr, ytr, te, yte, c, *, optimizer, epochs, lr, weight_decay, batch_size, seed, tol, device):
     """:func:`linear_eval` on checked arguments; also returns the fit and the standardised
-    train/test tensors, for benchmarks/linear_probe.py."""
+    train/test tensors, for a benchmark that compares solvers."""
     xtr, xte = _standardise(tr, te, device)
     ytr_t, yte_t = torch.from_numpy(ytr).to(device), torch.from_numpy(yte).to(device)
     if optimizer == "lbfgs-precond":

@@ -16,10 +16,10 @@ import time
 
 import torch
 
-from ..cell import Cell
+from ..study.cell import Cell
 from . import percent
 
-#: images of the held-out queries and of the bank (cost: benchmarks/results/2026-12-01-knn-monitor.md)
+#: images of the held-out queries and of the bank (their cost is a benchmark record)
 QUERIES, BANK = 500, 2000
 _SEED_OFFSET = 0x6D6F6E  # the split's generator: apart from every training stream
 

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..data import stratified_subset
+from ..data.load import stratified_subset
 from .embed import check_pair
 from .gap import gap_fraction
 from .linear import _linear_metrics, fit_linear, linear_eval, linear_top1, standardise
@@ -245,7 +245,7 @@ def linear_probes(
 
 
 def run_probe(features: Sequence[Any], settings: Mapping[str, Any]) -> dict[str, float]:
-    """The registry's linear probe (:mod:`smallbatch.probe_registry`): :func:`linear_probes`
+    """The registry's linear probe (:mod:`smallbatch.study.probe_registry`): :func:`linear_probes`
     at the cell's ``linear_*`` and ``fewshot_*`` settings and its ``seed``."""
     tr, ytr, te, yte = features
     s = settings

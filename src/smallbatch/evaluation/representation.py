@@ -31,8 +31,8 @@ from collections.abc import Sequence
 
 import torch
 
-from ..augment import AugmentConfig, BatchAugment, normalize
-from ..diagnostics import alignment_uniformity, negative_cosines
+from ..data.augment import AugmentConfig, BatchAugment, normalize
+from ..losses.diagnostics import alignment_uniformity, negative_cosines
 from ..training.health import effective_rank
 
 #: images of the test split measured per cell (fewer when the split is smaller)
@@ -87,7 +87,7 @@ def representation_metrics(
     size: int = SAMPLE,
 ) -> dict[str, float]:
     """``{"<space>_<metric>": value, "images": n}`` of a frozen model (a
-    :class:`~smallbatch.models.ContrastiveModel`) on the fixed sample of the uint8 test images
+    :class:`~smallbatch.training.models.ContrastiveModel`) on the fixed sample of the uint8 test images
     ``test_x`` with the cell's ``augment`` settings (see the module docstring)."""
     x = test_x[held_out_sample(test_x.shape[0], size)]
     n, channels, height = x.shape[0], x.shape[1], x.shape[-1]

@@ -22,11 +22,11 @@ import math
 import torch
 from torch import nn
 
-from ..augment import AugmentConfig, BatchAugment
-from ..cell import BaselineCell, TrainSettings
-from ..lr_scaling import scaled_decay
-from ..models import build_backbone
+from ..data.augment import AugmentConfig, BatchAugment
+from ..study.cell import BaselineCell, TrainSettings
+from ..study.lr_scaling import scaled_decay
 from ..training.checkpoint import StepRandom
+from ..training.models import build_backbone
 from ..training.optim import lr_at, make_optimizer, scaled_lr, set_lr
 
 __all__ = ["train_supervised", "supervised_schedule"]

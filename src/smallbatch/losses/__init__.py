@@ -8,7 +8,7 @@ negatives (SimCLR style) and, unless it contrasts same-view negatives, with nega
 a MoCo-style FIFO queue of momentum-encoder keys
 (:class:`smallbatch.training.negatives.MomentumQueue`).  The quantities the study tracks
 on the same similarities (InfoNCE MI estimate vs its ``log(K+1)`` ceiling, FlatNCE's ESS,
-DCL's coupling ``q_B``, alignment, uniformity, ...) are :mod:`smallbatch.diagnostics`.
+DCL's coupling ``q_B``, alignment, uniformity, ...) are :mod:`smallbatch.losses.diagnostics`.
 The registry also holds three methods without negatives (SimSiam, VICReg, BYOL,
 :mod:`~smallbatch.losses.siamese`): functions of the views' outputs and targets, not of scores.
 

@@ -82,8 +82,7 @@ class DHEL(DCL, spec="dhel"):
     with the views in both orders; the authors' default ``include_augs=True`` adds the other
     view's energy to each anchor's: ``-s_p/tau + lse_u,i + lse_v,i``, i.e. twice this loss plus
     the mean ``s_p/tau``).  Against DCL on the same scores, the positive's term is the same and
-    the negatives are a subset: ``DCL_i - DHEL_i = log(1 + sum_cross / sum_same)`` >= 0
-    (``tests/core/test_kernel_losses.py``).  The same-view negatives are a mask built from
+    the negatives are a subset: ``DCL_i - DHEL_i = log(1 + sum_cross / sum_same)`` >= 0.  The same-view negatives are a mask built from
     shapes (:func:`smallbatch.losses.scores.same_view_mask`): in-batch negatives only.
     Parameters: none (τ is given per call).
     """

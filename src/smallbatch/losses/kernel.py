@@ -29,8 +29,7 @@ class KCL(ContrastiveLoss, spec="kcl"):
 
     whose mean over the 2N rows is the authors' L.  Every term is a mean over pairs, an
     unbiased estimate of its expectation over the data: the expected loss does not depend
-    on the batch size (the paper's claim; ``tests/core/test_kernel_losses.py`` checks it on
-    every batch of two sizes drawn from a fixed population).  No temperature: the cell's τ
+    on the batch size (the paper's claim).  No temperature: the cell's τ
     only sets the InfoNCE reported beside the loss.
     Parameters: ``t > 0`` (default 2), ``gamma > 0`` (default 16).
     """

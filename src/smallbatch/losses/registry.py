@@ -35,7 +35,7 @@ entries here too, with ``negatives = "none"``: their class (a
 not scores, and two more properties declare what else the method needs:
 
 * ``predictor`` -- an MLP on the projection (SimSiam's, BYOL's): the model carries it
-  (:class:`smallbatch.models.ContrastiveModel`, its hidden width from the loss's
+  (:class:`smallbatch.training.models.ContrastiveModel`, its hidden width from the loss's
   ``predictor_hidden``), the optimiser trains it and ``state.pt`` / ``checkpoint.pt`` save it
   with the network; the online branch's output is the prediction;
 * ``ema_target`` -- the targets come from an exponential moving average of the online

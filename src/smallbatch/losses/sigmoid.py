@@ -30,7 +30,7 @@ class SigLIP(ContrastiveLoss, spec="siglip"):
     start).  Reference: big_vision ``trainers/proj/image_text/siglip.py`` (``log_sigmoid`` of
     ``m1_diag1 * logits`` summed over a row, averaged over rows) and open_clip's
     ``SigLipLoss``; on two views of N images the rows are the 2N views, each with its
-    2N-2 negatives (SigCLR; ``tests/core/test_siglip.py`` checks both layouts in float64).
+    2N-2 negatives (SigCLR).
     SigCLR reports that a fixed t works better on CIFAR; a fixed t is not offered here.
 
     As ``b -> -inf`` every sigmoid is in its exponential tail and

@@ -31,7 +31,7 @@ class InfoNCE(ContrastiveLoss, spec="infonce"):
     ``-(1 - softmax_p)``, which loses relative precision when
     ``q_B = 1 - softmax_p`` approaches the unit roundoff (and is exactly 0 in
     float32 once ``q_B < 2^-24``) — the effect FlatNCE addresses and the study
-    measures (``benchmarks/loss_precision.py``).
+    measures.
     Parameters: none (τ is given per call).
     """
 

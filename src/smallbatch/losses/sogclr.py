@@ -42,7 +42,7 @@ class SogCLR(ContrastiveLoss, spec="sogclr"):
     ``w_rj = K_r softmax_j(s_rj/tau)`` and the gradient of ``L_r`` is exactly DCL's,
     with ``value_r = DCL_r - log K_r``, whatever ``u`` held before.
 
-    Against GCLoss_v1 (checked in float64 by ``tests/core/test_sogclr.py``): GCLoss_v1's loss
+    Against GCLoss_v1: GCLoss_v1's loss
     (scores not divided by tau, summed over the two views, averaged over N images) is
     ``2 tau`` times this one (averaged over the 2N anchors) — same ``u``, same weights,
     gradient scaled by ``2 tau``.  Two choices of ours: ``u`` is stored as ``log u``
@@ -140,8 +140,8 @@ class ISogCLR(SogCLR, spec="isogclr"):
 
     ``value`` is ``tau_i (log u_r + rho) - s_p,r``, the moving estimate of ``F_r``.  The
     loss is that of LibAUC's (views summed, images averaged) halved, its gradient too; with
-    ``eta = 0`` its gradient is ``tau`` times SogCLR's (``tests/core/test_sogclr.py`` checks
-    both in float64, step after step, with the τ's and u's entry by entry).  ``u`` starts
+    ``eta = 0`` its gradient is ``tau`` times SogCLR's (both hold in float64, step after step, with
+    the τ's and u's entry by entry).  ``u`` starts
     as SogCLR's does: an image's first visit takes the batch estimate, every later one the
     moving average at the original gamma -- what LibAUC's fix of its u initialisation (pull
     request 53, "set gamma to original value when u is not 0") restored; here per image.

@@ -226,7 +226,7 @@ def train_estimators(
     one stacked forward (:class:`_StackedSeparable`) scores every estimator's critic; each
     estimator's loss drives its own slice (the sum of the losses has, per slice, exactly
     that estimator's gradient) and Adam is elementwise, so each result equals its
-    :func:`train_estimator` up to float rounding (tests/mi/test_mi.py), at a fraction of the
+    :func:`train_estimator` up to float rounding, at a fraction of the
     per-step overhead.  An estimator whose loss turns non-finite stops there with the
     critic of that step, as alone.  Other critics train one estimator at a time."""
     keys = [check_estimator(e) for e in estimators]

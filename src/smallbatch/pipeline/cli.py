@@ -25,12 +25,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, overload
 
-from ..cell import BaselineCell, Cell, read_cell
 from ..io import DuplicateKey, loads_unique, read_problem
+from ..study.cell import BaselineCell, Cell, read_cell
 from .cli_parser import EVAL_FLAGS, TRAIN_FLAGS
 
 if TYPE_CHECKING:
-    from .config import ConfigFiles
+    from ..study.config import ConfigFiles
 
 EXIT_USAGE = 2
 EXIT_PREEMPTED = 143  # 128 + SIGTERM: SLURM / Snakemake may requeue or retry
@@ -48,8 +48,8 @@ def _coerce(v: str):
 
 def load_args_config(args, overrides: dict | None = None, default: ConfigFiles = None) -> dict:
     """The config of the command's ``--config`` files (or ``default``) and ``--set`` pairs, then
-    ``overrides`` (smallbatch.pipeline.config.load_config)."""
-    from .config import load_config
+    ``overrides`` (smallbatch.study.config.load_config)."""
+    from ..study.config import load_config
 
     return load_config(args.config or default, overrides, getattr(args, "set", None))
 
@@ -61,14 +61,14 @@ def resolve_cell(args, baseline: Literal[False] = False) -> tuple[Cell, dict]: .
 @overload
 def resolve_cell(args, baseline: Literal[True]) -> tuple[BaselineCell, dict]: ...
 def resolve_cell(args, baseline: bool = False) -> tuple[Cell | BaselineCell, dict]:
-    """(cell, config) from the arguments, the cell typed (:mod:`smallbatch.cell`); raises
+    """(cell, config) from the arguments, the cell typed (:mod:`smallbatch.study.cell`); raises
     ValueError with one line.  ``baseline``: a --cell file must hold a baseline cell (else a
     study cell)."""
-    from .cells import expand_cells
+    from ..study.cells import expand_cells
 
     if getattr(args, "threads", None) is not None:  # the config's bounds (threads: 1..1024)
-        from .config import check_value
-        from .schema import load_schema
+        from ..study.config import check_value
+        from ..study.schema import load_schema
 
         check_value(load_schema()["properties"]["threads"], args.threads, "--threads")
     if args.cell is not None or getattr(args, "cell_json", None) is not None:
@@ -148,8 +148,8 @@ def _read_cell_file(path: Path, baseline: bool) -> Cell | BaselineCell:
 def _cell_from_text(text: str, source: str, baseline: bool) -> Cell | BaselineCell:
     """A cell from its JSON text; ValueError naming ``source`` and the first missing key, an
     id outside the id grammar, or a hash that is not the hash of the cell's settings."""
-    from .cellcheck import cell_json_problem, cell_problem
-    from .cells import cell_hash, check_cell_id, with_current_names
+    from ..study.cellcheck import cell_json_problem, cell_problem
+    from ..study.cells import cell_hash, check_cell_id, with_current_names
 
     try:
         obj = loads_unique(text)
@@ -162,7 +162,7 @@ def _cell_from_text(text: str, source: str, baseline: bool) -> Cell | BaselineCe
     if not isinstance(obj, dict):
         raise ValueError(f"{source} must hold a JSON object (one cell), not a {type(obj).__name__}")
     obj = with_current_names(obj)  # written before a setting was renamed: the same cell, the same hash
-    problem = cell_json_problem(obj, baseline)  # whole, before it is typed (smallbatch.pipeline.cellcheck)
+    problem = cell_json_problem(obj, baseline)  # whole, before it is typed (smallbatch.study.cellcheck)
     if problem:
         raise ValueError(f"{source} {problem}" if problem.startswith("lacks ") else f"{source}: {problem}")
     check_cell_id(obj["id"], f"{source}: id")
@@ -198,8 +198,8 @@ def _standalone_cell(args, overrides: dict) -> tuple[dict, dict]:
     first (messages name them), then the config is validated with the cell as its only
     grid cell, so the study's checks (data set size, warm-up, the loss's own) apply to it."""
     from ..losses.registry import canonical_name
-    from .cells import make_cell
-    from .config import deep_merge, validate_config
+    from ..study.cells import make_cell
+    from ..study.config import deep_merge, validate_config
 
     missing = [f for f in ("dataset", "loss", "batch_size", "temperature") if getattr(args, f) is None]
     if missing:
@@ -242,8 +242,8 @@ def _standalone_cell(args, overrides: dict) -> tuple[dict, dict]:
 def _loss_params(name: str, pairs: list[str]) -> dict:
     """--loss-param KEY=VALUE pairs, each checked against the loss's parameter schema."""
     from ..losses.registry import loss_param_names
-    from .config import check_value
-    from .schema import load_schema
+    from ..study.config import check_value
+    from ..study.schema import load_schema
 
     allowed = loss_param_names(name)
     schema = load_schema()["properties"]["loss_params"]["properties"][name]["properties"]
@@ -262,7 +262,7 @@ def _loss_params(name: str, pairs: list[str]) -> dict:
 
 
 def _tracking(args, cfg: dict) -> tuple[str | None, str]:
-    from .config import resolve_tracking_uri
+    from ..study.config import resolve_tracking_uri
 
     uri = args.tracking_uri
     if uri is None:
@@ -291,14 +291,14 @@ def cell_folder(args, cell: Cell | BaselineCell, cfg: dict) -> Path:
 
 # --------------------------------------------------------------------------- commands
 def cmd_cells(args) -> int:
-    from .cells import baseline_cells, expand_cells
+    from ..study.cells import baseline_cells, expand_cells
 
     cfg = load_args_config(args, default=[Path("config.yaml")])
     cells = {cid: Cell.of(c) for cid, c in expand_cells(cfg).items()}
     base = {bid: BaselineCell.of(c) for bid, c in baseline_cells(cfg).items()}
     if args.write:
         from ..io import write_json
-        from .config import check_results_dir
+        from ..study.config import check_results_dir
 
         check_results_dir(cfg)
 
@@ -310,8 +310,8 @@ def cmd_cells(args) -> int:
     if args.baselines:
         for cid, cell in base.items():
             print(f"{cid}\t{cell.hash}")
-    from .cells import temperature_notes
-    from .config import sets_line
+    from ..study.cells import temperature_notes
+    from ..study.config import sets_line
 
     overridden = sets_line(args.set)  # the plan says what the command line changed
     for line in ([overridden] if overridden else []) + temperature_notes(cfg):
@@ -347,7 +347,7 @@ def cmd_prepare_data(args) -> int:
         v = getattr(args, k)
         if v is not None:
             ds[k] = v
-    from ..datasets import DATASETS
+    from ..data.registry import DATASETS
 
     if args.dataset not in DATASETS:
         raise ValueError(f"--dataset {args.dataset!r} is not known; allowed: {', '.join(DATASETS)}")
@@ -440,7 +440,7 @@ def cmd_export(args) -> int:
 
 
 def _cmd_probe(kind: str, args) -> int:
-    from ..probe_registry import probe_spec
+    from ..study.probe_registry import probe_spec
     from .jobs import run_probe
 
     cell, cfg = resolve_cell(args)
@@ -467,15 +467,15 @@ def _cmd_probe(kind: str, args) -> int:
 
 
 def cmd_probe(args) -> int:
-    """``smallbatch <probe>``: a probe of the registry (:mod:`smallbatch.probe_registry`) on a cell's features."""
+    """``smallbatch <probe>``: a probe of the registry (:mod:`smallbatch.study.probe_registry`) on a cell's features."""
     return _cmd_probe(args.probe, args)
 
 
 def _eval_overrides(kind: str, args) -> dict:
     """The probe's evaluation flags given (:data:`~smallbatch.pipeline.cli_parser.EVAL_FLAGS`), each
     checked against its eval key's schema: {eval key: value}."""
-    from .config import check_value
-    from .schema import load_schema
+    from ..study.config import check_value
+    from ..study.schema import load_schema
 
     given = {k: getattr(args, k) for k in EVAL_FLAGS[kind] if getattr(args, k, None) is not None}
     schema = load_schema()["properties"]["eval"]["properties"] if given else {}
@@ -487,7 +487,7 @@ def _eval_overrides(kind: str, args) -> dict:
 
 
 def cmd_baseline(args) -> int:
-    from .cells import baseline_cells
+    from ..study.cells import baseline_cells
 
     if args.cell is not None or args.cell_json is not None:
         cell, cfg = resolve_cell(args, baseline=True)
@@ -547,7 +547,7 @@ def cmd_mi(args) -> int:
 
 
 def cmd_config_reference(args) -> int:
-    from .config import reference_markdown
+    from ..study.config import reference_markdown
 
     print(reference_markdown(), end="")
     return 0
@@ -568,7 +568,7 @@ def _json_object(text: str | None, flag: str) -> dict:
 
 def cmd_report(args) -> int:
     from ..report import build_report
-    from .config import resolve_tracking_uri
+    from ..study.config import resolve_tracking_uri
 
     plan = None if args.analysis is None else {"analysis": _json_object(args.analysis, "--analysis")}
     cfg = load_args_config(args, overrides=plan)
@@ -585,7 +585,7 @@ def cmd_report(args) -> int:
 
 
 def cmd_warm_server(args) -> int:
-    from .warm import serve
+    from ..local.warm import serve
 
     return serve(args.socket, main, args.watch_pid, args.idle_timeout)
 
@@ -608,7 +608,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     if argv is None:  # a process of its own: a workflow job may hand the command to the warm server
-        from .warm import delegate
+        from ..local.warm import delegate
 
         rc = delegate(sys.argv[1:])
         if rc is not None:
@@ -622,7 +622,7 @@ def _main(argv: list[str] | None) -> int:
     from ..errors import Preempted
 
     tracking.set_source(f"smallbatch {args.command}")  # the runs it logs name it (mlflow.source.name)
-    from .allocator import tune
+    from ..local.allocator import tune
 
     tune()  # every step's own process (or warm-server child): freed blocks stay for the next step
 
@@ -646,7 +646,7 @@ def _main(argv: list[str] | None) -> int:
 def _unrecognized(parser: argparse.ArgumentParser, extra: list[str]) -> None:
     """argparse's error for arguments no option takes, saying ``--set`` where one reads as a
     config override (``grid.seeds=[0]``: Hydra's and Lightning's form)."""
-    from .config import looks_like_override
+    from ..study.config import looks_like_override
 
     pairs = [a for a in extra if looks_like_override(a)]
     if pairs:
@@ -725,9 +725,9 @@ def _not_an_input(out: Path | None, flag: str, **inputs: Path | None) -> None:
 
 def _say_base(args, rc: int) -> None:
     """After a command that succeeded: one line on stderr when its first --config names no
-    study, so was laid over the schema's defaults (smallbatch.pipeline.config.base_notice); -q
+    study, so was laid over the schema's defaults (smallbatch.study.config.base_notice); -q
     leaves it out."""
-    from .config import base_notice
+    from ..study.config import base_notice
 
     note = base_notice(getattr(args, "config", None)) if rc == 0 and args.verbosity >= 0 else None
     if note:

@@ -17,7 +17,7 @@ parent                    flags
 ``data and device``       --data-cache, --device
 ========================  ==========================================================
 
-Each probe of :mod:`smallbatch.probe_registry` is a command of its name (``cmd_probe``).
+Each probe of :mod:`smallbatch.study.probe_registry` is a command of its name (``cmd_probe``).
 Each subcommand's ``func`` is the name of its ``cmd_*`` function in :mod:`smallbatch.pipeline.cli`
 (no import cycle).  Imports nothing heavy: the workflow's jobs parse their arguments
 before anything else, so a bad flag is reported without importing torch.
@@ -32,7 +32,7 @@ from pathlib import Path, PosixPath
 
 from ..io import text_problem
 from ..losses.registry import SPECS, loss_param_names
-from ..probe_registry import SPECS as PROBE_SPECS
+from ..study.probe_registry import SPECS as PROBE_SPECS
 
 DATASET_NAMES = (
     "fashion_mnist | fashion_mnist_pairs | fashion_mnist_triples | digits | cifar10 | cifar100 | stl10 | imagefolder"
@@ -108,7 +108,7 @@ def path_value(text: str) -> Path | BadPath:
 
 def config_flag(text: str) -> dict:
     """The keywords of every command's ``--config``: repeatable, the files laid one over another
-    in order (smallbatch.pipeline.config.load_config)."""
+    in order (smallbatch.study.config.load_config)."""
     return {
         "type": path_value,
         "action": "append",

@@ -6,7 +6,7 @@ weights alone, keys without the ``backbone.`` prefix, written with ``torch.save`
 dict of tensors: ``torch.load(path, weights_only=True)`` reads it, and it loads with
 ``load_state_dict`` (strict) into
 
-* the project's backbone: ``smallbatch.models.build_backbone(name, channels, image_size,
+* the project's backbone: ``smallbatch.training.models.build_backbone(name, channels, image_size,
   width, pool_grid)`` -- every backbone;
 * torchvision's model of the same architecture where there is one, with the stem and the
   pooling the cell trained: ``resnet18_cifar`` / ``resnet50_cifar`` are torchvision's
@@ -26,8 +26,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..cell import Cell
 from ..io import save_torch
+from ..study.cell import Cell
 
 PREFIX = "backbone."
 #: the project's backbones that are a torchvision model: name -> (torchvision constructor, CIFAR stem)
@@ -98,7 +98,7 @@ def _checkpoint_cell(ck: dict) -> Cell | None:
 
 
 def _feat_dim(info: dict) -> int:
-    from ..models import build_backbone
+    from ..training.models import build_backbone
 
     return build_backbone(info["backbone"], info["in_channels"], info["image_size"], info["width"], info["pool_grid"])[
         1
@@ -111,7 +111,7 @@ def how_to_load(info: dict) -> str:
     path, g = info["out"], info["pool_grid"]
     lines = [
         "import torch",
-        "from smallbatch.models import build_backbone",
+        "from smallbatch.training.models import build_backbone",
         f"state = torch.load({path!r}, weights_only=True)",
         f"net, dim = build_backbone({info['backbone']!r}, in_channels={info['in_channels']}, "
         f"image_size={info['image_size']}, width={info['width']}, pool_grid={g})",

@@ -17,14 +17,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import tracking
-from ..cell import BaselineCell, Cell, snapshot_names
 from ..errors import Preempted
 from ..evaluation import percent
 from ..io import CellBusy, CellLock, UnsafeTarget, nullcontext_lock, write_json
-from ..lr_scaling import resolved_knobs
-from ..probe_registry import probe_function, probe_spec
+from ..study.cell import BaselineCell, Cell, snapshot_names
+from ..study.cells import flat_params
+from ..study.lr_scaling import resolved_knobs
+from ..study.probe_registry import probe_function, probe_spec
 from ..tracking import TrackingError
-from .cells import flat_params
 from .export import export_backbone
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ def data_options(options: Mapping) -> dict:
 def prepare_data(dataset: str, root: str | None, download: bool, options: Mapping, out: Path) -> dict:
     """Load a data set (``options``: its ``datasets.<name>`` settings) through its real loader
     and cache it as one tensor file."""
-    from .. import data
+    from ..data import load as data
 
     d = data.load_dataset(dataset, root, download=download, seed=0, **data_options(options))
     data.save_cache(d, out)
@@ -69,7 +69,7 @@ def prepare_data(dataset: str, root: str | None, download: bool, options: Mappin
 
 def load_cell_data(cell: Cell | BaselineCell, cache: Path | None = None):
     """The cell's data: from the prepared cache when given (fast, no torchvision import)."""
-    from .. import data
+    from ..data import load as data
 
     if cache is not None:
         d = data.load_cache(cache)
@@ -191,7 +191,7 @@ def _log_fn(run, world, tracking_uri):
 def run_params(cell: Cell, d) -> dict[str, str]:
     """A cell run's MLflow params: its settings (:func:`.cells.flat_params`), its data's image size
     and pretraining images, and its batch-dependent knobs as it trains them (``resolved.train.adam_beta2``
-    at its batch size, ...: :func:`smallbatch.lr_scaling.resolved_knobs`, the values training uses)."""
+    at its batch size, ...: :func:`smallbatch.study.lr_scaling.resolved_knobs`, the values training uses)."""
     params = flat_params(cell.to_dict())
     params["image_size"] = str(d.train_x.shape[-1])
     params["pretrain_images"] = str(d.pretrain_x.shape[0])
@@ -346,7 +346,7 @@ def run_embed(cell: Cell, checkpoint: Path, out: Path, *, cache: Path | None = N
 # --------------------------------------------------------------------------- probes
 def cell_probes(cell: Cell | BaselineCell) -> tuple[str, ...]:
     """The probes the evaluate step runs on the cell (``eval.probes``), each written to
-    ``<cell>/<probe>.json`` (:mod:`smallbatch.probe_registry`)."""
+    ``<cell>/<probe>.json`` (:mod:`smallbatch.study.probe_registry`)."""
     return tuple(cell.eval.probes)
 
 
@@ -387,7 +387,7 @@ def run_probe(
     experiment: str,
     knn_backend: str | None = None,
 ) -> dict:
-    """kind: a probe of the registry (:mod:`smallbatch.probe_registry`): evaluate the cell's
+    """kind: a probe of the registry (:mod:`smallbatch.study.probe_registry`): evaluate the cell's
     frozen features file, write JSON (unless ``out`` is None), log to the cell's run (once: a
     rerun does not log the same step again)."""
     from ..evaluation import embed

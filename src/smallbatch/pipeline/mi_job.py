@@ -41,7 +41,7 @@ from typing import Any
 from .. import tracking
 from ..io import write_json
 from ..mi import toy as mi
-from .config import validate_config
+from ..study.config import validate_config
 
 #: section keys that do not change a row's numbers (excluded from the run hash)
 _HASH_EXCLUDE = {"enabled", "threads", "mi_values", "ks", "estimators", "critics", "seeds"}

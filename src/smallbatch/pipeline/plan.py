@@ -12,7 +12,7 @@ the folder's other stamps).  A folder whose output exists but lacks the stamp of
 planned now holds results of other settings (:meth:`StudyPlan.stale_output`): the workflow
 forces that output to rerun, and with it every job after it -- with or without Snakemake's
 metadata (.snakemake/), so a results folder never serves results of other settings.  Hashes:
-:mod:`smallbatch.pipeline.cells` (a cell's covers its id, its settings and its data's digest,
+:mod:`smallbatch.study.cells` (a cell's covers its id, its settings and its data's digest,
 not where the data lie).
 """
 
@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..cell import BaselineCell, Cell, read_cell, snapshot_names
 from ..io import UnsafeTarget, add_results_folder, check_inside, link_leaving, open_regular, path_kind, write_text
-from ..probe_registry import probe_spec
-from .cells import baseline_cells, data_cache_settings, expand_cells, settings_hash
+from ..study.cell import BaselineCell, Cell, read_cell, snapshot_names
+from ..study.cells import baseline_cells, data_cache_settings, expand_cells, settings_hash
+from ..study.probe_registry import probe_spec
 from .jobs import record_cell
 
 __all__ = ["StudyPlan", "flag", "pretrain_priority", "gpu_permille", "hold_results_folder"]

@@ -50,8 +50,8 @@ import importlib
 import sys
 from pathlib import Path
 
-from ..experiments import section_names
 from ..io import FolderLock, add_results_folder, make_folder, write_text
+from ..study.experiments import section_names
 from ..tracking import StoreReader, TrackingError, log_report_run
 from .aggregate import aggregate_cells
 from .context import MANIFEST, ReportContext, SectionOutput, check_claim, write_manifest
@@ -79,13 +79,13 @@ __all__ = [
 
 
 def _side_sections(main: bool) -> tuple:
-    """The report modules of the side experiments of :mod:`smallbatch.experiments`."""
+    """The report modules of the side experiments of :mod:`smallbatch.study.experiments`."""
     return tuple(importlib.import_module(f".sections.{name}", __name__) for name in section_names(main))
 
 
 #: the report's sections in index.md's order: each a module of :mod:`.sections` with
 #: ``build(runs, ctx) -> SectionOutput | None``.  A side experiment's section comes from its
-#: entry in :data:`smallbatch.experiments.SPECS`; any other section is a module plus its entry here.
+#: entry in :data:`smallbatch.study.experiments.SPECS`; any other section is a module plus its entry here.
 SECTION_MODULES = (
     grid,
     representation,

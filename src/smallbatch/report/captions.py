@@ -2,13 +2,13 @@
 
 :func:`captions` gives ``(file-name prefix, caption)`` pairs for the report rule's params,
 which ``workflow/report/table.rst`` and ``figure.rst`` read: the sections every study has
-(here) and each side experiment's own (its entry in :mod:`smallbatch.experiments`).  A file
+(here) and each side experiment's own (its entry in :mod:`smallbatch.study.experiments`).  A file
 takes the caption of the longest prefix its name starts with.
 """
 
 from __future__ import annotations
 
-from ..experiments import SPECS
+from ..study.experiments import SPECS
 
 TABLES = (
     ("grid_top1_", "Top-1 accuracy per loss and batch size: mean ± sd over seeds."),

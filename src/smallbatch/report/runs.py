@@ -14,8 +14,8 @@ import numpy as np
 import pandas as pd
 
 from ..losses.registry import canonical_name, display_name, label_defaults
-from ..probe_registry import SPECS as PROBE_SPECS
-from ..probe_registry import report_labels, report_metrics
+from ..study.probe_registry import SPECS as PROBE_SPECS
+from ..study.probe_registry import report_labels, report_metrics
 from ..tracking import (
     BAD_STATUSES,
     NON_RESULT_KINDS,
@@ -30,7 +30,7 @@ from ..tracking import (
 from .fmt import ABSENT
 
 #: short metric name (the probe's) -> MLflow metric key of its headline metric, for the probes
-#: every study runs (smallbatch.probe_registry: the final top-1 accuracies)
+#: every study runs (smallbatch.study.probe_registry: the final top-1 accuracies)
 METRICS = report_metrics()
 #: every probe's headline label, by its short name
 METRIC_LABELS = report_labels()
@@ -82,7 +82,7 @@ _GREEK = {"alpha": "α", "sigma": "σ", "gamma": "γ"}
 def report_param(key: str) -> str:
     """The report's name of a logged param: a train setting without its ``train.`` prefix
     (``train.lr`` -> ``lr``), so stores logged with the config's dotted keys
-    (:func:`smallbatch.pipeline.cells.flat_params`) and stores logged before it read alike."""
+    (:func:`smallbatch.study.cells.flat_params`) and stores logged before it read alike."""
     return key[len("train.") :] if key.startswith("train.") else key
 
 

@@ -300,7 +300,7 @@ def open_cell_run(
 
 def run_key(owner) -> tuple[str, str, str, str]:
     """(id, hash, experiment, baseline) naming a run: of a Cell or BaselineCell
-    (:mod:`smallbatch.cell`), or of the JSON object of a run that is not a cell's (an MI row,
+    (:mod:`smallbatch.study.cell`), or of the JSON object of a run that is not a cell's (an MI row,
     the report, their parent runs: ``id`` and ``hash``, optionally ``experiment``)."""
     if isinstance(owner, Mapping):
         return owner["id"], owner["hash"], owner.get("experiment", "grid"), owner.get("baseline", "")

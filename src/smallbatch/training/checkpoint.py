@@ -32,9 +32,9 @@ from typing import Any
 
 import torch
 
-from ..cell import Cell, snapshot_name, snapshot_steps  # noqa: F401  (the snapshots' names and steps: one rule, in cell)
 from ..errors import CheckpointError
 from ..io import path_kind, read_problem, save_torch
+from ..study.cell import Cell, snapshot_name, snapshot_steps  # noqa: F401  (the snapshots' names and steps: one rule, in cell)
 
 STATE_VERSION = 2
 KINDS = ("state", "checkpoint", "snapshot")

@@ -35,8 +35,7 @@ equivalent computes BN statistics per share (forward each share separately); DDP
 broadcasts rank 0's running statistics at every forward (``broadcast_buffers``).
 
 Size 1 (no launcher variables) creates no process group and every function here is the
-identity, so the same code runs in one process unchanged.  ``tests/training/test_distributed.py``
-proves all of the above with 2 gloo processes in float64.
+identity, so the same code runs in one process unchanged.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ alone would give; each group is normalised with its own statistics and updates t
 running statistics in turn, group after group.  So a layer's output, its gradient and its
 running statistics are those of running the groups one after the other, each as its own
 batch (up to rounding: the k groups are normalised in ONE BatchNorm call, as k*C channels
-side by side — a loop of k calls made a batch-256 CPU step ~3x slower at G = 16) (``tests/training/test_controls.py`` checks it).  Eval
+side by side, because a loop of k calls is several times slower on the CPU).  Eval
 mode is plain BatchNorm (the running statistics), so a checkpoint's weights load into the
 ordinary model the probes build: :class:`GhostBatchNorm` keeps BatchNorm's parameter and
 buffer names.

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 if TYPE_CHECKING:
-    from ..models import ContrastiveModel
+    from .models import ContrastiveModel
 
 STD_FLOOR = 1e-3  # mean per-dimension std of unit-length projections: 0 = one point
 RANK_FLOOR = 1.5  # effective rank of the backbone features: 1 = one direction

@@ -44,16 +44,15 @@ from pathlib import Path
 
 import torch
 
-from ..augment import AugmentConfig, BatchAugment, normalize
-from ..cell import BaselineCell, Cell, budget_steps
-from ..checks import settings_problem, snapshot_budget_problem
-from ..diagnostics import batch_covariance_rank, diagnostics, embedding_grad_norm, grad_rel_error
+from ..data.augment import AugmentConfig, BatchAugment, normalize
 from ..errors import Preempted
 from ..io import CellLock, nullcontext_lock
 from ..losses import build_loss, in_batch_scores
+from ..losses.diagnostics import batch_covariance_rank, diagnostics, embedding_grad_norm, grad_rel_error
 from ..losses.registry import loss_spec
-from ..lr_scaling import resolved_knobs
-from ..models import ContrastiveModel, build_backbone
+from ..study.cell import BaselineCell, Cell, budget_steps
+from ..study.checks import settings_problem, snapshot_budget_problem
+from ..study.lr_scaling import resolved_knobs
 from . import health
 from .checkpoint import (  # noqa: F401
     StepRandom,
@@ -68,6 +67,7 @@ from .checkpoint import (  # noqa: F401
 )
 from .distributed import World, any_over_processes, data_parallel, gather, mean_over_processes, sync_batchnorm
 from .ghostbn import ghost_batchnorm
+from .models import ContrastiveModel, build_backbone
 from .negatives import FreshNegatives, InBatch, QueueNegatives, Scores, Siamese, fresh_window, with_extra_views
 from .optim import LARS, lr_at, make_optimizer, scaled_lr, set_lr  # noqa: F401  (public through train)
 from .progress import step_progress
@@ -213,7 +213,7 @@ def pretrain(
 
 def _validate(cell: Cell, n_images: int, dev: torch.device, world: World) -> None:
     """What only the run knows (the processes launched, the images read, the device), then
-    the cell's settings (:func:`smallbatch.checks.settings_problem`)."""
+    the cell's settings (:func:`smallbatch.study.checks.settings_problem`)."""
     bs = cell.batch_size
     devices = cell.train.devices
     if world.size != devices:
@@ -240,7 +240,7 @@ def _validate(cell: Cell, n_images: int, dev: torch.device, world: World) -> Non
 def snapshot_budgets(cell: Cell, steps_per_epoch: int, total: int) -> dict[int, dict]:
     """step -> budget (name, epochs, steps, images_seen) of each of ``train.snapshot_epochs``;
     ValueError (one line) for a budget the cell's steps cannot hold
-    (:func:`smallbatch.checks.snapshot_budget_problem`, which the plan ran too)."""
+    (:func:`smallbatch.study.checks.snapshot_budget_problem`, which the plan ran too)."""
     problem = snapshot_budget_problem(cell, steps_per_epoch, total)
     if problem:
         raise ValueError(f"cell {cell.id}: {problem}")

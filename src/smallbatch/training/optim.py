@@ -14,8 +14,7 @@ setting it is an asynchronous copy, not a host synchronisation.  :class:`SGD` an
 :class:`LARS` update all parameters with ``torch._foreach_*`` kernels (a few launches per
 step, not a Python loop of kernels per parameter), multiplying by the rate tensor on the
 device; Adam on CUDA is torch's ``capturable`` foreach Adam.  So an eager step reads
-nothing back to the host with any of the three (``tests/training/test_optim_sync.py`` counts the
-reads of each one's CUDA code path).
+nothing back to the host with any of the three.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ import math
 
 import torch
 
-from ..lr_scaling import LR_SCALINGS, scaled_lr  # noqa: F401  (the rule lives in one torch-free place)
+from ..study.lr_scaling import LR_SCALINGS, scaled_lr  # noqa: F401  (the rule lives in one torch-free place)
 
 OPTIMIZERS = ("sgd", "lars", "adam")
 LR_SCHEDULES = ("cosine", "constant")
@@ -132,9 +131,8 @@ def make_optimizer(
 ) -> torch.optim.Optimizer:
     """SGD (momentum), LARS or Adam with the rate as a 0-d float32 tensor on ``device``
     (Adam on CUDA is ``capturable``: its step counter stays on the device too; on the CPU it
-    is torch's fused kernel: one pass over all parameters, 0.84 vs 2.16 ms per step of the
-    default cell's model, the same update up to float rounding -- tests/training/test_train.py --
-    except for a ``compiled`` step, where the compiler takes the plain update into its graph
+    is torch's fused kernel: one pass over all parameters, faster than the loop, the same update
+    up to float rounding --     except for a ``compiled`` step, where the compiler takes the plain update into its graph
     and cannot take the fused kernel)."""
     if name not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, not {name!r}")
@@ -183,7 +181,7 @@ def eager_optimizers(eager: bool = True) -> None:
     be compiled.  A process that compiles nothing (``eager``) gives each wrapper its method as
     the cached result of that import (torch's ``__dynamo_disable``), so it calls the method
     directly; before a compile (``eager=False``) the wrappers get torch's behaviour back.
-    Identical numbers either way (tests/training/test_optim.py); a torch whose wrapper caches
+    Identical numbers either way; a torch whose wrapper caches
     under another name imports the compiler as before."""
     for name in _DYNAMO_WRAPPED:
         method = getattr(getattr(torch.optim.Optimizer, name), "__wrapped__", None)

@@ -32,9 +32,9 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ..augment import BatchAugment
-from ..cell import TrainSettings
-from ..checks import PRECISIONS
+from ..data.augment import BatchAugment
+from ..study.cell import TrainSettings
+from ..study.checks import PRECISIONS
 from .distributed import average_gradients
 from .negatives import Scores
 from .optim import eager_optimizers, optimizer_step

@@ -28,14 +28,14 @@ import math
 import torch
 from torch import Tensor
 
-from ..cell import Cell
-from ..diagnostics import effective_sample_size
+from ..losses.diagnostics import effective_sample_size
+from ..study.cell import Cell
 
 _BISECTIONS = 40  # halvings of [log tau_min, log tau_max]: far below float64's resolution of tau
 
 
 def ess_of(neg: Tensor, tau: float | Tensor, neg_mask: Tensor | None = None) -> Tensor:
-    """Mean of :func:`smallbatch.diagnostics.effective_sample_size` over anchors, in float64
+    """Mean of :func:`smallbatch.losses.diagnostics.effective_sample_size` over anchors, in float64
     (a 0-d tensor)."""
     return effective_sample_size(neg.double(), tau, neg_mask).mean()
 

@@ -1,7 +1,7 @@
 """Section 'cost': wall and CPU seconds per run and per study section, from the store alone.
 
 A cell's wall seconds are its pretraining's (``train/wall_s``, over resumes) plus its probes'
-(``<probe>/seconds`` of each probe of :mod:`smallbatch.probe_registry` it ran: ``knn``,
+(``<probe>/seconds`` of each probe of :mod:`smallbatch.study.probe_registry` it ran: ``knn``,
 ``linear``, ...); its CPU seconds the same steps' process CPU time (``train/cpu_s``,
 ``<probe>/cpu_s``: every thread of the process).  A baseline's
 are its whole job's (``baseline/wall_s``, ``baseline/cpu_s``: features and both probes), an MI
@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ...probe_registry import SPECS as PROBE_SPECS
+from ...study.probe_registry import SPECS as PROBE_SPECS
 from ..context import ReportContext, SectionOutput
 from ..runs import newest
 from ..tables import markdown_table

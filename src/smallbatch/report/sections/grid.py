@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from ...datasets import display_name as dataset_name
+from ...data.registry import display_name as dataset_name
 from ...losses.registry import loss_rank
 from ..aggregate import NO_NUMBER, aggregate_cells, pivot, shown, sort_by_loss
 from ..context import ReportContext, SectionOutput

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ...datasets import display_name as dataset_name
+from ...data.registry import display_name as dataset_name
 from ...losses.registry import display_name
 from ...tracking import BAD_STATUSES
 from ..aggregate import label_order

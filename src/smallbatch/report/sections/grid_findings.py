@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ...datasets import display_name as dataset_name
+from ...data.registry import display_name as dataset_name
 from ...losses.registry import loss_rank
 from ...tracking import BAD_STATUSES
 from ..aggregate import NO_NUMBER

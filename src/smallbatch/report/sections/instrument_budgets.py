@@ -29,8 +29,8 @@ from typing import Any
 
 import pandas as pd
 
-from ...lr_scaling import scaled_lr
-from ...probe_registry import SPECS as PROBE_SPECS
+from ...study.lr_scaling import scaled_lr
+from ...study.probe_registry import SPECS as PROBE_SPECS
 from ...tracking import BAD_STATUSES
 from ..fmt import finite, short
 
@@ -43,7 +43,7 @@ METRICS = {
     "knn200": ("knn/top1_k200", "kNN@200"),
 }
 PRIMARY = next(iter(METRICS))
-#: the opt-in probes' headline metrics (smallbatch.probe_registry: not run unless eval.probes names
+#: the opt-in probes' headline metrics (smallbatch.study.probe_registry: not run unless eval.probes names
 #: them), short name -> (MLflow key, label): a column of the arms table where runs logged them, never contrasted
 OPT_IN = {n: (s.key, s.label) for n, s in PROBE_SPECS.items() if not s.default}
 #: the metric the learning rate is chosen on: the linear probe's top-1 on the validation split

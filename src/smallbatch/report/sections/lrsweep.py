@@ -30,7 +30,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from ...lr_scaling import RULE_EXPONENTS, scaled_lr
+from ...study.lr_scaling import RULE_EXPONENTS, scaled_lr
 from ...tracking import BAD_STATUSES
 from ..aggregate import aggregate_cells, pivot, sort_by_loss
 from ..context import ReportContext, SectionOutput

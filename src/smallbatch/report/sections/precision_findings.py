@@ -235,7 +235,7 @@ def _grad_verdict(larger: bool, grows: bool | None, i_min: float, bmin: int) -> 
         return (
             f"At the smallest batch ({bmin}) InfoNCE's fp32 gradient error exceeds FlatNCE's, but both are "
             f"below {GRAD_ERR_LARGE:g}, i.e. at the level of fp32's own rounding (unit roundoff 6e-8), not the "
-            "large error of a saturated batch (~1e-1 at q_B < 2^-24, benchmarks/loss_precision.py): these runs "
+            "large error of a saturated batch (q_B < 2^-24): these runs "
             "never reach the regime the claim is about, so they do not support it."
         )
     if larger and grows is not False:
