@@ -96,7 +96,7 @@ TESTS = {
 LB, LS, LX, LF, LD = (f"src/smallbatch/losses/{f}.py" for f in ("base", "scores", "softmax", "flatnce", "decoupled"))
 C, E, G, N = (
     f"src/smallbatch/{f}"
-    for f in ("pipeline/cells.py", "report/evidence.py", "training/gradcache.py", "training/negatives.py")
+    for f in ("study/cells.py", "report/evidence.py", "training/gradcache.py", "training/negatives.py")
 )
 MUTANTS = [
     # losses: the formulas, the scores, the mask
@@ -158,21 +158,21 @@ MUTANTS = [
     # cells: what the hash covers, K, the ids
     Mutant(
         C,
-        "if k not in skip[section] and not (k in later[section] and v == later[section][k])",
-        "if not (k in later[section] and v == later[section][k])",
+        "return {k: v for k, v in items if k not in skip[section]}",
+        "return {k: v for k, v in items}",
         "hash: execution settings hashed",
     ),
     Mutant(
         C,
-        "if k not in skip[section] and not (k in later[section] and v == later[section][k])",
-        'if k not in skip[section] and k != "weight_decay" and not (k in later[section] and v == later[section][k])',
+        "return {k: v for k, v in items if k not in skip[section]}",
+        'return {k: v for k, v in items if k not in skip[section] and k != "weight_decay"}',
         "hash: weight_decay left out",
     ),
     Mutant(
         C,
-        "and not (k in later[section] and v == later[section][k])",
-        "and not (k in later[section])",
-        "hash: a later key left out even when set",
+        'science = kept("", ((k, v) for k, v in cell.items() if k not in NAME_KEYS))',
+        'science = kept("", ((k, v) for k, v in cell.items() if k not in (*NAME_KEYS, "format")))',
+        "hash: the cell's format left out",
     ),
     Mutant(
         C,

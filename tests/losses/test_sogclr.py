@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from hooks import crash_after
 from loss_at_tau import at_tau
 
 from smallbatch.losses import REGISTRY, SogCLR, build_loss, display_name, in_batch_scores
@@ -248,7 +249,7 @@ def test_resume_restores_u_and_ends_bitwise_like_an_uninterrupted_run(tmp_path, 
 
     ref = run(tmp_path / "ref")
     with pytest.raises(KeyboardInterrupt):
-        run(tmp_path / "cut", stop_after_steps=spe + 3)
+        run(tmp_path / "cut", after_step=crash_after(spe + 3))
     state = train.read_state(tmp_path / "cut" / "state.pt", Cell.of(cell))
     log_u = state["loss"]["log_u"]
     assert log_u.shape == (digits.pretrain_x.shape[0],) and torch.isfinite(log_u).sum() == spe * 32
@@ -403,7 +404,7 @@ def test_an_isogclr_cell_logs_its_mean_temperature_and_resumes_bitwise(tmp_path,
     assert taus[0] != taus[-1] and all(0.05 <= t <= 0.7 for t in taus)
     spe = digits.pretrain_x.shape[0] // 32
     with pytest.raises(KeyboardInterrupt):
-        run(tmp_path / "cell", stop_after_steps=spe + 3)
+        run(tmp_path / "cell", after_step=crash_after(spe + 3))
     run(tmp_path / "cell")
     a, b = (train.load_checkpoint(tmp_path / f / "state.pt") for f in ("ref", "cell"))
     assert set(a["loss"]) == {"log_u", "tau_i", "tau_momentum"}

@@ -124,6 +124,15 @@ def existing_store(tmp: Path, mp: pytest.MonkeyPatch) -> None:
     assert cli.main(["init-store", "--tracking-uri", f"sqlite:///{tmp}/mlflow.db", "--experiment", "study"]) == 0
 
 
+def store_of_format_1(tmp: Path, mp: pytest.MonkeyPatch) -> None:
+    """A real SQLite store whose experiment says it was written in format 1."""
+    from mlflow import MlflowClient
+
+    existing_store(tmp, mp)
+    client = MlflowClient(f"sqlite:///{tmp}/mlflow.db")
+    client.set_experiment_tag(client.get_experiment_by_name("study").experiment_id, "smallbatch.format", "1")
+
+
 def cell_file_without(key: str | None) -> Callable:
     """A real cell file of the one-cell study, without ``key``."""
 
@@ -745,13 +754,21 @@ CASES = [
         r"no network \(Name or service not known\); put the files under .*/data/stl10_binary/ \(.*\)",
         setup=no_network,
     ),
-    # --- renamed keys: the former name, one line naming the new one
+    # --- files of another smallbatch: refused, never read half-right
     Case(
-        "eval.linear_epochs (renamed eval.linear_iterations)",
-        CELLS,
-        r"config key 'eval\.linear_epochs' is now 'eval\.linear_iterations' \(renamed; same meaning and values\): "
-        r"rename it in the config",
-        {"c.yaml": STUDY + "eval: {linear_epochs: 40}\n"},
+        "--cell file of another format",
+        ("pretrain", "--tracking-uri", "none", "--cell", "{tmp}/cell.json"),
+        r"cell file .*/cell\.json was written by another smallbatch \(format none; this one reads and writes "
+        r"format 2\): write it again with `smallbatch cells --write`",
+        setup=cell_file_without("format"),
+    ),
+    Case(
+        "store of another format",
+        ("init-store", "--tracking-uri", "sqlite:///{tmp}/mlflow.db", "--experiment", "study"),
+        r"experiment 'study' of the store sqlite:///.*/mlflow\.db was written by another smallbatch \(format 1; "
+        r"this one reads and writes format 2\): run the study into a new store \(another results_dir or "
+        r"tracking_uri\), or read this one with the smallbatch that wrote it",
+        setup=store_of_format_1,
     ),
     # --- cell files
     Case(

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 from cluster import HANG_S
+from hooks import crash_after
 
 from smallbatch.pipeline import cli
 
@@ -475,7 +476,7 @@ def tracked(tmp_path_factory):
 
     def crash_once(*a, **kw):
         train.pretrain = real
-        return real(*a, stop_after_steps=spe + 7, **kw)
+        return real(*a, after_step=crash_after(spe + 7), **kw)
 
     train.pretrain = crash_once
     try:  # stopped as Ctrl-C stops it: exit 130

@@ -204,26 +204,6 @@ EXECUTION_SETTINGS = frozenset(
         "eval.monitor_every",
     }
 )
-#: settings added after cells were computed, hashed only off their default (at it a cell keeps
-#: the hash it had before the key existed): setting -> that default, written out like the above
-HASHED_WHEN_SET = {
-    "train.lr_schedule": "cosine",
-    "train.adam_beta2": 0.999,
-    "train.beta2_scaling": "none",
-    "train.ema_scaling": "none",
-    "train.snapshot_epochs": None,
-    "train.neg_group": None,
-    "train.bn_group": None,
-    "train.mask_same_class": False,
-    "train.extra_negatives": None,
-    "eval.linear_weight_decays": None,
-    "eval.linear_val_fraction": 0.1,
-    "eval.fewshot_fractions": [],
-    "eval.fewshot_draws": 5,
-    "eval.probes": ["knn", "linear"],
-    "eval.kmeans_iterations": 50,
-    "eval.knn_primary_k": None,
-}
 #: a valid other value for settings whose generic one (_other_value) the config would refuse
 OTHER_VALUE = {
     ("tracking",): {"log_checkpoint": True},
@@ -360,10 +340,11 @@ def test_the_schema_marks_exactly_the_listed_execution_settings():
     )
 
 
-def test_the_schema_marks_exactly_the_listed_keys_hashed_only_when_set():
-    """A key marked ``x-hash-when-set`` is left out of the hash at its default: the schema marks
-    exactly the keys written out above, each with the default written beside it."""
-    assert _schema_marked("x-hash-when-set") == HASHED_WHEN_SET
+def test_no_schema_key_is_hashed_only_when_set_or_under_a_former_name():
+    """Every science key is hashed at every value under its own name: the schema marks no key
+    hashed-only-when-set or renamed (stores of another format are refused, not read alike)."""
+    assert _schema_marked("x-hash-when-set") == {}
+    assert _schema_marked("x-renamed-from") == {}
 
 
 def test_every_top_level_key_is_a_cell_setting_or_is_not_in_a_cell():
@@ -376,8 +357,7 @@ def test_every_top_level_key_is_a_cell_setting_or_is_not_in_a_cell():
 @pytest.mark.parametrize("path,node", SETTINGS, ids=[".".join(p) for p, _ in SETTINGS])
 def test_hash_changes_with_every_science_setting_and_no_execution_setting(path, node):
     """Every setting of the schema a cell carries changes the cell; the hash changes with it
-    unless the schema marks the key ``x-execution`` (how a cell runs, not what it computes).
-    (A key marked ``x-hash-when-set`` is changed off its default here, so it changes the hash.)"""
+    unless the schema marks the key ``x-execution`` (how a cell runs, not what it computes)."""
     base, other = _changed_cells(path, node)
     if path[0] != "loss_params":  # (a loss parameter off its default is also named in the id)
         assert other["id"] == base["id"]
@@ -421,40 +401,14 @@ def test_the_datas_content_is_in_the_hash_not_where_it_lies(tmp_path):
     assert set(hashes({"root": str(other)})).isdisjoint(first)
 
 
-def test_keys_added_later_hash_at_their_default_as_if_absent():
-    """A key marked x-hash-when-set (added after cells were computed; its default changes
-    nothing) leaves the hash a cell had before the key existed while at its default (set
-    off it, it changes the hash: the test above); no key is both that and execution."""
-    base = _digits_cell({})
-    cell_section = {"train": "train", "eval": "eval"}
-    assert not set(HASHED_WHEN_SET) & EXECUTION_SETTINGS
-    for dotted, default in HASHED_WHEN_SET.items():
-        section, key = dotted.split(".")
-        section = cell_section[section]
-        assert base[section][key] == default, dotted
-        without = {**base, section: {k: v for k, v in base[section].items() if k != key}}
-        assert cell_hash(without) == base["hash"], f"{dotted} at its default changes the hash"
+def test_a_cells_format_is_in_its_hash():
+    """A cell carries this smallbatch's format, and its hash covers it: a cell of another
+    format is another cell, never a finished result of this one."""
+    from smallbatch.tracking import FORMAT
 
-
-def test_a_renamed_key_keeps_the_hash_and_its_former_name_is_refused():
-    """A key marked ``x-renamed-from`` hashes under its former name, so a cell (and a cell
-    file written before the rename) keeps its hash and its finished results; a config that
-    still uses the former name stops with one line naming the new one."""
-    from smallbatch.study.cells import former_names, with_current_names
-
-    base = _digits_cell({})
-    renamed = [(s, new, old) for s, names in former_names().items() for new, old in names.items()]
-    assert renamed == [("eval", "linear_iterations", "linear_epochs")]  # the one rename, written out
-    for section, new, old in renamed:
-        before = {**base, section: {(old if k == new else k): v for k, v in base[section].items()}}
-        assert cell_hash(before) == base["hash"], f"renaming {section}.{old} changed the hash"
-        assert with_current_names(before) == base
-        with pytest.raises(ConfigError) as ei:
-            validate_config({**grid(), section: {old: base[section][new]}})
-        assert str(ei.value) == (
-            f"config key '{section}.{old}' is now '{section}.{new}' (renamed; same meaning "
-            "and values): rename it in the config"
-        )
+    cell = _digits_cell({})
+    assert cell["format"] == FORMAT == 2
+    assert cell_hash({**cell, "format": 1}) != cell["hash"]
 
 
 @pytest.mark.parametrize("key", [k for k in NOT_IN_A_CELL if k not in ("experiments", "supervised_baseline")])
@@ -529,7 +483,8 @@ def test_the_hash_tests_cover_every_part_of_a_cell():
         "negatives",
         "id",
         "data_digest",
-    }  # data.download, the augmentation test, the axes (negatives: 2N-2), the id and data tests
+        "format",
+    }  # data.download, the augmentation test, the axes (negatives: 2N-2), the id, data and format tests
     assert set(base) - set(NAME_KEYS) == covered
 
 

@@ -132,16 +132,12 @@ def test_an_unknown_probe_and_a_bad_spec_are_refused():
 
 def test_a_probes_own_setting_is_a_config_key_and_a_cell_setting_from_the_registry_alone():
     from smallbatch.study.cell import EvalSettings
-    from smallbatch.study.cells import hashed_when_set
     from smallbatch.study.config import ConfigError, load_config
 
     cfg = load_config(None, {"datasets": {"digits": {}}, "eval": {"kmeans_iterations": 7}})
     assert cfg["eval"]["kmeans_iterations"] == 7
-    assert hashed_when_set()["eval"]["kmeans_iterations"] == 50  # at its default a cell keeps its hash
     assert EvalSettings.from_dict(cfg["eval"]).setting("kmeans_iterations") == 7
-    older = {k: v for k, v in cfg["eval"].items() if k != "kmeans_iterations"}  # a cell.json from before the probe
-    assert EvalSettings.from_dict(older).setting("kmeans_iterations") == 50
-    assert EvalSettings.from_dict(older).setting("knn_t") == cfg["eval"]["knn_t"]
+    assert EvalSettings.from_dict(cfg["eval"]).setting("knn_t") == cfg["eval"]["knn_t"]
     with pytest.raises(ConfigError, match="kmeans_iterations"):
         load_config(None, {"datasets": {"digits": {}}, "eval": {"kmeans_iterations": 0}})
 

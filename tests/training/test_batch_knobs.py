@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from hooks import crash_after
 from test_train import digits_cell, run, steps_per_epoch
 
 from smallbatch.pipeline.jobs import run_params
@@ -57,7 +58,7 @@ def test_training_uses_the_resolved_beta2_and_the_run_logs_it(tmp_path, digits):
     cell = digits_cell(batch_size=64, epochs=2, beta2_scaling="samples", adam_beta2=0.99)
     want = 0.99**0.25  # 0.99 at 256, a quarter of the images per step at 64
     with pytest.raises(KeyboardInterrupt):  # stopped in epoch 2: state.pt holds the optimiser's state
-        run(cell, digits, tmp_path, stop_after_steps=steps_per_epoch(cell, digits) + 1)
+        run(cell, digits, tmp_path, after_step=crash_after(steps_per_epoch(cell, digits) + 1))
     state = torch.load(tmp_path / "state.pt", weights_only=True)
     betas = [tuple(g["betas"]) for g in state["optimizer"]["param_groups"]]
     assert betas and all(b == (0.9, pytest.approx(want, rel=1e-12)) for b in betas)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from hooks import crash_after
 
 from smallbatch.losses import build_loss
 from smallbatch.study import checks
@@ -228,7 +229,7 @@ def test_a_fresh_negatives_cell_resumes_bitwise(tmp_path, digits):
     ref = run(tmp_path / "ref")
     spe = digits.pretrain_x.shape[0] // 16
     with pytest.raises(KeyboardInterrupt):
-        run(tmp_path / "cut", stop_after_steps=spe + 5)
+        run(tmp_path / "cut", after_step=crash_after(spe + 5))
     res = run(tmp_path / "cut")
     assert res.steps == ref.steps == 2 * spe
     a = train.load_checkpoint(tmp_path / "ref" / "checkpoint.pt")["model"]

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hooks import crash_after
 from test_distributed import run_spawned
 
 from smallbatch.data import load as data
@@ -74,7 +75,7 @@ def test_the_learnt_temperature_trains_logs_its_value_and_resumes_bitwise(loss, 
     # resumed mid-epoch from the epoch-1 state: the same network and the same t', bitwise
     spe = digits.pretrain_x.shape[0] // 32
     with pytest.raises(KeyboardInterrupt):
-        run(cell, digits.pretrain_x, digits, tmp_path / "cell", stop_after_steps=spe + 5)
+        run(cell, digits.pretrain_x, digits, tmp_path / "cell", after_step=crash_after(spe + 5))
     capfd.readouterr()
     res = run(cell, digits.pretrain_x, digits, tmp_path / "cell")
     assert f"from step {spe}/" in capfd.readouterr().err

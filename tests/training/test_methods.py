@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hooks import crash_after
 
 from smallbatch.study import checks
 from smallbatch.study.cell import Cell, read_cell
@@ -104,7 +105,7 @@ def test_a_method_cell_trains_logs_the_covariance_rank_and_resumes_bitwise(loss,
     assert not any(k.startswith("diag/grad_norm") for _, m in logs for k in m)  # no negatives: no InfoNCE/DCL gradients
     spe = digits.pretrain_x.shape[0] // 16
     with pytest.raises(KeyboardInterrupt):
-        run(cell, digits, tmp_path / "cell", stop_after_steps=spe + 5)
+        run(cell, digits, tmp_path / "cell", after_step=crash_after(spe + 5))
     capfd.readouterr()
     res = run(cell, digits, tmp_path / "cell")
     assert f"from step {spe}/" in capfd.readouterr().err

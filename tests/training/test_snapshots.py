@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hooks import crash_after
 
 from smallbatch.errors import CheckpointError
 from smallbatch.pipeline import jobs
@@ -115,7 +116,7 @@ def test_a_resumed_run_writes_the_same_snapshots(long_run, digits, tmp_path):
     cell, out, _ = long_run
     spe = digits.pretrain_x.shape[0] // BS
     with pytest.raises(KeyboardInterrupt):
-        _run(cell, digits, tmp_path, stop_after_steps=spe + 3)  # past the first two snapshots' steps
+        _run(cell, digits, tmp_path, after_step=crash_after(spe + 3))  # past the first two snapshots' steps
     _run(cell, digits, tmp_path)
     for name in ("ep0.5", "ep1", "ep2"):
         _same(

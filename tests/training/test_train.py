@@ -25,6 +25,7 @@ from pathlib import Path
 import cluster
 import pytest
 import torch
+from hooks import crash_after
 
 from smallbatch.data import load as data
 from smallbatch.errors import CheckpointError
@@ -177,7 +178,7 @@ def test_resume_after_crash_mid_epoch_is_bitwise_identical(tmp_path, digits, mai
     ref_res, ref_w = reference
     spe = steps_per_epoch(main_cell, digits)
     with pytest.raises(KeyboardInterrupt):
-        run(main_cell, digits, tmp_path, stop_after_steps=spe + 7)  # crash 7 steps into epoch 2
+        run(main_cell, digits, tmp_path, after_step=crash_after(spe + 7))  # crash 7 steps into epoch 2
     assert not (tmp_path / "checkpoint.pt").exists()
     st = train.load_checkpoint(tmp_path / "state.pt")
     assert st["step"] == spe  # the last epoch-end save
@@ -386,7 +387,7 @@ def test_corrupt_state_raises_checkpoint_error_and_restart_starts_afresh(tmp_pat
 def test_truncated_state_raises_checkpoint_error(tmp_path, digits):
     cell = digits_cell(epochs=1.5)
     with pytest.raises(KeyboardInterrupt):
-        run(cell, digits, tmp_path, stop_after_steps=50)
+        run(cell, digits, tmp_path, after_step=crash_after(50))
     state = tmp_path / "state.pt"
     blob = state.read_bytes()
     state.write_bytes(blob[: len(blob) // 2])
@@ -399,7 +400,7 @@ def test_state_of_another_config_is_ignored(tmp_path, digits, capfd):
     cell = digits_cell(epochs=1.5)
     assert other["id"] == cell["id"] and other["hash"] != cell["hash"]
     with pytest.raises(KeyboardInterrupt):
-        run(other, digits, tmp_path / "cell", stop_after_steps=50)
+        run(other, digits, tmp_path / "cell", after_step=crash_after(50))
     ref_res = run(cell, digits, tmp_path / "ref")
     capfd.readouterr()
     res = run(cell, digits, tmp_path / "cell")
@@ -621,7 +622,7 @@ def test_ess_schedule_steers_tau_to_the_target_and_resumes_bitwise(tmp_path, dig
     # tau is part of the resumable state
     spe = steps_per_epoch(cell, digits)
     with pytest.raises(KeyboardInterrupt):
-        run(cell, digits, tmp_path / "cell", stop_after_steps=spe + 5)
+        run(cell, digits, tmp_path / "cell", after_step=crash_after(spe + 5))
     capfd.readouterr()
     res = run(cell, digits, tmp_path / "cell")
     assert f"from step {spe}/" in capfd.readouterr().err
@@ -659,7 +660,7 @@ def test_a_state_saved_on_cuda_resumes_on_a_cpu_only_machine(tmp_path, digits, m
     ref_res, ref_w = reference
     spe = steps_per_epoch(main_cell, digits)
     with pytest.raises(KeyboardInterrupt):
-        run(main_cell, digits, tmp_path, stop_after_steps=spe + 3)
+        run(main_cell, digits, tmp_path, after_step=crash_after(spe + 3))
     st = train.load_checkpoint(tmp_path / "state.pt")
     st["saved_on"] = "cuda"
     real_tag = ser.location_tag

@@ -149,7 +149,7 @@ def _cell_from_text(text: str, source: str, baseline: bool) -> Cell | BaselineCe
     """A cell from its JSON text; ValueError naming ``source`` and the first missing key, an
     id outside the id grammar, or a hash that is not the hash of the cell's settings."""
     from ..study.cellcheck import cell_json_problem, cell_problem
-    from ..study.cells import cell_hash, check_cell_id, with_current_names
+    from ..study.cells import cell_hash, check_cell_id
 
     try:
         obj = loads_unique(text)
@@ -161,10 +161,9 @@ def _cell_from_text(text: str, source: str, baseline: bool) -> Cell | BaselineCe
         raise ValueError(f"{source} nests its values too deep to be read; no key of a cell nests so deep") from None
     if not isinstance(obj, dict):
         raise ValueError(f"{source} must hold a JSON object (one cell), not a {type(obj).__name__}")
-    obj = with_current_names(obj)  # written before a setting was renamed: the same cell, the same hash
     problem = cell_json_problem(obj, baseline)  # whole, before it is typed (smallbatch.study.cellcheck)
     if problem:
-        raise ValueError(f"{source} {problem}" if problem.startswith("lacks ") else f"{source}: {problem}")
+        raise ValueError(f"{source} {problem}" if problem.startswith(("lacks ", "was ")) else f"{source}: {problem}")
     check_cell_id(obj["id"], f"{source}: id")
     if cell_hash(obj) != obj["hash"]:
         raise ValueError(

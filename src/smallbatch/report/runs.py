@@ -80,9 +80,9 @@ _GREEK = {"alpha": "α", "sigma": "σ", "gamma": "γ"}
 
 
 def report_param(key: str) -> str:
-    """The report's name of a logged param: a train setting without its ``train.`` prefix
-    (``train.lr`` -> ``lr``), so stores logged with the config's dotted keys
-    (:func:`smallbatch.study.cells.flat_params`) and stores logged before it read alike."""
+    """The report's name of a logged param (:func:`smallbatch.study.cells.flat_params`): a train
+    setting without its ``train.`` prefix (``train.lr`` -> ``lr``), the name its tables, labels
+    and the ``smallbatch.results`` frame give it."""
     return key[len("train.") :] if key.startswith("train.") else key
 
 

@@ -88,8 +88,7 @@ class EvalSettings:
     fewshot_draws: int
     batch_size: int
     monitor_every: int | None = None
-    #: the probes the evaluate step runs (:mod:`smallbatch.study.probe_registry`); a cell.json written
-    #: before ``eval.probes`` existed ran the default ones
+    #: the probes the evaluate step runs (:mod:`smallbatch.study.probe_registry`)
     probes: tuple[str, ...] = DEFAULT_PROBES
     #: the probes' own settings (``params`` of the registry), read by :meth:`setting`
     probe_params: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
@@ -100,8 +99,7 @@ class EvalSettings:
         return cls(**_known(cls, d), probe_params=MappingProxyType(own))
 
     def setting(self, key: str) -> Any:
-        """The value of ``eval.<key>``: a field, or a probe's own setting (its registry default
-        for a cell.json written before the probe existed)."""
+        """The value of ``eval.<key>``: a field, or a probe's own setting."""
         if key in self.probe_params:
             return self.probe_params[key]
         return getattr(self, key)
@@ -114,6 +112,7 @@ class _CellBase:
 
     id: str
     hash: str
+    format: int
     experiment: str
     dataset: str
     dataset_options: Mapping[str, Any]

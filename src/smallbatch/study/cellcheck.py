@@ -20,6 +20,7 @@ import functools
 from dataclasses import MISSING, fields
 
 from ..io import text_problem
+from ..tracking import format_problem
 from . import checks
 from .cell import BaselineCell, Cell
 from .cells import cell_negatives
@@ -51,6 +52,7 @@ def cell_schema(baseline: bool) -> dict:
     keys = {
         "id": {"type": "string"},
         "hash": {"type": "string"},
+        "format": {"type": "integer"},
         "experiment": {"type": "string"},
         "dataset": {"type": "string", "enum": props["datasets"]["propertyNames"]["enum"]},
         "dataset_options": _required(props["datasets"]["additionalProperties"]),
@@ -89,6 +91,13 @@ def cell_json_problem(obj: dict, baseline: bool) -> str | None:
     """The first problem of a cell's JSON object (see the module docstring), one line without
     its source, or None; the hash is checked by the caller, after this."""
 
+    stale = format_problem(
+        "this cell file",
+        obj.get("format"),
+        "write the cells again (`smallbatch cells --write`; the workflow writes them when it plans)",
+    )
+    if stale:
+        return stale
     schema = cell_schema(baseline)
     errors = list(validator_with_defaults(fill=False)(schema).iter_errors(obj))
     missing = [e for e in errors if e.validator == "required"]

@@ -27,6 +27,7 @@ from ..data.digest import data_digest
 from ..data.registry import base_dataset
 from ..io import check_cell_id  # noqa: F401  (the one id check; import-light, for the CLI's fast paths)
 from ..losses.registry import canonical_name, label_defaults, loss_param_names, loss_spec
+from ..tracking import FORMAT
 from .experiments import SIDE_EXPERIMENTS
 from .schema import load_schema
 
@@ -62,9 +63,8 @@ CELL_SECTIONS = {"train": ("train",), "eval": ("eval",), "dataset_options": ("da
 
 
 @functools.cache
-def _marked(marker: str, field: str = "default") -> dict[str, dict[str, Any]]:
-    """The schema's keys marked ``marker`` by cell section ("" for the cell's top level):
-    {section: {key: its ``field`` (its default; ``marker``: the marker's value)}}."""
+def _marked(marker: str) -> dict[str, set[str]]:
+    """The schema's keys marked ``marker`` by cell section ("" for the cell's top level)."""
     props = load_schema()["properties"]
     sections = {"": props}
     for section, path in CELL_SECTIONS.items():
@@ -72,7 +72,7 @@ def _marked(marker: str, field: str = "default") -> dict[str, dict[str, Any]]:
         for part in path:
             node = node[part]
         sections[section] = node.get("properties", {})
-    return {section: {k: v.get(field) for k, v in keys.items() if v.get(marker)} for section, keys in sections.items()}
+    return {section: {k for k, v in keys.items() if v.get(marker)} for section, keys in sections.items()}
 
 
 def execution_keys() -> dict[str, frozenset[str]]:
@@ -84,62 +84,21 @@ def execution_keys() -> dict[str, frozenset[str]]:
     return {section: frozenset(keys) for section, keys in _marked("x-execution").items()}
 
 
-def hashed_when_set() -> dict[str, dict[str, Any]]:
-    """Settings hashed only when set off their default -- the schema's keys marked
-    ``x-hash-when-set: true`` -- by cell section: {key: default}.  Keys added after cells
-    were computed whose default computes exactly what those cells computed (a control that
-    is off, a probe that is not run): at their default a cell keeps the hash it had before
-    the key existed, so its finished results stay valid."""
-    return _marked("x-hash-when-set")
-
-
-def former_names() -> dict[str, dict[str, str]]:
-    """Renamed settings -- the schema's keys marked ``x-renamed-from: <former name>`` -- by
-    cell section: {key: its former name}.  The hash names a renamed key by its former name,
-    so a rename keeps every cell's hash (its finished results stay valid); a config that
-    still uses the former name is refused with one line naming the new one."""
-    return _marked("x-renamed-from", "x-renamed-from")
-
-
-def with_current_names(cell: dict) -> dict:
-    """``cell`` (e.g. a cell.json written before a rename) with its settings under their
-    current names (:func:`former_names`); its hash is unchanged by construction."""
-    out = dict(cell)
-    for section, names in former_names().items():
-        node = out if not section else out.get(section)
-        if not isinstance(node, dict):
-            continue
-        node = {**node}
-        for new, old in names.items():
-            if old in node and new not in node:
-                node[new] = node.pop(old)
-        if section:
-            out[section] = node
-        else:
-            out = node
-    return out
-
-
 def cell_hash(cell: dict) -> str:
-    """Short hash of the cell's id and every setting of the cell except its execution settings
-    (:func:`execution_keys`), the settings at a default that changes nothing
-    (:func:`hashed_when_set`), the hash itself and the data's location (:data:`NAME_KEYS`,
-    :data:`WHERE_KEYS`); a renamed setting is hashed under its former name (:func:`former_names`)."""
+    """Short hash of the cell's id, its format (:data:`smallbatch.tracking.FORMAT`) and every
+    setting of the cell except its execution settings (:func:`execution_keys`), the hash itself
+    and the data's location (:data:`NAME_KEYS`, :data:`WHERE_KEYS`)."""
     return settings_hash(hashed_settings(cell))
 
 
 def hashed_settings(cell: dict) -> dict:
-    """What :func:`cell_hash` hashes: the cell less the settings it leaves out, a renamed
-    setting under its former name -- the payload a change of a hash is read from."""
-    skip, later, former = execution_keys(), hashed_when_set(), former_names()
+    """What :func:`cell_hash` hashes: the cell less the settings it leaves out -- the payload a
+    change of a hash is read from."""
+    skip = execution_keys()
     skip = {**skip, "": skip[""] | set(WHERE_KEYS)}
 
     def kept(section: str, items) -> dict:
-        return {
-            former[section].get(k, k): v
-            for k, v in items
-            if k not in skip[section] and not (k in later[section] and v == later[section][k])
-        }
+        return {k: v for k, v in items if k not in skip[section]}
 
     science = kept("", ((k, v) for k, v in cell.items() if k not in NAME_KEYS))
     for section in CELL_SECTIONS:
@@ -245,6 +204,7 @@ def make_cell(
     )
     cell = {
         "id": cid,
+        "format": FORMAT,
         "experiment": experiment,
         **data_settings(cfg, dataset),
         "loss": loss,
@@ -438,6 +398,7 @@ def baseline_cells(cfg: dict) -> dict[str, dict]:
             cid = f"baselines/{dataset}/{kind}" + ("" if seed is None else f"-s{seed}")
             cell = {
                 "id": cid,
+                "format": FORMAT,
                 "experiment": "baseline",
                 "baseline": kind,
                 **data_settings(cfg, dataset),
@@ -457,9 +418,7 @@ def baseline_cells(cfg: dict) -> dict[str, dict]:
 def flat_params(cell: dict) -> dict[str, str]:
     """Flatten a cell into MLflow params named by the config's dotted keys (``train.lr``,
     ``augment.crop_scale``, ``eval.knn_k``; a loss's own parameters as ``loss.<name>``, the grid's
-    axes as ``loss``, ``batch_size``, ``temperature``, ``seed``); values as strings, <= 500 chars.
-    The report reads stores written before the train settings carried their ``train.`` prefix as
-    well (:func:`smallbatch.report.runs.report_param`)."""
+    axes as ``loss``, ``batch_size``, ``temperature``, ``seed``); values as strings, <= 500 chars."""
     out: dict[str, str] = {}
 
     def rec(prefix: str, obj: Any) -> None:

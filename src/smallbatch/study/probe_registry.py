@@ -219,9 +219,8 @@ def probe_schema(description: str) -> dict[str, Any]:
 
 
 def probe_params() -> dict[str, dict]:
-    """The ``eval`` keys the probes declare (their ``params``), each a JSON schema marked
-    ``x-hash-when-set`` (at its default a cell keeps its hash), in registry order."""
-    return {k: {"x-hash-when-set": True, **sch} for s in SPECS.values() for k, sch in s.params.items()}
+    """The ``eval`` keys the probes declare (their ``params``), each a JSON schema, in registry order."""
+    return {k: dict(sch) for s in SPECS.values() for k, sch in s.params.items()}
 
 
 def param_defaults() -> dict[str, Any]:

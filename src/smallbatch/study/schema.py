@@ -160,10 +160,6 @@ def one_line(err, root_schema: dict, label: str | None = None, what: str = "conf
         extra = [k for k in err.instance if k not in allowed] if isinstance(err.instance, dict) else []
         bad = extra[0] if extra else "?"
         full = f"{where}.{bad}" if where != "<top level>" else bad
-        renamed = [k for k, sub in err.schema.get("properties", {}).items() if sub.get("x-renamed-from") == bad]
-        if renamed:
-            new = f"{where}.{renamed[0]}" if where != "<top level>" else renamed[0]
-            return f"{what} '{full}' is now '{new}' (renamed; same meaning and values): rename it in the config"
         hint = difflib.get_close_matches(str(bad), allowed, n=1)
         sugg = f" (did you mean '{hint[0]}'?)" if hint else ""
         return f"unknown {what} '{full}'{sugg}; allowed keys here: {', '.join(allowed) or 'none'}"

@@ -45,6 +45,7 @@ from .base import (
     ACCURACY_UNIT,
     ARTIFACTS_DIR,
     BAD_STATUSES,
+    FORMAT,
     KIND_PARENT,
     KIND_REPORT,
     LEASE_S,
@@ -58,6 +59,7 @@ from .base import (
     TAG_COMMIT,
     TAG_ERROR,
     TAG_EXPERIMENT,
+    TAG_FORMAT,
     TAG_GIT_DIRTY,
     TAG_HASH,
     TAG_KIND,
@@ -71,6 +73,7 @@ from .base import (
     LeaseHeld,
     RunVanished,
     TrackingError,
+    format_problem,
 )
 from .client import DEADLINE_ENV, DEADLINE_S, StoreTooSlow, store_deadline, tracking_uri_problem
 from .provenance import git_commit, git_state, set_source, source_tags
@@ -81,6 +84,9 @@ from .sqlite import half_built
 from .store import artifact_path, artifacts_root, describe_study, get_or_create_experiment, init_store
 
 __all__ = [
+    "FORMAT",
+    "TAG_FORMAT",
+    "format_problem",
     "ACCURACY_UNIT",
     "ARTIFACTS_DIR",
     "BAD_STATUSES",

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+#: the format of the cell files and stores this smallbatch writes and reads: every cell carries it
+#: (``format``, part of its hash) and every study's experiment (tag :data:`TAG_FORMAT`).  It goes up
+#: when a cell or a run would be read differently; a file or store of another format is refused in
+#: one line (:func:`format_problem`), never read half-right.
+FORMAT = 2
+TAG_FORMAT = "smallbatch.format"
 TAG_CELL = "smallbatch.cell_id"
 TAG_HASH = "smallbatch.cell_hash"
 TAG_KIND = "smallbatch.kind"
@@ -29,6 +35,17 @@ BAD_STATUSES = ("diverged", "collapsed", "failed")
 
 class TrackingError(RuntimeError):
     """The tracking store could not be reached or used; one line, names the URI."""
+
+
+def format_problem(what: str, found: object, fix: str) -> str | None:
+    """One line when ``found`` (a cell's ``format``, an experiment's :data:`TAG_FORMAT`) is not
+    this smallbatch's :data:`FORMAT`: ``what`` names the file or store, ``fix`` how to go on."""
+    if str(found) == str(FORMAT):
+        return None
+    return (
+        f"{what} was written by another smallbatch (format {found if found is not None else 'none'}; "
+        f"this one reads and writes format {FORMAT}): {fix}"
+    )
 
 
 #: where a SQLite store's artifacts live: this folder beside the database file.  A new experiment's

@@ -8,7 +8,7 @@ from typing import Any
 from .base import STATUS_FINISHED, STATUS_RUNNING, TAG_STATUS, TrackingError
 from .client import bounded_client, connection_refused, wrap
 from .sqlite import check_existing_store
-from .store import local_artifacts
+from .store import check_format, local_artifacts
 
 #: MLflow's run status -> ours, for a run without the TAG_STATUS tag
 _MLFLOW_STATUS = {
@@ -64,10 +64,12 @@ class StoreReader:
                     f"experiment {name!r} at URI {self.uri!r} was deleted; restore it "
                     f"(mlflow experiments restore --experiment-id {exp.experiment_id}) to read its runs"
                 )
+            check_format(self.uri, exp)
             return exp.experiment_id, exp.name
         exps = [e for e in self._experiments() if e.name != "Default"]
         chosen = [e for e in exps if e.name == "smallbatch"] or (exps if len(exps) == 1 else [])
         if chosen:
+            check_format(self.uri, chosen[0])
             return chosen[0].experiment_id, chosen[0].name
         names = sorted(e.name for e in exps)
         raise ValueError(

@@ -8,14 +8,17 @@ from urllib.parse import urlparse
 
 from .base import (
     ARTIFACTS_DIR,
+    FORMAT,
     KIND_PARENT,
     KIND_REPORT,
     PROXIED_ROOT,
     TAG_CELL,
+    TAG_FORMAT,
     TAG_HASH,
     TAG_KIND,
     TAG_NOTE,
     TrackingError,
+    format_problem,
 )
 from .client import check_mlflow_server, is_http, store_client, tracking_uri_problem, wrap
 from .sqlite import build_sqlite_store, remove_dead_builds, sqlite_file, sqlite_path
@@ -46,9 +49,9 @@ def describe_study(experiment: str, config: str | None = None) -> str:
 def _create_experiment(client, uri: str, experiment: str, note: str) -> str:
     from mlflow.entities import ExperimentTag
 
-    tags = [ExperimentTag(TAG_NOTE, note)]
+    tags = [ExperimentTag(TAG_NOTE, note), ExperimentTag(TAG_FORMAT, str(FORMAT))]
     if sqlite_file(uri) is None:  # a server or another store: its own artifact root
-        return client.create_experiment(experiment, tags={TAG_NOTE: note})
+        return client.create_experiment(experiment, tags={t.key: t.value for t in tags})
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
     # the store's default root, not an explicit location: MLflow makes an explicit one absolute
@@ -64,12 +67,25 @@ def _check_named(uri: str, experiment: str, exp) -> None:
         )
 
 
+def check_format(uri: str, exp) -> None:
+    """TrackingError when experiment ``exp`` was written in another format than this smallbatch's."""
+    problem = format_problem(
+        f"experiment '{exp.name}' of the store {uri}",
+        exp.tags.get(TAG_FORMAT),
+        "run the study into a new store (another results_dir or tracking_uri), or read this one "
+        "with the smallbatch that wrote it",
+    )
+    if problem:
+        raise TrackingError(problem)
+
+
 def get_or_create_experiment(uri: str, experiment: str, note: str | None = None) -> str:
     client = store_client(uri)
     try:
         exp = client.get_experiment_by_name(experiment)
         if exp is not None:
             _check_named(uri, experiment, exp)
+            check_format(uri, exp)
             if note and exp.tags.get(TAG_NOTE) != note:
                 client.set_experiment_tag(exp.experiment_id, TAG_NOTE, note)
             return exp.experiment_id

@@ -92,14 +92,15 @@ class Hooks:
     """How the caller watches a run: ``log_fn(metrics, step)``; ``before_save()`` runs
     before every state save (the tracker flushes there, so the store never lags behind
     ``state.pt``); ``meta`` is stored in the state (the MLflow run id);
-    ``stop_after_steps`` simulates a crash (tests); ``at_epoch_end(backbone, epoch)`` runs on
+    ``after_step(step)`` runs on rank 0 after each step is done (and its state saved when one
+    is due): what it raises ends the run there, as a crash would; ``at_epoch_end(backbone, epoch)`` runs on
     rank 0 at each epoch's end, before the state is saved, and returns metrics to log or None
     (the kNN monitor, :mod:`smallbatch.evaluation.monitor`)."""
 
     log_fn: Callable[[dict, int], None] | None = None
     before_save: Callable[[], None] | None = None
     meta: dict = field(default_factory=dict)
-    stop_after_steps: int | None = None
+    after_step: Callable[[int], None] | None = None
     progress: bool = True
     at_epoch_end: Callable[[torch.nn.Module, int], dict | None] | None = None
 
@@ -178,14 +179,14 @@ def pretrain(
     device: str | torch.device = "auto",
     restart: bool = False,
     progress: bool = True,
-    stop_after_steps: int | None = None,
+    after_step: Callable[[int], None] | None = None,
     meta: dict | None = None,
     world: World | None = None,
     labels: torch.Tensor | None = None,
     at_epoch_end: Callable[[torch.nn.Module, int], dict | None] | None = None,
 ) -> TrainResult:
     """Pretrain the cell's encoder on ``images`` (uint8 N,C,H,W); write checkpoint.pt.
-    See :class:`Hooks` for ``log_fn``, ``before_save``, ``meta`` and ``stop_after_steps``;
+    See :class:`Hooks` for ``log_fn``, ``before_save``, ``meta`` and ``after_step``;
     ``restart`` ignores (and later overwrites) a saved state.  ``world``: this process's
     place among ``train.devices`` data-parallel processes (default: one process; only
     rank 0 locks, saves and logs — give the others no hooks).  ``labels``: the images'
@@ -198,7 +199,7 @@ def pretrain(
         log_fn,
         before_save,
         dict(meta or {}),
-        stop_after_steps,
+        after_step if world.is_main else None,
         progress and world.is_main,
         at_epoch_end if world.is_main else None,
     )
@@ -413,7 +414,7 @@ def resume(t: Training) -> None:
     s.temperature.load_state_dict(st["temperature"])
     s.loss_fn.load_state_dict(st.get("loss", {}))  # SogCLR's u (a stateless loss: nothing)
     t.step, t.wall_before = int(st["step"]), float(st["wall_s"])
-    t.cpu_before = float(st.get("cpu_s", 0.0))  # a state written before CPU time was kept: from 0
+    t.cpu_before = float(st["cpu_s"])
     t.last_value = torch.tensor(float(st["last_loss"]), device=t.dev)
     if t.world.is_main:
         print(f"resuming {t.cell.id} from step {t.step}/{t.total} ({t.state_path})", file=sys.stderr)
@@ -488,8 +489,8 @@ def run_loop(t: Training, hooks: Hooks, t_start: float) -> str:
                     save(t, hooks, time.perf_counter() - t_start)
                 if stop:
                     raise _preempted(t, term["flag"])
-                if hooks.stop_after_steps is not None and t.step >= hooks.stop_after_steps:
-                    raise KeyboardInterrupt(f"simulated crash after {t.step} steps")
+                if hooks.after_step is not None:
+                    hooks.after_step(t.step)
     finally:
         if bar is not None:
             bar.close()
