@@ -15,9 +15,10 @@ Its metrics are logged to the cell's run as ``<probe>/<metric>``.
 Adding a probe is its function plus its entry here: a setting of its own is declared in its
 ``params`` (one JSON schema per ``eval.<key>``, with its default and description), which
 the config schema's ``eval`` section, CONFIGURATION.md and the cell's
-:meth:`~smallbatch.study.cell.EvalSettings.setting` take from here -- hashed only when set off its
-default, so a probe that is not run changes no cell.  ``eval.probes`` chooses the probes a
-study runs (default: :data:`DEFAULT_PROBES`, the ones every study ran before the key existed).
+:meth:`~smallbatch.study.cell.EvalSettings.setting` take from here.  Every cell carries every
+probe's own settings at their values, defaults included, and its hash covers them: a new
+setting moves every cell's hash, an opt-in probe without one moves none.  ``eval.probes``
+chooses the probes a study runs (default: :data:`DEFAULT_PROBES`).
 """
 
 from __future__ import annotations
