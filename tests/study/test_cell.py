@@ -58,7 +58,7 @@ def test_only_the_modules_that_make_a_cell_read_it_by_string_keys():
     import smallbatch
 
     src = Path(smallbatch.__file__).parent
-    makers = {src / "cell.py", src / "pipeline" / "cells.py"}
+    makers = {src / "study" / "cell.py", src / "study" / "cells.py"}
     read = re.compile(r"""\bcell\s*(\[\s*["']|\.get\()""")
     files = [*src.rglob("*.py"), *(src.parents[1] / "workflow" / "rules").glob("*.smk")]
     found = [
