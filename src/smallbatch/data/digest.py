@@ -3,7 +3,8 @@
 A cell computes from images, not from the folder they are read from: its hash names the
 data set, its image size and subsets (the cell's ``dataset_options``) and this digest of
 the source files, never ``data.root``.  Pointing a study at another copy of the same files
-keeps every hash; other files (another release, an edited image) change them.
+keeps every hash; other files (another release, an edited image) change them.  The rule is
+the data set's registry entry's (:mod:`smallbatch.data.registry`): its ``md5``, else its reader's.
 
 =====================  =====================================================================
 data set               digest
@@ -14,8 +15,9 @@ its composites)        ``<root>/FashionMNIST/raw/`` or decompressed from Debian'
                        the same bytes either way; ``torchvision-md5`` when the folder holds
                        torchvision's downloaded archives (their MD5 is checked on download)
                        or when they are still to be downloaded
-cifar10, cifar100,     torchvision's MD5 of the release: torchvision refuses files that do
-stl10                  not match it, so no other content can be read
+cifar10, cifar100,     torchvision's MD5 of the release (the registry entry's ``md5``):
+stl10                  torchvision refuses files that do not match it, so no other content
+                       can be read
 imagefolder            SHA-256 of the listing of its image files (path and size of each):
                        reading every image would take as long as loading the data set
 =====================  =====================================================================
@@ -34,13 +36,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import BinaryIO
 
-#: torchvision's MD5 of each release it downloads and checks (torchvision.datasets.*: tgz_md5,
-#: FashionMNIST.resources), the same as torchvision's own
-TORCHVISION_MD5 = {
-    "cifar10": "c58f30108f718f92721af3b95e74349a",
-    "cifar100": "eb9058c3a382ffc7106e4002c42a8d85",
-    "stl10": "91f7769df0f17e558f3565bffb0c7dfb",
-}
+from .registry import dataset_spec
+
+#: torchvision's MD5 of each archive of Fashion-MNIST it downloads (FashionMNIST.resources)
 FASHION_MNIST_MD5 = {
     "train-images-idx3-ubyte.gz": "8d4fb7e6c68d591d4c3dfef9ec88bf0d",
     "train-labels-idx1-ubyte.gz": "25c81989df183df01b3e8a0aad5dffbe",
@@ -49,7 +47,7 @@ FASHION_MNIST_MD5 = {
 }
 _CHUNK = 1 << 20
 #: Where Debian's ``dataset-fashion-mnist`` package installs the IDX ``.gz`` files, and their names
-DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
+DEBIAN_FASHION_MNIST = Path(str(dataset_spec("fashion_mnist").apt_folder))
 FASHION_FILES = (
     "train-images-idx3-ubyte",
     "train-labels-idx1-ubyte",
@@ -64,17 +62,20 @@ def data_digest(base: str, root: str | Path | None, download: bool = False) -> s
     docstring), e.g. ``sha256:14410854cf7a2894``; ``missing`` when there are none to read
     (the config's data-root check refuses such a study before any job)."""
     where = Path(root).expanduser().resolve() if root is not None else Path()
-    if base == "imagefolder":  # its listing is its digest: nothing to cache
+    spec = dataset_spec(base)
+    if spec.md5 is not None:  # torchvision refuses any other content
+        return f"torchvision-md5:{spec.md5}"
+    if spec.reader == "image_folder":  # its listing is its digest: nothing to cache
         return _folder_listing(where)
-    return _digest(base, str(where), bool(download), _stats(base, where))
+    return _digest(str(spec.reader), str(where), bool(download), _stats(str(spec.reader), where))
 
 
-def _stats(name: str, root: Path) -> tuple:
-    """(path, size, mtime) of every file the digest of ``name`` may read: the cache's key, so a
-    file changed in a long-lived process (the warm server) is read again."""
-    if name != "fashion_mnist":
+def _stats(reader: str, root: Path) -> tuple:
+    """(path, size, mtime) of every file the digest of a data set read by ``reader`` may read:
+    the cache's key, so a file changed in a long-lived process (the warm server) is read again."""
+    if reader != "torchvision_fashion_mnist":
         return ()
-    raw = root / "FashionMNIST" / "raw"
+    raw = root / str(dataset_spec("fashion_mnist").folder)
     paths = [raw / n for n in (*FASHION_FILES, *FASHION_MNIST_MD5)]
     paths += [DEBIAN_FASHION_MNIST / f"{n}.gz" for n in FASHION_FILES]
     out = []
@@ -88,12 +89,13 @@ def _stats(name: str, root: Path) -> tuple:
 
 
 @functools.lru_cache(maxsize=64)
-def _digest(name: str, root: str, download: bool, stats: tuple) -> str:
-    if name == "digits":
+def _digest(reader: str, root: str, download: bool, stats: tuple) -> str:
+    """The digest of the files a data set read by ``reader`` reads (one rule per reader)."""
+    if reader == "sklearn_digits":
         return _sha256([_sklearn_digits()])
-    if name in TORCHVISION_MD5:
-        return f"torchvision-md5:{TORCHVISION_MD5[name]}"
-    return _fashion_mnist(Path(root), download)
+    if reader == "torchvision_fashion_mnist":
+        return _fashion_mnist(Path(root), download)
+    raise ValueError(f"no digest rule for the data sets read by {reader!r}: add one to smallbatch.data.digest")
 
 
 def _sha256(streams: Iterable[BinaryIO | gzip.GzipFile]) -> str:
@@ -113,7 +115,7 @@ def _sklearn_digits() -> BinaryIO:
 
 
 def _fashion_mnist(root: Path, download: bool) -> str:
-    raw = root / "FashionMNIST" / "raw"
+    raw = root / str(dataset_spec("fashion_mnist").folder)
     archives = [raw / name for name in FASHION_MNIST_MD5]
     if all(p.is_file() for p in archives) and all(_md5(p) == FASHION_MNIST_MD5[p.name] for p in archives):
         return "torchvision-md5:fashion-mnist"

@@ -74,11 +74,10 @@ from ..io import make_folder, read_problem, save_torch
 from .digest import DEBIAN_FASHION_MNIST, data_digest
 from .readers import prepare_fashion_mnist, read_raw
 from .registry import (
-    COMPOSITES,
     DATASETS,
-    DISPLAY_NAMES,
     SPLIT_SIZES,
     base_dataset,
+    dataset_spec,
     display_name,
     pretrain_images,
     pretrain_split,
@@ -86,11 +85,10 @@ from .registry import (
 )
 
 __all__ = [
-    "COMPOSITES",
     "DATASETS",
     "DEBIAN_FASHION_MNIST",
     "base_dataset",
-    "DISPLAY_NAMES",
+    "dataset_spec",
     "display_name",
     "SPLIT_SIZES",
     "ImageData",
@@ -289,12 +287,13 @@ def _load_composite(
     test_subset: int | None,
     seed: int,
 ) -> dict[str, Any]:
-    """Composites of ``name`` (:data:`COMPOSITES`) at their final size and count: train ones
+    """Composites of ``name`` (its registry entry's ``base`` and ``items``) at their final size and count: train ones
     from the base's training split, test ones from its test split (a generator per split,
     seeded by ``(seed, split)``); the items' indices in their split go to ``meta``."""
     from .composite import make_composites
 
-    base, k = COMPOSITES[name]
+    spec = dataset_spec(name)
+    base, k = str(spec.base), spec.items
     raw = read_raw(base, root, download, None)
     sizes = SPLIT_SIZES[name]
     for option, value, split in (("train_subset", train_subset, "train"), ("test_subset", test_subset, "test")):
@@ -358,15 +357,14 @@ def _take_subsets(raw: dict[str, Any], train_subset: int | None, test_subset: in
 
 def _check_load_args(name, root, image_size, train_subset, test_subset, seed) -> tuple[Path, Any, Any, Any]:
     """:func:`load_dataset`'s arguments checked: (root as a Path, image_size, train_subset, test_subset)."""
-    if name not in DATASETS:
-        raise ValueError(f"dataset must be one of {', '.join(DATASETS)}; got {name!r}")
+    spec = dataset_spec(name)  # an unknown name: one line listing the known ones
     image_size = _check_optional_positive_int(image_size, "image_size")
     train_subset = _check_optional_positive_int(train_subset, "train_subset")
     test_subset = _check_optional_positive_int(test_subset, "test_subset")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise ValueError(f"seed must be an integer, got {seed!r}")
-    if root is None and name != "digits":
-        raise ValueError(f"root is required for dataset {name!r} (only digits needs no files)")
+    if root is None and (spec.folder is not None or spec.base is not None):
+        raise ValueError(f"root is required for dataset {name!r}: it reads files under a root")
     return Path(root if root is not None else ".").expanduser(), image_size, train_subset, test_subset
 
 
@@ -412,7 +410,7 @@ def load_dataset(
     root, image_size, train_subset, test_subset = _check_load_args(
         name, root, image_size, train_subset, test_subset, seed
     )
-    if name in COMPOSITES:  # built at the requested counts: no subset to take
+    if dataset_spec(name).base is not None:  # a composite: built at the requested counts: no subset to take
         raw = _load_composite(name, root, download, image_size, train_subset, test_subset, seed)
         train_x, train_y_np, test_x, test_y_np, pretrain_x = (
             raw["train_x"],

@@ -25,10 +25,9 @@ import numpy as np
 from ..io import atomic_write
 from .digest import DEBIAN_FASHION_MNIST
 from .digest import FASHION_FILES as _FASHION_FILES
-from .registry import SPLIT_SIZES, display_name
+from .registry import DatasetSpec, dataset_spec, display_name
 
 # Fixed split of the digits data set, independent of the run seed.
-_DIGITS_TEST_SIZE = SPLIT_SIZES["digits"]["test"]
 _DIGITS_SPLIT_SEED = 0
 
 
@@ -85,12 +84,12 @@ def _torchvision_errors(
 
 
 # --------------------------------------------------------------------------- loaders
-# Each returns a dict: train_x, train_y, test_x, test_y (numpy or torch, any layout
-# with `channels_last` saying the layout), optional pretrain_x,
-# num_classes, classes, source.
+# Each takes (spec, root, download, image_size) and returns a dict: train_x, train_y, test_x,
+# test_y (numpy or torch, any layout with `channels_last` saying the layout), optional
+# pretrain_x, num_classes, classes, source.
 
 
-def _load_digits(root: Path, download: bool) -> dict[str, Any]:
+def _load_digits(spec: DatasetSpec, root: Path, download: bool, image_size: int | None) -> dict[str, Any]:
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -98,7 +97,7 @@ def _load_digits(root: Path, download: bool) -> dict[str, Any]:
     images = np.rint(bunch.images * (255.0 / 16.0)).clip(0, 255).astype(np.uint8)  # (1797, 8, 8)
     target = bunch.target.astype(np.int64)
     train_idx, test_idx = train_test_split(
-        np.arange(len(target)), test_size=_DIGITS_TEST_SIZE, stratify=target, random_state=_DIGITS_SPLIT_SEED
+        np.arange(len(target)), test_size=(spec.sizes or {})["test"], stratify=target, random_state=_DIGITS_SPLIT_SEED
     )
     train_idx, test_idx = np.sort(train_idx), np.sort(test_idx)
     return {
@@ -122,7 +121,7 @@ def prepare_fashion_mnist(root: str | Path, source: str | Path | None = None) ->
     written to a temporary name in the same folder and renamed into place, so an
     interrupted run never leaves a half-written file under the final name.
     """
-    raw = Path(root) / "FashionMNIST" / "raw"
+    raw = Path(root) / str(dataset_spec("fashion_mnist").folder)
     if all((raw / name).is_file() for name in _FASHION_FILES):
         return raw
     src = Path(source) if source is not None else DEBIAN_FASHION_MNIST
@@ -138,21 +137,21 @@ def prepare_fashion_mnist(root: str | Path, source: str | Path | None = None) ->
     return raw
 
 
-def _load_fashion_mnist(root: Path, download: bool) -> dict[str, Any]:
+def _load_fashion_mnist(spec: DatasetSpec, root: Path, download: bool, image_size: int | None) -> dict[str, Any]:
     from torchvision.datasets import FashionMNIST
 
     raw = prepare_fashion_mnist(root)
     if raw is None and not download:
         raise FileNotFoundError(
-            f"fashion_mnist: no IDX files under {root}/FashionMNIST/raw/ and none in {DEBIAN_FASHION_MNIST}; "
-            "install the apt package dataset-fashion-mnist or set download: true"
+            f"{spec.name}: no IDX files under {root}/{spec.folder}/ and none in {DEBIAN_FASHION_MNIST}; "
+            f"install the apt package {spec.apt_package} or set download: true"
         )
     with _torchvision_errors(
-        "fashion_mnist",
+        spec.name,
         raw is None,
         FashionMNIST.mirrors[0],
-        f"{root}/FashionMNIST/raw/",
-        lambda exc: f"fashion_mnist: could not read {root}/FashionMNIST/raw/ ({exc})",
+        f"{root}/{spec.folder}/",
+        lambda exc: f"{spec.name}: could not read {root}/{spec.folder}/ ({exc})",
     ):
         train = FashionMNIST(str(root), train=True, download=download)
         test = FashionMNIST(str(root), train=False, download=download)
@@ -168,21 +167,15 @@ def _load_fashion_mnist(root: Path, download: bool) -> dict[str, Any]:
     }
 
 
-_CIFAR_LAYOUT = {
-    "cifar10": ("cifar-10-batches-py", "data_batch_1..5, test_batch, batches.meta"),
-    "cifar100": ("cifar-100-python", "train, test, meta"),
-}
-
-
-def _load_cifar(name: str, root: Path, download: bool) -> dict[str, Any]:
+def _load_cifar(spec: DatasetSpec, root: Path, download: bool, image_size: int | None) -> dict[str, Any]:
     from torchvision.datasets import CIFAR10, CIFAR100
 
-    folder, files = _CIFAR_LAYOUT[name]
-    if not download and not (root / folder).is_dir():
+    name, folder, files = spec.name, spec.folder, spec.files
+    if not download and not (root / str(folder)).is_dir():
         raise FileNotFoundError(
             f"{name}: no {root}/{folder}/ (expected the python pickles {files}); set download: true to fetch them"
         )
-    cls = CIFAR10 if name == "cifar10" else CIFAR100
+    cls = CIFAR10 if spec.reader == "torchvision_cifar10" else CIFAR100
     with _torchvision_errors(
         name,
         download,
@@ -203,23 +196,23 @@ def _load_cifar(name: str, root: Path, download: bool) -> dict[str, Any]:
         "channels_last": True,
         "num_classes": len(train.classes),
         "classes": list(train.classes),
-        "source": str(root / folder),
+        "source": str(root / str(folder)),
     }
 
 
-def _load_stl10(root: Path, download: bool) -> dict[str, Any]:
+def _load_stl10(spec: DatasetSpec, root: Path, download: bool, image_size: int | None) -> dict[str, Any]:
     from torchvision.datasets import STL10
 
-    files = "train_X.bin, train_y.bin, unlabeled_X.bin, test_X.bin, test_y.bin"
-    if not download and not (root / "stl10_binary").is_dir():
-        raise FileNotFoundError(f"stl10: no {root}/stl10_binary/ (expected {files}); set download: true to fetch it")
+    name, folder, files = spec.name, spec.folder, spec.files
+    if not download and not (root / str(folder)).is_dir():
+        raise FileNotFoundError(f"{name}: no {root}/{folder}/ (expected {files}); set download: true to fetch it")
     with _torchvision_errors(
-        "stl10",
+        name,
         download,
         STL10.url,
-        f"{root}/stl10_binary/ ({files})",
+        f"{root}/{folder}/ ({files})",
         lambda exc: (
-            f"stl10: files under {root}/stl10_binary/ missing or failing torchvision's "
+            f"{name}: files under {root}/{folder}/ missing or failing torchvision's "
             f"md5 check (expected {files}); set download: true to fetch them"
         ),
     ):
@@ -237,7 +230,7 @@ def _load_stl10(root: Path, download: bool) -> dict[str, Any]:
         "channels_last": False,
         "num_classes": 10,
         "classes": classes,
-        "source": str(root / "stl10_binary"),
+        "source": str(root / str(folder)),
     }
 
 
@@ -285,7 +278,7 @@ def _read_folder(
     return np.stack(images), labels, found
 
 
-def _load_imagefolder(root: Path, download: bool, image_size: int | None) -> dict[str, Any]:
+def _load_imagefolder(spec: DatasetSpec, root: Path, download: bool, image_size: int | None) -> dict[str, Any]:
     train_dir = root / "train"
     test_dir = root / "val" if (root / "val").is_dir() else root / "test"
     if not train_dir.is_dir() or not test_dir.is_dir():
@@ -310,14 +303,20 @@ def _load_imagefolder(root: Path, download: bool, image_size: int | None) -> dic
     }
 
 
+#: every reader, under the key a data set's registry entry names (:attr:`DatasetSpec.reader`)
+READERS: dict[str, Callable[[DatasetSpec, Path, bool, int | None], dict[str, Any]]] = {
+    "sklearn_digits": _load_digits,
+    "torchvision_fashion_mnist": _load_fashion_mnist,
+    "torchvision_cifar10": _load_cifar,
+    "torchvision_cifar100": _load_cifar,
+    "torchvision_stl10": _load_stl10,
+    "image_folder": _load_imagefolder,
+}
+
+
 def read_raw(name: str, root: Path, download: bool, image_size: int | None) -> dict[str, Any]:
     """The data set's images and labels as its reader returns them (numpy or tensors, native size)."""
-    if name == "digits":
-        return _load_digits(root, download)
-    if name == "fashion_mnist":
-        return _load_fashion_mnist(root, download)
-    if name in ("cifar10", "cifar100"):
-        return _load_cifar(name, root, download)
-    if name == "stl10":
-        return _load_stl10(root, download)
-    return _load_imagefolder(root, download, image_size)
+    spec = dataset_spec(name)
+    if spec.reader is None:
+        raise ValueError(f"{name} is a composite of {spec.base}: it is built from its base's images, not read")
+    return READERS[spec.reader](spec, root, download, image_size)

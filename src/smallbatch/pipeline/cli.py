@@ -346,10 +346,10 @@ def cmd_prepare_data(args) -> int:
         v = getattr(args, k)
         if v is not None:
             ds[k] = v
-    from ..data.registry import DATASETS
+    from ..data.registry import SPECS as DATASET_SPECS
 
-    if args.dataset not in DATASETS:
-        raise ValueError(f"--dataset {args.dataset!r} is not known; allowed: {', '.join(DATASETS)}")
+    if args.dataset not in DATASET_SPECS:
+        raise ValueError(f"--dataset {args.dataset!r} is not known; allowed: {', '.join(DATASET_SPECS)}")
     root = args.data_root or ds.get("root") or cfg["data"]["root"]
     info = prepare_data(args.dataset, root, bool(args.download or cfg["data"]["download"]), ds, args.out)
     print(json.dumps(info))

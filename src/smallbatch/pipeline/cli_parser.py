@@ -30,13 +30,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path, PosixPath
 
+from ..data.registry import SPECS as DATASET_SPECS
 from ..io import text_problem
 from ..losses.registry import SPECS, loss_param_names
 from ..study.probe_registry import SPECS as PROBE_SPECS
 
-DATASET_NAMES = (
-    "fashion_mnist | fashion_mnist_pairs | fashion_mnist_triples | digits | cifar10 | cifar100 | stl10 | imagefolder"
-)
 DEVICES = ["auto", "cpu", "cuda"]
 FEATURES_HELP = "features from 'smallbatch embed' (default: <cell folder>/features.npz)"
 #: the top-level help: what the commands do (each command's own line comes from its parser)
@@ -48,6 +46,11 @@ of one cell (what the workflow's jobs run, and by hand: smallbatch <command> --h
 MI toy. The workflow's own commands (init-store, warm-server) are left out of this list."""
 #: commands the workflow runs for itself: callable, but not in the top-level list
 INTERNAL_COMMANDS = ("init-store", "warm-server")
+
+
+def dataset_help() -> str:
+    """Every data set of the registry: ``fashion_mnist | digits | …``."""
+    return " | ".join(DATASET_SPECS)
 
 
 def loss_help() -> str:
@@ -160,7 +163,7 @@ def threads() -> argparse.ArgumentParser:
 def standalone_cell() -> argparse.ArgumentParser:
     p = _parent()
     s = p.add_argument_group("stand-alone cell (when neither --cell nor --cell-id is given)")
-    s.add_argument("--dataset", help=DATASET_NAMES)
+    s.add_argument("--dataset", help=dataset_help())
     s.add_argument("--data-root", help="data root (default: config data.root)")
     s.add_argument("--loss", help=loss_help())
     s.add_argument("--batch-size", type=int, help="N images per step (2N views)")
@@ -380,7 +383,7 @@ def _study_commands(add) -> None:
 
     c = add("prepare-data", "load a data set through its real loader and cache it as one tensor file")
     add_config(c, "study config (data.root, datasets.<name> options)")
-    c.add_argument("--dataset", required=True, help=DATASET_NAMES)
+    c.add_argument("--dataset", required=True, help=dataset_help())
     c.add_argument("--data-root")
     c.add_argument("--download", action="store_true", help="let torchvision download when files are missing")
     c.add_argument("--image-size", type=int)

@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from ..data import augment_config as _aug
-from ..data.registry import SPLIT_SIZES, base_dataset, pretrain_split, subset_problem
+from ..data.registry import SPLIT_SIZES, base_dataset, dataset_spec, pretrain_split, subset_problem
 from ..io import add_results_folder, read_problem, text_problem
 from ..losses.registry import canonical_name, loss_param_names
 from ..tracking import tracking_uri_problem
@@ -206,10 +206,6 @@ def _check_side_needs(cfg: dict, cells: dict[str, dict]) -> None:
             raise ConfigError(problem)
 
 
-_DATA_DIRS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python", "stl10": "stl10_binary"}
-DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
-
-
 def check_data_roots(cfg: dict) -> None:
     """Every data set of a validated study has its files under its root (or
     ``data.download`` is on); otherwise a one-line ConfigError naming the key.
@@ -217,19 +213,16 @@ def check_data_roots(cfg: dict) -> None:
     if cfg["data"].get("download"):
         return
     for name, opts in cfg["datasets"].items():
-        if name == "digits":  # ships inside scikit-learn
+        spec = dataset_spec(base_dataset(name))  # composites read their base's files
+        if spec.folder is None:  # no files of its own (digits ships inside scikit-learn)
             continue
         key = f"datasets.{name}.root" if opts.get("root") else "data.root"
         root = Path(opts.get("root") or cfg["data"]["root"]).expanduser()
-        if base_dataset(name) == "fashion_mnist":  # composites read Fashion-MNIST's files
-            ok = (root / "FashionMNIST" / "raw").is_dir() or DEBIAN_FASHION_MNIST.is_dir()
-            need = f"{root}/FashionMNIST/raw/ or {DEBIAN_FASHION_MNIST}/ (apt-get install dataset-fashion-mnist)"
-        elif name == "imagefolder":
-            ok = (root / "train").is_dir()
-            need = f"{root}/train/<class>/<image> and {root}/val/<class>/<image>"
-        else:
-            ok = (root / _DATA_DIRS[name]).is_dir()
-            need = f"{root}/{_DATA_DIRS[name]}/"
+        ok = (root / spec.folder).is_dir()
+        need = f"{root}/{spec.folder}/" + (f" ({spec.files})" if spec.files else "")
+        if spec.apt_folder is not None:
+            ok = ok or Path(spec.apt_folder).is_dir()
+            need += f" or {spec.apt_folder}/ (apt-get install {spec.apt_package})"
         if not ok:
             raise ConfigError(
                 f"config key '{key}' = '{root}': no {name} files there (expected {need}); "

@@ -1,5 +1,5 @@
 """The config schema: the YAML file shared by Snakemake and the CLI, completed with the loss
-registry's names and parameters.  Its own module so that the config checks
+registry's names and parameters and the data-set registry's names.  Its own module so that the config checks
 (:mod:`smallbatch.study.config`) and the cell expansion (:mod:`smallbatch.study.cells`)
 both read it without importing each other."""
 
@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from ..data.registry import SPECS as DATASET_SPECS
 from ..losses.registry import config_schema
 from .experiments import experiment_schema
 from .probe_registry import probe_params, probe_schema
@@ -34,7 +35,9 @@ def load_schema() -> dict:
     ``smallbatch.losses.registry.SPECS`` (filled into the keys marked ``x-loss-*``) and the
     probes of ``smallbatch.study.probe_registry.SPECS`` (their names into the key marked
     ``x-probe-names``, their own settings into the section marked ``x-probe-params``) and the side
-    experiments of ``smallbatch.study.experiments.SPECS`` (into the key marked ``x-side-experiments``)."""
+    experiments of ``smallbatch.study.experiments.SPECS`` (into the key marked ``x-side-experiments``)
+    and the data sets of ``smallbatch.data.registry.SPECS`` (their names into the key marked
+    ``x-dataset-names``)."""
     path = schema_path()
     key = str(path)
     if key not in _SCHEMA_CACHE:
@@ -50,6 +53,8 @@ def _with_losses(schema: dict) -> dict:
         if isinstance(node, dict):
             if node.get("x-loss-names"):
                 node["enum"] = list(parts["names"])
+            if node.get("x-dataset-names"):
+                node["enum"] = list(DATASET_SPECS)
             if node.get("x-loss-params"):
                 node["properties"] = copy.deepcopy(parts["loss_params"])
             if node.get("x-loss-entry"):
