@@ -62,8 +62,8 @@ def recipes() -> dict[str, dict[str, list[str]]]:
 
 def test_maintaining_names_the_five_recipes_each_with_its_files():
     found = recipes()
-    assert set(found) >= {"loss", "probe", "side experiment", "config key"}, sorted(found)
-    for name in ("loss", "probe", "side experiment", "config key"):
+    assert set(found) == set(WALKS), sorted(found)
+    for name in WALKS:
         files = found[name].get("Files", [])
         assert 1 <= len(files) <= 3, f"the {name} recipe lists {len(files)} files: {files}"
         assert all(f.startswith("src/smallbatch/") for f in files), files
@@ -311,6 +311,70 @@ assert sorted(c["train"]["lr_factor"] for c in swept.values()) == [1.0, 2.0], so
 assert len({c["hash"] for c in swept.values()}) == 2 and all("lr_factor" in cid for cid in swept), sorted(swept)
 """
 
+
+def _data_set(src: Path) -> None:
+    pkg = src / "smallbatch" / "data"
+    _append_entry(
+        pkg / "registry.py",
+        "SPECS",
+        """
+        DatasetSpec(name="noise", display="noise", reader="random_uint8", sizes={"train": 64, "test": 32}, classes=4)""",
+    )
+    readers = pkg / "readers.py"
+    text = readers.read_text(encoding="utf-8")
+    at = re.search(r"^(#:.*\n)*READERS\b", text, re.M)
+    assert at, "readers.py has no READERS (the readers' table renamed?)"
+    reader = textwrap.dedent(
+        """
+        def _load_noise(spec, root, download, image_size):
+            rng = np.random.default_rng(0)
+            side, (n, m) = image_size or 8, (spec.sizes["train"], spec.sizes["test"])
+            return {
+                "train_x": rng.integers(0, 256, (n, side, side), dtype=np.uint8),
+                "train_y": np.arange(n) % spec.classes,
+                "test_x": rng.integers(0, 256, (m, side, side), dtype=np.uint8),
+                "test_y": np.arange(m) % spec.classes,
+                "channels_last": False,
+                "num_classes": spec.classes,
+                "classes": [str(c) for c in range(spec.classes)],
+                "source": "numpy random, seed 0",
+            }
+
+
+        """
+    ).lstrip()
+    text = text[: at.start()] + reader + text[at.start() :]
+    readers.write_text(re.sub(r"(?m)^(READERS\b.*= \{\n)", r'\1    "random_uint8": _load_noise,\n', text))
+    _edit(
+        pkg / "digest.py",
+        '    raise ValueError(f"no digest rule',
+        '    if reader == "random_uint8":\n        return "generated:numpy-seed0"\n    raise ValueError(f"no digest rule',
+    )
+
+
+DATA_CHECK = """
+import torch
+from smallbatch.data.load import load_dataset
+from smallbatch.pipeline.cli_parser import build_parser
+from smallbatch.study.cells import expand_cells
+
+from smallbatch.study.config import ConfigError
+
+small = {**BASE, "datasets": {"noise": {"train_subset": 40}}}
+try:  # its sizes reach the checks made before any job: kNN's default k = 200 > 40 images
+    validate_config(small)
+    raise AssertionError("a k of 200 was planned on 40 images")
+except ConfigError as e:
+    assert "40 train images of noise" in str(e), e
+(cell,) = expand_cells(validate_config({**small, "eval": {"knn_k": [5]}})).values()
+assert cell["dataset"] == "noise" and cell["data_digest"] == "generated:numpy-seed0", cell
+data = load_dataset("noise", None, train_subset=40)
+assert data.train_x.dtype == torch.uint8 and tuple(data.train_x.shape) == (40, 1, 8, 8), data.train_x.shape
+assert tuple(data.test_x.shape) == (32, 1, 8, 8) and data.num_classes == 4
+sub = next(a for a in build_parser()._actions if a.dest == "command")
+assert "noise" in next(a for a in sub.choices["prepare-data"]._actions if a.dest == "dataset").help
+"""
+
 #: recipe -> (the toy edit, its check, the config `smallbatch cells` plans, what the reference must name)
 WALKS = {
     "loss": (
@@ -321,6 +385,7 @@ WALKS = {
     ),
     "probe": (_probe, PROBE_CHECK, {"eval": {"probes": ["norm"]}}, "norm: norm/mean"),
     "side experiment": (_side_experiment, SIDE_CHECK, {"experiments": {"toy": {"enabled": True}}}, "experiments.toy"),
+    "data set": (_data_set, DATA_CHECK, {"datasets": {"noise": {}}, "eval": {"knn_k": [5]}}, ""),
     "config key": (_config_key, KEY_CHECK, {"grid": {**BASE["grid"], "axes": {"lr_factor": [2.0]}}}, "train.lr_factor"),
 }
 
@@ -398,7 +463,7 @@ def test_each_recipe_adds_its_thing_by_its_files_alone(name, tmp_path, default_h
     cells = _run(["-m", "smallbatch", "cells", "--config", str(config)], src, tmp_path)
     assert cells.strip(), f"smallbatch cells planned nothing for the toy {name}"
     reference = _run(["-m", "smallbatch", "config-reference"], src, tmp_path)
-    assert mention in reference, f"smallbatch config-reference does not mention {mention!r}"
+    assert mention in reference, f"smallbatch config-reference does not mention {mention!r}"  # ("": names none)
 
     regenerate = set(recipe.get("Regenerate", []))
     stale = reference != (REPO / "CONFIGURATION.md").read_text(encoding="utf-8")
