@@ -56,7 +56,7 @@ def recipes() -> dict[str, dict[str, list[str]]]:
                 path, _, names = rest.partition(" (")
                 current[key] = [path, *(n.strip() for n in names.rstrip(")").split(",") if n.strip())]
             else:
-                current[key] = [p.strip() for p in rest.split(",")]
+                current[key] = [p.strip() for p in rest.split(",") if p.strip() != "nothing"]
     return out
 
 
@@ -219,6 +219,10 @@ x = np.full((20, 4), 0.5)  # every row's norm is 1
 feats = (rng.normal(size=(30, 4)), rng.integers(0, 3, 30), x, rng.integers(0, 3, 20))
 metrics = probe_function("norm")(feats, {"seed": 0})
 assert set(metrics) == {"mean"} and abs(metrics["mean"] - 1.0) < 1e-12, metrics
+from smallbatch.pipeline.cli_parser import build_parser
+
+sub = next(a for a in build_parser()._actions if a.dest == "command")
+assert "norm" in sub.choices, sorted(sub.choices)  # its command: smallbatch norm
 """
 
 
