@@ -191,6 +191,11 @@ SPECS: tuple[SideExperiment, ...] = (
                 "The instrument's claimed contrasts on the primary probe and the positive control, each with its "
                 "interval and the analysis plan's equivalence margin.",
             ),
+            (
+                "instrument_curves",
+                "The instrument's claimed contrasts and the positive control over training budgets, per planned "
+                "probe, each contrast's plateau (the budget its arms stopped moving at) starred.",
+            ),
         ),
         main=True,
     ),

@@ -101,6 +101,7 @@ CAPTIONED = {
         "ess_schedule_",
         "instrument_arms",
         "instrument_contrasts",
+        "instrument_curves",
         "ksweep",
         "lrsweep",
         "mi_estimate_vs_true",

@@ -554,3 +554,39 @@ def test_the_family_holds_every_claim_of_the_study_and_a_secondary_claim_is_labe
     res1 = _analyse(runs.drop_duplicates("run_id"), one)
     assert set(res1.claims[res1.claims["claimed"]]["family"]) == {10}
     assert "kNN@20 (secondary)" not in _text(res1)
+
+
+# --------------------------------------------------------------------------- budgets to a plateau
+def _rising_store(still_rising: str = "d") -> pd.DataFrame:
+    """Every arm 6 points lower at 1 epoch than at 2 and 4 (flat from 2 to 4: a plateau at 4), but
+    ``still_rising``, 3 points lower at 2 than at 4; the final 5 epochs end no doubling."""
+    rows = []
+    for arm, m in PASSING.items():
+        mid = m - 3.0 if arm == still_rising else m
+        rows += [_cell("ds", arm, s, m, snapshots=[(1, m - 6.0), (2, mid), (4, m)]) for s in SEEDS]
+    return pd.DataFrame(rows + _baselines("ds"))
+
+
+def test_each_contrast_is_a_curve_over_budgets_and_its_claim_is_worded_at_its_plateau(tmp_path):
+    out = _section(_rising_store(), tmp_path)
+    names = {p.name for p in out.files}
+    assert {"instrument_plateau.csv", "instrument_curves.csv", "instrument_curves.png"} <= names
+    plateaus = pd.read_csv(tmp_path / "tables" / "instrument_plateau.csv")
+    lin = plateaus[plateaus["metric"] == "linear"].set_index("arm")
+    assert lin.at["infonce@256", "plateau"] == 4.0 and lin.at["infonce@256/G16", "plateau"] == 4.0
+    assert lin.at["infonce@16/X240", "status"] == "no plateau yet" and math.isnan(lin.at["infonce@16/X240", "plateau"])
+    curves = pd.read_csv(tmp_path / "tables" / "instrument_curves.csv")
+    lin = curves[curves["metric"] == "linear"]
+    grouped = lin[lin["key"] == "negatives_at_large"].sort_values("epochs")
+    assert list(grouped["epochs"]) == [1.0, 2.0, 4.0, 5.0]  # one curve over every fixed-epochs budget
+    assert list(grouped["at_plateau"]) == [False, False, True, False]
+    assert lin[lin["key"] == "negatives"]["plateau"].isna().all()  # its fresh-negatives arm still moves
+    text = " ".join(out.findings)
+    assert "At the plateau (4 epochs), ds, τ 0.1, linear probe: negatives at B_opt 256 (K 30 − 510" in text
+    assert (
+        "At the plateau, ds, τ 0.1, linear probe: negatives main effect (K 30 − 510) — no plateau yet at 5 epochs, no verdict."
+        in text
+    )
+    assert "InfoNCE B=16, +240 fresh (K=510): no plateau yet (last doubling 2 → 4 epochs: +3.00" in text
+    md = (tmp_path / "tables" / "instrument_curves.md").read_text()
+    assert "◆" in md and "none yet" in md

@@ -59,6 +59,7 @@ from .instrument_budgets import (
 )
 from .instrument_contrasts import unit_contrasts
 from .instrument_gates import Gate, g1, g2, g3, passed, versus_baseline
+from .instrument_plateau import arm_plateaus, contrast_curves, curve_display, curve_figure, plateau_display
 
 __all__ = ["METRICS", "VAL_METRIC", "arm_of", "build", "analyse", "analyse_seeds", "findings"]
 
@@ -255,6 +256,30 @@ def findings(results: list[UnitResult], claims: pd.DataFrame, plan: AnalysisPlan
         f"Claims: {n} tested in the family; {resolved} resolved (significant or equivalent) in a unit whose gates pass."
     )
     return head + gate_findings(results, claims, plan) + [s for r in results for s in verdict(r, claims, plan)]
+
+
+def plateau_findings(curves: pd.DataFrame, plateaus: pd.DataFrame, plan: AnalysisPlan) -> list[str]:
+    """Per data set, τ and planned probe, each arm's plateau (or that it still moves); then each claimed
+    contrast at its plateau, worded as at any budget (only where the gates pass), or why it has none."""
+    out: list[str] = []
+    probes = (plan.primary, *plan.secondary)
+    mine = plateaus[plateaus["metric"].isin(probes)] if len(plateaus) else plateaus
+    for (ds, tau, m), g in mine.groupby(["dataset", "temperature", "metric"], sort=True):
+        parts = [f"{arm_label(a)}: {t}" for a, t in zip(g["arm"], g["reading"])]
+        out.append(f"Plateau, {ds}, τ {short(tau)}, {METRICS[m][1]}: " + "; ".join(parts) + ".")
+    claimed = curves[curves["claimed"] & curves["metric"].isin(probes)] if len(curves) else curves
+    for (ds, tau, m, contrast), g in claimed.groupby(["dataset", "temperature", "metric", "contrast"], sort=False):
+        at = g[g["at_plateau"]]
+        where = f"{ds}, τ {short(tau)}, {METRICS[m][1]}"
+        if at.empty:
+            longest = short(g["epochs"].max())
+            out.append(f"At the plateau, {where}: {contrast} — no plateau yet at {longest} epochs, no verdict.")
+        elif not bool(at["gates_passed"].iloc[0]):
+            out.append(f"At the plateau, {where}: {contrast} — no verdict ({at['unit'].iloc[0]}: gates not passed).")
+        else:
+            r = next(at.itertuples(index=False))
+            out.append(f"At the plateau ({short(r.plateau)} epochs), {where}: {claim_clause(r)}.")
+    return out
 
 
 # --------------------------------------------------------------------------- tables
@@ -596,14 +621,25 @@ def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
         _write(ctx, out, md, "instrument_contrasts", "Instrument contrasts (small − large, points)", claims,
                _contrast_display(claims), note, "Contrasts")  # fmt: skip
     _side_tables(ctx, out, md, results, rows, base, big)
+    plateaus = arm_plateaus(results)
+    curves = contrast_curves(claims, plateaus)
+    if len(curves):
+        _write(ctx, out, md, "instrument_plateau", "Instrument: the budget each arm's probe stopped moving at", plateaus,
+               plateau_display(plateaus, arm_label), "the plateau rule (smallbatch.report.plateau): the first budget "
+               "from which every doubling changed the mean by less than its MDE; 'no plateau yet': the last doubling "
+               "still moved it", "Plateaus")  # fmt: skip
+        _write(ctx, out, md, "instrument_curves", "Instrument: contrasts over training budgets (small − large, points)",
+               curves, curve_display(curves), "fixed epochs; a contrast's plateau is the latest of its arms'",
+               "Contrasts over budgets")  # fmt: skip
     for fig, alt in (
         (_contrast_figure(ctx, claims, plan) if len(claims) else [], "instrument contrasts"),
+        (curve_figure(ctx, curves, (plan.primary, *plan.secondary)) if len(curves) else [], "instrument curves"),
         (_figure(ctx, results), "instrument arms"),
     ):
         if fig:
             out.files += fig
             md += ["", ctx.figure_md(fig, alt)]
-    out.findings += findings(results, claims, plan)
+    out.findings += findings(results, claims, plan) + plateau_findings(curves, plateaus, plan)
     out.markdown = "\n".join(md + [""] + [f"- {s}" for s in out.findings]) + "\n"
     return out
 
