@@ -149,7 +149,7 @@ class Analysed(list):
 def _analyse(runs: pd.DataFrame, plan: AnalysisPlan = PLAN) -> Analysed:
     cells = runs[runs["kind"] == "cell"]
     rows = budget_rows(cells, 1.0)
-    res = Analysed(instrument.analyse(rows, instrument._baseline_values(runs, 1.0)))
+    res = Analysed(instrument.analyse(rows, instrument.baseline_values(runs, 1.0)))
     res.claims = instrument.claims_of(res, plan)
     res.plan = plan
     return res

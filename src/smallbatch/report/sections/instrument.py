@@ -82,7 +82,7 @@ class UnitResult:
         return passed(self.gates)
 
 
-def _baseline_values(runs: pd.DataFrame, scale: float) -> dict[tuple[str, str, str], dict]:
+def baseline_values(runs: pd.DataFrame, scale: float) -> dict[tuple[str, str, str], dict]:
     """(dataset, baseline, metric) -> {seed: top-1 %} of the baselines (raw pixels, random-init, supervised);
     a baseline without a seed (raw pixels: nothing random) is keyed 0."""
     b = baseline_runs(runs)
@@ -598,7 +598,7 @@ def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
     plan = ctx.plan
     md: list[str] = ["Analysis plan (declared in the config's `analysis`, applied before any claim is read):", ""]
     md += [f"- {line}" for line in plan.lines()] + [""]
-    seeds = seed_table(budget_rows(cells, ctx.scale), _baseline_values(runs, ctx.scale))
+    seeds = seed_table(budget_rows(cells, ctx.scale), baseline_values(runs, ctx.scale))
     _write(ctx, out, md, "instrument_seeds", "Instrument: every seed's top-1 (%) by arm, rate, budget and probe", seeds,
            _seed_summary(seeds), "tidy; every table of this section is computed from this file alone "
            "(smallbatch.report.sections.instrument.analyse_seeds)", "Per-seed values")  # fmt: skip
