@@ -590,3 +590,31 @@ def test_each_contrast_is_a_curve_over_budgets_and_its_claim_is_worded_at_its_pl
     assert "InfoNCE B=16, +240 fresh (K=510): no plateau yet (last doubling 2 → 4 epochs: +3.00" in text
     md = (tmp_path / "tables" / "instrument_curves.md").read_text()
     assert "◆" in md and "none yet" in md
+
+
+@pytest.mark.parametrize("best_256, edge_256", [(1e-3, ""), (5e-4, "bottom")])
+def test_a_validated_rate_at_the_edge_of_its_grid_is_flagged_per_batch_size(best_256, edge_256):
+    """B=16's validation is best at its highest rate (2e-3 of 5e-4, 1e-3, 2e-3): flagged at the top and
+    told to extend the grid above 0.002; B=256's at its middle rate (interior: not flagged) or at its lowest
+    (flagged at the bottom)."""
+    rows = []
+    for arm, m in PASSING.items():
+        best = 2e-3 if ARMS[arm][1] == 16 else best_256
+        for lr in (5e-4, 1e-3, 2e-3):
+            dv = 1.0 if lr == best else 0.0
+            rows += [_cell("ds", arm, s, m, lr=lr, val_shift=dv - 1.0) for s in SEEDS]
+    runs = pd.DataFrame(rows + _baselines("ds"))
+    res = _analyse(runs)
+    assert res[0].lrs == {16: 2e-3, 256: best_256}
+    lrs = instrument.lr_table(res, budget_rows(runs[runs["kind"] == "cell"], 1.0))
+    assert lrs[lrs["chosen"]].set_index("batch_size")["edge"].to_dict() == {16: "top", 256: edge_256}
+    lines = instrument.grid_edge_findings(lrs)
+    assert lines[0] == (
+        "Learning-rate grid, B=16: the validated rate is the top of its grid (0.0005, 0.001, 0.002) in 1 of 1 "
+        "units (ds, τ 0.1, 5 epochs (fixed epochs)): the best rate may lie above it; extend the grid above 0.002."
+    )
+    assert lines[1:] == (
+        [] if not edge_256 else ["Learning-rate grid, B=256: the validated rate is the bottom of its grid (0.0005, "
+        "0.001, 0.002) in 1 of 1 units (ds, τ 0.1, 5 epochs (fixed epochs)): the best rate may lie below it; extend "
+        "the grid below 0.0005."]
+    )  # fmt: skip

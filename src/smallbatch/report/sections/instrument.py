@@ -380,15 +380,47 @@ def _contrast_display(df: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
 
 def lr_table(results: list[UnitResult], rows: pd.DataFrame) -> pd.DataFrame:
     """Per unit, the plain InfoNCE arms' validation and test top-1 at each rate; ``chosen``: the
-    rate the unit reads that batch size at."""
+    rate the unit reads that batch size at; ``edge``: 'top' or 'bottom' where that chosen rate is
+    the highest or lowest of the batch size's grid of several rates ('' otherwise)."""
     out = []
     for r in results:
         g = matched(rows, r.unit)
         means = lr_means(g[g["arm"].str.fullmatch(r"infonce@\d+")])
-        for _, m in means.iterrows():
-            chosen = math.isclose(r.lrs.get(int(m["batch_size"]), math.nan), m["lr"])
-            out.append({"unit": r.unit.label(), "dataset": r.unit.dataset, **m.to_dict(), "chosen": chosen})
+        for bs, m in means.groupby("batch_size", sort=True):
+            grid = sorted(set(m["lr"]))
+            for _, x in m.iterrows():
+                chosen = math.isclose(r.lrs.get(int(bs), math.nan), x["lr"])
+                edge = _edge(x["lr"], grid) if chosen else ""
+                out.append(
+                    {"unit": r.unit.label(), "dataset": r.unit.dataset, **x.to_dict(), "chosen": chosen, "edge": edge}
+                )
     return pd.DataFrame(out)
+
+
+def _edge(lr: float, grid: list[float]) -> str:
+    if len(grid) < 2:
+        return ""
+    return "top" if math.isclose(lr, grid[-1]) else "bottom" if math.isclose(lr, grid[0]) else ""
+
+
+def grid_edge_findings(lrs: pd.DataFrame) -> list[str]:
+    """One line per batch size whose validated rate is at an edge of its grid in some unit: the best
+    rate may lie outside the grid, which needs a rate beyond that edge before that rate is known."""
+    if lrs.empty or "edge" not in lrs:
+        return []
+    out = []
+    edges = lrs[lrs["chosen"] & (lrs["edge"] != "")]
+    for (bs, edge), g in edges.groupby(["batch_size", "edge"], sort=True):
+        mine = lrs[lrs["batch_size"] == bs]
+        grid = sorted(set(mine["lr"]))
+        units = list(dict.fromkeys(g["unit"]))
+        beyond, at = ("above", grid[-1]) if edge == "top" else ("below", grid[0])
+        out.append(
+            f"Learning-rate grid, B={int(bs)}: the validated rate is the {edge} of its grid "
+            f"({', '.join(short(x) for x in grid)}) in {len(units)} of {mine['unit'].nunique()} units "
+            f"({'; '.join(units)}): the best rate may lie {beyond} it; extend the grid {beyond} {short(at)}."
+        )
+    return out
 
 
 def _lr_display(lrs: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
@@ -402,6 +434,7 @@ def _lr_display(lrs: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
                 "test top-1": [num(x) for x in g["test_mean"]],
                 "seeds": g["seeds"],
                 "chosen": ["yes" if c else "" for c in g["chosen"]],
+                "grid edge": [f"{e} of the grid" if e else "" for e in g["edge"]],
             }
         )
         blocks.append((f"{unit}: InfoNCE's linear probe by learning rate (mean ± sd over seeds, %)", t))
@@ -620,7 +653,7 @@ def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
                 "detect with 80 % power; descriptive: not claimed, no verdict")  # fmt: skip
         _write(ctx, out, md, "instrument_contrasts", "Instrument contrasts (small − large, points)", claims,
                _contrast_display(claims), note, "Contrasts")  # fmt: skip
-    _side_tables(ctx, out, md, results, rows, base, big)
+    lrs = _side_tables(ctx, out, md, results, rows, base, big)
     plateaus = arm_plateaus(results)
     curves = contrast_curves(claims, plateaus)
     if len(curves):
@@ -640,12 +673,14 @@ def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
             out.files += fig
             md += ["", ctx.figure_md(fig, alt)]
     out.findings += findings(results, claims, plan) + plateau_findings(curves, plateaus, plan)
+    out.findings += grid_edge_findings(lrs)
     out.markdown = "\n".join(md + [""] + [f"- {s}" for s in out.findings]) + "\n"
     return out
 
 
-def _side_tables(ctx, out, md, results, rows, base, big) -> None:
-    """The learning rates per batch size and the reference arm against the baselines."""
+def _side_tables(ctx, out, md, results, rows, base, big) -> pd.DataFrame:
+    """The learning rates per batch size and the reference arm against the baselines; returns the
+    learning-rate table."""
     lrs = lr_table(results, rows)
     if len(lrs) and (lrs.groupby("unit")["lr"].nunique() > 1).any():
         _write(ctx, out, md, "instrument_lr", "Instrument: learning rate per batch size (InfoNCE)", lrs, _lr_display(lrs),
@@ -656,6 +691,7 @@ def _side_tables(ctx, out, md, results, rows, base, big) -> None:
         _write(ctx, out, md, "instrument_ssl", "Instrument: does self-supervision learn? (points)", pd.DataFrame(ssl),
                _ssl_display(ssl), "Welch t against the random-init seeds; raw pixels (one run) as a constant: one-sample t; "
                "fraction: (InfoNCE − random-init) / (supervised − random-init)", "Self-supervision against the baselines")  # fmt: skip
+    return lrs
 
 
 def estimate_of(rows: list[dict], unit_label: str, key: str, metric: str = PRIMARY) -> Estimate | None:
