@@ -36,7 +36,8 @@ def _plan(margin: float, scale: str) -> AnalysisPlan:
     return AnalysisPlan.from_mapping({"margin": margin, "margin_scale": scale, "claims": ["negatives"]})
 
 
-def _cell(k: int, seed: int, mean: float, bn: int) -> dict:
+def _cell(k: int, seed: int, mean: float, bn: int, snapshots: tuple = ()) -> dict:
+    """One K arm's run: its final top-1 at EPOCHS and a snapshot at each ``(epochs, offset from the final mean)``."""
     group, extra, _ = DESIGN[k]
     spe = IMAGES // BATCH
     own = 0.03 * float(np.random.default_rng(zlib.crc32(f"{k}-{bn}-{seed}".encode())).normal())
@@ -67,6 +68,11 @@ def _cell(k: int, seed: int, mean: float, bn: int) -> dict:
         f"metrics.{VAL_METRIC}": v - 1.0,
     }
     row.update({f"metrics.{key}": v for key, _ in METRICS.values()})
+    for e, off in snapshots:
+        pre = f"snapshot/ep{e:g}/"
+        row.update({f"metrics.{pre}{key}": v + off for key, _ in METRICS.values()})
+        row.update({f"metrics.{pre}steps": float(e * spe), f"metrics.{pre}epochs": float(e)})
+        row.update({f"metrics.{pre}images_seen": float(e * spe * BATCH), f"metrics.{pre}status": 0.0})
     return row
 
 
@@ -140,3 +146,25 @@ def test_the_section_draws_the_curve_and_sets_batchnorm_over_the_whole_batch_aga
     assert "K 30: whole batch − groups of 16 = +0.5" in text
     md = (tmp_path / "tables" / "kcurve.md").read_text()
     assert "◆ 59.9" in md  # the knee marked
+
+
+@pytest.mark.parametrize(
+    "k2_at_2, expected",
+    [
+        (0.0, "K curve's plateau, fashion_mnist, τ 0.1, BatchNorm over groups of 16, linear probe: every K stopped "
+         "moving by 4 epochs."),
+        (-2.0, "K curve's plateau, fashion_mnist, τ 0.1, BatchNorm over groups of 16, linear probe: none yet at 4 "
+         "epochs (still moving: K 2)."),
+    ],
+)  # fmt: skip
+def test_the_k_curve_has_its_plateau_where_every_k_arm_stopped_moving(k2_at_2, expected):
+    """Every K arm 4 points lower at 1 epoch than at 2 and 4 (flat from 2 to 4: a plateau at 4); the K 2 arm
+    either so too or 2 points lower at 2 than at 4, still moving over the last doubling."""
+    rows = []
+    for k, (_, _, m) in DESIGN.items():
+        at_2 = k2_at_2 if k == 2 else 0.0
+        rows += [_cell(k, s, m, 16, snapshots=((1, -4.0), (2, at_2))) for s in SEEDS]
+    runs = pd.DataFrame(rows)
+    long = kcurve.k_rows(runs, 1.0)
+    assert sorted(set(long["epochs"])) == [1.0, 2.0, 4.0]
+    assert expected in kcurve.plateau_findings(kcurve.k_plateaus(long), ("linear",))

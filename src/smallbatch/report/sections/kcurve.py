@@ -25,12 +25,25 @@ from ..context import ReportContext, SectionOutput
 from ..evidence import ALPHA, contrast, describe, tost
 from ..fmt import finite, num, short
 from ..plan import AnalysisPlan, holm_p, margins
+from ..plateau import plateau
 from ..runs import param_num, select_cells
 from .instrument import baseline_values
 from .instrument_budgets import METRICS, budget_rows, good
 from .instrument_gates import CONTROL_MAX_K
 
-__all__ = ["SECTION", "WHOLE", "coupon_draws", "k_rows", "knee_table", "bn_rows", "findings", "figure", "build"]
+__all__ = [
+    "SECTION",
+    "WHOLE",
+    "coupon_draws",
+    "k_rows",
+    "knee_table",
+    "k_plateaus",
+    "plateau_findings",
+    "bn_rows",
+    "findings",
+    "figure",
+    "build",
+]
 
 SECTION = "kcurve"
 #: the BatchNorm label of an arm normalising over its whole batch
@@ -158,6 +171,37 @@ def bn_rows(long: pd.DataFrame) -> list[dict]:
     return out
 
 
+def k_plateaus(long: pd.DataFrame) -> pd.DataFrame:
+    """Per data set, τ, batch, rate, BatchNorm and probe: each K arm's plateau over the budgets (the
+    plateau rule) and the K curve's (``curve_plateau``: the latest of its arms'; NaN while one of them
+    still moves), with the arms still moving."""
+    keys = [c for c in CURVE if c not in ("budget", "epochs")]
+    rows = []
+    for key, g in long[long["epochs"].map(finite)].groupby(keys, sort=True, dropna=False):
+        arms = {
+            int(k): plateau({float(e): dict(zip(b["seed"].astype(int), b["value"])) for e, b in a.groupby("epochs")})
+            for k, a in g.groupby("K")
+        }
+        moving = [k for k, p in sorted(arms.items()) if not p.reached]
+        top = max((p.epochs for p in arms.values()), default=math.nan)
+        rows.append({**dict(zip(keys, key)), "curve_plateau": math.nan if moving else top,
+                     "moving": moving, "longest": float(g["epochs"].max())})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def plateau_findings(pl: pd.DataFrame, probes: tuple[str, ...]) -> list[str]:
+    """Per K curve of ``probes``: the budget from which every K arm stopped moving, or the arms that still move."""
+    out = []
+    for r in pl[pl["metric"].isin(probes)].itertuples(index=False) if len(pl) else ():
+        where = f"{r.dataset}, τ {short(r.temperature)}, BatchNorm over {r.bn}, {METRICS[r.metric][1]}"
+        if finite(r.curve_plateau):
+            out.append(f"K curve's plateau, {where}: every K stopped moving by {short(r.curve_plateau)} epochs.")
+        else:
+            ks = ", ".join(str(k) for k in r.moving)
+            out.append(f"K curve's plateau, {where}: none yet at {short(r.longest)} epochs (still moving: K {ks}).")
+    return out
+
+
 # --------------------------------------------------------------------------- words, tables, figure
 def _where(r) -> str:
     return f"{r.dataset}, τ {short(r.temperature)}, {short(r.epochs)} epochs, BatchNorm over {r.bn}, {METRICS[r.metric][1]}"
@@ -273,10 +317,10 @@ def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
     if cells.empty:
         return None
     out = SectionOutput(SECTION, "The negatives' dose-response (K at one batch)", "", run_ids=set(cells["run_id"]))
-    t = knee_table(k_rows(cells, ctx.scale), ctx.plan, _spans(runs, ctx.scale))
+    long = k_rows(cells, ctx.scale)
+    t = knee_table(long, ctx.plan, _spans(runs, ctx.scale))
     if t.empty:
         return None
-    bn = bn_rows(k_rows(cells, ctx.scale))
     files = ctx.write_table("kcurve", "K dose-response: top-1 (%) against the negatives per anchor K", t, _display(t),
                             note="mean [95 % t interval] over seeds; knee: the smallest K from which every larger K is "
                             "equivalent to the largest (TOST within the analysis plan's margin, Holm over the curve)")  # fmt: skip
@@ -285,6 +329,7 @@ def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
     fig = figure(ctx, t)
     out.files += fig
     md += ["", ctx.figure_md(fig, "K dose-response")]
-    out.findings += findings(t, bn, (ctx.plan.primary, *ctx.plan.secondary))
+    probes = (ctx.plan.primary, *ctx.plan.secondary)
+    out.findings += findings(t, bn_rows(long), probes) + plateau_findings(k_plateaus(long), probes)
     out.markdown = "\n".join(md + [""] + [f"- {s}" for s in out.findings]) + "\n"
     return out
