@@ -58,6 +58,10 @@ def coupon_draws(classes: int) -> float:
     return classes * sum(1.0 / i for i in range(1, classes + 1))
 
 
+def _epochs(e: float) -> str:
+    return f"{short(e)} epoch{'' if e == 1 else 's'}"
+
+
 def _bn(group: float, batch: int) -> str:
     return f"groups of {int(group)}" if finite(group) and int(group) < batch else WHOLE
 
@@ -195,16 +199,16 @@ def plateau_findings(pl: pd.DataFrame, probes: tuple[str, ...]) -> list[str]:
     for r in pl[pl["metric"].isin(probes)].itertuples(index=False) if len(pl) else ():
         where = f"{r.dataset}, τ {short(r.temperature)}, BatchNorm over {r.bn}, {METRICS[r.metric][1]}"
         if finite(r.curve_plateau):
-            out.append(f"K curve's plateau, {where}: every K stopped moving by {short(r.curve_plateau)} epochs.")
+            out.append(f"K curve's plateau, {where}: every K stopped moving by {_epochs(r.curve_plateau)}.")
         else:
             ks = ", ".join(str(k) for k in r.moving)
-            out.append(f"K curve's plateau, {where}: none yet at {short(r.longest)} epochs (still moving: K {ks}).")
+            out.append(f"K curve's plateau, {where}: none yet at {_epochs(r.longest)} (still moving: K {ks}).")
     return out
 
 
 # --------------------------------------------------------------------------- words, tables, figure
 def _where(r) -> str:
-    return f"{r.dataset}, τ {short(r.temperature)}, {short(r.epochs)} epochs, BatchNorm over {r.bn}, {METRICS[r.metric][1]}"
+    return f"{r.dataset}, τ {short(r.temperature)}, {_epochs(r.epochs)}, BatchNorm over {r.bn}, {METRICS[r.metric][1]}"
 
 
 def findings(t: pd.DataFrame, bn: list[dict], probes: tuple[str, ...] = tuple(METRICS)) -> list[str]:
@@ -226,7 +230,7 @@ def findings(t: pd.DataFrame, bn: list[dict], probes: tuple[str, ...] = tuple(ME
         chc = f"C·H_C = {num(r['coupon'])} for {int(r['classes'])} classes" if finite(r["coupon"]) else "C unknown"
         out.append(f"K dose-response, {_where(next(g.itertuples()))}: {rng}; {knee}; {chc}.")
     for b in (b for b in bn if b["metric"] in probes):
-        where = f"{b['dataset']}, τ {short(b['temperature'])}, {short(b['epochs'])} epochs, {METRICS[b['metric']][1]}"
+        where = f"{b['dataset']}, τ {short(b['temperature'])}, {_epochs(b['epochs'])}, {METRICS[b['metric']][1]}"
         what = f"whole batch − {b['versus']}"
         out.append(f"BatchNorm, {where}, K {b['K']}: {describe(b['estimate'], what)}.")
     return out
@@ -244,11 +248,9 @@ def _display(t: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
             ]
         ks = sorted(set(g["K"]))
         frame = pd.DataFrame({"K": ks, **{c: v for c, v in cols.items() if len(v) == len(ks)}})
-        ep = short(g["epochs"].iloc[0])
+        ep = _epochs(g["epochs"].iloc[0])
         chc = num(g["coupon"].iloc[0])
-        blocks.append(
-            (f"{ds}, τ {short(tau)}, {ep} epochs ({budget}), BatchNorm over {bn}; C·H_C = {chc} (◆: knee)", frame)
-        )
+        blocks.append((f"{ds}, τ {short(tau)}, {ep} ({budget}), BatchNorm over {bn}; C·H_C = {chc} (◆: knee)", frame))
     return blocks
 
 
@@ -283,7 +285,7 @@ def figure(ctx: ReportContext, t: pd.DataFrame) -> list:
                 ks = sorted(set(g["K"]))
                 ax.set_xticks(ks, [str(int(k)) for k in ks], fontsize=7)
                 ax.minorticks_off()
-                ax.set_title(f"{ds}, τ {short(tau)}, {short(ep)} epochs", fontsize=9)
+                ax.set_title(f"{ds}, τ {short(tau)}, {_epochs(ep)}", fontsize=9)
                 ax.set_xlabel("negatives per anchor K")
                 ax.set_ylabel("top-1 (%)")
         handles = [
