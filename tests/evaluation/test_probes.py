@@ -172,3 +172,38 @@ def test_the_evaluation_step_writes_the_probes_in_percent(feats):
     assert out["top1"] == pytest.approx(100 * raw["top1"])
     assert out["labels10pct_top1_mean"] == pytest.approx(100 * raw["labels10pct_top1_mean"])
     assert out["weight_decay"] == raw["weight_decay"] and out["labels10pct_labels"] == raw["labels10pct_labels"]
+
+
+def test_the_linear_probe_reads_batchnorm_standardised_features():
+    """The linear probe is already the BatchNorm-standardised one (a BatchNorm without affine on the
+    training features before the linear layer): each dimension centred and divided by its population
+    sd over the training rows, checked by hand in float64, so a dimension scaled 1000x leaves every
+    number of the probe as it was, while the same solver on the raw rows predicts differently."""
+    tr = np.array([[1.0, 10.0], [3.0, 30.0], [5.0, 20.0]], np.float32)
+    te = np.array([[3.0, 40.0]], np.float32)
+    x, xt = standardise(tr, te)
+    sd0, sd1 = math.sqrt(8.0 / 3.0), math.sqrt(200.0 / 3.0)  # ((−2)² + 0² + 2²)/3, ((−10)² + 10² + 0²)/3
+    want = [[-2.0 / sd0, -10.0 / sd1], [0.0, 10.0 / sd1], [2.0 / sd0, 0.0]]
+    np.testing.assert_allclose(x.double().numpy(), want, atol=1e-6)
+    np.testing.assert_allclose(xt.double().numpy(), [[0.0, 20.0 / sd1]], atol=1e-6)
+
+    rng = np.random.default_rng(0)
+    c, d, n = 4, 12, 600
+    y = rng.integers(0, c, n + 300)
+    feats = (rng.normal(size=(c, d))[y] + 1.5 * rng.normal(size=(len(y), d))).astype(np.float32)
+    xtr, ytr, xte, yte = feats[:n], y[:n], feats[n:], y[n:]
+    big_tr, big_te = xtr.copy(), xte.copy()
+    big_tr[:, 0] *= 1000
+    big_te[:, 0] *= 1000
+    kw = dict(weight_decays=[1e-3, 1e-1], epochs=100)
+    plain = probes.linear_probes(xtr, ytr, xte, yte, **kw)
+    scaled = probes.linear_probes(big_tr, ytr, big_te, yte, **kw)
+    for key in ("top1", "val_top1", "val_top1_wd0.001", "val_top1_wd0.1", "weight_decay"):
+        assert scaled[key] == plain[key], key
+    assert scaled["train_loss"] == pytest.approx(plain["train_loss"], abs=1e-5)
+
+    def raw_predictions(a, b):
+        fit = fit_linear(torch.from_numpy(a), torch.from_numpy(ytr), c, 1e-1)
+        return (torch.from_numpy(b) @ fit.weight.T.float() + fit.bias.float()).argmax(1).numpy()
+
+    assert (raw_predictions(xtr, xte) != raw_predictions(big_tr, big_te)).any()

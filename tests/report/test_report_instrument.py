@@ -149,7 +149,7 @@ class Analysed(list):
 def _analyse(runs: pd.DataFrame, plan: AnalysisPlan = PLAN) -> Analysed:
     cells = runs[runs["kind"] == "cell"]
     rows = budget_rows(cells, 1.0)
-    res = Analysed(instrument.analyse(rows, instrument._baseline_values(runs, 1.0)))
+    res = Analysed(instrument.analyse(rows, instrument.baseline_values(runs, 1.0)))
     res.claims = instrument.claims_of(res, plan)
     res.plan = plan
     return res
@@ -554,3 +554,67 @@ def test_the_family_holds_every_claim_of_the_study_and_a_secondary_claim_is_labe
     res1 = _analyse(runs.drop_duplicates("run_id"), one)
     assert set(res1.claims[res1.claims["claimed"]]["family"]) == {10}
     assert "kNN@20 (secondary)" not in _text(res1)
+
+
+# --------------------------------------------------------------------------- budgets to a plateau
+def _rising_store(still_rising: str = "d") -> pd.DataFrame:
+    """Every arm 6 points lower at 1 epoch than at 2 and 4 (flat from 2 to 4: a plateau at 4), but
+    ``still_rising``, 3 points lower at 2 than at 4; the final 5 epochs end no doubling."""
+    rows = []
+    for arm, m in PASSING.items():
+        mid = m - 3.0 if arm == still_rising else m
+        rows += [_cell("ds", arm, s, m, snapshots=[(1, m - 6.0), (2, mid), (4, m)]) for s in SEEDS]
+    return pd.DataFrame(rows + _baselines("ds"))
+
+
+def test_each_contrast_is_a_curve_over_budgets_and_its_claim_is_worded_at_its_plateau(tmp_path):
+    out = _section(_rising_store(), tmp_path)
+    names = {p.name for p in out.files}
+    assert {"instrument_plateau.csv", "instrument_curves.csv", "instrument_curves.png"} <= names
+    plateaus = pd.read_csv(tmp_path / "tables" / "instrument_plateau.csv")
+    lin = plateaus[plateaus["metric"] == "linear"].set_index("arm")
+    assert lin.at["infonce@256", "plateau"] == 4.0 and lin.at["infonce@256/G16", "plateau"] == 4.0
+    assert lin.at["infonce@16/X240", "status"] == "no plateau yet" and math.isnan(lin.at["infonce@16/X240", "plateau"])
+    curves = pd.read_csv(tmp_path / "tables" / "instrument_curves.csv")
+    lin = curves[curves["metric"] == "linear"]
+    grouped = lin[lin["key"] == "negatives_at_large"].sort_values("epochs")
+    assert list(grouped["epochs"]) == [1.0, 2.0, 4.0, 5.0]  # one curve over every fixed-epochs budget
+    assert list(grouped["at_plateau"]) == [False, False, True, False]
+    assert lin[lin["key"] == "negatives"]["plateau"].isna().all()  # its fresh-negatives arm still moves
+    text = " ".join(out.findings)
+    assert "At the plateau (4 epochs), ds, τ 0.1, linear probe: negatives at B_opt 256 (K 30 − 510" in text
+    assert (
+        "At the plateau, ds, τ 0.1, linear probe: negatives main effect (K 30 − 510) — no plateau yet at 5 epochs, no verdict."
+        in text
+    )
+    assert "InfoNCE B=16, +240 fresh (K=510): no plateau yet (last doubling 2 → 4 epochs: +3.00" in text
+    md = (tmp_path / "tables" / "instrument_curves.md").read_text()
+    assert "◆" in md and "none yet" in md
+
+
+@pytest.mark.parametrize("best_256, edge_256", [(1e-3, ""), (5e-4, "bottom")])
+def test_a_validated_rate_at_the_edge_of_its_grid_is_flagged_per_batch_size(best_256, edge_256):
+    """B=16's validation is best at its highest rate (2e-3 of 5e-4, 1e-3, 2e-3): flagged at the top and
+    told to extend the grid above 0.002; B=256's at its middle rate (interior: not flagged) or at its lowest
+    (flagged at the bottom)."""
+    rows = []
+    for arm, m in PASSING.items():
+        best = 2e-3 if ARMS[arm][1] == 16 else best_256
+        for lr in (5e-4, 1e-3, 2e-3):
+            dv = 1.0 if lr == best else 0.0
+            rows += [_cell("ds", arm, s, m, lr=lr, val_shift=dv - 1.0) for s in SEEDS]
+    runs = pd.DataFrame(rows + _baselines("ds"))
+    res = _analyse(runs)
+    assert res[0].lrs == {16: 2e-3, 256: best_256}
+    lrs = instrument.lr_table(res, budget_rows(runs[runs["kind"] == "cell"], 1.0))
+    assert lrs[lrs["chosen"]].set_index("batch_size")["edge"].to_dict() == {16: "top", 256: edge_256}
+    lines = instrument.grid_edge_findings(lrs)
+    assert lines[0] == (
+        "Learning-rate grid, B=16: the validated rate is the top of its grid (0.0005, 0.001, 0.002) in 1 of 1 "
+        "units (ds, τ 0.1, 5 epochs (fixed epochs)): the best rate may lie above it; extend the grid above 0.002."
+    )
+    assert lines[1:] == (
+        [] if not edge_256 else ["Learning-rate grid, B=256: the validated rate is the bottom of its grid (0.0005, "
+        "0.001, 0.002) in 1 of 1 units (ds, τ 0.1, 5 epochs (fixed epochs)): the best rate may lie below it; extend "
+        "the grid below 0.0005."]
+    )  # fmt: skip

@@ -22,8 +22,8 @@ def test_the_schema_has_one_section_key_per_registered_experiment():
 
     props = load_schema()["properties"]["experiments"]["properties"]
     # mi: the Gaussian benchmark, not a grid of cells
-    assert list(props) == ["precision", "ksweep", "ess", "tsweep", "regime", "lrsweep", "instrument", "mi"]
-    assert reg.SIDE_EXPERIMENTS == ("precision", "ksweep", "ess", "tsweep", "regime", "lrsweep", "instrument")
+    assert list(props) == ["precision", "ksweep", "ess", "tsweep", "regime", "lrsweep", "kcurve", "instrument", "mi"]
+    assert reg.SIDE_EXPERIMENTS == ("precision", "ksweep", "ess", "tsweep", "regime", "lrsweep", "kcurve", "instrument")
     for spec in reg.SPECS:
         assert props[spec.name] == {"$ref": "#/$defs/section", "description": spec.description}
 
@@ -59,6 +59,7 @@ def test_the_report_runs_each_registered_section_where_the_registry_places_it():
         "tsweep",
         "regime",
         "lrsweep",
+        "kcurve",
         "mi",
         "cost",
     ]
@@ -83,6 +84,7 @@ CAPTIONED = {
         "grid_temperature_",
         "grid_top1_",
         "instrument",
+        "kcurve",
         "ksweep",
         "lrsweep",
         "mi_",
@@ -101,6 +103,8 @@ CAPTIONED = {
         "ess_schedule_",
         "instrument_arms",
         "instrument_contrasts",
+        "instrument_curves",
+        "kcurve",
         "ksweep",
         "lrsweep",
         "mi_estimate_vs_true",

@@ -196,7 +196,7 @@ def row_estimate(r: Any) -> Estimate:
     return Estimate(diff=diff, lo=lo, hi=hi, p=p, p_adj=p, n=n, df=df, test=test, se=se)
 
 
-def _holm(p: pd.Series) -> pd.Series:
+def holm_p(p: pd.Series) -> pd.Series:
     """Holm-adjusted p over the finite values of ``p`` (NaN stays NaN)."""
     ok = p.dropna().sort_values(kind="stable")
     m, running, out = len(ok), 0.0, pd.Series(math.nan, index=p.index)
@@ -226,9 +226,9 @@ def apply_plan(plan: AnalysisPlan, rows: pd.DataFrame) -> pd.DataFrame:
         # seeds' numbers at fixed epochs and fixed steps) is one member of the family
         twin = out.loc[fam, list(SAME_TEST)].astype(str).agg("|".join, axis=1)
         first = twin[~twin.duplicated()].index
-        out.loc[first, "p_family"] = _holm(p[first])
+        out.loc[first, "p_family"] = holm_p(p[first])
         # a claim whose margin could not be resolved stays in the family, at TOST p 1
-        out.loc[first, "tost_family"] = _holm(out.loc[first, "tost_p"].astype(float).fillna(1.0))
+        out.loc[first, "tost_family"] = holm_p(out.loc[first, "tost_p"].astype(float).fillna(1.0))
         lead = {t: i for i, t in twin[first].items()}
         for i, t in twin.items():
             out.loc[i, ["p_family", "tost_family"]] = out.loc[lead[t], ["p_family", "tost_family"]].to_numpy()

@@ -166,6 +166,24 @@ SPECS: tuple[SideExperiment, ...] = (
         ),
     ),
     SideExperiment(
+        "kcurve",
+        "the negatives' dose-response (workflow/configs/k_sweep.yaml): one optimiser batch, K set by grouping "
+        "(neg_group: K = 2G − 2) and above the batch by fresh no-grad negatives (extra_negatives), its knee "
+        "against the coupon collector's C·H_C",
+        "kcurve",
+        needs=(
+            Need("negatives", 3, "numbers of negatives K", "give it batch entries {size, train: {neg_group: ...}}"),
+        ),
+        tables=(("kcurve", "Side experiment (K dose-response): top-1 against the number of negatives K."),),
+        figures=(
+            (
+                "kcurve",
+                "Side experiment (K dose-response): top-1 against the number of negatives K (log scale) per probe "
+                "and budget, with 95 % intervals, the knee and the coupon collector's C·H_C.",
+            ),
+        ),
+    ),
+    SideExperiment(
         "instrument",
         "the instrument study (workflow/configs/instrument.yaml): small vs large batch with the controls that split "
         "negatives from steps (batch entries {size, train: {neg_group}}), BatchNorm over equal groups in every arm, "
@@ -190,6 +208,11 @@ SPECS: tuple[SideExperiment, ...] = (
                 "instrument_contrasts",
                 "The instrument's claimed contrasts on the primary probe and the positive control, each with its "
                 "interval and the analysis plan's equivalence margin.",
+            ),
+            (
+                "instrument_curves",
+                "The instrument's claimed contrasts and the positive control over training budgets, per planned "
+                "probe, each contrast's plateau (the budget its arms stopped moving at) starred.",
             ),
         ),
         main=True,

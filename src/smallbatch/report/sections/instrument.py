@@ -59,6 +59,7 @@ from .instrument_budgets import (
 )
 from .instrument_contrasts import unit_contrasts
 from .instrument_gates import Gate, g1, g2, g3, passed, versus_baseline
+from .instrument_plateau import arm_plateaus, contrast_curves, curve_display, curve_figure, plateau_display
 
 __all__ = ["METRICS", "VAL_METRIC", "arm_of", "build", "analyse", "analyse_seeds", "findings"]
 
@@ -81,7 +82,7 @@ class UnitResult:
         return passed(self.gates)
 
 
-def _baseline_values(runs: pd.DataFrame, scale: float) -> dict[tuple[str, str, str], dict]:
+def baseline_values(runs: pd.DataFrame, scale: float) -> dict[tuple[str, str, str], dict]:
     """(dataset, baseline, metric) -> {seed: top-1 %} of the baselines (raw pixels, random-init, supervised);
     a baseline without a seed (raw pixels: nothing random) is keyed 0."""
     b = baseline_runs(runs)
@@ -257,6 +258,30 @@ def findings(results: list[UnitResult], claims: pd.DataFrame, plan: AnalysisPlan
     return head + gate_findings(results, claims, plan) + [s for r in results for s in verdict(r, claims, plan)]
 
 
+def plateau_findings(curves: pd.DataFrame, plateaus: pd.DataFrame, plan: AnalysisPlan) -> list[str]:
+    """Per data set, τ and planned probe, each arm's plateau (or that it still moves); then each claimed
+    contrast at its plateau, worded as at any budget (only where the gates pass), or why it has none."""
+    out: list[str] = []
+    probes = (plan.primary, *plan.secondary)
+    mine = plateaus[plateaus["metric"].isin(probes)] if len(plateaus) else plateaus
+    for (ds, tau, m), g in mine.groupby(["dataset", "temperature", "metric"], sort=True):
+        parts = [f"{arm_label(a)}: {t}" for a, t in zip(g["arm"], g["reading"])]
+        out.append(f"Plateau, {ds}, τ {short(tau)}, {METRICS[m][1]}: " + "; ".join(parts) + ".")
+    claimed = curves[curves["claimed"] & curves["metric"].isin(probes)] if len(curves) else curves
+    for (ds, tau, m, contrast), g in claimed.groupby(["dataset", "temperature", "metric", "contrast"], sort=False):
+        at = g[g["at_plateau"]]
+        where = f"{ds}, τ {short(tau)}, {METRICS[m][1]}"
+        if at.empty:
+            longest = short(g["epochs"].max())
+            out.append(f"At the plateau, {where}: {contrast} — no plateau yet at {longest} epochs, no verdict.")
+        elif not bool(at["gates_passed"].iloc[0]):
+            out.append(f"At the plateau, {where}: {contrast} — no verdict ({at['unit'].iloc[0]}: gates not passed).")
+        else:
+            r = next(at.itertuples(index=False))
+            out.append(f"At the plateau ({short(r.plateau)} epochs), {where}: {claim_clause(r)}.")
+    return out
+
+
 # --------------------------------------------------------------------------- tables
 def _gate_table(results: list[UnitResult]) -> pd.DataFrame:
     rows = []
@@ -355,15 +380,47 @@ def _contrast_display(df: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
 
 def lr_table(results: list[UnitResult], rows: pd.DataFrame) -> pd.DataFrame:
     """Per unit, the plain InfoNCE arms' validation and test top-1 at each rate; ``chosen``: the
-    rate the unit reads that batch size at."""
+    rate the unit reads that batch size at; ``edge``: 'top' or 'bottom' where that chosen rate is
+    the highest or lowest of the batch size's grid of several rates ('' otherwise)."""
     out = []
     for r in results:
         g = matched(rows, r.unit)
         means = lr_means(g[g["arm"].str.fullmatch(r"infonce@\d+")])
-        for _, m in means.iterrows():
-            chosen = math.isclose(r.lrs.get(int(m["batch_size"]), math.nan), m["lr"])
-            out.append({"unit": r.unit.label(), "dataset": r.unit.dataset, **m.to_dict(), "chosen": chosen})
+        for bs, m in means.groupby("batch_size", sort=True):
+            grid = sorted(set(m["lr"]))
+            for _, x in m.iterrows():
+                chosen = math.isclose(r.lrs.get(int(bs), math.nan), x["lr"])
+                edge = _edge(x["lr"], grid) if chosen else ""
+                out.append(
+                    {"unit": r.unit.label(), "dataset": r.unit.dataset, **x.to_dict(), "chosen": chosen, "edge": edge}
+                )
     return pd.DataFrame(out)
+
+
+def _edge(lr: float, grid: list[float]) -> str:
+    if len(grid) < 2:
+        return ""
+    return "top" if math.isclose(lr, grid[-1]) else "bottom" if math.isclose(lr, grid[0]) else ""
+
+
+def grid_edge_findings(lrs: pd.DataFrame) -> list[str]:
+    """One line per batch size whose validated rate is at an edge of its grid in some unit: the best
+    rate may lie outside the grid, which needs a rate beyond that edge before that rate is known."""
+    if lrs.empty or "edge" not in lrs:
+        return []
+    out = []
+    edges = lrs[lrs["chosen"] & (lrs["edge"] != "")]
+    for (bs, edge), g in edges.groupby(["batch_size", "edge"], sort=True):
+        mine = lrs[lrs["batch_size"] == bs]
+        grid = sorted(set(mine["lr"]))
+        units = list(dict.fromkeys(g["unit"]))
+        beyond, at = ("above", grid[-1]) if edge == "top" else ("below", grid[0])
+        out.append(
+            f"Learning-rate grid, B={int(bs)}: the validated rate is the {edge} of its grid "
+            f"({', '.join(short(x) for x in grid)}) in {len(units)} of {mine['unit'].nunique()} units "
+            f"({'; '.join(units)}): the best rate may lie {beyond} it; extend the grid {beyond} {short(at)}."
+        )
+    return out
 
 
 def _lr_display(lrs: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
@@ -377,6 +434,7 @@ def _lr_display(lrs: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
                 "test top-1": [num(x) for x in g["test_mean"]],
                 "seeds": g["seeds"],
                 "chosen": ["yes" if c else "" for c in g["chosen"]],
+                "grid edge": [f"{e} of the grid" if e else "" for e in g["edge"]],
             }
         )
         blocks.append((f"{unit}: InfoNCE's linear probe by learning rate (mean ± sd over seeds, %)", t))
@@ -573,7 +631,7 @@ def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
     plan = ctx.plan
     md: list[str] = ["Analysis plan (declared in the config's `analysis`, applied before any claim is read):", ""]
     md += [f"- {line}" for line in plan.lines()] + [""]
-    seeds = seed_table(budget_rows(cells, ctx.scale), _baseline_values(runs, ctx.scale))
+    seeds = seed_table(budget_rows(cells, ctx.scale), baseline_values(runs, ctx.scale))
     _write(ctx, out, md, "instrument_seeds", "Instrument: every seed's top-1 (%) by arm, rate, budget and probe", seeds,
            _seed_summary(seeds), "tidy; every table of this section is computed from this file alone "
            "(smallbatch.report.sections.instrument.analyse_seeds)", "Per-seed values")  # fmt: skip
@@ -595,21 +653,34 @@ def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
                 "detect with 80 % power; descriptive: not claimed, no verdict")  # fmt: skip
         _write(ctx, out, md, "instrument_contrasts", "Instrument contrasts (small − large, points)", claims,
                _contrast_display(claims), note, "Contrasts")  # fmt: skip
-    _side_tables(ctx, out, md, results, rows, base, big)
+    lrs = _side_tables(ctx, out, md, results, rows, base, big)
+    plateaus = arm_plateaus(results)
+    curves = contrast_curves(claims, plateaus)
+    if len(curves):
+        _write(ctx, out, md, "instrument_plateau", "Instrument: the budget each arm's probe stopped moving at", plateaus,
+               plateau_display(plateaus, arm_label), "the plateau rule (smallbatch.report.plateau): the first budget "
+               "from which every doubling changed the mean by less than its MDE; 'no plateau yet': the last doubling "
+               "still moved it", "Plateaus")  # fmt: skip
+        _write(ctx, out, md, "instrument_curves", "Instrument: contrasts over training budgets (small − large, points)",
+               curves, curve_display(curves), "fixed epochs; a contrast's plateau is the latest of its arms'",
+               "Contrasts over budgets")  # fmt: skip
     for fig, alt in (
         (_contrast_figure(ctx, claims, plan) if len(claims) else [], "instrument contrasts"),
+        (curve_figure(ctx, curves, (plan.primary, *plan.secondary)) if len(curves) else [], "instrument curves"),
         (_figure(ctx, results), "instrument arms"),
     ):
         if fig:
             out.files += fig
             md += ["", ctx.figure_md(fig, alt)]
-    out.findings += findings(results, claims, plan)
+    out.findings += findings(results, claims, plan) + plateau_findings(curves, plateaus, plan)
+    out.findings += grid_edge_findings(lrs)
     out.markdown = "\n".join(md + [""] + [f"- {s}" for s in out.findings]) + "\n"
     return out
 
 
-def _side_tables(ctx, out, md, results, rows, base, big) -> None:
-    """The learning rates per batch size and the reference arm against the baselines."""
+def _side_tables(ctx, out, md, results, rows, base, big) -> pd.DataFrame:
+    """The learning rates per batch size and the reference arm against the baselines; returns the
+    learning-rate table."""
     lrs = lr_table(results, rows)
     if len(lrs) and (lrs.groupby("unit")["lr"].nunique() > 1).any():
         _write(ctx, out, md, "instrument_lr", "Instrument: learning rate per batch size (InfoNCE)", lrs, _lr_display(lrs),
@@ -620,6 +691,7 @@ def _side_tables(ctx, out, md, results, rows, base, big) -> None:
         _write(ctx, out, md, "instrument_ssl", "Instrument: does self-supervision learn? (points)", pd.DataFrame(ssl),
                _ssl_display(ssl), "Welch t against the random-init seeds; raw pixels (one run) as a constant: one-sample t; "
                "fraction: (InfoNCE − random-init) / (supervised − random-init)", "Self-supervision against the baselines")  # fmt: skip
+    return lrs
 
 
 def estimate_of(rows: list[dict], unit_label: str, key: str, metric: str = PRIMARY) -> Estimate | None:

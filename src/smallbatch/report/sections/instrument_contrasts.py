@@ -20,8 +20,9 @@ steps part ``c − b``, DCL and SogCLR at B_s against InfoNCE at B_l, the oracle
 B_s stopped at B_l's steps (``train.steps``).  The positive control (``infonce@B_l/G{g}``, K =
 2g − 2 at most ``CONTROL_MAX_K``) against ``a`` is gate G3's test, outside the family.
 
-Each row carries its raw test (p, interval, standard error and degrees of freedom); which rows
-are claimed, the margin, the family's correction and the outcome are the analysis plan's
+Each row names its arms (``arms``, joined by ``|``: the plateau of a contrast is its arms') and
+carries its raw test (p, interval, standard error and degrees of freedom); which rows are
+claimed, the margin, the family's correction and the outcome are the analysis plan's
 (:func:`smallbatch.report.plan.apply_plan`), applied over the whole study at once.
 """
 
@@ -103,7 +104,7 @@ def _arm_display(arm: str) -> str:
     return f"{display_name(loss)}{f' ({params})' if params else ''}@{size}"
 
 
-def _row(unit: Unit, metric: str, key: str, name: str, e, span: float) -> dict:
+def _row(unit: Unit, metric: str, key: str, name: str, e, span: float, arms: list[str]) -> dict:
     return {
         "dataset": unit.dataset,
         "temperature": unit.temperature,
@@ -116,6 +117,7 @@ def _row(unit: Unit, metric: str, key: str, name: str, e, span: float) -> dict:
         "metric_label": METRICS[metric][1],
         "key": key,
         "contrast": name,
+        "arms": "|".join(arms),
         "diff": e.diff,
         "lo": e.lo,
         "hi": e.hi,
@@ -142,10 +144,12 @@ def unit_contrasts(unit: Unit, arms: dict, small: int, big: int, span: dict) -> 
         for key, name, terms in definitions(small, big, unit.view, other_losses(arms, small)):
             cells = [(c, vals.get(arm, {})) for c, arm in terms]
             if all(v for _, v in cells):
-                rows.append(_row(unit, m, key, name, contrast(cells), span.get(m, math.nan)))
+                arms_of = [arm for _, arm in terms]
+                rows.append(_row(unit, m, key, name, contrast(cells), span.get(m, math.nan), arms_of))
         if pc and vals.get(pc) and vals.get(f"infonce@{big}"):
             e = contrast([(1.0, vals[pc]), (-1.0, vals[f"infonce@{big}"])])
             controls[m] = e
             k = 2 * int(pc.rsplit("G", 1)[1]) - 2
-            rows.append(_row(unit, m, "control", f"positive control (K {k} − {2 * big - 2}, B_opt {big})", e, math.nan))
+            name = f"positive control (K {k} − {2 * big - 2}, B_opt {big})"
+            rows.append(_row(unit, m, "control", name, e, math.nan, [pc, f"infonce@{big}"]))
     return rows, {"arm": pc, **controls}
