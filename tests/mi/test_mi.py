@@ -472,8 +472,8 @@ def test_mi_step_logs_runs_and_report_section(tmp_path):
     assert sorted(m.step for m in hist) == [4 * i for i in range(1, 11)]
     # the hash changes with a setting that changes the numbers, not with the grid lists
     sec = validate_section(section)
-    assert mi_step.cell_hash(sec, row) == mi_step.cell_hash(dict(sec, ks=[4, 16], seeds=[0, 1]), row)
-    assert mi_step.cell_hash(sec, row) != mi_step.cell_hash(dict(sec, steps=41), row)
+    assert mi_step.row_hash(sec, row) == mi_step.row_hash(dict(sec, ks=[4, 16], seeds=[0, 1]), row)
+    assert mi_step.row_hash(sec, row) != mi_step.row_hash(dict(sec, steps=41), row)
 
     # a re-run resumes the same runs and logs nothing twice
     mi_step.run_mi_step(section, out, uri, "study", progress=False)

@@ -200,7 +200,10 @@ def test_real_process_exit_status_and_single_stderr_line(tmp_path):
         timeout=HANG_S,
     )
     assert p.returncode == 2
-    assert p.stderr.strip().splitlines() == ["smallbatch: error: --temperature must be a finite number > 0, not 0.0"]
+    assert p.stderr.strip().splitlines() == [
+        "smallbatch: error: --temperature τ = 0 is outside [0.001, 100], where the losses stop being "
+        "meaningful (s/τ overflows, or every logit is ~0); choose a τ in that range"
+    ]
     assert p.stdout == ""
 
 

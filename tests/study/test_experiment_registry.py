@@ -24,7 +24,7 @@ def test_the_schema_has_one_section_key_per_registered_experiment():
     # mi: the Gaussian benchmark, not a grid of cells
     assert list(props) == ["precision", "ksweep", "ess", "tsweep", "regime", "lrsweep", "kcurve", "instrument", "mi"]
     assert reg.SIDE_EXPERIMENTS == ("precision", "ksweep", "ess", "tsweep", "regime", "lrsweep", "kcurve", "instrument")
-    for spec in reg.SPECS:
+    for spec in reg.SPECS.values():
         assert props[spec.name] == {"$ref": "#/$defs/section", "description": spec.description}
 
 
@@ -32,7 +32,7 @@ def test_enabling_a_registered_experiment_expands_its_cells_tagged_with_its_name
     from smallbatch.study.cells import expand_cells
     from smallbatch.study.config import load_config
 
-    for spec in reg.SPECS:
+    for spec in reg.SPECS.values():
         section = {"enabled": True, "losses": ["infonce"], "batch_sizes": [16, 32], "temperatures": [0.1, 0.5]}
         section |= {"seeds": [0], "axes": {"lr": [1e-3, 2e-3], "queue_size": [0, 64]}}  # what each sweeps
         cfg = load_config([REPO / "config.yaml"], {"grid": {"enabled": False}, "experiments": {spec.name: section}})
@@ -63,10 +63,10 @@ def test_the_report_runs_each_registered_section_where_the_registry_places_it():
         "mi",
         "cost",
     ]
-    for spec in reg.SPECS:
+    for spec in reg.SPECS.values():
         assert spec.section in names, spec.name
         assert (names.index(spec.section) < names.index("baselines")) == spec.main, spec.name
-    side = [s.section for s in reg.SPECS if not s.main]
+    side = [s.section for s in reg.SPECS.values() if not s.main]
     assert [n for n in names if n in side] == side  # in the registry's order
 
 
@@ -127,7 +127,7 @@ def test_every_registered_caption_reaches_snakemake_report_and_the_longest_prefi
         pairs = captions(kind)
         assert sorted(p for p, _ in pairs) == CAPTIONED[kind], kind
         assert [len(p) for p, _ in pairs] == sorted((len(p) for p, _ in pairs), reverse=True)
-        for spec in reg.SPECS:
+        for spec in reg.SPECS.values():
             for prefix, text in getattr(spec, kind):
                 assert [prefix, text] in pairs, (spec.name, prefix)
     assert caption_of("ess_schedule_digits", "figures").startswith("FlatNCE's ESS-scheduled temperature")

@@ -48,6 +48,8 @@ FASHION_MNIST_MD5 = {
 _CHUNK = 1 << 20
 #: Where Debian's ``dataset-fashion-mnist`` package installs the IDX ``.gz`` files, and their names
 DEBIAN_FASHION_MNIST = Path(str(dataset_spec("fashion_mnist").apt_folder))
+#: where under the data root torchvision keeps Fashion-MNIST's files (its registry entry's folder)
+FASHION_RAW = str(dataset_spec("fashion_mnist").folder)
 FASHION_FILES = (
     "train-images-idx3-ubyte",
     "train-labels-idx1-ubyte",
@@ -75,7 +77,7 @@ def _stats(reader: str, root: Path) -> tuple:
     the cache's key, so a file changed in a long-lived process (the warm server) is read again."""
     if reader != "torchvision_fashion_mnist":
         return ()
-    raw = root / str(dataset_spec("fashion_mnist").folder)
+    raw = root / FASHION_RAW
     paths = [raw / n for n in (*FASHION_FILES, *FASHION_MNIST_MD5)]
     paths += [DEBIAN_FASHION_MNIST / f"{n}.gz" for n in FASHION_FILES]
     out = []
@@ -115,7 +117,7 @@ def _sklearn_digits() -> BinaryIO:
 
 
 def _fashion_mnist(root: Path, download: bool) -> str:
-    raw = root / str(dataset_spec("fashion_mnist").folder)
+    raw = root / FASHION_RAW
     archives = [raw / name for name in FASHION_MNIST_MD5]
     if all(p.is_file() for p in archives) and all(_md5(p) == FASHION_MNIST_MD5[p.name] for p in archives):
         return "torchvision-md5:fashion-mnist"

@@ -2,9 +2,12 @@
 loaders for Fashion-MNIST (decompressed from Debian's package when present), CIFAR-10/100,
 STL-10 and an ImageFolder tree; a failed download or unreadable file as one line.
 
-Each reader returns a dict: ``train_x``, ``train_y``, ``test_x``, ``test_y`` (numpy or torch,
-native size, ``channels_last`` saying the layout), optional ``pretrain_x``, ``num_classes``,
-``classes``, ``source``.  :mod:`smallbatch.data.load` makes tensors, subsets and caches of them.
+Each reader is a function of ``(spec, root, download, image_size)`` in :data:`READERS`, under
+the key a data set's registry entry names (:mod:`smallbatch.data.registry`: its folder and
+files come from there), and returns a dict: ``train_x``, ``train_y``, ``test_x``, ``test_y``
+(numpy or torch, native size, ``channels_last`` saying the layout), optional ``pretrain_x``,
+``num_classes``, ``classes``, ``source``.  :mod:`smallbatch.data.load` makes tensors, subsets
+and caches of them.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..io import atomic_write
-from .digest import DEBIAN_FASHION_MNIST
+from .digest import DEBIAN_FASHION_MNIST, FASHION_RAW
 from .digest import FASHION_FILES as _FASHION_FILES
 from .registry import DatasetSpec, dataset_spec, display_name
 
@@ -121,7 +124,7 @@ def prepare_fashion_mnist(root: str | Path, source: str | Path | None = None) ->
     written to a temporary name in the same folder and renamed into place, so an
     interrupted run never leaves a half-written file under the final name.
     """
-    raw = Path(root) / str(dataset_spec("fashion_mnist").folder)
+    raw = Path(root) / FASHION_RAW
     if all((raw / name).is_file() for name in _FASHION_FILES):
         return raw
     src = Path(source) if source is not None else DEBIAN_FASHION_MNIST

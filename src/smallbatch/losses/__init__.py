@@ -89,6 +89,7 @@ _LAZY = {
     "scores": (
         "compute_dtype",
         "check_views",
+        "check_group",
         "row_counts",
         "prepare_scores",
         "masked",

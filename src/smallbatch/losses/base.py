@@ -37,6 +37,14 @@ class LossOutput:
     infonce: Tensor
 
 
+def check_start_temperature(tau: float) -> None:
+    """A one-line ValueError unless ``tau`` can start a temperature a loss learns (a positive
+    finite number; a cell's τ is checked against its range before any job:
+    :func:`smallbatch.study.checks.tau_problem`)."""
+    if not (math.isfinite(tau) and tau > 0):
+        raise ValueError(f"temperature must be a positive finite number, got {tau!r}")
+
+
 class ContrastiveLoss(torch.nn.Module):
     """Base class: a contrastive loss of (pos, neg, neg_mask) scores at temperature tau.
 
@@ -123,8 +131,7 @@ class ContrastiveLoss(torch.nn.Module):
     @torch.no_grad()
     def init_temperature(self, tau: float) -> None:
         """Start the learnt temperature at ``tau`` (the cell's τ): t' = -log τ."""
-        if not (math.isfinite(tau) and tau > 0):
-            raise ValueError(f"temperature must be a positive finite number, got {tau!r}")
+        check_start_temperature(tau)
         self.learnt_temperature()  # refuses a loss that does not learn it
         self.log_scale.fill_(-math.log(tau))
 

@@ -17,6 +17,7 @@ from torch import Tensor
 __all__ = [
     "compute_dtype",
     "check_views",
+    "check_group",
     "row_counts",
     "prepare_scores",
     "masked",
@@ -32,6 +33,14 @@ __all__ = [
 
 
 # --------------------------------------------------------------------------- checks and casts
+def check_group(n: int, group: int) -> None:
+    """A one-line ValueError unless ``group`` (at least 2) divides the batch of ``n`` images: the
+    layout of grouped scores and of their masks (a cell's groups are checked before any job:
+    :func:`smallbatch.study.checks.control_problem`)."""
+    if group < 2 or n % group:
+        raise ValueError(f"the negatives' group of {group} images must be >= 2 and divide the batch of {n} images")
+
+
 def compute_dtype(*dtypes: torch.dtype) -> torch.dtype:
     """The dtype to compute in: the promoted input dtype, half types raised to float32."""
     dt = dtypes[0]
@@ -154,8 +163,7 @@ def grouped_in_batch_scores(z1: Tensor, z2: Tensor, group: int) -> tuple[Tensor,
     ungrouped batch."""
     check_views(z1, z2)
     n, d = z1.shape
-    if group < 2 or n % group:
-        raise ValueError(f"the negatives' group of {group} images must be >= 2 and divide the batch of {n} images")
+    check_group(n, group)
     k = n // group
     dt = compute_dtype(z1.dtype, z2.dtype)
     z = F.normalize(torch.cat([z1.reshape(k, group, d), z2.reshape(k, group, d)], dim=1).to(dt), dim=2)
@@ -196,8 +204,7 @@ def same_view_mask(
     value of the batch is read): the negatives of DHEL and of the kernel losses, which take
     uniformity within each view (anchor ``v N + i`` is view ``v`` of image ``i``)."""
     if group and group != n:
-        if group < 2 or n % group:
-            raise ValueError(f"the negatives' group of {group} images must be >= 2 and divide the batch of {n} images")
+        check_group(n, group)
         return grouped_rows(same_view_mask(group, device=device).expand(n // group, -1, -1))
     rows = torch.arange(2 * n, device=device) if rows is None else torch.as_tensor(rows, device=device).reshape(-1)
     return (in_batch_columns(rows, n) >= n) == (rows >= n)[:, None]

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .base import ContrastiveLoss
+from .base import ContrastiveLoss, check_start_temperature
 from .scores import masked, row_counts
 
 __all__ = ["SogCLR", "ISogCLR"]
@@ -173,8 +173,7 @@ class ISogCLR(SogCLR, spec="isogclr"):
     @torch.no_grad()
     def init_temperature(self, tau: float) -> None:
         """Start every image's temperature at ``tau`` (the cell's τ)."""
-        if not (math.isfinite(tau) and tau > 0):
-            raise ValueError(f"temperature must be a positive finite number, got {tau!r}")
+        check_start_temperature(tau)
         self.tau_start = float(tau)
         if self.tau_i.numel():
             self.tau_i.fill_(self.tau_start)

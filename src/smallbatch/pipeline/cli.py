@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import errno
 import json
-import math
 import os
 import sys
 from pathlib import Path
@@ -198,6 +197,7 @@ def _standalone_cell(args, overrides: dict) -> tuple[dict, dict]:
     grid cell, so the study's checks (data set size, warm-up, the loss's own) apply to it."""
     from ..losses.registry import canonical_name
     from ..study.cells import make_cell
+    from ..study.checks import batch_problem, tau_problem
     from ..study.config import deep_merge, validate_config
 
     missing = [f for f in ("dataset", "loss", "batch_size", "temperature") if getattr(args, f) is None]
@@ -207,10 +207,12 @@ def _standalone_cell(args, overrides: dict) -> tuple[dict, dict]:
             + ", ".join("--" + m.replace("_", "-") for m in missing)
         )
     name = canonical_name(args.loss)  # ValueError naming the allowed losses
-    if args.batch_size < 2:
-        raise ValueError(f"--batch-size must be >= 2 (a batch of 1 has no negatives), not {args.batch_size}")
-    if not (math.isfinite(args.temperature) and args.temperature > 0):
-        raise ValueError(f"--temperature must be a finite number > 0, not {args.temperature}")
+    for flag, problem in (
+        ("--batch-size", batch_problem(args.batch_size)),
+        ("--temperature", tau_problem(args.temperature)),
+    ):
+        if problem:  # the flag named, before the config names its grid
+            raise ValueError(f"{flag} {problem}")
     given = _loss_params(name, args.loss_param)
     seed = args.seed if args.seed is not None else 0
     ds_opts = {k: getattr(args, k) for k in ("image_size", "train_subset") if getattr(args, k, None) is not None}

@@ -87,7 +87,7 @@ def cell_id(row: dict) -> str:
     return f"mi/{row['estimator']}/{row['critic']}/K{int(row['K'])}-mi{float(row['true_mi']):g}-s{int(row['seed'])}"
 
 
-def cell_hash(section: dict, row: dict) -> str:
+def row_hash(section: dict, row: dict) -> str:
     """10 hex digits of SHA-1 over the row-relevant settings of a validated section and the row keys."""
     settings = {k: v for k, v in section.items() if k not in _HASH_EXCLUDE}
     if row["estimator"] != "eqco":
@@ -107,7 +107,7 @@ def parent_cell(section: dict) -> dict:
 
 def cell_of(section: dict, row: dict) -> dict:
     """The tracking cell of one row: ``{'id', 'hash', 'experiment': 'mi'}``."""
-    return {"id": cell_id(row), "hash": cell_hash(section, row), "experiment": "mi"}
+    return {"id": cell_id(row), "hash": row_hash(section, row), "experiment": "mi"}
 
 
 def row_params(section: dict, row: dict) -> dict[str, str]:

@@ -81,7 +81,7 @@ def captions(kind: str) -> list[list[str]]:
     longest prefix first, so the first one a name starts with is the most specific."""
     if kind not in ("tables", "figures"):
         raise ValueError(f"kind must be 'tables' or 'figures', not {kind!r}")
-    pairs = [*(TABLES if kind == "tables" else FIGURES), *(p for s in SPECS for p in getattr(s, kind))]
+    pairs = [*(TABLES if kind == "tables" else FIGURES), *(p for s in SPECS.values() for p in getattr(s, kind))]
     return [[prefix, text] for prefix, text in sorted(pairs, key=lambda p: -len(p[0]))]
 
 

@@ -66,7 +66,7 @@ def cell_schema(baseline: bool) -> dict:
         "threads": props["threads"],
         "tracking": props["tracking"],
         "augment": {"type": "object"},
-        "batch_size": {"type": "integer", "minimum": 2},
+        "batch_size": {"type": "integer"},  # its bound: smallbatch.study.checks, as a config's cell
     }
     if baseline:
         keys["baseline"] = {"type": "string", "enum": list(BASELINE_KINDS)}
@@ -74,7 +74,7 @@ def cell_schema(baseline: bool) -> dict:
         keys.update(
             loss={"$ref": "#/$defs/loss_name"},
             loss_params={"type": "object"},
-            temperature={"type": "number", "exclusiveMinimum": 0},
+            temperature={"type": "number"},  # its range: smallbatch.study.checks, as a config's cell
             negatives={"type": "integer", "minimum": 0},  # 0: a method without negatives
         )
     cls = BaselineCell if baseline else Cell
@@ -149,8 +149,8 @@ def _derived_problem(obj: dict) -> str | None:
 
 def cell_problem(cell: Cell) -> str | None:
     """The first problem of a typed cell, one line without its source:
-    its ``train`` settings against the schema, then :func:`smallbatch.study.checks.cell_problem`."""
-    return train_problem(cell.to_dict()["train"]) or checks.cell_problem(cell)
+    its ``train`` settings against the schema, then :func:`smallbatch.study.checks.any_problem`."""
+    return train_problem(cell.to_dict()["train"]) or checks.any_problem(cell)
 
 
 def train_problem(train: dict) -> str | None:

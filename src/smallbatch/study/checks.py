@@ -6,11 +6,15 @@ on the command line: :mod:`smallbatch.study.cellcheck`) and again when it trains
 processes launched, the images read, the device).  Each check returns one line naming the
 key and what to do, or None; what a loss needs of the training is read from its registry
 entry (:mod:`smallbatch.losses.registry`: stateful, negatives, per anchor, ...), never
-from its name.
+from its name.  Each bound is checked here once, beside its value: the config schema
+states the same bounds declaratively (its one-line errors name the config key), and the
+command line's flags are checked by the functions here, named by their flags.
 
-* :func:`cell_problem` -- all of them, for a cell whose data set's size is known;
+* :func:`any_problem` -- all of them, for a cell whose data set's size is known;
 * :func:`settings_problem` -- those that need no data set size (the training loop's);
-* :func:`control_problem` -- the controls and the loss's needs of the training.
+* :func:`control_problem` -- the controls and the loss's needs of the training;
+* :func:`batch_problem`, :func:`tau_problem` -- a batch size and a temperature alone (the
+  command line's ``--batch-size`` and ``--temperature``, a cell's).
 """
 
 from __future__ import annotations
@@ -26,9 +30,34 @@ PRECISIONS = ("fp32", "bf16", "fp16", "fp64")
 #: the temperatures a cell may train at: below, s/tau overflows float32's exp range (loss ~1e7 at
 #: tau = 1e-9); above, every logit is ~0 and the loss is constant (nothing is learnt)
 TAU_RANGE = (1e-3, 1e2)
+#: the smallest batch a cell may train at: a batch of 1 has no negatives
+MIN_BATCH = 2
 
 
-def cell_problem(cell: Cell) -> str | None:
+def batch_problem(bs: object) -> str | None:
+    """Why ``bs`` is no batch size (the caller names its key), or None."""
+    if isinstance(bs, bool) or not isinstance(bs, int):
+        return f"must be an integer >= {MIN_BATCH}, not {bs!r}"
+    if bs < MIN_BATCH:
+        return f"must be >= {MIN_BATCH} (a batch of 1 has no negatives), not {bs}"
+    return None
+
+
+def tau_problem(tau: object) -> str | None:
+    """Why ``tau`` is no temperature a cell may train at (outside :data:`TAU_RANGE`, not a
+    finite number), or None; the caller names its key."""
+    lo, hi = TAU_RANGE
+    if isinstance(tau, bool) or not isinstance(tau, (int, float)):
+        return f"must be a number in [{lo:g}, {hi:g}], not {tau!r}"
+    if not lo <= tau <= hi:  # nan too
+        return (
+            f"τ = {tau:g} is outside [{lo:g}, {hi:g}], where the losses stop being meaningful "
+            "(s/τ overflows, or every logit is ~0); choose a τ in that range"
+        )
+    return None
+
+
+def any_problem(cell: Cell) -> str | None:
     """The first problem of a typed cell (:class:`~smallbatch.study.cell.Cell`) that the
     schema cannot see: its batch against its images and devices, τ, k, the controls, the
     warm-up, its loss's parameters."""
@@ -117,11 +146,13 @@ def snapshot_budget_problem(cell: Cell, steps_per_epoch: int, total: int) -> str
     return None
 
 
-def images_problem(cell: Cell) -> str | None:
+def images_problem(cell: Cell, images: int | None = None) -> str | None:
     """A step's images (the batch and its fresh negatives) against the pretraining images of
-    the cell's data set, where their number is known before it is read."""
+    the cell's data set: ``images`` when read (the training job's), else their number where the
+    data-set registry knows it before they are read."""
     name, subset = cell.dataset, cell.dataset_options.get("train_subset")
-    images = pretrain_images(name, subset)
+    if images is None:
+        images = pretrain_images(name, subset)
     tr = cell.train
     step_images = cell.batch_size + (tr.extra_negatives or 0)
     if images is None or step_images <= images:
@@ -137,8 +168,9 @@ def settings_problem(cell: Cell) -> str | None:
     """The checks that need no data set size: the batch against the devices, the precision,
     the budget, the controls and the loss's needs."""
     bs, tr = cell.batch_size, cell.train
-    if not isinstance(bs, int) or bs < 2:
-        return f"batch_size must be an integer >= 2 (a batch of 1 has no negatives), not {bs!r}"
+    problem = batch_problem(bs)
+    if problem:
+        return f"batch_size {problem}"
     if bs % tr.devices:
         return f"batch size {bs} is not a multiple of train.devices = {tr.devices}"
     if tr.precision not in PRECISIONS:
@@ -172,12 +204,9 @@ def extreme_problem(cell: Cell) -> str | None:
     """A temperature outside :data:`TAU_RANGE`, a kNN headline k that is not one of the k
     computed, or a kNN k above the images the probe votes over (it would be clamped, yet
     labelled with the k asked for)."""
-    tau, (lo, hi) = cell.temperature, TAU_RANGE
-    if isinstance(tau, (int, float)) and not lo <= tau <= hi:
-        return (
-            f"temperature τ = {tau:g} is outside [{lo:g}, {hi:g}], where the losses stop being meaningful "
-            "(s/τ overflows, or every logit is ~0); choose a τ in that range"
-        )
+    problem = tau_problem(cell.temperature)
+    if problem:
+        return f"temperature {problem}"
     primary, ks = cell.eval.setting("knn_primary_k"), cell.eval.knn_k
     if primary is not None and primary not in ks:
         return (

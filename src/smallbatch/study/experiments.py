@@ -68,178 +68,184 @@ class SideExperiment:
     needs: tuple[Need, ...] = ()
 
 
-SPECS: tuple[SideExperiment, ...] = (
-    SideExperiment(
-        "precision",
-        "FlatNCE's floating-point hypothesis: the same small-batch cells in fp64, fp32, bf16",
-        "precision",
-        tables=(("precision_", "Side experiment (floating-point precision)."),),
-        figures=(
-            ("precision_top1_", "Side experiment (floating-point precision): top-1 by precision (fp64, fp32, bf16)."),
-            (
-                "precision_grad_error_",
-                "Side experiment (floating-point precision): the gradient's rounding error over training.",
+SPECS: dict[str, SideExperiment] = {
+    s.name: s
+    for s in (
+        SideExperiment(
+            "precision",
+            "FlatNCE's floating-point hypothesis: the same small-batch cells in fp64, fp32, bf16",
+            "precision",
+            tables=(("precision_", "Side experiment (floating-point precision)."),),
+            figures=(
+                (
+                    "precision_top1_",
+                    "Side experiment (floating-point precision): top-1 by precision (fp64, fp32, bf16).",
+                ),
+                (
+                    "precision_grad_error_",
+                    "Side experiment (floating-point precision): the gradient's rounding error over training.",
+                ),
             ),
         ),
-    ),
-    SideExperiment(
-        "ksweep",
-        "EqCo's K sweep: fixed batch, negatives from a MoCo queue of K keys",
-        "ksweep",
-        tables=(("ksweep", "Side experiment (EqCo's K sweep)."),),
-        needs=(Need("train.queue_size", 2, "queue sizes K", "give it axes: {queue_size: [...]}"),),
-        figures=(
-            (
-                "ksweep",
-                "Side experiment (EqCo's K sweep): top-1 against the number of negatives K (a MoCo-style queue at "
-                "a fixed batch).",
+        SideExperiment(
+            "ksweep",
+            "EqCo's K sweep: fixed batch, negatives from a MoCo queue of K keys",
+            "ksweep",
+            tables=(("ksweep", "Side experiment (EqCo's K sweep)."),),
+            needs=(Need("train.queue_size", 2, "queue sizes K", "give it axes: {queue_size: [...]}"),),
+            figures=(
+                (
+                    "ksweep",
+                    "Side experiment (EqCo's K sweep): top-1 against the number of negatives K (a MoCo-style queue at "
+                    "a fixed batch).",
+                ),
             ),
         ),
-    ),
-    SideExperiment(
-        "ess",
-        "FlatNCE Algorithm S1: temperature adapted each step so the ESS follows a schedule",
-        "ess",
-        tables=(("ess", "Side experiment (ESS-scheduled temperature)."),),
-        figures=(
-            ("ess_schedule_", "FlatNCE's ESS-scheduled temperature against a fixed temperature."),
-            (
-                "ess_",
-                "Effective sample size of the negatives' weights (diag/ess) over training, one line per batch size.",
+        SideExperiment(
+            "ess",
+            "FlatNCE Algorithm S1: temperature adapted each step so the ESS follows a schedule",
+            "ess",
+            tables=(("ess", "Side experiment (ESS-scheduled temperature)."),),
+            figures=(
+                ("ess_schedule_", "FlatNCE's ESS-scheduled temperature against a fixed temperature."),
+                (
+                    "ess_",
+                    "Effective sample size of the negatives' weights (diag/ess) over training, one line per batch size.",
+                ),
             ),
         ),
-    ),
-    SideExperiment(
-        "tsweep",
-        "SimCLR Table 5's analogue: temperature sweep at a fixed batch size",
-        "tsweep",
-        tables=(("tsweep", "Side experiment (temperature sweep)."),),
-        needs=(Need("temperature", 2, "temperatures", "give it temperatures: [...]"),),
-        figures=(
-            (
-                "tsweep",
-                "Side experiment (temperature sweep, SimCLR Table 5's analogue): top-1 against the temperature at a "
-                "fixed batch.",
+        SideExperiment(
+            "tsweep",
+            "SimCLR Table 5's analogue: temperature sweep at a fixed batch size",
+            "tsweep",
+            tables=(("tsweep", "Side experiment (temperature sweep)."),),
+            needs=(Need("temperature", 2, "temperatures", "give it temperatures: [...]"),),
+            figures=(
+                (
+                    "tsweep",
+                    "Side experiment (temperature sweep, SimCLR Table 5's analogue): top-1 against the temperature at a "
+                    "fixed batch.",
+                ),
             ),
         ),
-    ),
-    SideExperiment(
-        "regime",
-        "where the small-batch penalty lives: batch x training length x optimiser regime (Adam/none, SGD/linear, "
-        "LARS/sqrt)",
-        "regime",
-        tables=(("regime_", "Side experiment (regime: batch × epochs × optimiser)."),),
-        figures=(
-            (
-                "regime_top1_",
-                "Side experiment (regime): top-1 against batch size, per number of epochs and optimiser regime.",
-            ),
-            ("regime_grad_ratio_", "Side experiment (regime): the gradient noise ratio per batch size and regime."),
-            (
-                "regime_update_size_",
-                "Side experiment (regime): the size of the parameter updates per batch size and regime.",
-            ),
-        ),
-    ),
-    SideExperiment(
-        "lrsweep",
-        "the learning rate each batch size wants: a grid of rates per batch size (axes: {lr: [...]}), the rate "
-        "validated on the linear probe's validation split and its exponent k (rate ∝ N^k) against SimCLR's rules",
-        "lrsweep",
-        needs=(
-            Need("train.lr", 2, "learning rates", "give it axes: {lr: [...]}"),
-            Need("batch_size", 2, "batch sizes", "give it batch_sizes: [...] (the exponent is fitted across them)"),
-        ),
-        tables=(
-            (
-                "lrsweep",
-                "Side experiment (learning-rate sweep): top-1 by batch size and peak rate; the validated "
-                "rate per batch size and its scaling exponent with a seed-bootstrap interval.",
+        SideExperiment(
+            "regime",
+            "where the small-batch penalty lives: batch x training length x optimiser regime (Adam/none, SGD/linear, "
+            "LARS/sqrt)",
+            "regime",
+            tables=(("regime_", "Side experiment (regime: batch × epochs × optimiser)."),),
+            figures=(
+                (
+                    "regime_top1_",
+                    "Side experiment (regime): top-1 against batch size, per number of epochs and optimiser regime.",
+                ),
+                ("regime_grad_ratio_", "Side experiment (regime): the gradient noise ratio per batch size and regime."),
+                (
+                    "regime_update_size_",
+                    "Side experiment (regime): the size of the parameter updates per batch size and regime.",
+                ),
             ),
         ),
-        figures=(
-            (
-                "lrsweep",
-                "Side experiment (learning-rate sweep): top-1 against the peak learning rate, one "
-                "panel per batch size and probe.",
+        SideExperiment(
+            "lrsweep",
+            "the learning rate each batch size wants: a grid of rates per batch size (axes: {lr: [...]}), the rate "
+            "validated on the linear probe's validation split and its exponent k (rate ∝ N^k) against SimCLR's rules",
+            "lrsweep",
+            needs=(
+                Need("train.lr", 2, "learning rates", "give it axes: {lr: [...]}"),
+                Need("batch_size", 2, "batch sizes", "give it batch_sizes: [...] (the exponent is fitted across them)"),
+            ),
+            tables=(
+                (
+                    "lrsweep",
+                    "Side experiment (learning-rate sweep): top-1 by batch size and peak rate; the validated "
+                    "rate per batch size and its scaling exponent with a seed-bootstrap interval.",
+                ),
+            ),
+            figures=(
+                (
+                    "lrsweep",
+                    "Side experiment (learning-rate sweep): top-1 against the peak learning rate, one "
+                    "panel per batch size and probe.",
+                ),
             ),
         ),
-    ),
-    SideExperiment(
-        "kcurve",
-        "the negatives' dose-response (workflow/configs/k_sweep.yaml): one optimiser batch, K set by grouping "
-        "(neg_group: K = 2G − 2) and above the batch by fresh no-grad negatives (extra_negatives), its knee "
-        "against the coupon collector's C·H_C",
-        "kcurve",
-        needs=(
-            Need("negatives", 3, "numbers of negatives K", "give it batch entries {size, train: {neg_group: ...}}"),
-        ),
-        tables=(("kcurve", "Side experiment (K dose-response): top-1 against the number of negatives K."),),
-        figures=(
-            (
-                "kcurve",
-                "Side experiment (K dose-response): top-1 against the number of negatives K (log scale) per probe "
-                "and budget, with 95 % intervals, the knee and the coupon collector's C·H_C.",
+        SideExperiment(
+            "kcurve",
+            "the negatives' dose-response (workflow/configs/k_sweep.yaml): one optimiser batch, K set by grouping "
+            "(neg_group: K = 2G − 2) and above the batch by fresh no-grad negatives (extra_negatives), its knee "
+            "against the coupon collector's C·H_C",
+            "kcurve",
+            needs=(
+                Need("negatives", 3, "numbers of negatives K", "give it batch entries {size, train: {neg_group: ...}}"),
+            ),
+            tables=(("kcurve", "Side experiment (K dose-response): top-1 against the number of negatives K."),),
+            figures=(
+                (
+                    "kcurve",
+                    "Side experiment (K dose-response): top-1 against the number of negatives K (log scale) per probe "
+                    "and budget, with 95 % intervals, the knee and the coupon collector's C·H_C.",
+                ),
             ),
         ),
-    ),
-    SideExperiment(
-        "instrument",
-        "the instrument study (workflow/configs/instrument.yaml): small vs large batch with the controls that split "
-        "negatives from steps (batch entries {size, train: {neg_group}}), BatchNorm over equal groups in every arm, "
-        "paired by seed",
-        "instrument",
-        needs=(
-            Need(
-                "plain_batch_size",
-                2,
-                "batch sizes of plain InfoNCE arms",
-                "give it InfoNCE at a small and a large batch size without a control (its reference arms)",
+        SideExperiment(
+            "instrument",
+            "the instrument study (workflow/configs/instrument.yaml): small vs large batch with the controls that split "
+            "negatives from steps (batch entries {size, train: {neg_group}}), BatchNorm over equal groups in every arm, "
+            "paired by seed",
+            "instrument",
+            needs=(
+                Need(
+                    "plain_batch_size",
+                    2,
+                    "batch sizes of plain InfoNCE arms",
+                    "give it InfoNCE at a small and a large batch size without a control (its reference arms)",
+                ),
             ),
+            tables=(("instrument", "The instrument arms and their contrasts."),),
+            figures=(
+                (
+                    "instrument_arms",
+                    "The instrument arms (fixed-steps budget, false-negatives oracle, learning rate per batch size) beside "
+                    "the plain grid.",
+                ),
+                (
+                    "instrument_contrasts",
+                    "The instrument's claimed contrasts on the primary probe and the positive control, each with its "
+                    "interval and the analysis plan's equivalence margin.",
+                ),
+                (
+                    "instrument_curves",
+                    "The instrument's claimed contrasts and the positive control over training budgets, per planned "
+                    "probe, each contrast's plateau (the budget its arms stopped moving at) starred.",
+                ),
+            ),
+            main=True,
         ),
-        tables=(("instrument", "The instrument arms and their contrasts."),),
-        figures=(
-            (
-                "instrument_arms",
-                "The instrument arms (fixed-steps budget, false-negatives oracle, learning rate per batch size) beside "
-                "the plain grid.",
-            ),
-            (
-                "instrument_contrasts",
-                "The instrument's claimed contrasts on the primary probe and the positive control, each with its "
-                "interval and the analysis plan's equivalence margin.",
-            ),
-            (
-                "instrument_curves",
-                "The instrument's claimed contrasts and the positive control over training budgets, per planned "
-                "probe, each contrast's plateau (the budget its arms stopped moving at) starred.",
-            ),
-        ),
-        main=True,
-    ),
-)
+    )
+}
 
 #: the side experiments' names (config keys under ``experiments``), in :data:`SPECS`' order
-SIDE_EXPERIMENTS: tuple[str, ...] = tuple(s.name for s in SPECS)
+SIDE_EXPERIMENTS: tuple[str, ...] = tuple(SPECS)
 
 
 def experiment_spec(name: str) -> SideExperiment:
     """The registry's entry for ``name`` (ValueError naming the known ones otherwise)."""
-    for s in SPECS:
-        if s.name == name:
-            return s
-    raise ValueError(f"unknown side experiment {name!r}; known: {', '.join(SIDE_EXPERIMENTS)}")
+    try:
+        return SPECS[name]
+    except KeyError:
+        raise ValueError(f"unknown side experiment {name!r}; known: {', '.join(SIDE_EXPERIMENTS)}") from None
 
 
 def experiment_schema() -> dict[str, dict]:
     """``experiments.<name>`` of the config schema for every side experiment of the registry."""
-    return {s.name: {"$ref": "#/$defs/section", "description": s.description} for s in SPECS}
+    return {s.name: {"$ref": "#/$defs/section", "description": s.description} for s in SPECS.values()}
 
 
 def section_names(main: bool) -> list[str]:
     """The report modules of the side experiments reported with the main results (``main``) or
     with the other side experiments, in the registry's order."""
-    return [s.section for s in SPECS if s.main == main]
+    return [s.section for s in SPECS.values() if s.main == main]
 
 
 #: the controls that make a cell an arm other than a plain one (the instrument's)

@@ -51,7 +51,7 @@ from ..losses import build_loss, in_batch_scores
 from ..losses.diagnostics import batch_covariance_rank, diagnostics, embedding_grad_norm, grad_rel_error
 from ..losses.registry import loss_spec
 from ..study.cell import BaselineCell, Cell, budget_steps
-from ..study.checks import settings_problem, snapshot_budget_problem
+from ..study.checks import images_problem, settings_problem, snapshot_budget_problem
 from ..study.lr_scaling import resolved_knobs
 from . import health
 from .checkpoint import (  # noqa: F401
@@ -213,9 +213,9 @@ def pretrain(
 
 
 def _validate(cell: Cell, n_images: int, dev: torch.device, world: World) -> None:
-    """What only the run knows (the processes launched, the images read, the device), then
-    the cell's settings (:func:`smallbatch.study.checks.settings_problem`)."""
-    bs = cell.batch_size
+    """What only the run knows (the processes launched, the device), then the cell's settings
+    (:func:`smallbatch.study.checks.settings_problem`) and its batch against the images read
+    (:func:`smallbatch.study.checks.images_problem`)."""
     devices = cell.train.devices
     if world.size != devices:
         raise ValueError(
@@ -223,17 +223,9 @@ def _validate(cell: Cell, n_images: int, dev: torch.device, world: World) -> Non
             f"launch it with `torchrun --nproc-per-node {devices} -m smallbatch pretrain ...` "
             "(the workflow does) or srun"
         )
-    problem = settings_problem(cell)
+    problem = settings_problem(cell) or images_problem(cell, n_images)
     if problem:
         raise ValueError(f"cell {cell.id}: {problem}")
-    if bs > n_images:
-        raise ValueError(f"batch_size {bs} exceeds the {n_images} pretraining images of {cell.dataset}")
-    extra = cell.train.extra_negatives or 0
-    if bs + extra > n_images:
-        raise ValueError(
-            f"batch_size {bs} and train.extra_negatives = {extra} exceed the {n_images} pretraining images "
-            f"of {cell.dataset}"
-        )
     if cell.train.precision == "fp16" and dev.type != "cuda":
         raise ValueError("precision fp16 needs CUDA (GradScaler); use bf16 or fp32 on the CPU")
 

@@ -47,6 +47,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..losses import (
     batch_positives,
+    check_group,
     grouped_in_batch_scores,
     grouped_rows,
     in_batch_columns,
@@ -99,8 +100,7 @@ def in_batch_mask(n: int, labels: Tensor, group: int | None = None) -> Tensor:
     classes) has none left: the losses without the positive in their denominator (DCL,
     FlatNCE, SogCLR) are then infinite and the cell ends as diverged."""
     g = group or n
-    if g < 2 or n % g:
-        raise ValueError(f"the negatives' group of {g} images must be >= 2 and divide the batch of {n} images")
+    check_group(n, g)
     rows = torch.arange(2 * g, device=labels.device)
     cols = in_batch_columns(rows, g) % g  # each negative's image within its group
     lab = labels.reshape(n // g, g)

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..losses import ContrastiveLoss, grouped_in_batch_scores
+from ..losses import ContrastiveLoss, check_group, grouped_in_batch_scores
 
 __all__ = ["Bias", "negatives_bias", "grouped_gradient", "cross_entropy_gradient"]
 
@@ -60,9 +60,8 @@ def negatives_bias(grad_at: GradAt, n: int, groups: Sequence[int], draws: int, s
     (group ``n``, one order: every order groups it the same)."""
     if draws < 2:
         raise ValueError(f"the expected gradient needs at least 2 draws, got {draws}")
-    bad = [g for g in groups if g < 2 or n % g]
-    if bad:
-        raise ValueError(f"negatives' groups {bad} must be >= 2 and divide the batch of {n} images")
+    for g in groups:
+        check_group(n, g)
     ref = grad_at(torch.arange(n), n).double()
     scale = float(torch.linalg.vector_norm(ref))
     if scale == 0:
