@@ -204,7 +204,7 @@ def test_a_loss_plugin_installed_beside_the_package_runs_a_digits_cell(installed
     assert checked.stdout.startswith("margin_nce: keeps the contract (build, shape, finite, gradient, temperature")
 
     (work / "tiny.yaml").write_text(
-        f"study: plugin\nresults_dir: {work / 'results'}\n"
+        f"study: plugin\nresults_dir: {work / 'results'}\nbaselines: false\n"
         "datasets: {digits: {}}\n"
         "grid: {losses: [{name: margin_nce, margin: [0.3]}], batch_sizes: [32], temperatures: [0.5], seeds: [0]}\n"
         "train: {width: 4, proj_hidden: 16, proj_dim: 8, lr: 0.003, epochs: 1, log_every: 5}\n"
@@ -215,19 +215,17 @@ def test_a_loss_plugin_installed_beside_the_package_runs_a_digits_cell(installed
     reference = _run(["smallbatch", "config-reference"], cwd=work, env=env).stdout
     assert "Margin-NCE: the margin" in reference  # CONFIGURATION.md as this install generates it
 
-    uri = f"sqlite:///{work / 'mlflow.db'}"
-    cell = ["--config", "tiny.yaml", "--cell-id", cell_id]
-    _run(["smallbatch", "init-store", "--tracking-uri", uri, "--experiment", "plugin"], cwd=work, env=env)
-    trained = _run(["smallbatch", "pretrain", "--tracking-uri", uri, "--no-progress", *cell], cwd=work, env=env)
-    assert json.loads(trained.stdout.strip().splitlines()[-1])["status"] == "finished"
-    evaluated = _run(["smallbatch", "evaluate", "--tracking-uri", uri, *cell], cwd=work, env=env)
-    assert json.loads(evaluated.stdout.strip().splitlines()[-1])["knn"]["status"] == "finished"
+    # the study through the workflow, from a folder init-study wrote: its cell, the report, the store
+    _run(["smallbatch", "init-study", "study"], cwd=work, env=env)
+    (work / "study" / "tiny.yaml").write_text((work / "tiny.yaml").read_text())
+    _run([py, "-m", "snakemake", "--cores", "1", "--configfile", "tiny.yaml"], cwd=work / "study", env=env)
     code = (
         "import json, sys, smallbatch\n"
         "df = smallbatch.results(sys.argv[1])\n"
-        "print(json.dumps(df[['cell_id', 'status', 'params.loss', 'params.loss.margin']].to_dict('records')))"
+        "df = df[df['cell_id'] == sys.argv[2]]\n"
+        "print(json.dumps(df[['status', 'params.loss', 'params.loss.margin']].to_dict('records')))"
     )
-    rows = json.loads(_run([py, "-c", code, uri], cwd=work, env=env).stdout)
-    assert rows == [
-        {"cell_id": cell_id, "status": "finished", "params.loss": "margin_nce", "params.loss.margin": "0.3"}
-    ]
+    uri = f"sqlite:///{work / 'results' / 'mlflow.db'}"
+    rows = json.loads(_run([py, "-c", code, uri, cell_id], cwd=work, env=env).stdout)
+    assert rows == [{"status": "finished", "params.loss": "margin_nce", "params.loss.margin": "0.3"}]
+    assert "Margin-NCE" in (work / "results" / "report" / "index.md").read_text()  # its display name
