@@ -7,7 +7,11 @@ slow test of the wheel's venv."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from importlib.metadata import EntryPoint
+from pathlib import Path
 
 import pytest
 
@@ -45,6 +49,14 @@ BROKEN = {
     "reference": _spec("broken_reference", reference=lambda z1, z2, t: _infonce_reference(z1, z2, t) + 1e-3),
 }
 NOT_A_SPEC = {"name": "fake"}
+
+
+ROOT = Path(__file__).resolve().parents[2]
+#: the one line a broken plugin installed as the package "broken-plug" is refused with
+BROKEN_LINE = (
+    "loss plugin 'bad' (smallbatch.losses entry point 'nosuchmodule.spec:SPEC' of package 'broken-plug') "
+    "does not load: ModuleNotFoundError: No module named 'nosuchmodule'"
+)
 
 
 def _entry(name: str, attr: str) -> EntryPoint:
@@ -133,6 +145,34 @@ def test_a_broken_plugin_entry_point_is_one_line_naming_it(name, attr, says):
     with pytest.raises(ValueError, match=f"^loss plugin '{name}' .*{says}") as err:
         registry.load_plugins([_entry(name, attr)])
     assert "\n" not in str(err.value)
+
+
+@pytest.fixture
+def broken_install(tmp_path) -> dict:
+    """An environment in which the package "broken-plug" is installed (its metadata on the path)
+    and declares a loss whose module does not exist."""
+    info = tmp_path / "site" / "broken_plug-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plug\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[smallbatch.losses]\nbad = nosuchmodule.spec:SPEC\n")
+    path = os.pathsep.join([str(ROOT / "src"), str(tmp_path / "site"), os.environ.get("PYTHONPATH", "")])
+    return {**os.environ, "PYTHONPATH": path}
+
+
+def test_a_broken_installed_plugin_stops_a_command_in_one_line(broken_install):
+    argv = [sys.executable, "-m", "smallbatch", "cells", "--config", str(ROOT / "config.yaml")]
+    proc = subprocess.run(argv, env=broken_install, capture_output=True, text=True, timeout=300)
+    assert (proc.returncode, proc.stderr) == (2, f"smallbatch: error: {BROKEN_LINE}\n")
+
+
+@pytest.mark.slow
+def test_a_broken_installed_plugin_stops_the_workflow_in_one_line(broken_install, tmp_path):
+    argv = [sys.executable, "-m", "snakemake", "-n", "--snakefile", str(ROOT / "Snakefile"), "-d", str(tmp_path)]
+    argv += ["--configfile", str(ROOT / "config.yaml"), "--config", f"results_dir={tmp_path / 'results'}"]
+    proc = subprocess.run(argv, env=broken_install, capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert f"config error: {BROKEN_LINE}\n" in out and "registry.py" not in out, out[-3000:]  # no traceback into ours
 
 
 @pytest.mark.parametrize("shadow", ["infonce", "ntxent"])

@@ -25,6 +25,7 @@ try:
                                    load_config, resolve_tracking_uri, sets_line, snakemake_sets,
                                    snakemake_settings)
     from smallbatch.pipeline.cells import temperature_notes
+    from smallbatch.losses.registry import PluginError
     from smallbatch.pipeline.plan import StudyPlan, flag, hold_results_folder
     from smallbatch.io import RESULTS_ENV
     from smallbatch.pipeline import plan as _plan
@@ -56,7 +57,7 @@ try:
     check_data_roots(_loaded)
     check_results_dir(_loaded)
     TRACKING_URI = resolve_tracking_uri(_loaded)
-except ConfigError as exc:
+except (ConfigError, PluginError) as exc:  # PluginError: an installed loss plugin that does not load
     raise WorkflowError(f"config error: {exc}") from None
 if not workflow.overwrite_configfiles:
 

@@ -72,6 +72,7 @@ __all__ = [
     "SPECS",
     "NEGATIVES",
     "PLUGIN_GROUP",
+    "PluginError",
     "all_specs",
     "plugin_specs",
     "loss_spec",
@@ -479,6 +480,11 @@ SPECS: dict[str, LossSpec] = {
 
 
 # --------------------------------------------------------------------------- plugins
+class PluginError(ValueError):
+    """An installed loss plugin that cannot join the registry; the message, one line, names its
+    entry point and package."""
+
+
 def all_specs() -> dict[str, LossSpec]:
     """Every loss: the built-ins (:data:`SPECS`, in their order), then the installed plugins'
     (:func:`plugin_specs`, by name)."""
@@ -493,7 +499,7 @@ def plugin_specs() -> dict[str, LossSpec]:
 
 
 def load_plugins(entries: Iterable[metadata.EntryPoint]) -> dict[str, LossSpec]:
-    """The :class:`LossSpec` each entry point names, by name, sorted; ValueError, one line
+    """The :class:`LossSpec` each entry point names, by name, sorted; :class:`PluginError`, one line
     naming the entry point and its package, for one that does not load, is not a spec, is
     not named like its spec, takes a built-in's name or alias, or another plugin's name."""
     taken = {n: "a built-in loss" for n in _names_of(SPECS)}
@@ -503,14 +509,14 @@ def load_plugins(entries: Iterable[metadata.EntryPoint]) -> dict[str, LossSpec]:
         try:
             spec = ep.load()
         except Exception as exc:  # any error of a third-party import: reported as the plugin's
-            raise ValueError(f"{where} does not load: {type(exc).__name__}: {exc}") from None
+            raise PluginError(f"{where} does not load: {type(exc).__name__}: {exc}") from None
         if not isinstance(spec, LossSpec):
-            raise ValueError(f"{where} names a {type(spec).__name__}, not a smallbatch.losses.registry.LossSpec")
+            raise PluginError(f"{where} names a {type(spec).__name__}, not a smallbatch.losses.registry.LossSpec")
         if spec.name != ep.name:
-            raise ValueError(f"{where} names the spec of {spec.name!r}; name the entry point as its spec")
+            raise PluginError(f"{where} names the spec of {spec.name!r}; name the entry point as its spec")
         for n in (spec.name, *spec.aliases):
             if n in taken:
-                raise ValueError(f"{where}: the name {n!r} is taken by {taken[n]}; rename the plugin's loss")
+                raise PluginError(f"{where}: the name {n!r} is taken by {taken[n]}; rename the plugin's loss")
             taken[n] = f"the plugin {spec.name!r}"
         found[spec.name] = spec
     return found
