@@ -182,6 +182,13 @@ def test_a_plugin_may_not_take_a_built_in_name_or_alias(monkeypatch, shadow):
         registry.load_plugins([_entry("mine", "SHADOW")])
 
 
+@pytest.mark.parametrize("name", ["Mine", "my-loss", "my/loss", "9lives"])
+def test_a_plugin_name_a_cell_id_cannot_hold_is_refused(monkeypatch, name):
+    monkeypatch.setitem(globals(), "ODD", _spec(name))
+    with pytest.raises(ValueError, match=f"the name '{name}' is not lower-case letters, digits and _"):
+        registry.load_plugins([_entry(name, "ODD")])
+
+
 def test_two_plugins_may_not_share_a_name(monkeypatch):
     monkeypatch.setitem(globals(), "SHADOW", _spec("mine", aliases=("toy",)))
     with pytest.raises(ValueError, match="the name 'toy' is taken by the plugin 'mine'"):

@@ -95,6 +95,8 @@ MAX_WIDTH = 65536
 EMA_SCHEDULES = ("cosine", "fixed")
 #: the entry-point group in which an installed package declares its losses (module docstring)
 PLUGIN_GROUP = "smallbatch.losses"
+#: a plugin's names (and aliases): what a cell id and a results folder can hold, as the built-ins'
+PLUGIN_NAME = re.compile(r"[a-z][a-z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -501,7 +503,8 @@ def plugin_specs() -> dict[str, LossSpec]:
 def load_plugins(entries: Iterable[metadata.EntryPoint]) -> dict[str, LossSpec]:
     """The :class:`LossSpec` each entry point names, by name, sorted; :class:`PluginError`, one line
     naming the entry point and its package, for one that does not load, is not a spec, is
-    not named like its spec, takes a built-in's name or alias, or another plugin's name."""
+    not named like its spec, has a name a cell id cannot hold, or takes a built-in's name or
+    alias, or another plugin's name."""
     taken = {n: "a built-in loss" for n in _names_of(SPECS)}
     found: dict[str, LossSpec] = {}
     for ep in sorted(set(entries), key=lambda e: (e.name, e.value)):
@@ -515,6 +518,10 @@ def load_plugins(entries: Iterable[metadata.EntryPoint]) -> dict[str, LossSpec]:
         if spec.name != ep.name:
             raise PluginError(f"{where} names the spec of {spec.name!r}; name the entry point as its spec")
         for n in (spec.name, *spec.aliases):
+            if not PLUGIN_NAME.fullmatch(n):
+                raise PluginError(
+                    f"{where}: the name {n!r} is not lower-case letters, digits and _ (a cell id holds it)"
+                )
             if n in taken:
                 raise PluginError(f"{where}: the name {n!r} is taken by {taken[n]}; rename the plugin's loss")
             taken[n] = f"the plugin {spec.name!r}"
