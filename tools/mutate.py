@@ -78,6 +78,7 @@ TESTS = {
         "tests/core/test_losses.py::test_registry_names_aliases_and_params",
         "tests/pipeline/test_config.py::test_every_loss_parameter_is_resolved_into_the_cell",
         "tests/pipeline/test_cell_hashes.py",
+        "tests/core/test_loss_plugins.py",
     ],
     "src/smallbatch/experiments.py": ["tests/core/test_experiment_registry.py"],
     "src/smallbatch/report/captions.py": ["tests/core/test_experiment_registry.py"],
@@ -414,6 +415,18 @@ MUTANTS = [
         'uses_temperature=False,\n            negatives="same_view",\n        ),\n        LossSpec(\n            name="simco",',
         'uses_temperature=True,\n            negatives="same_view",\n        ),\n        LossSpec(\n            name="simco",',
         "loss registry: KCL declared to take a temperature",
+    ),
+    Mutant(
+        "src/smallbatch/losses/registry.py",
+        "    return {**SPECS, **plugin_specs()}",
+        "    return {**plugin_specs(), **SPECS}",
+        "loss plugins: a plugin listed before the built-ins (tables and the report order it first)",
+    ),
+    Mutant(
+        "src/smallbatch/losses/registry.py",
+        "            if n in taken:\n",
+        "            if n in taken and n in found:\n",
+        "loss plugins: a plugin may take a built-in's name",
     ),
     Mutant(
         "src/smallbatch/pipeline/plan.py",

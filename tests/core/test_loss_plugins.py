@@ -123,6 +123,7 @@ def test_a_plugin_loss_is_named_validated_planned_and_built_like_a_built_in(plug
     loss = build_loss("toy_alias")
     assert type(loss) is plugins["toy"] and loss.weight == 2.0 and display_name("toy") == "Toy"
     assert "scales the loss" in reference_markdown()  # CONFIGURATION.md documents its parameter
+    assert registry.loss_rank("infonce") < registry.loss_rank("byol") < registry.loss_rank("toy")  # plugins after
 
 
 def test_a_config_cannot_name_a_module_path_as_its_loss(plugins):
