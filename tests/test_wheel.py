@@ -41,11 +41,15 @@ def _run(argv: list, cwd: Path, env: dict | None = None) -> subprocess.Completed
 def installed(tmp_path_factory) -> dict:
     """The wheel, a fresh venv holding it, and a working folder outside the checkout."""
     tmp = tmp_path_factory.mktemp("wheel")
-    # built from a copy: setuptools writes build/ and *.egg-info beside the sources
+    # built from a copy: setuptools writes build/ and *.egg-info beside the sources; the package's
+    # links (resources/study -> the checkout's workflow files) stay links, as in a checkout
     tree = tmp / "tree"
-    shutil.copytree(ROOT / "src", tree / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy2(ROOT / name, tree / name)
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    shutil.copytree(ROOT / "src", tree / "src", symlinks=True, ignore=ignore)
+    linked = {os.readlink(p).split("/")[-1] for p in (ROOT / "src" / "smallbatch" / "resources" / "study").iterdir()}
+    for name in ("pyproject.toml", "README.md", *linked):
+        copy = shutil.copytree if (ROOT / name).is_dir() else shutil.copy2
+        copy(ROOT / name, tree / name)
     dist = tmp / "dist"
     pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
     _run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", dist, tree], cwd=tmp)
