@@ -25,10 +25,10 @@ try:
                                    load_config, resolve_tracking_uri, sets_line, snakemake_sets,
                                    snakemake_settings)
     from smallbatch.pipeline.cells import temperature_notes
-    from smallbatch.losses.registry import PluginError
     from smallbatch.pipeline.plan import StudyPlan, flag, hold_results_folder
     from smallbatch.io import RESULTS_ENV
     from smallbatch.pipeline import plan as _plan
+    from smallbatch.losses.registry import PluginError
     from smallbatch.report.captions import captions
     from smallbatch.training.launch import launch_command
 except ImportError as exc:  # pragma: no cover - a user without the package installed
