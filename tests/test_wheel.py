@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -40,11 +41,15 @@ def _run(argv: list, cwd: Path, env: dict | None = None) -> subprocess.Completed
 def installed(tmp_path_factory) -> dict:
     """The wheel, a fresh venv holding it, and a working folder outside the checkout."""
     tmp = tmp_path_factory.mktemp("wheel")
-    # built from a copy: setuptools writes build/ and *.egg-info beside the sources
+    # built from a copy: setuptools writes build/ and *.egg-info beside the sources; the package's
+    # links (resources/study -> the checkout's workflow files) stay links, as in a checkout
     tree = tmp / "tree"
-    shutil.copytree(ROOT / "src", tree / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy2(ROOT / name, tree / name)
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    shutil.copytree(ROOT / "src", tree / "src", symlinks=True, ignore=ignore)
+    linked = {os.readlink(p).split("/")[-1] for p in (ROOT / "src" / "smallbatch" / "resources" / "study").iterdir()}
+    for name in ("pyproject.toml", "README.md", *linked):
+        copy = shutil.copytree if (ROOT / name).is_dir() else shutil.copy2
+        copy(ROOT / name, tree / name)
     dist = tmp / "dist"
     pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
     _run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", dist, tree], cwd=tmp)
@@ -128,3 +133,103 @@ def test_the_installed_command_plans_a_study_and_runs_a_digits_cell(installed):
     _run(["smallbatch", "report", "--tracking-uri", uri, "--out", "report"], cwd=work, env=env)
     assert "digits/infonce/bs32-t0.5-s0" in (work / "report" / "tables" / "cost_runs.csv").read_text()
     assert (work / "report" / "tables" / "papers_reported.csv").stat().st_size > 0
+
+
+def test_the_installed_package_writes_a_study_folder_that_snakemake_plans(installed):
+    work, env = installed["work"], installed["env"]
+    _run(["smallbatch", "init-study", "study"], cwd=work, env=env)
+    assert (work / "study" / "Snakefile").read_bytes() == (ROOT / "Snakefile").read_bytes()
+    cells = _run(["smallbatch", "cells", "--config", "config.yaml"], cwd=work / "study", env=env)
+    n_cells = int(cells.stderr.strip().splitlines()[-1].split()[0])  # "N cells, M baselines"
+    plan = _run([installed["py"], "-m", "snakemake", "-n"], cwd=work / "study", env=env)
+    jobs = dict(line.split() for line in plan.stdout.splitlines() if re.fullmatch(r"\w+ +\d+", line.strip()))
+    assert int(jobs["pretrain"]) == int(jobs["evaluate"]) == n_cells > 10
+    again = subprocess.run(["smallbatch", "init-study", "study"], cwd=work, env=env, capture_output=True, text=True)
+    assert again.returncode == 2 and "exists and is not empty" in again.stderr  # never over a study
+
+
+#: a loss plugin as a researcher writes it: a package whose entry point names its spec (no torch),
+#: the loss class beside it (an additive margin on the positive's cosine, AM-Softmax style)
+PLUGIN = {
+    "pyproject.toml": """\
+[build-system]
+requires = ["setuptools>=77"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "margin-nce"
+version = "0.1"
+dependencies = ["smallbatch"]
+
+[project.entry-points."smallbatch.losses"]
+margin_nce = "margin_nce.spec:SPEC"
+""",
+    "margin_nce/__init__.py": "",
+    "margin_nce/spec.py": """\
+from smallbatch.losses.registry import LossSpec
+
+MARGIN = {"type": "number", "minimum": 0, "maximum": 1, "default": 0.2, "description": "Margin-NCE: the margin"}
+SPEC = LossSpec(
+    name="margin_nce",
+    display="Margin-NCE",
+    paper="InfoNCE with an additive margin on the positive",
+    impl="margin_nce.loss:MarginNCE",
+    params={"margin": MARGIN},
+)
+""",
+    "margin_nce/loss.py": """\
+from smallbatch.losses import ContrastiveLoss, infonce_rows
+
+
+class MarginNCE(ContrastiveLoss, spec="margin_nce"):
+    def _rows(self, pos, neg, neg_mask, tau, batch_pos):
+        rows = infonce_rows(pos - self.margin, neg, neg_mask, tau)
+        return rows, rows
+""",
+}
+#: a study reading the plugin's loss, its parameters and cells, printing whether torch was loaded
+READ_PLUGIN_STUDY = """
+import json, sys
+from smallbatch.study.cells import expand_cells
+from smallbatch.study.config import load_config
+print(json.dumps([sorted(expand_cells(load_config(sys.argv[1]))), "torch" in sys.modules]))
+"""
+
+
+def test_a_loss_plugin_installed_beside_the_package_runs_a_digits_cell(installed, tmp_path):
+    work, env, py = installed["work"] / "plugin", installed["env"], installed["py"]
+    work.mkdir()
+    for name, text in PLUGIN.items():
+        (tmp_path / "plugin" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "plugin" / name).write_text(text)
+    pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check", "--python", py]
+    _run([*pip, "install", "--no-deps", "--no-build-isolation", "--no-index", tmp_path / "plugin"], cwd=work)
+    checked = _run(["smallbatch", "check-loss", "margin_nce"], cwd=work, env=env)
+    assert checked.stdout.startswith("margin_nce: keeps the contract (build, shape, finite, gradient, temperature")
+
+    (work / "tiny.yaml").write_text(
+        f"study: plugin\nresults_dir: {work / 'results'}\nbaselines: false\n"
+        "datasets: {digits: {}}\n"
+        "grid: {losses: [{name: margin_nce, margin: [0.3]}], batch_sizes: [32], temperatures: [0.5], seeds: [0]}\n"
+        "train: {width: 4, proj_hidden: 16, proj_dim: 8, lr: 0.003, epochs: 1, log_every: 5}\n"
+        "eval: {knn_k: [5, 20], linear_iterations: 20}\n"
+    )
+    cell_id = "digits/margin_nce-margin0.3/bs32-t0.5-s0"
+    assert json.loads(_run([py, "-c", READ_PLUGIN_STUDY, "tiny.yaml"], cwd=work, env=env).stdout) == [[cell_id], False]
+    reference = _run(["smallbatch", "config-reference"], cwd=work, env=env).stdout
+    assert "Margin-NCE: the margin" in reference  # CONFIGURATION.md as this install generates it
+
+    # the study through the workflow, from a folder init-study wrote: its cell, the report, the store
+    _run(["smallbatch", "init-study", "study"], cwd=work, env=env)
+    (work / "study" / "tiny.yaml").write_text((work / "tiny.yaml").read_text())
+    _run([py, "-m", "snakemake", "--cores", "1", "--configfile", "tiny.yaml"], cwd=work / "study", env=env)
+    code = (
+        "import json, sys, smallbatch\n"
+        "df = smallbatch.results(sys.argv[1])\n"
+        "df = df[df['cell_id'] == sys.argv[2]]\n"
+        "print(json.dumps(df[['status', 'params.loss', 'params.loss.margin']].to_dict('records')))"
+    )
+    uri = f"sqlite:///{work / 'results' / 'mlflow.db'}"
+    rows = json.loads(_run([py, "-c", code, uri, cell_id], cwd=work, env=env).stdout)
+    assert rows == [{"status": "finished", "params.loss": "margin_nce", "params.loss.margin": "0.3"}]
+    assert "Margin-NCE" in (work / "results" / "report" / "index.md").read_text()  # its display name

@@ -81,6 +81,7 @@ TESTS = {
         "tests/losses/test_losses.py::test_registry_names_aliases_and_params",
         "tests/study/test_config.py::test_every_loss_parameter_is_resolved_into_the_cell",
         "tests/study/test_cell_hashes.py",
+        "tests/losses/test_loss_plugins.py",
     ],
     "src/smallbatch/study/experiments.py": ["tests/study/test_experiment_registry.py"],
     "src/smallbatch/report/captions.py": ["tests/study/test_experiment_registry.py"],
@@ -378,8 +379,8 @@ MUTANTS = [
     ),
     Mutant(
         "src/smallbatch/study/experiments.py",
-        "return [s.section for s in SPECS if s.main == main]",
-        "return [s.section for s in SPECS]",
+        "return [s.section for s in SPECS.values() if s.main == main]",
+        "return [s.section for s in SPECS.values()]",
         "every side experiment's section placed twice in the report",
     ),
     Mutant(
@@ -396,8 +397,8 @@ MUTANTS = [
     ),
     Mutant(
         "src/smallbatch/study/experiments.py",
-        '("precision_top1_",',
-        '("precision_top_",',
+        '"precision_top1_",',
+        '"precision_top_",',
         "a side experiment's figure prefix misspelt: its figures lose their caption",
     ),
     Mutant(
@@ -417,6 +418,18 @@ MUTANTS = [
         'uses_temperature=False,\n            negatives="same_view",\n        ),\n        LossSpec(\n            name="simco",',
         'uses_temperature=True,\n            negatives="same_view",\n        ),\n        LossSpec(\n            name="simco",',
         "loss registry: KCL declared to take a temperature",
+    ),
+    Mutant(
+        "src/smallbatch/losses/registry.py",
+        "    return {**SPECS, **plugin_specs()}",
+        "    return {**plugin_specs(), **SPECS}",
+        "loss plugins: a plugin listed before the built-ins (tables and the report order it first)",
+    ),
+    Mutant(
+        "src/smallbatch/losses/registry.py",
+        "            if n in taken:\n",
+        "            if n in taken and n in found:\n",
+        "loss plugins: a plugin may take a built-in's name",
     ),
     Mutant(
         "src/smallbatch/pipeline/plan.py",

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from .registry import SPECS, LossSpec, params_problem
+from .registry import LossSpec, all_specs, params_problem
 from .scores import KeyQueue, in_batch_scores, masked, prepare_scores, queue_scores, same_view_mask
 
 __all__ = ["LossOutput", "ContrastiveLoss", "infonce_rows"]
@@ -86,7 +86,7 @@ class ContrastiveLoss(torch.nn.Module):
         super().__init_subclass__(**kwargs)
         if spec is None:
             return
-        s = SPECS[spec]
+        s = all_specs()[spec]  # a built-in's or an installed plugin's
         cls.spec = s
         cls.name, cls.display, cls.aliases, cls.paper, cls.paper_pattern = (
             s.name,

@@ -11,6 +11,15 @@ Adding a loss is its class (a subclass of :class:`smallbatch.losses.base.Contras
 declaring ``spec="<name>"``) plus its entry here; cells, the config schema, the CLI,
 CONFIGURATION.md (``smallbatch config-reference``) and the report follow from the two.
 
+A loss of another, *installed* package joins the registry as a plugin: its distribution
+declares an entry point in the group :data:`PLUGIN_GROUP` (``smallbatch.losses``) whose name
+is the loss's name and whose object is its :class:`LossSpec` (in a module that imports no
+torch; ``impl`` names its class by an absolute module path, imported only when the loss is
+built).  :func:`all_specs` is the built-ins followed by the plugins, read once per process;
+every look-up below reads it, so a plugin is named, validated, planned and reported like a
+built-in.  A config names a loss by its entry point's name only, never by a module path:
+what runs is what is installed.  A plugin may not take a built-in's name or alias.
+
 A spec's properties say how the training loop treats the loss:
 
 * ``stateful`` -- per-image state across steps (SogCLR's ``u``): ``init_state`` allocates
@@ -51,14 +60,21 @@ method.
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from importlib import metadata
 from typing import Any
 
 __all__ = [
     "LossSpec",
     "SPECS",
     "NEGATIVES",
+    "PLUGIN_GROUP",
+    "PluginError",
+    "all_specs",
+    "plugin_specs",
     "loss_spec",
     "canonical_name",
     "display_name",
@@ -77,6 +93,10 @@ NEGATIVES = ("all", "same_view", "none")
 MAX_WIDTH = 65536
 #: the schedules of an EMA target's momentum (see :class:`smallbatch.losses.siamese.BYOL`)
 EMA_SCHEDULES = ("cosine", "fixed")
+#: the entry-point group in which an installed package declares its losses (module docstring)
+PLUGIN_GROUP = "smallbatch.losses"
+#: a plugin's names (and aliases): what a cell id and a results folder can hold, as the built-ins'
+PLUGIN_NAME = re.compile(r"[a-z][a-z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -92,7 +112,9 @@ class LossSpec:
     ``defaults``: the parameters and their defaults, filled from ``params`` (a parameter the
     config cannot set may be declared here alone); ``unlabelled``: values a cell id leaves
     out where they are not the default (EqCo's alpha = K, the paper's plain form, where the
-    default 256 is written into the id)."""
+    default 256 is written into the id); ``reference``: optionally, the loss's value computed
+    independently, ``reference(z1, z2, temperature, **params) -> float`` on float64 views
+    ``[N, d]``, which ``smallbatch check-loss`` compares with the class's value."""
 
     name: str
     display: str
@@ -116,6 +138,7 @@ class LossSpec:
     below: tuple[tuple[str, str], ...] = ()
     not_all_zero: tuple[str, ...] = ()
     tau_floor: str | None = None
+    reference: Callable[..., float] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.negatives not in NEGATIVES:
@@ -458,10 +481,68 @@ SPECS: dict[str, LossSpec] = {
 }
 
 
+# --------------------------------------------------------------------------- plugins
+class PluginError(ValueError):
+    """An installed loss plugin that cannot join the registry; the message, one line, names its
+    entry point and package."""
+
+
+def all_specs() -> dict[str, LossSpec]:
+    """Every loss: the built-ins (:data:`SPECS`, in their order), then the installed plugins'
+    (:func:`plugin_specs`, by name)."""
+    return {**SPECS, **plugin_specs()}
+
+
+@functools.cache
+def plugin_specs() -> dict[str, LossSpec]:
+    """The losses installed packages declare in the entry-point group :data:`PLUGIN_GROUP`,
+    read once per process (:func:`load_plugins`)."""
+    return load_plugins(metadata.entry_points(group=PLUGIN_GROUP))
+
+
+def load_plugins(entries: Iterable[metadata.EntryPoint]) -> dict[str, LossSpec]:
+    """The :class:`LossSpec` each entry point names, by name, sorted; :class:`PluginError`, one line
+    naming the entry point and its package, for one that does not load, is not a spec, is
+    not named like its spec, has a name a cell id cannot hold, or takes a built-in's name or
+    alias, or another plugin's name."""
+    taken = {n: "a built-in loss" for n in _names_of(SPECS)}
+    found: dict[str, LossSpec] = {}
+    for ep in sorted(set(entries), key=lambda e: (e.name, e.value)):
+        where = f"loss plugin {ep.name!r} ({PLUGIN_GROUP} entry point {ep.value!r} of {_package_of(ep)})"
+        try:
+            spec = ep.load()
+        except Exception as exc:  # any error of a third-party import: reported as the plugin's
+            raise PluginError(f"{where} does not load: {type(exc).__name__}: {exc}") from None
+        if not isinstance(spec, LossSpec):
+            raise PluginError(f"{where} names a {type(spec).__name__}, not a smallbatch.losses.registry.LossSpec")
+        if spec.name != ep.name:
+            raise PluginError(f"{where} names the spec of {spec.name!r}; name the entry point as its spec")
+        for n in (spec.name, *spec.aliases):
+            if not PLUGIN_NAME.fullmatch(n):
+                raise PluginError(
+                    f"{where}: the name {n!r} is not lower-case letters, digits and _ (a cell id holds it)"
+                )
+            if n in taken:
+                raise PluginError(f"{where}: the name {n!r} is taken by {taken[n]}; rename the plugin's loss")
+            taken[n] = f"the plugin {spec.name!r}"
+        found[spec.name] = spec
+    return found
+
+
+def _names_of(specs: dict[str, LossSpec]) -> dict[str, str]:
+    return {**{n: n for n in specs}, **{a: s.name for s in specs.values() for a in s.aliases}}
+
+
+def _package_of(ep: metadata.EntryPoint) -> str:
+    """The distribution that declares ``ep`` (its name), or "an unknown package"."""
+    dist = getattr(ep, "dist", None)
+    return f"package {dist.metadata['Name']!r}" if dist is not None else "an unknown package"
+
+
 # --------------------------------------------------------------------------- look-ups
 def loss_names() -> dict[str, str]:
-    """Every accepted name (registry names and aliases) -> its registry name."""
-    return {**{n: n for n in SPECS}, **{a: s.name for s in SPECS.values() for a in s.aliases}}
+    """Every accepted name (registry names and aliases, the plugins' too) -> its registry name."""
+    return _names_of(all_specs())
 
 
 def loss_spec(name: str) -> LossSpec:
@@ -470,7 +551,7 @@ def loss_spec(name: str) -> LossSpec:
     key = str(name).strip().lower()
     if key not in names:
         raise ValueError(f"unknown loss {name!r}; allowed: {', '.join(sorted(names))}")
-    return SPECS[names[key]]
+    return all_specs()[names[key]]
 
 
 def canonical_name(name: str) -> str:
@@ -482,12 +563,12 @@ def canonical_name(name: str) -> str:
 def display_name(name: str) -> str:
     """The name tables show (``InfoNCE``); an unknown name is returned unchanged."""
     key = loss_names().get(str(name).strip().lower())
-    return SPECS[key].display if key is not None else str(name)
+    return all_specs()[key].display if key is not None else str(name)
 
 
 def loss_rank(name: str) -> tuple[int, str]:
     """Sort key: registry order first, unknown names after, alphabetically."""
-    order = list(SPECS)
+    order = list(all_specs())
     return (order.index(name) if name in order else len(order), str(name))
 
 
@@ -496,7 +577,7 @@ def paper_family(method: Any) -> str | None:
     matched by each loss's ``paper_pattern``; the most specific loss wins (the registry
     is searched from its end, so DCLW before DCL and every fix before InfoNCE)."""
     s = str(method).lower()
-    for spec in reversed(list(SPECS.values())):
+    for spec in reversed(list(all_specs().values())):
         if spec.paper_pattern and re.search(spec.paper_pattern, s):
             return spec.name
     return None
@@ -520,7 +601,7 @@ def config_schema() -> dict[str, Any]:
     parameter may be a value or a list of values to sweep)."""
     loss_params: dict[str, Any] = {}
     scalars: dict[str, Any] = {}
-    for name, spec in SPECS.items():
+    for name, spec in all_specs().items():
         loss_params[name] = {
             "type": "object",
             "default": {},

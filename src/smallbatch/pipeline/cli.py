@@ -554,6 +554,29 @@ def cmd_config_reference(args) -> int:
     return 0
 
 
+def cmd_init_study(args) -> int:
+    from .study_folder import write_study
+
+    names = write_study(args.dir)
+    print(f"study written to {args.dir}: {', '.join(names)}; `cd {args.dir} && snakemake -n` plans it")
+    return 0
+
+
+def cmd_check_loss(args) -> int:
+    """One line per broken property of the loss's contract (exit 1), or one line that it holds."""
+    from ..losses.contract import PROPERTIES, contract_problems
+    from ..losses.registry import loss_spec
+
+    spec = loss_spec(args.name)
+    problems = contract_problems(spec.name)
+    for line in problems:
+        print(f"{spec.name}: {line}")
+    if not problems:
+        kept = [p for p in PROPERTIES if p != "reference" or spec.reference is not None]
+        print(f"{spec.name}: keeps the contract ({', '.join(kept)}{'' if spec.reference else '; no reference given'})")
+    return 1 if problems else 0
+
+
 def _json_object(text: str | None, flag: str) -> dict:
     """The JSON object ``text`` ({} for None); ValueError naming ``flag`` for anything else."""
     if text is None:
@@ -614,7 +637,11 @@ def _main(argv: list[str] | None) -> int:
         rc = delegate(sys.argv[1:])
         if rc is not None:
             return rc
-    parser = build_parser()
+    try:
+        parser = build_parser()  # reads the installed loss plugins (their names are in --loss's help)
+    except ValueError as exc:  # a broken plugin: its one line, as for every other input
+        print(f"smallbatch: error: {_error_line(exc)}", file=sys.stderr)
+        return 2
     args, extra = parser.parse_known_args(argv)
     if extra:
         _unrecognized(parser, extra)

@@ -32,7 +32,7 @@ from pathlib import Path, PosixPath
 
 from ..data.registry import SPECS as DATASET_SPECS
 from ..io import text_problem
-from ..losses.registry import SPECS, loss_param_names
+from ..losses.registry import all_specs, loss_param_names
 from ..study.probe_registry import SPECS as PROBE_SPECS
 
 DEVICES = ["auto", "cpu", "cuda"]
@@ -41,7 +41,7 @@ FEATURES_HELP = "features from 'smallbatch embed' (default: <cell folder>/featur
 DESCRIPTION = f"""The study's command line.
 
 cells, report and config-reference work on a whole study (its cells, its report, every config
-key); prepare-data, pretrain, evaluate, embed, {", ".join(PROBE_SPECS)}, baseline and export each run one step
+key), init-study writes one's folder and check-loss checks a loss (a plugin's too); prepare-data, pretrain, evaluate, embed, {", ".join(PROBE_SPECS)}, baseline and export each run one step
 of one cell (what the workflow's jobs run, and by hand: smallbatch <command> --help); mi runs the
 MI toy. The workflow's own commands (init-store, warm-server) are left out of this list."""
 #: commands the workflow runs for itself: callable, but not in the top-level list
@@ -54,13 +54,13 @@ def dataset_help() -> str:
 
 
 def loss_help() -> str:
-    """Every loss of the registry with its aliases: ``infonce (ntxent, simclr) | flatnce | …``."""
-    return " | ".join(f"{n} ({', '.join(s.aliases)})" if s.aliases else n for n, s in SPECS.items())
+    """Every loss of the registry (its plugins' too) with its aliases: ``infonce (ntxent, simclr) | flatnce | …``."""
+    return " | ".join(f"{n} ({', '.join(s.aliases)})" if s.aliases else n for n, s in all_specs().items())
 
 
 def loss_param_help() -> str:
     """The loss parameters of the registry, by loss: ``loss parameter KEY=VALUE: dclw: sigma; …``."""
-    per = [f"{n}: {', '.join(loss_param_names(n))}" for n in SPECS if loss_param_names(n)]
+    per = [f"{n}: {', '.join(loss_param_names(n))}" for n in all_specs() if loss_param_names(n)]
     return "a loss parameter, e.g. sigma=0.5 (repeat for several); " + "; ".join(per)
 
 
@@ -392,6 +392,19 @@ def _study_commands(add) -> None:
     c.add_argument("--out", type=path_value, required=True)
 
     add("config-reference", "print the table of every config key (CONFIGURATION.md)")
+
+    c = add(
+        "init-study",
+        "write a ready study folder (Snakefile, workflow/, config.yaml, envs/) from the installed package",
+    )
+    c.add_argument("dir", type=path_value, metavar="DIR", help="a new or empty folder (never overwritten)")
+
+    c = add(
+        "check-loss",
+        "check that a loss (a built-in's or an installed plugin's) keeps the registry's contract: a scalar "
+        "from two views [N, d], finite value and gradient, τ as declared, the batch's order, its reference",
+    )
+    c.add_argument("name", metavar="NAME", help=loss_help())
 
 
 def _cell_commands(add) -> None:
