@@ -68,34 +68,38 @@ def test_a_failed_job_names_its_cell_and_log_and_a_retry_keeps_the_cells_clock()
     assert p.eta(11.0) is None
 
 
-def test_snakemake_finds_the_logger_plugin_and_its_handler_reads_job_records():
+class Settings:  # what Snakemake hands a handler (OutputSettingsLoggerInterface)
+    printshellcmds, nocolor, quiet, debug_dag, verbose, show_failed_logs, stdout, dryrun = (
+        True,
+        True,
+        None,
+        False,
+        False,
+        True,
+        True,
+        False,
+    )
+
+
+def smallbatch_handler():
     pytest.importorskip("snakemake_interface_logger_plugins")
-    from snakemake_interface_logger_plugins.common import LogEvent
     from snakemake_interface_logger_plugins.registry import LoggerPluginRegistry
 
-    plugin = LoggerPluginRegistry().get_plugin("smallbatch")
+    return LoggerPluginRegistry().get_plugin("smallbatch").log_handler(Settings(), None)
 
-    class Settings:  # what Snakemake hands a handler (OutputSettingsLoggerInterface)
-        printshellcmds, nocolor, quiet, debug_dag, verbose, show_failed_logs, stdout, dryrun = (
-            True,
-            True,
-            None,
-            False,
-            False,
-            True,
-            True,
-            False,
-        )
 
-    handler = plugin.log_handler(Settings(), None)
+def record(t: float, msg: str | None = None, level: int = logging.INFO, **extra) -> logging.LogRecord:
+    r = logging.LogRecord("snakemake", level, __file__, 0, msg, None, None)
+    r.created = t
+    r.__dict__.update(extra)
+    return r
+
+
+def test_snakemake_finds_the_logger_plugin_and_its_handler_reads_job_records():
+    handler = smallbatch_handler()
+    from snakemake_interface_logger_plugins.common import LogEvent
+
     assert handler.writes_to_stream and not handler.writes_to_file and handler.has_filter
-
-    def record(t: float, msg: str | None = None, **extra) -> logging.LogRecord:
-        r = logging.LogRecord("snakemake", logging.INFO, __file__, 0, msg, None, None)
-        r.created = t
-        r.__dict__.update(extra)
-        return r
-
     out = []
     for r in (
         record(0.0, "Job stats: ...", event=LogEvent.RUN_INFO, stats={"evaluate": 1, "total": 3}),
@@ -114,3 +118,100 @@ def test_snakemake_finds_the_logger_plugin_and_its_handler_reads_job_records():
         "[1/1] c  6 s  (elapsed 6 s, all done)",
         "Complete log(s): /x/.snakemake/log/1.snakemake.log",
     ]
+
+
+def closing_lines(handler, capsys) -> list[str]:
+    """What the handler prints as Snakemake closes it (its stream is stdout: Settings.stdout)."""
+    capsys.readouterr()
+    handler.close()
+    return capsys.readouterr().out.splitlines()
+
+
+def test_a_study_stopped_by_sigterm_says_so_once_with_the_cells_done_and_how_to_resume(monkeypatch, capsys):
+    """Snakemake, sent SIGTERM, repeats "Will exit after ..." at every turn of its scheduler, lets the
+    running job finish (exit 0) and ends with "At least one job did not complete successfully": the
+    console says the signal once, leaves that closing error out and ends with its own two lines."""
+    handler = smallbatch_handler()
+    from snakemake_interface_logger_plugins.common import LogEvent
+
+    monkeypatch.setattr("sys.argv", ["/venv/bin/snakemake", "--cores", "2", "--logger", "smallbatch"])
+    will_exit = "Will exit after finishing currently running jobs (scheduler)."
+    out = []
+    for r in (
+        record(0.0, "Job stats: ...", event=LogEvent.RUN_INFO, stats={"evaluate": 3, "total": 7}),
+        record(0.0, " Rule: pretrain", event=LogEvent.JOB_INFO, jobid=1, rule_name="pretrain", wildcards={"cell": "a"}),
+        record(8.0, "Finished jobid: 1", event=LogEvent.JOB_FINISHED, job_id=1),
+        record(8.0, " Rule: evaluate", event=LogEvent.JOB_INFO, jobid=2, rule_name="evaluate", wildcards={"cell": "a"}),
+        record(9.0, will_exit),
+        record(9.5, will_exit),
+        record(10.0, "Finished jobid: 2", event=LogEvent.JOB_FINISHED, job_id=2),
+        record(10.0, will_exit),
+        record(10.0, "Complete log(s): /x/.snakemake/log/1.snakemake.log"),
+        record(
+            10.0,
+            "At least one job did not complete successfully.",
+            logging.ERROR,
+            event=LogEvent.ERROR,
+            exception="WorkflowError",
+        ),
+    ):
+        out += handler.lines(r)
+    assert out == [
+        "3 cells to run (7 jobs); one line per finished cell",
+        "SIGTERM received: the running jobs finish, no new one starts",
+        "[1/3] a  10 s  (elapsed 10 s, ETA 20 s)",
+        "Complete log(s): /x/.snakemake/log/1.snakemake.log",
+    ]
+    assert closing_lines(handler, capsys) == [
+        "stopped by SIGTERM after 10 s: 1 of 3 cells done, 2 not",
+        "resume: snakemake --cores 2 --logger smallbatch  (the same command: finished cells are kept, an "
+        "interrupted one resumes)",
+    ]
+    assert closing_lines(handler, capsys) == []  # closed twice (Snakemake, then logging at exit): said once
+
+
+def test_a_study_stopped_by_a_failed_job_names_its_error_and_log_and_a_lost_store_as_such(
+    tmp_path, monkeypatch, capsys
+):
+    handler = smallbatch_handler()
+    from snakemake_interface_logger_plugins.common import LogEvent
+
+    monkeypatch.setattr("sys.argv", ["/usr/lib/python3/site-packages/snakemake/__main__.py", "--cores", "1"])
+    log = tmp_path / "pretrain.log"
+    log.write_text(
+        "epoch 1/6 ...\nsmallbatch: error: MLflow tracking store sqlite:///r/mlflow.db: no such store (moved "
+        "or deleted?)\n"
+    )
+    for r in (
+        record(0.0, "Job stats: ...", event=LogEvent.RUN_INFO, stats={"evaluate": 2, "total": 5}),
+        record(0.0, " Rule: pretrain", event=LogEvent.JOB_INFO, jobid=1, rule_name="pretrain", wildcards={"cell": "b"}),
+        record(
+            65.0,
+            "Error in rule pretrain",
+            logging.ERROR,
+            event=LogEvent.JOB_ERROR,
+            jobid=1,
+            rule_name="pretrain",
+            log=[str(log)],
+        ),
+    ):
+        handler.lines(r)
+    assert closing_lines(handler, capsys) == [
+        "stopped after 1 min 05 s: 0 of 2 cells done, 2 not",
+        "why: the MLflow store failed: rule pretrain failed for b (MLflow tracking store sqlite:///r/mlflow.db: no "
+        f"such store (moved or deleted?)); its log: {log}",
+        "resume: snakemake --cores 1  (the same command: finished cells are kept, an interrupted one resumes)",
+    ]
+
+
+def test_a_study_whose_cells_are_all_done_ends_without_a_summary(capsys):
+    handler = smallbatch_handler()
+    from snakemake_interface_logger_plugins.common import LogEvent
+
+    for r in (
+        record(0.0, "Job stats: ...", event=LogEvent.RUN_INFO, stats={"mi_bench": 1, "total": 2}),
+        record(0.0, " Rule: mi_bench", event=LogEvent.JOB_INFO, jobid=1, rule_name="mi_bench", wildcards={}),
+        record(3.0, "Finished jobid: 1", event=LogEvent.JOB_FINISHED, job_id=1),
+    ):
+        handler.lines(r)
+    assert closing_lines(handler, capsys) == []

@@ -7,6 +7,13 @@ package) that feeds it from Snakemake's log records and prints them instead of S
 blocks.  Snakemake's full log still goes to ``.snakemake/log/*.snakemake.log`` and each job's to
 its file under ``<results>/logs``.
 
+A run that ends with planned cells not done ends with two lines (:meth:`StudyProgress.summary`):
+why it stopped -- the signal Snakemake was sent (SIGTERM lets the running jobs finish, SIGINT
+stops them), or the first failed job with its own error line and its log (a store that failed
+is named so) -- how many cells are done, and the command that resumes it; Snakemake's repeated
+"Will exit after finishing currently running jobs" and its closing "At least one job did not
+complete successfully" (said even when every job exited 0) are left out.
+
 A *cell* is what the study reports: a grid cell (its ``evaluate`` job finishing, timed from its
 ``pretrain`` job's start), a baseline, or the MI toy.  The ETA is the cells left times the mean
 time of the cells done so far, divided by how many ran at once (the cells' busy time over the
@@ -16,8 +23,10 @@ wall time): cells run longest first, so the first estimates are high.
 from __future__ import annotations
 
 import re
+import shlex
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..training.progress import clock  # noqa: F401  (the console's times; imported from here too)
 
@@ -35,11 +44,22 @@ STEP_RULES = {
 #: the rule whose start starts a grid cell's clock, and the rule that completes a grid cell
 START_RULE, GRID_RULE = "pretrain", "evaluate"
 #: Snakemake's plain messages still shown (the rest is in its log file)
-KEPT_MESSAGES = re.compile(r"^(Nothing to be done|Complete log|Exiting because|Will exit after|Shutting down)")
+KEPT_MESSAGES = re.compile(r"^(Nothing to be done|Complete log|Exiting because)")
 #: Snakemake's message when it restarts a failed job
 RESTART = re.compile(r"^Trying to restart job (\S+)\.")
 #: exceptions Snakemake logs for a failed job, before the job's own error (which names it and its log)
 JOB_EXCEPTIONS = ("RuleException", "CalledProcessError")
+#: Snakemake's messages when a signal stops it, and the signal: SIGTERM lets the running jobs finish
+#: (repeated at every turn of its scheduler), SIGINT (Ctrl-C) cancels them
+STOP_MESSAGES = {
+    "Will exit after finishing currently running jobs": "SIGTERM",
+    "Terminating processes on user request": "SIGINT",
+}
+#: Snakemake's closing error of a run that did not finish its jobs, which says neither why nor what
+#: is done: the console's own summary (:meth:`StudyProgress.summary`) replaces it
+UNFINISHED = "At least one job did not complete successfully"
+#: how a job's own one-line error begins in its log (``smallbatch.pipeline.cli``)
+JOB_ERROR_PREFIX = "smallbatch: error: "
 
 
 @dataclass
@@ -54,6 +74,7 @@ class StudyProgress:
     cell_start: dict = field(default_factory=dict)  # cell name -> (completing rule, its first job's start)
     durations: dict = field(default_factory=dict)  # completing rule -> [seconds of each cell done]
     failed: dict = field(default_factory=dict)  # cell -> completing rule, failed and not finished since (a retry may)
+    cause: str | None = None  # why the run stops before its planned cells are done (a signal, a failed job)
 
     @property
     def cells_planned(self) -> int:
@@ -104,7 +125,36 @@ class StudyProgress:
         if rule in CELL_RULES or rule == START_RULE:
             self.failed[name] = rule if rule in CELL_RULES else GRID_RULE
         where = f"; its log: {', '.join(str(x) for x in logs)}" if logs else ""
+        error = job_error(logs[0]) if logs else None
+        self.cause = self.cause or (
+            f"{'the MLflow store failed: ' if error and 'MLflow' in error else ''}rule {rule} failed for {name}"
+            + (f" ({error})" if error else "")
+            + where
+        )
         return [f"FAILED {name} (rule {rule}){where}"]
+
+    def stopping(self, signal_name: str) -> list[str]:
+        """Snakemake was sent ``signal_name``: the first time, one line saying what happens now."""
+        if self.cause is not None and self.cause.startswith("stopped by"):
+            return []
+        self.cause = f"stopped by {signal_name}"
+        then = "the running jobs finish, no new one starts" if signal_name == "SIGTERM" else "the running jobs stop"
+        return [f"{signal_name} received: {then}"]
+
+    def summary(self, now: float, resume: str) -> list[str]:
+        """The last lines of a run that ended with planned cells not done: why it stopped, how many
+        cells are done, and the command that resumes it (none for a run whose cells are all done)."""
+        planned, done = self.cells_planned, self.cells_done
+        if done >= planned:
+            return []
+        took = f" after {clock(now - self.start)}" if self.start is not None else ""
+        signalled = self.cause is not None and self.cause.startswith("stopped by")
+        head = self.cause if signalled else "stopped"
+        return [
+            f"{head}{took}: {done} of {planned} cells done, {planned - done} not",
+            *([f"why: {self.cause}"] if self.cause and not signalled else []),
+            f"resume: {resume}  (the same command: finished cells are kept, an interrupted one resumes)",
+        ]
 
     def retried(self, jobid, now: float) -> list[str]:
         """Snakemake restarts a failed job (``retries``)."""
@@ -129,6 +179,26 @@ class StudyProgress:
         at_once = max(1.0, (sum(done) + sum(now - t for _, t in cells)) / (now - self.start))
         work = sum(max(0, n) * mean[r] for r, n in left.items()) - sum(min(now - t, mean.get(r, 0.0)) for r, t in cells)
         return max(0.0, work) / at_once
+
+
+def job_error(log) -> str | None:
+    """The job's own one-line error (``smallbatch: error: ...``), the last in its log, or None."""
+    try:
+        with open(log, "rb") as fh:
+            fh.seek(0, 2)
+            fh.seek(max(0, fh.tell() - 8192))
+            tail = fh.read().decode(errors="replace")
+    except OSError:
+        return None
+    lines = [x for x in tail.splitlines() if x.startswith(JOB_ERROR_PREFIX)]
+    return lines[-1][len(JOB_ERROR_PREFIX) :].strip() if lines else None
+
+
+def resume_command(argv: list[str]) -> str:
+    """The command that ran Snakemake (``python -m snakemake`` shown as ``snakemake``)."""
+    head = Path(argv[0]) if argv else Path("snakemake")
+    prog = "snakemake" if "snakemake" in head.parts or head.name.startswith("snakemake") else str(head)
+    return shlex.join([prog, *argv[1:]])
 
 
 def _name(rule: str, wildcards: dict) -> str:
@@ -158,6 +228,22 @@ def console_handler_class():
             self.progress = StudyProgress()
             self.stream = sys.stdout if getattr(s, "stdout", False) else sys.stderr
             self.plain = DefaultFilter(s.quiet, s.debug_dag, s.verbose, s.dryrun, s.printshellcmds)
+            self.last_time: float | None = None
+            self.summarised = False
+
+        def close(self) -> None:
+            """Snakemake closes its handlers as it ends: a run that stopped with cells left says why,
+            how many are done and how to resume (once)."""
+            if not self.summarised and not self.common_settings.dryrun and self.progress.start is not None:
+                self.summarised = True
+                now = self.last_time if self.last_time is not None else self.progress.start
+                try:
+                    for line in self.progress.summary(now, resume_command(sys.argv)):
+                        self.stream.write(line + "\n")
+                    self.stream.flush()
+                except Exception:  # noqa: BLE001 - a closed stream at exit: nothing left to tell
+                    pass
+            super().close()
 
         def emit(self, record) -> None:
             try:
@@ -171,7 +257,7 @@ def console_handler_class():
             event, now = getattr(record, "event", None), record.created
             if self.common_settings.dryrun:
                 return [self.format(record)] if self.plain.filter(record) else []
-            p = self.progress
+            p, self.last_time = self.progress, now
             if event == LogEvent.RUN_INFO:
                 return p.planned(getattr(record, "stats", {}) or {}, now)
             if event == LogEvent.JOB_INFO:
@@ -180,9 +266,13 @@ def console_handler_class():
                 return p.job_finished(record.job_id, now)
             if event == LogEvent.JOB_ERROR:
                 return p.job_failed(record.jobid, record.rule_name, getattr(record, "log", []), now)
-            if event == LogEvent.ERROR:
-                return [] if getattr(record, "exception", None) in JOB_EXCEPTIONS else [self.format(record)]
             message = str(record.getMessage()) if record.msg is not None else ""
+            if event == LogEvent.ERROR:
+                quiet = getattr(record, "exception", None) in JOB_EXCEPTIONS or UNFINISHED in message
+                return [] if quiet else [self.format(record)]
+            stop = next((sig for m, sig in STOP_MESSAGES.items() if message.startswith(m)), None)
+            if event is None and stop:
+                return p.stopping(stop)
             restart = RESTART.match(message)
             if event is None and restart:
                 jobid = restart.group(1)
