@@ -49,6 +49,57 @@ def test_the_eta_times_each_kind_of_cell_by_its_own_kind():
     assert p.job_finished(1, 100.0) == ["[2/3] mi (the MI toy)  1 min 40 s  (elapsed 1 min 40 s, ETA 9 s)"]
 
 
+def plan_entry(cid: str, images: int, steps: int) -> dict:
+    return {"id": cid, "kind": "cell", "images": images, "steps": steps, "outputs": [f"runs/{cid}/knn.json"]}
+
+
+#: a designed study: the same 1600 images seen at batch 16 (100 steps), 64 (25 steps, two seeds) and 32 (50)
+DESIGNED = [
+    plan_entry("a/bs16", 1600, 100),
+    plan_entry("b/bs64-s0", 1600, 25),
+    plan_entry("c/bs64-s1", 1600, 25),
+    plan_entry("d/bs32", 1600, 50),
+]
+
+
+def run_cell(p: StudyProgress, jobid: int, cell: str, start: float, pretrained: float, end: float) -> list[str]:
+    p.job_started(jobid, "pretrain", {"cell": cell}, start)
+    p.job_finished(jobid, pretrained)
+    p.job_started(jobid + 100, "evaluate", {"cell": cell}, pretrained)
+    return p.job_finished(jobid + 100, end)
+
+
+def test_the_eta_weights_each_cell_left_by_its_images_and_steps_at_the_measured_rates():
+    """One cell at a time.  After the batch-16 cell (66 s; 1600 images + 100 steps, a step counted as 32
+    images: 4800 units, so 66/4800 s a unit) the cells left cost 2400, 2400 and 3200 units: 33 + 33 + 44 =
+    110 s (the mean of the cells done would say 3 x 66 = 198 s).  After the first batch-64 cell (30 s) the
+    two shapes give the rates: 66 = 1600 a + 100 b and 30 = 1600 a + 25 b, so b = 0.48 s a step and
+    a = 0.01125 s an image; the second batch-64 cell takes the 30 s its shape took, the batch-32 one
+    1600 a + 50 b = 42 s: 72 s.  14 s into the next cell: 16 s of it left and 42: 58 s."""
+    p = StudyProgress()
+    p.planned({"pretrain": 4, "evaluate": 4, "total": 9}, 0.0)
+    p.use_plan(DESIGNED, lambda rel: False)
+    assert run_cell(p, 1, "a/bs16", 0.0, 60.0, 66.0) == [
+        "[1/4] a/bs16  1 min 06 s  (elapsed 1 min 06 s, ETA 1 min 50 s)"
+    ]
+    assert run_cell(p, 2, "b/bs64-s0", 66.0, 90.0, 96.0) == [
+        "[2/4] b/bs64-s0  30 s  (elapsed 1 min 36 s, ETA 1 min 12 s)"
+    ]
+    p.job_started(3, "pretrain", {"cell": "c/bs64-s1"}, 96.0)
+    assert p.eta(110.0) == pytest.approx(58.0)
+
+
+def test_the_eta_keeps_the_means_when_the_plan_is_not_this_runs_cells():
+    """A run that computes 3 cells where the plan has 4 left: which cells it computes is not known, so
+    the plan's costs are not used (the cell done is 66 s, 2 left: 132 s)."""
+    p = StudyProgress()
+    p.planned({"pretrain": 3, "evaluate": 3, "total": 7}, 0.0)
+    p.use_plan(DESIGNED, lambda rel: False)
+    assert run_cell(p, 1, "a/bs16", 0.0, 60.0, 66.0) == [
+        "[1/3] a/bs16  1 min 06 s  (elapsed 1 min 06 s, ETA 2 min 12 s)"
+    ]
+
+
 def test_a_failed_job_names_its_cell_and_log_and_a_retry_keeps_the_cells_clock():
     p = StudyProgress()
     p.planned({"evaluate": 2, "total": 4}, 0.0)
