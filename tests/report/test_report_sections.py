@@ -788,3 +788,35 @@ def test_the_cost_of_a_cell_counts_every_probe_it_ran():
         ]
     )
     assert cost_per_run(runs).set_index("cell_id")["eval_wall_s"].to_dict() == {"a": 3.0, "b": 7.0}
+
+
+def test_a_cost_table_shows_seconds_to_a_tenth_and_hours_to_four_decimals():
+    """A section of 2.0977 wall and 5.5 CPU seconds reads 2.1 s and 0.0006 h, 5.5 s and 0.0015 h -- not
+    0.0005827004 h."""
+    from smallbatch.report.sections.cost import cost_per_section, shown
+    from smallbatch.report.tables import markdown_table
+
+    per_run = pd.DataFrame(
+        [
+            {
+                "cell_id": "a",
+                "section": "grid",
+                "kind": "cell",
+                "batch_size": 16,
+                "status": "finished",
+                "train_wall_s": 2.0977,
+                "train_cpu_s": 5.5,
+                "eval_wall_s": np.nan,
+                "eval_cpu_s": np.nan,
+                "other_wall_s": np.nan,
+                "other_cpu_s": np.nan,
+                "wall_s": 2.0977,
+                "cpu_s": 5.5,
+            }
+        ]
+    )
+    table = shown(cost_per_section(per_run))[["section", "runs", "wall_s", "cpu_s", "wall_h", "cpu_h"]]
+    assert markdown_table(table).splitlines()[2:] == [
+        "| grid | 1 | 2.1 | 5.5 | 0.0006 | 0.0015 |",
+        "| study | 1 | 2.1 | 5.5 | 0.0006 | 0.0015 |",
+    ]
