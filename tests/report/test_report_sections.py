@@ -820,3 +820,18 @@ def test_a_cost_table_shows_seconds_to_a_tenth_and_hours_to_four_decimals():
         "| grid | 1 | 2.1 | 5.5 | 0.0006 | 0.0015 |",
         "| study | 1 | 2.1 | 5.5 | 0.0006 | 0.0015 |",
     ]
+
+
+def test_a_baseline_finding_with_no_cell_testable_states_no_test():
+    """One seed per cell against a one-seed baseline: nothing can be tested, and the finding says so instead
+    of 'tested (..., Holm over 0 cells), 0 are significantly above it, 0 significantly below'."""
+    from smallbatch.report.sections.grid_findings import baseline_finding
+
+    agg = pd.DataFrame(
+        [{"dataset": "digits", "metric": "knn", "mean": m, "state": "finished", "values": {0: m}} for m in (80.0, 70.0)]
+    )
+    line = baseline_finding(agg, {("digits", "knn"): ("raw_pixels", 71.0)}, "digits", "knn", {0: 71.0})
+    assert line == (
+        "On digits, 1 of 2 grid cells have a mean above the best baseline's kNN top-1 (raw_pixels, 71.0%); "
+        "none can be tested (one seed, or no spread across seeds)."
+    )
