@@ -248,7 +248,7 @@ def test_a_study_stopped_by_a_failed_job_names_its_error_and_log_and_a_lost_stor
     ):
         handler.lines(r)
     assert closing_lines(handler, capsys) == [
-        "stopped after 1 min 05 s: 0 of 2 cells done, 2 not",
+        "ended after 1 min 05 s: 0 of 2 cells done, 2 not",
         "why: the MLflow store failed: rule pretrain failed for b (MLflow tracking store sqlite:///r/mlflow.db: no "
         f"such store (moved or deleted?)); its log: {log}",
         "resume: snakemake --cores 1  (the same command: finished cells are kept, an interrupted one resumes)",

@@ -141,7 +141,7 @@ def start_run():
     start the warm server."""
     RUN_LOCK["fd"] = _workflow_error(hold_results_folder, R)
     PLAN.write_cell_files()
-    PLAN.write_plan(EXPERIMENT)
+    _workflow_error(PLAN.write_plan, EXPERIMENT)  # a link planted at plan.json: one line, no job
     if config["warm_start"] and workflow.local_exec:
         from smallbatch.pipeline import warm
 

@@ -165,7 +165,7 @@ class StudyProgress:
             return []
         took = f" after {clock(now - self.start)}" if self.start is not None else ""
         signalled = self.cause is not None and self.cause.startswith("stopped by")
-        head = self.cause if signalled else "stopped"
+        head = self.cause if signalled else "ended"
         return [
             f"{head}{took}: {done} of {planned} cells done, {planned - done} not",
             *([f"why: {self.cause}"] if self.cause and not signalled else []),
