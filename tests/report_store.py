@@ -45,7 +45,7 @@ class StoreBuilder:
 
         self.uri = uri
         self.client = MlflowClient(tracking_uri=uri)
-        self.exp = self.client.create_experiment(experiment)
+        self.exp = self.client.create_experiment(experiment, tags={"smallbatch.format": "2"})  # the current format
         self.clock = 1_700_000_000_000
         self.first_step = first_step
         self.logged: list[dict] = []

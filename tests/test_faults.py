@@ -288,6 +288,55 @@ def test_sigterm_preempted_job_exits_143_and_snakemake_retry_finishes_it(tmp_pat
     assert_like_reference(results, uri, ref)
 
 
+@pytest.mark.slow
+def test_a_study_stopped_by_sigterm_says_why_and_its_report_says_partial(tmp_path, ref):
+    """`kill <snakemake>` (what a job scheduler's time limit sends) once the first of two cells is done:
+    the running job finishes (exit 0), the console's last lines name the signal, the cells done and
+    the command that resumes -- not Snakemake's "did not complete successfully" -- and a report built
+    from the store then says the study is partial against the plan the workflow recorded."""
+    cfg, results = new_study(tmp_path, ref)
+    cfg = fault_config(cfg, results, f"sqlite:///{results / 'mlflow.db'}", grid=GRID_TWO_CELLS)
+    proc = start_snakemake(tmp_path, cfg, "--cores", "1", "--logger", "smallbatch")
+    try:
+
+        def first_cell_done() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"snakemake ended early:\n{(tmp_path / 'snakemake.log').read_text()[-3000:]}")
+            return "[1/2] " in (tmp_path / "snakemake.log").read_text()
+
+        wait_until(first_cell_done, cluster.HANG_S, "the console's line of the first finished cell")
+        os.kill(proc.pid, signal.SIGTERM)
+        out = finish(proc, tmp_path)
+    finally:
+        cluster.kill_group(proc, signal.SIGKILL)
+    assert proc.returncode != 0, out[-3000:]
+    last = out.strip().splitlines()[-2:]
+    assert last[0].startswith("stopped by SIGTERM after ") and last[0].endswith(": 1 of 2 cells done, 1 not"), out
+    assert last[1].startswith("resume: snakemake "), out
+    assert out.count("SIGTERM received") == 1 and "Will exit after" not in out, out
+    assert "did not complete successfully" not in out, out
+    run(
+        [
+            str(BIN / "smallbatch"),
+            "report",
+            "--tracking-uri",
+            f"sqlite:///{results / 'mlflow.db'}",
+            "--experiment",
+            EXPERIMENT,
+            "--out",
+            str(results / "report"),
+        ],
+        timeout=cluster.HANG_S,
+        check=True,
+    )
+    index = (results / "report" / "index.md").read_text()
+    assert "**Partial study: 1 of 2 planned cells finished**; 1 never ran or did not finish" in index, index
+
+
+#: two digits cells (batch 16 and 32) for a study stopped between them
+GRID_TWO_CELLS = {"losses": ["infonce"], "batch_sizes": [16, 32], "temperatures": [0.5], "seeds": [0]}
+
+
 # --------------------------------------------------------------------------- tracking server
 @pytest.mark.slow
 def test_mlflow_server_goes_away_mid_study_then_rerun_completes_without_duplicates(tmp_path, ref):

@@ -488,7 +488,7 @@ def test_flipped_data_flips_the_finding(store_uri, tmp_path, monkeypatch):
 def test_empty_or_missing_experiment_is_a_clear_error(store_uri, tmp_path):
     from mlflow.tracking import MlflowClient
 
-    MlflowClient(tracking_uri=store_uri).create_experiment("empty")
+    MlflowClient(tracking_uri=store_uri).create_experiment("empty", tags={"smallbatch.format": "2"})
     with pytest.raises(ValueError, match=r"no runs in experiment 'empty' at URI 'sqlite:///.*mlflow\.db'$"):
         report.build_report(store_uri, tmp_path / "rep", experiment="empty")
     with pytest.raises(ValueError, match=r"no runs in experiment 'nope' at URI .*available: Default, empty"):

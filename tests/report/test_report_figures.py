@@ -199,3 +199,11 @@ def test_spread_labels_stacks_colliding_labels_about_their_targets():
     # far apart: untouched; against the top edge: pushed down inside it
     assert spread_labels([10.0, 50.0], [10.0, 10.0], 0.0, 100.0, 1.0) == pytest.approx([10.0, 50.0])
     assert spread_labels([99.0, 100.0], [10.0, 10.0], 0.0, 100.0, 1.0) == pytest.approx([84.0, 95.0])
+
+
+def test_a_top1_panel_ends_at_100_percent_not_past_it():
+    """Panels widened to the widest span (10 points here) keep their centres, except one whose window would
+    run past 100 %: slid down to end there (99.0-100.5 centred at 99.75 would run to 104.75)."""
+    from smallbatch.report.sections.grid_figures import _common_span
+
+    assert _common_span([(99.0, 100.5), (80.0, 90.0)]) == [(90.0, 100.0), (80.0, 90.0)]

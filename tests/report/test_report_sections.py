@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from smallbatch import report
+from smallbatch import report, tracking
 from smallbatch.losses import display_name
 from smallbatch.report import evidence
 from smallbatch.report.sections import ess, ksweep, precision_findings, sweep, tsweep
@@ -34,7 +34,7 @@ class Store:
         from mlflow.tracking import MlflowClient
 
         self.client = MlflowClient(tracking_uri=uri)
-        self.exp = self.client.create_experiment(experiment)
+        self.exp = self.client.create_experiment(experiment, tags={tracking.TAG_FORMAT: str(tracking.FORMAT)})
         self.clock = 1_700_000_000_000
         self.rows: list[dict] = []
 
@@ -788,3 +788,50 @@ def test_the_cost_of_a_cell_counts_every_probe_it_ran():
         ]
     )
     assert cost_per_run(runs).set_index("cell_id")["eval_wall_s"].to_dict() == {"a": 3.0, "b": 7.0}
+
+
+def test_a_cost_table_shows_seconds_to_a_tenth_and_hours_to_four_decimals():
+    """A section of 2.0977 wall and 5.5 CPU seconds reads 2.1 s and 0.0006 h, 5.5 s and 0.0015 h -- not
+    0.0005827004 h."""
+    from smallbatch.report.sections.cost import cost_per_section, shown
+    from smallbatch.report.tables import markdown_table
+
+    per_run = pd.DataFrame(
+        [
+            {
+                "cell_id": "a",
+                "section": "grid",
+                "kind": "cell",
+                "batch_size": 16,
+                "status": "finished",
+                "train_wall_s": 2.0977,
+                "train_cpu_s": 5.5,
+                "eval_wall_s": np.nan,
+                "eval_cpu_s": np.nan,
+                "other_wall_s": np.nan,
+                "other_cpu_s": np.nan,
+                "wall_s": 2.0977,
+                "cpu_s": 5.5,
+            }
+        ]
+    )
+    table = shown(cost_per_section(per_run))[["section", "runs", "wall_s", "cpu_s", "wall_h", "cpu_h"]]
+    assert markdown_table(table).splitlines()[2:] == [
+        "| grid | 1 | 2.1 | 5.5 | 0.0006 | 0.0015 |",
+        "| study | 1 | 2.1 | 5.5 | 0.0006 | 0.0015 |",
+    ]
+
+
+def test_a_baseline_finding_with_no_cell_testable_states_no_test():
+    """One seed per cell against a one-seed baseline: nothing can be tested, and the finding says so instead
+    of 'tested (..., Holm over 0 cells), 0 are significantly above it, 0 significantly below'."""
+    from smallbatch.report.sections.grid_findings import baseline_finding
+
+    agg = pd.DataFrame(
+        [{"dataset": "digits", "metric": "knn", "mean": m, "state": "finished", "values": {0: m}} for m in (80.0, 70.0)]
+    )
+    line = baseline_finding(agg, {("digits", "knn"): ("raw_pixels", 71.0)}, "digits", "knn", {0: 71.0})
+    assert line == (
+        "On digits, 1 of 2 grid cells have a mean above the best baseline's kNN top-1 (raw_pixels, 71.0%); "
+        "none can be tested (one seed, or no spread across seeds)."
+    )

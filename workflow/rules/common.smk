@@ -137,9 +137,12 @@ WARM = {}
 def start_run():
     """onstart (so a dry run writes nothing): hold the results folder (one Snakemake run per
     results folder: smallbatch.pipeline.plan.hold_results_folder), write every cell's and
-    baseline's cell.json (the jobs read their cell from it), start the warm server."""
+    baseline's cell.json (the jobs read their cell from it) and the study's plan.json (what the
+    report of a study stopped early says never ran; the console's ETA reads each cell's cost),
+    start the warm server."""
     RUN_LOCK["fd"] = _workflow_error(hold_results_folder, R)
     PLAN.write_cell_files()
+    _workflow_error(PLAN.write_plan, EXPERIMENT)  # a link planted at plan.json: one line, no job
     if config["warm_start"] and workflow.local_exec:
         from smallbatch.local import warm
 

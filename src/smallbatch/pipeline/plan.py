@@ -26,10 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..data.registry import pretrain_images
 from ..io import UnsafeTarget, add_results_folder, check_inside, link_leaving, open_regular, path_kind, write_text
-from ..study.cell import BaselineCell, Cell, read_cell, snapshot_names
+from ..study.cell import BaselineCell, Cell, budget_steps, read_cell, snapshot_names
 from ..study.cells import baseline_cells, data_cache_settings, expand_cells, settings_hash
 from ..study.probe_registry import probe_spec
+from ..tracking import PLAN_FILE
 from .jobs import record_cell
 
 __all__ = ["StudyPlan", "flag", "pretrain_priority", "gpu_permille", "hold_results_folder"]
@@ -121,6 +123,38 @@ class StudyPlan:
         for bid, base in self.baselines.items():
             record_cell(base, Path(self.results_dir) / bid / "cell.json")
 
+    def record(self, study: str) -> dict[str, Any]:
+        """The plan as the report and the console read it (``plan.json``): every cell and baseline
+        with its id, hash, kind, section (its experiment) and, for a cell, its shape, cost
+        (:func:`cell_cost`) and result files (relative to the results folder)."""
+        cells = [
+            {
+                "id": cid,
+                "hash": c.hash,
+                "kind": "cell",
+                "section": c.experiment,
+                "dataset": c.dataset,
+                "loss": c.loss,
+                "batch_size": int(c.batch_size),
+                **cell_cost(c),
+                "outputs": [f"runs/{cid}/{f}" for f in self.probe_files.values()],
+            }
+            for cid, c in self.cells.items()
+        ]
+        bases = [
+            {"id": bid, "hash": b.hash, "kind": "baseline", "section": b.experiment, "dataset": b.dataset}
+            for bid, b in self.baselines.items()
+        ]
+        return {"study": study, "cells": cells + bases}
+
+    def write_plan(self, study: str) -> None:
+        """``<results_dir>/plan.json`` (:meth:`record`), rewritten only when the plan changes: written
+        when a run of the workflow starts, before any job, so a study stopped early still says what
+        it planned."""
+        path, text = Path(self.results_dir) / PLAN_FILE, _json(self.record(study))
+        if not (path.is_file() and path.read_text() == text):
+            write_text(path, text)
+
     def cell_outputs(self) -> list[str]:
         """Every probe's result file of every cell, and of each of its snapshots
         (``train.snapshot_epochs``: evaluated as its final checkpoint is)."""
@@ -146,6 +180,17 @@ def _typed(cell: dict, kind: type) -> Any:
 
 def _json(settings: dict) -> str:
     return json.dumps(settings, sort_keys=True, indent=2) + "\n"
+
+
+def cell_cost(cell: Cell) -> dict[str, int]:
+    """What a cell's pretraining costs, before it runs: its optimiser ``steps`` and the ``images`` its
+    network sees (``steps x`` (batch size + its extra negatives)); empty where the data set's size is
+    known only once read."""
+    n = pretrain_images(cell.dataset, cell.dataset_options.get("train_subset"))
+    if n is None or n < int(cell.batch_size):
+        return {}
+    steps = budget_steps(cell, n // int(cell.batch_size))
+    return {"steps": steps, "images": steps * (int(cell.batch_size) + int(cell.train.extra_negatives or 0))}
 
 
 def flag(option: str, value: Any = True) -> list[str]:

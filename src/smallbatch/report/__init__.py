@@ -52,11 +52,12 @@ from pathlib import Path
 
 from ..io import FolderLock, add_results_folder, make_folder, write_text
 from ..study.experiments import section_names
-from ..tracking import StoreReader, TrackingError, log_report_run
+from ..tracking import StoreReader, TrackingError, log_report_run, recorded_plan
 from .aggregate import aggregate_cells
 from .context import MANIFEST, ReportContext, SectionOutput, check_claim, write_manifest
 from .index import index_markdown
 from .plan import AnalysisPlan
+from .planned import plan_status
 from .runs import METRICS, load_runs
 from .sections import baselines, cost, diverged, grid, mi, papers, representation
 from .sections.papers import load_papers
@@ -195,6 +196,9 @@ def build_report(
     its experiment (:func:`smallbatch.tracking.log_report_run`: one run per experiment, replaced
     by a changed build), which later builds leave out.  ``analysis``: the study's analysis plan (the
     config's ``analysis`` mapping; None: the schema's default), checked before the store is read.
+    The study's plan, where the workflow recorded one (``plan.json`` beside a SQLite store or in
+    ``out_dir``'s parent, the results folder), marks a study with planned cells not finished as
+    partial (:mod:`smallbatch.report.planned`).
     """
     out = Path(out_dir)
     _check_out_dir(out)
@@ -215,6 +219,7 @@ def build_report(
         runs=runs,
         notes=notes,
         plan=plan,
+        planned=plan_status(runs, recorded_plan(str(tracking_uri), exp_name, out.parent)),
     )
     make_folder(out)
     with FolderLock(out / LOCK, f"report folder {out}", "being written"):  # one build at a time

@@ -73,7 +73,8 @@ class ReportContext:
     histories); ``scale`` turns the logged top-1 into percent; ``papers`` is the
     papers' reported numbers; ``runs`` every run of the experiment; ``notes`` are
     lines index.md prints after the run counts; ``plan`` the study's analysis plan (the
-    config's ``analysis``; the schema's default when none is given).
+    config's ``analysis``; the schema's default when none is given); ``planned`` the cells the
+    study planned against those that finished.
     """
 
     out_dir: Path
@@ -91,6 +92,9 @@ class ReportContext:
     #: the files (relative to out_dir) this build listed in the manifest before writing them
     claimed: set[str] = field(default_factory=set)
     plan: AnalysisPlan = field(default_factory=lambda: AnalysisPlan.from_mapping(None))
+    #: the study's plan against the runs (:func:`smallbatch.report.planned.plan_status`); None
+    #: where no plan was recorded
+    planned: Any = None
     history_calls: int = 0
     _hist_cache: dict = field(default_factory=dict)
 

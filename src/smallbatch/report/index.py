@@ -10,6 +10,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pandas as pd
 
 from .context import ReportContext, SectionOutput
+from .planned import partial_finding, partial_header, section_note
 from .tables import markdown_table
 
 
@@ -72,15 +73,18 @@ def index_markdown(runs: pd.DataFrame, ctx: ReportContext, outputs: list[Section
         f"{len(runs)} runs. Everything below is computed from the MLflow store alone; rebuild it from this "
         f"folder with `{rebuild}`.",
         "",
+        *partial_header(ctx.planned),
         "## Findings",
         "",
     ]
-    md += [_bullet(f) for o in outputs for f in o.findings if f]
+    findings = [f for f in [partial_finding(ctx.planned)] + [f for o in outputs for f in o.findings] if f]
+    md += [_bullet(f) for f in findings]
     if not any(o.findings for o in outputs):
         md.append("- Too few runs with results to state a finding.")
     md.append("")
     for o in outputs:
-        md += [f"## {o.title}", "", o.markdown, ""]
+        note = section_note(ctx.planned, o.name)
+        md += [f"## {o.title}", "", *([note, ""] if note else []), o.markdown, ""]
     md += ["## Runs in the store", "", markdown_table(counts), ""] + _uncovered(runs, outputs)
     md += [f"- {n}" for n in ctx.notes]
     md += ["", "## All files", ""] + [f"- [{ctx.rel(p)}]({ctx.rel(p)})" for o in outputs for p in o.files]

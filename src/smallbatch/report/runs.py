@@ -24,6 +24,7 @@ from ..tracking import (
     TAG_BASELINE,
     TAG_CELL,
     TAG_EXPERIMENT,
+    TAG_HASH,
     TAG_KIND,
     StoreReader,
 )
@@ -98,7 +99,7 @@ def _canonical(v: Any) -> str | None:
 def run_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
     """One row per run (a record of :meth:`StoreReader.runs`).
 
-    Columns: ``run_id, run_name, cell_id, kind, status, section, baseline, start_time,
+    Columns: ``run_id, run_name, cell_id, cell_hash, kind, status, section, baseline, start_time,
     metric_keys`` (frozenset of logged metric keys), ``params.<key>`` (strings),
     ``metrics.<key>`` (latest value), and typed ``dataset, loss, batch_size,
     temperature, seed``; sorted by section, kind, cell id, start time.
@@ -110,6 +111,7 @@ def run_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
             "run_id": r["run_id"],
             "run_name": r["run_name"],
             "cell_id": tags.get(TAG_CELL) or r["run_name"] or r["run_id"],
+            "cell_hash": tags.get(TAG_HASH),
             "kind": tags.get(TAG_KIND) or "cell",
             "status": r["status"],
             "section": tags.get(TAG_EXPERIMENT) or "grid",

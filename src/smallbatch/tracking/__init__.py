@@ -35,8 +35,9 @@ Its modules: ``base`` (the tags, statuses and kinds a run is found and read by; 
 ``client`` (MLflow's client, the URI check, the HTTP deadline, a failure as one line),
 ``sqlite`` (a SQLite store's file: built whole, checked read-only), ``store`` (the experiment,
 where artifacts are), ``provenance`` (a run's source tags), ``runs`` (a cell's run, its lease and
-buffered metrics), ``reader`` (read-only, for the report) and ``report_run`` (the report's own
-run).  Everything else imports what it needs from here.
+buffered metrics), ``reader`` (read-only, for the report), ``report_run`` (the report's own
+run) and ``plan`` (the study's plan recorded beside the store: what a stopped study never ran).
+Everything else imports what it needs from here.
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ from .base import (
     format_problem,
 )
 from .client import DEADLINE_ENV, DEADLINE_S, StoreTooSlow, store_deadline, tracking_uri_problem
+from .plan import PLAN_FILE, recorded_plan
 from .provenance import git_commit, git_state, set_source, source_tags
 from .reader import StoreReader
 from .report_run import log_report_run
@@ -98,6 +100,7 @@ __all__ = [
     "LEASE_S",
     "LeaseHeld",
     "NON_RESULT_KINDS",
+    "PLAN_FILE",
     "PROXIED_ROOT",
     "RunVanished",
     "STATUS_FINISHED",
@@ -133,6 +136,7 @@ __all__ = [
     "init_store",
     "log_report_run",
     "open_cell_run",
+    "recorded_plan",
     "run_key",
     "set_source",
     "source_tags",

@@ -55,6 +55,24 @@ def format_problem(what: str, found: object, fix: str) -> str | None:
 #: ``./mlartifacts``), so a moved or copied study folder still browses its artifacts
 ARTIFACTS_DIR = "mlartifacts"
 PROXIED_ROOT = "mlflow-artifacts:/"
+#: MLflow 3's experiment tag that picks the UI's view of an experiment: model training
+#: (``custom_model_development``: runs, parameters, metrics, charts) rather than GenAI (traces)
+TAG_EXPERIMENT_KIND, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
+#: a run's numeric settings also logged as metrics ``setting/<name>`` (step 0): MLflow's params are
+#: strings, which its UI sorts as text (batch 128 before 16); metrics it sorts and filters as numbers
+SETTING_METRIC = "setting/"
+NUMERIC_SETTINGS = (
+    "batch_size",
+    "temperature",
+    "seed",
+    "negatives",
+    "train.epochs",
+    "train.steps",
+    "train.lr",
+    "train.queue_size",
+    "train.extra_negatives",
+    "pretrain_images",
+)
 TAG_NOTE = "mlflow.note.content"  # the experiment's (and a run's) description in MLflow's UI
 TAG_PARENT = "mlflow.parentRunId"  # a nested run: the MLflow UI shows it under its parent
 #: runs that hold no result: the report's own runs, and the parents grouping a side experiment's rows

@@ -13,6 +13,8 @@ from typing import Any
 from .base import (
     ACCURACY_UNIT,
     LEASE_S,
+    NUMERIC_SETTINGS,
+    SETTING_METRIC,
     TAG_ACCURACY_UNIT,
     TAG_BASELINE,
     TAG_CELL,
@@ -349,16 +351,37 @@ def _open_cell_run(
         created = client.create_run(exp_id, run_name=cid, tags=tags)
         run = CellRun(uri, created.info.run_id, client, resumed=False, cell_id=cid)
         if params:
-            from mlflow.entities import Param
-
-            items = [Param(k, v) for k, v in params.items()]
-            for i in range(0, len(items), 100):
-                client.log_batch(run.run_id, params=items[i : i + 100])
+            _log_params(client, run.run_id, params)
         return run
     except TrackingError:
         raise
     except Exception as exc:  # noqa: BLE001
         raise wrap(uri, f"opening the run of cell {cid}", exc) from None
+
+
+def _log_params(client, run_id: str, params: dict[str, str]) -> None:
+    """A new run's params, and its numeric settings also as metrics (:data:`NUMERIC_SETTINGS`), which
+    MLflow's UI sorts as numbers."""
+    from mlflow.entities import Metric, Param
+
+    items = [Param(k, v) for k, v in params.items()]
+    for i in range(0, len(items), 100):
+        client.log_batch(run_id, params=items[i : i + 100])
+    ts = int(time.time() * 1000)
+    numbers = [
+        Metric(SETTING_METRIC + k, x, ts, 0) for k in NUMERIC_SETTINGS if (x := _number(params.get(k))) is not None
+    ]
+    if numbers:
+        client.log_batch(run_id, metrics=numbers)
+
+
+def _number(text: str | None) -> float | None:
+    """A param's value as a finite number; None for text, None, a bool or a list."""
+    try:
+        x = float(text) if text not in (None, "True", "False") else None
+    except (TypeError, ValueError):
+        return None
+    return x if x is not None and x == x and abs(x) != float("inf") else None
 
 
 def find_cell_run(uri: str, experiment: str, cell) -> CellRun:

@@ -8,11 +8,13 @@ from urllib.parse import urlparse
 
 from .base import (
     ARTIFACTS_DIR,
+    EXPERIMENT_KIND,
     FORMAT,
     KIND_PARENT,
     KIND_REPORT,
     PROXIED_ROOT,
     TAG_CELL,
+    TAG_EXPERIMENT_KIND,
     TAG_FORMAT,
     TAG_HASH,
     TAG_KIND,
@@ -41,6 +43,8 @@ def describe_study(experiment: str, config: str | None = None) -> str:
         "its backbone when `tracking.log_checkpoint` is on. The side experiments' rows are nested under a "
         f"parent run; the report is a run of kind `{KIND_REPORT}` with its tables and figures. Training "
         "curves: x-axis `train/images_seen` or `epoch` compares batch sizes (the step is the optimiser's). "
+        "Params are text (sorted as text); the numeric settings are also metrics `setting/<name>` "
+        "(`setting/batch_size`, `setting/temperature`, ...), which sort as numbers. "
         f"Browse: `mlflow ui --backend-store-uri sqlite:///mlflow.db` in the folder holding the store "
         f"(its artifacts are `./{ARTIFACTS_DIR}`); in Python: `smallbatch.tracking.artifact_path(uri, run_id)`."
     )
@@ -49,7 +53,11 @@ def describe_study(experiment: str, config: str | None = None) -> str:
 def _create_experiment(client, uri: str, experiment: str, note: str) -> str:
     from mlflow.entities import ExperimentTag
 
-    tags = [ExperimentTag(TAG_NOTE, note), ExperimentTag(TAG_FORMAT, str(FORMAT))]
+    tags = [
+        ExperimentTag(TAG_NOTE, note),
+        ExperimentTag(TAG_FORMAT, str(FORMAT)),
+        ExperimentTag(TAG_EXPERIMENT_KIND, EXPERIMENT_KIND),
+    ]
     if sqlite_file(uri) is None:  # a server or another store: its own artifact root
         return client.create_experiment(experiment, tags={t.key: t.value for t in tags})
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
@@ -88,6 +96,8 @@ def get_or_create_experiment(uri: str, experiment: str, note: str | None = None)
             check_format(uri, exp)
             if note and exp.tags.get(TAG_NOTE) != note:
                 client.set_experiment_tag(exp.experiment_id, TAG_NOTE, note)
+            if note and TAG_EXPERIMENT_KIND not in exp.tags:  # a study's store made before: opens as training too
+                client.set_experiment_tag(exp.experiment_id, TAG_EXPERIMENT_KIND, EXPERIMENT_KIND)
             return exp.experiment_id
         try:
             return _create_experiment(client, uri, experiment, note or describe_study(experiment))

@@ -29,6 +29,9 @@ PARTS = (
     ("other_cpu_s", ("mi/cpu_s", "baseline/cpu_s")),
 )
 WALL, CPU = ("train_wall_s", "eval_wall_s", "other_wall_s"), ("train_cpu_s", "eval_cpu_s", "other_cpu_s")
+#: the decimals a reader's table shows: seconds to a tenth (a step's start-up varies more), hours to
+#: four (a third of a second), not the float's ten digits; the tidy CSV keeps every digit
+SHOWN_DECIMALS = {**{c: 1 for c, _ in PARTS}, "wall_s": 1, "cpu_s": 1, "wall_h": 4, "cpu_h": 4}
 
 
 def _sum(df: pd.DataFrame, cols) -> pd.Series:
@@ -58,6 +61,11 @@ def cost_per_section(per_run: pd.DataFrame) -> pd.DataFrame:
     return out[["section", "runs", *cols, "wall_h", "cpu_h"]]
 
 
+def shown(table: pd.DataFrame) -> pd.DataFrame:
+    """A cost table as a reader's table shows it (:data:`SHOWN_DECIMALS`)."""
+    return table.round({c: n for c, n in SHOWN_DECIMALS.items() if c in table.columns})
+
+
 def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
     per_run = cost_per_run(runs)
     if per_run[["wall_s", "cpu_s"]].isna().all().all():
@@ -68,11 +76,18 @@ def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
         "wall = pretraining (over resumes) + probes; other = a baseline's whole job, an MI row's training and "
         "readout; CPU = the same steps' process CPU time, every thread; blank: not logged"
     )
-    runs_files = ctx.write_table("cost_runs", "Wall and CPU seconds per run", per_run, note=note)
-    files = ctx.write_table("cost_study", "Wall and CPU seconds per section and for the study", per_section, note=note)
+    runs_files = ctx.write_table("cost_runs", "Wall and CPU seconds per run", per_run, [(None, shown(per_run))], note)
+    files = ctx.write_table(
+        "cost_study",
+        "Wall and CPU seconds per section and for the study",
+        per_section,
+        [(None, shown(per_section))],
+        note,
+    )
     out.files += runs_files + files
-    shown = per_section[["section", "runs", "wall_s", "cpu_s", "wall_h", "cpu_h"]]
+    shown_section = shown(per_section)[["section", "runs", "wall_s", "cpu_s", "wall_h", "cpu_h"]]
     out.markdown = (
-        f"Per section: {ctx.table_links(files)}; per run: {ctx.table_links(runs_files)}\n\n" + markdown_table(shown)
+        f"Per section: {ctx.table_links(files)}; per run: {ctx.table_links(runs_files)}\n\n"
+        + markdown_table(shown_section)
     )
     return out

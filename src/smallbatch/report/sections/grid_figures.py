@@ -76,10 +76,12 @@ def _batch_steps(cells: pd.DataFrame) -> dict[int, float]:
     return {int(b): float(v) for b, v in per.first().items()}
 
 
-def _common_span(limits: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """Every panel's limits widened about its centre to the widest span: a point looks the same size in each."""
+def _common_span(limits: list[tuple[float, float]], top: float = 100.0) -> list[tuple[float, float]]:
+    """Every panel's limits widened about its centre to the widest span: a point looks the same size in each;
+    a window past ``top`` (a top-1 of 100 %) slid down to end there, not at 100.5 %."""
     span = max(hi - lo for lo, hi in limits)
-    return [((lo + hi) / 2 - span / 2, (lo + hi) / 2 + span / 2) for lo, hi in limits]
+    centres = [min((lo + hi) / 2, top - span / 2) for lo, hi in limits]
+    return [(c - span / 2, c + span / 2) for c in centres]
 
 
 def accuracy_figure(cells: pd.DataFrame, agg: pd.DataFrame, ds: str, ctx: ReportContext) -> Figure:

@@ -466,9 +466,14 @@ def baseline_finding(agg: pd.DataFrame, best: dict, ds: str, m: str, base_values
     tail = f" ({'; '.join(extra)})" if extra else ""
     how = "one-sample t against its one value" if const else "paired t by seed"
     fam = sum(1 for e in tests if e is not None and e.tested)
-    return (
+    head = (
         f"On {dataset_name(ds)}, {beat} of {len(a)} grid cells have a mean above the best baseline's {mlabel} "
-        f"({name}, {val:.1f}%){tail}; tested (cell − baseline, {how}, Holm over {fam} cells), "
+        f"({name}, {val:.1f}%){tail}"
+    )
+    if not fam:  # no test to state (not 'Holm over 0 cells, 0 significantly above')
+        return f"{head}; none can be tested (one seed, or no spread across seeds)."
+    return (
+        f"{head}; tested (cell − baseline, {how}, Holm over {fam} cells), "
         f"{up} are significantly above it, {down} significantly below and {same} indistinguishable"
         + (f", {untested} untested (one seed or no spread)" if untested else "")
         + "."

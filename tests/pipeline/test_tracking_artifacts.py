@@ -85,18 +85,26 @@ def test_a_script_finds_a_moved_studys_artifacts_in_a_local_folder(study):
     assert json.loads((folder / "cell.json").read_text()) == cell
 
 
-def test_a_file_artifact_root_of_a_store_made_before_is_read_as_its_folder(tmp_path):
+def test_a_store_made_before_the_format_tag_is_refused_in_one_line(tmp_path):
+    """A study experiment without this smallbatch's format (made by an older one, with MLflow's
+    file artifact root) is neither written into nor read: one line says how to go on."""
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
     uri = f"sqlite:///{tmp_path / 'old.db'}"
     old = SqlAlchemyStore(uri, (tmp_path / "old-artifacts").as_uri())
-    old.create_experiment(EXPERIMENT)  # an experiment with MLflow's file root, as stores were once made
+    old.create_experiment(EXPERIMENT)
     old.engine.dispose()
-    run = tracking.open_cell_run(uri, EXPERIMENT, {"id": "c", "hash": "h"})
-    (tmp_path / "cell.json").write_text("{}")
-    run.log_artifact(tmp_path / "cell.json")
-    folder = tracking.artifact_path(uri, run.run_id)
-    assert folder.is_relative_to(tmp_path / "old-artifacts") and (folder / "cell.json").read_text() == "{}"
+    line = (
+        f"experiment '{EXPERIMENT}' of the store {uri} was written by another smallbatch (format none; this one "
+        "reads and writes format 2): run the study into a new store (another results_dir or tracking_uri), or "
+        "read this one with the smallbatch that wrote it"
+    )
+    with pytest.raises(tracking.TrackingError) as ei:
+        tracking.open_cell_run(uri, EXPERIMENT, {"id": "c", "hash": "h"})
+    assert str(ei.value) == line
+    with pytest.raises(tracking.TrackingError) as ei:
+        tracking.StoreReader(uri).experiment(EXPERIMENT)
+    assert str(ei.value) == line
 
 
 def test_mlflow_ui_started_in_the_moved_folder_serves_the_artifacts(study, tmp_path):
