@@ -91,16 +91,15 @@ def cell_json_problem(obj: dict, baseline: bool) -> str | None:
     """The first problem of a cell's JSON object (see the module docstring), one line without
     its source, or None; the hash is checked by the caller, after this."""
 
-    stale = format_problem(
-        "this cell file",
-        obj.get("format"),
-        "write the cells again (`smallbatch cells --write`; the workflow writes them when it plans)",
-    )
-    if stale:
-        return stale
     schema = cell_schema(baseline)
     errors = list(validator_with_defaults(fill=False)(schema).iter_errors(obj))
     missing = [e for e in errors if e.validator == "required"]
+    # a cell of another smallbatch: refused by its format, whatever else it lacks; a file that
+    # lacks more than the format is no cell of any
+    if "format" in obj or [n for e in missing for n in _absent(e)] == ["format"]:
+        stale = format_problem("", obj.get("format"), "write it again with `smallbatch cells --write`")
+        if stale:
+            return stale.lstrip()
     if missing:
         keys = [_dotted(e.absolute_path, name) for e in missing for name in _absent(e)]
         kind = "baseline cell" if baseline else "cell"
