@@ -21,18 +21,23 @@ def test_the_schema_has_one_section_key_per_registered_experiment():
     from smallbatch.study.schema import load_schema
 
     props = load_schema()["properties"]["experiments"]["properties"]
-    # mi: the Gaussian benchmark, not a grid of cells
+    # mi: the Gaussian benchmark, an entry that is no grid of cells (its own job and schema)
     assert list(props) == ["precision", "ksweep", "ess", "tsweep", "regime", "lrsweep", "kcurve", "instrument", "mi"]
+    assert list(reg.SPECS) == [*props]
     assert reg.SIDE_EXPERIMENTS == ("precision", "ksweep", "ess", "tsweep", "regime", "lrsweep", "kcurve", "instrument")
+    assert [n for n, s in reg.SPECS.items() if not s.grid] == ["mi"]
     for spec in reg.SPECS.values():
-        assert props[spec.name] == {"$ref": "#/$defs/section", "description": spec.description}
+        if spec.grid:
+            assert props[spec.name] == {"$ref": "#/$defs/section", "description": spec.description}
+        else:
+            assert props[spec.name]["description"] == spec.description
 
 
 def test_enabling_a_registered_experiment_expands_its_cells_tagged_with_its_name():
     from smallbatch.study.cells import expand_cells
     from smallbatch.study.config import load_config
 
-    for spec in reg.SPECS.values():
+    for spec in (s for s in reg.SPECS.values() if s.grid):
         section = {"enabled": True, "losses": ["infonce"], "batch_sizes": [16, 32], "temperatures": [0.1, 0.5]}
         section |= {"seeds": [0], "axes": {"lr": [1e-3, 2e-3], "queue_size": [0, 64]}}  # what each sweeps
         cfg = load_config([REPO / "config.yaml"], {"grid": {"enabled": False}, "experiments": {spec.name: section}})

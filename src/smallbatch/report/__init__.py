@@ -59,7 +59,7 @@ from .index import index_markdown
 from .plan import AnalysisPlan
 from .planned import plan_status
 from .runs import METRICS, load_runs
-from .sections import baselines, cost, diverged, grid, mi, papers, representation
+from .sections import baselines, cost, diverged, grid, papers, representation
 from .sections.papers import load_papers
 from .tables import latex_table, markdown_table, tex_escape
 
@@ -95,7 +95,6 @@ SECTION_MODULES = (
     diverged,
     papers,
     *_side_sections(main=False),
-    mi,
     cost,
 )
 SECTIONS = [section.build for section in SECTION_MODULES]

@@ -32,7 +32,6 @@ TABLES = (
     ("diverged_runs", "Runs that diverged, collapsed or failed (they contribute no number)."),
     ("papers_reported", "The numbers the papers report, per paper with source and status."),
     ("papers_vs_ours_gap", "The small-vs-large batch gap in the papers next to ours, per loss family."),
-    ("mi_", "Side experiment (correlated Gaussians): the MI estimators' numbers."),
     ("cost_", "What the study cost: wall and CPU seconds per run, per section and in all."),
 )
 
@@ -67,12 +66,6 @@ FIGURES = (
         "cosines between different images' projections, and training's last q_B (contrastive losses only); on a "
         "fixed sample of 2,000 test images in eval mode. Points are seeds, lines means with their 95 % t interval.",
     ),
-    (
-        "mi_estimate_vs_true",
-        "Side experiment (correlated Gaussians): each estimator's MI estimate against the true MI, per number of "
-        "negatives K.",
-    ),
-    ("mi_small_k", "Side experiment (correlated Gaussians): the critic's quality against the K it was trained with."),
 )
 
 

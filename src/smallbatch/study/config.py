@@ -28,7 +28,7 @@ from ..tracking import tracking_uri_problem
 from .cell import Cell
 from .cellcheck import cell_problem
 from .cells import expand_cells, temperature_notes
-from .experiments import SIDE_EXPERIMENTS, needs_problem
+from .experiments import SIDE_EXPERIMENTS, SPECS, needs_problem
 from .probe_registry import probes_problem
 from .schema import load_schema
 from .schema import one_line as _one_line
@@ -122,7 +122,7 @@ def _check_probes(cfg: dict) -> None:
 def _check_sections(cfg: dict) -> None:
     """The side experiments' train overrides and data sets (free-form in the schema)."""
     for name, sec in cfg.get("experiments", {}).items():
-        if name == "mi" or not isinstance(sec, dict):
+        if name not in SIDE_EXPERIMENTS or not isinstance(sec, dict):
             continue
         tr = sec.get("train", {}) or {}
         known = set(load_schema()["properties"]["train"]["properties"])
@@ -193,7 +193,8 @@ def _check_cells(cfg: dict) -> None:
 def _check_side_needs(cfg: dict, cells: dict[str, dict]) -> None:
     """A study plans cells, and each enabled side experiment's cells span what it computes
     (its registry entry's needs: two rates to fit an exponent, two τ to sweep, ...)."""
-    if not cells and not (cfg.get("experiments", {}).get("mi") or {}).get("enabled"):
+    own_jobs = [n for n, s in SPECS.items() if not s.grid and (cfg.get("experiments", {}).get(n) or {}).get("enabled")]
+    if not cells and not own_jobs:
         raise ConfigError(
             "the study plans 0 cells: config key 'grid.enabled' is false and no side experiment is enabled; "
             "enable the grid or a side experiment"

@@ -15,6 +15,11 @@ reported by one module of :mod:`smallbatch.report.sections`.  One :class:`SideEx
 * ``snakemake --report`` captions its tables and figures with ``tables``/``figures``
   (``(file-name prefix, caption)``; :func:`smallbatch.report.captions.captions`).
 
+A side experiment that is no grid of cells (``grid=False``: the correlated-Gaussian MI
+benchmark, its own job and its own schema under ``experiments.<name>``) has an entry too: the
+report and ``snakemake --report`` read it like the others; the cells and the schema's sections
+leave it out.
+
 Adding a side experiment is its entry here plus its section module (and tests); a new
 *training setting* it sweeps is an axis of the schema's ``#/$defs/axes`` as before.
 """
@@ -57,7 +62,7 @@ class SideExperiment:
     ``section``: its report module under :mod:`smallbatch.report.sections`; ``tables`` and
     ``figures``: ``(file-name prefix, caption)`` of what that module writes; ``main``: reported
     with the main results (after the representation section) rather than with the side
-    experiments."""
+    experiments; ``grid``: a grid of cells (False: its own job and schema, no cells)."""
 
     name: str
     description: str
@@ -66,6 +71,7 @@ class SideExperiment:
     figures: Captions = ()
     main: bool = False
     needs: tuple[Need, ...] = ()
+    grid: bool = True
 
 
 SPECS: dict[str, SideExperiment] = {
@@ -222,11 +228,29 @@ SPECS: dict[str, SideExperiment] = {
             ),
             main=True,
         ),
+        SideExperiment(
+            "mi",
+            "Gaussian MI bounds: InfoNCE vs FlatNCE vs EqCo estimates against the true MI (smallbatch.mi.toy)",
+            "mi",
+            tables=(("mi_", "Side experiment (correlated Gaussians): the MI estimators' numbers."),),
+            figures=(
+                (
+                    "mi_estimate_vs_true",
+                    "Side experiment (correlated Gaussians): each estimator's MI estimate against the true MI, per "
+                    "number of negatives K.",
+                ),
+                (
+                    "mi_small_k",
+                    "Side experiment (correlated Gaussians): the critic's quality against the K it was trained with.",
+                ),
+            ),
+            grid=False,
+        ),
     )
 }
 
-#: the side experiments' names (config keys under ``experiments``), in :data:`SPECS`' order
-SIDE_EXPERIMENTS: tuple[str, ...] = tuple(SPECS)
+#: the side experiments that are grids of cells (config keys under ``experiments``), in :data:`SPECS`' order
+SIDE_EXPERIMENTS: tuple[str, ...] = tuple(n for n, s in SPECS.items() if s.grid)
 
 
 def experiment_spec(name: str) -> SideExperiment:
@@ -234,12 +258,16 @@ def experiment_spec(name: str) -> SideExperiment:
     try:
         return SPECS[name]
     except KeyError:
-        raise ValueError(f"unknown side experiment {name!r}; known: {', '.join(SIDE_EXPERIMENTS)}") from None
+        raise ValueError(f"unknown side experiment {name!r}; known: {', '.join(SPECS)}") from None
 
 
 def experiment_schema() -> dict[str, dict]:
-    """``experiments.<name>`` of the config schema for every side experiment of the registry."""
-    return {s.name: {"$ref": "#/$defs/section", "description": s.description} for s in SPECS.values()}
+    """``experiments.<name>`` of the config schema for every side experiment of the registry (one that
+    is no grid: its description, laid over its own node of the schema file)."""
+    return {
+        s.name: {"$ref": "#/$defs/section", "description": s.description} if s.grid else {"description": s.description}
+        for s in SPECS.values()
+    }
 
 
 def section_names(main: bool) -> list[str]:

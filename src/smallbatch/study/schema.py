@@ -64,7 +64,8 @@ def _with_losses(schema: dict) -> dict:
             if node.get("x-probe-params"):
                 node["properties"].update(probe_params())
             if node.get("x-side-experiments"):
-                node["properties"] = {**experiment_schema(), **node["properties"]}
+                own = node["properties"]  # an experiment that is no grid: its own node, the registry's description
+                node["properties"] = {n: {**own.get(n, {}), **sch} for n, sch in experiment_schema().items()}
             for v in node.values():
                 walk(v)
         elif isinstance(node, list):
