@@ -545,7 +545,7 @@ def test_lars_step_matches_hand_computation():
     "kw,n_images,arg",
     [
         (dict(batch_size=1), None, "batch_size"),
-        (dict(batch_size=32), 20, "batch_size"),
+        (dict(batch_size=32), 20, "batch size 32 is larger than the 20 pretraining images"),
     ],
 )
 def test_bad_cells_raise_value_error_naming_the_argument(tmp_path, digits, kw, n_images, arg):
