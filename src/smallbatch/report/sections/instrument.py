@@ -590,7 +590,7 @@ def _contrast_figure(ctx: ReportContext, claims: pd.DataFrame, plan: AnalysisPla
         )  # fmt: skip
         for ax, (title, g) in zip(axes[:, 0], panels):
             _forest_panel(ax, g)
-            ax.set_title(title)
+            ax.set_title(title, loc="right")  # over the row labels where it is longer than the panel
             ax.set_xlabel(f"{METRICS[plan.primary][1]}: small − large (points)")
     files = ctx.save_figure(fig, "instrument_contrasts", exact=True)
     caption = (
