@@ -14,6 +14,8 @@
   ``tools/record_claims.py``), a unit, a contrast and a probe; the row must exist, be claimed on
   that probe's role, quote its interval to the README's rounding, state its outcome word, and
   come from a unit whose gates pass.  No interval of the paragraph stands outside that table.
+* Every relative link of the top-level documents and of every record under benchmarks/results
+  names a file of the repository.
 """
 
 from __future__ import annotations
@@ -305,3 +307,33 @@ def test_the_mi_toy_number_is_that_of_its_record():
     (quoted,) = re.findall(rf"FlatNCE − InfoNCE = ({NUM} \[{NUM}, {NUM}\]) nats", block)
     measured = " ".join(pd.read_csv(tables / "mi_claims.csv")["measured"].astype(str))
     assert f"FlatNCE - InfoNCE = {quoted}".replace("−", "-") in measured.replace("−", "-")
+
+
+#: a Markdown link or image, inline (``[text](target "title")``) or a reference definition (``[name]: target``)
+_LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)|^\s*\[[^\]]+\]:\s*(\S+)", re.M)
+
+
+def _relative_links(md: Path) -> list[str]:
+    """The relative link targets of ``md`` outside code (fenced blocks and inline code), anchors dropped."""
+    text = re.sub(r"```.*?```|`[^`\n]*`", "", md.read_text(encoding="utf-8"), flags=re.S)
+    targets = [a or b for a, b in _LINK.findall(text)]
+    return [t.split("#")[0] for t in targets if t.split("#")[0] and not re.match(r"^[a-zA-Z][\w+.-]*:", t)]
+
+
+def test_every_relative_link_of_the_docs_and_records_points_at_a_file_of_the_repository():
+    docs = sorted(ROOT.glob("*.md")) + sorted((ROOT / "benchmarks" / "results").rglob("*.md"))
+    assert {"README.md", "ARCHITECTURE.md", "MAINTAINING.md", "CONFIGURATION.md"} <= {p.name for p in docs}
+    missing = [
+        f"{md.relative_to(ROOT)} -> {t}" for md in docs for t in _relative_links(md) if not (md.parent / t).exists()
+    ]
+    assert not missing, "links to files not in the repository:\n" + "\n".join(missing)
+
+
+def test_the_link_check_reads_inline_reference_and_image_links_but_not_code_or_urls(tmp_path):
+    md = tmp_path / "r.md"
+    md.write_text(
+        '[a](a.md) ![fig](f/x.png "t") [b](b.md#part) [web](https://x.org/y) [top](#top)\n'
+        "`[c](c.md)`\n```\n[d](d.md)\n```\n[ref]: e/f.csv\n",
+        encoding="utf-8",
+    )
+    assert _relative_links(md) == ["a.md", "f/x.png", "b.md", "e/f.csv"]

@@ -485,6 +485,23 @@ def finished_tiny(tmp_path_factory) -> Path:
     return folder
 
 
+def test_snakemake_report_lists_each_entry_by_its_caption_not_its_path(tmp_path, finished_tiny):
+    """Each entry of `snakemake --report` carries labels (its caption's head and its file), which the
+    report lists in place of the file's path."""
+    html = tmp_path / "report.html"
+    proc = snakemake("--report", str(html), results="results", configfile=finished_tiny / "study.yaml",
+                     cwd=finished_tiny)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads(re.search(r"var results = (\{.*?\});\n", html.read_text(), re.S).group(1))
+    by_file = {Path(path).name: entry["labels"] for path, entry in results.items()}
+    assert by_file["grid_top1_digits_knn.csv"] == {
+        "caption": "Top-1 accuracy per loss and batch size: mean ± sd over seeds",
+        "file": "grid_top1_digits_knn.csv",
+    }
+    assert by_file["index.md"]["caption"].startswith("The findings in plain words")
+    assert all(labels["file"] == name and labels["caption"] for name, labels in by_file.items()), by_file
+
+
 def test_a_moved_study_folder_plans_no_job(tmp_path, finished_tiny):
     """A finished study's folder (its results and Snakemake's metadata in .snakemake/)
     copied elsewhere with its files' times (cp -a, rsync -a, mv) plans nothing there: no

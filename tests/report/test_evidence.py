@@ -178,7 +178,7 @@ def test_describe_prints_interval_test_seeds_and_holm():
     assert describe(e[1], null_mde=False).endswith("of 2)")
     sig = paired({0: 3.0, 1: 3.1, 2: 2.9}, {0: 0.0, 1: 0.0, 2: 0.0})
     assert sig.significant and "MDE" not in describe(sig)
-    assert describe(paired({0: 1.0}, {0: 0.0})) == "+1.0 (untested: one seed)"
+    assert describe(paired({0: 1.0}, {0: 0.0})) == "+1.0 (one seed: no test, no interval, no p)"
     assert describe(paired({0: 1.0, 1: 1.0}, {0: 0.0, 1: 0.0})).endswith(
         "(untested: seed differences identical, no noise estimate)"
     )
@@ -325,6 +325,10 @@ def test_pooled_difference_untested_without_residual_noise_or_degrees_of_freedom
     # one loss, two seeds: the seed effect takes the only degree of freedom
     one = evidence.pooled_difference(_arms({"a": {0: 0.7, 1: 0.1}}))
     assert not one.tested and one.diff == pytest.approx(0.4) and math.isnan(one.p)
+    assert describe(one) == "+0.4 (untested: one loss, its seeds leave no residual to estimate the noise)"
+    # two losses, one seed: two pairs, yet one seed gives no test (its differences are not 'identical')
+    single = evidence.pooled_difference(_arms({"a": {0: 0.7}, "b": {0: 0.1}}))
+    assert describe(single) == "+0.4 (one seed: no test, no interval, no p)"
     assert math.isnan(evidence.pooled_difference({}).diff)
     # a seed only one arm has is left out
     e = evidence.pooled_difference(

@@ -593,7 +593,20 @@ def test_finding_sentence_ranks_only_with_a_test():
     one = _sentence(
         {("infonce", 16): [68.0], ("infonce", 64): [73.0], ("flatnce", 16): [67.0], ("flatnce", 64): [68.0]}
     )
-    assert "cannot be ranked" in one and "(untested: one seed)" in one and "**" not in one
+    assert "cannot be ranked" in one and "(one seed: no test, no interval, no p)" in one and "**" not in one
+
+
+def test_one_seed_says_it_gives_no_test_and_prints_no_interval():
+    # two losses at two batch sizes, one seed each: the pooled change has two pairs but one seed
+    one = _sentence(
+        {("infonce", 16): [68.0], ("infonce", 64): [73.0], ("flatnce", 16): [67.0], ("flatnce", 64): [68.0]}
+    )
+    head = one.splitlines()[0]
+    assert head == (
+        "On d at τ = 0.1, pooled over 2 losses, batch 16 − batch 64 = -3.00 (one seed: no test, no interval, no p) "
+        "by linear top-1."
+    )
+    assert "identical" not in one and "[" not in one.replace("[95 % CI]", "") and "p =" not in one
 
 
 def test_numbers_are_rounded_once_without_negative_zero_or_float_noise():

@@ -8,6 +8,7 @@ family's correction, or unresolved); and every table rebuilt from the per-seed t
 from __future__ import annotations
 
 import io
+import itertools
 import math
 import re
 import zlib
@@ -557,13 +558,13 @@ def test_the_family_holds_every_claim_of_the_study_and_a_secondary_claim_is_labe
 
 
 # --------------------------------------------------------------------------- budgets to a plateau
-def _rising_store(still_rising: str = "d") -> pd.DataFrame:
+def _rising_store(still_rising: str = "d", tau: float = 0.1) -> pd.DataFrame:
     """Every arm 6 points lower at 1 epoch than at 2 and 4 (flat from 2 to 4: a plateau at 4), but
     ``still_rising``, 3 points lower at 2 than at 4; the final 5 epochs end no doubling."""
     rows = []
     for arm, m in PASSING.items():
         mid = m - 3.0 if arm == still_rising else m
-        rows += [_cell("ds", arm, s, m, snapshots=[(1, m - 6.0), (2, mid), (4, m)]) for s in SEEDS]
+        rows += [_cell("ds", arm, s, m, tau=tau, snapshots=[(1, m - 6.0), (2, mid), (4, m)]) for s in SEEDS]
     return pd.DataFrame(rows + _baselines("ds"))
 
 
@@ -618,3 +619,57 @@ def test_a_validated_rate_at_the_edge_of_its_grid_is_flagged_per_batch_size(best
         "0.001, 0.002) in 1 of 1 units (ds, τ 0.1, 5 epochs (fixed epochs)): the best rate may lie below it; extend "
         "the grid below 0.0005."]
     )  # fmt: skip
+
+
+def _title(ax) -> str:
+    """A panel's title, wherever it is placed (left, centre or right)."""
+    return "".join(ax.get_title(loc=loc) for loc in ("left", "center", "right"))
+
+
+class _Seen(ReportContext):
+    """A report context that keeps each saved figure's panels (title, row labels) and text boxes."""
+
+    def save_figure(self, fig, stem, exact=False):
+        from matplotlib.text import Text
+
+        fig.canvas.draw()
+        r = fig.canvas.get_renderer()
+        texts = [t for t in fig.findobj(Text) if t.get_visible() and t.get_text()]
+        self.seen[stem] = {
+            "panels": [(_title(ax), [t.get_text() for t in ax.get_yticklabels()]) for ax in fig.axes],
+            "boxes": [(t.get_text(), t.get_window_extent(r)) for t in texts],
+            "width": fig.get_size_inches()[0],
+            "canvas": fig.bbox,
+        }
+        return super().save_figure(fig, stem, exact)
+
+
+def test_the_forest_plot_has_a_readable_panel_per_unit_at_its_longest_budget_and_no_text_overlaps(tmp_path):
+    # two τ, each at 1, 2, 4 and 5 epochs and at the steps of 5 epochs of B = 256 (5/16 epochs of B = 16):
+    # 6 rows (5 claims + the control) x 5 budgets x 2 τ, 60 rows in one panel before
+    rows = []
+    for tau in (0.1, 0.5):
+        for arm, m in PASSING.items():
+            snaps = [(1, m - 6.0), (2, m), (4, m)] + ([(0.3125, m - 5.0)] if ARMS[arm][1] == 16 else [])
+            rows += [_cell("ds", arm, s, m, tau=tau, snapshots=snaps) for s in SEEDS]
+    runs = pd.DataFrame(rows + _baselines("ds"))
+    ctx = _Seen(out_dir=tmp_path, tracking_uri="", experiment="x", reader=None, scale=1.0, papers=pd.DataFrame(),
+                runs=runs, plan=PLAN)  # fmt: skip
+    ctx.seen = {}
+    out = instrument.build(runs, ctx)
+    fig = ctx.seen["instrument_contrasts"]
+    assert [title for title, _ in fig["panels"]] == [
+        "ds, τ 0.1, 5 epochs (fixed epochs)",
+        "ds, τ 0.1, 195 steps (fixed steps: the reference's 5 epochs)",
+        "ds, τ 0.5, 5 epochs (fixed epochs)",
+        "ds, τ 0.5, 195 steps (fixed steps: the reference's 5 epochs)",
+    ]
+    for _, rows in fig["panels"]:
+        assert len(rows) == 6 and rows[0] == "negatives main effect (K 30 − 510)" and "positive control" in rows[-1]
+    assert fig["width"] == pytest.approx(6.9)  # two paper columns
+    for (t1, b1), (t2, b2) in itertools.combinations(fig["boxes"], 2):
+        assert not (b1.x0 < b2.x1 and b2.x0 < b1.x1 and b1.y0 < b2.y1 and b2.y0 < b1.y1), f"{t1!r} overlaps {t2!r}"
+    words = {title for title, _ in fig["panels"]} | {row for _, rows in fig["panels"] for row in rows}
+    for t, box in fig["boxes"]:  # no title or row label cut off at the canvas' edges
+        assert t not in words or fig["canvas"].x0 <= box.x0 and box.x1 <= fig["canvas"].x1 + 0.5, t
+    assert "**Claimed contrasts and the positive control**" in out.markdown

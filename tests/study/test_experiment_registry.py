@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from smallbatch.report.captions import caption_of, captions
+from smallbatch.report.captions import caption_of, captions, labels
 from smallbatch.study import experiments as reg
 
 REPO = Path(__file__).resolve().parents[2]
@@ -144,6 +144,23 @@ def test_every_registered_caption_reaches_snakemake_report_and_the_longest_prefi
     assert caption_of("no_such_table", "tables") == ""
     with pytest.raises(ValueError, match="'tables' or 'figures'"):
         captions("plots")
+
+
+def test_snakemake_report_labels_are_each_captions_first_sentence_cut_outside_parentheses():
+    assert labels("grid_top1_digits_knn", "tables") == {
+        "caption": "Top-1 accuracy per loss and batch size: mean ± sd over seeds",
+        "file": "grid_top1_digits_knn.csv",
+    }
+    # longer than 100 characters: cut at the last comma or colon outside parentheses, none left open
+    assert labels("qb_digits", "figures")["caption"] == (
+        "q_B per batch size (diag/qb_mean over the second half of training, all seeds) …"
+    )
+    assert labels("tsweep", "figures")["caption"] == "Side experiment (temperature sweep, SimCLR Table 5's analogue) …"
+    assert labels("no_such_figure", "figures") == {"caption": "no_such_figure", "file": "no_such_figure.png"}
+    for kind in ("tables", "figures"):
+        for prefix, _ in captions(kind):
+            head = labels(prefix + "x", kind)["caption"]
+            assert len(head) <= 102 and head.count("(") == head.count(")"), head
 
 
 def test_every_table_of_the_golden_report_has_a_caption():

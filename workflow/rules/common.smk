@@ -29,7 +29,7 @@ try:
     from smallbatch.io import RESULTS_ENV
     from smallbatch.pipeline import plan as _plan
     from smallbatch.losses.registry import PluginError
-    from smallbatch.report.captions import captions
+    from smallbatch.report.captions import captions, labels as report_labels
     from smallbatch.training.launch import launch_command
 except ImportError as exc:  # pragma: no cover - a user without the package installed
     raise WorkflowError(f"the smallbatch package is not importable ({exc}); run `make install` or `pip install -e .`")

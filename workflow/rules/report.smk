@@ -1,7 +1,8 @@
 # The papers' tables and figures, rebuilt from the MLflow store alone.  Its outputs are
 # marked for Snakemake's own report (`snakemake --report report.html`, after the study):
 # every figure (PNG) and table (CSV) of results/report with a caption from workflow/report/,
-# whose sentences come from smallbatch.report.captions (the params below).
+# whose sentences come from smallbatch.report.captions (the params below), listed by labels:
+# the caption's head and the file, not the file's path.
 
 
 rule report:
@@ -11,11 +12,15 @@ rule report:
         MI_OUTPUTS,
         store=f"{R}/mlflow.ready",
     output:
-        index=report(REPORT_INDEX, caption="../report/findings.rst", category="Findings"),
+        index=report(REPORT_INDEX, caption="../report/findings.rst", category="Findings",
+                     labels={"caption": "The findings in plain words, with a link to every table and figure",
+                             "file": "index.md"}),
         figures=report(directory(f"{R}/report/figures"), patterns=["{name}.png"],
-                       caption="../report/figure.rst", category="Figures"),
+                       caption="../report/figure.rst", category="Figures",
+                       labels=lambda w: report_labels(w.name, "figures")),
         tables=report(directory(f"{R}/report/tables"), patterns=["{name}.csv"],
-                      caption="../report/table.rst", category="Tables"),
+                      caption="../report/table.rst", category="Tables",
+                      labels=lambda w: report_labels(w.name, "tables")),
     params:
         uri=STORE_URI,
         exp=EXPERIMENT,

@@ -3,10 +3,13 @@
 :func:`captions` gives ``(file-name prefix, caption)`` pairs for the report rule's params,
 which ``workflow/report/table.rst`` and ``figure.rst`` read: the sections every study has
 (here) and each side experiment's own (its entry in :mod:`smallbatch.study.experiments`).  A file
-takes the caption of the longest prefix its name starts with.
+takes the caption of the longest prefix its name starts with.  :func:`labels` names each entry of
+the report's lists by its caption's head and its file, not by its path.
 """
 
 from __future__ import annotations
+
+import re
 
 from ..study.experiments import SPECS
 
@@ -81,3 +84,31 @@ def captions(kind: str) -> list[list[str]]:
 def caption_of(name: str, kind: str) -> str:
     """The caption a table or figure called ``name`` gets ('' when no prefix matches)."""
     return next((text for prefix, text in captions(kind) if name.startswith(prefix)), "")
+
+
+#: a label is a caption's first sentence, cut within this many characters where it is longer
+HEAD_CHARS = 100
+
+
+def caption_head(text: str) -> str:
+    """The first sentence of ``text``; past :data:`HEAD_CHARS`, cut (with an ellipsis) at its last
+    comma, semicolon, colon or opening parenthesis outside parentheses before them, so that no
+    parenthesis is left open."""
+    head = re.split(r"\.(?:\s|$)", text, maxsplit=1)[0].strip()
+    if len(head) <= HEAD_CHARS:
+        return head
+    depth, cut = 0, 0
+    for i, ch in enumerate(head[:HEAD_CHARS]):
+        if ch == "(" and depth == 0:
+            cut = i
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if ch in ",;:" and depth == 0:
+            cut = i
+    return head[:cut].rstrip() + " …" if cut else head[:HEAD_CHARS] + " …"
+
+
+def labels(name: str, kind: str) -> dict[str, str]:
+    """The labels ``snakemake --report`` lists a table (``kind="tables"``) or figure (``"figures"``)
+    called ``name`` by: its caption's head, and its file (its name where no caption matches)."""
+    head = caption_head(caption_of(name, kind))
+    return {"caption": head or name, "file": f"{name}{'.png' if kind == 'figures' else '.csv'}"}

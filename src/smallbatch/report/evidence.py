@@ -52,6 +52,8 @@ ALPHA = 0.05
 POWER = 0.8
 
 Values = Mapping[Any, float]
+#: what a contrast of one seed says in place of its test
+ONE_SEED = "one seed: no test, no interval, no p"
 #: a spread below this (relative to the difference, at least 1) is rounding noise of equal seed differences,
 #: not a noise estimate: accuracies resolve 0.01 points at best, so 1e-9 can only be float arithmetic
 SPREAD_TOL = 1e-9
@@ -76,6 +78,7 @@ class Estimate:
     df: float = math.nan
     test: str = "untested"
     se: float = math.nan  # the standard error of ``diff`` (its t statistic's denominator)
+    why: str = ""  # why it is untested, in a finding's words, where ``n`` cannot tell (the pooled model counts pairs)
 
     @property
     def tested(self) -> bool:
@@ -201,7 +204,8 @@ def pooled_difference(groups: Mapping[Any, tuple[Values, Values]]) -> Estimate:
     mean = sum(sum(v) / len(v) for v in by_loss.values()) / len(losses)
     df = len(rows) - len(losses) - len(seeds) + 1
     if df < 1:
-        return Estimate(diff=mean, n=len(rows))
+        why = ONE_SEED if len(seeds) == 1 else "untested: one loss, its seeds leave no residual to estimate the noise"
+        return Estimate(diff=mean, n=len(rows), why=why)
     import numpy as np
 
     def coding(levels: list, value) -> list[float]:  # effect coding: the last level is minus the others
@@ -314,17 +318,18 @@ def describe_outcome(e: Estimate | None, margin: float, nd: int = 2) -> str:
 def describe(e: Estimate | None, what: str = "", nd: int = 1, null_mde: bool = True) -> str:
     """``small − large = -0.4 [-1.2, +0.4] (paired t, 3 seeds, Holm p = 0.31 of 6; MDE at 80 % power = 1.1)``:
     the minimum detectable effect is added to a null (a tested, non-significant paired contrast) unless
-    ``null_mde`` is False; untested contrasts say why (one seed, or identical seed differences)."""
+    ``null_mde`` is False; untested contrasts say why (one seed: no test, no interval, no p; or identical
+    seed differences) and print no interval."""
     head = f"{what} = " if what else ""
     if e is None or not finite(e.diff):
         return f"{head}— (no value)"
     if not e.tested:
-        why = (
-            "seed differences identical, no noise estimate"
+        why = e.why or (
+            "untested: seed differences identical, no noise estimate"
             if e.n >= 2
-            else ("one seed" if e.n == 1 else "fewer than two seeds in common")
+            else (ONE_SEED if e.n == 1 else "untested: fewer than two seeds in common")
         )
-        return f"{head}{signed(e.diff, nd)} (untested: {why})"
+        return f"{head}{signed(e.diff, nd)} ({why})"
     seeds = (
         f"{e.n} seeds"
         if e.test == "paired t"

@@ -218,7 +218,8 @@ SPECS: dict[str, SideExperiment] = {
                 (
                     "instrument_contrasts",
                     "The instrument's claimed contrasts on the primary probe and the positive control, each with its "
-                    "interval and the analysis plan's equivalence margin.",
+                    "interval and the analysis plan's equivalence margin: one panel per data set, τ and view at its "
+                    "longest budget.",
                 ),
                 (
                     "instrument_curves",

@@ -508,6 +508,11 @@ def _ssl_display(rows: list[dict]) -> list[tuple[str, pd.DataFrame]]:
 
 
 # --------------------------------------------------------------------------- figures
+ARMS_CAPTION = (
+    "**Instrument arms at the longest budget** (seeds: points; their mean and 95 % bootstrap interval: the bar)"
+)
+
+
 def _figure(ctx: ReportContext, results: list[UnitResult]) -> list:
     """The primary probe of every arm (seeds and mean with its interval) at the longest budget
     of each data set (its first τ), each arm at the rate its unit reads."""
@@ -544,50 +549,68 @@ def _figure(ctx: ReportContext, results: list[UnitResult]) -> list:
             ax.set_ylabel("")
             ax.set_xlabel(f"{METRICS[PRIMARY][1]} top-1 (%)")
             ax.tick_params(axis="y", labelsize=8)
-        fig.suptitle(
-            "Instrument arms at the longest budget\nseeds (points), mean and 95 % bootstrap interval (bar)", fontsize=10
-        )
         fig.tight_layout()
     return ctx.save_figure(fig, "instrument_arms")
 
 
-def _contrast_figure(ctx: ReportContext, claims: pd.DataFrame, plan: AnalysisPlan) -> list:
-    """The claimed contrasts of the primary probe and the positive control per unit, with their
-    intervals, each claim's resolved margin (grey) and zero."""
-    from ..figures import plot_style
+#: the most contrasts one panel of the forest plot holds (readable at a paper's width); more are split
+FOREST_ROWS = 20
 
+
+def forest_panels(claims: pd.DataFrame, primary: str) -> list[tuple[str, pd.DataFrame]]:
+    """(title, rows) of every panel of the forest plot: the claimed contrasts of ``primary`` and the
+    positive control of each data set, τ and view at its longest budget (the curves figure draws the
+    others), at most :data:`FOREST_ROWS` rows a panel."""
     keep = claims["claimed"] | (claims["key"] == "control")
-    d = claims[keep & (claims["metric"] == plan.primary) & claims["diff"].map(finite)].copy()
-    if d.empty:
-        return []
-    plt, sns, rc = plot_style()
-    d["y"] = [f"{c} · {u.split(', ', 1)[1]}" for c, u in zip(d["contrast"], d["unit"])]
-    datasets = list(dict.fromkeys(d["dataset"]))
-    names = list(dict.fromkeys(d["y"]))
-    with plt.rc_context(rc), sns.axes_style("whitegrid"):
+    d = claims[keep & (claims["metric"] == primary) & claims["diff"].map(finite)]
+    panels = []
+    for _, g in d.groupby(["dataset", "temperature", "view"], sort=False):
+        last = g[g["unit"] == g["unit"].iloc[-1]]  # units come in budget order: the last is the longest
+        chunks = range(0, len(last), FOREST_ROWS)
+        for i in chunks:
+            part = f" ({i // FOREST_ROWS + 1}/{len(chunks)})" if len(chunks) > 1 else ""
+            panels.append((last["unit"].iloc[0] + part, last.iloc[i : i + FOREST_ROWS]))
+    return panels
+
+
+def _contrast_figure(ctx: ReportContext, claims: pd.DataFrame, plan: AnalysisPlan) -> tuple[list, str]:
+    """The forest plot (:func:`forest_panels`), one panel a row at two columns' width, each contrast
+    with its interval, its claim's resolved margin (grey) and zero; returns (files, caption)."""
+    from ..figures import PAPER_RC, PAPER_WIDTHS, plot_style
+
+    panels = forest_panels(claims, plan.primary)
+    if not panels:
+        return [], ""
+    plt, sns, _ = plot_style()
+    heights = [len(g) + 1.6 for _, g in panels]
+    with plt.rc_context(PAPER_RC), sns.axes_style("whitegrid"):
         fig, axes = plt.subplots(
-            1, len(datasets), figsize=(5.2 * len(datasets) + 3.0, 0.3 * len(names) + 1.4), squeeze=False, sharey=True
-        )
-        for ax, ds in zip(axes[0], datasets):
-            g = d[d["dataset"] == ds].set_index("y")
-            ys = [names.index(n) for n in g.index]
-            for y, m in zip(ys, g["margin"]):
-                if finite(m):
-                    ax.plot([-m, m], [y, y], color="#dddddd", lw=7, solid_capstyle="butt", zorder=0)
-            err = [(g["diff"] - g["lo"]).fillna(0).to_numpy(), (g["hi"] - g["diff"]).fillna(0).to_numpy()]
-            ax.axvline(0, color="#555555", lw=0.8)
-            ax.errorbar(g["diff"], ys, xerr=err, fmt="o", color="black", capsize=3)
-            ax.set_yticks(range(len(names)), names, fontsize=7)
-            ax.invert_yaxis()
-            ax.set_title(ds, fontsize=10)
+            len(panels), 1, figsize=(PAPER_WIDTHS[2], 0.2 * sum(heights) + 0.3), squeeze=False,
+            gridspec_kw={"height_ratios": heights}, layout="constrained",
+        )  # fmt: skip
+        for ax, (title, g) in zip(axes[:, 0], panels):
+            _forest_panel(ax, g)
+            ax.set_title(title, loc="right")  # over the row labels where it is longer than the panel
             ax.set_xlabel(f"{METRICS[plan.primary][1]}: small − large (points)")
-        fig.suptitle(
-            "Claimed contrasts and the positive control (paired, 95 % t intervals)\n"
-            "grey: each claim's equivalence margin (the analysis plan's)",
-            fontsize=10,
-        )
-        fig.tight_layout()
-    return ctx.save_figure(fig, "instrument_contrasts")
+    files = ctx.save_figure(fig, "instrument_contrasts", exact=True)
+    caption = (
+        "**Claimed contrasts and the positive control** (paired over seeds: point and 95 % t interval; grey: "
+        "each claim's equivalence margin, the analysis plan's; each data set, τ and view at its longest budget, "
+        "the curves below draw the others)"
+    )
+    return files, caption
+
+
+def _forest_panel(ax, g: pd.DataFrame) -> None:
+    ys = list(range(len(g)))
+    for y, m in zip(ys, g["margin"]):
+        if finite(m):
+            ax.plot([-m, m], [y, y], color="#dddddd", lw=7, solid_capstyle="butt", zorder=0)
+    err = [(g["diff"] - g["lo"]).fillna(0).to_numpy(), (g["hi"] - g["diff"]).fillna(0).to_numpy()]
+    ax.axvline(0, color="#555555", lw=0.8)
+    ax.errorbar(g["diff"], ys, xerr=err, fmt="o", color="black", capsize=3)
+    ax.set_yticks(ys, list(g["contrast"]))
+    ax.set_ylim(len(ys) - 0.5, -0.5)
 
 
 # --------------------------------------------------------------------------- the section
@@ -664,14 +687,15 @@ def build(runs: pd.DataFrame, ctx: ReportContext) -> SectionOutput | None:
         _write(ctx, out, md, "instrument_curves", "Instrument: contrasts over training budgets (small − large, points)",
                curves, curve_display(curves), "fixed epochs; a contrast's plateau is the latest of its arms'",
                "Contrasts over budgets")  # fmt: skip
-    for fig, alt in (
-        (_contrast_figure(ctx, claims, plan) if len(claims) else [], "instrument contrasts"),
-        (curve_figure(ctx, curves, (plan.primary, *plan.secondary)) if len(curves) else [], "instrument curves"),
-        (_figure(ctx, results), "instrument arms"),
+    forest = _contrast_figure(ctx, claims, plan) if len(claims) else ([], "")
+    for fig, caption, alt in (
+        (*forest, "instrument contrasts"),
+        (curve_figure(ctx, curves, (plan.primary, *plan.secondary)) if len(curves) else [], "", "instrument curves"),
+        (_figure(ctx, results), ARMS_CAPTION, "instrument arms"),
     ):
         if fig:
             out.files += fig
-            md += ["", ctx.figure_md(fig, alt)]
+            md += ["", *([caption, ""] if caption else []), ctx.figure_md(fig, alt)]
     out.findings += findings(results, claims, plan) + plateau_findings(curves, plateaus, plan)
     out.findings += grid_edge_findings(lrs)
     out.markdown = "\n".join(md + [""] + [f"- {s}" for s in out.findings]) + "\n"
