@@ -115,6 +115,15 @@ def _record(out: Path, res, wall: float) -> None:
     _append(out / "runs.csv", FIELDS, [row])  # last: a row here means the run is whole
 
 
+def _utc_today(hhmm: str) -> float:
+    """The epoch time of ``hhmm`` (UTC) today."""
+    import datetime as dt
+
+    h, m = (int(x) for x in hhmm.split(":"))
+    now = dt.datetime.now(dt.timezone.utc)
+    return now.replace(hour=h, minute=m, second=0, microsecond=0).timestamp()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", type=float, help="kNN top-1 (percent) on the validation split; required unless --pilot")
@@ -129,7 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--queries", type=int, default=1000)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--stop-by", dest="stop_by_text", help="HH:MM (UTC, today): start no run after it")
     args = ap.parse_args(argv)
+    args.stop_by = _utc_today(args.stop_by_text) if args.stop_by_text else None
     if (args.target is None) != args.pilot:
         ap.error("give --target (percent) or --pilot, not both")
     torch.set_num_threads(args.threads)
@@ -144,12 +155,15 @@ def main(argv: list[str] | None = None) -> int:
     arms_data, probe = stt.split_data(d, args.val, queries=args.queries, k=K, t=KNN_T)
     done = _done(args.out / "runs.csv")
     t0, cpu0 = time.perf_counter(), time.process_time()
-    for batch in args.batch_sizes:
-        schedule = stt.eval_steps(batch, args.first_images, args.max_images, args.per_octave)
-        for arm in args.arms:
-            for seed in args.seeds:
+    for seed in args.seeds:  # seeds outermost: a stage cut short keeps every batch size and arm
+        for batch in args.batch_sizes:
+            schedule = stt.eval_steps(batch, args.first_images, args.max_images, args.per_octave)
+            for arm in args.arms:
                 if (arm, batch, seed) in done:
                     continue
+                if args.stop_by and time.time() > args.stop_by:
+                    print(f"stopped: no new run after {args.stop_by_text} UTC (--stop-by)", flush=True)
+                    return _end(t0, cpu0)
                 w0 = time.perf_counter()
                 cell = _cell(arm, batch, seed, schedule[-1])
                 res = stt.run_arm(cell, arm, arms_data, probe, schedule, target, stop_at_target=not args.pilot)
@@ -160,6 +174,10 @@ def main(argv: list[str] | None = None) -> int:
                     f"curve {json.dumps(list(zip(res.curve.images, res.curve.accuracy)))}",
                     flush=True,
                 )
+    return _end(t0, cpu0)
+
+
+def _end(t0: float, cpu0: float) -> int:
     print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     print(f"wall {time.perf_counter() - t0:.0f} s, CPU {time.process_time() - cpu0:.0f} s", flush=True)
     return 0
