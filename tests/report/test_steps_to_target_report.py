@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 from smallbatch.report import steps_to_target as st
@@ -31,8 +33,8 @@ def test_runs_that_did_not_reach_the_target_enter_no_fit_and_are_counted():
     at_zero = [{"arm": "dcl", "batch_size": 16, "seed": 5, "steps": "0.0", "status": "reached"}]
     (f,) = st.fit_arms(rows + missed + at_zero, replicas=20)
     assert f.fit.b_noise == pytest.approx(64.0, rel=0.02)  # the same fit as without them
-    assert f.not_reached == {256: 2, 16: 1}
-    assert "B=16: 1, B=256: 2" in st.fit_markdown([f])
+    assert f.not_reached == {256: 2} and f.at_start == {16: 1}
+    assert "| B=256: 2 | B=16: 1 |" in st.fit_markdown([f])
 
 
 def test_an_arm_reached_at_one_batch_size_only_has_no_fit():
@@ -42,6 +44,15 @@ def test_an_arm_reached_at_one_batch_size_only_has_no_fit():
     (f,) = st.fit_arms(rows, replicas=10)
     assert f.fit is None and f.not_reached == {32: 1}
     assert "| DCL | – |" in st.fit_markdown([f])
+
+
+def test_figures_leave_out_runs_reached_at_step_0(tmp_path):
+    rows = [{"arm": "dcl", "batch_size": b, "seed": 0, "steps": "0.00", "status": "reached"} for b in (16, 32)]
+    fits = st.fit_arms(rows, replicas=10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # zeros on the log axis: "Data has no positive values"
+        st.plot_steps(rows, fits, tmp_path / "steps.png")
+    assert (tmp_path / "steps.png").stat().st_size > 1000
 
 
 def test_a_noise_scale_beyond_the_batches_is_no_number():

@@ -193,7 +193,8 @@ def _check_cells(cfg: dict) -> None:
 def _check_side_needs(cfg: dict, cells: dict[str, dict]) -> None:
     """A study plans cells, and each enabled side experiment's cells span what it computes
     (its registry entry's needs: two rates to fit an exponent, two τ to sweep, ...)."""
-    if not cells and not (cfg.get("experiments", {}).get("mi") or {}).get("enabled"):
+    own_jobs = ("mi", "critical_batch")  # side experiments that run their own job, not cells
+    if not cells and not any((cfg.get("experiments", {}).get(n) or {}).get("enabled") for n in own_jobs):
         raise ConfigError(
             "the study plans 0 cells: config key 'grid.enabled' is false and no side experiment is enabled; "
             "enable the grid or a side experiment"

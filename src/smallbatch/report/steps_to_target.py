@@ -13,7 +13,7 @@ matplotlib are imported inside the functions.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .critical_batch import CriticalBatch, Interval, bootstrap_fit, fit_steps, images_to_target
 from .critical_batch import steps_to_target as model_steps
@@ -33,6 +33,7 @@ class ArmFit:
     fit: CriticalBatch | None  # None: steps at fewer than two batch sizes
     interval: Interval | None
     not_reached: dict[int, int]  # batch size -> runs that did not reach the target
+    at_start: dict[int, int] = field(default_factory=dict)  # batch size -> runs whose initial network reached it
 
 
 def steps_by_batch(rows: Iterable[Mapping]) -> dict[str, tuple[dict[int, list[float]], dict[int, int]]]:
@@ -50,21 +51,18 @@ def steps_by_batch(rows: Iterable[Mapping]) -> dict[str, tuple[dict[int, list[fl
 
 
 def fit_arms(rows: Iterable[Mapping], replicas: int = 1000, seed: int = 0) -> list[ArmFit]:
-    """The fit of every arm with steps at two or more batch sizes (a run at step 0, the target
-    reached by the initial network, counts as not reached: the model has no zero steps)."""
+    """The fit of every arm with steps at two or more batch sizes; a run whose initial network
+    already reached the target (step 0) enters no fit either (the model has no zero steps) and is
+    counted apart."""
     fits = []
     for arm, (reached, missed) in steps_by_batch(rows).items():
-        missed = dict(missed)
-        for b, steps in reached.items():
-            zero = sum(1 for s in steps if s <= 0)
-            if zero:
-                missed[b] = missed.get(b, 0) + zero
+        at_start = {b: n for b, n in ((b, sum(1 for s in v if s <= 0)) for b, v in reached.items()) if n}
         usable: dict[float, list[float]] = {float(b): [s for s in v if s > 0] for b, v in reached.items()}
         usable = {b: v for b, v in usable.items() if v}
         if len(usable) < 2:
-            fits.append(ArmFit(arm, None, None, missed))
+            fits.append(ArmFit(arm, None, None, missed, at_start))
             continue
-        fits.append(ArmFit(arm, fit_steps(usable), bootstrap_fit(usable, replicas, seed=seed), missed))
+        fits.append(ArmFit(arm, fit_steps(usable), bootstrap_fit(usable, replicas, seed=seed), missed, at_start))
     return fits
 
 
@@ -77,11 +75,12 @@ def fit_markdown(fits: list[ArmFit]) -> str:
     the runs that did not reach the target."""
     lines = [
         "| arm | S_min | 95 % interval | B_noise | 95 % interval | replicas above the largest B | "
-        "B_crit (20 % overhead) | not reached |",
-        "|---|---|---|---|---|---|---|---|",
+        "B_crit (20 % overhead) | not reached | reached at step 0 |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for f in fits:
         missed = ", ".join(f"B={b}: {n}" for b, n in sorted(f.not_reached.items())) or "none"
+        missed += " | " + (", ".join(f"B={b}: {n}" for b, n in sorted(f.at_start.items())) or "none")
         name = ARM_LABELS.get(f.arm, f.arm)
         if f.fit is None or f.interval is None:
             lines.append(f"| {name} | – | – | – | – | – | – | {missed} |")
@@ -111,7 +110,9 @@ def _draw(rows: Iterable[Mapping], fits: list[ArmFit], path, images: bool) -> No
 
     plt, sns, rc = plot_style()
     frame = pd.DataFrame(list(rows))
+    batches = sorted({int(b) for b in frame["batch_size"]})
     frame = frame[frame["steps"].astype(str) != ""].astype({"batch_size": float, "steps": float})
+    frame = frame[frame["steps"] > 0]  # reached at step 0: no point on a log axis (counted in the table)
     frame["y"] = frame["steps"] * (frame["batch_size"] if images else 1.0)
     with plt.rc_context({**rc, **PAPER_RC}):
         fig, axes = paper_figure(plt, 1, 1, row_height=2.6)
@@ -128,9 +129,10 @@ def _draw(rows: Iterable[Mapping], fits: list[ArmFit], path, images: bool) -> No
             ax.plot(b, line, color=color, lw=0.8, ls="--")
         ax.set(xscale="log", yscale="log", xlabel="batch size B")
         ax.set_ylabel("images to target, B·S(B)" if images else "steps to target, S(B)")
-        ax.set_xticks(sorted(frame["batch_size"].unique()), [f"{int(b)}" for b in sorted(frame["batch_size"].unique())])
+        ax.set_xticks(batches, [str(b) for b in batches])
         ax.minorticks_off()
-        ax.legend(title="solid: fit; dashed: perfect scaling", frameon=False)
+        if any(f.fit is not None for f in fits):
+            ax.legend(title="solid: fit; dashed: perfect scaling", frameon=False)
         fig.savefig(path, dpi=200)
         plt.close(fig)
 
