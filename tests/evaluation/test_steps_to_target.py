@@ -10,6 +10,7 @@ import torch
 
 from smallbatch.cell import Cell
 from smallbatch.data import load_dataset
+from smallbatch.evaluation import SUPERVISED_ARM
 from smallbatch.evaluation import steps_to_target as stt
 from smallbatch.pipeline.cells import make_cell
 from smallbatch.pipeline.config import validate_config
@@ -83,7 +84,7 @@ def _run(d, arm: str, target: float):
     return stt.run_arm(_cell(), arm, data, probe, [0, 2, 4, 8], target, stop_at_target=False)
 
 
-@pytest.mark.parametrize("arm", ["infonce", stt.SUPERVISED])
+@pytest.mark.parametrize("arm", ["infonce", SUPERVISED_ARM])
 def test_the_target_is_read_on_the_validation_split_only(digits, arm):
     base = _run(digits, arm, 50.0)
     g = torch.Generator().manual_seed(1)

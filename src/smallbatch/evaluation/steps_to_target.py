@@ -28,13 +28,12 @@ import torch
 from ..cell import Cell
 from ..lr_scaling import scaled_lr
 from ..training import loop
+from . import SUPERVISED_ARM
 from .monitor import KnnMonitor
 from .supervised import train_supervised
 
-__all__ = ["SUPERVISED", "Curve", "Result", "first_crossing", "eval_steps", "hold_out", "split_data", "run_arm"]
+__all__ = ["Curve", "Result", "first_crossing", "eval_steps", "hold_out", "split_data", "run_arm"]
 
-#: the arm name of the supervised cross-entropy control (every other arm is a loss of the registry)
-SUPERVISED = "supervised_ce"
 _SPLIT_SEED = 0x76616C  # the validation split's generator: apart from every training stream
 
 
@@ -169,7 +168,7 @@ def run_arm(
     device="cpu",
     stop_at_target: bool = True,
 ) -> Result:
-    """Train ``arm`` (a loss: the cell as it is; :data:`SUPERVISED`: cross-entropy on the cell's
+    """Train ``arm`` (a loss: the cell as it is; :data:`SUPERVISED_ARM`: cross-entropy on the cell's
     network, data and optimiser) at the cell's batch size and seed, evaluating ``probe`` at the
     steps of ``schedule`` (the last one is the budget); ``data`` = (train images, train labels,
     number of classes, mean, std), the validation split already removed."""
@@ -182,12 +181,12 @@ def run_arm(
     dev = torch.device(device)
     watch = _Watch(probe, schedule, cell.batch_size, target, stop_at_target)
     cpu0 = time.process_time()
-    if arm == SUPERVISED:  # the budget: the cell's train.steps (the caller sets it to the schedule's last step)
+    if arm == SUPERVISED_ARM:  # the budget: the cell's train.steps (the caller sets it to the schedule's last step)
         status, peak = "finished", scaled_lr(float(cell.train.lr), cell.batch_size, cell.train.lr_scaling)
         train_supervised(cell, images, labels, n_classes, mean, std, dev, watch=watch)
     else:
         if arm != cell.loss:
-            raise ValueError(f"arm {arm!r} is neither {SUPERVISED!r} nor the cell's loss {cell.loss!r}")
+            raise ValueError(f"arm {arm!r} is neither {SUPERVISED_ARM!r} nor the cell's loss {cell.loss!r}")
         status, peak = _train_contrastive(cell, images, mean, std, dev, watch, schedule[-1])
     crossing = first_crossing(watch.curve.steps, watch.curve.accuracy, target)
     if status == "finished":

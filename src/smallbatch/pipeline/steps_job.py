@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..cell import Cell
+from ..evaluation import SUPERVISED_ARM
 from ..io import make_folder, write_text
 from ..losses.registry import loss_names
 from .cells import data_settings, make_cell
@@ -36,8 +37,6 @@ _KEY = "experiments.critical_batch"
 def section_of(cfg: dict) -> dict:
     """The config's (validated) ``experiments.critical_batch``, checked whole before any run:
     a one-line ConfigError naming the key otherwise."""
-    from ..evaluation.steps_to_target import SUPERVISED
-
     sec = (cfg.get("experiments") or {}).get("critical_batch") or {}
     if sec.get("target") is None:
         raise ConfigError(f"config key '{_KEY}.target' is not set: state the kNN top-1 (percent) to reach")
@@ -47,8 +46,8 @@ def section_of(cfg: dict) -> dict:
         )
     known = loss_names()
     for arm in sec["arms"]:
-        if arm != SUPERVISED and arm not in known:
-            raise ConfigError(f"config key '{_KEY}.arms' has {arm!r}: a loss of the registry or {SUPERVISED}")
+        if arm != SUPERVISED_ARM and arm not in known:
+            raise ConfigError(f"config key '{_KEY}.arms' has {arm!r}: a loss of the registry or {SUPERVISED_ARM}")
     if sec["queries"] > sec["validation"] // 5:
         raise ConfigError(
             f"config key '{_KEY}.queries' is {sec['queries']}: at most a fifth of validation "
@@ -59,12 +58,10 @@ def section_of(cfg: dict) -> dict:
 
 def _cell(cfg: dict, sec: dict, arm: str, batch: int, seed: int, last: int) -> Cell:
     """The arm's cell (the supervised control trains the InfoNCE cell's network and optimiser)."""
-    from ..evaluation.steps_to_target import SUPERVISED
-
     raw = make_cell(
         cfg,
         dataset=sec["dataset"],
-        loss="infonce" if arm == SUPERVISED else arm,
+        loss="infonce" if arm == SUPERVISED_ARM else arm,
         loss_params={},
         batch_size=batch,
         temperature=float(sec["temperature"]),

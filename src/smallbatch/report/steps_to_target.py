@@ -15,14 +15,18 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from ..evaluation import SUPERVISED_ARM
+from ..losses.registry import display_name
 from .critical_batch import CriticalBatch, Interval, bootstrap_fit, fit_steps, images_to_target
 from .critical_batch import steps_to_target as model_steps
 from .figures import LOSS_COLORS, OTHER_COLORS, PAPER_RC, paper_figure, plot_style
 
 __all__ = ["ArmFit", "steps_by_batch", "fit_arms", "fit_markdown", "plot_steps", "plot_images"]
 
-#: how an arm is named in a table or legend (a loss not listed: its registry name)
-ARM_LABELS = {"infonce": "InfoNCE", "dcl": "DCL", "supervised_ce": "supervised CE", "sogclr": "SogCLR"}
+
+def arm_label(arm: str) -> str:
+    """How an arm is named in a table or legend: a loss's display name, or the supervised control."""
+    return "supervised CE" if arm == SUPERVISED_ARM else display_name(arm)
 
 
 @dataclass(frozen=True)
@@ -81,7 +85,7 @@ def fit_markdown(fits: list[ArmFit]) -> str:
     for f in fits:
         missed = ", ".join(f"B={b}: {n}" for b, n in sorted(f.not_reached.items())) or "none"
         missed += " | " + (", ".join(f"B={b}: {n}" for b, n in sorted(f.at_start.items())) or "none")
-        name = ARM_LABELS.get(f.arm, f.arm)
+        name = arm_label(f.arm)
         if f.fit is None or f.interval is None:
             lines.append(f"| {name} | – | – | – | – | – | – | {missed} |")
             continue
@@ -98,7 +102,7 @@ def fit_markdown(fits: list[ArmFit]) -> str:
 def _color(arm: str, i: int) -> str:
     """The loss's colour of every figure; the supervised control black."""
     return (
-        "#000000" if arm == "supervised_ce" else LOSS_COLORS.get(arm) or OTHER_COLORS[1 + i % (len(OTHER_COLORS) - 1)]
+        "#000000" if arm == SUPERVISED_ARM else LOSS_COLORS.get(arm) or OTHER_COLORS[1 + i % (len(OTHER_COLORS) - 1)]
     )
 
 
@@ -124,7 +128,7 @@ def _draw(rows: Iterable[Mapping], fits: list[ArmFit], path, images: bool) -> No
                 continue
             b = np.geomspace(f.fit.b_lo, f.fit.b_hi, 64)
             curve = [(images_to_target if images else model_steps)(x, f.fit.s_min, f.fit.b_noise) for x in b]
-            ax.plot(b, curve, color=color, lw=1.2, label=ARM_LABELS.get(f.arm, f.arm))
+            ax.plot(b, curve, color=color, lw=1.2, label=arm_label(f.arm))
             line = f.fit.s_min * f.fit.b_noise * (np.ones_like(b) if images else 1.0 / b)
             ax.plot(b, line, color=color, lw=0.8, ls="--")
         ax.set(xscale="log", yscale="log", xlabel="batch size B")
