@@ -379,8 +379,8 @@ MUTANTS = [
     ),
     Mutant(
         "src/smallbatch/study/experiments.py",
-        "return [s.section for s in SPECS.values() if s.main == main]",
-        "return [s.section for s in SPECS.values()]",
+        "return [s.section for s in SPECS.values() if s.main == main and s.section is not None]",
+        "return [s.section for s in SPECS.values() if s.section is not None]",
         "every side experiment's section placed twice in the report",
     ),
     Mutant(

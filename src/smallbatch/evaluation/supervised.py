@@ -18,12 +18,13 @@ Runs in float32 on one process; BatchNorm over the whole batch.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from ..data.augment import AugmentConfig, BatchAugment
-from ..study.cell import BaselineCell, TrainSettings
+from ..study.cell import BaselineCell, Cell, TrainSettings
 from ..study.lr_scaling import scaled_decay
 from ..training.checkpoint import StepRandom
 from ..training.models import build_backbone
@@ -46,17 +47,21 @@ def supervised_schedule(train: TrainSettings, n_images: int, batch_size: int) ->
 
 
 def train_supervised(
-    cell: BaselineCell,
+    cell: BaselineCell | Cell,
     images: torch.Tensor,
     labels: torch.Tensor,
     num_classes: int,
     mean,
     std,
     device: torch.device | str = "cpu",
+    watch: Callable[[int, nn.Module], bool] | None = None,
 ) -> nn.Module:
     """The cell's backbone trained with cross-entropy (module docstring); returns it (on
     ``device``). ``cell`` needs ``train``, ``augment``, ``seed`` and ``batch_size``;
-    ``images`` uint8 ``(N, C, H, W)``, ``labels`` int64 ``(N,)``."""
+    ``images`` uint8 ``(N, C, H, W)``, ``labels`` int64 ``(N,)``.  ``watch(steps done,
+    backbone)``, if given, runs before every step and after the last; True stops the training
+    there (a probe during training: it must leave the backbone's weights and modes as it found
+    them)."""
     dev = torch.device(device)
     bs, augment = cell.batch_size, cell.augment
     if bs is None or augment is None:  # a supervised baseline cell has both (pipeline.cells)
@@ -75,8 +80,10 @@ def train_supervised(
     rng = StepRandom(cell.seed, dev)
     x_all, y_all = images.to(dev), labels.to(dev)
     net.train()
-    perm = None
-    for step in range(total):
+    perm, loss = None, None
+    for step in range(total + 1):
+        if (watch is not None and watch(step, backbone)) or step == total:
+            break
         pos = step % spe
         if perm is None or pos == 0:
             perm = torch.randperm(n, generator=rng.generator("permutation", step // spe), device=dev)
@@ -88,6 +95,6 @@ def train_supervised(
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-    if not math.isfinite(float(loss.detach())):
+    if loss is not None and not math.isfinite(float(loss.detach())):
         raise ValueError(f"the supervised baseline {cell.id} diverged (loss {float(loss)}); lower train.lr")
     return backbone.eval()

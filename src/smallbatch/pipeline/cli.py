@@ -547,6 +547,23 @@ def cmd_mi(args) -> int:
     return 0
 
 
+def cmd_steps_to_target(args) -> int:
+    from ..io import add_results_folder
+    from .steps_job import run_sweep, stop_time, write_fits
+
+    cfg = load_args_config(args)
+    if not (cfg.get("experiments") or {}).get("critical_batch", {}).get("enabled"):
+        raise ValueError("config key 'experiments.critical_batch.enabled' is false: enable it to run the sweep")
+    stop_by = stop_time(args.stop_by) if args.stop_by else None
+    add_results_folder(args.out)
+    quiet = args.verbosity < 0
+    run_sweep(cfg, args.out, stop_by=stop_by, log=(lambda _: None) if quiet else (lambda m: print(m, flush=True)))
+    table = write_fits(args.out, replicas=args.replicas)
+    if not quiet:
+        print(table, end="")
+    return 0
+
+
 def cmd_config_reference(args) -> int:
     from ..study.config import reference_markdown
 

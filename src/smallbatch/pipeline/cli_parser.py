@@ -509,6 +509,17 @@ def _study_outputs(add) -> None:
     c.add_argument("--out", type=path_value, default=Path("results/mi/results.json"), help="rows as JSON")
 
     c = add(
+        "steps-to-target",
+        "the critical batch size (experiments.critical_batch): steps to a target kNN accuracy on a held-out "
+        "validation split per arm x batch size x seed, appended to OUT/runs.csv (a rerun skips the rows there), "
+        "then the fit S = S_min (1 + B_noise / B) per arm and its figures in OUT",
+    )
+    add_config(c, "study config with experiments.critical_batch (e.g. workflow/configs/critical_batch.yaml)")
+    c.add_argument("--out", type=path_value, required=True, help="results folder of the sweep")
+    c.add_argument("--stop-by", metavar="HH:MM", help="start no run after this time (UTC, today)")
+    c.add_argument("--replicas", type=int, default=1000, help="bootstrap replicas of the fit")
+
+    c = add(
         "warm-server",
         "serve the workflow's jobs from one process that imported torch once (the workflow starts it)",
     )

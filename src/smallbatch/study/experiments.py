@@ -59,14 +59,15 @@ class Need:
 class SideExperiment:
     """One side experiment.  ``name``: its config key, the cells' ``experiment`` and the
     runs' ``section`` tag; ``description``: one line for the schema and CONFIGURATION.md;
-    ``section``: its report module under :mod:`smallbatch.report.sections`; ``tables`` and
+    ``section``: its report module under :mod:`smallbatch.report.sections` (None: its own job
+    writes its tables and figures, no section reads the store); ``tables`` and
     ``figures``: ``(file-name prefix, caption)`` of what that module writes; ``main``: reported
     with the main results (after the representation section) rather than with the side
     experiments; ``grid``: a grid of cells (False: its own job and schema, no cells)."""
 
     name: str
     description: str
-    section: str
+    section: str | None
     tables: Captions = ()
     figures: Captions = ()
     main: bool = False
@@ -247,6 +248,14 @@ SPECS: dict[str, SideExperiment] = {
             ),
             grid=False,
         ),
+        SideExperiment(
+            "critical_batch",
+            "the critical batch size: steps to a target kNN accuracy on a held-out validation split against batch "
+            "size, per loss and a supervised cross-entropy control, fitted by S = S_min (1 + B_noise / B) "
+            "(smallbatch steps-to-target)",
+            None,
+            grid=False,
+        ),
     )
 }
 
@@ -274,7 +283,7 @@ def experiment_schema() -> dict[str, dict]:
 def section_names(main: bool) -> list[str]:
     """The report modules of the side experiments reported with the main results (``main``) or
     with the other side experiments, in the registry's order."""
-    return [s.section for s in SPECS.values() if s.main == main]
+    return [s.section for s in SPECS.values() if s.main == main and s.section is not None]
 
 
 #: the controls that make a cell an arm other than a plain one (the instrument's)

@@ -451,11 +451,7 @@ def run_loop(t: Training, hooks: Hooks, t_start: float) -> str:
         with _sigterm() as term:
             stop = False  # agreed by every process: only at the steps where they all compare flags
             while t.step < t.total:
-                pos = t.step % t.steps_per_epoch
-                if perm is None or pos == 0:
-                    gen = t.rng.generator("permutation", t.step // t.steps_per_epoch)
-                    perm = torch.randperm(t.images.shape[0], generator=gen, device=t.dev)
-                idx = step_images(t, perm, pos)
+                perm, idx = next_batch(t, perm)
                 out, update = one_step(t, idx, watch=_log_due(t, t.step + 1) and hooks.log_fn is not None)
                 window[1] += t.cell.batch_size
                 if bar is not None:
@@ -487,6 +483,16 @@ def run_loop(t: Training, hooks: Hooks, t_start: float) -> str:
         if bar is not None:
             bar.close()
     return "finished"
+
+
+def next_batch(t: Training, perm: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the epoch's permutation, the next step's indices): a new permutation at an epoch's
+    start (seeded by the epoch), else ``perm`` kept."""
+    pos = t.step % t.steps_per_epoch
+    if perm is None or pos == 0:
+        gen = t.rng.generator("permutation", t.step // t.steps_per_epoch)
+        perm = torch.randperm(t.images.shape[0], generator=gen, device=t.dev)
+    return perm, step_images(t, perm, pos)
 
 
 def step_images(t: Training, perm: torch.Tensor, pos: int) -> torch.Tensor:
