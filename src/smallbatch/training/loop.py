@@ -152,10 +152,12 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
 def build_model(cell: Cell | BaselineCell, channels: int, image_size: int, predictor: bool = True) -> ContrastiveModel:
     """The network of a cell or of a baseline cell (random-init, supervised), with the predictor
     its loss declares (``predictor=False``: without it, e.g. an EMA target network)."""
-    tr = cell.train
-    backbone, feat_dim = build_backbone(tr.backbone, channels, image_size, width=tr.width, pool_grid=tr.pool_grid)
+    settings = cell.train
+    backbone, feat_dim = build_backbone(
+        settings.backbone, channels, image_size, width=settings.width, pool_grid=settings.pool_grid
+    )
     pred = predictor_hidden(cell) if predictor else None
-    return ContrastiveModel(backbone, feat_dim, tr.proj_hidden, tr.proj_dim, pred_hidden=pred)
+    return ContrastiveModel(backbone, feat_dim, settings.proj_hidden, settings.proj_dim, pred_hidden=pred)
 
 
 def predictor_hidden(cell: Cell | BaselineCell) -> int | None:
@@ -204,12 +206,12 @@ def pretrain(
         at_epoch_end if world.is_main else None,
     )
     with CellLock(out_dir, cell.id) if world.is_main else nullcontext_lock():
-        t = build_training(cell, images, mean, std, dev, out_dir, world, labels)
+        training = build_training(cell, images, mean, std, dev, out_dir, world, labels)
         if not restart:
-            resume(t)
-        t_start, t.cpu_start = time.perf_counter(), time.process_time()
-        status = run_loop(t, hooks, t_start)
-        return finish(t, status, time.perf_counter() - t_start)
+            resume(training)
+        t_start, training.cpu_start = time.perf_counter(), time.process_time()
+        status = run_loop(training, hooks, t_start)
+        return finish(training, status, time.perf_counter() - t_start)
 
 
 def _validate(cell: Cell, n_images: int, dev: torch.device, world: World) -> None:
@@ -258,37 +260,37 @@ def build_training(
     """Every part of the cell's training, fresh (seeded by the cell's seed: the same on
     every process).  ``labels`` (of ``images``) reach the negatives' mask only, and only
     with ``train.mask_same_class``."""
-    tr = cell.train
+    settings = cell.train
     world = world or World(device=dev)
-    configure_backends(tr, dev)
+    configure_backends(settings, dev)
     torch.manual_seed(cell.seed)
     n, c, h, _ = images.shape
     bs = cell.batch_size
-    dtype = torch.float64 if tr.precision == "fp64" else torch.float32
-    views = 1 if tr.queue_size else 2  # what one forward stacks: both views, or MoCo's queries / keys
+    dtype = torch.float64 if settings.precision == "fp64" else torch.float32
+    views = 1 if settings.queue_size else 2  # what one forward stacks: both views, or MoCo's queries / keys
     model = _network(cell, c, h, dev, dtype, world, views)
-    if tr.mask_same_class and labels is None:
+    if settings.mask_same_class and labels is None:
         raise ValueError(
             f"cell {cell.id} has train.mask_same_class but its pretraining images have no labels "
             f"({cell.dataset}'s pretraining split is unlabeled); set it to false"
         )
-    mask_labels = labels.to(dev) if tr.mask_same_class and labels is not None else None  # None: refused above
+    mask_labels = labels.to(dev) if settings.mask_same_class and labels is not None else None  # None: refused above
     spe = n // bs
     total = budget_steps(cell, spe)
-    peak = scaled_lr(float(tr.lr), bs, tr.lr_scaling)
+    peak = scaled_lr(float(settings.lr), bs, settings.lr_scaling)
     loss_fn = build_loss(cell.loss, **cell.loss_params).to(dev, dtype)  # its learnt parameters, if any
     source = _source(cell, model, loss_fn, (c, h, dev, dtype, world, views), mask_labels, total)
     loss_fn.init_state(n, dev, dtype)  # SogCLR's u, one entry per image (stateless losses: nothing)
     temperature = build_temperature(cell, total, dev, loss_fn)  # a learnt τ starts at the cell's
     opt = make_optimizer(
         trained_parameters(model, loss_fn),
-        tr.optimizer,
+        settings.optimizer,
         peak,
-        tr.momentum,
-        tr.weight_decay,
+        settings.momentum,
+        settings.weight_decay,
         dev,
-        compiled=bool(tr.compile),
-        beta2=resolved_knobs(tr, bs)["train.adam_beta2"],
+        compiled=bool(settings.compile),
+        beta2=resolved_knobs(settings, bs)["train.adam_beta2"],
     )
     aug = BatchAugment(AugmentConfig(**cell.augment), image_size=h, channels=c, mean=mean, std=std)
     step_fn = TrainStep(
@@ -298,12 +300,12 @@ def build_training(
         loss_fn,
         temperature,
         opt,
-        tr.precision,
+        settings.precision,
         dev,
         net=data_parallel(model, world),
-        chunk_size=tr.chunk_size,
+        chunk_size=settings.chunk_size,
     )
-    if tr.compile:  # DDP splits the graph at its gradient buckets: full graphs on one process only
+    if settings.compile:  # DDP splits the graph at its gradient buckets: full graphs on one process only
         step_fn.compile("reduce-overhead" if dev.type == "cuda" else None, fullgraph=world.size == 1)
     return Training(
         cell,
@@ -317,9 +319,9 @@ def build_training(
         out_dir,
         total,
         spe,
-        int(round(float(tr.warmup_epochs) * spe)),
+        int(round(float(settings.warmup_epochs) * spe)),
         peak,
-        tr.lr_schedule,
+        settings.lr_schedule,
         snapshot_budgets(cell, spe, total),
     )
 
@@ -335,25 +337,27 @@ def _source(
     """Where the step's negatives (or a method's targets) come from, as the loss's registry
     entry and the cell's settings say: in the batch, fresh extra images, a MoCo queue, or the
     two views of a method without negatives (with its EMA target network if it declares one)."""
-    spec, tr, (_, _, dev, dtype, world, _) = loss_spec(cell.loss), cell.train, net_args
+    spec, settings, (_, _, dev, dtype, world, _) = loss_spec(cell.loss), cell.train, net_args
     if not spec.contrastive:
         if not spec.ema_target:
             return Siamese(spec.predictor)
         target = _network(cell, *net_args, predictor=False)  # the online backbone and projector, copied
         target.load_state_dict({k: v for k, v in model.state_dict().items() if not k.startswith("predictor.")})
-        ema = resolved_knobs(tr, cell.batch_size, loss_fn.ema)["loss.ema"]  # the loss's, at the cell's batch
+        ema = resolved_knobs(settings, cell.batch_size, loss_fn.ema)["loss.ema"]  # the loss's, at the cell's batch
         return Siamese(spec.predictor, target, ema, loss_fn.ema_schedule, total)
-    if tr.queue_size:
+    if settings.queue_size:
         key_model = _network(cell, *net_args)
         key_model.load_state_dict(model.state_dict())
-        momentum = resolved_knobs(tr, cell.batch_size)["train.moco_momentum"]
-        return QueueNegatives(key_model, tr.queue_size, tr.proj_dim, momentum, dev, dtype, world, labels=mask_labels)
-    if tr.extra_negatives:
-        return FreshNegatives(tr.extra_negatives, world)
+        momentum = resolved_knobs(settings, cell.batch_size)["train.moco_momentum"]
+        return QueueNegatives(
+            key_model, settings.queue_size, settings.proj_dim, momentum, dev, dtype, world, labels=mask_labels
+        )
+    if settings.extra_negatives:
+        return FreshNegatives(settings.extra_negatives, world)
     return InBatch(
         world,
-        full=bool(tr.ess_schedule) and world.size > 1,
-        group=tr.neg_group,
+        full=bool(settings.ess_schedule) and world.size > 1,
+        group=settings.neg_group,
         labels=mask_labels,
         same_view=spec.negatives == "same_view",
     )
@@ -391,199 +395,214 @@ def _network(
 
 
 # --------------------------------------------------------------------------- state
-def resume(t: Training) -> None:
+def resume(training: Training) -> None:
     """Continue from ``state.pt`` when it holds this config of the cell."""
-    st = read_state(t.state_path, t.cell)
+    st = read_state(training.state_path, training.cell)
     if st is None:
         return
-    s = t.step_fn
-    s.model.load_state_dict(st["model"])
-    s.opt.load_state_dict(st["optimizer"])
-    for g in s.opt.param_groups:  # the rate tensor comes back on the CPU: put it on the device again
-        g["lr"] = torch.as_tensor(g["lr"], dtype=torch.float32).to(t.dev)
-    s.source.load_state_dict(st)
-    s.load_state_dict(st)
-    s.temperature.load_state_dict(st["temperature"])
-    s.loss_fn.load_state_dict(st.get("loss", {}))  # SogCLR's u (a stateless loss: nothing)
-    t.step, t.wall_before = int(st["step"]), float(st["wall_s"])
-    t.cpu_before = float(st["cpu_s"])
-    t.last_value = torch.tensor(float(st["last_loss"]), device=t.dev)
-    if t.world.is_main:
-        print(f"resuming {t.cell.id} from step {t.step}/{t.total} ({t.state_path})", file=sys.stderr)
+    step_fn = training.step_fn
+    step_fn.model.load_state_dict(st["model"])
+    step_fn.opt.load_state_dict(st["optimizer"])
+    for g in step_fn.opt.param_groups:  # the rate tensor comes back on the CPU: put it on the device again
+        g["lr"] = torch.as_tensor(g["lr"], dtype=torch.float32).to(training.dev)
+    step_fn.source.load_state_dict(st)
+    step_fn.load_state_dict(st)
+    step_fn.temperature.load_state_dict(st["temperature"])
+    step_fn.loss_fn.load_state_dict(st.get("loss", {}))  # SogCLR's u (a stateless loss: nothing)
+    training.step, training.wall_before = int(st["step"]), float(st["wall_s"])
+    training.cpu_before = float(st["cpu_s"])
+    training.last_value = torch.tensor(float(st["last_loss"]), device=training.dev)
+    if training.world.is_main:
+        print(
+            f"resuming {training.cell.id} from step {training.step}/{training.total} ({training.state_path})",
+            file=sys.stderr,
+        )
 
 
-def save(t: Training, hooks: Hooks, elapsed: float) -> None:
+def save(training: Training, hooks: Hooks, elapsed: float) -> None:
     """Write ``state.pt`` (rank 0: the state is the same on every process)."""
-    if not t.world.is_main:
+    if not training.world.is_main:
         return
     if hooks.before_save is not None:
         hooks.before_save()
-    s = t.step_fn
+    step_fn = training.step_fn
     save_state(
-        t.state_path,
-        t.cell,
-        model=s.model.state_dict(),
-        optimizer=s.opt.state_dict(),
-        **s.source.state_dict(),
-        **s.state_dict(),
-        temperature=s.temperature.state_dict(),
-        loss=dict(s.loss_fn.state_dict()),
-        step=t.step,
-        last_loss=_last_loss(t),
-        wall_s=t.wall_before + elapsed,
-        cpu_s=_cpu_s(t),
-        saved_on=t.dev.type,
+        training.state_path,
+        training.cell,
+        model=step_fn.model.state_dict(),
+        optimizer=step_fn.opt.state_dict(),
+        **step_fn.source.state_dict(),
+        **step_fn.state_dict(),
+        temperature=step_fn.temperature.state_dict(),
+        loss=dict(step_fn.loss_fn.state_dict()),
+        step=training.step,
+        last_loss=_last_loss(training),
+        wall_s=training.wall_before + elapsed,
+        cpu_s=_cpu_s(training),
+        saved_on=training.dev.type,
         **hooks.meta,
     )
 
 
-def _last_loss(t: Training) -> float:
-    return float(t.last_value) if t.last_value is not None else float("nan")
+def _last_loss(training: Training) -> float:
+    return float(training.last_value) if training.last_value is not None else float("nan")
 
 
 # --------------------------------------------------------------------------- the loop
-def run_loop(t: Training, hooks: Hooks, t_start: float) -> str:
+def run_loop(training: Training, hooks: Hooks, t_start: float) -> str:
     """Train until the budget is spent; return ``finished`` or ``diverged``."""
-    bar = _progress(t.total, t.step, t.cell.id, hooks.progress)
+    bar = _progress(training.total, training.step, training.cell.id, hooks.progress)
     window = [time.perf_counter(), 0]  # start of the logging window, images in it
     perm = None
     try:
         with _sigterm() as term:
             stop = False  # agreed by every process: only at the steps where they all compare flags
-            while t.step < t.total:
-                perm, idx = next_batch(t, perm)
-                out, update = one_step(t, idx, watch=_log_due(t, t.step + 1) and hooks.log_fn is not None)
-                window[1] += t.cell.batch_size
+            while training.step < training.total:
+                perm, idx = next_batch(training, perm)
+                out, update = one_step(
+                    training, idx, watch=_log_due(training, training.step + 1) and hooks.log_fn is not None
+                )
+                window[1] += training.cell.batch_size
                 if bar is not None:
                     bar.update(1)
-                epoch_end = t.step % t.steps_per_epoch == 0
-                snap = t.snapshots.get(t.step)
-                if _log_due(t, t.step) or epoch_end or snap or (term["flag"] and t.world.size == 1):
-                    stop = any_over_processes(term["flag"], t.dev)  # every process stops at the same step
-                    if any_over_processes(not bool(t.finite), t.dev):
-                        _log_diverged(t, hooks)
+                epoch_end = training.step % training.steps_per_epoch == 0
+                snap = training.snapshots.get(training.step)
+                if (
+                    _log_due(training, training.step)
+                    or epoch_end
+                    or snap
+                    or (term["flag"] and training.world.size == 1)
+                ):
+                    stop = any_over_processes(term["flag"], training.dev)  # every process stops at the same step
+                    if any_over_processes(not bool(training.finite), training.dev):
+                        _log_diverged(training, hooks)
                         return "diverged"
-                    if hooks.log_fn is not None and _log_due(t, t.step):
-                        metrics = step_metrics(t, out, update, window)
-                        if t.world.is_main:
-                            hooks.log_fn(metrics, t.step)
+                    if hooks.log_fn is not None and _log_due(training, training.step):
+                        metrics = step_metrics(training, out, update, window)
+                        if training.world.is_main:
+                            hooks.log_fn(metrics, training.step)
                         if bar is not None:
-                            bar.set_postfix(epoch=f"{t.step / t.steps_per_epoch:.2f}", loss=f"{_last_loss(t):.4f}")
-                if snap and t.world.is_main:
-                    write_snapshot(t, snap)
+                            bar.set_postfix(
+                                epoch=f"{training.step / training.steps_per_epoch:.2f}",
+                                loss=f"{_last_loss(training):.4f}",
+                            )
+                if snap and training.world.is_main:
+                    write_snapshot(training, snap)
                 if epoch_end and hooks.at_epoch_end is not None:
-                    _at_epoch_end(t, hooks)
+                    _at_epoch_end(training, hooks)
                 if epoch_end or stop:
-                    save(t, hooks, time.perf_counter() - t_start)
+                    save(training, hooks, time.perf_counter() - t_start)
                 if stop:
-                    raise _preempted(t, term["flag"])
+                    raise _preempted(training, term["flag"])
                 if hooks.after_step is not None:
-                    hooks.after_step(t.step)
+                    hooks.after_step(training.step)
     finally:
         if bar is not None:
             bar.close()
     return "finished"
 
 
-def next_batch(t: Training, perm: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def next_batch(training: Training, perm: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(the epoch's permutation, the next step's indices): a new permutation at an epoch's
     start (seeded by the epoch), else ``perm`` kept."""
-    pos = t.step % t.steps_per_epoch
+    pos = training.step % training.steps_per_epoch
     if perm is None or pos == 0:
-        gen = t.rng.generator("permutation", t.step // t.steps_per_epoch)
-        perm = torch.randperm(t.images.shape[0], generator=gen, device=t.dev)
-    return perm, step_images(t, perm, pos)
+        gen = training.rng.generator("permutation", training.step // training.steps_per_epoch)
+        perm = torch.randperm(training.images.shape[0], generator=gen, device=training.dev)
+    return perm, step_images(training, perm, pos)
 
 
-def step_images(t: Training, perm: torch.Tensor, pos: int) -> torch.Tensor:
+def step_images(training: Training, perm: torch.Tensor, pos: int) -> torch.Tensor:
     """The dataset indices of step ``pos`` of the epoch whose permutation is ``perm``: its
     batch, then with fresh negatives the extra images (:func:`negatives.fresh_window`)."""
-    bs, extra = t.cell.batch_size, t.step_fn.source.extra
+    bs, extra = training.cell.batch_size, training.step_fn.source.extra
     if extra:
         return fresh_window(perm, pos, bs, extra)
     return perm[pos * bs : (pos + 1) * bs]
 
 
-def write_snapshot(t: Training, budget: dict) -> None:
+def write_snapshot(training: Training, budget: dict) -> None:
     """The weights now, as the snapshot of ``budget`` (what :func:`finish` writes at the end)."""
-    c, size = t.images.shape[1], t.images.shape[-1]
+    c, size = training.images.shape[1], training.images.shape[-1]
     save_snapshot(
-        snapshot_path(t.out_dir, budget["name"]),
-        t.cell,
+        snapshot_path(training.out_dir, budget["name"]),
+        training.cell,
         budget,
-        model=t.step_fn.model.state_dict(),
+        model=training.step_fn.model.state_dict(),
         status="finished",
         channels=c,
         image_size=size,
-        mean=t.mean,
-        std=t.std,
+        mean=training.mean,
+        std=training.std,
     )
 
 
-def _at_epoch_end(t: Training, hooks: Hooks) -> None:
+def _at_epoch_end(training: Training, hooks: Hooks) -> None:
     """Rank 0's epoch-end hook (the kNN monitor); its metrics logged at this step, with the
     images seen by then (``monitor/images_seen``: the x-axis that compares batch sizes)."""
     assert hooks.at_epoch_end is not None  # the caller calls this only with one
-    m = hooks.at_epoch_end(t.step_fn.model.backbone, t.step // t.steps_per_epoch)
+    m = hooks.at_epoch_end(training.step_fn.model.backbone, training.step // training.steps_per_epoch)
     if m and hooks.log_fn is not None:
-        hooks.log_fn({**m, "monitor/images_seen": float(t.step * t.cell.batch_size)}, t.step)
+        hooks.log_fn({**m, "monitor/images_seen": float(training.step * training.cell.batch_size)}, training.step)
 
 
-def _preempted(t: Training, signalled: bool) -> Preempted:
+def _preempted(training: Training, signalled: bool) -> Preempted:
     """After the agreed step's save: every process waits until rank 0 has written the state
     (a launcher ends the others when the first one exits), then each says what it did."""
-    t.world.barrier()
+    training.world.barrier()
     who = "SIGTERM received" if signalled else "SIGTERM received by another process"
-    if t.world.is_main:
-        return Preempted(f"{who}: {t.cell.id} saved its state at step {t.step} to {t.state_path}")
+    if training.world.is_main:
+        return Preempted(f"{who}: {training.cell.id} saved its state at step {training.step} to {training.state_path}")
     return Preempted(
-        f"{who}: rank {t.world.rank} of {t.cell.id} stopped at step {t.step} with every process "
+        f"{who}: rank {training.world.rank} of {training.cell.id} stopped at step {training.step} with every process "
         f"(rank 0 saved the state there)"
     )
 
 
-def _log_due(t: Training, step: int) -> bool:
+def _log_due(training: Training, step: int) -> bool:
     """Metrics are logged every ``log_every`` steps and at the last step (the finite check
     also runs at epoch ends, before a state is saved)."""
-    return step % t.cell.train.log_every == 0 or step == t.total
+    return step % training.cell.train.log_every == 0 or step == training.total
 
 
-def one_step(t: Training, idx: torch.Tensor, watch: bool):
+def one_step(training: Training, idx: torch.Tensor, watch: bool):
     """One update of the global batch ``idx`` (this process takes its share of the images
     and of the augmentation uniforms, drawn for the whole batch on every process); with
     ``watch`` also the parameter change (for the update-size diagnostic)."""
-    s = t.step_fn
-    bs = t.cell.batch_size
-    u = s.aug.draw(2 * bs, t.rng.generator("augment", t.step))
-    if s.source.extra:  # the extras' views from their own stream: the anchors' are the plain cell's
-        u = with_extra_views(u, s.aug.draw(2 * s.source.extra, t.rng.generator("extra", t.step)))
-    if t.world.size > 1:
-        share = t.world.share(bs)
+    step_fn = training.step_fn
+    bs = training.cell.batch_size
+    u = step_fn.aug.draw(2 * bs, training.rng.generator("augment", training.step))
+    if step_fn.source.extra:  # the extras' views from their own stream: the anchors' are the plain cell's
+        u = with_extra_views(
+            u, step_fn.aug.draw(2 * step_fn.source.extra, training.rng.generator("extra", training.step))
+        )
+    if training.world.size > 1:
+        share = training.world.share(bs)
         idx, u = idx[share], torch.cat([u[:bs][share], u[bs:][share]])
-    lr = lr_at(t.step, t.total, t.warmup, t.peak_lr, t.schedule)
-    set_lr(s.opt, lr)
-    s.temperature.begin_step(t.step)
-    before = [p.detach().clone() for p in s.model.parameters()] if watch else None
-    out = s.run(t.images[idx], u, idx)
-    s.source.after_step(s.model, out.z2, idx)
+    lr = lr_at(training.step, training.total, training.warmup, training.peak_lr, training.schedule)
+    set_lr(step_fn.opt, lr)
+    step_fn.temperature.begin_step(training.step)
+    before = [p.detach().clone() for p in step_fn.model.parameters()] if watch else None
+    out = step_fn.run(training.images[idx], u, idx)
+    step_fn.source.after_step(step_fn.model, out.z2, idx)
     ok = torch.isfinite(out.loss) & torch.isfinite(out.value)
-    t.finite = ok if t.finite is None else t.finite & ok
-    t.last_value = out.value.clone()
-    t.step += 1
+    training.finite = ok if training.finite is None else training.finite & ok
+    training.last_value = out.value.clone()
+    training.step += 1
     update = None
     if before is not None:
-        delta = torch._foreach_sub([p.detach() for p in s.model.parameters()], before)
+        delta = torch._foreach_sub([p.detach() for p in step_fn.model.parameters()], before)
         update = (torch.stack(torch._foreach_norm(delta)).double().pow(2).sum().sqrt(), lr)
     return out, update
 
 
-def _log_diverged(t: Training, hooks: Hooks) -> None:
-    t.last_value = torch.tensor(float("nan"))
-    if not t.world.is_main:
+def _log_diverged(training: Training, hooks: Hooks) -> None:
+    training.last_value = torch.tensor(float("nan"))
+    if not training.world.is_main:
         return
     if hooks.log_fn is not None:
-        hooks.log_fn({"train/loss": float("nan"), "train/diverged": 1.0}, t.step)
-    print(f"{t.cell.id}: non-finite loss by step {t.step}: cell recorded as diverged", file=sys.stderr)
+        hooks.log_fn({"train/loss": float("nan"), "train/diverged": 1.0}, training.step)
+    print(f"{training.cell.id}: non-finite loss by step {training.step}: cell recorded as diverged", file=sys.stderr)
 
 
 @contextmanager
@@ -600,15 +619,15 @@ def _sigterm():
 
 
 # --------------------------------------------------------------------------- what is logged
-def step_metrics(t: Training, out, update, window: list) -> dict:
+def step_metrics(training: Training, out, update, window: list) -> dict:
     """The metrics of a logging step: loss, lr, τ, speed, the scores' diagnostics, the
     gradient-scale mechanism (DCL) and, every ``grad_error_every`` steps, the rounding
     error of the loss gradient (FlatNCE)."""
-    s, tr = t.step_fn, t.cell.train
-    assert t.last_value is not None  # a logging step follows a step
-    loss, infonce = float(mean_over_processes(t.last_value)), float(mean_over_processes(out.infonce))
-    out = whole_batch(t, out)  # collectives: every process takes part, rank 0 reports
-    if not t.world.is_main:
+    step_fn, settings = training.step_fn, training.cell.train
+    assert training.last_value is not None  # a logging step follows a step
+    loss, infonce = float(mean_over_processes(training.last_value)), float(mean_over_processes(out.infonce))
+    out = whole_batch(training, out)  # collectives: every process takes part, rank 0 reports
+    if not training.world.is_main:
         return {}
     now = time.perf_counter()
     tau = float(out.tau)
@@ -616,11 +635,11 @@ def step_metrics(t: Training, out, update, window: list) -> dict:
         "train/loss": loss,
         "train/infonce": infonce,
         "train/tau": tau,
-        "train/lr": lr_at(t.step - 1, t.total, t.warmup, t.peak_lr, t.schedule),
+        "train/lr": lr_at(training.step - 1, training.total, training.warmup, training.peak_lr, training.schedule),
         "train/images_per_s": window[1] / max(now - window[0], 1e-9),
-        "epoch": t.step / t.steps_per_epoch,
+        "epoch": training.step / training.steps_per_epoch,
         # the x-axis that compares batch sizes (the step is the optimiser's: 16x more at batch 16 than 256)
-        "train/images_seen": float(t.step * t.cell.batch_size),
+        "train/images_seen": float(training.step * training.cell.batch_size),
     }
     window[0], window[1] = now, 0
     sc = out.scores
@@ -628,43 +647,43 @@ def step_metrics(t: Training, out, update, window: list) -> dict:
         {f"diag/{k}": v for k, v in diagnostics(sc.pos, sc.neg, tau, neg_mask=sc.mask, z1=out.z1, z2=out.z2).items()}
     )
     m.update({f"diag/{k}": v for k, v in batch_covariance_rank(out.z1).items()})  # B images vs D dimensions
-    m.update(mechanism_metrics(t, out, update))
-    m.update({f"train/loss_{k}": float(p.detach()) for k, p in s.loss_fn.named_parameters() if p.numel() == 1})
-    target = s.temperature.target(t.step - 1)
+    m.update(mechanism_metrics(training, out, update))
+    m.update({f"train/loss_{k}": float(p.detach()) for k, p in step_fn.loss_fn.named_parameters() if p.numel() == 1})
+    target = step_fn.temperature.target(training.step - 1)
     if target is not None:
         m["diag/ess_target"] = target
-    if s.scaler is not None:
-        m["train/fp16_skipped_steps"] = float(s.skipped_steps)
-    every = tr.grad_error_every
-    if every and t.step % every == 0 and s.source.kind == "in_batch":
-        m["diag/grad_rel_err"] = grad_rel_error(s.loss_fn, out.z1, out.z2, torch.float32, tau)
-        m["diag/grad_rel_err_bf16"] = grad_rel_error(s.loss_fn, out.z1, out.z2, torch.bfloat16, tau)
+    if step_fn.scaler is not None:
+        m["train/fp16_skipped_steps"] = float(step_fn.skipped_steps)
+    every = settings.grad_error_every
+    if every and training.step % every == 0 and step_fn.source.kind == "in_batch":
+        m["diag/grad_rel_err"] = grad_rel_error(step_fn.loss_fn, out.z1, out.z2, torch.float32, tau)
+        m["diag/grad_rel_err_bf16"] = grad_rel_error(step_fn.loss_fn, out.z1, out.z2, torch.bfloat16, tau)
     return m
 
 
-def whole_batch(t: Training, out):
+def whole_batch(training: Training, out):
     """With several processes, the step's embeddings of the whole batch (gathered) and,
     for in-batch negatives, the whole batch's scores, for the diagnostics (no gradient)."""
-    if t.world.size == 1:
+    if training.world.size == 1:
         return out
     z1, z2 = gather(out.z1), gather(out.z2)
-    if t.step_fn.source.kind != "in_batch":
+    if training.step_fn.source.kind != "in_batch":
         return out._replace(z1=z1, z2=z2)
     return out._replace(z1=z1, z2=z2, scores=Scores(*in_batch_scores(z1, z2)))
 
 
-def mechanism_metrics(t: Training, out, update) -> dict:
+def mechanism_metrics(training: Training, out, update) -> dict:
     """DCL's mechanism measured on the step's own embeddings: the norm of the gradient of
     the cell's loss, of InfoNCE and of DCL w.r.t. the embeddings (no backward through the
     network), their ratio (to compare with ``diag/qb_mean``), and the size of the update
     per unit of learning rate ``||Δθ|| / lr`` (Adam normalises a global gradient scale
     away, SGD/LARS do not).  Measured for in-batch negatives."""
-    s = t.step_fn
-    if s.source.kind != "in_batch":  # a queue's negatives have moved on since the step: not measured
+    step_fn = training.step_fn
+    if step_fn.source.kind != "in_batch":  # a queue's negatives have moved on since the step: not measured
         return {}
     norms = {}
-    for name, fn in (("", s.loss_fn), ("_infonce", build_loss("infonce")), ("_dcl", build_loss("dcl"))):
-        norms[name] = float(embedding_grad_norm(fn, out.z1, out.z2, s.source.rescore, temperature=out.tau))
+    for name, fn in (("", step_fn.loss_fn), ("_infonce", build_loss("infonce")), ("_dcl", build_loss("dcl"))):
+        norms[name] = float(embedding_grad_norm(fn, out.z1, out.z2, step_fn.source.rescore, temperature=out.tau))
     m = {f"diag/grad_norm{k}": v for k, v in norms.items()}
     m["diag/grad_ratio_infonce_dcl"] = norms["_infonce"] / norms["_dcl"] if norms["_dcl"] > 0 else float("nan")
     if update is not None:
@@ -674,61 +693,63 @@ def mechanism_metrics(t: Training, out, update) -> dict:
 
 
 # --------------------------------------------------------------------------- the end
-def finish(t: Training, status: str, elapsed: float) -> TrainResult:
+def finish(training: Training, status: str, elapsed: float) -> TrainResult:
     """Check the representation (collapse), write ``checkpoint.pt``, return the result."""
-    s = t.step_fn
-    wall = t.wall_before + elapsed
-    if t.last_value is not None:
-        t.last_value = mean_over_processes(t.last_value)
+    step_fn = training.step_fn
+    wall = training.wall_before + elapsed
+    if training.last_value is not None:
+        training.last_value = mean_over_processes(training.last_value)
     h = {}
-    if status == "finished" and t.world.is_main:
-        views = normalize(t.images[: health.SAMPLE], t.mean, t.std)
-        h = health.embedding_health(s.model, views.to(next(s.model.parameters()).dtype))
+    if status == "finished" and training.world.is_main:
+        views = normalize(training.images[: health.SAMPLE], training.mean, training.std)
+        h = health.embedding_health(step_fn.model, views.to(next(step_fn.model.parameters()).dtype))
         if health.collapsed_embeddings(h):
             status = "collapsed"
             print(
-                f"{t.cell.id}: embeddings collapsed (effective rank {h['effective_rank']:.2f}, "
+                f"{training.cell.id}: embeddings collapsed (effective rank {h['effective_rank']:.2f}, "
                 f"projection std {h['projection_std']:.2e}): cell recorded as collapsed",
                 file=sys.stderr,
             )
-    final = _last_loss(t) if status != "diverged" else float("nan")
-    if status == "diverged" and t.world.is_main:  # the budgets not reached finite: each says so
-        for step, budget in t.snapshots.items():
-            if step >= t.step:
-                save_snapshot(snapshot_path(t.out_dir, budget["name"]), t.cell, budget, model={}, status="diverged")
-    cpu = _cpu_s(t)
-    c, size = t.images.shape[1], t.images.shape[-1]
-    if t.world.is_main:
+    final = _last_loss(training) if status != "diverged" else float("nan")
+    if status == "diverged" and training.world.is_main:  # the budgets not reached finite: each says so
+        for step, budget in training.snapshots.items():
+            if step >= training.step:
+                save_snapshot(
+                    snapshot_path(training.out_dir, budget["name"]), training.cell, budget, model={}, status="diverged"
+                )
+    cpu = _cpu_s(training)
+    c, size = training.images.shape[1], training.images.shape[-1]
+    if training.world.is_main:
         save_checkpoint(
-            t.out_dir / "checkpoint.pt",
-            t.cell,
-            model=s.model.state_dict(),
+            training.out_dir / "checkpoint.pt",
+            training.cell,
+            model=step_fn.model.state_dict(),
             status=status,
-            steps=t.step,
-            epochs=t.step / t.steps_per_epoch,
+            steps=training.step,
+            epochs=training.step / training.steps_per_epoch,
             final_loss=final,
             wall_s=wall,
             channels=c,
             image_size=size,
-            mean=t.mean,
-            std=t.std,
+            mean=training.mean,
+            std=training.std,
             health=h,
         )
     return TrainResult(
         status=status,
-        steps=t.step,
-        epochs=t.step / t.steps_per_epoch,
+        steps=training.step,
+        epochs=training.step / training.steps_per_epoch,
         final_loss=final,
         wall_s=wall,
-        images_per_s=t.step * t.cell.batch_size / max(wall, 1e-9),
+        images_per_s=training.step * training.cell.batch_size / max(wall, 1e-9),
         health=h,
         cpu_s=cpu,
     )
 
 
-def _cpu_s(t: Training) -> float:
+def _cpu_s(training: Training) -> float:
     """CPU seconds of this cell's training so far (this process's threads, and the runs it resumed)."""
-    return t.cpu_before + time.process_time() - t.cpu_start
+    return training.cpu_before + time.process_time() - training.cpu_start
 
 
 def _progress(total: int, initial: int, desc: str, enabled: bool):
