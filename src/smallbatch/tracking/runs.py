@@ -232,8 +232,16 @@ class CellRun:
             source=json.dumps({"uri": source}),
             profile=json.dumps(profile, sort_keys=True),
         )
+        inputs = [DatasetInput(ds, [InputTag(MLFLOW_DATASET_CONTEXT, context)])]
         try:
-            self.client.log_inputs(self.run_id, [DatasetInput(ds, [InputTag(MLFLOW_DATASET_CONTEXT, context)])])
+            try:
+                self.client.log_inputs(self.run_id, inputs)
+            except Exception as exc:  # noqa: BLE001
+                if not _is_duplicate(exc):
+                    raise
+                # a parallel job stored the same data set between MLflow's look-up and its insert
+                # (the experiment's (name, digest) is unique): the second try finds it and links it
+                self.client.log_inputs(self.run_id, inputs)
         except Exception as exc:  # noqa: BLE001
             raise wrap(self.uri, f"logging the data set {name}", exc) from None
 
@@ -255,6 +263,13 @@ class CellRun:
 
     def metrics(self) -> dict[str, float]:
         return dict(self._data("metrics").metrics)
+
+
+def _is_duplicate(exc: BaseException) -> bool:
+    """Whether a store refused a write for a row that another writer stored first (SQLite's
+    UNIQUE constraint, PostgreSQL's duplicate key, MySQL's duplicate entry)."""
+    text = str(exc).lower()
+    return any(w in text for w in ("unique constraint", "duplicate key", "duplicate entry"))
 
 
 def find_runs(client, exp_id: str, cell_id: str, cell_hash: str | None) -> list:
