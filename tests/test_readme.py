@@ -309,6 +309,25 @@ def test_the_mi_toy_number_is_that_of_its_record():
     assert f"FlatNCE - InfoNCE = {quoted}".replace("−", "-") in measured.replace("−", "-")
 
 
+def _fit_rows(fit_md: Path) -> dict[str, tuple[str, str]]:
+    """{arm: (B_noise, its interval as "lo, hi")} of a steps-to-target record's ``fit.md``."""
+    rows = {}
+    for line in fit_md.read_text(encoding="utf-8").splitlines()[2:]:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        rows[cells[0]] = (cells[3], cells[4].replace(" – ", ", "))
+    return rows
+
+
+def test_every_critical_batch_number_is_that_of_its_record():
+    """Each arm's B_noise and interval in the README is its row of the record's fit table, and every
+    arm of the table is quoted."""
+    block = " ".join(_block("The critical batch").split())
+    rows = _fit_rows(_record_tables("The critical batch") / "fit.md")
+    arms = "|".join(map(re.escape, rows))
+    quoted = {arm: (value, interval) for arm, value, interval in re.findall(rf"({arms}) ({NUM}) \[([^\]]+)\]", block)}
+    assert quoted == rows
+
+
 #: a Markdown link or image, inline (``[text](target "title")``) or a reference definition (``[name]: target``)
 _LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)|^\s*\[[^\]]+\]:\s*(\S+)", re.M)
 
