@@ -300,8 +300,8 @@ def _config_key(src: Path) -> None:
     cell.write_text(body[: first_default.start()] + "    lr_factor: float\n" + body[first_default.start() :])
     _edit(
         src / "smallbatch" / "training" / "loop.py",
-        "peak = scaled_lr(float(tr.lr), bs, tr.lr_scaling)",
-        "peak = scaled_lr(float(tr.lr), bs, tr.lr_scaling) * float(tr.lr_factor)",
+        "peak = scaled_lr(float(settings.lr), bs, settings.lr_scaling)",
+        "peak = scaled_lr(float(settings.lr), bs, settings.lr_scaling) * float(settings.lr_factor)",
     )
 
 
