@@ -146,6 +146,22 @@ def test_one_test_read_in_both_views_is_one_member_of_the_family():
     assert out["p_family"].tolist() == pytest.approx([0.04, 0.04, 0.04])
 
 
+def test_a_study_with_no_tested_claim_gets_untested_claims_not_a_crash():
+    """One seed gives no p (no test): the plan marks every claim untested, with no family, and a data
+    set whose claims are all untested sits beside one whose are tested."""
+    rows = pd.DataFrame(
+        [
+            _row("negatives", "linear", -0.3, math.nan, n=1, ds="one_seed"),
+            _row("steps", "linear", -1.0, math.nan, n=1, ds="one_seed"),
+            _row("steps", "linear", -1.0, 0.01, ds="six_seeds"),
+        ]
+    )
+    for family in ("study", "dataset"):
+        out = apply_plan(_plan(family=family), rows)
+        assert out["outcome"].tolist() == ["untested", "untested", "significant"]
+        assert out["family"].tolist() == [0, 0, 1]
+
+
 def test_a_bad_plan_on_the_command_line_is_refused_in_one_line_before_the_store_is_read(tmp_path, capsys):
     from smallbatch.pipeline import cli
 

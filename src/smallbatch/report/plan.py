@@ -222,6 +222,8 @@ def apply_plan(plan: AnalysisPlan, rows: pd.DataFrame) -> pd.DataFrame:
     groups = [out.index] if plan.family == "study" else [g.index for _, g in out.groupby("dataset", sort=True)]
     for idx in groups:
         fam = [i for i in idx if out.at[i, "claimed"] and finite(p[i])]
+        if not fam:  # nothing tested here (one seed): no family, every claim untested
+            continue
         # one test read in two views (a contrast of the reference batch's arms alone is the same
         # seeds' numbers at fixed epochs and fixed steps) is one member of the family
         twin = out.loc[fam, list(SAME_TEST)].astype(str).agg("|".join, axis=1)
