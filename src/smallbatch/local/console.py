@@ -290,6 +290,33 @@ def _name(rule: str, wildcards: dict) -> str:
     return rule
 
 
+def write_summary(stream, progress: StudyProgress, now: float) -> None:
+    """Write the summary of a run that ends (why it stopped, the cells done, how to resume) to
+    ``stream``; a stream already closed at exit gets nothing."""
+    try:
+        for line in progress.summary(now, resume_command(sys.argv)):
+            stream.write(line + "\n")
+        stream.flush()
+    except Exception:  # noqa: BLE001 - a closed stream at exit: nothing left to tell
+        pass
+
+
+def message_lines(progress: StudyProgress, record, now: float) -> list[str]:
+    """The console's lines for one of Snakemake's plain messages (a record without an event): a
+    stop's announcement, a job's restart, a warning or a message worth keeping; else none."""
+    message = str(record.getMessage()) if record.msg is not None else ""
+    stop = next((sig for m, sig in STOP_MESSAGES.items() if message.startswith(m)), None)
+    if stop:
+        return progress.stopping(stop)
+    restart = RESTART.match(message)
+    if restart:
+        jobid = restart.group(1)
+        return progress.retried(int(jobid) if jobid.isdigit() else jobid, now)
+    if record.levelno >= 30 or KEPT_MESSAGES.match(message):
+        return [message]
+    return []
+
+
 def console_handler_class():
     """The Snakemake logger plugin's handler class (imports Snakemake's plugin interface, so only when asked)."""
     from snakemake_interface_logger_plugins.base import LogHandlerBase
@@ -316,12 +343,7 @@ def console_handler_class():
             if not self.summarised and not self.common_settings.dryrun and self.progress.start is not None:
                 self.summarised = True
                 now = self.last_time if self.last_time is not None else self.progress.start
-                try:
-                    for line in self.progress.summary(now, resume_command(sys.argv)):
-                        self.stream.write(line + "\n")
-                    self.stream.flush()
-                except Exception:  # noqa: BLE001 - a closed stream at exit: nothing left to tell
-                    pass
+                write_summary(self.stream, self.progress, now)
             super().close()
 
         def emit(self, record) -> None:
@@ -348,20 +370,11 @@ def console_handler_class():
                 return p.job_finished(record.job_id, now)
             if event == LogEvent.JOB_ERROR:
                 return p.job_failed(record.jobid, record.rule_name, getattr(record, "log", []), now)
-            message = str(record.getMessage()) if record.msg is not None else ""
             if event == LogEvent.ERROR:
+                message = str(record.getMessage()) if record.msg is not None else ""
                 quiet = getattr(record, "exception", None) in JOB_EXCEPTIONS or UNFINISHED in message
                 return [] if quiet else [self.format(record)]
-            stop = next((sig for m, sig in STOP_MESSAGES.items() if message.startswith(m)), None)
-            if event is None and stop:
-                return p.stopping(stop)
-            restart = RESTART.match(message)
-            if event is None and restart:
-                jobid = restart.group(1)
-                return p.retried(int(jobid) if jobid.isdigit() else jobid, now)
-            if event is None and (record.levelno >= 30 or KEPT_MESSAGES.match(message)):
-                return [message]
-            return []
+            return message_lines(p, record, now) if event is None else []
 
         @property
         def writes_to_stream(self) -> bool:
