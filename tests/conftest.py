@@ -10,6 +10,7 @@ whose daemons could not start does not read like one that tested them.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -19,13 +20,15 @@ SLURM_FIXTURES = {"slurm", "smoke_slurm"}
 
 
 # --------------------------------------------------------------------------- shared fixtures
-@pytest.fixture(autouse=True)
-def _no_inherited_tracking_uri(monkeypatch):
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
     """No test inherits another's store: ``mlflow.set_tracking_uri`` writes
     MLFLOW_TRACKING_URI into ``os.environ`` (for subprocesses), so a store an earlier test
     set would otherwise reach every later test's ``smallbatch`` and Snakemake children
-    (a study with ``tracking_uri: null`` then logs to that store)."""
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    (a study with ``tracking_uri: null`` then logs to that store).  Dropped before each test's
+    fixtures are set up, so a module fixture that copies the environment (a wheel's venv, a
+    study's children) never copies it either; a test or fixture that needs a store sets it."""
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
 
 
 @pytest.fixture(scope="module")
