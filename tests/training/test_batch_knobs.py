@@ -66,3 +66,43 @@ def test_training_uses_the_resolved_beta2_and_the_run_logs_it(tmp_path, digits):
     params = run_params(read_cell(cell), data)
     assert float(params["resolved.train.adam_beta2"]) == pytest.approx(want, rel=1e-15)
     assert params["train.beta2_scaling"] == "samples"
+
+
+def test_a_regime_sets_the_decay_rules_and_each_cell_resolves_them_at_its_batch(tmp_path):
+    """An optimiser regime bundles the knobs' rules with the rate (the regime side experiment then
+    sets B = 16 against 256 with the rule on and off): each cell carries its regime's rule, and the
+    β2 it trains with is 0.999^(N/256) under ``samples``, 0.999 under ``none``."""
+    from smallbatch.study.cells import expand_cells
+    from smallbatch.study.config import load_config
+
+    regimes = [
+        {"name": "plain", "optimizer": "adam", "beta2_scaling": "none"},
+        {"name": "b2", "optimizer": "adam", "beta2_scaling": "samples", "adam_beta2": 0.998, "ema_scaling": "samples"},
+    ]
+    cfg = load_config(
+        None,
+        {
+            "results_dir": str(tmp_path / "results"),
+            "datasets": {"digits": {}},
+            "grid": {"enabled": False},
+            "baselines": False,
+            "experiments": {
+                "mi": {"enabled": False},
+                "regime": {
+                    "enabled": True,
+                    "losses": ["infonce"],
+                    "batch_sizes": [16, 256],
+                    "temperatures": [0.1],
+                    "seeds": [0],
+                    "axes": {"regime": regimes},
+                },
+            },
+        },
+    )
+    got = {}
+    for cell in expand_cells(cfg).values():
+        tr = SimpleNamespace(**cell["train"])
+        got[(cell["train"]["regime"], cell["batch_size"])] = resolved_knobs(tr, cell["batch_size"])["train.adam_beta2"]
+    assert got == pytest.approx(
+        {("plain", 16): 0.999, ("plain", 256): 0.999, ("b2", 16): 0.998 ** (1 / 16), ("b2", 256): 0.998}, rel=1e-15
+    )
