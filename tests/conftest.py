@@ -20,15 +20,22 @@ SLURM_FIXTURES = {"slurm", "smoke_slurm"}
 
 
 # --------------------------------------------------------------------------- shared fixtures
+#: what MLflow's fluent API writes into ``os.environ`` for subprocesses (``set_tracking_uri``,
+#: ``set_experiment``, ``start_run``)
+MLFLOW_INHERITED = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID", "MLFLOW_RUN_ID")
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     """No test inherits another's store: ``mlflow.set_tracking_uri`` writes
     MLFLOW_TRACKING_URI into ``os.environ`` (for subprocesses), so a store an earlier test
     set would otherwise reach every later test's ``smallbatch`` and Snakemake children
-    (a study with ``tracking_uri: null`` then logs to that store).  Dropped before each test's
-    fixtures are set up, so a module fixture that copies the environment (a wheel's venv, a
-    study's children) never copies it either; a test or fixture that needs a store sets it."""
-    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    (a study with ``tracking_uri: null`` then logs to that store); the experiment and run
+    alike.  Dropped before each test's fixtures are set up, so a module fixture that copies
+    the environment (a wheel's venv, a study's children) never copies them either; a test
+    or fixture that needs a store sets it."""
+    for name in MLFLOW_INHERITED:
+        os.environ.pop(name, None)
 
 
 @pytest.fixture(scope="module")

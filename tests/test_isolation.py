@@ -1,5 +1,5 @@
 """One test's MLflow store never reaches another's: ``mlflow.set_tracking_uri`` writes
-MLFLOW_TRACKING_URI into ``os.environ``, and a later module's fixture that copies the
+MLFLOW_TRACKING_URI into ``os.environ`` (``set_experiment`` and ``start_run`` their ids), and a later module's fixture that copies the
 environment for its children (the wheel's venv, a study's Snakemake) would hand them that store.
 Checked by running a generated two-module suite, in file order in one process, with this
 conftest's setup hook."""
@@ -17,8 +17,8 @@ TESTS = Path(__file__).resolve().parent
 SETS = """
 import os
 
-def test_sets_a_store():
-    os.environ["MLFLOW_TRACKING_URI"] = "sqlite:///elsewhere.db"  # what mlflow.set_tracking_uri does
+def test_sets_a_store():  # what mlflow.set_tracking_uri, set_experiment and start_run do
+    os.environ.update(MLFLOW_TRACKING_URI="sqlite:///elsewhere.db", MLFLOW_EXPERIMENT_ID="7", MLFLOW_RUN_ID="abc")
 """
 
 COPIES = """
@@ -30,8 +30,9 @@ def children_env():
     return dict(os.environ)
 
 def test_a_module_fixture_copies_no_store_of_an_earlier_test(children_env):
-    assert "MLFLOW_TRACKING_URI" not in children_env
-    assert "MLFLOW_TRACKING_URI" not in os.environ
+    names = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID", "MLFLOW_RUN_ID")
+    assert [n for n in names if n in children_env] == []
+    assert [n for n in names if n in os.environ] == []
 """
 
 
