@@ -42,8 +42,8 @@ def effective_rank(features: torch.Tensor, centre: bool = True) -> float:
     x = features.double()
     if centre:
         x = x - x.mean(dim=0, keepdim=True)
-    # singular values as the square roots of the smaller Gram matrix's eigenvalues: 4x faster
-    # than svdvals on the 1024 x 2048 sample (0.19 vs 0.84 s, one thread), the same rank to ~1e-8 relative
+    # singular values as the square roots of the smaller Gram matrix's eigenvalues: the same rank
+    # as svdvals (to float64 rounding), at the cost of one small symmetric eigenproblem
     gram = x @ x.T if x.shape[0] <= x.shape[1] else x.T @ x
     s = torch.linalg.eigvalsh(gram).clamp_min(0).sqrt()
     if not torch.isfinite(s).all() or float(s.sum()) <= 0:
