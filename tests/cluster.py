@@ -47,6 +47,15 @@ HANG_S = 300.0
 
 
 # --------------------------------------------------------------------------- basics
+def as_foreground(argv: list) -> list:
+    """``argv`` started as a terminal's foreground command is: SIGINT at its default, so Python
+    turns it into KeyboardInterrupt.  A test run in the background of a shell without job
+    control (``cmd &`` in a script) inherits SIGINT ignored, and an ignored SIGINT stays ignored
+    across exec; the tests that send Ctrl-C start their command through this."""
+    reset = "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])"
+    return [sys.executable, "-c", reset, *(str(a) for a in argv)]
+
+
 def env_with_venv(extra: dict | None = None) -> dict:
     """The environment for subprocesses: the venv's bin first on PATH (SLURM jobs
     inherit it through ``sbatch --export=ALL`` and run ``python -m snakemake``),

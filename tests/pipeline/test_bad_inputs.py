@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from cluster import as_foreground
 
 from smallbatch.pipeline import cli
 
@@ -1069,7 +1070,7 @@ def test_ctrl_c_ends_a_command_with_one_line_and_exit_130():
     httpd.daemon_threads = True
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     uri = f"http://127.0.0.1:{httpd.server_address[1]}"
-    argv = [str(BIN / "smallbatch"), "init-store", "--tracking-uri", uri, "--experiment", "x"]
+    argv = as_foreground([BIN / "smallbatch", "init-store", "--tracking-uri", uri, "--experiment", "x"])
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         assert asked.wait(IMPOSTOR_S), "the command never asked the server"

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from cluster import HANG_S
+from cluster import HANG_S, as_foreground
 from report_store import StoreBuilder
 
 from smallbatch import io, report
@@ -102,7 +102,7 @@ def test_a_build_stopped_at_a_write_leaves_a_folder_the_next_build_writes(
 
 
 def _report(out: Path) -> subprocess.Popen:
-    argv = [str(SMALLBATCH), "report", "--out", str(out), "--experiment", EXPERIMENT]
+    argv = as_foreground([SMALLBATCH, "report", "--out", out, "--experiment", EXPERIMENT])
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
