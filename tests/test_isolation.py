@@ -1,8 +1,8 @@
 """One test's MLflow store never reaches another's: ``mlflow.set_tracking_uri`` writes
-MLFLOW_TRACKING_URI into ``os.environ`` (``set_experiment`` and ``start_run`` their ids), and a later module's fixture that copies the
-environment for its children (the wheel's venv, a study's Snakemake) would hand them that store.
-Checked by running a generated two-module suite, in file order in one process, with this
-conftest's setup hook."""
+MLFLOW_TRACKING_URI into ``os.environ`` (``set_experiment`` and ``start_run`` their ids), and a
+later module's fixture that copies the environment for its children (the wheel's venv, a
+study's Snakemake) would hand them that store.  Checked by running a generated two-module suite,
+in file order in one process, with this conftest's setup hook."""
 
 from __future__ import annotations
 
