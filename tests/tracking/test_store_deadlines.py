@@ -165,7 +165,7 @@ CASES = [
         "503",
         {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1"},
         2,
-        r"failed while opening experiment 'study': HTTP error 503 \(2 tries\)",
+        r"failed while opening experiment 'study': HTTP error 503 \(up to 2 tries\)",
     ),
     Case(
         "nothing listening",

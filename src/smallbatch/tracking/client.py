@@ -24,9 +24,10 @@ from .sqlite import half_built, sqlite_file, sqlite_path
 #: trickles its answer a byte at a time, ends the step once it has passed.
 DEADLINE_ENV = "SMALLBATCH_STORE_TIMEOUT"
 DEADLINE_S = 60.0
-#: MLflow's own knobs (mlflow.environment_variables), each kept when the user set it: a request
-#: that could not connect or got HTTP 408/429/5xx is tried 4 times (again at once, then 2 and 4 s
-#: later: urllib3's backoff), within the deadline
+#: MLflow's own knobs (mlflow.environment_variables), each kept when the user set it: a request is
+#: tried up to 4 times (again at once, then 2 and 4 s later: urllib3's backoff), within the deadline.
+#: Which failures MLflow tries again is its own policy: a failed connection always; HTTP 408/429/5xx
+#: for reads, and since MLflow 3.18 only 408/429 for a write the server may already have applied
 MLFLOW_DEFAULTS = {
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3",
     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
@@ -251,10 +252,10 @@ def _http_failure(exc: BaseException) -> str | None:
             return str(e)
         if isinstance(e, ConnectionRefusedError):
             return f"nothing is listening there (connection refused, {tries})"
-        if m := re.search(r"too many (\d{3}) error responses", str(e)):
-            return f"HTTP error {m.group(1)} ({tries})"
-        if m := re.search(r"failed with error code (\d{3}) != 200", str(e)):
-            return f"HTTP error {m.group(1)}"
+        # the server's last answer once MLflow's tries ended: raised by urllib3 (MLflow < 3.18) or
+        # returned to MLflow (3.18 on); which answers it tries again depends on the request (above)
+        if m := re.search(r"too many (\d{3}) error responses|failed with error code (\d{3}) != 200", str(e)):
+            return f"HTTP error {m.group(1) or m.group(2)} (up to {tries})"
     for e in chain:
         if isinstance(e, RestException):  # the server's own error, as JSON
             return f"HTTP error {e.get_http_status_code()} ({e.error_code}: {first_line(e.message)})"
