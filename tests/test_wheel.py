@@ -163,6 +163,9 @@ dependencies = ["smallbatch"]
 
 [project.entry-points."smallbatch.losses"]
 margin_nce = "margin_nce.spec:SPEC"
+
+[project.entry-points."smallbatch.datasets"]
+digits_mirror = "margin_nce.mirror:DATASET"
 """,
     "margin_nce/__init__.py": "",
     "margin_nce/spec.py": """\
@@ -186,6 +189,35 @@ class MarginNCE(ContrastiveLoss, spec="margin_nce"):
         rows = infonce_rows(pos - self.margin, neg, neg_mask, tau)
         return rows, rows
 """,
+    "margin_nce/mirror.py": """\
+import hashlib
+
+import numpy as np
+from smallbatch.data.registry import DatasetPlugin, DatasetSpec
+
+SIZES = {"train": 1437, "test": 360}
+
+
+def images():
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    return np.ascontiguousarray((bunch.images[:, :, ::-1] * 255 / 16).round().astype(np.uint8)), bunch.target
+
+
+def read(spec, root, download, image_size):
+    x, y = images()
+    return {"train_x": x[:1437], "train_y": y[:1437], "test_x": x[1437:], "test_y": y[1437:], "channels_last": False,
+            "num_classes": 10, "classes": [str(i) for i in range(10)], "source": "digits, mirrored"}
+
+
+def digest(root):
+    return "sha256:" + hashlib.sha256(images()[0].tobytes()).hexdigest()[:16]
+
+
+SPEC = DatasetSpec(name="digits_mirror", display="Mirrored digits", reader="digits_mirror", sizes=SIZES, classes=10)
+DATASET = DatasetPlugin(spec=SPEC, read=read, digest=digest)
+""",
 }
 #: a study reading the plugin's loss, its parameters and cells, printing whether torch was loaded
 READ_PLUGIN_STUDY = """
@@ -196,7 +228,7 @@ print(json.dumps([sorted(expand_cells(load_config(sys.argv[1]))), "torch" in sys
 """
 
 
-def test_a_loss_plugin_installed_beside_the_package_runs_a_digits_cell(installed, tmp_path):
+def test_a_loss_and_a_data_set_plugin_installed_beside_the_package_run_a_cell(installed, tmp_path):
     work, env, py = installed["work"] / "plugin", installed["env"], installed["py"]
     work.mkdir()
     for name, text in PLUGIN.items():
@@ -209,15 +241,16 @@ def test_a_loss_plugin_installed_beside_the_package_runs_a_digits_cell(installed
 
     (work / "tiny.yaml").write_text(
         f"study: plugin\nresults_dir: {work / 'results'}\nbaselines: false\n"
-        "datasets: {digits: {}}\n"
+        "datasets: {digits_mirror: {}}\n"
         "grid: {losses: [{name: margin_nce, margin: [0.3]}], batch_sizes: [32], temperatures: [0.5], seeds: [0]}\n"
         "train: {width: 4, proj_hidden: 16, proj_dim: 8, lr: 0.003, epochs: 1, log_every: 5}\n"
         "eval: {knn_k: [5, 20], linear_iterations: 20}\n"
     )
-    cell_id = "digits/margin_nce-margin0.3/bs32-t0.5-s0"
+    cell_id = "digits_mirror/margin_nce-margin0.3/bs32-t0.5-s0"
     assert json.loads(_run([py, "-c", READ_PLUGIN_STUDY, "tiny.yaml"], cwd=work, env=env).stdout) == [[cell_id], False]
     reference = _run(["smallbatch", "config-reference"], cwd=work, env=env).stdout
     assert "Margin-NCE: the margin" in reference  # CONFIGURATION.md as this install generates it
+    assert "digits_mirror" in _run(["smallbatch", "prepare-data", "--help"], cwd=work, env=env).stdout
 
     # the study through the workflow, from a folder init-study wrote: its cell, the report, the store
     _run(["smallbatch", "init-study", "study"], cwd=work, env=env)
@@ -227,9 +260,18 @@ def test_a_loss_plugin_installed_beside_the_package_runs_a_digits_cell(installed
         "import json, sys, smallbatch\n"
         "df = smallbatch.results(sys.argv[1])\n"
         "df = df[df['cell_id'] == sys.argv[2]]\n"
-        "print(json.dumps(df[['status', 'params.loss', 'params.loss.margin']].to_dict('records')))"
+        "print(json.dumps(df[['status', 'params.loss', 'params.loss.margin', 'params.data_digest']].to_dict('records')))"
     )
     uri = f"sqlite:///{work / 'results' / 'mlflow.db'}"
     rows = json.loads(_run([py, "-c", code, uri, cell_id], cwd=work, env=env).stdout)
-    assert rows == [{"status": "finished", "params.loss": "margin_nce", "params.loss.margin": "0.3"}]
-    assert "Margin-NCE" in (work / "results" / "report" / "index.md").read_text()  # its display name
+    digest = _run([py, "-c", "from margin_nce import mirror; print(mirror.digest(None))"], cwd=work, env=env).stdout
+    assert rows == [
+        {
+            "status": "finished",
+            "params.loss": "margin_nce",
+            "params.loss.margin": "0.3",
+            "params.data_digest": digest.strip(),
+        }
+    ]
+    index = (work / "results" / "report" / "index.md").read_text()
+    assert "Margin-NCE" in index and "Mirrored digits" in index  # the plugins' display names

@@ -9,3 +9,8 @@ class Preempted(RuntimeError):
 
 class CheckpointError(ValueError):
     """A checkpoint/state/features file is unreadable; the message names the file."""
+
+
+class PluginError(ValueError):
+    """An installed plugin (a loss, a data set) that cannot join its registry; the message, one
+    line, names its entry point and package."""

@@ -116,7 +116,7 @@ def test_each_strip_is_its_source_image_resized():
 def test_triples_have_a_thousand_classes_and_the_default_test_count(fashion_root):
     root, _ = fashion_root
     d = load_dataset("fashion_mnist_triples", root, image_size=12, train_subset=50)
-    assert d.num_classes == 1000 and d.test_x.shape[0] == data_mod.SPLIT_SIZES["fashion_mnist_triples"]["test"]
+    assert d.num_classes == 1000 and d.test_x.shape[0] == data_mod.split_sizes("fashion_mnist_triples")["test"]
     assert len(d.meta["classes"]) == 1000 and d.meta["tiles"] == 3
 
 

@@ -261,7 +261,7 @@ def test_fashion_mnist_without_files_names_both_ways_to_get_them(tmp_path, monke
 def test_fashion_mnist_from_the_debian_package(tmp_path):
     data = load_dataset("fashion_mnist", tmp_path, test_subset=1000)
     assert data.train_x.shape == (60000, 1, 28, 28) and data.test_x.shape == (1000, 1, 28, 28)
-    assert data_mod.SPLIT_SIZES["fashion_mnist"]["train"] == 60000  # the table the config checks sizes with
+    assert data_mod.split_sizes("fashion_mnist")["train"] == 60000  # the table the config checks sizes with
     assert torch.bincount(data.train_y).tolist() == [6000] * 10
     assert torch.bincount(data.test_y).tolist() == [100] * 10
     assert data.train_y[0].item() == 9  # the first training image is an ankle boot
@@ -292,7 +292,7 @@ def test_digits_split_is_fixed_stratified_and_seed_independent():
 
 def test_split_sizes_table_matches_the_loader_and_subsets_beyond_it_are_one_line():
     full = load_dataset("digits", None)
-    assert data_mod.SPLIT_SIZES["digits"] == {"train": len(full.train_x), "test": len(full.test_x)}
+    assert data_mod.split_sizes("digits") == {"train": len(full.train_x), "test": len(full.test_x)}
     assert data_mod.pretrain_images("digits") == 1437 and data_mod.pretrain_images("digits", 100) == 100
     assert data_mod.pretrain_images("stl10") == 100000 and data_mod.pretrain_images("imagefolder", 100) is None
     for kwargs, message in (

@@ -557,7 +557,7 @@ CASES = [
         ("warm-server", "--socket", "{tmp}/sock", "--idle-timeout", "-1"),
         r"--idle-timeout must be a positive number of seconds, not -1",
     ),
-    # --- sizes: batch sizes and subsets against data.SPLIT_SIZES, before any job
+    # --- sizes: batch sizes and subsets against data.split_sizes, before any job
     Case(
         "batch size larger than the data set",
         CELLS,

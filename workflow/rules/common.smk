@@ -28,7 +28,7 @@ try:
     from smallbatch.pipeline.plan import StudyPlan, flag, hold_results_folder
     from smallbatch.io import RESULTS_ENV
     from smallbatch.pipeline import plan as _plan
-    from smallbatch.losses.registry import PluginError
+    from smallbatch.errors import PluginError
     from smallbatch.report.captions import captions, labels as report_labels
     from smallbatch.training.launch import launch_command
 except ImportError as exc:  # pragma: no cover - a user without the package installed
@@ -57,7 +57,7 @@ try:
     check_data_roots(_loaded)
     check_results_dir(_loaded)
     TRACKING_URI = resolve_tracking_uri(_loaded)
-except (ConfigError, PluginError) as exc:  # PluginError: an installed loss plugin that does not load
+except (ConfigError, PluginError) as exc:  # PluginError: an installed plugin (loss, data set) that does not load
     raise WorkflowError(f"config error: {exc}") from None
 if not workflow.overwrite_configfiles:
 

@@ -20,6 +20,7 @@ stl10                  torchvision refuses files that do not match it, so no oth
                        can be read
 imagefolder            SHA-256 of the listing of its image files (path and size of each):
                        reading every image would take as long as loading the data set
+a plugin's data set    what its plugin's ``digest(root)`` returns (one token)
 =====================  =====================================================================
 
 Computed once per process and data set (a SHA-256 of Fashion-MNIST's 55 MB: ~0.2 s).
@@ -36,7 +37,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import BinaryIO
 
-from .registry import dataset_spec
+from .registry import SPECS, dataset_spec, plugin
 
 #: torchvision's MD5 of each archive of Fashion-MNIST it downloads (FashionMNIST.resources)
 FASHION_MNIST_MD5 = {
@@ -65,11 +66,22 @@ def data_digest(base: str, root: str | Path | None, download: bool = False) -> s
     (the config's data-root check refuses such a study before any job)."""
     where = Path(root).expanduser().resolve() if root is not None else Path()
     spec = dataset_spec(base)
+    if base not in SPECS:  # an installed plugin's: its own rule
+        return _plugin_digest(base, where)
     if spec.md5 is not None:  # torchvision refuses any other content
         return f"torchvision-md5:{spec.md5}"
     if spec.reader == "image_folder":  # its listing is its digest: nothing to cache
         return _folder_listing(where)
     return _digest(str(spec.reader), str(where), bool(download), _stats(str(spec.reader), where))
+
+
+def _plugin_digest(name: str, root: Path) -> str:
+    """The digest an installed data set's plugin gives of its files under ``root``: one token (it
+    is part of every cell's hash and of its cache's name), else a one-line ValueError."""
+    value = plugin(name).digest(root)
+    if not isinstance(value, str) or not value or len(value) > 200 or any(c.isspace() for c in value):
+        raise ValueError(f"data-set plugin {name!r}: its digest of {root} is {value!r}, not one short token (sha256:…)")
+    return value
 
 
 def _stats(reader: str, root: Path) -> tuple:

@@ -51,7 +51,7 @@ images), ``train_subset`` / ``test_subset`` (a stratified random subset of that
 many images, drawn with ``seed``; ``train_subset`` also caps STL-10's unlabeled
 pretraining set with a plain random subset, so for STL-10 it may exceed the 5,000
 labelled images, which are then all kept). A subset larger than its split is an
-error: :data:`SPLIT_SIZES` holds each split's size for the config's checks.
+error: :func:`split_sizes` gives each split's size for the config's checks.
 
 :func:`save_cache` / :func:`load_cache` store an :class:`ImageData` in one file;
 loading it imports neither torchvision nor scikit-learn.
@@ -75,12 +75,12 @@ from .digest import DEBIAN_FASHION_MNIST, data_digest
 from .readers import prepare_fashion_mnist, read_raw
 from .registry import (
     DATASETS,
-    SPLIT_SIZES,
     base_dataset,
     dataset_spec,
     display_name,
     pretrain_images,
     pretrain_split,
+    split_sizes,
     subset_problem,
 )
 
@@ -90,7 +90,7 @@ __all__ = [
     "base_dataset",
     "dataset_spec",
     "display_name",
-    "SPLIT_SIZES",
+    "split_sizes",
     "ImageData",
     "pretrain_images",
     "pretrain_split",
@@ -266,7 +266,7 @@ def _labels(values: Any) -> torch.Tensor:
 
 def _check_subsets(name: str, raw: dict[str, Any], train_subset: int | None, test_subset: int | None) -> None:
     """The subsets against the images just read (the config checks them against
-    :data:`SPLIT_SIZES` before any job; ``imagefolder``'s size is known only here)."""
+    :func:`split_sizes` before any job; ``imagefolder``'s size is known only here)."""
     pool = raw["pretrain_x"] if raw.get("pretrain_x") is not None else raw["train_x"]
     where = f"{name} ({raw['source']})"
     for option, value, images, split in (
@@ -295,7 +295,7 @@ def _load_composite(
     spec = dataset_spec(name)
     base, k = str(spec.base), spec.items
     raw = read_raw(base, root, download, None)
-    sizes = SPLIT_SIZES[name]
+    sizes = spec.sizes or {}  # a composite's: always fixed
     for option, value, split in (("train_subset", train_subset, "train"), ("test_subset", test_subset, "test")):
         problem = subset_problem(option, value, sizes[split], split, name)
         if problem:

@@ -28,7 +28,7 @@ import numpy as np
 from ..io import atomic_write
 from .digest import DEBIAN_FASHION_MNIST, FASHION_RAW
 from .digest import FASHION_FILES as _FASHION_FILES
-from .registry import DatasetSpec, dataset_spec, display_name
+from .registry import SPECS, DatasetSpec, dataset_spec, display_name, plugin
 
 # Fixed split of the digits data set, independent of the run seed.
 _DIGITS_SPLIT_SEED = 0
@@ -322,4 +322,5 @@ def read_raw(name: str, root: Path, download: bool, image_size: int | None) -> d
     spec = dataset_spec(name)
     if spec.reader is None:
         raise ValueError(f"{name} is a composite of {spec.base}: it is built from its base's images, not read")
-    return READERS[spec.reader](spec, root, download, image_size)
+    read = READERS[spec.reader] if name in SPECS else plugin(name).read  # a plugin's: its own
+    return read(spec, root, download, image_size)

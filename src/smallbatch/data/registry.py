@@ -6,16 +6,27 @@ CLI list them).  Everything that only needs to *name* a data set or know its fac
 config schema's ``datasets`` keys (:mod:`smallbatch.study.schema`), the config's checks of
 sizes, classes and data roots, the CLI's help, the digest of its files
 (:mod:`smallbatch.data.digest`) and the report's labels -- reads this module, which imports
-nothing but the standard library.  How a data set's files are read is its reader's, in
-:data:`smallbatch.data.readers.READERS` under the entry's ``reader`` key.
+nothing but the standard library and :mod:`smallbatch.errors`.  How a data set's files are read
+is its reader's, in :data:`smallbatch.data.readers.READERS` under the entry's ``reader`` key.
 
 Adding a data set is its entry here plus its reader (a function of ``(spec, root, download,
-image_size)`` in :mod:`smallbatch.data.readers`, or the key of one that reads its layout).
+image_size)`` in :mod:`smallbatch.data.readers`, or the key of one that reads its layout).  An
+installed package adds one without editing smallbatch: a :class:`DatasetPlugin` (its spec, its
+reader and the digest of its files) named by an entry point of the group :data:`PLUGIN_GROUP`
+(:func:`all_specs`; read once per process, when a name is not a built-in's).
 """
 
 from __future__ import annotations
 
+import functools
+import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from ..errors import PluginError
 
 
 @dataclass(frozen=True)
@@ -140,46 +151,131 @@ SPECS: dict[str, DatasetSpec] = {
     )
 }
 
-#: every data set's name, in the registry's order
+#: every built-in data set's name, in the registry's order (:func:`all_specs` adds the plugins')
 DATASETS: tuple[str, ...] = tuple(SPECS)
-#: images per split of every data set whose sizes are fixed: the config checks ``train_subset``
-#: / ``test_subset`` and every batch size against them before any job
-SPLIT_SIZES: dict[str, dict[str, int]] = {n: dict(s.sizes) for n, s in SPECS.items() if s.sizes is not None}
-#: classes of every data set whose classes are fixed (the few-label probes' check before any job)
-NUM_CLASSES: dict[str, int] = {n: s.classes for n, s in SPECS.items() if s.classes is not None}
+
+
+# --------------------------------------------------------------------------- plugins
+#: the entry-point group an installed package declares its data sets in
+PLUGIN_GROUP = "smallbatch.datasets"
+#: what a plugin's name may hold (it is a config key, a folder and part of every cell id)
+PLUGIN_NAME = re.compile(r"[a-z][a-z0-9_]*")
+
+
+@dataclass(frozen=True)
+class DatasetPlugin:
+    """A data set from an installed package: ``spec`` (its ``reader`` is its own name, so no
+    built-in reader is taken), ``read`` (called as the built-in readers are, with ``(spec, root,
+    download, image_size)``, and returning their dict: ``train_x``, ``train_y``, ``test_x``,
+    ``test_y``, ``num_classes``, ``classes``, ``channels_last``, ``source``) and ``digest``
+    (``digest(root)``: a short name of the content of the files it reads there, such as
+    ``sha256:…``; every cell's hash holds it, so other files mean other cells)."""
+
+    spec: DatasetSpec
+    read: Callable[..., dict[str, Any]]
+    digest: Callable[[Path], str]
+
+
+@functools.cache
+def plugins() -> dict[str, DatasetPlugin]:
+    """The data sets installed packages declare in :data:`PLUGIN_GROUP`, read once per process."""
+    return load_plugins(metadata.entry_points(group=PLUGIN_GROUP))
+
+
+def load_plugins(entries: Iterable[metadata.EntryPoint]) -> dict[str, DatasetPlugin]:
+    """The :class:`DatasetPlugin` each entry point names, by name, sorted; :class:`PluginError`,
+    one line naming the entry point and its package, for one that does not load, is no plugin,
+    is not named like its spec, has a name a cell id cannot hold or a built-in's, reads another
+    reader's key, or is a composite (a composite's base is a built-in's files)."""
+    found: dict[str, DatasetPlugin] = {}
+    for ep in sorted(set(entries), key=lambda e: (e.name, e.value)):
+        dist = getattr(ep, "dist", None)
+        package = f"package {dist.metadata['Name']!r}" if dist is not None else "an unknown package"
+        where = f"data-set plugin {ep.name!r} ({PLUGIN_GROUP} entry point {ep.value!r} of {package})"
+        try:
+            plugin = ep.load()
+        except Exception as exc:  # any error of a third-party import: reported as the plugin's
+            raise PluginError(f"{where} does not load: {type(exc).__name__}: {exc}") from None
+        if not isinstance(plugin, DatasetPlugin):
+            raise PluginError(f"{where} names a {type(plugin).__name__}, not a smallbatch.data.registry.DatasetPlugin")
+        spec = plugin.spec
+        problem = (
+            f"names the spec of {spec.name!r}; name the entry point as its spec"
+            if spec.name != ep.name
+            else f"the name {spec.name!r} is not lower-case letters, digits and _ (a cell id holds it)"
+            if not PLUGIN_NAME.fullmatch(spec.name)
+            else f"the name {spec.name!r} is a built-in data set's; rename the plugin's"
+            if spec.name in SPECS
+            else f"its spec's reader is {spec.reader!r}: give its own name (its reader is the plugin's read)"
+            if spec.reader != spec.name
+            else None
+        )
+        if problem:
+            raise PluginError(f"{where}: {problem}")
+        found[spec.name] = plugin
+    return found
+
+
+def plugin(name: str) -> DatasetPlugin:
+    """The installed plugin of the data set ``name`` (KeyError for any other name)."""
+    return plugins()[name]
+
+
+def all_specs() -> dict[str, DatasetSpec]:
+    """Every data set: the built-ins (:data:`SPECS`, in their order), then the plugins' by name."""
+    return {**SPECS, **{n: p.spec for n, p in plugins().items()}}
+
+
+def _spec_or_none(name: str) -> DatasetSpec | None:
+    """The entry of ``name``: a built-in's without reading the entry points, else a plugin's."""
+    return SPECS.get(name) or all_specs().get(name)
+
+
+# --------------------------------------------------------------------------- look-ups
+def split_sizes(name: str) -> dict[str, int] | None:
+    """Images per split of ``name`` when fixed (the config checks ``train_subset`` / ``test_subset``
+    and every batch size against them before any job); None when known only once read."""
+    spec = _spec_or_none(name)
+    return dict(spec.sizes) if spec is not None and spec.sizes is not None else None
+
+
+def num_classes(name: str) -> int | None:
+    """Classes of ``name`` when fixed (the few-label probes' check before any job), else None."""
+    spec = _spec_or_none(name)
+    return spec.classes if spec is not None else None
 
 
 def dataset_spec(name: str) -> DatasetSpec:
     """The registry's entry of ``name``; a one-line ValueError listing the known ones."""
-    try:
-        return SPECS[name]
-    except KeyError:
-        raise ValueError(f"dataset must be one of {', '.join(DATASETS)}; got {name!r}") from None
+    spec = _spec_or_none(name)
+    if spec is None:
+        raise ValueError(f"dataset must be one of {', '.join(all_specs())}; got {name!r}")
+    return spec
 
 
 def display_name(name: str) -> str:
     """The name a reader sees (``fashion_mnist`` -> ``Fashion-MNIST``); an unknown name unchanged."""
-    spec = SPECS.get(str(name))
+    spec = _spec_or_none(str(name))
     return spec.display if spec is not None else str(name)
 
 
 def base_dataset(name: str) -> str:
     """The data set whose files ``name`` reads: a composite's base, else ``name`` itself."""
-    spec = SPECS.get(name)
+    spec = _spec_or_none(name)
     return spec.base if spec is not None and spec.base else name
 
 
 def pretrain_split(name: str) -> str:
     """The split pretraining draws from (and ``train_subset`` caps): STL-10's ``unlabeled``,
     every other data set's labelled ``train``."""
-    spec = SPECS.get(name)
+    spec = _spec_or_none(name)
     return spec.pretrain_split if spec is not None else "train"
 
 
 def pretrain_images(name: str, train_subset: int | None = None) -> int | None:
     """How many images pretraining draws from: the pretraining split capped by
     ``train_subset``; None where that is known only once read (``imagefolder``)."""
-    sizes = SPLIT_SIZES.get(name)
+    sizes = split_sizes(name)
     if sizes is None:
         return None
     n = sizes[pretrain_split(name)]

@@ -67,6 +67,8 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
+from ..errors import PluginError
+
 __all__ = [
     "LossSpec",
     "SPECS",
@@ -482,11 +484,6 @@ SPECS: dict[str, LossSpec] = {
 
 
 # --------------------------------------------------------------------------- plugins
-class PluginError(ValueError):
-    """An installed loss plugin that cannot join the registry; the message, one line, names its
-    entry point and package."""
-
-
 def all_specs() -> dict[str, LossSpec]:
     """Every loss: the built-ins (:data:`SPECS`, in their order), then the installed plugins'
     (:func:`plugin_specs`, by name)."""

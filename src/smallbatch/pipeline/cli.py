@@ -348,10 +348,10 @@ def cmd_prepare_data(args) -> int:
         v = getattr(args, k)
         if v is not None:
             ds[k] = v
-    from ..data.registry import SPECS as DATASET_SPECS
+    from ..data.registry import all_specs
 
-    if args.dataset not in DATASET_SPECS:
-        raise ValueError(f"--dataset {args.dataset!r} is not known; allowed: {', '.join(DATASET_SPECS)}")
+    if args.dataset not in all_specs():
+        raise ValueError(f"--dataset {args.dataset!r} is not known; allowed: {', '.join(all_specs())}")
     root = args.data_root or ds.get("root") or cfg["data"]["root"]
     info = prepare_data(args.dataset, root, bool(args.download or cfg["data"]["download"]), ds, args.out)
     print(json.dumps(info))

@@ -30,7 +30,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path, PosixPath
 
-from ..data.registry import SPECS as DATASET_SPECS
+from ..data.registry import all_specs as dataset_specs
 from ..io import text_problem
 from ..losses.registry import all_specs, loss_param_names
 from ..study.probe_registry import SPECS as PROBE_SPECS
@@ -50,7 +50,7 @@ INTERNAL_COMMANDS = ("init-store", "warm-server")
 
 def dataset_help() -> str:
     """Every data set of the registry: ``fashion_mnist | digits | …``."""
-    return " | ".join(DATASET_SPECS)
+    return " | ".join(dataset_specs())
 
 
 def loss_help() -> str:

@@ -19,7 +19,7 @@ command line's flags are checked by the functions here, named by their flags.
 
 from __future__ import annotations
 
-from ..data.registry import NUM_CLASSES, SPLIT_SIZES, pretrain_images, pretrain_split
+from ..data.registry import num_classes, pretrain_images, pretrain_split, split_sizes
 from ..losses.registry import loss_spec, params_problem
 from .cell import Cell, budget_steps, snapshot_steps
 from .lr_scaling import REFERENCE_BATCH, resolved_knobs
@@ -214,7 +214,7 @@ def extreme_problem(cell: Cell) -> str | None:
             "name one of them, or null for the largest"
         )
     name, subset = cell.dataset, cell.dataset_options.get("train_subset")
-    sizes = SPLIT_SIZES.get(name)
+    sizes = split_sizes(name)
     if sizes is None:
         return None
     n = sizes["train"] if subset is None or pretrain_split(name) != "train" else min(sizes["train"], subset)
@@ -224,7 +224,8 @@ def extreme_problem(cell: Cell) -> str | None:
             f"eval.knn_k = {big[0]} is more than the {n:,} train images of {name} the kNN probe votes over; "
             f"use k <= {n}"
         )
-    return fewshot_problem(cell.eval, n / NUM_CLASSES[name] if name in NUM_CLASSES else None)
+    classes = num_classes(name)
+    return fewshot_problem(cell.eval, n / classes if classes else None)
 
 
 def fewshot_problem(ev, per_class: float | None) -> str | None:

@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from ..data import augment_config as _aug
-from ..data.registry import SPLIT_SIZES, base_dataset, dataset_spec, pretrain_split, subset_problem
+from ..data.registry import base_dataset, dataset_spec, pretrain_split, split_sizes, subset_problem
 from ..io import add_results_folder, read_problem, text_problem
 from ..losses.registry import canonical_name, loss_param_names
 from ..tracking import tracking_uri_problem
@@ -161,9 +161,9 @@ def _check_tracking_uri(cfg: dict) -> None:
 
 def _check_subsets(cfg: dict) -> None:
     """``train_subset`` / ``test_subset`` against the size of the split they subset
-    (data.SPLIT_SIZES; imagefolder's size is checked when it is read)."""
+    (data.split_sizes; imagefolder's size is checked when it is read)."""
     for name, opts in cfg["datasets"].items():
-        sizes = SPLIT_SIZES.get(name)
+        sizes = split_sizes(name)
         if sizes is None:
             continue
         for option, split in (("train_subset", pretrain_split(name)), ("test_subset", "test")):

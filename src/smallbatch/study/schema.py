@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from ..data.registry import SPECS as DATASET_SPECS
+from ..data.registry import all_specs as dataset_specs
 from ..losses.registry import config_schema
 from .experiments import experiment_schema
 from .probe_registry import probe_params, probe_schema
@@ -54,7 +54,7 @@ def _with_losses(schema: dict) -> dict:
             if node.get("x-loss-names"):
                 node["enum"] = list(parts["names"])
             if node.get("x-dataset-names"):
-                node["enum"] = list(DATASET_SPECS)
+                node["enum"] = list(dataset_specs())
             if node.get("x-loss-params"):
                 node["properties"] = copy.deepcopy(parts["loss_params"])
             if node.get("x-loss-entry"):

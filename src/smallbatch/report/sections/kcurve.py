@@ -20,7 +20,7 @@ import math
 
 import pandas as pd
 
-from ...data.registry import NUM_CLASSES
+from ...data.registry import num_classes
 from ..context import ReportContext, SectionOutput
 from ..evidence import ALPHA, contrast, describe, tost
 from ..fmt import finite, num, short
@@ -139,7 +139,7 @@ def knee_table(long: pd.DataFrame, plan: AnalysisPlan, spans: dict[tuple[str, st
     t["knee"] = math.nan
     for _, g in t.groupby(CURVE, sort=False, dropna=False):
         t.loc[g.index, "knee"] = _knee(g)
-    t["classes"] = [NUM_CLASSES.get(ds, 0) for ds in t["dataset"]]
+    t["classes"] = [num_classes(ds) or 0 for ds in t["dataset"]]
     t["coupon"] = [coupon_draws(c) if c else math.nan for c in t["classes"]]
     return t
 
