@@ -166,6 +166,9 @@ margin_nce = "margin_nce.spec:SPEC"
 
 [project.entry-points."smallbatch.datasets"]
 digits_mirror = "margin_nce.mirror:DATASET"
+
+[project.entry-points."smallbatch.probes"]
+centroid = "margin_nce.centroid:SPEC"
 """,
     "margin_nce/__init__.py": "",
     "margin_nce/spec.py": """\
@@ -218,6 +221,22 @@ def digest(root):
 SPEC = DatasetSpec(name="digits_mirror", display="Mirrored digits", reader="digits_mirror", sizes=SIZES, classes=10)
 DATASET = DatasetPlugin(spec=SPEC, read=read, digest=digest)
 """,
+    "margin_nce/centroid.py": """\
+import numpy as np
+from smallbatch.study.probe_registry import ProbeSpec
+
+
+def run(features, settings):
+    xtr, ytr, xte, yte = (np.asarray(f, dtype=np.float64) for f in features)
+    means = np.stack([xtr[ytr == c].mean(axis=0) for c in range(int(ytr.max()) + 1)])
+    guess = np.argmin(((xte[:, None, :] - means[None]) ** 2).sum(-1), axis=1)
+    return {"top1": float(np.mean(guess == yte)), "shrink": float(settings["centroid_shrink"])}
+
+
+SHRINK = {"type": "number", "minimum": 0, "default": 0.0, "description": "centroid: a setting of its own"}
+SPEC = ProbeSpec(name="centroid", title="nearest class mean", impl="margin_nce.centroid:run", metric="top1",
+                 label="centroid top-1", settings=("centroid_shrink",), params={"centroid_shrink": SHRINK})
+""",
 }
 #: a study reading the plugin's loss, its parameters and cells, printing whether torch was loaded
 READ_PLUGIN_STUDY = """
@@ -228,7 +247,7 @@ print(json.dumps([sorted(expand_cells(load_config(sys.argv[1]))), "torch" in sys
 """
 
 
-def test_a_loss_and_a_data_set_plugin_installed_beside_the_package_run_a_cell(installed, tmp_path):
+def test_a_loss_a_data_set_and_a_probe_plugin_installed_beside_the_package_run_a_cell(installed, tmp_path):
     work, env, py = installed["work"] / "plugin", installed["env"], installed["py"]
     work.mkdir()
     for name, text in PLUGIN.items():
@@ -244,7 +263,7 @@ def test_a_loss_and_a_data_set_plugin_installed_beside_the_package_run_a_cell(in
         "datasets: {digits_mirror: {}}\n"
         "grid: {losses: [{name: margin_nce, margin: [0.3]}], batch_sizes: [32], temperatures: [0.5], seeds: [0]}\n"
         "train: {width: 4, proj_hidden: 16, proj_dim: 8, lr: 0.003, epochs: 1, log_every: 5}\n"
-        "eval: {knn_k: [5, 20], linear_iterations: 20}\n"
+        "eval: {knn_k: [5, 20], linear_iterations: 20, probes: [knn, linear, centroid], centroid_shrink: 0.5}\n"
     )
     cell_id = "digits_mirror/margin_nce-margin0.3/bs32-t0.5-s0"
     assert json.loads(_run([py, "-c", READ_PLUGIN_STUDY, "tiny.yaml"], cwd=work, env=env).stdout) == [[cell_id], False]
@@ -260,7 +279,8 @@ def test_a_loss_and_a_data_set_plugin_installed_beside_the_package_run_a_cell(in
         "import json, sys, smallbatch\n"
         "df = smallbatch.results(sys.argv[1])\n"
         "df = df[df['cell_id'] == sys.argv[2]]\n"
-        "print(json.dumps(df[['status', 'params.loss', 'params.loss.margin', 'params.data_digest']].to_dict('records')))"
+        "cols = ['status', 'params.loss', 'params.loss.margin', 'params.data_digest', 'metrics.centroid/shrink']\n"
+        "print(json.dumps(df[cols].to_dict('records')))"
     )
     uri = f"sqlite:///{work / 'results' / 'mlflow.db'}"
     rows = json.loads(_run([py, "-c", code, uri, cell_id], cwd=work, env=env).stdout)
@@ -271,6 +291,7 @@ def test_a_loss_and_a_data_set_plugin_installed_beside_the_package_run_a_cell(in
             "params.loss": "margin_nce",
             "params.loss.margin": "0.3",
             "params.data_digest": digest.strip(),
+            "metrics.centroid/shrink": 0.5,
         }
     ]
     index = (work / "results" / "report" / "index.md").read_text()

@@ -92,3 +92,14 @@ def test_a_store_without_measured_representations_has_no_section(tmp_path):
     index = report.build_report(uri, tmp_path / "report", experiment="smallbatch").read_text()
     assert "What each representation looks like" not in index
     assert not list((tmp_path / "report" / "tables").glob("representation_*"))
+
+
+def test_a_study_whose_every_cell_failed_leaves_no_row_to_blank_and_no_traceback():
+    """Every cell failed: no aggregate has a seed, so the rows to blank are none (pandas 3 gave the
+    empty selection the loss column's string dtype, and the mask a TypeError)."""
+    import pandas as pd
+
+    from smallbatch.report.sections.representation import _blank_without_negatives
+
+    empty = pd.DataFrame({"loss": pd.Series([], dtype="str"), "metric": pd.Series([], dtype="str")})
+    assert _blank_without_negatives(empty).empty

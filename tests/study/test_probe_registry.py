@@ -78,12 +78,11 @@ def test_every_probes_registry_entry_is_the_one_written_out_here():
 
 
 def test_the_report_the_cli_and_the_schema_read_the_registry():
-    from smallbatch.pipeline.cli_parser import EVAL_FLAGS, build_parser
+    from smallbatch.pipeline.cli_parser import build_parser
     from smallbatch.report.runs import METRIC_LABELS, METRICS
     from smallbatch.study.schema import load_schema
 
     assert reg.report_metrics() == METRICS and reg.report_labels() == METRIC_LABELS
-    assert set(EVAL_FLAGS) == set(reg.SPECS)
     ev = load_schema()["properties"]["eval"]["properties"]
     assert ev["probes"]["default"] == list(reg.DEFAULT_PROBES)
     for name, spec in reg.SPECS.items():

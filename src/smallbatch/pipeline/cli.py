@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 
 from ..io import DuplicateKey, loads_unique, read_problem
 from ..study.cell import BaselineCell, Cell, read_cell
-from .cli_parser import EVAL_FLAGS, TRAIN_FLAGS
+from .cli_parser import TRAIN_FLAGS
 
 if TYPE_CHECKING:
     from ..study.config import ConfigFiles
@@ -473,12 +473,13 @@ def cmd_probe(args) -> int:
 
 
 def _eval_overrides(kind: str, args) -> dict:
-    """The probe's evaluation flags given (:data:`~smallbatch.pipeline.cli_parser.EVAL_FLAGS`), each
+    """The probe's evaluation flags given (its registry entry's ``flags``), each
     checked against its eval key's schema: {eval key: value}."""
     from ..study.config import check_value
+    from ..study.probe_registry import probe_spec
     from ..study.schema import load_schema
 
-    given = {k: getattr(args, k) for k in EVAL_FLAGS[kind] if getattr(args, k, None) is not None}
+    given = {k: getattr(args, k) for k in probe_spec(kind).flags if getattr(args, k, None) is not None}
     schema = load_schema()["properties"]["eval"]["properties"] if given else {}
     for key, value in given.items():
         check_value(schema[key], value, "--" + key.replace("_", "-"))

@@ -33,7 +33,7 @@ from pathlib import Path, PosixPath
 from ..data.registry import all_specs as dataset_specs
 from ..io import text_problem
 from ..losses.registry import all_specs, loss_param_names
-from ..study.probe_registry import SPECS as PROBE_SPECS
+from ..study.probe_registry import all_specs as probe_specs
 
 DEVICES = ["auto", "cpu", "cuda"]
 FEATURES_HELP = "features from 'smallbatch embed' (default: <cell folder>/features.npz)"
@@ -41,7 +41,7 @@ FEATURES_HELP = "features from 'smallbatch embed' (default: <cell folder>/featur
 DESCRIPTION = f"""The study's command line.
 
 cells, report and config-reference work on a whole study (its cells, its report, every config
-key), init-study writes one's folder and check-loss checks a loss (a plugin's too); prepare-data, pretrain, evaluate, embed, {", ".join(PROBE_SPECS)}, baseline and export each run one step
+key), init-study writes one's folder and check-loss checks a loss (a plugin's too); prepare-data, pretrain, evaluate, embed, {", ".join(probe_specs())}, baseline and export each run one step
 of one cell (what the workflow's jobs run, and by hand: smallbatch <command> --help); mi runs the
 MI toy. The workflow's own commands (init-store, warm-server) are left out of this list."""
 #: commands the workflow runs for itself: callable, but not in the top-level list
@@ -67,7 +67,6 @@ def loss_param_help() -> str:
 #: the training overrides of a stand-alone or --cell-id cell: flag dest -> config key train.<dest>
 TRAIN_FLAGS = ("epochs", "steps", "precision", "lr", "lr_scaling", "optimizer", "backbone", "queue_size")
 #: a probe's evaluation overrides: probe -> the eval.<key> its flags override (flag dest = key)
-EVAL_FLAGS = {name: spec.flags for name, spec in PROBE_SPECS.items()}
 
 
 @dataclass(frozen=True)
@@ -260,7 +259,7 @@ def generic_probe(name: str) -> argparse.ArgumentParser:
     """A probe's flags from its registry entry: ``--<flag>`` overrides ``eval.<flag>``."""
     p = _parent()
     g = p.add_argument_group(f"{name} probe", EVAL_NOTE)
-    for key in PROBE_SPECS[name].flags:
+    for key in probe_specs()[name].flags:
         g.add_argument(
             "--" + key.replace("_", "-"), type=_setting_value, metavar="VALUE", help=f"(default: eval.{key})"
         )
@@ -271,7 +270,7 @@ def probe_parents() -> dict[str, argparse.ArgumentParser]:
     """Each probe's parent parser by its name: kNN's and the linear probe's written out, the
     others' from the registry (:func:`generic_probe`)."""
     written = {"knn": knn_probe, "linear": linear_probe}
-    return {name: written.get(name, lambda n=name: generic_probe(n))() for name in PROBE_SPECS}
+    return {name: written.get(name, lambda n=name: generic_probe(n))() for name in probe_specs()}
 
 
 def tracking() -> argparse.ArgumentParser:
@@ -481,7 +480,7 @@ def _cell_commands(add) -> None:
 
 
 def _probe_commands(add) -> None:
-    for name, spec in PROBE_SPECS.items():  # one command per probe of the registry
+    for name, spec in probe_specs().items():  # one command per probe of the registry (plugins too)
         c = add(name, spec.title, "which", "standalone", "threads", name, "tracking", func="cmd_probe")
         c.set_defaults(probe=name)
         c.add_argument("--features", type=path_value, help=FEATURES_HELP)

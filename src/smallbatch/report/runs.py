@@ -14,8 +14,8 @@ import numpy as np
 import pandas as pd
 
 from ..losses.registry import canonical_name, display_name, label_defaults
-from ..study.probe_registry import SPECS as PROBE_SPECS
-from ..study.probe_registry import report_labels, report_metrics
+from ..study.probe_registry import all_specs as probe_specs
+from ..study.probe_registry import probe_spec, report_labels, report_metrics
 from ..tracking import (
     BAD_STATUSES,
     NON_RESULT_KINDS,
@@ -41,7 +41,7 @@ def metric_label(runs: pd.DataFrame, probe: str) -> str:
     """The label of ``probe``'s headline metric over ``runs``, naming the setting it was read at
     where the probe logs one (its registry ``qualifier``): ``kNN top-1 (k = 20)``; several values:
     each (``k = 20, 200``)."""
-    spec = PROBE_SPECS[probe]
+    spec = probe_spec(probe)
     col = f"metrics.{probe}/{spec.qualifier}"
     if not spec.qualifier or col not in runs:
         return spec.label
@@ -56,7 +56,7 @@ def shown_metrics(runs: pd.DataFrame) -> dict[str, str]:
     def logged(key: str) -> bool:
         return f"metrics.{key}" in runs and bool(runs[f"metrics.{key}"].notna().any())
 
-    return {n: s.key for n, s in PROBE_SPECS.items() if n in METRICS or logged(s.key)}
+    return {n: s.key for n, s in probe_specs().items() if n in METRICS or logged(s.key)}
 
 
 #: the params that define a cell (with a section's own axes); the others may label it

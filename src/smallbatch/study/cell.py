@@ -95,7 +95,7 @@ class EvalSettings:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> EvalSettings:
-        own = {k: _frozen(d.get(k, v)) for k, v in param_defaults().items()}
+        own = {k: _frozen(d.get(k, v)) for k, v in param_defaults(d.get("probes", DEFAULT_PROBES)).items()}
         return cls(**_known(cls, d), probe_params=MappingProxyType(own))
 
     def setting(self, key: str) -> Any:

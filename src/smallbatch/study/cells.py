@@ -29,6 +29,7 @@ from ..io import check_cell_id  # noqa: F401  (the one id check; import-light, f
 from ..losses.registry import canonical_name, label_defaults, loss_param_names, loss_spec
 from ..tracking import FORMAT
 from .experiments import SIDE_EXPERIMENTS
+from .probe_registry import carried
 from .schema import load_schema
 
 AXIS_ABBREV = {
@@ -215,7 +216,7 @@ def make_cell(
         "negatives": cell_negatives(train, batch_size, loss),
         "train": train,
         "augment": copy.deepcopy(cfg["augment"]),
-        "eval": copy.deepcopy(cfg["eval"]),
+        "eval": carried(copy.deepcopy(cfg["eval"])),
         "device": cfg["device"],
         "threads": cfg["threads"],
         "tracking": copy.deepcopy(cfg.get("tracking") or {}),  # execution settings: not in the hash
@@ -404,7 +405,7 @@ def baseline_cells(cfg: dict) -> dict[str, dict]:
                 **data_settings(cfg, dataset),
                 "seed": 0 if seed is None else int(seed),
                 "train": copy.deepcopy(cfg["train"]),
-                "eval": copy.deepcopy(cfg["eval"]),
+                "eval": carried(copy.deepcopy(cfg["eval"])),
                 "device": cfg["device"],
                 "threads": cfg["threads"],
             }

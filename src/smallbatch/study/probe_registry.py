@@ -10,7 +10,8 @@ probe computes lives in its function (``spec.impl``, loaded by :func:`probe_func
 ``run(features, settings) -> metrics``, where ``features`` is ``(train_x, train_y,
 test_x, test_y)`` and ``settings`` maps each of the spec's ``settings`` (``eval.<key>``) to
 the cell's value, plus ``seed`` (the cell's) and ``knn_backend`` (the neighbour search's).
-Its metrics are logged to the cell's run as ``<probe>/<metric>``.
+Its metrics are logged to the cell's run as ``<probe>/<metric>``; an accuracy (a key holding
+``top1`` or ``top5``) is returned as a fraction and logged in percent.
 
 Adding a probe is its function plus its entry here: a setting of its own is declared in its
 ``params`` (one JSON schema per ``eval.<key>``, with its default and description), which
@@ -19,18 +20,29 @@ the config schema's ``eval`` section, CONFIGURATION.md and the cell's
 probe's own settings at their values, defaults included, and its hash covers them: a new
 setting moves every cell's hash, an opt-in probe without one moves none.  ``eval.probes``
 chooses the probes a study runs (default: :data:`DEFAULT_PROBES`).
+
+An installed package adds a probe without editing smallbatch: a :class:`ProbeSpec` named by an
+entry point of the group :data:`PLUGIN_GROUP` (:func:`all_specs`, read once per process).  A
+plugin's probe is opt-in, and only a cell that runs it carries (and hashes) its settings, so
+installing one moves no cell's hash.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from importlib import metadata
 from typing import Any
+
+from ..errors import PluginError
 
 __all__ = [
     "ProbeSpec",
     "SPECS",
+    "all_specs",
     "DEFAULT_PROBES",
     "probe_spec",
     "probe_names",
@@ -41,6 +53,7 @@ __all__ = [
     "probe_schema",
     "probe_params",
     "param_defaults",
+    "carried",
 ]
 
 
@@ -169,29 +182,91 @@ SPECS: dict[str, ProbeSpec] = {
 #: the probes a study runs when ``eval.probes`` is not set
 DEFAULT_PROBES: tuple[str, ...] = tuple(n for n, s in SPECS.items() if s.default)
 
+# --------------------------------------------------------------------------- plugins
+#: the entry-point group an installed package declares its probes in
+PLUGIN_GROUP = "smallbatch.probes"
+#: what a plugin's name may hold (``eval.probes``, a command, a result file, a metric prefix)
+PLUGIN_NAME = re.compile(r"[a-z][a-z0-9_]*")
 
+
+@functools.cache
+def plugins() -> dict[str, ProbeSpec]:
+    """The probes installed packages declare in :data:`PLUGIN_GROUP`, read once per process."""
+    return load_plugins(metadata.entry_points(group=PLUGIN_GROUP))
+
+
+def _plugin_problem(spec: Any, name: str, taken: dict[str, str]) -> str | None:
+    """Why the object an entry point ``name`` names cannot join the registry, or None."""
+    if not isinstance(spec, ProbeSpec):
+        return f"names a {type(spec).__name__}, not a smallbatch.study.probe_registry.ProbeSpec"
+    if spec.name != name:
+        return f"names the spec of {spec.name!r}; name the entry point as its spec"
+    if not PLUGIN_NAME.fullmatch(name):
+        return f"the name {name!r} is not lower-case letters, digits and _"
+    if name in taken:
+        return f"the name {name!r} is taken by {taken[name]}; rename the plugin's probe"
+    if spec.default:
+        return "it is a default probe; a plugin's probe is opt-in (eval.probes names it)"
+    if spec.impl.startswith("."):
+        return f"its impl {spec.impl!r} is relative; name its module in full"
+    clash = [k for k in spec.params if k in taken]
+    if clash:
+        return f"its own setting eval.{clash[0]} is {taken[clash[0]]}'s; name the plugin's settings after it"
+    return None
+
+
+def load_plugins(entries: Iterable[metadata.EntryPoint]) -> dict[str, ProbeSpec]:
+    """The :class:`ProbeSpec` each entry point names, by name, sorted; :class:`PluginError`, one line
+    naming the entry point and its package, for one that cannot join (:func:`_plugin_problem`)."""
+    taken = {n: "a built-in probe" for n in SPECS}
+    taken |= {k: f"the probe {s.name!r}" for s in SPECS.values() for k in s.settings}
+    found: dict[str, ProbeSpec] = {}
+    for ep in sorted(set(entries), key=lambda e: (e.name, e.value)):
+        dist = getattr(ep, "dist", None)
+        package = f"package {dist.metadata['Name']!r}" if dist is not None else "an unknown package"
+        where = f"probe plugin {ep.name!r} ({PLUGIN_GROUP} entry point {ep.value!r} of {package})"
+        try:
+            spec = ep.load()
+        except Exception as exc:  # any error of a third-party import: reported as the plugin's
+            raise PluginError(f"{where} does not load: {type(exc).__name__}: {exc}") from None
+        problem = _plugin_problem(spec, ep.name, taken)
+        if problem:
+            raise PluginError(f"{where}: {problem}")
+        taken |= {spec.name: f"the plugin {spec.name!r}", **{k: f"the plugin {spec.name!r}" for k in spec.params}}
+        found[spec.name] = spec
+    return found
+
+
+def all_specs() -> dict[str, ProbeSpec]:
+    """Every probe: the built-ins (:data:`SPECS`, in their order), then the plugins' by name."""
+    return {**SPECS, **plugins()}
+
+
+# --------------------------------------------------------------------------- look-ups
 def probe_names() -> tuple[str, ...]:
-    return tuple(SPECS)
+    return tuple(all_specs())
 
 
 def probe_spec(name: str) -> ProbeSpec:
     """The probe's spec, or a one-line ValueError naming the known ones."""
-    try:
-        return SPECS[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown probe {name!r}; known probes: {', '.join(SPECS)}") from None
+    spec = SPECS.get(name) if isinstance(name, str) else None
+    if spec is None:
+        spec = all_specs().get(name) if isinstance(name, str) else None
+    if spec is None:
+        raise ValueError(f"unknown probe {name!r}; known probes: {', '.join(all_specs())}")
+    return spec
 
 
 def probes_problem(names: Any) -> str | None:
     """What is wrong with an ``eval.probes`` list (an unknown or repeated probe, none), or None."""
-    names = list(names)
-    unknown = [n for n in names if n not in SPECS]
+    names, known = list(names), all_specs()
+    unknown = [n for n in names if n not in known]
     if unknown:
-        return f"eval.probes: unknown probe {unknown[0]!r}; known probes: {', '.join(SPECS)}"
+        return f"eval.probes: unknown probe {unknown[0]!r}; known probes: {', '.join(known)}"
     if len(set(names)) != len(names):
         return f"eval.probes: {', '.join(names)} names a probe twice"
     if not names:
-        return f"eval.probes is empty; name at least one of {', '.join(SPECS)}"
+        return f"eval.probes is empty; name at least one of {', '.join(known)}"
     return None
 
 
@@ -208,22 +283,33 @@ def report_metrics(names: Any = None) -> dict[str, str]:
 
 
 def report_labels() -> dict[str, str]:
-    """{probe: its headline metric's label} of every probe."""
+    """{probe: its headline metric's label} of every built-in probe (a plugin's: its spec's ``label``)."""
     return {n: s.label for n, s in SPECS.items()}
 
 
 def probe_schema(description: str) -> dict[str, Any]:
     """The config schema's ``eval.probes`` parts generated from the registry: its default
     (:data:`DEFAULT_PROBES`) and ``description`` followed by the known probes."""
-    known = "; ".join(f"{n}: {s.key}{' (default)' if s.default else ''}" for n, s in SPECS.items())
+    known = "; ".join(f"{n}: {s.key}{' (default)' if s.default else ''}" for n, s in all_specs().items())
     return {"default": list(DEFAULT_PROBES), "description": f"{description}. Known probes and their metric: {known}"}
 
 
 def probe_params() -> dict[str, dict]:
-    """The ``eval`` keys the probes declare (their ``params``), each a JSON schema, in registry order."""
-    return {k: dict(sch) for s in SPECS.values() for k, sch in s.params.items()}
+    """The ``eval`` keys the probes declare (their ``params``), each a JSON schema, in registry order
+    (the plugins' too: the config may set them)."""
+    return {k: dict(sch) for s in all_specs().values() for k, sch in s.params.items()}
 
 
-def param_defaults() -> dict[str, Any]:
-    """{eval key: its default} of every probe's own settings (:func:`probe_params`)."""
-    return {k: sch.get("default") for k, sch in probe_params().items()}
+def carried(eval_section: dict) -> dict:
+    """A config's ``eval`` section as a cell carries it: without the settings of a plugin's probe the
+    cell does not run (so installing a plugin moves no cell's hash)."""
+    runs = set(eval_section.get("probes", DEFAULT_PROBES))
+    idle = {k for n, s in plugins().items() if n not in runs for k in s.params}
+    return {k: v for k, v in eval_section.items() if k not in idle}
+
+
+def param_defaults(probes: Iterable[str] = DEFAULT_PROBES) -> dict[str, Any]:
+    """{eval key: its default} of the probes' own settings a cell running ``probes`` carries: every
+    built-in's (as before plugins), and a plugin's only when it runs (installing one moves no hash)."""
+    specs = [*SPECS.values(), *(s for n, s in plugins().items() if n in set(probes))]
+    return {k: sch.get("default") for s in specs for k, sch in s.params.items()}

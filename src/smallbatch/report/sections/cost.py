@@ -14,24 +14,28 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ...study.probe_registry import SPECS as PROBE_SPECS
+from ...study.probe_registry import all_specs as probe_specs
 from ..context import ReportContext, SectionOutput
 from ..runs import newest
 from ..tables import markdown_table
 
-#: (column, the metrics whose sum it is)
-PARTS = (
-    ("train_wall_s", ("train/wall_s",)),
-    ("train_cpu_s", ("train/cpu_s",)),
-    ("eval_wall_s", tuple(f"{p}/seconds" for p in PROBE_SPECS)),  # every probe of the registry the run logged
-    ("eval_cpu_s", tuple(f"{p}/cpu_s" for p in PROBE_SPECS)),
-    ("other_wall_s", ("mi/seconds", "baseline/wall_s")),
-    ("other_cpu_s", ("mi/cpu_s", "baseline/cpu_s")),
-)
 WALL, CPU = ("train_wall_s", "eval_wall_s", "other_wall_s"), ("train_cpu_s", "eval_cpu_s", "other_cpu_s")
 #: the decimals a reader's table shows: seconds to a tenth (a step's start-up varies more), hours to
 #: four (a third of a second), not the float's ten digits; the tidy CSV keeps every digit
-SHOWN_DECIMALS = {**{c: 1 for c, _ in PARTS}, "wall_s": 1, "cpu_s": 1, "wall_h": 4, "cpu_h": 4}
+SHOWN_DECIMALS = {**{c: 1 for c in (*WALL, *CPU)}, "wall_s": 1, "cpu_s": 1, "wall_h": 4, "cpu_h": 4}
+
+
+def parts() -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """(column, the metrics whose sum it is): every probe of the registry the run logged (plugins too)."""
+    probes = tuple(probe_specs())
+    return (
+        ("train_wall_s", ("train/wall_s",)),
+        ("train_cpu_s", ("train/cpu_s",)),
+        ("eval_wall_s", tuple(f"{p}/seconds" for p in probes)),
+        ("eval_cpu_s", tuple(f"{p}/cpu_s" for p in probes)),
+        ("other_wall_s", ("mi/seconds", "baseline/wall_s")),
+        ("other_cpu_s", ("mi/cpu_s", "baseline/cpu_s")),
+    )
 
 
 def _sum(df: pd.DataFrame, cols) -> pd.Series:
@@ -44,7 +48,7 @@ def cost_per_run(runs: pd.DataFrame) -> pd.DataFrame:
     """The newest run of each cell: its section, kind, batch size, status and seconds."""
     d, _ = newest(runs)
     out = d[["cell_id", "section", "kind", "batch_size", "status"]].copy()
-    for col, keys in PARTS:
+    for col, keys in parts():
         out[col] = _sum(d, [f"metrics.{k}" for k in keys])
     out["wall_s"], out["cpu_s"] = _sum(out, WALL), _sum(out, CPU)
     return out.sort_values(["section", "kind", "cell_id"], kind="stable").reset_index(drop=True)
@@ -52,7 +56,7 @@ def cost_per_run(runs: pd.DataFrame) -> pd.DataFrame:
 
 def cost_per_section(per_run: pd.DataFrame) -> pd.DataFrame:
     """Runs and summed seconds (and hours) per study section, and the whole study."""
-    cols = [c for c, _ in PARTS] + ["wall_s", "cpu_s"]
+    cols = [c for c, _ in parts()] + ["wall_s", "cpu_s"]
     g = per_run.groupby("section", sort=True)
     out = g[cols].sum(min_count=1).assign(runs=g.size()).reset_index()
     total = per_run[cols].sum(min_count=1).to_frame().T.assign(section="study", runs=len(per_run))

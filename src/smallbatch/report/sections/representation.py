@@ -79,7 +79,8 @@ def _by_metric(agg: pd.DataFrame) -> pd.DataFrame:
 def _blank_without_negatives(agg: pd.DataFrame) -> pd.DataFrame:
     """q_B read on a method without negatives is not q_B of anything: left out."""
     names = loss_names()
-    method = agg["loss"].map(lambda n: n in names and not loss_spec(n).contrastive)
+    # astype: the map of an empty column keeps its str dtype, which no boolean mask combines with
+    method = agg["loss"].map(lambda n: n in names and not loss_spec(n).contrastive).astype(bool)
     drop = method & agg["metric"].isin(CONTRASTIVE_ONLY)
     return agg[~drop]
 
