@@ -26,7 +26,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from ..errors import PluginError
+from ..errors import PluginError, loaded_entries
 
 
 @dataclass(frozen=True)
@@ -188,20 +188,13 @@ def load_plugins(entries: Iterable[metadata.EntryPoint]) -> dict[str, DatasetPlu
     is not named like its spec, has a name a cell id cannot hold or a built-in's, reads another
     reader's key, or is a composite (a composite's base is a built-in's files)."""
     found: dict[str, DatasetPlugin] = {}
-    for ep in sorted(set(entries), key=lambda e: (e.name, e.value)):
-        dist = getattr(ep, "dist", None)
-        package = f"package {dist.metadata['Name']!r}" if dist is not None else "an unknown package"
-        where = f"data-set plugin {ep.name!r} ({PLUGIN_GROUP} entry point {ep.value!r} of {package})"
-        try:
-            plugin = ep.load()
-        except Exception as exc:  # any error of a third-party import: reported as the plugin's
-            raise PluginError(f"{where} does not load: {type(exc).__name__}: {exc}") from None
+    for name, plugin, where in loaded_entries(entries, "data-set"):
         if not isinstance(plugin, DatasetPlugin):
             raise PluginError(f"{where} names a {type(plugin).__name__}, not a smallbatch.data.registry.DatasetPlugin")
         spec = plugin.spec
         problem = (
             f"names the spec of {spec.name!r}; name the entry point as its spec"
-            if spec.name != ep.name
+            if spec.name != name
             else f"the name {spec.name!r} is not lower-case letters, digits and _ (a cell id holds it)"
             if not PLUGIN_NAME.fullmatch(spec.name)
             else f"the name {spec.name!r} is a built-in data set's; rename the plugin's"

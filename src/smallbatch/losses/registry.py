@@ -67,7 +67,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
-from ..errors import PluginError
+from ..errors import PluginError, loaded_entries
 
 __all__ = [
     "LossSpec",
@@ -504,15 +504,10 @@ def load_plugins(entries: Iterable[metadata.EntryPoint]) -> dict[str, LossSpec]:
     alias, or another plugin's name."""
     taken = {n: "a built-in loss" for n in _names_of(SPECS)}
     found: dict[str, LossSpec] = {}
-    for ep in sorted(set(entries), key=lambda e: (e.name, e.value)):
-        where = f"loss plugin {ep.name!r} ({PLUGIN_GROUP} entry point {ep.value!r} of {_package_of(ep)})"
-        try:
-            spec = ep.load()
-        except Exception as exc:  # any error of a third-party import: reported as the plugin's
-            raise PluginError(f"{where} does not load: {type(exc).__name__}: {exc}") from None
+    for name, spec, where in loaded_entries(entries, "loss"):
         if not isinstance(spec, LossSpec):
             raise PluginError(f"{where} names a {type(spec).__name__}, not a smallbatch.losses.registry.LossSpec")
-        if spec.name != ep.name:
+        if spec.name != name:
             raise PluginError(f"{where} names the spec of {spec.name!r}; name the entry point as its spec")
         for n in (spec.name, *spec.aliases):
             if not PLUGIN_NAME.fullmatch(n):
@@ -528,12 +523,6 @@ def load_plugins(entries: Iterable[metadata.EntryPoint]) -> dict[str, LossSpec]:
 
 def _names_of(specs: dict[str, LossSpec]) -> dict[str, str]:
     return {**{n: n for n in specs}, **{a: s.name for s in specs.values() for a in s.aliases}}
-
-
-def _package_of(ep: metadata.EntryPoint) -> str:
-    """The distribution that declares ``ep`` (its name), or "an unknown package"."""
-    dist = getattr(ep, "dist", None)
-    return f"package {dist.metadata['Name']!r}" if dist is not None else "an unknown package"
 
 
 # --------------------------------------------------------------------------- look-ups

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
-from ..errors import PluginError
+from ..errors import PluginError, loaded_entries
 
 __all__ = [
     "ProbeSpec",
@@ -221,15 +221,8 @@ def load_plugins(entries: Iterable[metadata.EntryPoint]) -> dict[str, ProbeSpec]
     taken = {n: "a built-in probe" for n in SPECS}
     taken |= {k: f"the probe {s.name!r}" for s in SPECS.values() for k in s.settings}
     found: dict[str, ProbeSpec] = {}
-    for ep in sorted(set(entries), key=lambda e: (e.name, e.value)):
-        dist = getattr(ep, "dist", None)
-        package = f"package {dist.metadata['Name']!r}" if dist is not None else "an unknown package"
-        where = f"probe plugin {ep.name!r} ({PLUGIN_GROUP} entry point {ep.value!r} of {package})"
-        try:
-            spec = ep.load()
-        except Exception as exc:  # any error of a third-party import: reported as the plugin's
-            raise PluginError(f"{where} does not load: {type(exc).__name__}: {exc}") from None
-        problem = _plugin_problem(spec, ep.name, taken)
+    for name, spec, where in loaded_entries(entries, "probe"):
+        problem = _plugin_problem(spec, name, taken)
         if problem:
             raise PluginError(f"{where}: {problem}")
         taken |= {spec.name: f"the plugin {spec.name!r}", **{k: f"the plugin {spec.name!r}" for k in spec.params}}
