@@ -485,6 +485,71 @@ def finished_tiny(tmp_path_factory) -> Path:
     return folder
 
 
+def _two_budget_study(folder: Path, one_job_per_cell: bool) -> Path:
+    """A one-cell digits study (one epoch, a snapshot at half of it) in ``folder``."""
+    import yaml
+
+    cfg = yaml.safe_load(SMOKE.read_text())
+    cfg["grid"].update(losses=["infonce"], batch_sizes=[16])
+    cfg["datasets"] = {"digits": {}}
+    cfg["train"].update(snapshot_epochs=[0.5], lr_schedule="constant")
+    cfg.update(baselines=False, results_dir="results", one_job_per_cell=one_job_per_cell)
+    cfg.setdefault("experiments", {})["mi"] = {"enabled": False}
+    folder.mkdir()
+    config = folder / "study.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    return config
+
+
+def _scores(cell_folder: Path) -> dict[str, float]:
+    """Every accuracy of every probe file of the cell (final and snapshots), by file and key."""
+    files = sorted(cell_folder.glob("*.json")) + sorted(cell_folder.glob("snapshots/*.json"))
+    return {
+        f"{f.relative_to(cell_folder)}:{k}": v
+        for f in files
+        if f.name != "cell.json"
+        for k, v in json.loads(f.read_text()).items()
+        if "top1" in k
+    }
+
+
+def test_one_job_per_cell_computes_what_a_job_per_step_does_and_its_rerun_repeats_the_evaluations(tmp_path):
+    """The same one-cell study with a job per step and with one job per cell: one run_cell job and no
+    other cell job is planned, every probe of the final checkpoint and of the snapshot scores the
+    same, and the store holds both budgets; deleting a result reruns the cell's job, whose
+    pretraining resumes from its finished state (no step trained again) and whose scores repeat."""
+    cell = Path("results/runs/digits/infonce/bs16-t0.5-s0")
+    done = {}
+    for per_cell in (False, True):
+        folder = tmp_path / ("per_cell" if per_cell else "per_step")
+        config = _two_budget_study(folder, per_cell)
+        if per_cell:
+            plan = planned_jobs(snakemake("-n", results="results", configfile=config, cwd=folder))
+            assert plan.get("run_cell") == 1 and not {"pretrain", "evaluate", "evaluate_snapshot"} & set(plan), plan
+        proc = snakemake("--cores", "2", "--quiet", results="results", configfile=config, cwd=folder)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        done[per_cell] = _scores(folder / cell)
+    assert len(done[True]) >= 4 and any(k.startswith("snapshots/ep0.5.") for k in done[True]), done[True]
+    assert done[True] == done[False]
+    runs = _runs(tmp_path / "per_cell" / "results")
+    runs = runs[runs["tags.smallbatch.kind"] == "cell"]
+    assert len(runs) == 1 and runs.iloc[0]["status"] == "FINISHED"
+    assert runs.iloc[0]["metrics.knn/top1"] == done[True]["knn.json:knn/top1"]
+    assert runs.iloc[0]["metrics.snapshot/ep0.5/knn/top1"] == done[True]["snapshots/ep0.5.knn.json:knn/top1"]
+
+    folder = tmp_path / "per_cell"
+    (folder / cell / "knn.json").unlink()
+    assert (
+        planned_jobs(snakemake("-n", results="results", configfile=folder / "study.yaml", cwd=folder)).get("run_cell")
+        == 1
+    )
+    proc = snakemake("--cores", "2", "--quiet", results="results", configfile=folder / "study.yaml", cwd=folder)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    log = (folder / "results/logs/run_cell/digits/infonce/bs16-t0.5-s0.log").read_text()
+    assert re.search(r"resuming digits/infonce/bs16-t0\.5-s0 from step (\d+)/\1 ", log), log[-2000:]
+    assert _scores(folder / cell) == done[True]
+
+
 def test_snakemake_report_lists_each_entry_by_its_caption_not_its_path(tmp_path, finished_tiny):
     """Each entry of `snakemake --report` carries labels (its caption's head and its file), which the
     report lists in place of the file's path."""

@@ -89,6 +89,22 @@ def test_the_eta_weights_each_cell_left_by_its_images_and_steps_at_the_measured_
     assert p.eta(110.0) == pytest.approx(58.0)
 
 
+def test_one_job_per_cell_is_a_cell_with_the_same_line_and_eta_as_a_job_per_step():
+    """Under one_job_per_cell the rule run_cell starts and ends a grid cell: the designed study of the
+    test above gives the same lines and ETA (1 min 50 s, then 1 min 12 s, then 58 s)."""
+    p = StudyProgress()
+    assert p.planned({"run_cell": 4, "total": 5}, 0.0) == ["4 cells to run (5 jobs); one line per finished cell"]
+    p.use_plan(DESIGNED, lambda rel: False)
+    for jobid, cell, start, end, line in (
+        (1, "a/bs16", 0.0, 66.0, "[1/4] a/bs16  1 min 06 s  (elapsed 1 min 06 s, ETA 1 min 50 s)"),
+        (2, "b/bs64-s0", 66.0, 96.0, "[2/4] b/bs64-s0  30 s  (elapsed 1 min 36 s, ETA 1 min 12 s)"),
+    ):
+        assert p.job_started(jobid, "run_cell", {"cell": cell}, start) == []
+        assert p.job_finished(jobid, end) == [line]
+    p.job_started(3, "run_cell", {"cell": "c/bs64-s1"}, 96.0)
+    assert p.eta(110.0) == pytest.approx(58.0)
+
+
 def test_the_eta_keeps_the_means_when_the_plan_is_not_this_runs_cells():
     """A run that computes 3 cells where the plan has 4 left: which cells it computes is not known, so
     the plan's costs are not used (the cell done is 66 s, 2 left: 132 s)."""

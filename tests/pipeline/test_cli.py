@@ -320,7 +320,7 @@ def _rule_commands() -> list[tuple[str, str, set[str]]]:
     workflow rule that calls the CLI."""
     rules = []
     for smk in sorted((Path(__file__).resolve().parents[2] / "workflow" / "rules").glob("*.smk")):
-        for block in re.split(r"^rule ", smk.read_text(), flags=re.M)[1:]:
+        for block in re.split(r"^\s*rule ", smk.read_text(), flags=re.M)[1:]:  # a layout's rules are indented
             shell = "".join(re.findall(r'^\s*"(.*)"\s*$', block.split("shell:", 1)[-1], flags=re.M))
             m = re.search(r"(?:smallbatch|\{params\.launch\}) ([a-z-]+)", shell)
             if m and "shell:" in block:
@@ -331,7 +331,15 @@ def _rule_commands() -> list[tuple[str, str, set[str]]]:
 
 def test_every_flag_a_workflow_rule_passes_is_an_option_of_its_subcommand():
     rules = _rule_commands()
-    assert {c for _, c, _ in rules} >= {"init-store", "prepare-data", "pretrain", "evaluate", "baseline", "report"}
+    assert {c for _, c, _ in rules} >= {
+        "init-store",
+        "prepare-data",
+        "pretrain",
+        "evaluate",
+        "run-cell",
+        "baseline",
+        "report",
+    }
     for rule, command, flags in rules:
         known = {o for a in _subparsers()[command]._actions for o in a.option_strings}
         assert flags <= known, f"rule {rule}: smallbatch {command} has no {sorted(flags - known)}"

@@ -75,6 +75,34 @@ def test_the_outputs_are_every_probe_of_every_cell_and_snapshot(plan):
         plan.cell("nope")
 
 
+def test_one_job_per_cell_makes_the_final_probe_files_the_cells_outputs_and_stamps(tmp_path):
+    """Under one_job_per_cell a cell's one job writes its snapshots' files before its final ones,
+    which alone are its outputs (and what a stamp guards: no checkpoint.pt is an output)."""
+    overlay = {
+        "results_dir": str(tmp_path / "results"),
+        "one_job_per_cell": True,
+        "train": {"snapshot_epochs": [1], "lr_schedule": "constant"},
+    }
+    plan = StudyPlan.from_config(load_config([REPO / "config.yaml"], overlay))
+    cid = next(iter(plan.cells))
+    first = next(iter(plan.probe_files.values()))
+    assert plan.stamped[f"runs/{cid}"] == f"{plan.results_dir}/runs/{cid}/{first}"
+    outs = plan.cell_outputs()
+    assert len(outs) == len(plan.cells) * len(plan.probe_files)
+    assert not any("/snapshots/" in o for o in outs)
+    assert plan.one_process_problem() is None
+
+
+def test_one_job_per_cell_refuses_a_cell_on_several_processes(tmp_path):
+    overlay = {"results_dir": str(tmp_path / "results"), "one_job_per_cell": True, "train": {"devices": 2}}
+    plan = StudyPlan.from_config(load_config([REPO / "config.yaml"], overlay))
+    problem = plan.one_process_problem()
+    assert problem is not None and problem.startswith("one_job_per_cell runs each cell in one process, but cell ")
+    assert problem.endswith("has train.devices = 2; set one_job_per_cell: false (a job per step) or train.devices: 1")
+    overlay["one_job_per_cell"] = False
+    assert StudyPlan.from_config(load_config([REPO / "config.yaml"], overlay)).one_process_problem() is None
+
+
 def test_a_second_run_on_a_results_folder_is_refused_naming_the_first(tmp_path):
     fd = hold_results_folder(str(tmp_path / "r"))
     try:

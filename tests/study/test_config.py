@@ -173,6 +173,7 @@ NOT_IN_A_CELL = (
     "baselines",
     "keep_features",
     "warm_start",
+    "one_job_per_cell",
     "cells_per_gpu",
     "experiments",
     "analysis",  # the report's plan: read when the store is, never by a cell

@@ -85,6 +85,10 @@ EXPERIMENT = config["study"]
 # output that exists without its stamp holds results of other settings and reruns (stamp_of).
 PLAN = StudyPlan.from_config(config)
 CELLS, BASELINES = PLAN.cells, PLAN.baselines
+# one_job_per_cell: the rule run_cell (evaluate.smk) in place of pretrain, evaluate, evaluate_snapshot
+ONE_JOB_PER_CELL = PLAN.one_job_per_cell
+if PLAN.one_process_problem():
+    raise WorkflowError(f"config error: {PLAN.one_process_problem()}")
 THREADS = int(config["threads"])
 
 

@@ -42,6 +42,7 @@ from ..training.progress import clock  # noqa: F401  (the console's times; impor
 #: rules whose finished job completes a cell, and how a job of each names its cell
 CELL_RULES = {
     "evaluate": lambda w: w.get("cell", "cell"),
+    "run_cell": lambda w: w.get("cell", "cell"),  # one_job_per_cell: pretraining and evaluations
     "baseline": lambda w: f"baselines/{w.get('dataset', '?')}/{w.get('kind', '?')}",
     "mi_bench": lambda w: "mi (the MI toy)",
 }
@@ -50,8 +51,9 @@ STEP_RULES = {
     "prepare_data": lambda w: f"data {w.get('dataset', '')} ready".replace("  ", " "),
     "report": lambda w: "report written",
 }
-#: the rule whose start starts a grid cell's clock, and the rule that completes a grid cell
-START_RULE, GRID_RULE = "pretrain", "evaluate"
+#: the rule whose start starts a grid cell's clock, and the rules that complete a grid cell (a job
+#: per step, one job per cell)
+START_RULE, GRID_RULE, GRID_RULES = "pretrain", "evaluate", ("evaluate", "run_cell")
 #: Snakemake's plain messages still shown (the rest is in its log file)
 KEPT_MESSAGES = re.compile(r"^(Nothing to be done|Complete log|Exiting because)")
 #: Snakemake's message when it restarts a failed job
@@ -125,7 +127,7 @@ class StudyProgress:
             return []
         took = now - self.cell_start.pop(name, (rule, began))[1]
         self.durations.setdefault(rule, []).append(took)
-        if rule == GRID_RULE:
+        if rule in GRID_RULES:
             self.cell_seconds[name] = took
         self.failed.pop(name, None)
         done, total = self.cells_done, max(self.cells_planned, self.cells_done)
@@ -196,7 +198,7 @@ class StudyProgress:
         cells = {n: self.cell_start[n] for _, n, _ in self.running.values() if n in self.cell_start}
         at_once = max(1.0, (sum(done) + sum(now - t for _, t in cells.values())) / (now - self.start))
         work = sum(
-            sum(grid.values()) if r == GRID_RULE and grid is not None else max(0, n) * mean[r] for r, n in left.items()
+            sum(grid.values()) if r in GRID_RULES and grid is not None else max(0, n) * mean[r] for r, n in left.items()
         )
         for n, (r, t) in cells.items():  # what the running cells have done, at most what each is expected to take
             work -= min(now - t, grid[n] if grid is not None and n in grid else mean.get(r, 0.0))
@@ -207,7 +209,9 @@ class StudyProgress:
         with a result file missing (``exists`` tells, for a path relative to the results folder) -- taken
         only when they are as many as the grid cells Snakemake planned, else the ETA keeps the means."""
         todo = [e for e in entries if e.get("kind") == "cell" and not all(exists(o) for o in e.get("outputs", []))]
-        if len(todo) == self.plan.get(GRID_RULE, 0) and all("images" in e and "steps" in e for e in todo):
+        if len(todo) == sum(self.plan.get(r, 0) for r in GRID_RULES) and all(
+            "images" in e and "steps" in e for e in todo
+        ):
             self.costs = {e["id"]: (int(e["images"]), int(e["steps"])) for e in todo}
 
     def expected(self) -> dict[str, float] | None:

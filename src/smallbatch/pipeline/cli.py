@@ -421,6 +421,22 @@ def cmd_evaluate(args) -> int:
     return 0
 
 
+def cmd_run_cell(args) -> int:
+    """``smallbatch run-cell``: :func:`cmd_pretrain`, then :func:`cmd_evaluate` for each snapshot
+    (``train.snapshot_epochs``) and last for the final checkpoint, in this one process: a
+    failure anywhere leaves the final results unwritten, so the workflow's rerun repeats the
+    evaluations (pretraining resumes from its finished state.pt in moments)."""
+    from ..study.cell import snapshot_names
+
+    cmd_pretrain(args)
+    cell, cfg = resolve_cell(args)
+    folder = args.out or cell_folder(args, cell, cfg)
+    evaluate = {**vars(args), "checkpoint": None, "features": None, "snapshot": None}
+    for name in snapshot_names(cell):
+        cmd_evaluate(argparse.Namespace(**{**evaluate, "snapshot": name, "out_dir": Path(folder) / "snapshots"}))
+    return cmd_evaluate(argparse.Namespace(**{**evaluate, "out_dir": folder, "features": args.features}))
+
+
 def cmd_export(args) -> int:
     from .export import export_backbone, summary
 
@@ -709,6 +725,7 @@ FILE_OUTPUTS = {
     "cmd_prepare_data": "out",
     "cmd_embed": "out",
     "cmd_evaluate": "features",
+    "cmd_run_cell": "features",
     "cmd_export": "out",
     "cmd_probe": "out",
     "cmd_baseline": "out",
@@ -717,7 +734,7 @@ FILE_OUTPUTS = {
 
 
 #: the folder each command writes into, by its flag's dest (a file there is refused by name)
-FOLDER_OUTPUTS = {"cmd_pretrain": "out", "cmd_evaluate": "out_dir"}
+FOLDER_OUTPUTS = {"cmd_pretrain": "out", "cmd_evaluate": "out_dir", "cmd_run_cell": "out"}
 
 
 def _check_paths(args) -> None:

@@ -427,6 +427,22 @@ def _cell_commands(add) -> None:
     )
 
     c = add(
+        "run-cell",
+        "pretrain one cell, then evaluate each of its snapshots and its final checkpoint, in this one "
+        "process (what the workflow runs under one_job_per_cell: the imports paid once per cell)",
+        "which",
+        "standalone",
+        "training",
+        "threads",
+        "tracking",
+        "data",
+    )
+    c.add_argument("--out", type=path_value, help="cell folder (default results/runs/<id>)")
+    c.add_argument("--restart", action="store_true", help="ignore (and overwrite) a saved state.pt, e.g. a corrupt one")
+    c.add_argument("--no-progress", action="store_true", help="no progress lines (as pretrain's)")
+    c.add_argument("--features", type=path_value, help="also write the final checkpoint's features to this .npz")
+
+    c = add(
         "embed",
         "frozen backbone features of the train and test splits -> .npz",
         "which",

@@ -42,12 +42,15 @@ class StudyPlan:
     """What one config plans: ``cells`` and ``baselines`` (typed, by id), ``settings``
     (folder -> (hash, the settings' JSON) of every stamped folder), ``stamped`` (folder -> the
     output of the job its stamp is an input of) and ``probe_files`` (probe -> result file name,
-    ``eval.probes``).  Folders are relative to ``results_dir``."""
+    ``eval.probes``).  Folders are relative to ``results_dir``.  ``one_job_per_cell``: each
+    cell pretrains and is evaluated in one job (``smallbatch run-cell``), whose outputs are
+    the final checkpoint's probe files (its snapshots' files are written before them)."""
 
     results_dir: str
     cells: dict[str, Cell]
     baselines: dict[str, BaselineCell]
     probe_files: dict[str, str]
+    one_job_per_cell: bool = False
     settings: dict[str, tuple[str, str]] = field(default_factory=dict)
     stamped: dict[str, str] = field(default_factory=dict)
 
@@ -57,9 +60,10 @@ class StudyPlan:
         add_results_folder(r)
         cells = {cid: _typed(c, Cell) for cid, c in expand_cells(config).items()}
         bases = {bid: _typed(c, BaselineCell) for bid, c in baseline_cells(config).items()}
-        plan = cls(r, cells, bases, {p: probe_spec(p).file for p in config["eval"]["probes"]})
+        probes = {p: probe_spec(p).file for p in config["eval"]["probes"]}
+        plan = cls(r, cells, bases, probes, bool(config["one_job_per_cell"]))
         for cid, cell in cells.items():
-            plan.stamp(f"runs/{cid}", cell.hash, cell.to_json(), f"{r}/runs/{cid}/checkpoint.pt")
+            plan.stamp(f"runs/{cid}", cell.hash, cell.to_json(), f"{r}/runs/{cid}/{plan.cell_job_output()}")
         for bid, base in bases.items():
             plan.stamp(bid, base.hash, base.to_json(), f"{r}/{bid}/result.json")
         for ds in config["datasets"]:
@@ -155,11 +159,31 @@ class StudyPlan:
         if not (path.is_file() and path.read_text() == text):
             write_text(path, text)
 
+    def cell_job_output(self) -> str:
+        """The file (in a cell's folder) whose job pretrains the cell: checkpoint.pt, or under
+        ``one_job_per_cell`` the first probe's result file."""
+        return next(iter(self.probe_files.values()), "checkpoint.pt") if self.one_job_per_cell else "checkpoint.pt"
+
+    def one_process_problem(self) -> str | None:
+        """Under ``one_job_per_cell``, the first cell that trains on several processes (its job
+        could not evaluate in the same process), else None."""
+        many = next((c for c in self.cells.values() if c.train.devices > 1), None) if self.one_job_per_cell else None
+        if many is None:
+            return None
+        return (
+            f"one_job_per_cell runs each cell in one process, but cell {many.id} has train.devices = "
+            f"{many.train.devices}; set one_job_per_cell: false (a job per step) or train.devices: 1"
+        )
+
     def cell_outputs(self) -> list[str]:
         """Every probe's result file of every cell, and of each of its snapshots
-        (``train.snapshot_epochs``: evaluated as its final checkpoint is)."""
+        (``train.snapshot_epochs``: evaluated as its final checkpoint is; under
+        ``one_job_per_cell`` the cell's job writes them before its final files, which alone
+        are its outputs)."""
         files = self.probe_files.values()
         out = [f"{self.cell_dir(c)}/{f}" for c in self.cells for f in files]
+        if self.one_job_per_cell:
+            return out
         return out + [
             f"{self.cell_dir(c)}/snapshots/{name}.{f}"
             for c, cell in self.cells.items()
