@@ -106,3 +106,38 @@ def test_a_regime_sets_the_decay_rules_and_each_cell_resolves_them_at_its_batch(
     assert got == pytest.approx(
         {("plain", 16): 0.999, ("plain", 256): 0.999, ("b2", 16): 0.998 ** (1 / 16), ("b2", 256): 0.998}, rel=1e-15
     )
+
+
+def test_a_regime_may_set_the_rate_schedule_and_its_cells_differ_in_it_alone(tmp_path):
+    """The cosine check of the small batch's lead sets a constant rate against a cosine decay as two
+    regimes at each batch's own rate (a batch entry's lr): each pair of cells differs in
+    ``train.lr_schedule`` (and the regime's name) alone, and each cell trains with its regime's."""
+    from smallbatch.study.cells import expand_cells
+    from smallbatch.study.config import load_config
+
+    section = {
+        "enabled": True,
+        "losses": ["infonce"],
+        "batch_sizes": [{"size": 16, "train": {"lr": 2e-3}}, {"size": 64, "train": {"lr": 1e-3}}],
+        "temperatures": [0.1],
+        "seeds": [0],
+        "train": {"snapshot_epochs": None},
+        "axes": {"regime": [{"name": "flat", "lr_schedule": "constant"}, {"name": "cos", "lr_schedule": "cosine"}]},
+    }
+    overlay = {
+        "results_dir": str(tmp_path / "results"),
+        "datasets": {"digits": {}},
+        "grid": {"enabled": False},
+        "baselines": False,
+        "experiments": {"mi": {"enabled": False}, "regime": section},
+    }
+    cells = expand_cells(load_config(None, overlay))
+    assert sorted(cells) == [
+        f"regime/digits/infonce/bs{b}-t0.1-s0-lr{lr}-{r}"
+        for b, lr in ((16, 0.002), (64, 0.001))
+        for r in ("cos", "flat")
+    ]
+    for b, lr in ((16, 0.002), (64, 0.001)):
+        flat, cos = (cells[f"regime/digits/infonce/bs{b}-t0.1-s0-lr{lr}-{r}"]["train"] for r in ("flat", "cos"))
+        assert (flat["lr_schedule"], cos["lr_schedule"]) == ("constant", "cosine") and flat["lr"] == cos["lr"] == lr
+        assert {k for k in flat if flat[k] != cos[k]} == {"lr_schedule", "regime"}
