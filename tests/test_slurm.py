@@ -70,7 +70,7 @@ def test_profile_has_no_hard_coded_account_or_partition():
         assert f"environ.get('{var}'" in str(dr[key]), f"{key} must come from ${var}, not {dr[key]!r}"
     assert {"runtime", "mem_mb"} <= set(dr)
     assert all("gpu" not in res for res in prof["set-resources"].values())  # the rules ask for GPUs themselves
-    assert set(prof["groups"]) == {"pretrain", "evaluate", "evaluate_snapshot"}
+    assert set(prof["groups"]) == {"pretrain", "evaluate", "evaluate_snapshot", "run_cell"}
 
 
 def test_dry_run_requests_gpus_only_for_gpu_steps_and_takes_partition_from_env(tmp_path, smoke_dry):
