@@ -406,17 +406,10 @@ def _study_commands(add) -> None:
     c.add_argument("name", metavar="NAME", help=loss_help())
 
 
-def _cell_commands(add) -> None:
-    c = add(
-        "pretrain",
-        "contrastive pretraining of one cell (resumes from its state.pt)",
-        "which",
-        "standalone",
-        "training",
-        "threads",
-        "tracking",
-        "data",
-    )
+def _pretraining(add, name: str, text: str) -> argparse.ArgumentParser:
+    """A command that pretrains one cell (``pretrain``, ``run-cell``): its concerns and the
+    flags of its pretraining."""
+    c = add(name, text, "which", "standalone", "training", "threads", "tracking", "data")
     c.add_argument("--out", type=path_value, help="cell folder (default results/runs/<id>)")
     c.add_argument("--restart", action="store_true", help="ignore (and overwrite) a saved state.pt, e.g. a corrupt one")
     c.add_argument(
@@ -425,21 +418,17 @@ def _cell_commands(add) -> None:
         help="no progress (a bar on a terminal, a line per 10 %% of the steps with rate and ETA in a log "
         "file; without it the log holds the summary line alone; -q does this and more)",
     )
+    return c
 
-    c = add(
+
+def _cell_commands(add) -> None:
+    _pretraining(add, "pretrain", "contrastive pretraining of one cell (resumes from its state.pt)")
+    c = _pretraining(
+        add,
         "run-cell",
         "pretrain one cell, then evaluate each of its snapshots and its final checkpoint, in this one "
         "process (what the workflow runs under one_job_per_cell: the imports paid once per cell)",
-        "which",
-        "standalone",
-        "training",
-        "threads",
-        "tracking",
-        "data",
     )
-    c.add_argument("--out", type=path_value, help="cell folder (default results/runs/<id>)")
-    c.add_argument("--restart", action="store_true", help="ignore (and overwrite) a saved state.pt, e.g. a corrupt one")
-    c.add_argument("--no-progress", action="store_true", help="no progress lines (as pretrain's)")
     c.add_argument("--features", type=path_value, help="also write the final checkpoint's features to this .npz")
 
     c = add(
