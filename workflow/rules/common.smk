@@ -87,8 +87,9 @@ PLAN = StudyPlan.from_config(config)
 CELLS, BASELINES = PLAN.cells, PLAN.baselines
 # one_job_per_cell: the rule run_cell (evaluate.smk) in place of pretrain, evaluate, evaluate_snapshot
 ONE_JOB_PER_CELL = PLAN.one_job_per_cell
-if PLAN.one_process_problem():
-    raise WorkflowError(f"config error: {PLAN.one_process_problem()}")
+_problem = PLAN.one_process_problem()
+if _problem:
+    raise WorkflowError(f"config error: {_problem}")
 THREADS = int(config["threads"])
 
 
