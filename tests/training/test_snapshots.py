@@ -72,6 +72,18 @@ def test_snapshots_with_a_schedule_of_the_whole_budget_are_refused_in_one_line()
         load_config(None, {**over, "train": {**TINY, "lr_schedule": "constant", "snapshot_epochs": [1, 4]}})
 
 
+def test_snapshots_of_a_target_network_with_a_momentum_schedule_are_refused_in_one_line():
+    over = {
+        "datasets": {"digits": {}},
+        "train": {**TINY, "lr_schedule": "constant", "snapshot_epochs": [1]},
+        "grid": {"losses": ["byol"]},
+    }
+    with pytest.raises(ConfigError, match=r"snapshot_epochs needs loss_params.ema_schedule: fixed") as exc:
+        load_config(None, over)
+    assert "\n" not in str(exc.value)
+    load_config(None, {**over, "loss_params": {"byol": {"ema_schedule": "fixed"}}})
+
+
 def test_two_budgets_on_one_step_are_refused_when_planned_and_by_the_job(tmp_path):
     # digits' 1,437 images make 89 steps an epoch at batch 16: 0.5 and 0.501 epochs are both round(44.5) = 45
     with pytest.raises(ConfigError, match=r"snapshot_epochs 0.5 and 0.501 are both step 45 \(89 steps per epoch\)"):

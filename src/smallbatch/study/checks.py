@@ -331,18 +331,31 @@ def _extra_problem(cell: Cell) -> str | None:
     return None
 
 
+def budget_dependence(cell: Cell) -> str | None:
+    """What a cell needs for its steps not to depend on its whole budget, or None when they do
+    not: then the run to S steps is the first S steps of any longer run -- a snapshot is a
+    shorter run, and a longer budget continues a shorter one's state.  Each schedule over the
+    whole budget is named with the setting that removes it."""
+    tr = cell.train
+    if tr.lr_schedule != "constant":
+        return f"train.lr_schedule: constant ({tr.lr_schedule} depends on the whole budget)"
+    if tr.ess_schedule:
+        return "a fixed tau (ess_schedule follows the whole budget)"
+    if loss_spec(cell.loss).ema_target and cell.loss_params.get("ema_schedule") != "fixed":
+        return "loss_params.ema_schedule: fixed (the cosine schedule raises the target's momentum to 1 over the budget)"
+    return None
+
+
 def _snapshot_problem(cell: Cell) -> str | None:
     """Snapshots are shorter runs only when nothing depends on the budget's length."""
     tr = cell.train
     if not tr.snapshot_epochs:
         return None
-    if tr.lr_schedule != "constant":
+    need = budget_dependence(cell)
+    if need:
         return (
-            f"train.snapshot_epochs needs train.lr_schedule: constant ({tr.lr_schedule} depends on the whole "
-            "budget, so a snapshot would not be a shorter run); set lr_schedule: constant or snapshot_epochs: null"
+            f"train.snapshot_epochs needs {need}, so that a snapshot is a shorter run; set it or snapshot_epochs: null"
         )
-    if tr.ess_schedule:
-        return "train.snapshot_epochs needs a fixed tau (ess_schedule follows the whole budget); set one of them off"
     if not tr.steps and max(tr.snapshot_epochs) > tr.epochs:
         return f"train.snapshot_epochs {max(tr.snapshot_epochs):g} is past train.epochs = {tr.epochs:g}"
     return None
