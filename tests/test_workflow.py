@@ -550,6 +550,37 @@ def test_one_job_per_cell_computes_what_a_job_per_step_does_and_its_rerun_repeat
     assert _scores(folder / cell) == done[True]
 
 
+def test_raising_the_budget_in_the_config_continues_the_finished_run(tmp_path):
+    """The one-cell study of one epoch (a snapshot at half of it), then the same study at two epochs
+    with a snapshot at one: the rerun's pretraining continues the finished run from its last step
+    (its log says so), the half-epoch snapshot keeps its scores (the same weights, now the longer
+    config's), and the store holds the longer budget's run, naming the run it continued."""
+    import yaml
+
+    folder = tmp_path / "study"
+    config = _two_budget_study(folder, one_job_per_cell=False)
+    cell = folder / "results/runs/digits/infonce/bs16-t0.5-s0"
+    proc = snakemake("--cores", "2", "--quiet", results="results", configfile=config, cwd=folder)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    short = _scores(cell)
+    short_hash = json.loads((cell / "cell.json").read_text())["hash"]
+    cfg = yaml.safe_load(config.read_text())
+    cfg["train"].update(epochs=2, snapshot_epochs=[0.5, 1])
+    config.write_text(yaml.safe_dump(cfg))
+    proc = snakemake("--cores", "2", "--quiet", results="results", configfile=config, cwd=folder)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    log = (folder / "results/logs/pretrain/digits/infonce/bs16-t0.5-s0.log").read_text()
+    found = re.search(r"continuing digits/infonce/bs16-t0\.5-s0 from step (\d+)/(\d+): the run of config (\w+)", log)
+    assert found and 2 * int(found[1]) == int(found[2]) and found[3] == short_hash, log[-2000:]
+    longer = _scores(cell)
+    half = {k: v for k, v in short.items() if k.startswith("snapshots/ep0.5.")}
+    assert half and {k: longer[k] for k in half} == half
+    assert any(k.startswith("snapshots/ep1.") for k in longer)
+    runs = _runs(folder / "results")
+    runs = runs[(runs["tags.smallbatch.kind"] == "cell") & (runs["tags.smallbatch.cell_hash"] != short_hash)]
+    assert len(runs) == 1 and runs.iloc[0]["tags.smallbatch.extended_from"] == f"{short_hash} at step {found[1]}"
+
+
 def test_snakemake_report_lists_each_entry_by_its_caption_not_its_path(tmp_path, finished_tiny):
     """Each entry of `snakemake --report` carries labels (its caption's head and its file), which the
     report lists in place of the file's path."""

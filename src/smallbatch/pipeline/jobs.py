@@ -273,7 +273,8 @@ def _log_pretrain_end(run, res) -> None:
     run.verify()
     run.log(final, res.steps)
     run.set_status(res.status if res.status in tracking.BAD_STATUSES else "running")
-    run.set_tags({tracking.TAG_PRETRAIN: res.status})
+    extended = {tracking.TAG_EXTENDED: res.extended_from} if res.extended_from else {}
+    run.set_tags({tracking.TAG_PRETRAIN: res.status, **extended})
     run.flush()
 
 

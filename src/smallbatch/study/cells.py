@@ -108,6 +108,19 @@ def hashed_settings(cell: dict) -> dict:
     return science
 
 
+#: the train settings that set how long a cell trains and where it keeps budgets, and nothing else
+BUDGET_KEYS = ("epochs", "steps", "snapshot_epochs")
+
+
+def trajectory_hash(cell: dict) -> str:
+    """The hash of a cell's settings less its budget (:data:`BUDGET_KEYS`): two configs of a cell
+    with the same trajectory hash take the same steps, one for longer, when their steps do not
+    depend on the budget (:func:`smallbatch.study.checks.budget_dependence`)."""
+    science = hashed_settings(cell)
+    science["train"] = {k: v for k, v in science["train"].items() if k not in BUDGET_KEYS}
+    return settings_hash(science)
+
+
 def settings_hash(settings: Any) -> str:
     """The short hash (10 hex digits) of a JSON-able value: of a cell's settings
     (:func:`cell_hash`), of a data cache's (:func:`data_cache_settings`), of the MI section."""

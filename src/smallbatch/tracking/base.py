@@ -18,6 +18,7 @@ TAG_COMMIT = "smallbatch.git_commit"
 TAG_GIT_DIRTY = "smallbatch.git_dirty"  # "true" when the checkout the run's code came from had changes
 TAG_PYTHON, TAG_PLATFORM = "smallbatch.python", "smallbatch.platform"
 TAG_PRETRAIN = "smallbatch.pretrain"  # how pretraining ended: finished | diverged | collapsed
+TAG_EXTENDED = "smallbatch.extended_from"  # "<hash> at step <n>": the shorter budget's run a cell continued
 #: one writer per cell per store: the trainer that logs into a cell's run (JSON: folder, host, pid,
 #: when renewed); another folder's trainer is refused while it is live (see CellRun.take_lease)
 TAG_LEASE = "smallbatch.lease"

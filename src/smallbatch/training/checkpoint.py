@@ -4,7 +4,9 @@
   with the weights of an uninterrupted run: model, optimiser, negatives source (queue,
   momentum encoder), grad scaler, temperature, step, wall time, and the MLflow run it
   logs to.  Written atomically after every epoch and on SIGTERM, never after a
-  non-finite loss.
+  non-finite loss.  It also names the cell's trajectory (its settings less its budget, when its
+  steps do not depend on the budget), so a longer budget of the cell continues it
+  (:func:`read_state`) and takes over its snapshots (:func:`earlier_snapshots`).
 * ``checkpoint.pt`` (``kind: "checkpoint"``) — the finished cell: the model, the cell it
   belongs to (id, hash, settings), how training ended and what the probes need to embed.
 
@@ -35,6 +37,8 @@ import torch
 from ..errors import CheckpointError
 from ..io import path_kind, read_problem, save_torch
 from ..study.cell import Cell, snapshot_name, snapshot_steps  # noqa: F401  (the snapshots' names and steps: one rule, in cell)
+from ..study.cells import trajectory_hash
+from ..study.checks import budget_dependence
 
 STATE_VERSION = 2
 KINDS = ("state", "checkpoint", "snapshot")
@@ -97,30 +101,79 @@ def check_cell(obj: dict, cell: Cell, path: str | Path) -> None:
 
 
 def save_state(path: Path, cell: Cell, **parts: Any) -> None:
-    """Write ``state.pt``: the cell's id/hash and ``parts`` (model, optimizer, ..., step)."""
-    save_torch(path, {"kind": "state", "version": STATE_VERSION, "cell_id": cell.id, "cell_hash": cell.hash, **parts})
+    """Write ``state.pt``: the cell's id/hash, its trajectory and ``parts`` (model, optimizer, ..., step)."""
+    trajectory = None if budget_dependence(cell) else trajectory_hash(cell.to_dict())
+    save_torch(
+        path,
+        {
+            "kind": "state",
+            "version": STATE_VERSION,
+            "cell_id": cell.id,
+            "cell_hash": cell.hash,
+            "trajectory": trajectory,
+            **parts,
+        },
+    )
 
 
-def read_state(path: Path, cell: Cell) -> dict | None:
+def read_state(path: Path, cell: Cell, total_steps: int | None = None) -> dict | None:
     """The cell's resumable state, or None (with the reason on stderr) when ``state.pt``
     is absent, of another config of the cell, or of an older format; a corrupt file is a
-    CheckpointError naming it."""
+    CheckpointError naming it.  A state of a shorter budget of the cell (another config with
+    the same trajectory, at most ``total_steps`` steps in) is returned with ``extends``: the
+    hash of the config it was written for, whose run this cell continues."""
     kind = path_kind(path)
     if kind is None:
         return None
     if kind != "a regular file":
         raise CheckpointError(f"state {path} is {kind}, not a file; remove it (the cell then starts afresh)")
     st = _load_state(path)
-    if st.get("cell_hash") != cell.hash:
-        print(f"state {path} belongs to another config of this cell; starting afresh", file=sys.stderr)
-        return None
     if st.get("version") != STATE_VERSION:
         print(
             f"state {path} was written by an older smallbatch (format {st.get('version')}); starting afresh",
             file=sys.stderr,
         )
         return None
-    return st
+    if st.get("cell_hash") == cell.hash:
+        return st
+    why = _extension_problem(st, cell, total_steps)
+    if why is not None:
+        print(f"state {path} belongs to another config of this cell{why}; starting afresh", file=sys.stderr)
+        return None
+    return {**st, "extends": st["cell_hash"]}
+
+
+def _extension_problem(st: dict, cell: Cell, total_steps: int | None) -> str | None:
+    """None when ``st`` is this cell's run at a shorter budget; else why not ("" when the
+    configs differ in more than their budgets)."""
+    need = budget_dependence(cell)
+    if need:
+        return f" (a longer budget continues a run only with {need})" if st.get("trajectory") else ""
+    if st.get("trajectory") != trajectory_hash(cell.to_dict()):
+        return ""
+    if total_steps is None or int(st["step"]) > total_steps:
+        return f" (its run is past this budget: step {st['step']})"
+    return None
+
+
+def earlier_snapshots(out_dir: Path, cell: Cell, st: dict, budgets: dict[int, dict]) -> dict[int, dict] | str:
+    """The snapshots ``cell``, continuing ``st`` (a shorter budget's state), takes over: step ->
+    the file's contents, for each of ``budgets`` (step -> budget) before the state's step --
+    written by the run continued (of config ``st["extends"]``) or already taken over by this
+    cell -- or why it cannot (one line: a budget the shorter run did not keep)."""
+    mine = {st["extends"], cell.hash}
+    out = {}
+    for step, budget in sorted(budgets.items()):
+        if step >= int(st["step"]):
+            continue
+        path = snapshot_path(out_dir, budget["name"])
+        obj = _load_weights_only(path, "cpu") if path_kind(path) == "a regular file" else None
+        if obj is None or obj.get("kind") != "snapshot" or (obj.get("budget") or {}) != budget:
+            return f"the run at a shorter budget kept no snapshot {path.name} of step {step}"
+        if obj.get("cell_id") != cell.id or obj.get("cell_hash") not in mine:
+            return f"{path} is not a snapshot of the run at a shorter budget"
+        out[step] = obj
+    return out
 
 
 def _load_state(path: Path) -> dict:

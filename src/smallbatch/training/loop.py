@@ -56,6 +56,7 @@ from ..study.lr_scaling import resolved_knobs
 from . import health
 from .checkpoint import (  # noqa: F401
     StepRandom,
+    earlier_snapshots,
     load_checkpoint,
     read_state,
     save_checkpoint,
@@ -85,6 +86,7 @@ class TrainResult:
     images_per_s: float
     health: dict = field(default_factory=dict)
     cpu_s: float = float("nan")  # CPU seconds of every process thread, over resumes (rank 0's)
+    extended_from: str | None = None  # "<hash> at step <n>": a shorter budget's run this one continued
 
 
 @dataclass
@@ -127,6 +129,7 @@ class Training:
     step: int = 0
     wall_before: float = 0.0
     cpu_before: float = 0.0  # CPU seconds spent before a resume (the state's)
+    extends: str | None = None  # "<hash> at step <n>": the shorter budget's run this one continues
     cpu_start: float = 0.0  # time.process_time() when this process began to train
     last_value: torch.Tensor | None = None
     finite: torch.Tensor | None = None
@@ -396,10 +399,36 @@ def _network(
 
 # --------------------------------------------------------------------------- state
 def resume(training: Training) -> None:
-    """Continue from ``state.pt`` when it holds this config of the cell."""
-    st = read_state(training.state_path, training.cell)
+    """Continue from ``state.pt`` when it holds this config of the cell, or this cell's run at a
+    shorter budget (:func:`smallbatch.training.checkpoint.read_state`): then the snapshots of the
+    budgets it passed are taken over (stamped with this config) and the run goes on to this
+    budget, as an uninterrupted run of it would have."""
+    st = read_state(training.state_path, training.cell, training.total)
     if st is None:
         return
+    carried: dict[int, dict] = {}
+    if st.get("extends"):
+        found = earlier_snapshots(training.out_dir, training.cell, st, training.snapshots)
+        if isinstance(found, str):
+            print(f"{training.cell.id}: {found}; starting afresh", file=sys.stderr)
+            return
+        carried = found
+    _load_training_state(training, st)
+    if st.get("extends"):
+        training.extends = f"{st['extends']} at step {training.step}"
+        if training.world.is_main:
+            _take_over_snapshots(training, carried)
+    if training.world.is_main:
+        how = "continuing" if training.extends else "resuming"
+        what = f": the run of config {training.extends}, a shorter budget" if training.extends else ""
+        print(
+            f"{how} {training.cell.id} from step {training.step}/{training.total}{what} ({training.state_path})",
+            file=sys.stderr,
+        )
+
+
+def _load_training_state(training: Training, st: dict) -> None:
+    """Every part of the state into the training (model, optimiser, negatives, ..., counters)."""
     step_fn = training.step_fn
     step_fn.model.load_state_dict(st["model"])
     step_fn.opt.load_state_dict(st["optimizer"])
@@ -412,11 +441,17 @@ def resume(training: Training) -> None:
     training.step, training.wall_before = int(st["step"]), float(st["wall_s"])
     training.cpu_before = float(st["cpu_s"])
     training.last_value = torch.tensor(float(st["last_loss"]), device=training.dev)
-    if training.world.is_main:
-        print(
-            f"resuming {training.cell.id} from step {training.step}/{training.total} ({training.state_path})",
-            file=sys.stderr,
-        )
+
+
+def _take_over_snapshots(training: Training, carried: dict[int, dict]) -> None:
+    """The continued run's snapshots as this config's, and the snapshot at the state's own step
+    (the shorter run's end, which it kept as its checkpoint) from the weights just loaded."""
+    for step, obj in carried.items():
+        budget = training.snapshots[step]
+        parts = {k: v for k, v in obj.items() if k not in ("kind", "cell_id", "cell_hash", "cell", "budget")}
+        save_snapshot(snapshot_path(training.out_dir, budget["name"]), training.cell, budget, **parts)
+    if training.step in training.snapshots:
+        write_snapshot(training, training.snapshots[training.step])
 
 
 def save(training: Training, hooks: Hooks, elapsed: float) -> None:
@@ -734,6 +769,7 @@ def finish(training: Training, status: str, elapsed: float) -> TrainResult:
             mean=training.mean,
             std=training.std,
             health=h,
+            extended_from=training.extends,
         )
     return TrainResult(
         status=status,
@@ -744,6 +780,7 @@ def finish(training: Training, status: str, elapsed: float) -> TrainResult:
         images_per_s=training.step * training.cell.batch_size / max(wall, 1e-9),
         health=h,
         cpu_s=cpu,
+        extended_from=training.extends,
     )
 
 
