@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -167,6 +168,42 @@ def test_the_server_stops_with_the_process_it_watches(tmp_path):
     watched.wait()
     server.communicate(timeout=HANG_S)
     assert server.returncode == 0 and not sock.exists()
+
+
+def test_once_the_package_changed_the_server_starts_no_child_and_commands_run_the_new_code(tmp_path):
+    """A server of a copy of the package serves a command; a file of the copy changes (as when the
+    checkout is updated during a study); the next command is not started by the server (its log
+    says which file changed) but runs in its own process, on the new code, with its own status."""
+    import smallbatch
+
+    src = tmp_path / "src"
+    shutil.copytree(Path(smallbatch.__file__).parent, src / "smallbatch", ignore=shutil.ignore_patterns("__pycache__"))
+    env = {k: v for k, v in os.environ.items() if k != warm.ENV} | {"PYTHONPATH": str(src)}
+    sock, log = tmp_path / "socket", tmp_path / "server.log"
+    with log.open("w") as out:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "smallbatch", "warm-server", "--socket", str(sock), "--watch-pid", str(os.getpid())],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    try:
+        deadline = time.monotonic() + 600  # a hang guard: it imports torch, MLflow and faiss first
+        while "ready on" not in log.read_text():
+            assert server.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.1)
+        client = {**env, warm.ENV: str(sock)}
+        served = _run(["config-reference"], client)
+        assert served.returncode == 0 and len(_children(log, "started")) == 1, log.read_text()
+        with (src / "smallbatch" / "__init__.py").open("a") as init:
+            init.write('\nimport sys as _sys\n\n_sys.stderr.write("the new code\\n")\n')
+        own = _run(["config-reference"], client)
+        assert own.returncode == 0 and own.stdout == served.stdout and "the new code" in own.stderr, own.stderr
+        assert len(_children(log, "started")) == 1, log.read_text()
+        assert "source changed since this server imported it (__init__.py)" in log.read_text()
+    finally:
+        server.terminate()
+        server.wait(timeout=HANG_S)
 
 
 def test_preload_entry_calls_its_function(monkeypatch):

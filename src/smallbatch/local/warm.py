@@ -22,6 +22,11 @@ job's own process would -- same files, same log, same exit status:
   when its parent dies (``PR_SET_PDEATHSIG``), so pretraining saves its state and exits 143
   (the status its client then gets) and no orphan keeps a cell's lock.
 
+A server serves the code it imported: once any file of the smallbatch package has changed since
+(an update of the checkout during a study), it starts no more children -- a child would run the
+old modules it inherits beside new ones it imports later -- and each command from then on runs in
+its own process, on the new code (:func:`source_stamp`).
+
 Without the variable ``SMALLBATCH_WARM`` (the socket's path), or when nothing answers there
 (a server still importing, a cluster job on another node, a stopped server: no answer within
 ``ACK_TIMEOUT_S``), or when the socket's server runs as another user, or in a worker of a
@@ -324,9 +329,16 @@ class _Server:
     is closed."""
 
     def __init__(
-        self, path: str, watch_pid: int | None, idle_timeout: float, entry: Callable[[list[str]], int]
+        self,
+        path: str,
+        watch_pid: int | None,
+        idle_timeout: float,
+        entry: Callable[[list[str]], int],
+        source: dict[str, tuple[int, int]] | None = None,
     ) -> None:
         self.path, self.watch_pid, self.idle_timeout = path, watch_pid, idle_timeout
+        self.source = source if source is not None else source_stamp()  # the package as the server imported it
+        self.stale: str | None = None  # the first file found changed since: no child is started any more
         self.entry = entry  # the CLI's main, passed in by the CLI (warm imports no CLI: no import circle)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.bind(path)
@@ -427,6 +439,9 @@ class _Server:
                 conn.request = check_request(json.loads(conn.buf))
             except (ValueError, RecursionError) as exc:
                 raise BadRequest(str(exc).splitlines()[0][:200]) from None
+            if self._source_changed():
+                conn.request = None  # not started, and not a client that gave up: nothing more to log
+                return self._drop(conn, None)  # its client, seeing the connection closed, runs it itself
             conn.state, conn.buf, conn.need = "go", b"", 1
             conn.deadline = time.monotonic() + GO_S
             try:
@@ -437,6 +452,17 @@ class _Server:
             raise BadRequest("no go-ahead")
         else:
             self._fork(conn)
+
+    def _source_changed(self) -> bool:
+        """Whether a file of the package changed since the server imported it (said once, in the log)."""
+        if self.stale is None:
+            self.stale = changed_file(self.source, source_stamp())
+            if self.stale is not None:
+                _log(
+                    f"the package's source changed since this server imported it ({self.stale}): "
+                    "every command from now on runs in a process of its own"
+                )
+        return self.stale is not None
 
     def _drop(self, conn: _Conn, why: str | None) -> None:
         """Close a connection whose command is not started (``why`` None: its client gave up)."""
@@ -668,6 +694,24 @@ def _import(name: str) -> None:
         getattr(mod, function)()
 
 
+def source_stamp(root: Path | None = None) -> dict[str, tuple[int, int]]:
+    """(modification time in ns, size) of every file of the smallbatch package (``root``: its
+    folder), its code and its resources, by path inside it; caches (``__pycache__``) left out."""
+    root = root or Path(__file__).resolve().parents[1]
+    stamp = {}
+    for path in root.rglob("*"):
+        if "__pycache__" in path.parts or not path.is_file():
+            continue
+        st = path.stat()
+        stamp[path.relative_to(root).as_posix()] = (st.st_mtime_ns, st.st_size)
+    return stamp
+
+
+def changed_file(before: dict[str, tuple[int, int]], now: dict[str, tuple[int, int]]) -> str | None:
+    """The first file (by path) added, removed or changed between two stamps, or None."""
+    return next((name for name in sorted(before.keys() | now.keys()) if before.get(name) != now.get(name)), None)
+
+
 def serve_problem(path: str, watch_pid: int | None, idle_timeout: float) -> str | None:
     """Why the server could not serve as asked, one line naming the flag, or None: something
     already at the socket's path (bind would fail with "Address already in use"), a folder for
@@ -699,12 +743,13 @@ def serve(
     stop = []
     signal.signal(signal.SIGTERM, lambda *_a: stop.append(1))
     signal.signal(signal.SIGINT, lambda *_a: stop.append(1))
+    source = source_stamp()  # before the imports: a file changed while they ran counts as changed
     for name in PRELOAD:
         if stop or not _alive(watch_pid):
             return 0
         _import(name)
     _log(f"preloaded {', '.join(PRELOAD)}")
-    server = _Server(path, watch_pid, idle_timeout, entry)
+    server = _Server(path, watch_pid, idle_timeout, entry, source)
 
     def _stop(*_a) -> None:
         server.stop = True
