@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hooks import crash_after
 
 from smallbatch import tracking
 from smallbatch.pipeline import jobs
@@ -81,6 +82,26 @@ def test_raising_the_budget_continues_the_run_to_the_uninterrupted_weights(unint
         mine = load_snapshot(snapshot_path(tmp_path, name), Cell.of(long), name)  # stamped with the longer config
         _same(mine["model"], torch.load(snapshot_path(direct, name))["model"])
     assert train.load_checkpoint(tmp_path / "checkpoint.pt")["extended_from"] == res.extended_from
+
+
+def test_a_continued_run_that_stops_and_resumes_still_names_the_run_it_continued(digits, tmp_path):
+    spe = digits.pretrain_x.shape[0] // BS
+    short, long = _cell(epochs=1), _cell(epochs=3)
+    _run(short, digits, tmp_path)
+    with pytest.raises(KeyboardInterrupt):  # past the end of epoch 2: a state of the longer config is saved
+        train.pretrain(
+            Cell.of(long),
+            digits.pretrain_x,
+            digits.mean,
+            digits.std,
+            tmp_path,
+            device="cpu",
+            progress=False,
+            after_step=crash_after(2 * spe + 3),
+        )
+    assert train.load_checkpoint(tmp_path / "state.pt")["cell_hash"] == long["hash"]
+    res = _run(long, digits, tmp_path)
+    assert res.extended_from == f"{short['hash']} at step {spe}" and res.steps == 3 * spe
 
 
 def test_a_schedule_over_the_whole_budget_starts_the_longer_budget_afresh(digits, tmp_path, capfd):

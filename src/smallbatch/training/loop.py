@@ -414,6 +414,7 @@ def resume(training: Training) -> None:
             return
         carried = found
     _load_training_state(training, st)
+    training.extends = st.get("extended_from")  # a continued run that stopped and resumed: still continued
     if st.get("extends"):
         training.extends = f"{st['extends']} at step {training.step}"
         if training.world.is_main:
@@ -475,6 +476,7 @@ def save(training: Training, hooks: Hooks, elapsed: float) -> None:
         wall_s=training.wall_before + elapsed,
         cpu_s=_cpu_s(training),
         saved_on=training.dev.type,
+        extended_from=training.extends,
         **hooks.meta,
     )
 
