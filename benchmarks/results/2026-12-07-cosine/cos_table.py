@@ -13,6 +13,7 @@ import pandas as pd
 
 import smallbatch
 from smallbatch.report.evidence import contrast
+from smallbatch.report.tables import markdown_table
 
 PROBES = {
     "linear": "metrics.linear/top1",
@@ -41,12 +42,6 @@ def vals(arm, col):
     return dict(zip(g["seed"], g[col].astype(float)))
 
 
-def md(frame):
-    cols = list(frame.columns)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    return "\n".join(lines + ["| " + " | ".join(str(x) for x in r) + " |" for r in frame.itertuples(index=False)])
-
-
 c16, k16, c256, k256 = list(arms)
 means = []
 for arm in arms:
@@ -69,10 +64,10 @@ for label, terms in [
         e = contrast([(c, vals(arm, col)) for c, arm in terms])
         r[name] = f"{e.diff:+.2f} [{e.lo:+.2f}, {e.hi:+.2f}], p {e.p:.2g} (n {e.n})"
     rows.append(r)
-text = "Top-1 (%) per arm at 8 epochs: mean [95 % t interval over seeds]\n\n" + md(pd.DataFrame(means))
+text = "Top-1 (%) per arm at 8 epochs: mean [95 % t interval over seeds]\n\n" + markdown_table(pd.DataFrame(means))
 text += (
     "\n\nPaired contrasts over seeds (points, 95 % paired t, two-sided p, no correction)\n\n"
-    + md(pd.DataFrame(rows))
+    + markdown_table(pd.DataFrame(rows))
     + "\n"
 )
 (out / "cos_contrasts.md").write_text(text)

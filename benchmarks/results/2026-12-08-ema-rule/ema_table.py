@@ -15,6 +15,7 @@ import pandas as pd
 
 import smallbatch
 from smallbatch.report.evidence import contrast
+from smallbatch.report.tables import markdown_table
 
 PROBES = {"linear": "metrics.linear/top1", "kNN@20": "metrics.knn/top1_k20", "kNN@200": "metrics.knn/top1_k200"}
 
@@ -52,12 +53,6 @@ def vals(arm, col):
     return dict(zip(g["seed"], g[col].astype(float)))
 
 
-def md(frame):
-    cols = list(frame.columns)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    return "\n".join(lines + ["| " + " | ".join(str(x) for x in r) + " |" for r in frame.itertuples(index=False)])
-
-
 a16, b16, a256, b256 = list(arms)[:4]
 same = {name: max(abs(vals(a256, c)[s] - vals(b256, c)[s]) for s in vals(a256, c)) for name, c in PROBES.items()}
 means = []
@@ -87,13 +82,13 @@ for label, terms in plan:
         e = contrast([(c, vals(arm, col)) for c, arm in terms])
         r[name] = f"{e.diff:+.2f} [{e.lo:+.2f}, {e.hi:+.2f}], p {e.p:.2g} (n {e.n})"
     rows.append(r)
-text = "Top-1 (%) per arm: mean [95 % t interval over seeds]\n\n" + md(pd.DataFrame(means))
+text = "Top-1 (%) per arm: mean [95 % t interval over seeds]\n\n" + markdown_table(pd.DataFrame(means))
 text += "\n\nB = 256 under both rules, largest |difference| over seeds (the rule is the identity there): " + ", ".join(
     f"{k} {v:.3g}" for k, v in same.items()
 )
 text += (
     "\n\nPaired contrasts over seeds (points, 95 % paired t, two-sided p, no correction)\n\n"
-    + md(pd.DataFrame(rows))
+    + markdown_table(pd.DataFrame(rows))
     + "\n"
 )
 (out / "ema_contrasts.md").write_text(text)

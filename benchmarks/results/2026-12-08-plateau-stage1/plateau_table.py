@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from smallbatch.report.tables import markdown_table
+
 PROBES = {"linear": "linear", "knn20": "kNN@20", "knn200": "kNN@200"}
 ARMS = {  # (batch, group) -> label
     (256, None): "B=256, K=510",
@@ -31,17 +33,11 @@ def load(path):
     return d[d["arm"].notna() & (d["batch_size"].eq(256) | d["budget"].ne("steps"))]
 
 
-def md(frame):
-    cols = list(frame.columns)
-    lines = ["| " + " | ".join(map(str, cols)) + " |", "|" + "---|" * len(cols)]
-    return "\n".join(lines + ["| " + " | ".join(str(x) for x in r) + " |" for r in frame.itertuples(index=False)])
-
-
 d = load(sys.argv[1])
 d = d[d["epochs"].isin([2, 4, 8, 16, 32, 64, 128])]
 wide = d.pivot_table(index=["arm", "epochs", "seed"], columns="probe", values="value").rename(columns=PROBES)
 wide = wide.reset_index().sort_values(["arm", "epochs", "seed"])
-text = "## Top-1 (%) per arm, budget and seed\n\n" + md(wide.round(2))
+text = "## Top-1 (%) per arm, budget and seed\n\n" + markdown_table(wide.round(2))
 rows = []
 for label, a, b in CONTRASTS:
     for ep in sorted(d["epochs"].unique()):
@@ -53,7 +49,9 @@ for label, a, b in CONTRASTS:
             per = ", ".join(f"{v:+.2f}" for v in diff[p])
             r[p] = f"{diff[p].mean():+.2f} (seeds: {per})"
         rows.append(r)
-text += "\n\n## Differences, small - large (points): mean over seeds (each seed's)\n\n" + md(pd.DataFrame(rows))
+text += "\n\n## Differences, small - large (points): mean over seeds (each seed's)\n\n" + markdown_table(
+    pd.DataFrame(rows)
+)
 if len(sys.argv) > 3:
     pilot = load(sys.argv[3])
     pw = pilot.pivot_table(index=["arm", "epochs", "seed"], columns="probe", values="value").rename(columns=PROBES)
