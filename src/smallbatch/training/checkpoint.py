@@ -208,20 +208,21 @@ def snapshot_path(out_dir: str | Path, name: str) -> Path:
     return Path(out_dir) / "snapshots" / f"{name}.pt"
 
 
+#: what a snapshot file holds besides its parts (model, what the probes need to embed)
+SNAPSHOT_HEADER = ("kind", "cell_id", "cell_hash", "cell", "budget")
+
+
 def save_snapshot(path: Path, cell: Cell, budget: dict, **parts: Any) -> None:
     """Write a snapshot: the cell's id/hash, its ``budget`` (name, epochs, steps, images_seen)
     and ``parts`` (model, what the probes need to embed)."""
-    save_torch(
-        path,
-        {
-            "kind": "snapshot",
-            "cell_id": cell.id,
-            "cell_hash": cell.hash,
-            "cell": cell.to_dict(),
-            "budget": dict(budget),
-            **parts,
-        },
-    )
+    header = ("snapshot", cell.id, cell.hash, cell.to_dict(), dict(budget))
+    save_torch(path, {**dict(zip(SNAPSHOT_HEADER, header)), **parts})
+
+
+def restamp_snapshot(path: Path, cell: Cell, snapshot: dict) -> None:
+    """Write ``snapshot`` (a snapshot file's contents) again as ``cell``'s, the same budget and parts."""
+    parts = {k: v for k, v in snapshot.items() if k not in SNAPSHOT_HEADER}
+    save_snapshot(path, cell, snapshot["budget"], **parts)
 
 
 def load_snapshot(path: str | Path, cell: Cell, name: str, map_location: Any = "cpu") -> dict:

@@ -59,6 +59,7 @@ from .checkpoint import (  # noqa: F401
     earlier_snapshots,
     load_checkpoint,
     read_state,
+    restamp_snapshot,
     save_checkpoint,
     save_snapshot,
     save_state,
@@ -406,26 +407,24 @@ def resume(training: Training) -> None:
     st = read_state(training.state_path, training.cell, training.total)
     if st is None:
         return
+    extends = st.get("extends")  # the config whose shorter run this one continues (None: its own state)
     carried: dict[int, dict] = {}
-    if st.get("extends"):
+    if extends:
         found = earlier_snapshots(training.out_dir, training.cell, st, training.snapshots)
         if isinstance(found, str):
             print(f"{training.cell.id}: {found}; starting afresh", file=sys.stderr)
             return
         carried = found
     _load_training_state(training, st)
-    training.extends = st.get("extended_from")  # a continued run that stopped and resumed: still continued
-    if st.get("extends"):
-        training.extends = f"{st['extends']} at step {training.step}"
-        if training.world.is_main:
-            _take_over_snapshots(training, carried)
-    if training.world.is_main:
-        how = "continuing" if training.extends else "resuming"
-        what = f": the run of config {training.extends}, a shorter budget" if training.extends else ""
-        print(
-            f"{how} {training.cell.id} from step {training.step}/{training.total}{what} ({training.state_path})",
-            file=sys.stderr,
-        )
+    # a continued run names the run it continued, also once it stopped and resumed its own state
+    training.extends = f"{extends} at step {training.step}" if extends else st.get("extended_from")
+    if not training.world.is_main:
+        return
+    where = f"{training.cell.id} from step {training.step}/{training.total}"
+    if extends:
+        _take_over_snapshots(training, carried)
+        where += f": the run of config {training.extends}, a shorter budget"
+    print(f"{'continuing' if extends else 'resuming'} {where} ({training.state_path})", file=sys.stderr)
 
 
 def _load_training_state(training: Training, st: dict) -> None:
@@ -448,9 +447,7 @@ def _take_over_snapshots(training: Training, carried: dict[int, dict]) -> None:
     """The continued run's snapshots as this config's, and the snapshot at the state's own step
     (the shorter run's end, which it kept as its checkpoint) from the weights just loaded."""
     for step, obj in carried.items():
-        budget = training.snapshots[step]
-        parts = {k: v for k, v in obj.items() if k not in ("kind", "cell_id", "cell_hash", "cell", "budget")}
-        save_snapshot(snapshot_path(training.out_dir, budget["name"]), training.cell, budget, **parts)
+        restamp_snapshot(snapshot_path(training.out_dir, training.snapshots[step]["name"]), training.cell, obj)
     if training.step in training.snapshots:
         write_snapshot(training, training.snapshots[training.step])
 
